@@ -1,0 +1,120 @@
+"""Events: what the workers tell subscribers, on `<root>.events.<type>` and `<root>.revocations`.
+
+Produced by the workers through the outbox; read by operators' subscribers.
+camelCase on the wire, snake_case in Python. Pure data: no I/O here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+from uuid import UUID
+
+from pydantic import Field
+
+from schemas.base import CamelMessage, GatewayId, Ident, Name, NodeId
+from schemas.facts import CloseReason, NonNegative
+
+DisconnectReason = CloseReason | Literal["liveness-timeout", "gateway-lost"]
+
+
+class NodeConnected(CamelMessage):
+    BC_TYPE = "node.connected"
+
+    node_id: NodeId
+    epoch: NonNegative
+    gateway_id: GatewayId
+    boot_id: Ident
+    journal_changed: bool
+    boot_changed: bool
+    duplicate_identity: bool
+
+
+class NodeDisconnected(CamelMessage):
+    BC_TYPE = "node.disconnected"
+
+    node_id: NodeId
+    epoch: NonNegative
+    gateway_id: GatewayId | None
+    reason: DisconnectReason
+
+
+class CapabilitiesChanged(CamelMessage):
+    BC_TYPE = "node.capabilities-changed"
+
+    node_id: NodeId
+    epoch: NonNegative
+    added: list[Name] = Field(max_length=64)
+    removed: list[Name] = Field(max_length=1024)
+
+
+class DuplicateSession(CamelMessage):
+    BC_TYPE = "security.node.duplicate-session"
+
+    node_id: NodeId
+    gateway_id: GatewayId
+    previous_boot_id: Ident | None
+    boot_id: Ident
+    alternations: NonNegative
+    window_seconds: NonNegative
+    quarantined: bool
+
+
+class Quarantined(CamelMessage):
+    BC_TYPE = "security.node.quarantined"
+
+    node_id: NodeId
+    reason: Name
+    alternations: NonNegative
+    revoked_serials: list[Ident] = Field(max_length=1024)
+
+
+class CommandEvent(CamelMessage):
+    """Fields shared by the four command events."""
+
+    command_id: UUID
+    node_id: NodeId
+    epoch: NonNegative
+    seq: NonNegative
+    kind: Name
+    attempt: NonNegative
+    reason: Annotated[str, Field(max_length=1024)] | None = None
+
+
+class CommandReplayed(CommandEvent):
+    BC_TYPE = "command.replayed"
+
+
+class CommandCancelled(CommandEvent):
+    BC_TYPE = "command.cancelled"
+
+
+class CommandFailed(CommandEvent):
+    BC_TYPE = "command.failed"
+
+
+class CommandCompleted(CommandEvent):
+    BC_TYPE = "command.completed"
+
+
+class Revocations(CamelMessage):
+    """Broadcast on `<root>.revocations` to every gateway: drop these serials."""
+
+    BC_TYPE = "revocations"
+
+    node_id: NodeId
+    serials: list[Ident] = Field(max_length=1024)
+    reason: Name
+
+
+EVENT_TYPES: tuple[type[CamelMessage], ...] = (
+    NodeConnected,
+    NodeDisconnected,
+    CapabilitiesChanged,
+    DuplicateSession,
+    Quarantined,
+    CommandReplayed,
+    CommandCancelled,
+    CommandFailed,
+    CommandCompleted,
+    Revocations,
+)

@@ -1,0 +1,184 @@
+"""Facts: what a gateway saw, published on `<root>.facts.<gateway_id>.<type>`.
+
+Consumed by the workers; produced by gateways (and the reference gateway in `workers`).
+Snake_case field names, as in the session protocol. Pure data: no I/O here.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from pydantic import Field
+
+from schemas.base import GatewayId, Ident, Name, NodeId, Sha256Hex, SnakeMessage
+
+NonNegative = Annotated[int, Field(ge=0)]
+Positive = Annotated[int, Field(ge=1)]
+
+#: Upper bounds on lists, so a malformed fact is refused instead of exhausting memory.
+MAX_LIVENESS_ENTRIES = 10_000
+MAX_RAW_CAPABILITIES = 1_024
+MAX_RUNNING_COMMANDS = 4_096
+MAX_EVENTS_PER_FACT = 1_000
+MAX_INVENTORY_SECTIONS = 256
+
+CloseReason = Literal[
+    "stream-closed",
+    "heartbeat-timeout",
+    "certificate-expired",
+    "revoked",
+    "protocol-error",
+    "gateway-shutdown",
+    "superseded",
+    "fenced",
+]
+
+
+class Fact(SnakeMessage):
+    """Fields every fact carries. `fact_id` equals the message's `Nats-Msg-Id`."""
+
+    fact_id: UUID
+    gateway_id: GatewayId
+    observed_at: datetime
+
+
+class NodeFact(Fact):
+    node_id: NodeId
+
+
+class CertInfo(SnakeMessage):
+    serial: Ident | None = None
+    allowed_kinds: list[Name] | None = Field(default=None, max_length=256)
+    identity_generation: NonNegative | None = None
+
+
+class PreviousSession(SnakeMessage):
+    """The `node_sessions` row as it was before the Hello bumped the epoch."""
+
+    epoch: NonNegative
+    gateway_id: GatewayId | None = None
+    boot_id: Ident | None = None
+    journal_id: Ident | None = None
+    live: bool = False
+
+
+class Hello(NodeFact):
+    BC_TYPE = "hello"
+
+    session_id: Ident
+    epoch: Positive
+    role: Name
+    boot_id: Ident
+    journal_id: Ident
+    daemon_version: Name
+    proto_max: NonNegative
+    trust_version: NonNegative
+    capabilities: list[Annotated[str, Field(max_length=256)]] = Field(
+        max_length=MAX_RAW_CAPABILITIES
+    )
+    approver_set_epoch: NonNegative | None = None
+    approver_set_sha256: Sha256Hex | None = None
+    running_command_ids: list[UUID] = Field(max_length=MAX_RUNNING_COMMANDS)
+    inventory_hashes: dict[Name, Name] = Field(max_length=MAX_INVENTORY_SECTIONS)
+    cert: CertInfo
+    upgrade_required: bool
+    transport: Literal["grpc", "websocket"]
+    previous: PreviousSession
+
+    @property
+    def journal_changed(self) -> bool:
+        """The previous session had a journal, and it is not this one."""
+        return self.previous.journal_id is not None and self.previous.journal_id != self.journal_id
+
+    @property
+    def boot_changed(self) -> bool:
+        """The previous session had a boot id, and it is not this one."""
+        return self.previous.boot_id is not None and self.previous.boot_id != self.boot_id
+
+    @property
+    def duplicate_identity(self) -> bool:
+        """The previous session was live, from another boot: two machines share one identity."""
+        return self.previous.live and self.boot_changed
+
+
+class LivenessEntry(SnakeMessage):
+    node_id: NodeId
+    epoch: Positive
+    age_ms: NonNegative
+
+
+class Liveness(Fact):
+    BC_TYPE = "liveness"
+
+    entries: list[LivenessEntry] = Field(max_length=MAX_LIVENESS_ENTRIES)
+
+
+class Closed(NodeFact):
+    BC_TYPE = "closed"
+
+    epoch: Positive
+    reason: CloseReason
+
+
+class Progress(NodeFact):
+    BC_TYPE = "progress"
+
+    epoch: Positive
+    command_id: UUID
+    state: Literal["acked", "running"]
+
+
+class Result(NodeFact):
+    BC_TYPE = "result"
+
+    epoch: Positive
+    command_id: UUID
+    outcome: Literal["done", "failed"]
+    result: dict[str, Any] | None = None
+    error: Annotated[str, Field(max_length=4096)] | None = None
+
+
+class Rejected(NodeFact):
+    BC_TYPE = "rejected"
+
+    epoch: Positive
+    command_id: UUID
+    reason: Literal["BUSY"]
+
+
+class NodeEvent(SnakeMessage):
+    seq: Positive
+    kind: Name
+    body: dict[str, Any]
+    at: datetime
+
+
+class Events(NodeFact):
+    BC_TYPE = "events"
+
+    journal_id: Ident
+    events: list[NodeEvent] = Field(min_length=1, max_length=MAX_EVENTS_PER_FACT)
+
+
+class Status(NodeFact):
+    BC_TYPE = "status"
+
+    epoch: Positive
+    observed_generation: NonNegative
+    trust_version: NonNegative
+    approver_set_epoch: NonNegative | None = None
+    approver_set_sha256: Sha256Hex | None = None
+
+
+FACT_TYPES: tuple[type[Fact], ...] = (
+    Hello,
+    Liveness,
+    Closed,
+    Progress,
+    Result,
+    Rejected,
+    Events,
+    Status,
+)

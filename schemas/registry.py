@@ -1,0 +1,115 @@
+"""The registry: `Bc-Type` + `Bc-Schema` ⇄ model, used for encoding and decoding alike.
+
+Called by the runtime's consumer (decode) and outbox (encode), the reference gateway and
+the tests. It never raises anything but `MessageError` on bad input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TypeVar
+
+from pydantic import ValidationError
+
+from schemas.base import Message
+from schemas.events import EVENT_TYPES
+from schemas.facts import FACT_TYPES, Fact
+from schemas.notices import NOTICE_TYPES
+
+TYPE_HEADER = "Bc-Type"
+SCHEMA_HEADER = "Bc-Schema"
+
+M = TypeVar("M", bound=Message)
+
+
+class MessageError(ValueError):
+    """A message that cannot be decoded. `reason` is short, stable and names the field."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class UnknownMessageType(MessageError):
+    pass
+
+
+class InvalidMessage(MessageError):
+    """The body does not validate. `field` is the dotted path of the first bad field."""
+
+    def __init__(self, bc_type: str, field: str, detail: str) -> None:
+        where = f"field '{field}'" if field else "body"
+        super().__init__(f"invalid {bc_type}: {where}: {detail}")
+        self.field = field
+
+
+def _describe(error: ValidationError) -> tuple[str, str]:
+    first = error.errors(include_url=False)[0]
+    field = ".".join(str(part) for part in first["loc"])
+    return field, first["msg"]
+
+
+class Registry:
+    """Maps (type, schema version) to a model class, and back."""
+
+    def __init__(self, models: Iterable[type[Message]]) -> None:
+        self._models: dict[tuple[str, int], type[Message]] = {}
+        for model in models:
+            key = (model.BC_TYPE, model.BC_SCHEMA)
+            if key in self._models:
+                raise ValueError(f"two models registered for {key}")
+            self._models[key] = model
+
+    @property
+    def models(self) -> Mapping[tuple[str, int], type[Message]]:
+        return dict(self._models)
+
+    def headers_for(self, message: Message) -> dict[str, str]:
+        key = (message.BC_TYPE, message.BC_SCHEMA)
+        if self._models.get(key) is not type(message):
+            raise UnknownMessageType(f"model {type(message).__name__} is not registered")
+        return {TYPE_HEADER: message.BC_TYPE, SCHEMA_HEADER: str(message.BC_SCHEMA)}
+
+    def encode(self, message: Message) -> tuple[bytes, dict[str, str]]:
+        """The body (JSON, wire field names) and the `Bc-Type`/`Bc-Schema` headers."""
+        headers = self.headers_for(message)
+        return message.model_dump_json(by_alias=True).encode(), headers
+
+    def model_for(self, headers: Mapping[str, str] | None) -> type[Message]:
+        headers = headers or {}
+        bc_type = headers.get(TYPE_HEADER)
+        if not bc_type:
+            raise UnknownMessageType(f"missing {TYPE_HEADER} header")
+        raw_version = headers.get(SCHEMA_HEADER, "1")
+        try:
+            version = int(raw_version)
+        except ValueError:
+            raise UnknownMessageType(
+                f"{SCHEMA_HEADER} is not an integer: {raw_version!r}"
+            ) from None
+        model = self._models.get((bc_type, version))
+        if model is None:
+            raise UnknownMessageType(f"unknown message type {bc_type!r} schema {version}")
+        return model
+
+    def decode(self, headers: Mapping[str, str] | None, body: bytes) -> Message:
+        """Validate `body` against the model the headers name. Raises `MessageError` only."""
+        model = self.model_for(headers)
+        return self.validate(model, body)
+
+    @staticmethod
+    def validate(model: type[M], body: bytes) -> M:
+        try:
+            return model.model_validate_json(body)
+        except ValidationError as error:
+            field, detail = _describe(error)
+            raise InvalidMessage(model.BC_TYPE, field, detail) from error
+
+    def decode_fact(self, headers: Mapping[str, str] | None, body: bytes) -> Fact:
+        message = self.decode(headers, body)
+        if not isinstance(message, Fact):
+            raise UnknownMessageType(f"{message.BC_TYPE!r} is not a fact")
+        return message
+
+
+REGISTRY = Registry([*FACT_TYPES, *EVENT_TYPES, *NOTICE_TYPES])

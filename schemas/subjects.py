@@ -1,0 +1,104 @@
+"""Subject and stream names: the one place that spells them.
+
+Used by the runtime, the workers, the reference gateway and the tests. The subject root
+(`bc` by default) is configurable so that tenants and tests do not see each other.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from schemas.base import GATEWAY_ID_RE
+
+ROOT_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+
+
+class SubjectError(ValueError):
+    """A subject that does not have the shape the contract gives it."""
+
+
+@dataclass(frozen=True)
+class Subjects:
+    """Names of subjects and streams under one subject root."""
+
+    root: str = "bc"
+
+    def __post_init__(self) -> None:
+        if not ROOT_RE.match(self.root):
+            raise SubjectError(
+                f"subject root {self.root!r} must match {ROOT_RE.pattern} (one subject token)"
+            )
+
+    # streams ---------------------------------------------------------------
+    @property
+    def stream_prefix(self) -> str:
+        return self.root.upper().replace("-", "_")
+
+    @property
+    def facts_stream(self) -> str:
+        return f"{self.stream_prefix}_FACTS"
+
+    @property
+    def events_stream(self) -> str:
+        return f"{self.stream_prefix}_EVENTS"
+
+    @property
+    def gateway_stream(self) -> str:
+        return f"{self.stream_prefix}_GATEWAY"
+
+    @property
+    def dead_stream(self) -> str:
+        return f"{self.stream_prefix}_DEAD"
+
+    # subjects --------------------------------------------------------------
+    def fact(self, gateway_id: str, fact_type: str) -> str:
+        return f"{self.root}.facts.{gateway_id}.{fact_type}"
+
+    def fact_filter(self, fact_type: str) -> str:
+        """Every gateway's facts of one type (a consumer's filter subject)."""
+        return f"{self.root}.facts.*.{fact_type}"
+
+    @property
+    def all_facts(self) -> str:
+        return f"{self.root}.facts.>"
+
+    def event(self, event_type: str) -> str:
+        return f"{self.root}.events.{event_type}"
+
+    @property
+    def all_events(self) -> str:
+        return f"{self.root}.events.>"
+
+    @property
+    def revocations(self) -> str:
+        return f"{self.root}.revocations"
+
+    def notice(self, gateway_id: str, notice_type: str) -> str:
+        return f"{self.root}.gw.{gateway_id}.{notice_type}"
+
+    def gateway_notices(self, gateway_id: str) -> str:
+        return f"{self.root}.gw.{gateway_id}.>"
+
+    @property
+    def all_notices(self) -> str:
+        return f"{self.root}.gw.>"
+
+    def dead(self, worker: str) -> str:
+        return f"{self.root}.dead.{worker}"
+
+    @property
+    def all_dead(self) -> str:
+        return f"{self.root}.dead.>"
+
+    def parse_fact(self, subject: str) -> tuple[str, str]:
+        """Split `<root>.facts.<gateway_id>.<type>` into (gateway_id, type)."""
+        parts = subject.split(".")
+        if (
+            len(parts) != 4
+            or parts[0] != self.root
+            or parts[1] != "facts"
+            or not GATEWAY_ID_RE.match(parts[2])
+        ):
+            raise SubjectError(f"not a fact subject under root {self.root!r}: {subject!r}")
+        return parts[2], parts[3]

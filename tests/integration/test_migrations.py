@@ -1,0 +1,135 @@
+"""Migrations against a real PostgreSQL: from empty, idempotent, tamper-evident, safe
+when two `bcw migrate` processes race; and `compute_now()` moves and resets."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from tests.conftest import Clock
+from workers.runtime import migrate
+
+ALL = [m.name for m in migrate.load(migrate.default_directory())]
+
+
+async def _bcw(database_url: str, *args: str) -> tuple[int, str]:
+    env = {**os.environ, "BCW_DATABASE_URL": database_url}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "workers.cli", *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode()
+
+
+async def test_applies_from_empty_then_nothing(empty_database_url: str) -> None:
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        assert await migrate.migrate(conn) == ALL
+        assert await migrate.migrate(conn) == []
+        tables = {
+            r["tablename"]
+            for r in await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        }
+        assert {
+            "node_sessions", "node_certs", "node_labels", "gateways", "commands", "node_events",
+            "processed_facts", "outbox", "controller_leases", "schema_migrations",
+        } <= tables  # fmt: skip
+        states = await migrate.status(conn)
+        assert [(s.name, s.state) for s in states] == [(name, "applied") for name in ALL]
+    finally:
+        await conn.close()
+
+
+async def test_status_lists_pending_before_migrating(empty_database_url: str) -> None:
+    code, out = await _bcw(empty_database_url, "migrate", "--status")
+    assert code == 0
+    assert out.split() == [word for name in ALL for word in ("pending", name)]
+
+
+async def test_tampered_file_is_refused(empty_database_url: str, tmp_path: Path) -> None:
+    directory = tmp_path / "core"
+    shutil.copytree(migrate.default_directory(), directory)
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        await migrate.migrate(conn, directory)
+        first = directory / ALL[0]
+        first.write_text(first.read_text() + "\n-- edited after the fact\n")
+        extra = directory / "9999_later.sql"
+        extra.write_text("CREATE TABLE later (x int);")
+        with pytest.raises(migrate.MigrationError, match=f"{ALL[0]} was changed"):
+            await migrate.migrate(conn, directory)
+        # nothing after the check ran: the later migration is still pending
+        assert await conn.fetchval("SELECT to_regclass('later')") is None
+        states = {s.name: s.state for s in await migrate.status(conn, directory)}
+        assert states[ALL[0]] == "changed" and states["9999_later.sql"] == "pending"
+    finally:
+        await conn.close()
+
+
+async def test_cli_exits_non_zero_on_a_tampered_ledger(empty_database_url: str) -> None:
+    assert (await _bcw(empty_database_url, "migrate"))[0] == 0
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        await conn.execute("UPDATE schema_migrations SET checksum = 'x' WHERE name = $1", ALL[1])
+    finally:
+        await conn.close()
+    code, out = await _bcw(empty_database_url, "migrate")
+    assert code == 2 and f"{ALL[1]} was changed" in out
+    code, out = await _bcw(empty_database_url, "migrate", "--status")
+    assert code == 1 and f"changed  {ALL[1]}" in out
+
+
+async def test_malformed_file_name_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "1_bad.sql").write_text("SELECT 1;")
+    with pytest.raises(migrate.MigrationError, match="NNNN_lowercase_name"):
+        migrate.load(tmp_path)
+
+
+async def test_two_concurrent_migrates_apply_each_file_once(empty_database_url: str) -> None:
+    results = await asyncio.gather(*(_bcw(empty_database_url, "migrate") for _ in range(2)))
+    assert [code for code, _ in results] == [0, 0], results
+    applied_counts = sorted(out.count(".sql") for _, out in results)
+    assert applied_counts == [0, len(ALL)]
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM schema_migrations") == len(ALL)
+    finally:
+        await conn.close()
+
+
+async def test_a_failing_migration_leaves_nothing_half_applied(
+    empty_database_url: str, tmp_path: Path
+) -> None:
+    directory = tmp_path / "core"
+    shutil.copytree(migrate.default_directory(), directory)
+    (directory / "9998_broken.sql").write_text(
+        "CREATE TABLE half (x int); SELECT no_such_function();"
+    )
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        with pytest.raises(asyncpg.UndefinedFunctionError):
+            await migrate.migrate(conn, directory)
+        assert await conn.fetchval("SELECT to_regclass('half')") is None
+        assert await conn.fetchval("SELECT count(*) FROM schema_migrations") == len(ALL)
+    finally:
+        await conn.close()
+
+
+async def test_compute_now_moves_and_resets(db: asyncpg.Connection, clock: Clock) -> None:
+    drift = await db.fetchval("SELECT compute_now() - now()")
+    assert drift == timedelta(0)
+    await clock.advance(timedelta(minutes=5))
+    await clock.advance(timedelta(seconds=30))
+    assert await db.fetchval("SELECT compute_now() - now()") == timedelta(minutes=5, seconds=30)
+    returned = await db.fetchval("SELECT set_compute_now_offset(interval '1 hour') - now()")
+    assert returned == timedelta(hours=1)
+    await clock.reset()
+    assert await db.fetchval("SELECT compute_now() - now()") == timedelta(0)

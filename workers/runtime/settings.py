@@ -1,0 +1,120 @@
+"""Typed settings from the environment (`BCW_*`), grouped by concern.
+
+Read once by the entry point (`bcw`) and passed down; nothing else reads the environment.
+Secrets are `SecretStr` and never appear in a repr or a log line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas.subjects import ROOT_RE
+
+
+def _group(prefix: str) -> SettingsConfigDict:
+    return SettingsConfigDict(env_prefix=prefix, extra="ignore", frozen=True)
+
+
+class DatabaseSettings(BaseSettings):
+    """PostgreSQL. `BCW_DATABASE_URL` is a libpq URL; it may carry a password."""
+
+    model_config = _group("BCW_DATABASE_")
+
+    url: SecretStr = Field(
+        default=SecretStr("postgresql://postgres@127.0.0.1:5432/postgres"),
+        description="libpq connection URL",
+    )
+    pool_min: int = Field(default=1, ge=0, description="connections kept open")
+    pool_max: int = Field(default=8, ge=1, description="at most this many connections per process")
+    command_timeout: float = Field(
+        default=20.0, gt=0, description="seconds; keep below the consumer's ack_wait"
+    )
+    statement_cache_size: int = Field(
+        default=100, ge=0, description="0 behind PgBouncer (transaction mode) older than 1.21"
+    )
+
+
+class NatsSettings(BaseSettings):
+    """NATS and JetStream."""
+
+    model_config = _group("BCW_NATS_")
+
+    url: str = Field(default="nats://127.0.0.1:4222", description="comma-separated server URLs")
+    creds_file: Path | None = Field(default=None, description="NATS credentials (.creds) file")
+    user: str | None = Field(default=None, description="user name, if not using creds")
+    password: SecretStr | None = Field(default=None, description="password for `user`")
+    token: SecretStr | None = Field(default=None, description="auth token")
+    tls_ca_file: Path | None = Field(default=None, description="CA bundle for TLS")
+    tls_cert_file: Path | None = Field(default=None, description="client certificate (mTLS)")
+    tls_key_file: Path | None = Field(default=None, description="client key (mTLS)")
+    stream_replicas: int = Field(default=1, ge=1, le=5, description="3 on a clustered JetStream")
+
+    @property
+    def servers(self) -> list[str]:
+        return [part.strip() for part in self.url.split(",") if part.strip()]
+
+
+class ConsumerSettings(BaseSettings):
+    """How a worker consumes its facts."""
+
+    model_config = _group("BCW_CONSUMER_")
+
+    batch_size: int = Field(
+        default=256, ge=1, le=1000, description="facts fetched and applied at once"
+    )
+    fetch_timeout: float = Field(default=1.0, gt=0, description="seconds a fetch waits for facts")
+    ack_wait: float = Field(default=60.0, gt=0, description="seconds before JetStream redelivers")
+    max_deliver: int = Field(
+        default=10, ge=2, description="deliveries before a fact is dead-lettered"
+    )
+    max_ack_pending: int = Field(default=4096, ge=1, description="unacked facts per consumer")
+    retry_attempts: int = Field(
+        default=5, ge=1, description="tries of a transient failure per batch"
+    )
+    retry_max_seconds: float = Field(
+        default=5.0, gt=0, description="largest back-off between tries"
+    )
+    nak_delay: float = Field(
+        default=2.0, ge=0, description="seconds before a failed fact is redelivered"
+    )
+    drain_seconds: float = Field(default=8.0, gt=0, description="bound on the SIGTERM drain")
+
+
+class OutboxSettings(BaseSettings):
+    """The outbox relay."""
+
+    model_config = _group("BCW_OUTBOX_")
+
+    batch_size: int = Field(default=500, ge=1, description="rows claimed per round")
+    poll_seconds: float = Field(default=1.0, gt=0, description="fallback poll when no NOTIFY comes")
+    publish_timeout: float = Field(default=5.0, gt=0, description="seconds to wait for a PubAck")
+
+
+class Settings(BaseSettings):
+    """Everything a `bcw` process reads from its environment."""
+
+    model_config = SettingsConfigDict(env_prefix="BCW_", extra="ignore", frozen=True)
+
+    subject_root: str = Field(default="bc", description="subject root; stream names follow it")
+    health_port: int = Field(default=8080, ge=0, le=65535, description="0 picks a free port")
+    log_format: Literal["json", "console"] = Field(default="console", description="log line format")
+    log_level: str = Field(default="INFO", description="Python logging level")
+    instance: str | None = Field(
+        default=None, description="this process's name; defaults to host:pid"
+    )
+
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    nats: NatsSettings = Field(default_factory=NatsSettings)
+    consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)
+    outbox: OutboxSettings = Field(default_factory=OutboxSettings)
+
+    @field_validator("subject_root")
+    @classmethod
+    def _root_is_one_token(cls, value: str) -> str:
+        if not ROOT_RE.match(value):
+            raise ValueError(f"must match {ROOT_RE.pattern}")
+        return value
