@@ -269,7 +269,7 @@ class EmbeddedPostgres:
                 cwd=self.directory,
                 preexec_fn=_die_with_parent(signal.SIGINT),
                 user=self._uid,
-            group=self._gid,
+                group=self._gid,
             )
         _wait_for_port(self.port, self.process, "postgres", log)
         self._wait_ready(log)
