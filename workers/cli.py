@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from workers.runtime.settings import Settings
+from workers.runtime.worker import Worker
 
 
 def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
@@ -40,6 +42,98 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     except migrate.MigrationError as error:
         print(f"bcw migrate: {error}", file=sys.stderr)
         return 2
+
+
+def run_workers(settings: Settings, workers: Sequence[Worker]) -> int:
+    """Run `workers` in this process until SIGTERM/SIGINT; exit 0 after a clean drain."""
+    from workers.runtime import logs
+    from workers.runtime.process import run_process
+
+    logs.configure(settings.log_format, settings.log_level)
+
+    async def main() -> None:
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+        await run_process(settings, workers, stopping=stopping)
+
+    asyncio.run(main())
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.registry import WORKERS
+
+    names = sorted(WORKERS) if args.worker == "all" else [args.worker]
+    unknown = [name for name in names if name not in WORKERS]
+    if unknown or not names:
+        print(
+            f"bcw run: unknown worker {args.worker!r}; known: {', '.join(sorted(WORKERS)) or 'none'}",
+            file=sys.stderr,
+        )
+        return 2
+    return run_workers(settings, [WORKERS[name](settings) for name in names])
+
+
+def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
+    from schemas.subjects import Subjects
+    from workers.registry import WORKERS
+    from workers.runtime import bus
+
+    async def run() -> int:
+        subjects = Subjects(settings.subject_root)
+        nc = await bus.connect(settings.nats, name="bcw provision")
+        try:
+            js = nc.jetstream()
+            for stream, state in (
+                await bus.provision_streams(js, subjects, settings.nats.stream_replicas)
+            ).items():
+                print(f"stream   {stream:<24} {state}")
+            for name, build in sorted(WORKERS.items()):
+                spec = build(settings).consumer_spec(subjects)
+                await bus.ensure_consumer(js, subjects.facts_stream, spec, settings.consumer)
+                print(f"consumer {name:<24} ensured ({', '.join(spec.filter_subjects)})")
+            return 0
+        finally:
+            await nc.close()
+
+    try:
+        return asyncio.run(run())
+    except bus.ProvisionError as error:
+        print(f"bcw provision: {error}", file=sys.stderr)
+        return 2
+
+
+def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
+    from schemas.subjects import Subjects
+    from workers.runtime import bus, deadletter
+
+    async def run() -> int:
+        subjects = Subjects(settings.subject_root)
+        nc = await bus.connect(settings.nats, name="bcw dead-letters")
+        try:
+            js = nc.jetstream()
+            letters = await deadletter.list_dead_letters(js, subjects, args.worker, args.limit)
+            if args.seq:
+                letters = [letter for letter in letters if letter.seq in set(args.seq)]
+            if args.action == "list":
+                for letter in letters:
+                    when = letter.time.isoformat(timespec="seconds") if letter.time else "-"
+                    print(
+                        f"{letter.seq:>8} {when} {letter.worker:<12} {letter.cause:<15} {letter.subject}  {letter.reason}"
+                    )
+                print(f"{len(letters)} dead letter(s)")
+                return 0
+            for letter in letters:
+                await deadletter.redrive(js, subjects, letter)
+                print(f"re-drove {letter.seq} to {letter.subject}")
+            print(f"{len(letters)} re-driven")
+            return 0
+        finally:
+            await nc.close()
+
+    return asyncio.run(run())
 
 
 def _cmd_schemas_export(args: argparse.Namespace, settings: Settings) -> int:
@@ -71,6 +165,22 @@ def build_parser() -> argparse.ArgumentParser:
     export = schemas_commands.add_parser("export", help="write every message's JSON Schema to DIR")
     export.add_argument("directory")
     export.set_defaults(handler=_cmd_schemas_export)
+
+    run = commands.add_parser("run", help="run a worker (or `all` of them) in this process")
+    run.add_argument("worker", help="liveness, labeler, quarantine, replay, recorder, or all")
+    run.set_defaults(handler=_cmd_run)
+
+    provision = commands.add_parser("provision", help="create or update the streams and consumers")
+    provision.set_defaults(handler=_cmd_provision)
+
+    dead = commands.add_parser("dead-letters", help="list or re-drive dead-lettered messages")
+    dead.add_argument("action", choices=["list", "redrive"])
+    dead.add_argument("--worker", help="only this worker's dead letters")
+    dead.add_argument(
+        "--seq", type=int, action="append", help="only this dead-letter sequence (repeatable)"
+    )
+    dead.add_argument("--limit", type=int, default=1000, help="at most this many")
+    dead.set_defaults(handler=_cmd_dead_letters)
 
     demo = commands.add_parser("demo", help="run the whole flow on embedded NATS and PostgreSQL")
     demo.add_argument("--directory", default=".bcw/demo", help="where the servers keep their data")

@@ -1,0 +1,192 @@
+"""Helpers for the runtime's integration tests: a small worker whose effects can be
+counted (`tally`), publishing facts, running a worker process in-task, waiting.
+
+The tally worker is a test double of a *worker*, not of NATS or PostgreSQL: it runs on
+the real runtime against the real servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import asyncpg
+from nats.js import JetStreamContext
+from opentelemetry.sdk.trace import TracerProvider
+
+from schemas import REGISTRY, Fact, NodeDisconnected, Status
+from schemas.subjects import Subjects
+from workers.runtime import outcome
+from workers.runtime.errors import PermanentError
+from workers.runtime.outcome import Outcome
+from workers.runtime.process import run_process
+from workers.runtime.settings import (
+    ConsumerSettings,
+    DatabaseSettings,
+    NatsSettings,
+    OutboxSettings,
+    Settings,
+)
+from workers.runtime.worker import Runtime, Tx, Worker
+
+TALLY_DDL = """
+CREATE TABLE IF NOT EXISTS tally (fact_id uuid PRIMARY KEY, node_id text NOT NULL, effects int NOT NULL);
+CREATE TABLE IF NOT EXISTS tally_broken (node_id text PRIMARY KEY);
+"""
+
+
+async def handle_tally(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
+    """Counts each fact's effect (a second effect would show as effects = 2) and emits an event.
+
+    A node listed in `tally_broken` makes the handler fail permanently (a bug stand-in);
+    node `stale-*` facts are fenced out (STALE).
+    """
+    broken = {r["node_id"] for r in await tx.conn.fetch("SELECT node_id FROM tally_broken")}
+    for fact in facts:
+        if isinstance(fact, Status) and fact.node_id in broken:
+            raise PermanentError(f"tally cannot handle node {fact.node_id}")
+    statuses = [f for f in facts if isinstance(f, Status) and not f.node_id.startswith("stale-")]
+    await tx.conn.execute(
+        """
+        INSERT INTO tally (fact_id, node_id, effects)
+        SELECT f, n, 1 FROM unnest($1::uuid[], $2::text[]) AS t(f, n)
+        ON CONFLICT (fact_id) DO UPDATE SET effects = tally.effects + 1
+        """,
+        [f.fact_id for f in statuses],
+        [f.node_id for f in statuses],
+    )
+    for fact in statuses:
+        event = NodeDisconnected(
+            node_id=fact.node_id, epoch=fact.epoch, gateway_id=fact.gateway_id, reason="fenced"
+        )
+        tx.publish(event, tx.subjects.event(event.BC_TYPE), cause=fact, order_key=fact.node_id)
+    return {
+        f.fact_id: outcome.STALE
+        for f in facts
+        if isinstance(f, Status) and f.node_id.startswith("stale-")
+    }
+
+
+def build_tally(settings: Settings | None = None) -> Worker:
+    return Worker(name="tally", fact_types=("status",), handle=handle_tally)
+
+
+def make_settings(
+    nats_url: str, database_url: str, subjects: Subjects, **consumer: Any
+) -> Settings:
+    return Settings(
+        subject_root=subjects.root,
+        health_port=0,
+        database=DatabaseSettings(url=database_url, pool_max=4),
+        nats=NatsSettings(url=nats_url),
+        consumer=ConsumerSettings(
+            **{"ack_wait": 5.0, "nak_delay": 0.2, "retry_max_seconds": 0.5, **consumer}
+        ),
+        outbox=OutboxSettings(poll_seconds=0.5),
+    )
+
+
+def status_fact(node_id: str = "node-1", gateway_id: str = "gw-1", **fields: Any) -> Status:
+    return Status.model_validate_json(
+        json.dumps(
+            {
+                "fact_id": str(uuid.uuid4()),
+                "gateway_id": gateway_id,
+                "observed_at": "2026-11-30T12:00:00Z",
+                "node_id": node_id,
+                "epoch": 1,
+                "observed_generation": 1,
+                "trust_version": 0,
+                **fields,
+            }
+        )
+    )
+
+
+async def publish_fact(
+    js: JetStreamContext,
+    subjects: Subjects,
+    fact: Fact,
+    *,
+    msg_id: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> None:
+    body, bc_headers = REGISTRY.encode(fact)
+    all_headers = {**bc_headers, "Nats-Msg-Id": msg_id or str(fact.fact_id), **(headers or {})}
+    await js.publish(subjects.fact(fact.gateway_id, fact.BC_TYPE), body, headers=all_headers)
+
+
+async def publish_raw(
+    js: JetStreamContext, subject: str, body: bytes, headers: dict[str, str]
+) -> None:
+    await js.publish(subject, body, headers={"Nats-Msg-Id": str(uuid.uuid4()), **headers})
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool]], timeout: float = 30.0, what: str = "condition"
+) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if await check():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+async def count(database_url: str, sql: str, *args: Any) -> int:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return int(await conn.fetchval(sql, *args) or 0)
+    finally:
+        await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def running(
+    settings: Settings, workers: Sequence[Worker], provider: TracerProvider | None = None
+) -> AsyncIterator[tuple[Runtime, int]]:
+    """Run a worker process in this event loop for the block; yields (runtime, health port)."""
+    stopping = asyncio.Event()
+    started: asyncio.Future[tuple[Runtime, int]] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(
+        run_process(
+            settings,
+            workers,
+            stopping=stopping,
+            provider=provider or TracerProvider(),
+            on_ready=lambda runtime, port: started.set_result((runtime, port)),
+        )
+    )
+    done, _ = await asyncio.wait({task, started}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        task.result()
+    if started not in done:
+        task.cancel()
+        raise AssertionError("worker process did not start in 30 s")
+    try:
+        yield started.result()
+    finally:
+        stopping.set()
+        await asyncio.wait_for(task, 15)
+
+
+async def stream_messages(
+    js: JetStreamContext, stream: str, subject: str | None = None
+) -> list[Any]:
+    """Every message stored in `stream` (optionally on one subject), oldest first."""
+    info = await js.stream_info(stream)
+    out = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        try:
+            msg = await js.get_msg(stream, seq)
+        except Exception:
+            continue
+        if subject is None or msg.subject == subject:
+            out.append(msg)
+    return out

@@ -1,0 +1,202 @@
+"""NATS and JetStream: the connection, and provisioning of streams and consumers.
+
+Called by the entry point (`bcw provision`, each worker at start) and the tests. Creating
+is idempotent; a drifted setting is corrected, or reported clearly when the server
+cannot change it in place.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BadRequestError, NotFoundError
+
+from schemas.subjects import Subjects
+from workers.runtime.settings import ConsumerSettings, NatsSettings
+
+log = logging.getLogger(__name__)
+
+HOUR = 3600.0
+DAY = 24 * HOUR
+FACTS_DUPLICATE_WINDOW = 120.0
+
+
+class ProvisionError(RuntimeError):
+    """A stream or consumer exists with a setting the server cannot change in place."""
+
+
+async def connect(
+    settings: NatsSettings,
+    name: str,
+    on_event: Callable[[str], Awaitable[None]] | None = None,
+) -> NATS:
+    """A client that never gives up reconnecting (workers must outlive a server restart)."""
+
+    async def report(event: str) -> None:
+        log.info("nats %s", event)
+        if on_event is not None:
+            await on_event(event)
+
+    async def disconnected() -> None:
+        await report("disconnected")
+
+    async def reconnected() -> None:
+        await report("reconnected")
+
+    async def error(exc: Exception) -> None:
+        log.warning("nats error: %s", exc)
+
+    options: dict[str, object] = {
+        "servers": settings.servers,
+        "name": name,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 1.0,
+        "connect_timeout": 5,
+        "allow_reconnect": True,
+        "disconnected_cb": disconnected,
+        "reconnected_cb": reconnected,
+        "error_cb": error,
+        "pending_size": 64 * 1024 * 1024,
+    }
+    if settings.creds_file:
+        options["user_credentials"] = str(settings.creds_file)
+    if settings.user:
+        options["user"] = settings.user
+    if settings.password:
+        options["password"] = settings.password.get_secret_value()
+    if settings.token:
+        options["token"] = settings.token.get_secret_value()
+    if settings.tls_ca_file or settings.tls_cert_file:
+        context = ssl.create_default_context(
+            cafile=str(settings.tls_ca_file) if settings.tls_ca_file else None
+        )
+        if settings.tls_cert_file and settings.tls_key_file:
+            context.load_cert_chain(str(settings.tls_cert_file), str(settings.tls_key_file))
+        options["tls"] = context
+    return await nats.connect(**options)  # type: ignore[arg-type]
+
+
+def stream_configs(subjects: Subjects, replicas: int = 1) -> list[StreamConfig]:
+    """The four streams of the contract (DESIGN §3)."""
+
+    def stream(name: str, subject_list: list[str], max_age: float, **extra: float) -> StreamConfig:
+        return StreamConfig(
+            name=name,
+            subjects=subject_list,
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            discard=DiscardPolicy.OLD,
+            max_age=max_age,
+            num_replicas=replicas,
+            **extra,  # type: ignore[arg-type]
+        )
+
+    return [
+        stream(
+            subjects.facts_stream,
+            [subjects.all_facts],
+            DAY,
+            duplicate_window=FACTS_DUPLICATE_WINDOW,
+        ),
+        stream(subjects.events_stream, [subjects.all_events, subjects.revocations], 7 * DAY),
+        stream(subjects.gateway_stream, [subjects.all_notices], HOUR),
+        stream(subjects.dead_stream, [subjects.all_dead], 14 * DAY),
+    ]
+
+
+_UPDATABLE = ("subjects", "max_age", "duplicate_window", "num_replicas", "discard")
+_FIXED = ("retention", "storage")
+
+
+async def ensure_stream(js: JetStreamContext, wanted: StreamConfig) -> str:
+    """Create the stream, or correct its drift. Returns `created`, `updated` or `unchanged`."""
+    assert wanted.name is not None
+    try:
+        info = await js.stream_info(wanted.name)
+    except NotFoundError:
+        await js.add_stream(wanted)
+        log.info("stream %s created", wanted.name)
+        return "created"
+    current = info.config
+    for field in _FIXED:
+        if getattr(current, field) != getattr(wanted, field):
+            raise ProvisionError(
+                f"stream {wanted.name}: {field} is {getattr(current, field)}, the contract wants "
+                f"{getattr(wanted, field)}; the server cannot change it in place (recreate the stream)"
+            )
+    drift = {
+        field: (getattr(current, field), getattr(wanted, field))
+        for field in _UPDATABLE
+        if _differs(getattr(current, field), getattr(wanted, field))
+    }
+    if not drift:
+        return "unchanged"
+    log.warning("stream %s drifted, correcting: %s", wanted.name, drift)
+    await js.update_stream(wanted)
+    return "updated"
+
+
+def _differs(current: object, wanted: object) -> bool:
+    if isinstance(current, float) or isinstance(wanted, float):
+        return abs(float(current or 0) - float(wanted or 0)) > 1e-6  # type: ignore[arg-type]
+    if isinstance(current, list) and isinstance(wanted, list):
+        return sorted(current) != sorted(wanted)
+    return current != wanted
+
+
+async def provision_streams(
+    js: JetStreamContext, subjects: Subjects, replicas: int = 1
+) -> dict[str, str]:
+    return {
+        str(config.name): await ensure_stream(js, config)
+        for config in stream_configs(subjects, replicas)
+    }
+
+
+@dataclass(frozen=True)
+class ConsumerSpec:
+    """A worker's durable pull consumer on the facts stream."""
+
+    durable: str
+    filter_subjects: tuple[str, ...]
+
+    def config(self, settings: ConsumerSettings) -> ConsumerConfig:
+        return ConsumerConfig(
+            name=self.durable,
+            durable_name=self.durable,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=settings.ack_wait,
+            max_deliver=settings.max_deliver,
+            max_ack_pending=settings.max_ack_pending,
+            max_waiting=512,
+            filter_subjects=list(self.filter_subjects),
+        )
+
+
+async def ensure_consumer(
+    js: JetStreamContext, stream: str, spec: ConsumerSpec, settings: ConsumerSettings
+) -> None:
+    """Create or update the durable consumer (a bound `pull_subscribe` would ignore changes)."""
+    try:
+        await js.add_consumer(stream, spec.config(settings))
+    except BadRequestError as error:
+        raise ProvisionError(
+            f"consumer {spec.durable} on {stream} cannot take the configured settings: {error}; "
+            "delete it (`nats consumer rm`) to recreate it"
+        ) from error

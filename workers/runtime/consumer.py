@@ -1,0 +1,338 @@
+"""The consume loop: facts in batches from a worker's durable consumer, applied with
+exactly-once effect, settled in one place.
+
+For each batch: decode (bad messages are dead-lettered), drop the facts the worker's
+rules ignore (acked without a transaction), then in one transaction record the rest in
+the inbox, skip those already there, let the worker's handler write its effects and its
+outbox rows, and commit; acks follow the commit. Transient failures are retried with
+tenacity, then nak'ed; a handler error that retrying cannot fix dead-letters the fact
+that caused it, found by applying the batch's facts one by one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import asyncpg
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from opentelemetry import trace
+from opentelemetry.trace import Span
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from schemas.facts import Fact
+from schemas.registry import REGISTRY, MessageError
+from schemas.subjects import SubjectError, Subjects
+from workers.runtime import outcome, tracing
+from workers.runtime.deadletter import dead_letter_msg
+from workers.runtime.errors import is_transient
+from workers.runtime.metrics import Metrics
+from workers.runtime.outcome import Outcome
+from workers.runtime.settings import ConsumerSettings
+from workers.runtime.worker import Tx, Worker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Item:
+    """One fetched message on its way through a batch."""
+
+    msg: Msg
+    fact: Fact | None = None
+    outcome: Outcome | None = None
+    span: Span | None = None
+
+
+class FactConsumer:
+    """Runs one worker's consume loop in this process."""
+
+    def __init__(
+        self,
+        worker: Worker,
+        *,
+        js: JetStreamContext,
+        pool: asyncpg.Pool,
+        subjects: Subjects,
+        settings: ConsumerSettings,
+        metrics: Metrics,
+        tracer: trace.Tracer,
+        on_outbox_rows: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.worker = worker
+        self._js = js
+        self._pool = pool
+        self._subjects = subjects
+        self._settings = settings
+        self._metrics = metrics
+        self._tracer = tracer
+        self._on_outbox_rows = on_outbox_rows
+        self._sub: JetStreamContext.PullSubscription | None = None
+
+    @property
+    def bound(self) -> bool:
+        return self._sub is not None
+
+    async def bind(self) -> None:
+        self._sub = await self._js.pull_subscribe_bind(
+            durable=self.worker.name,
+            stream=self._subjects.facts_stream,
+            pending_msgs_limit=4 * self._settings.batch_size + 64,
+        )
+
+    # -- the loop --------------------------------------------------------------------
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Fetch ahead while the previous batch is applied; stop fetching when `stopping`."""
+        if self._sub is None:
+            await self.bind()
+        batches: asyncio.Queue[list[Msg] | None] = asyncio.Queue(maxsize=1)
+        fetcher = asyncio.create_task(
+            self._fetch_loop(batches, stopping), name=f"{self.worker.name}-fetch"
+        )
+        try:
+            while (batch := await batches.get()) is not None:
+                if stopping.is_set():
+                    await self._release(batch)  # not started: leave it to another replica now
+                else:
+                    await self.handle_batch(batch)
+        finally:
+            fetcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await fetcher
+            while not batches.empty():
+                leftover = batches.get_nowait()
+                if leftover:
+                    await self._release(leftover)
+
+    async def _fetch_loop(
+        self, batches: asyncio.Queue[list[Msg] | None], stopping: asyncio.Event
+    ) -> None:
+        assert self._sub is not None
+        failures = 0
+        while not stopping.is_set():
+            try:
+                msgs = await self._sub.fetch(
+                    self._settings.batch_size, timeout=self._settings.fetch_timeout
+                )
+                failures = 0
+            except TimeoutError:
+                continue  # nothing came: normal
+            except Exception as error:
+                failures += 1
+                level = logging.DEBUG if failures < 3 else logging.WARNING
+                log.log(level, "%s: fetch failed (%s), retrying", self.worker.name, error)
+                await _sleep_or_stop(stopping, min(5.0, 0.2 * 2**failures))
+                continue
+            await batches.put(msgs)
+        await batches.put(None)  # ends the consume loop once it has taken what is queued
+
+    async def _release(self, msgs: Sequence[Msg]) -> None:
+        for msg in msgs:
+            with contextlib.suppress(Exception):
+                await msg.nak()
+
+    # -- one batch -------------------------------------------------------------------
+    async def handle_batch(self, msgs: Sequence[Msg]) -> list[Outcome]:
+        started = time.perf_counter()
+        items = [self._decode(msg) for msg in msgs]
+        wanted = [item for item in items if item.outcome is None]
+        for item in wanted:
+            item.span = self._start_span(item)
+        if wanted:
+            await self._apply_isolating_failures(wanted)
+        for item in items:
+            assert item.outcome is not None
+            await self._settle(item)
+        self._metrics.batch_seconds.observe(time.perf_counter() - started, self.worker.name)
+        return [item.outcome for item in items if item.outcome is not None]
+
+    def _decode(self, msg: Msg) -> _Item:
+        item = _Item(msg)
+        try:
+            fact = REGISTRY.decode_fact(msg.headers, msg.data)
+            gateway_id, fact_type = self._subjects.parse_fact(msg.subject)
+        except (MessageError, SubjectError) as error:
+            item.outcome = outcome.dead(str(error), cause="invalid")
+            return item
+        if gateway_id != fact.gateway_id:
+            item.outcome = outcome.dead(
+                f"gateway mismatch: subject says {gateway_id!r}, fact says {fact.gateway_id!r}",
+                cause="invalid",
+            )
+        elif fact_type != fact.BC_TYPE:
+            item.outcome = outcome.dead(
+                f"type mismatch: subject says {fact_type!r}, Bc-Type says {fact.BC_TYPE!r}",
+                cause="invalid",
+            )
+        elif fact.BC_TYPE not in self.worker.fact_types or not self.worker.wants(fact):
+            item.outcome = outcome.IGNORED
+        item.fact = fact
+        return item
+
+    def _start_span(self, item: _Item) -> Span:
+        assert item.fact is not None
+        meta = item.msg.metadata
+        return self._tracer.start_span(
+            f"{item.fact.BC_TYPE} process",
+            context=tracing.extract(item.msg.headers),
+            kind=trace.SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": tracing.MESSAGING_SYSTEM,
+                "messaging.operation.type": "process",
+                "messaging.destination.name": item.msg.subject,
+                "messaging.consumer.group.name": self.worker.name,
+                "messaging.message.id": str(item.fact.fact_id),
+                "messaging.nats.stream.sequence": meta.sequence.stream,
+                "messaging.nats.delivery_count": meta.num_delivered or 1,
+            },
+        )
+
+    async def _apply_isolating_failures(self, items: list[_Item]) -> None:
+        try:
+            await self._apply_with_retries(items)
+            return
+        except Exception as error:
+            if is_transient(error):
+                log.warning(
+                    "%s: batch failed after retries (%s); redelivering", self.worker.name, error
+                )
+                for item in items:
+                    item.outcome = outcome.retry_after(self._settings.nak_delay)
+                return
+            if len(items) == 1:
+                log.exception("%s: handler failed on fact %s", self.worker.name, _fact_id(items[0]))
+                items[0].outcome = outcome.dead(f"{type(error).__name__}: {error}", cause="handler")
+                return
+        # A permanent failure somewhere in the batch: find it by applying one fact at a time.
+        for item in items:
+            await self._apply_isolating_failures([item])
+
+    async def _apply_with_retries(self, items: list[_Item]) -> None:
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(is_transient),
+            stop=stop_after_attempt(self._settings.retry_attempts),
+            wait=wait_random_exponential(multiplier=0.2, max=self._settings.retry_max_seconds),
+            reraise=True,
+            before_sleep=lambda state: self._metrics.batch_retries.inc(self.worker.name),
+        )
+        async for attempt in retrying:
+            with attempt:
+                await self._apply(items)
+
+    async def _apply(self, items: list[_Item]) -> None:
+        facts = [item.fact for item in items if item.fact is not None]
+        spans = {item.fact.fact_id: item.span for item in items if item.fact and item.span}
+        started_ns = time.time_ns()
+        async with self._pool.acquire() as conn, conn.transaction():
+            fresh_ids = {
+                row["fact_id"]
+                for row in await conn.fetch(
+                    """
+                    INSERT INTO processed_facts (consumer, fact_id)
+                    SELECT $1, unnest($2::uuid[])
+                    ON CONFLICT DO NOTHING
+                    RETURNING fact_id
+                    """,
+                    self.worker.name,
+                    [fact.fact_id for fact in facts],
+                )
+            }
+            # a fact published twice can arrive twice in one batch: only its first copy is fresh
+            fresh, seen = [], set()
+            for fact in facts:
+                if fact.fact_id in fresh_ids and fact.fact_id not in seen:
+                    fresh.append(fact)
+                seen.add(fact.fact_id)
+            tx = Tx(conn, self._subjects, spans)
+            decided = (await self.worker.handle(tx, fresh) or {}) if fresh else {}
+            outcomes = {fact.fact_id: decided.get(fact.fact_id, outcome.APPLIED) for fact in fresh}
+            unkept = [fid for fid in fresh_ids if not outcomes[fid].keeps_inbox_row]
+            if unkept:
+                await conn.execute(
+                    "DELETE FROM processed_facts WHERE consumer = $1 AND fact_id = ANY($2::uuid[])",
+                    self.worker.name,
+                    unkept,
+                )
+            written = await tx.outbox.write(conn)
+        ended_ns = time.time_ns()
+        firsts = {id(fact) for fact in fresh}
+        for item in items:
+            assert item.fact is not None
+            item.outcome = (
+                outcomes[item.fact.fact_id] if id(item.fact) in firsts else outcome.DUPLICATE
+            )
+            if item.span is not None:
+                self._tracer.start_span(
+                    f"{self.worker.name} apply",
+                    context=trace.set_span_in_context(item.span),
+                    start_time=started_ns,
+                    attributes={
+                        "db.system.name": "postgresql",
+                        "db.operation.batch.size": len(items),
+                        "bcw.outbox.rows": written,
+                    },
+                ).end(end_time=ended_ns)
+        if written:
+            self._on_outbox_rows()
+
+    async def _settle(self, item: _Item) -> None:
+        """The one place where a fact's message is acked, nak'ed or dead-lettered."""
+        result = item.outcome
+        assert result is not None
+        msg = item.msg
+        if (
+            result.kind is outcome.Kind.RETRY
+            and (msg.metadata.num_delivered or 1) >= self._settings.max_deliver
+        ):
+            result = item.outcome = outcome.dead(
+                f"still failing after {self._settings.max_deliver} deliveries",
+                cause="max-deliveries",
+            )
+        fact_type = item.fact.BC_TYPE if item.fact else "invalid"
+        try:
+            if result.acks:
+                await msg.ack()
+            elif result.kind is outcome.Kind.RETRY:
+                await msg.nak(delay=result.delay)
+            else:
+                await dead_letter_msg(
+                    self._js, self._subjects, self.worker.name, msg, result.reason, result.cause
+                )
+                self._metrics.dead_letters.inc(self.worker.name, result.cause)
+                await msg.term()
+        except Exception as error:  # the message will be redelivered; the inbox absorbs it
+            log.warning(
+                "%s: could not settle %s (%s): %s",
+                self.worker.name,
+                fact_type,
+                result.kind.value,
+                error,
+            )
+        self._metrics.facts.inc(self.worker.name, fact_type, result.kind.value)
+        if item.span is not None:
+            item.span.set_attribute("bcw.outcome", result.kind.value)
+            if result.kind is outcome.Kind.DEAD:
+                item.span.set_status(trace.StatusCode.ERROR, result.reason)
+            item.span.end()
+
+    async def observe(self) -> None:
+        """Refresh the consumer's pending gauges (called by the process's observer loop)."""
+        if self._sub is None:
+            return
+        info = await self._sub.consumer_info()
+        self._metrics.consumer_pending.set(float(info.num_pending or 0), self.worker.name)
+        self._metrics.consumer_ack_pending.set(float(info.num_ack_pending or 0), self.worker.name)
+
+
+def _fact_id(item: _Item) -> str:
+    return str(item.fact.fact_id) if item.fact else "?"
+
+
+async def _sleep_or_stop(stopping: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stopping.wait(), seconds)

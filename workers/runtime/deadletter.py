@@ -1,0 +1,185 @@
+"""Dead letters: copies of messages that cannot be handled, with the reason, on
+`<root>.dead.<worker>`; listing and re-driving them (`bcw dead-letters`).
+
+Called by the consumer loop (before it terminates a message), by the max-deliveries
+advisory listener, and by the CLI. Nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from schemas.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+REASON = "Bc-Dead-Reason"
+SUBJECT = "Bc-Dead-Subject"
+STREAM_SEQ = "Bc-Dead-Stream-Seq"
+WORKER = "Bc-Dead-Worker"
+CAUSE = "Bc-Dead-Cause"
+ORIGINAL_MSG_ID = "Bc-Dead-Msg-Id"
+_DEAD_HEADERS = (REASON, SUBJECT, STREAM_SEQ, WORKER, CAUSE, ORIGINAL_MSG_ID)
+
+
+def _header_value(text: str) -> str:
+    return " ".join(text.split())[:1024]
+
+
+async def dead_letter(
+    js: JetStreamContext,
+    subjects: Subjects,
+    worker: str,
+    *,
+    subject: str,
+    stream: str,
+    stream_seq: int,
+    data: bytes,
+    headers: Mapping[str, str] | None,
+    reason: str,
+    cause: str,
+) -> None:
+    """Publish the copy and wait for its PubAck. Raises if JetStream did not take it."""
+    out = dict(headers or {})
+    original_id = out.pop("Nats-Msg-Id", "")
+    out.update(
+        {
+            REASON: _header_value(reason),
+            CAUSE: cause,
+            SUBJECT: subject,
+            STREAM_SEQ: str(stream_seq),
+            WORKER: worker,
+            ORIGINAL_MSG_ID: original_id,
+            # one copy per stream position, even if two replicas dead-letter it at once
+            "Nats-Msg-Id": f"dead:{worker}:{stream}:{stream_seq}",
+        }
+    )
+    await js.publish(subjects.dead(worker), data, headers=out, timeout=5)
+    log.warning("dead-lettered %s seq %d for %s: %s", subject, stream_seq, worker, reason)
+
+
+async def dead_letter_msg(
+    js: JetStreamContext, subjects: Subjects, worker: str, msg: Msg, reason: str, cause: str
+) -> None:
+    meta = msg.metadata
+    await dead_letter(
+        js,
+        subjects,
+        worker,
+        subject=msg.subject,
+        stream=meta.stream,
+        stream_seq=meta.sequence.stream,
+        data=msg.data,
+        headers=msg.headers,
+        reason=reason,
+        cause=cause,
+    )
+
+
+def max_deliveries_subject(stream: str, consumer: str) -> str:
+    return f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{consumer}"
+
+
+async def watch_max_deliveries(
+    nc: NATS, js: JetStreamContext, subjects: Subjects, worker: str
+) -> None:
+    """Dead-letter the facts JetStream stopped redelivering (the advisory is lost otherwise).
+
+    A queue group makes one replica handle each advisory; the dead letter's Nats-Msg-Id
+    dedupes the rare double.
+    """
+
+    async def on_advisory(msg: Msg) -> None:
+        try:
+            advisory = json.loads(msg.data)
+            seq = int(advisory["stream_seq"])
+            stored = await js.get_msg(subjects.facts_stream, seq)
+            await dead_letter(
+                js,
+                subjects,
+                worker,
+                subject=stored.subject or "",
+                stream=subjects.facts_stream,
+                stream_seq=seq,
+                data=stored.data or b"",
+                headers=stored.headers,
+                reason=f"max deliveries reached ({advisory.get('deliveries')})",
+                cause="max-deliveries",
+            )
+        except Exception:
+            log.exception("could not dead-letter after a max-deliveries advisory")
+
+    await nc.subscribe(
+        max_deliveries_subject(subjects.facts_stream, worker),
+        queue=f"bcw-{worker}-advisories",
+        cb=on_advisory,
+    )
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    seq: int
+    worker: str
+    reason: str
+    cause: str
+    subject: str
+    stream_seq: int
+    time: datetime | None
+    headers: dict[str, str]
+    data: bytes
+
+
+async def list_dead_letters(
+    js: JetStreamContext, subjects: Subjects, worker: str | None = None, limit: int = 1000
+) -> list[DeadLetter]:
+    try:
+        info = await js.stream_info(subjects.dead_stream)
+    except NotFoundError:
+        return []
+    out: list[DeadLetter] = []
+    seq = info.state.first_seq
+    while seq and seq <= info.state.last_seq and len(out) < limit:
+        try:
+            raw = await js.get_msg(subjects.dead_stream, seq)
+        except NotFoundError:  # deleted (re-driven) message
+            seq += 1
+            continue
+        headers = dict(raw.headers or {})
+        if worker is None or headers.get(WORKER) == worker:
+            out.append(
+                DeadLetter(
+                    seq=seq,
+                    worker=headers.get(WORKER, ""),
+                    reason=headers.get(REASON, ""),
+                    cause=headers.get(CAUSE, ""),
+                    subject=headers.get(SUBJECT, ""),
+                    stream_seq=int(headers.get(STREAM_SEQ, "0") or 0),
+                    time=raw.time,
+                    headers=headers,
+                    data=raw.data or b"",
+                )
+            )
+        seq += 1
+    return out
+
+
+async def redrive(js: JetStreamContext, subjects: Subjects, letter: DeadLetter) -> None:
+    """Publish the original message to its original subject again, then delete the copy.
+
+    The fact keeps its `fact_id`, so a fact that took effect after all is still absorbed
+    by the inbox.
+    """
+    headers = {key: value for key, value in letter.headers.items() if key not in _DEAD_HEADERS}
+    original = letter.headers.get(ORIGINAL_MSG_ID) or "unknown"
+    headers["Nats-Msg-Id"] = f"redrive:{subjects.dead_stream}:{letter.seq}:{original}"
+    await js.publish(letter.subject, letter.data, headers=headers, timeout=5)
+    await js.delete_msg(subjects.dead_stream, letter.seq)

@@ -1,0 +1,145 @@
+"""Leases for singleton loops (`controller_leases`): acquire, renew, lose, and the fence.
+
+A loop that must run in one replica at a time (the liveness sweep, retention) holds a
+named lease with an epoch that rises with each new holder. Every transaction such a
+loop writes in calls `fence()` first: it locks the lease row FOR SHARE and fails unless
+this holder's epoch is current and unexpired, so a paused ex-leader's writes match
+nothing, and a new leader's takeover waits for an in-flight transaction to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+import asyncpg
+
+from workers.runtime.errors import is_transient
+
+log = logging.getLogger(__name__)
+
+
+class LeaseLost(Exception):
+    """The lease is no longer ours; the transaction must not write."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    name: str
+    holder: str
+    epoch: int
+
+
+async def try_acquire(
+    conn: asyncpg.Connection, name: str, holder: str, ttl: timedelta
+) -> Lease | None:
+    """Take the lease if it is free or expired (new epoch), or renew it if we hold it."""
+    row = await conn.fetchrow(
+        """
+        INSERT INTO controller_leases AS l (name, holder, epoch, expires_at)
+        VALUES ($1, $2, 1, compute_now() + $3::interval)
+        ON CONFLICT (name) DO UPDATE
+            SET holder = EXCLUDED.holder,
+                epoch = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > compute_now()
+                             THEN l.epoch ELSE l.epoch + 1 END,
+                expires_at = EXCLUDED.expires_at
+          WHERE l.holder = EXCLUDED.holder OR l.expires_at <= compute_now()
+        RETURNING epoch
+        """,
+        name,
+        holder,
+        ttl,
+    )
+    return Lease(name, holder, int(row["epoch"])) if row else None
+
+
+async def renew(conn: asyncpg.Connection, lease: Lease, ttl: timedelta) -> bool:
+    """Extend our lease; False when it expired or someone else took it."""
+    status = await conn.execute(
+        """
+        UPDATE controller_leases SET expires_at = compute_now() + $4::interval
+         WHERE name = $1 AND holder = $2 AND epoch = $3 AND expires_at > compute_now()
+        """,
+        lease.name,
+        lease.holder,
+        lease.epoch,
+        ttl,
+    )
+    return status == "UPDATE 1"
+
+
+async def release(conn: asyncpg.Connection, lease: Lease) -> None:
+    """Let a standby take over at once (a clean shutdown)."""
+    await conn.execute(
+        "UPDATE controller_leases SET expires_at = compute_now() - interval '1 microsecond' "
+        "WHERE name = $1 AND holder = $2 AND epoch = $3",
+        lease.name,
+        lease.holder,
+        lease.epoch,
+    )
+
+
+async def fence(conn: asyncpg.Connection, lease: Lease) -> None:
+    """Inside a transaction: raise `LeaseLost` unless `lease` is current; hold it till commit."""
+    held = await conn.fetchval(
+        """
+        SELECT true FROM controller_leases
+         WHERE name = $1 AND holder = $2 AND epoch = $3 AND expires_at > compute_now()
+           FOR SHARE
+        """,
+        lease.name,
+        lease.holder,
+        lease.epoch,
+    )
+    if not held:
+        raise LeaseLost(
+            f"lease {lease.name} epoch {lease.epoch} is no longer held by {lease.holder}"
+        )
+
+
+async def run_leased(
+    pool: asyncpg.Pool,
+    name: str,
+    holder: str,
+    body: Callable[[Lease], Awaitable[None]],
+    *,
+    period: float,
+    ttl: timedelta,
+    stopping: asyncio.Event,
+) -> None:
+    """Run `body(lease)` every `period` seconds while this process holds `name`.
+
+    Standby replicas try to acquire every period; a leader that cannot renew steps down.
+    `body` must call `fence()` in each transaction it writes in. Transient failures are
+    logged and retried next period; the loop never exits before `stopping`.
+    """
+    lease: Lease | None = None
+    while not stopping.is_set():
+        try:
+            async with pool.acquire() as conn:
+                current = await try_acquire(conn, name, holder, ttl)
+            if current != lease:
+                log.info(
+                    "lease %s: %s", name, f"held, epoch {current.epoch}" if current else "standby"
+                )
+            lease = current
+            if lease is not None:
+                await body(lease)
+        except LeaseLost as lost:
+            log.info("%s", lost)
+            lease = None
+        except Exception as error:
+            if is_transient(error):
+                log.warning("lease %s loop: %s (will retry)", name, error)
+            else:
+                log.exception("lease %s loop failed (will retry)", name)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), period)
+    if lease is not None:
+        with contextlib.suppress(Exception):
+            async with pool.acquire() as conn:
+                await release(conn, lease)

@@ -1,0 +1,252 @@
+"""The transactional outbox: rows written with a fact's effects, published after commit.
+
+`OutboxBatch` collects the messages a transaction wants to publish and writes them in
+one statement. `OutboxRelay` (one per process) claims rows with `FOR UPDATE SKIP
+LOCKED`, publishes them with their `Nats-Msg-Id`, waits for the PubAcks and deletes them;
+rows sharing an `order_key` are published in id order, never overtaking each other, also
+across replicas. It is woken by NOTIFY, with a polling fallback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import asyncpg
+from nats.js import JetStreamContext
+from opentelemetry import trace
+from opentelemetry.context import Context
+
+from schemas.base import Message
+from schemas.registry import REGISTRY, TYPE_HEADER
+from workers.runtime import tracing
+from workers.runtime.errors import is_transient
+from workers.runtime.metrics import Metrics
+from workers.runtime.settings import DatabaseSettings, OutboxSettings
+
+log = logging.getLogger(__name__)
+
+NOTIFY_CHANNEL = "bcw_outbox"
+
+
+@dataclass
+class OutboxBatch:
+    """Messages one transaction wants published. Written by `write()` before commit."""
+
+    rows: list[tuple[uuid.UUID, str, str, bytes, str | None]] = field(default_factory=list)
+
+    def add(
+        self,
+        message: Message,
+        subject: str,
+        *,
+        context: Context | None = None,
+        order_key: str | None = None,
+        msg_id: uuid.UUID | None = None,
+    ) -> uuid.UUID:
+        body, headers = REGISTRY.encode(message)
+        tracing.inject(headers, context)
+        msg_id = msg_id or uuid.uuid4()
+        self.rows.append((msg_id, subject, json.dumps(headers), body, order_key))
+        return msg_id
+
+    async def write(self, conn: asyncpg.Connection) -> int:
+        if not self.rows:
+            return 0
+        ids, subjects, headers, bodies, keys = (
+            list(column) for column in zip(*self.rows, strict=True)
+        )
+        await conn.execute(
+            """
+            INSERT INTO outbox (msg_id, subject, headers, body, order_key)
+            SELECT m, s, h::jsonb, b, k
+              FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::text[]) AS t(m, s, h, b, k)
+            """,
+            ids,
+            subjects,
+            headers,
+            bodies,
+            keys,
+        )
+        return len(self.rows)
+
+
+# Claims a batch, then gives up the rows whose order_key has an earlier row outside the
+# batch (held by another relay, or not yet claimable): those wait their turn.
+CLAIM_SQL = """
+WITH claimed AS (
+    SELECT id, order_key FROM outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+)
+SELECT o.id, o.msg_id, o.subject, o.headers, o.body
+  FROM claimed c JOIN outbox o USING (id)
+ WHERE c.order_key IS NULL
+    OR NOT EXISTS (
+        SELECT 1 FROM outbox earlier
+         WHERE earlier.order_key = c.order_key AND earlier.id < c.id
+           AND earlier.id NOT IN (SELECT id FROM claimed)
+    )
+ ORDER BY o.id
+"""
+
+
+class OutboxRelay:
+    """Publishes committed outbox rows. Safe to run in every process at once."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        js: JetStreamContext,
+        settings: OutboxSettings,
+        database: DatabaseSettings,
+        metrics: Metrics,
+        tracer: trace.Tracer,
+    ) -> None:
+        self._pool = pool
+        self._js = js
+        self._settings = settings
+        self._database = database
+        self._metrics = metrics
+        self._tracer = tracer
+        self._wake = asyncio.Event()
+        self.listening = False
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def publish_round(self) -> int:
+        """Claim, publish and delete one batch; returns how many were published."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(CLAIM_SQL, self._settings.batch_size)
+            if not rows:
+                return 0
+            published = await self._publish(rows)
+            if published:
+                await conn.execute("DELETE FROM outbox WHERE id = ANY($1::bigint[])", published)
+        self._metrics.outbox_published.inc(by=len(published))
+        if len(published) < len(rows):
+            raise OutboxPublishError(
+                f"{len(rows) - len(published)} of {len(rows)} rows not acknowledged"
+            )
+        return len(published)
+
+    async def _publish(self, rows: list[asyncpg.Record]) -> list[int]:
+        futures = []
+        spans = []
+        for row in rows:
+            headers = json.loads(row["headers"])
+            parent = tracing.extract(headers)
+            span = self._tracer.start_span(
+                f"{headers.get(TYPE_HEADER, 'message')} publish",
+                context=parent,
+                kind=trace.SpanKind.PRODUCER,
+                attributes={
+                    "messaging.system": tracing.MESSAGING_SYSTEM,
+                    "messaging.operation.type": "send",
+                    "messaging.destination.name": row["subject"],
+                    "messaging.message.id": str(row["msg_id"]),
+                },
+            )
+            spans.append(span)
+            headers.pop("traceparent", None)
+            headers.pop("tracestate", None)
+            tracing.inject(headers, trace.set_span_in_context(span))
+            headers["Nats-Msg-Id"] = str(row["msg_id"])
+            futures.append(
+                await self._js.publish_async(row["subject"], bytes(row["body"]), headers=headers)
+            )
+        done: list[int] = []
+        if futures:
+            await asyncio.wait(futures, timeout=self._settings.publish_timeout)
+        results: list[object] = []
+        for future in futures:
+            if not future.done():
+                future.cancel()
+                results.append(TimeoutError("no PubAck in time"))
+            elif future.cancelled():
+                results.append(TimeoutError("cancelled"))
+            else:
+                results.append(future.exception() or future.result())
+        for row, span, result in zip(rows, spans, results, strict=True):
+            if isinstance(result, BaseException):
+                span.record_exception(result)
+                span.set_status(trace.StatusCode.ERROR)
+            else:
+                done.append(row["id"])
+            span.end()
+        return done
+
+    async def flush(self, deadline: float) -> int:
+        """Publish until the outbox is empty or `deadline` (monotonic) passes."""
+        total = 0
+        while time.monotonic() < deadline:
+            published = await self.publish_round()
+            total += published
+            if not published:
+                break
+        return total
+
+    async def backlog(self) -> int:
+        async with self._pool.acquire() as conn:
+            return int(await conn.fetchval("SELECT count(*) FROM outbox"))
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        listener = asyncio.create_task(self._listen(stopping))
+        failures = 0
+        try:
+            while not stopping.is_set():
+                try:
+                    while await self.publish_round() and not stopping.is_set():
+                        pass
+                    failures = 0
+                except Exception as error:
+                    if not is_transient(error) and not isinstance(error, OutboxPublishError):
+                        log.exception("outbox relay round failed")
+                    else:
+                        log.warning("outbox relay round failed, will retry: %s", error)
+                    self._metrics.outbox_failures.inc()
+                    failures += 1
+                    await _sleep_or_stop(stopping, min(5.0, 0.1 * 2**failures))
+                    continue
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._settings.poll_seconds)
+        finally:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+
+    async def _listen(self, stopping: asyncio.Event) -> None:
+        """Hold a LISTEN connection; reconnect when it drops (the poll covers the gap)."""
+        while not stopping.is_set():
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await asyncpg.connect(self._database.url.get_secret_value())
+                lost = asyncio.Event()
+                conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
+                await conn.add_listener(NOTIFY_CHANNEL, lambda *_args: self._wake.set())
+                self.listening = True
+                self._wake.set()  # rows may have come while we were not listening
+                await lost.wait()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                log.debug("outbox listener: %s", error)
+            finally:
+                self.listening = False
+                if conn is not None and not conn.is_closed():
+                    await conn.close(timeout=1)
+            await _sleep_or_stop(stopping, 1.0)
+
+
+class OutboxPublishError(RuntimeError):
+    """Some claimed rows were not acknowledged by JetStream; they stay for the next round."""
+
+
+async def _sleep_or_stop(stopping: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stopping.wait(), seconds)

@@ -1,0 +1,57 @@
+"""One outcome vocabulary for every fact a worker handles, settled in one place.
+
+Handlers return an `Outcome` per fact; the consumer loop calls `settle()`; no worker
+acks, naks or terminates a message itself. Pure data, no I/O here.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Kind(enum.Enum):
+    APPLIED = "applied"
+    """The fact's effects were written (and its outbox rows, and its inbox row). Ack."""
+    STALE = "stale"
+    """Fenced out: a newer session owns the row, the write matched nothing. Normal; ack."""
+    IGNORED = "ignored"
+    """The worker's rules do not act on this fact (no transaction was opened). Ack."""
+    DUPLICATE = "duplicate"
+    """Already in the inbox: a redelivery or a re-publish. Ack without effect."""
+    RETRY = "retry"
+    """Not now: redeliver after `delay` seconds (nak). The handler wrote nothing for it."""
+    DEAD = "dead"
+    """Retrying cannot help: copy to the dead-letter subject with `reason`, then terminate."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: Kind
+    delay: float = 0.0
+    reason: str = ""
+    #: for DEAD: a low-cardinality class of the reason (`invalid`, `handler`, …), a metric label
+    cause: str = ""
+
+    @property
+    def acks(self) -> bool:
+        return self.kind in (Kind.APPLIED, Kind.STALE, Kind.IGNORED, Kind.DUPLICATE)
+
+    @property
+    def keeps_inbox_row(self) -> bool:
+        """Only a fact that was handled (applied or fenced out) stays in the inbox."""
+        return self.kind in (Kind.APPLIED, Kind.STALE)
+
+
+APPLIED = Outcome(Kind.APPLIED)
+STALE = Outcome(Kind.STALE)
+IGNORED = Outcome(Kind.IGNORED)
+DUPLICATE = Outcome(Kind.DUPLICATE)
+
+
+def retry_after(seconds: float) -> Outcome:
+    return Outcome(Kind.RETRY, delay=max(0.0, seconds))
+
+
+def dead(reason: str, cause: str = "handler") -> Outcome:
+    return Outcome(Kind.DEAD, reason=reason, cause=cause)

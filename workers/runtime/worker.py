@@ -1,0 +1,102 @@
+"""What a worker is, to the runtime: its name, the facts it reads, its handler and loops;
+and what its handler and loops get to work with (`Tx`, `Runtime`).
+
+Imported by every worker's `build()` and by the runtime. No I/O happens here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from opentelemetry import trace
+from opentelemetry.trace import Span
+
+from schemas.base import Message
+from schemas.facts import Fact
+from schemas.subjects import Subjects
+from workers.runtime.bus import ConsumerSpec
+from workers.runtime.metrics import Metrics
+from workers.runtime.outbox import OutboxBatch
+from workers.runtime.outcome import Outcome
+from workers.runtime.settings import Settings
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The process's shared resources, handed to a worker's loops."""
+
+    settings: Settings
+    subjects: Subjects
+    pool: asyncpg.Pool
+    nc: NATS
+    js: JetStreamContext
+    metrics: Metrics
+    tracer: trace.Tracer
+    instance: str
+    wake_outbox: Callable[[], None]
+
+
+class Tx:
+    """What a handler gets: the connection inside the batch's transaction, and the outbox."""
+
+    def __init__(
+        self, conn: asyncpg.Connection, subjects: Subjects, spans: Mapping[uuid.UUID, Span]
+    ):
+        self.conn = conn
+        self.subjects = subjects
+        self.outbox = OutboxBatch()
+        self._spans = spans
+
+    def publish(
+        self,
+        message: Message,
+        subject: str,
+        *,
+        cause: Fact | None = None,
+        order_key: str | None = None,
+    ) -> uuid.UUID:
+        """Queue `message` for publication after commit, in the trace of the fact that caused it."""
+        span = self._spans.get(cause.fact_id) if cause is not None else None
+        context = trace.set_span_in_context(span) if span is not None else None
+        return self.outbox.add(message, subject, context=context, order_key=order_key)
+
+
+Handler = Callable[[Tx, Sequence[Fact]], Awaitable[Mapping[uuid.UUID, Outcome] | None]]
+
+
+Loop = Callable[[Runtime, asyncio.Event], Coroutine[Any, Any, None]]
+"""A background loop of a worker: runs until the event is set (then returns promptly)."""
+
+
+def _always(_fact: Fact) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Worker:
+    """A worker kind: its name (also its durable consumer's), the facts it reads, and its rules.
+
+    `handle` gets the facts of a batch that are new to the inbox, in stream order, inside
+    one transaction; it returns an outcome per fact id (missing ones count as APPLIED).
+    `wants` says which facts can have effects at all; the others are acked untouched.
+    `loops` run beside the consumer for the life of the process (sweeps, dispatch, …).
+    """
+
+    name: str
+    fact_types: tuple[str, ...]
+    handle: Handler
+    wants: Callable[[Fact], bool] = _always
+    loops: tuple[Loop, ...] = field(default=())
+
+    def consumer_spec(self, subjects: Subjects) -> ConsumerSpec:
+        return ConsumerSpec(
+            durable=self.name,
+            filter_subjects=tuple(subjects.fact_filter(t) for t in self.fact_types),
+        )
