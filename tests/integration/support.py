@@ -128,14 +128,14 @@ async def publish_raw(
 
 
 async def eventually(
-    check: Callable[[], Awaitable[bool]], timeout: float = 30.0, what: str = "condition"
+    check: Callable[[], Awaitable[bool]], within: float = 30.0, what: str = "condition"
 ) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + within
     while True:
         if await check():
             return
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
         await asyncio.sleep(0.1)
 
 

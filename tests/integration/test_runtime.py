@@ -229,13 +229,10 @@ async def test_max_deliveries_dead_letters_a_fact_that_never_succeeds(
         await conn.execute(
             "ALTER DATABASE " + tally_db.rsplit("/", 1)[1] + " SET lock_timeout = '200ms'"
         )
-        async with running(settings, [build_tally()]) as (runtime, _port):
-            async with conn.transaction():
-                await conn.execute("LOCK TABLE tally IN ACCESS EXCLUSIVE MODE")
-                await publish_fact(js, subjects, status_fact(node_id="stuck"))
-                await eventually(
-                    lambda: _dead_count(js, subjects, 1), what="dead letter", timeout=30
-                )
+        async with running(settings, [build_tally()]) as (runtime, _port), conn.transaction():
+            await conn.execute("LOCK TABLE tally IN ACCESS EXCLUSIVE MODE")
+            await publish_fact(js, subjects, status_fact(node_id="stuck"))
+            await eventually(lambda: _dead_count(js, subjects, 1), what="dead letter", within=30)
         [letter] = await deadletter.list_dead_letters(js, subjects, "tally")
         assert letter.cause == "max-deliveries"
         assert runtime.metrics.dead_letters.value("tally", "max-deliveries") == 1
