@@ -77,15 +77,15 @@ async def template_database(servers: Servers) -> AsyncIterator[str]:
     try:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
         await admin.execute(f'CREATE DATABASE "{name}"')
-        conn = await asyncpg.connect(servers.database_url(name))
-        try:
-            await migrate.migrate(conn)
-        finally:
-            await conn.close()
-        yield name
     finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
+    conn = await asyncpg.connect(servers.database_url(name))
+    try:
+        await migrate.migrate(conn)
+    finally:
+        await conn.close()
+    yield name
+    await _drop_database(servers, name)  # a new connection: tests may restart the server
 
 
 async def _fresh_database(servers: Servers, template: str) -> str:

@@ -1,0 +1,205 @@
+"""The runtime survives what production does to it: `kill -9` mid-batch, SIGTERM,
+PostgreSQL and nats-server restarts while facts flow. Every fact takes effect exactly
+once afterwards, and every event is published exactly once.
+
+These tests restart the session's own servers, so they need the embedded ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import asyncpg
+import pytest
+from nats.aio.client import Client as NATS
+
+from schemas.subjects import Subjects
+from tests.conftest import Servers
+from tests.integration.support import (
+    TALLY_DDL,
+    build_tally,
+    count,
+    eventually,
+    make_settings,
+    publish_fact,
+    running,
+    status_fact,
+    stream_messages,
+)
+from workers.runtime import bus
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+async def tally_db(database_url: str) -> str:
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(TALLY_DDL)
+    finally:
+        await conn.close()
+    return database_url
+
+
+def _spawn(servers: Servers, database_url: str, subjects: Subjects) -> asyncio.subprocess.Process:
+    env = {
+        **os.environ,
+        "BCW_DATABASE_URL": database_url,
+        "BCW_NATS_URL": servers.nats_url,
+        "BCW_SUBJECT_ROOT": subjects.root,
+        "BCW_HEALTH_PORT": "0",
+        "BCW_CONSUMER_ACK_WAIT": "2",
+        "BCW_LOG_FORMAT": "json",
+    }
+    return asyncio.create_subprocess_exec(  # type: ignore[return-value]
+        sys.executable, "-m", "tests.integration.tally_process", env=env, cwd=ROOT,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+
+
+async def _effect_histogram(database_url: str) -> dict[int, int]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch("SELECT effects, count(*) AS n FROM tally GROUP BY effects")
+        return {r["effects"]: r["n"] for r in rows}
+    finally:
+        await conn.close()
+
+
+async def _tally(database_url: str) -> int:
+    return await count(database_url, "SELECT count(*) FROM tally")
+
+
+@pytest.mark.slow
+async def test_kill_9_mid_batch_loses_nothing_and_duplicates_nothing(
+    servers: Servers, nc: NATS, subjects: Subjects, tally_db: str
+) -> None:
+    js = nc.jetstream()
+    await bus.provision_streams(js, subjects)
+    total = 4000
+    for i in range(total):
+        await publish_fact(js, subjects, status_fact(node_id=f"node-{i % 50}"))
+
+    first = await _spawn(servers, tally_db, subjects)
+    await eventually(lambda: _above(tally_db, 200), what="the first process to make progress")
+    first.kill()  # SIGKILL: no drain, no flush, batches in flight
+    await first.wait()
+    done_at_kill = await _tally(tally_db)
+    assert done_at_kill < total, "the process finished before it was killed; nothing was tested"
+
+    second = await _spawn(servers, tally_db, subjects)
+    try:
+        await eventually(lambda: _exactly(tally_db, total), within=60, what="every fact")
+        await eventually(lambda: _outbox_empty(tally_db), what="outbox drained")
+    finally:
+        second.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(second.wait(), 15)
+    assert await _effect_histogram(tally_db) == {1: total}
+    events = await stream_messages(js, subjects.events_stream)
+    assert len(events) == total  # the relay's re-publishes were deduplicated by Nats-Msg-Id
+
+
+@pytest.mark.slow
+async def test_sigterm_drains_and_exits_zero_within_10_seconds(
+    servers: Servers, nc: NATS, subjects: Subjects, tally_db: str
+) -> None:
+    js = nc.jetstream()
+    await bus.provision_streams(js, subjects)
+    for _ in range(2000):
+        await publish_fact(js, subjects, status_fact())
+    process = await _spawn(servers, tally_db, subjects)
+    await eventually(lambda: _above(tally_db, 100), what="progress")
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    code = await asyncio.wait_for(process.wait(), 15)
+    assert code == 0
+    assert time.monotonic() - started < 10
+    # what it did was committed and its outbox flushed or left for the next process
+    restarted = await _spawn(servers, tally_db, subjects)
+    try:
+        await eventually(lambda: _exactly(tally_db, 2000), within=60, what="every fact")
+        await eventually(lambda: _outbox_empty(tally_db), what="outbox drained")
+    finally:
+        restarted.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(restarted.wait(), 15) == 0
+    assert await _effect_histogram(tally_db) == {1: 2000}
+    assert len(await stream_messages(js, subjects.events_stream)) == 2000
+
+
+async def _publish_steadily(nc: NATS, subjects: Subjects, total: int, per_second: float) -> None:
+    """Publish facts at a steady rate; through an outage, retry each until JetStream has it."""
+    js = nc.jetstream()
+    for i in range(total):
+        fact = status_fact(node_id=f"node-{i % 20}")
+        while True:
+            try:
+                await publish_fact(js, subjects, fact)
+                break
+            except Exception:
+                await asyncio.sleep(0.2)  # same Nats-Msg-Id on retry: no double
+        await asyncio.sleep(1 / per_second)
+
+
+@pytest.mark.slow
+async def test_postgres_restart_while_facts_flow(
+    servers: Servers, nc: NATS, subjects: Subjects, tally_db: str
+) -> None:
+    if servers.postgres is None:
+        pytest.skip("PostgreSQL given by BCW_TEST_DATABASE_URL cannot be restarted here")
+    settings = make_settings(servers.nats_url, tally_db, subjects)
+    await bus.provision_streams(nc.jetstream(), subjects)
+    total = 1500
+    async with running(settings, [build_tally()]):
+        publisher = asyncio.create_task(_publish_steadily(nc, subjects, total, per_second=300))
+        await eventually(lambda: _above(tally_db, 150), what="progress before the restart")
+        await asyncio.to_thread(servers.postgres.stop)
+        await asyncio.sleep(1.5)  # facts keep coming while PostgreSQL is down
+        await asyncio.to_thread(servers.postgres.start)
+        await publisher
+        await eventually(
+            lambda: _exactly(tally_db, total), within=60, what="every fact after the restart"
+        )
+        await eventually(lambda: _outbox_empty(tally_db), what="outbox drained")
+    assert await _effect_histogram(tally_db) == {1: total}
+    assert len(await stream_messages(nc.jetstream(), subjects.events_stream)) == total
+
+
+@pytest.mark.slow
+async def test_nats_restart_while_facts_flow(
+    servers: Servers, nc: NATS, subjects: Subjects, tally_db: str
+) -> None:
+    if servers.nats is None:
+        pytest.skip("NATS given by BCW_TEST_NATS_URL cannot be restarted here")
+    settings = make_settings(servers.nats_url, tally_db, subjects)
+    await bus.provision_streams(nc.jetstream(), subjects)
+    total = 1500
+    async with running(settings, [build_tally()]):
+        publisher = asyncio.create_task(_publish_steadily(nc, subjects, total, per_second=300))
+        await eventually(lambda: _above(tally_db, 150), what="progress before the restart")
+        await asyncio.to_thread(servers.nats.stop)
+        await asyncio.sleep(1.5)
+        await asyncio.to_thread(servers.nats.start)
+        await publisher
+        await eventually(
+            lambda: _exactly(tally_db, total), within=60, what="every fact after the restart"
+        )
+        await eventually(lambda: _outbox_empty(tally_db), what="outbox drained")
+    assert await _effect_histogram(tally_db) == {1: total}
+    assert len(await stream_messages(nc.jetstream(), subjects.events_stream)) == total
+
+
+async def _above(database_url: str, n: int) -> bool:
+    return await _tally(database_url) > n
+
+
+async def _exactly(database_url: str, n: int) -> bool:
+    return await _tally(database_url) == n
+
+
+async def _outbox_empty(database_url: str) -> bool:
+    return await count(database_url, "SELECT count(*) FROM outbox") == 0
