@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 HOUR = 3600.0
 DAY = 24 * HOUR
-FACTS_DUPLICATE_WINDOW = 120.0
+DUPLICATE_WINDOW = 120.0
 
 
 class ProvisionError(RuntimeError):
@@ -94,7 +94,7 @@ async def connect(
 def stream_configs(subjects: Subjects, replicas: int = 1) -> list[StreamConfig]:
     """The four streams of the contract (DESIGN §3)."""
 
-    def stream(name: str, subject_list: list[str], max_age: float, **extra: float) -> StreamConfig:
+    def stream(name: str, subject_list: list[str], max_age: float) -> StreamConfig:
         return StreamConfig(
             name=name,
             subjects=subject_list,
@@ -103,16 +103,13 @@ def stream_configs(subjects: Subjects, replicas: int = 1) -> list[StreamConfig]:
             discard=DiscardPolicy.OLD,
             max_age=max_age,
             num_replicas=replicas,
-            **extra,  # type: ignore[arg-type]
+            # every stream: the outbox relay and the dead-letter path re-publish with the
+            # same Nats-Msg-Id after a failure, and rely on JetStream to drop the double
+            duplicate_window=DUPLICATE_WINDOW,
         )
 
     return [
-        stream(
-            subjects.facts_stream,
-            [subjects.all_facts],
-            DAY,
-            duplicate_window=FACTS_DUPLICATE_WINDOW,
-        ),
+        stream(subjects.facts_stream, [subjects.all_facts], DAY),
         stream(subjects.events_stream, [subjects.all_events, subjects.revocations], 7 * DAY),
         stream(subjects.gateway_stream, [subjects.all_notices], HOUR),
         stream(subjects.dead_stream, [subjects.all_dead], 14 * DAY),

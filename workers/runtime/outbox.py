@@ -213,8 +213,7 @@ class OutboxRelay:
                     await _sleep_or_stop(stopping, min(5.0, 0.1 * 2**failures))
                     continue
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self._settings.poll_seconds)
+                await _wait_any((self._wake, stopping), self._settings.poll_seconds)
         finally:
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -250,3 +249,12 @@ class OutboxPublishError(RuntimeError):
 async def _sleep_or_stop(stopping: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stopping.wait(), seconds)
+
+
+async def _wait_any(events: tuple[asyncio.Event, ...], timeout: float) -> None:
+    waiters = [asyncio.create_task(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

@@ -1,0 +1,186 @@
+"""The outbox relay and provisioning on real servers: rows published once, in order per
+key across concurrent relays; streams and consumers created idempotently, drift
+corrected or refused clearly; `bcw dead-letters` and `bcw provision` from the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import sys
+import time
+from collections import defaultdict
+
+import asyncpg
+import pytest
+from nats.aio.client import Client as NATS
+from nats.js.api import StorageType, StreamConfig
+from opentelemetry import trace
+
+from schemas import Zombie
+from schemas.subjects import Subjects
+from tests.conftest import Servers
+from tests.integration.support import stream_messages
+from workers.runtime import bus
+from workers.runtime.bus import ConsumerSpec
+from workers.runtime.metrics import Metrics
+from workers.runtime.outbox import OutboxBatch, OutboxRelay
+from workers.runtime.settings import ConsumerSettings, DatabaseSettings, OutboxSettings
+
+
+async def test_concurrent_relays_publish_each_row_once_in_order_per_key(
+    nc: NATS, subjects: Subjects, database_url: str
+) -> None:
+    js = nc.jetstream()
+    await bus.provision_streams(js, subjects)
+    conn = await asyncpg.connect(database_url)
+    batch = OutboxBatch()
+    for epoch in range(1, 301):
+        for node in ("a", "b", "c"):
+            batch.add(
+                Zombie(node_id=node, epoch=epoch),
+                subjects.notice("gw-1", "zombie"),
+                order_key=node,
+            )
+    for epoch in range(1, 51):
+        batch.add(Zombie(node_id="free", epoch=epoch), subjects.notice("gw-1", "zombie"))
+    await batch.write(conn)
+    pool = await asyncpg.create_pool(database_url, min_size=2, max_size=6)
+    settings = OutboxSettings(batch_size=37)  # small claims force interleaving
+    relays = [
+        OutboxRelay(
+            pool, js, settings, DatabaseSettings(url=database_url), Metrics(), trace.NoOpTracer()
+        )
+        for _ in range(3)
+    ]
+    try:
+        deadline = time.monotonic() + 30
+        await asyncio.gather(*(relay.flush(deadline) for relay in relays))
+        assert await conn.fetchval("SELECT count(*) FROM outbox") == 0
+    finally:
+        await pool.close()
+        await conn.close()
+    messages = await stream_messages(js, subjects.gateway_stream)
+    assert len(messages) == 950
+    seen: dict[str, list[int]] = defaultdict(list)
+    for msg in messages:
+        notice = Zombie.model_validate_json(msg.data)
+        seen[notice.node_id].append(notice.epoch)
+    for node in ("a", "b", "c"):
+        assert seen[node] == list(range(1, 301)), f"{node} out of order"
+    assert sorted(seen["free"]) == list(range(1, 51))
+
+
+async def test_a_relay_wakes_on_notify(nc: NATS, subjects: Subjects, database_url: str) -> None:
+    js = nc.jetstream()
+    await bus.provision_streams(js, subjects)
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=3)
+    relay = OutboxRelay(
+        pool,
+        js,
+        OutboxSettings(poll_seconds=60),
+        DatabaseSettings(url=database_url),
+        Metrics(),
+        trace.NoOpTracer(),
+    )
+    stopping = asyncio.Event()
+    task = asyncio.create_task(relay.run(stopping))
+    conn = await asyncpg.connect(database_url)
+    try:
+        for _ in range(50):
+            if relay.listening:
+                break
+            await asyncio.sleep(0.05)
+        batch = OutboxBatch()
+        batch.add(Zombie(node_id="n", epoch=1), subjects.notice("gw-1", "zombie"))
+        await batch.write(conn)  # autocommit: NOTIFY fires; the 60 s poll would be too late
+        for _ in range(100):
+            if not await conn.fetchval("SELECT count(*) FROM outbox"):
+                break
+            await asyncio.sleep(0.05)
+        assert await conn.fetchval("SELECT count(*) FROM outbox") == 0
+    finally:
+        stopping.set()
+        await task
+        await conn.close()
+        await pool.close()
+
+
+async def test_provisioning_is_idempotent_and_corrects_drift(nc: NATS, subjects: Subjects) -> None:
+    js = nc.jetstream()
+    first = await bus.provision_streams(js, subjects)
+    assert set(first.values()) == {"created"}
+    assert set((await bus.provision_streams(js, subjects)).values()) == {"unchanged"}
+    info = await js.stream_info(subjects.events_stream)
+    await js.update_stream(dataclasses.replace(info.config, max_age=3600.0))  # someone edits it
+    again = await bus.provision_streams(js, subjects)
+    assert again[subjects.events_stream] == "updated"
+    assert (await js.stream_info(subjects.events_stream)).config.max_age == pytest.approx(7 * 86400)
+    facts = await js.stream_info(subjects.facts_stream)
+    assert facts.config.duplicate_window == pytest.approx(120)
+    assert facts.config.subjects == [f"{subjects.root}.facts.>"]
+
+
+async def test_a_stream_with_another_storage_is_reported_not_clobbered(
+    nc: NATS, subjects: Subjects
+) -> None:
+    js = nc.jetstream()
+    await js.add_stream(
+        StreamConfig(
+            name=subjects.dead_stream, subjects=[subjects.all_dead], storage=StorageType.MEMORY
+        )
+    )
+    with pytest.raises(bus.ProvisionError, match="storage"):
+        await bus.provision_streams(js, subjects)
+
+
+async def test_consumer_settings_reach_an_existing_durable(nc: NATS, subjects: Subjects) -> None:
+    js = nc.jetstream()
+    await bus.provision_streams(js, subjects)
+    spec = ConsumerSpec("probe", (subjects.fact_filter("hello"),))
+    await bus.ensure_consumer(
+        js, subjects.facts_stream, spec, ConsumerSettings(ack_wait=30, max_deliver=5)
+    )
+    await bus.ensure_consumer(
+        js, subjects.facts_stream, spec, ConsumerSettings(ack_wait=45, max_deliver=7)
+    )
+    info = await js.consumer_info(subjects.facts_stream, "probe")
+    assert (info.config.ack_wait, info.config.max_deliver) == (45, 7)
+    assert info.config.filter_subjects == [
+        subjects.fact_filter("hello")
+    ] or info.config.filter_subject == subjects.fact_filter("hello")
+
+
+async def _bcw(servers: Servers, subjects: Subjects, *args: str) -> tuple[int, str]:
+    env = {**os.environ, "BCW_NATS_URL": servers.nats_url, "BCW_SUBJECT_ROOT": subjects.root}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "workers.cli", *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode()
+
+
+async def test_cli_provision_and_dead_letters(
+    servers: Servers, nc: NATS, subjects: Subjects
+) -> None:
+    code, out = await _bcw(servers, subjects, "provision")
+    assert code == 0, out
+    assert f"stream   {subjects.facts_stream}" in out
+    js = nc.jetstream()
+    from workers.runtime.deadletter import dead_letter
+
+    await dead_letter(
+        js, subjects, "liveness", subject=subjects.fact("gw-1", "hello"), stream=subjects.facts_stream,
+        stream_seq=7, data=b"{}", headers={"Bc-Type": "hello", "Nats-Msg-Id": "m-1"},
+        reason="invalid hello: field 'boot_id': Field required", cause="invalid",
+    )  # fmt: skip
+    code, out = await _bcw(servers, subjects, "dead-letters", "list")
+    assert code == 0 and "field 'boot_id'" in out and "1 dead letter(s)" in out
+    code, out = await _bcw(servers, subjects, "dead-letters", "redrive", "--worker", "liveness")
+    assert code == 0 and "1 re-driven" in out
+    redriven = await stream_messages(js, subjects.facts_stream)
+    assert [m.subject for m in redriven] == [subjects.fact("gw-1", "hello")]
+    assert "Bc-Dead-Reason" not in redriven[0].headers
+    code, out = await _bcw(servers, subjects, "dead-letters", "list")
+    assert "0 dead letter(s)" in out
