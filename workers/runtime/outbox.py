@@ -251,10 +251,10 @@ async def _sleep_or_stop(stopping: asyncio.Event, seconds: float) -> None:
         await asyncio.wait_for(stopping.wait(), seconds)
 
 
-async def _wait_any(events: tuple[asyncio.Event, ...], timeout: float) -> None:
+async def _wait_any(events: tuple[asyncio.Event, ...], seconds: float) -> None:
     waiters = [asyncio.create_task(event.wait()) for event in events]
     try:
-        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for waiter in waiters:
             waiter.cancel()
