@@ -65,6 +65,8 @@ def run_workers(settings: Settings, workers: Sequence[Worker]) -> int:
 def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from workers.registry import WORKERS
 
+    if args.worker == "relay":  # an outbox relay and nothing else
+        return run_workers(settings, [])
     names = sorted(WORKERS) if args.worker == "all" else [args.worker]
     unknown = [name for name in names if name not in WORKERS]
     if unknown or not names:
@@ -136,6 +138,14 @@ def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
     return asyncio.run(run())
 
 
+def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    if args.bench == "runtime":
+        from workers.bench import runtime
+
+        return asyncio.run(runtime.run(settings, args.facts, args.embedded, args.rounds))
+    return 2
+
+
 def _cmd_schemas_export(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.export import export
 
@@ -167,7 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(handler=_cmd_schemas_export)
 
     run = commands.add_parser("run", help="run a worker (or `all` of them) in this process")
-    run.add_argument("worker", help="liveness, labeler, quarantine, replay, recorder, or all")
+    run.add_argument(
+        "worker", help="liveness, labeler, quarantine, replay, recorder; all of them; or relay"
+    )
     run.set_defaults(handler=_cmd_run)
 
     provision = commands.add_parser("provision", help="create or update the streams and consumers")
@@ -181,6 +193,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dead.add_argument("--limit", type=int, default=1000, help="at most this many")
     dead.set_defaults(handler=_cmd_dead_letters)
+
+    bench = commands.add_parser("bench", help="benchmarks that print figures")
+    bench.add_argument("bench", choices=["runtime"], help="which benchmark")
+    bench.add_argument("--facts", type=int, default=50_000, help="facts to push through")
+    bench.add_argument(
+        "--rounds", type=int, default=3, help="runs of each pipeline (medians shown)"
+    )
+    bench.add_argument(
+        "--embedded",
+        action="store_true",
+        help="start embedded servers for the run (else BCW_*_URL)",
+    )
+    bench.set_defaults(handler=_cmd_bench)
 
     demo = commands.add_parser("demo", help="run the whole flow on embedded NATS and PostgreSQL")
     demo.add_argument("--directory", default=".bcw/demo", help="where the servers keep their data")

@@ -117,8 +117,7 @@ async def test_a_fact_redelivered_after_a_crash_before_the_ack_takes_effect_once
         await publish_fact(js, subjects, fact)
     pool = await asyncpg.create_pool(tally_db, min_size=1, max_size=2)
     try:
-        consumer = FactConsumer(
-            worker, js=js, pool=pool, subjects=subjects, settings=settings.consumer,
+        consumer = FactConsumer(worker, nc=nc, js=js, pool=pool, subjects=subjects, settings=settings.consumer,
             metrics=Metrics(), tracer=trace.NoOpTracer(),
         )  # fmt: skip
         await consumer.bind()

@@ -15,13 +15,16 @@ import asyncio
 import contextlib
 import logging
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import asyncpg
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Span
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
@@ -33,6 +36,7 @@ from workers.runtime.deadletter import dead_letter_msg
 from workers.runtime.errors import is_transient
 from workers.runtime.metrics import Metrics
 from workers.runtime.outcome import Outcome
+from workers.runtime.pull import ContinuousPull
 from workers.runtime.settings import ConsumerSettings
 from workers.runtime.worker import Tx, Worker
 
@@ -56,6 +60,7 @@ class FactConsumer:
         self,
         worker: Worker,
         *,
+        nc: NATS,
         js: JetStreamContext,
         pool: asyncpg.Pool,
         subjects: Subjects,
@@ -71,78 +76,127 @@ class FactConsumer:
         self._settings = settings
         self._metrics = metrics
         self._tracer = tracer
+        self._tracing = tracing.is_recording(tracer)
         self._on_outbox_rows = on_outbox_rows
-        self._sub: JetStreamContext.PullSubscription | None = None
+        self._nc = nc
+        self._pull: ContinuousPull | None = None
 
     @property
     def bound(self) -> bool:
-        return self._sub is not None
+        return self._pull is not None
 
     async def bind(self) -> None:
-        self._sub = await self._js.pull_subscribe_bind(
-            durable=self.worker.name,
-            stream=self._subjects.facts_stream,
-            pending_msgs_limit=4 * self._settings.batch_size + 64,
-        )
+        if self._pull is None:
+            pull = ContinuousPull(
+                self._nc,
+                self._subjects.facts_stream,
+                self.worker.name,
+                batch=self._settings.batch_size,
+                window=2 * self._settings.batch_size,
+            )
+            await pull.start()
+            self._pull = pull
 
     # -- the loop --------------------------------------------------------------------
     async def run(self, stopping: asyncio.Event) -> None:
-        """Fetch ahead while the previous batch is applied; stop fetching when `stopping`."""
-        if self._sub is None:
-            await self.bind()
-        batches: asyncio.Queue[list[Msg] | None] = asyncio.Queue(maxsize=1)
+        """Fetch and decode ahead; apply in `lanes` concurrent lanes; stop when `stopping`.
+
+        A fact's lane is chosen by its node (or gateway, for facts of many nodes), so one
+        node's facts are applied in stream order, in one lane, while the other lanes and
+        the next fetch go on beside it.
+        """
+        await self.bind()
+        queues: list[asyncio.Queue[list[_Item] | None]] = [
+            asyncio.Queue(maxsize=8) for _ in range(self._settings.lanes)
+        ]
         fetcher = asyncio.create_task(
-            self._fetch_loop(batches, stopping), name=f"{self.worker.name}-fetch"
+            self._fetch_loop(queues, stopping), name=f"{self.worker.name}-fetch"
         )
+        lanes = [
+            asyncio.create_task(self._lane(queue, stopping), name=f"{self.worker.name}-lane-{i}")
+            for i, queue in enumerate(queues)
+        ]
         try:
-            while (batch := await batches.get()) is not None:
-                if stopping.is_set():
-                    await self._release(batch)  # not started: leave it to another replica now
-                else:
-                    await self.handle_batch(batch)
+            await asyncio.gather(*lanes)
         finally:
             fetcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await fetcher
-            while not batches.empty():
-                leftover = batches.get_nowait()
-                if leftover:
-                    await self._release(leftover)
+            for lane in lanes:
+                lane.cancel()
+            await asyncio.gather(fetcher, *lanes, return_exceptions=True)
+            assert self._pull is not None
+            for msg in self._pull.take_buffered():
+                with contextlib.suppress(Exception):
+                    await msg.nak()
+            for queue in queues:
+                while not queue.empty():
+                    await self._release(queue.get_nowait() or [])
+
+    async def _lane(
+        self, queue: asyncio.Queue[list[_Item] | None], stopping: asyncio.Event
+    ) -> None:
+        ending = False
+        while not ending:
+            items = await queue.get()
+            if items is None:
+                break
+            # what queued up while the last batch was applied goes in one transaction
+            while len(items) < self._settings.batch_size and not queue.empty():
+                more = queue.get_nowait()
+                if more is None:
+                    ending = True
+                    break
+                items.extend(more)
+            if stopping.is_set():
+                await self._release(items)  # not started: leave it to another replica now
+            else:
+                await self.handle_items(items)
 
     async def _fetch_loop(
-        self, batches: asyncio.Queue[list[Msg] | None], stopping: asyncio.Event
+        self, queues: list[asyncio.Queue[list[_Item] | None]], stopping: asyncio.Event
     ) -> None:
-        assert self._sub is not None
+        assert self._pull is not None
         failures = 0
         while not stopping.is_set():
             try:
-                msgs = await self._sub.fetch(
-                    self._settings.batch_size, timeout=self._settings.fetch_timeout
-                )
+                msgs = await self._pull.next_batch(self._settings.fetch_timeout)
                 failures = 0
-            except TimeoutError:
-                continue  # nothing came: normal
-            except Exception as error:
+            except Exception as error:  # the connection is down: requests wait for it
                 failures += 1
                 level = logging.DEBUG if failures < 3 else logging.WARNING
-                log.log(level, "%s: fetch failed (%s), retrying", self.worker.name, error)
+                log.log(level, "%s: pull failed (%s), retrying", self.worker.name, error)
                 await _sleep_or_stop(stopping, min(5.0, 0.2 * 2**failures))
                 continue
-            await batches.put(msgs)
-        await batches.put(None)  # ends the consume loop once it has taken what is queued
+            if not msgs:
+                continue
+            for queue, items in zip(queues, self._partition(msgs), strict=True):
+                if items:
+                    await queue.put(items)
+        for queue in queues:
+            await queue.put(None)  # ends each lane once it has taken what is queued
 
-    async def _release(self, msgs: Sequence[Msg]) -> None:
+    def _partition(self, msgs: Sequence[Msg]) -> list[list[_Item]]:
+        lanes: list[list[_Item]] = [[] for _ in range(self._settings.lanes)]
         for msg in msgs:
+            item = self._decode(msg)
+            lanes[_lane_of(item, len(lanes))].append(item)
+        return lanes
+
+    async def _release(self, items: Sequence[_Item]) -> None:
+        for item in items:
             with contextlib.suppress(Exception):
-                await msg.nak()
+                await item.msg.nak()
 
     # -- one batch -------------------------------------------------------------------
     async def handle_batch(self, msgs: Sequence[Msg]) -> list[Outcome]:
+        """Decode and handle `msgs` as one batch (one lane), settling each."""
+        return await self.handle_items([self._decode(msg) for msg in msgs])
+
+    async def handle_items(self, items: Sequence[_Item]) -> list[Outcome]:
         started = time.perf_counter()
-        items = [self._decode(msg) for msg in msgs]
         wanted = [item for item in items if item.outcome is None]
-        for item in wanted:
-            item.span = self._start_span(item)
+        if self._tracing:
+            for item in wanted:
+                item.span = self._start_span(item)
         if wanted:
             await self._apply_isolating_failures(wanted)
         for item in items:
@@ -192,6 +246,13 @@ class FactConsumer:
             },
         )
 
+    @staticmethod
+    def _context_of(item: _Item) -> Context | None:
+        """What the fact's outbox rows carry on: its span, or (no tracing) the producer's."""
+        if item.span is not None:
+            return trace.set_span_in_context(item.span)
+        return tracing.extract(item.msg.headers)
+
     async def _apply_isolating_failures(self, items: list[_Item]) -> None:
         try:
             await self._apply_with_retries(items)
@@ -226,7 +287,11 @@ class FactConsumer:
 
     async def _apply(self, items: list[_Item]) -> None:
         facts = [item.fact for item in items if item.fact is not None]
-        spans = {item.fact.fact_id: item.span for item in items if item.fact and item.span}
+        contexts = {
+            item.fact.fact_id: context
+            for item in items
+            if item.fact and (context := self._context_of(item)) is not None
+        }
         started_ns = time.time_ns()
         async with self._pool.acquire() as conn, conn.transaction():
             fresh_ids = {
@@ -248,7 +313,7 @@ class FactConsumer:
                 if fact.fact_id in fresh_ids and fact.fact_id not in seen:
                     fresh.append(fact)
                 seen.add(fact.fact_id)
-            tx = Tx(conn, self._subjects, spans)
+            tx = Tx(conn, self._subjects, contexts)
             decided = (await self.worker.handle(tx, fresh) or {}) if fresh else {}
             outcomes = {fact.fact_id: decided.get(fact.fact_id, outcome.APPLIED) for fact in fresh}
             unkept = [fid for fid in fresh_ids if not outcomes[fid].keeps_inbox_row]
@@ -322,11 +387,17 @@ class FactConsumer:
 
     async def observe(self) -> None:
         """Refresh the consumer's pending gauges (called by the process's observer loop)."""
-        if self._sub is None:
-            return
-        info = await self._sub.consumer_info()
+        info = await self._js.consumer_info(self._subjects.facts_stream, self.worker.name)
         self._metrics.consumer_pending.set(float(info.num_pending or 0), self.worker.name)
         self._metrics.consumer_ack_pending.set(float(info.num_ack_pending or 0), self.worker.name)
+
+
+def _lane_of(item: _Item, lanes: int) -> int:
+    """Same node, same lane (stable across processes: not Python's salted hash)."""
+    if lanes == 1 or item.fact is None:
+        return 0
+    key = getattr(item.fact, "node_id", None) or item.fact.gateway_id
+    return zlib.crc32(key.encode()) % lanes
 
 
 def _fact_id(item: _Item) -> str:

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import asyncpg
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from schemas.subjects import Subjects
@@ -54,12 +55,12 @@ async def run_process(
     workers: Sequence[Worker],
     *,
     stopping: asyncio.Event | None = None,
-    provider: TracerProvider | None = None,
+    provider: trace.TracerProvider | None = None,
     on_ready: Callable[[Runtime, int], None] | None = None,
 ) -> None:
     """Run `workers` in this process until `stopping` is set; then drain and return."""
     stopping = stopping or asyncio.Event()
-    names = "+".join(w.name for w in workers)
+    names = "+".join(w.name for w in workers) or "relay"
     instance = settings.instance or f"{socket.gethostname()}:{os.getpid()}"
     own_provider = provider is None
     provider = provider or tracing.build_provider(f"bcw-{names}")
@@ -77,6 +78,7 @@ async def run_process(
     consumers = [
         FactConsumer(
             worker,
+            nc=nc,
             js=js,
             pool=pool,
             subjects=subjects,
@@ -124,9 +126,10 @@ async def run_process(
                 )
         else:
             group.result()
-        with contextlib.suppress(Exception):
-            flushed = await relay.flush(time.monotonic() + 1.5)
-            log.info("stopped; flushed %d outbox row(s)", flushed)
+        if settings.outbox.relay:
+            with contextlib.suppress(Exception):
+                flushed = await relay.flush(time.monotonic() + 1.5)
+                log.info("stopped; flushed %d outbox row(s)", flushed)
     finally:
         await health.stop()
         with contextlib.suppress(Exception):
@@ -135,8 +138,8 @@ async def run_process(
             await asyncio.wait_for(nc.close(), 2)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(pool.close(), 2)
-        if own_provider:
-            provider.shutdown()
+        if own_provider and isinstance(provider, TracerProvider):
+            provider.shutdown()  # flushes spans not yet exported
 
 
 async def _run_tasks(
@@ -147,7 +150,8 @@ async def _run_tasks(
     stopping: asyncio.Event,
 ) -> None:
     async with asyncio.TaskGroup() as group:
-        group.create_task(relay.run(stopping), name="outbox-relay")
+        if runtime.settings.outbox.relay:
+            group.create_task(relay.run(stopping), name="outbox-relay")
         for consumer in consumers:
             group.create_task(consumer.run(stopping), name=f"{consumer.worker.name}-consume")
         for worker in workers:

@@ -66,6 +66,12 @@ class ConsumerSettings(BaseSettings):
     batch_size: int = Field(
         default=256, ge=1, le=1000, description="facts fetched and applied at once"
     )
+    lanes: int = Field(
+        default=2,
+        ge=1,
+        le=16,
+        description="batches applied at once; one node's facts keep one lane",
+    )
     fetch_timeout: float = Field(default=1.0, gt=0, description="seconds a fetch waits for facts")
     ack_wait: float = Field(default=60.0, gt=0, description="seconds before JetStream redelivers")
     max_deliver: int = Field(
@@ -89,6 +95,10 @@ class OutboxSettings(BaseSettings):
 
     model_config = _group("BCW_OUTBOX_")
 
+    relay: bool = Field(
+        default=True,
+        description="run the relay in this process; off where dedicated `bcw run relay` processes relay",
+    )
     batch_size: int = Field(default=500, ge=1, description="rows claimed per round")
     poll_seconds: float = Field(default=1.0, gt=0, description="fallback poll when no NOTIFY comes")
     publish_timeout: float = Field(default=5.0, gt=0, description="seconds to wait for a PubAck")

@@ -20,41 +20,50 @@ TRACER_NAME = "bc-workers"
 MESSAGING_SYSTEM = "nats"  # not a registered value yet: a custom one, as the conventions allow
 
 
-def build_provider(service_name: str) -> TracerProvider:
-    """A provider configured from `OTEL_*`; exports over OTLP/HTTP only when an endpoint is set.
+def build_provider(service_name: str) -> trace.TracerProvider:
+    """A provider configured from `OTEL_*`: the SDK exporting over OTLP/HTTP when an endpoint
+    is set (or to the console with `OTEL_TRACES_EXPORTER=console`), else a no-op one.
 
-    `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES` win over `service_name`. Without an
-    endpoint, spans are still made (so `traceparent` propagates) but not exported.
+    `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES` win over `service_name`. A no-op
+    provider still carries the producer's `traceparent` on to what a fact publishes, at no
+    cost per fact.
     """
-    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service_name)})
-    provider = TracerProvider(resource=resource)
     exporter_name = os.environ.get("OTEL_TRACES_EXPORTER", "otlp")
     endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get(
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
     )
-    if (
-        os.environ.get("OTEL_SDK_DISABLED", "").lower() != "true"
-        and exporter_name == "otlp"
-        and endpoint
-    ):
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    elif exporter_name == "console":
+    disabled = os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true"
+    if disabled or exporter_name == "none" or (exporter_name == "otlp" and not endpoint):
+        return trace.NoOpTracerProvider()
+    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service_name)})
+    provider = TracerProvider(resource=resource)
+    if exporter_name == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+    else:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     return provider
+
+
+def is_recording(tracer: trace.Tracer) -> bool:
+    """False for a no-op tracer: the consume loop then skips building span attributes."""
+    return not isinstance(tracer, trace.NoOpTracer)
 
 
 def inject(headers: dict[str, str], context: Context | None = None) -> dict[str, str]:
     """Add `traceparent`/`tracestate` of `context` (default: the current one) to `headers`."""
-    propagate.inject(headers, context=context)
+    if trace.get_current_span(context).get_span_context().is_valid:
+        propagate.inject(headers, context=context)
     return headers
 
 
-def extract(headers: Mapping[str, str] | None) -> Context:
-    return propagate.extract(dict(headers or {}))
+def extract(headers: Mapping[str, str] | None) -> Context | None:
+    if not headers or "traceparent" not in headers:
+        return None
+    return propagate.extract(dict(headers))
 
 
 def tracer(provider: trace.TracerProvider) -> trace.Tracer:

@@ -16,7 +16,7 @@ import asyncpg
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from opentelemetry import trace
-from opentelemetry.trace import Span
+from opentelemetry.context import Context
 
 from schemas.base import Message
 from schemas.facts import Fact
@@ -47,12 +47,12 @@ class Tx:
     """What a handler gets: the connection inside the batch's transaction, and the outbox."""
 
     def __init__(
-        self, conn: asyncpg.Connection, subjects: Subjects, spans: Mapping[uuid.UUID, Span]
+        self, conn: asyncpg.Connection, subjects: Subjects, contexts: Mapping[uuid.UUID, Context]
     ):
         self.conn = conn
         self.subjects = subjects
         self.outbox = OutboxBatch()
-        self._spans = spans
+        self._contexts = contexts
 
     def publish(
         self,
@@ -63,8 +63,7 @@ class Tx:
         order_key: str | None = None,
     ) -> uuid.UUID:
         """Queue `message` for publication after commit, in the trace of the fact that caused it."""
-        span = self._spans.get(cause.fact_id) if cause is not None else None
-        context = trace.set_span_in_context(span) if span is not None else None
+        context = self._contexts.get(cause.fact_id) if cause is not None else None
         return self.outbox.add(message, subject, context=context, order_key=order_key)
 
 

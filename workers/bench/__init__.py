@@ -1,0 +1,1 @@
+"""Benchmarks (`bcw bench …`): figures printed, recorded in docs/benchmarks.md."""

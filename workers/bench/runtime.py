@@ -1,0 +1,319 @@
+"""`bcw bench runtime`: the runtime against a bare floor and a naive loop, same facts.
+
+Publishes N status facts once; three durable consumers read all of them:
+(a) the runtime: decode and validate, inbox, one fenced single-row write per fact
+    applied set-based, one outbox row per fact (relayed by the process's relay), ack;
+(b) the floor: bare nats-py fetch, one `UPDATE … FROM unnest(…)` per batch, ack — no
+    inbox, no validation, no outbox;
+(c) naive: one transaction and one ack per fact.
+Prints facts/s and the ratios a/b and a/c.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+
+import asyncpg
+import nats
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from opentelemetry import trace
+
+from schemas import REGISTRY, Fact, Status, Zombie
+from schemas.subjects import Subjects
+from workers.bench.common import BenchTarget, bench_target, print_table
+from workers.runtime import bus
+from workers.runtime.consumer import FactConsumer
+from workers.runtime.metrics import Metrics
+from workers.runtime.outbox import OutboxRelay
+from workers.runtime.outcome import Outcome
+from workers.runtime.settings import ConsumerSettings, DatabaseSettings, OutboxSettings, Settings
+from workers.runtime.worker import Tx, Worker
+
+NODES = 1000
+BATCH = 256
+
+FENCED_WRITE = """
+UPDATE node_sessions s
+   SET observed_generation = GREATEST(s.observed_generation, f.generation)
+  FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS f(node_id, epoch, generation)
+ WHERE s.node_id = f.node_id AND s.session_epoch = f.epoch
+"""
+
+
+async def _handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
+    statuses = [f for f in facts if isinstance(f, Status)]
+    # fold per node (stream order): an UPDATE … FROM with a repeated key applies one row
+    latest: dict[str, Status] = {}
+    for fact in statuses:
+        latest[fact.node_id] = fact
+    await tx.conn.execute(
+        FENCED_WRITE,
+        list(latest),
+        [f.epoch for f in latest.values()],
+        [f.observed_generation for f in latest.values()],
+    )
+    for fact in statuses:
+        tx.publish(
+            Zombie(node_id=fact.node_id, epoch=fact.epoch),
+            tx.subjects.notice(fact.gateway_id, "zombie"),
+            cause=fact,
+        )
+    return {}
+
+
+async def _prepare(target: BenchTarget, subjects: Subjects, facts: int) -> None:
+    conn = await asyncpg.connect(target.database_url)
+    try:
+        await conn.execute(
+            "SELECT join_node('bench-' || i, 'worker', 'bench-serial-' || i, NULL) FROM generate_series(1, $1) i",
+            NODES,
+        )
+        await conn.execute("UPDATE node_sessions SET session_epoch = 1")
+    finally:
+        await conn.close()
+    nc = await nats.connect(target.nats_url)
+    try:
+        js = nc.jetstream()
+        await bus.provision_streams(js, subjects)
+        pending = []
+        for i in range(facts):
+            fact = Status.model_validate(
+                {
+                    "fact_id": uuid.uuid4(),
+                    "gateway_id": "gw-bench",
+                    "observed_at": "2026-11-30T00:00:00Z",
+                    "node_id": f"bench-{i % NODES + 1}",
+                    "epoch": 1,
+                    "observed_generation": i,
+                    "trust_version": 0,
+                },
+                strict=False,
+            )
+            body, headers = REGISTRY.encode(fact)
+            headers["Nats-Msg-Id"] = str(fact.fact_id)
+            pending.append(
+                await js.publish_async(subjects.fact("gw-bench", "status"), body, headers=headers)
+            )
+            if len(pending) >= 2000:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+    finally:
+        await nc.close()
+
+
+async def _bare_consumer(
+    js: JetStreamContext, subjects: Subjects, name: str
+) -> JetStreamContext.PullSubscription:
+    spec = bus.ConsumerSpec(name, (subjects.fact_filter("status"),))
+    await bus.ensure_consumer(
+        js, subjects.facts_stream, spec, ConsumerSettings(max_ack_pending=4096)
+    )
+    return await js.pull_subscribe_bind(durable=name, stream=subjects.facts_stream)
+
+
+async def _run_floor(target: BenchTarget, subjects: Subjects, facts: int, name: str) -> float:
+    nc = await nats.connect(target.nats_url)
+    pool = await asyncpg.create_pool(target.database_url, min_size=1, max_size=2)
+    try:
+        sub = await _bare_consumer(nc.jetstream(), subjects, name)
+        done = 0
+        started = time.perf_counter()
+        while done < facts:
+            msgs = await sub.fetch(BATCH, timeout=1.0)
+            rows = [json.loads(m.data) for m in msgs]
+            async with pool.acquire() as conn:
+                await conn.execute(
+                    FENCED_WRITE,
+                    [r["node_id"] for r in rows],
+                    [r["epoch"] for r in rows],
+                    [r["observed_generation"] for r in rows],
+                )
+            for msg in msgs:
+                await msg.ack()
+            done += len(msgs)
+        await nc.flush()
+        return facts / (time.perf_counter() - started)
+    finally:
+        await pool.close()
+        await nc.close()
+
+
+async def _run_naive(target: BenchTarget, subjects: Subjects, facts: int, name: str) -> float:
+    nc = await nats.connect(target.nats_url)
+    conn = await asyncpg.connect(target.database_url)
+    try:
+        sub = await _bare_consumer(nc.jetstream(), subjects, name)
+        done = 0
+        started = time.perf_counter()
+        while done < facts:
+            msgs: list[Msg] = await sub.fetch(BATCH, timeout=1.0)
+            for msg in msgs:
+                row = json.loads(msg.data)
+                async with conn.transaction():
+                    await conn.execute(
+                        "UPDATE node_sessions SET observed_generation = GREATEST(observed_generation, $3) "
+                        "WHERE node_id = $1 AND session_epoch = $2",
+                        row["node_id"],
+                        row["epoch"],
+                        row["observed_generation"],
+                    )
+                await msg.ack_sync()
+            done += len(msgs)
+        return facts / (time.perf_counter() - started)
+    finally:
+        await conn.close()
+        await nc.close()
+
+
+async def _run_runtime(
+    target: BenchTarget, subjects: Subjects, facts: int, name: str, relay_in_process: bool
+) -> tuple[float, float]:
+    """Facts/s until the last fact is acked, and until its outbox rows are published too.
+
+    The relay runs in this process (as in a default deployment) or in a `bcw run relay`
+    process of its own (the deployment for the highest throughput).
+    """
+    nc = await nats.connect(target.nats_url, pending_size=64 * 1024 * 1024)
+    pool = await asyncpg.create_pool(target.database_url, min_size=2, max_size=4)
+    metrics = Metrics()
+    stopping = asyncio.Event()
+    relay_process = None
+    try:
+        js = nc.jetstream()
+        worker = Worker(name=name, fact_types=("status",), handle=_handle)
+        settings = ConsumerSettings(batch_size=BATCH, max_ack_pending=4096)
+        await bus.ensure_consumer(
+            js, subjects.facts_stream, worker.consumer_spec(subjects), settings
+        )
+        relay = OutboxRelay(
+            pool, js, OutboxSettings(batch_size=1000), DatabaseSettings(url=target.database_url),
+            metrics, trace.NoOpTracer(),
+        )  # fmt: skip
+        consumer = FactConsumer(
+            worker, nc=nc, js=js, pool=pool, subjects=subjects, settings=settings,
+            metrics=metrics, tracer=trace.NoOpTracer(), on_outbox_rows=relay.wake,
+        )  # fmt: skip
+        await consumer.bind()
+        if not relay_in_process:
+            relay_process = await _spawn_relay(target, subjects)
+        started = time.perf_counter()
+        tasks = [asyncio.create_task(consumer.run(stopping))]
+        if relay_in_process:
+            tasks.append(asyncio.create_task(relay.run(stopping)))
+        while metrics.facts.value(name, "status", "applied") < facts:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        consumed = time.perf_counter() - started
+        while await relay.backlog():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        relayed = time.perf_counter() - started
+        stopping.set()
+        await asyncio.gather(*tasks)
+        return facts / consumed, facts / relayed
+    finally:
+        if relay_process is not None:
+            relay_process.send_signal(signal.SIGTERM)
+            await relay_process.wait()
+        await pool.close()
+        await nc.close()
+
+
+async def _spawn_relay(target: BenchTarget, subjects: Subjects) -> asyncio.subprocess.Process:
+    env = {
+        **os.environ,
+        "BCW_NATS_URL": target.nats_url,
+        "BCW_DATABASE_URL": target.database_url,
+        "BCW_SUBJECT_ROOT": subjects.root,
+        "BCW_HEALTH_PORT": "0",
+        "BCW_OUTBOX_BATCH_SIZE": "1000",
+        "BCW_LOG_LEVEL": "WARNING",
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "workers.cli", "run", "relay", env=env
+    )
+    await asyncio.sleep(1.0)  # connected and listening before the facts flow
+    return process
+
+
+async def run(settings: Settings, facts: int, embedded: bool, rounds: int = 3) -> int:
+    """Each pipeline `rounds` times (each round a fresh durable consumer over the same
+    facts, the pipelines' order rotated); medians are printed, so one noisy round on a
+    shared machine does not decide."""
+    results: dict[str, list[float]] = {
+        k: [] for k in ("a", "a_relayed", "a1", "a1_relayed", "b", "c")
+    }
+    async with bench_target(settings, embedded) as target:
+        subjects = Subjects(target.subject_root)
+        print(f"publishing {facts} status facts over {NODES} nodes ...")
+        await _prepare(target, subjects, facts)
+
+        async def a(i: int) -> None:
+            rate, relayed = await _run_runtime(target, subjects, facts, f"bench-a-{i}", False)
+            results["a"].append(rate)
+            results["a_relayed"].append(relayed)
+
+        async def a1(i: int) -> None:
+            rate, relayed = await _run_runtime(target, subjects, facts, f"bench-a1-{i}", True)
+            results["a1"].append(rate)
+            results["a1_relayed"].append(relayed)
+
+        async def b(i: int) -> None:
+            results["b"].append(await _run_floor(target, subjects, facts, f"bench-b-{i}"))
+
+        async def c(i: int) -> None:
+            results["c"].append(await _run_naive(target, subjects, facts, f"bench-c-{i}"))
+
+        pipelines = [a, a1, b, c]
+        for i in range(rounds):
+            for pipeline in pipelines[i % 4 :] + pipelines[: i % 4]:
+                await pipeline(i)
+            print(
+                f"round {i + 1}/{rounds}: "
+                + "  ".join(f"{k}={v[-1]:,.0f}" for k, v in results.items())
+            )
+    m = {k: statistics.median(v) for k, v in results.items()}
+    floor = m["b"]
+    print_table(
+        f"bcw bench runtime: {facts} facts, fetch batch {BATCH}, median of {rounds} rounds",
+        ("pipeline", "facts/s", "vs (b)"),
+        [
+            (
+                "(a) runtime, relay process beside it: acked",
+                f"{m['a']:,.0f}",
+                f"{m['a'] / floor:.2f}",
+            ),
+            (
+                "    ... and its events published",
+                f"{m['a_relayed']:,.0f}",
+                f"{m['a_relayed'] / floor:.2f}",
+            ),
+            (
+                "(a') runtime, relay in the same process: acked",
+                f"{m['a1']:,.0f}",
+                f"{m['a1'] / floor:.2f}",
+            ),
+            (
+                "    ... and its events published",
+                f"{m['a1_relayed']:,.0f}",
+                f"{m['a1_relayed'] / floor:.2f}",
+            ),
+            ("(b) floor: fetch, one UPDATE per batch, ack", f"{floor:,.0f}", "1.00"),
+            (
+                "(c) naive: a transaction and an ack per fact",
+                f"{m['c']:,.0f}",
+                f"{m['c'] / floor:.2f}",
+            ),
+        ],
+    )
+    print(f"a/b = {m['a'] / floor:.2f} (target >= 0.8)   a/c = {m['a'] / m['c']:.2f} (target >= 4)")
+    print(f"a'/b = {m['a1'] / floor:.2f}   a'/c = {m['a1'] / m['c']:.2f}")
+    return 0
