@@ -17,6 +17,7 @@ from typing import Any
 
 import asyncpg
 from nats.js import JetStreamContext
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from schemas import REGISTRY, Fact, NodeDisconnected, Status
@@ -35,7 +36,10 @@ from workers.runtime.settings import (
 from workers.runtime.worker import Runtime, Tx, Worker
 
 TALLY_DDL = """
-CREATE TABLE IF NOT EXISTS tally (fact_id uuid PRIMARY KEY, node_id text NOT NULL, effects int NOT NULL);
+CREATE TABLE IF NOT EXISTS tally (
+    fact_id uuid PRIMARY KEY, node_id text NOT NULL, effects int NOT NULL,
+    generation bigint NOT NULL, applied bigint GENERATED ALWAYS AS IDENTITY
+);
 CREATE TABLE IF NOT EXISTS tally_broken (node_id text PRIMARY KEY);
 """
 
@@ -53,12 +57,14 @@ async def handle_tally(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outc
     statuses = [f for f in facts if isinstance(f, Status) and not f.node_id.startswith("stale-")]
     await tx.conn.execute(
         """
-        INSERT INTO tally (fact_id, node_id, effects)
-        SELECT f, n, 1 FROM unnest($1::uuid[], $2::text[]) AS t(f, n)
+        INSERT INTO tally (fact_id, node_id, effects, generation)
+        SELECT f, n, 1, g FROM unnest($1::uuid[], $2::text[], $3::bigint[]) WITH ORDINALITY AS t(f, n, g, o)
+         ORDER BY o
         ON CONFLICT (fact_id) DO UPDATE SET effects = tally.effects + 1
         """,
         [f.fact_id for f in statuses],
         [f.node_id for f in statuses],
+        [f.observed_generation for f in statuses],
     )
     for fact in statuses:
         event = NodeDisconnected(
@@ -149,7 +155,7 @@ async def count(database_url: str, sql: str, *args: Any) -> int:
 
 @contextlib.asynccontextmanager
 async def running(
-    settings: Settings, workers: Sequence[Worker], provider: TracerProvider | None = None
+    settings: Settings, workers: Sequence[Worker], provider: trace.TracerProvider | None = None
 ) -> AsyncIterator[tuple[Runtime, int]]:
     """Run a worker process in this event loop for the block; yields (runtime, health port)."""
     stopping = asyncio.Event()

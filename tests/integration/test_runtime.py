@@ -327,3 +327,47 @@ async def _get(port: int, path: str) -> tuple[int, str]:
             return error.code, error.read().decode()
 
     return await asyncio.to_thread(fetch)
+
+
+async def test_one_nodes_facts_apply_in_stream_order_across_lanes(
+    servers: Servers, nc: NATS, subjects: Subjects, tally_db: str
+) -> None:
+    settings = make_settings(servers.nats_url, tally_db, subjects, lanes=3, batch_size=16)
+    js = nc.jetstream()
+    await bus.provision_streams(js, subjects)
+    nodes = [f"node-{i}" for i in range(9)]
+    for generation in range(1, 61):
+        for node in nodes:
+            await publish_fact(
+                js, subjects, status_fact(node_id=node, observed_generation=generation)
+            )
+    async with running(settings, [build_tally()]):
+        await eventually(lambda: _rows(tally_db, 540), what="every fact")
+    conn = await asyncpg.connect(tally_db)
+    try:
+        for node in nodes:
+            order = await conn.fetch(
+                "SELECT generation FROM tally WHERE node_id = $1 ORDER BY applied", node
+            )
+            assert [r["generation"] for r in order] == list(range(1, 61)), node
+    finally:
+        await conn.close()
+
+
+async def test_without_an_exporter_the_producers_trace_still_reaches_the_events(
+    servers: Servers, nc: NATS, subjects: Subjects, tally_db: str
+) -> None:
+    """A no-op provider (no OTEL endpoint set) costs nothing per fact and still carries
+    the producer's traceparent on to what the fact publishes."""
+    settings = make_settings(servers.nats_url, tally_db, subjects)
+    js = nc.jetstream()
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    async with running(settings, [build_tally()], provider=trace.NoOpTracerProvider()):
+        await publish_fact(js, subjects, status_fact(), headers={"traceparent": traceparent})
+        await eventually(lambda: _outbox_empty_and_rows(tally_db), what="the event")
+    [event] = await stream_messages(js, subjects.events_stream)
+    assert event.headers["traceparent"].split("-")[1] == "0af7651916cd43dd8448eb211c80319c"
+
+
+async def _outbox_empty_and_rows(database_url: str) -> bool:
+    return await _rows(database_url, 1) and await _outbox_empty(database_url)
