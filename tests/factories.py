@@ -7,7 +7,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from schemas import REGISTRY, Fact
+from schemas import REGISTRY, Fact, Hello
 
 NOW = "2026-11-30T12:00:00Z"
 CMD = "6f1c2b7e-0d4a-4c59-9a59-2f0a3c1d9e01"
@@ -164,3 +164,12 @@ def make_fact(bc_type: str, **overrides: Any) -> Fact:
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def hello(node_id: str, epoch: int, **fields: Any) -> Hello:
+    fields.setdefault("previous", {"epoch": epoch - 1, "live": False})
+    fields.setdefault("running_command_ids", [])
+    fields.setdefault("cert", {"serial": f"{node_id}-serial"})
+    fact = make_fact("hello", node_id=node_id, epoch=epoch, **fields)
+    assert isinstance(fact, Hello)
+    return fact

@@ -143,6 +143,10 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         from workers.bench import runtime
 
         return asyncio.run(runtime.run(settings, args.facts, args.embedded, args.rounds))
+    if args.bench == "labeler":
+        from workers.bench import labeler
+
+        return asyncio.run(labeler.run(settings, args.nodes, args.embedded))
     return 2
 
 
@@ -195,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     dead.set_defaults(handler=_cmd_dead_letters)
 
     bench = commands.add_parser("bench", help="benchmarks that print figures")
-    bench.add_argument("bench", choices=["runtime"], help="which benchmark")
+    bench.add_argument("bench", choices=["runtime", "labeler"], help="which benchmark")
+    bench.add_argument("--nodes", type=int, default=100_000, help="fleet size (labeler, sweep, …)")
     bench.add_argument("--facts", type=int, default=50_000, help="facts to push through")
     bench.add_argument(
         "--rounds", type=int, default=3, help="runs of each pipeline (medians shown)"

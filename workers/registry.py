@@ -1,4 +1,5 @@
-"""The one map of worker kinds: name → `build(settings) -> Worker`. Read by `bcw run`.
+"""The one map of worker kinds: name → `build(settings) -> Worker`. Read by `bcw run`,
+`bcw provision` and the chart's documentation.
 
 Explicit on purpose: no registration by import side effect.
 """
@@ -7,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from workers import labeler
 from workers.runtime.settings import Settings
 from workers.runtime.worker import Worker
 
-WORKERS: dict[str, Callable[[Settings], Worker]] = {}
+WORKERS: dict[str, Callable[[Settings], Worker]] = {
+    "labeler": labeler.build,
+}

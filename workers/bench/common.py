@@ -3,8 +3,10 @@ database, a fresh subject root, and a printed table."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -14,7 +16,8 @@ import asyncpg
 
 from workers.embedded import EmbeddedNats, EmbeddedPostgres
 from workers.runtime import migrate
-from workers.runtime.settings import Settings
+from workers.runtime.settings import ConsumerSettings, Settings
+from workers.runtime.worker import Worker
 
 
 @dataclass(frozen=True)
@@ -46,10 +49,25 @@ async def bench_target(settings: Settings, embedded: bool) -> AsyncIterator[Benc
                 await migrate.migrate(conn)
             finally:
                 await conn.close()
-            yield BenchTarget(nats_url, database_url, f"bench{uuid.uuid4().hex[:6]}")
+            target = BenchTarget(nats_url, database_url, f"bench{uuid.uuid4().hex[:6]}")
+            await _provision(target)
+            yield target
         finally:
             await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             await admin.close()
+
+
+async def _provision(target: BenchTarget) -> None:
+    import nats
+
+    from schemas.subjects import Subjects
+    from workers.runtime import bus
+
+    nc = await nats.connect(target.nats_url)
+    try:
+        await bus.provision_streams(nc.jetstream(), Subjects(target.subject_root))
+    finally:
+        await nc.close()
 
 
 @contextlib.contextmanager
@@ -69,3 +87,97 @@ def print_table(title: str, header: tuple[str, ...], rows: list[tuple[str, ...]]
             "  "
             + "  ".join(str(cell).rjust(width) for cell, width in zip(row, widths, strict=True))
         )
+
+
+async def join_fleet(
+    database_url: str, nodes: int, prefix: str = "node-", gateways: int = 1
+) -> None:
+    """`nodes` joined nodes with sessions at epoch 1 spread over `gateways` gateways."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "SELECT join_node($1 || i, 'worker', $1 || 'serial-' || i, NULL) FROM generate_series(1, $2) i",
+            prefix,
+            nodes,
+        )
+        await conn.execute(
+            """
+            UPDATE node_sessions SET session_epoch = 1, boot_id = 'boot-1', journal_id = 'journal-1',
+                   gateway_id = 'gw-' || (abs(hashtext(node_id)) % $1), connected_at = compute_now(),
+                   last_seen = compute_now()
+            """,
+            gateways,
+        )
+    finally:
+        await conn.close()
+
+
+async def publish_facts(
+    nats_url: str, subjects_facts: list[tuple[str, bytes, dict[str, str]]]
+) -> None:
+    """Publish (subject, body, headers) pipelined, 2,000 PubAcks in flight at most."""
+    import nats
+
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        pending = []
+        for subject, body, headers in subjects_facts:
+            pending.append(await js.publish_async(subject, body, headers=headers))
+            if len(pending) >= 2000:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+    finally:
+        await nc.close()
+
+
+async def consume_all(
+    target: BenchTarget, worker: Worker, expected: int, settings: ConsumerSettings | None = None
+) -> float:
+    """Run `worker`'s consumer (and a relay) in this process until `expected` facts are
+    settled; returns facts/s."""
+    import nats
+    from opentelemetry import trace
+
+    from schemas.subjects import Subjects
+    from workers.runtime import bus
+    from workers.runtime.consumer import FactConsumer
+    from workers.runtime.metrics import Metrics
+    from workers.runtime.outbox import OutboxRelay
+    from workers.runtime.settings import DatabaseSettings, OutboxSettings
+
+    subjects = Subjects(target.subject_root)
+    settings = settings or ConsumerSettings(max_ack_pending=4096)
+    nc = await nats.connect(target.nats_url, pending_size=64 * 1024 * 1024)
+    pool = await asyncpg.create_pool(target.database_url, min_size=2, max_size=4)
+    metrics = Metrics()
+    stopping = asyncio.Event()
+    try:
+        js = nc.jetstream()
+        await bus.provision_streams(js, subjects)
+        await bus.ensure_consumer(
+            js, subjects.facts_stream, worker.consumer_spec(subjects), settings
+        )
+        relay = OutboxRelay(
+            pool, js, OutboxSettings(batch_size=1000), DatabaseSettings(url=target.database_url),
+            metrics, trace.NoOpTracer(),
+        )  # fmt: skip
+        consumer = FactConsumer(
+            worker, nc=nc, js=js, pool=pool, subjects=subjects, settings=settings,
+            metrics=metrics, tracer=trace.NoOpTracer(), on_outbox_rows=relay.wake,
+        )  # fmt: skip
+        started = time.perf_counter()
+        tasks = [
+            asyncio.create_task(consumer.run(stopping)),
+            asyncio.create_task(relay.run(stopping)),
+        ]
+        while sum(v for k, v in metrics.facts._values.items() if k[0] == worker.name) < expected:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        elapsed = time.perf_counter() - started
+        stopping.set()
+        await asyncio.gather(*tasks)
+        return expected / elapsed
+    finally:
+        await pool.close()
+        await nc.close()

@@ -1,0 +1,68 @@
+"""Rows of a fleet for worker tests: joined nodes with sessions at a given epoch on a
+given gateway, gateways with leases, Hello facts that match them. Real SQL on the real
+database; the reference gateway does the same through its Hello transaction."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import asyncpg
+
+from tests.factories import hello
+
+__all__ = ["gateway", "hello", "join", "session"]
+
+
+async def join(
+    conn: asyncpg.Connection,
+    node_id: str,
+    serial: str | None = None,
+    kinds: list[str] | None = None,
+) -> None:
+    await conn.execute(
+        "SELECT join_node($1, 'worker', $2, $3)", node_id, serial or f"{node_id}-serial", kinds
+    )
+
+
+async def session(
+    conn: asyncpg.Connection,
+    node_id: str,
+    *,
+    epoch: int,
+    gateway_id: str | None = "gw-1",
+    boot_id: str = "boot-1",
+    journal_id: str = "journal-1",
+    seen_ago: timedelta = timedelta(0),
+    join_first: bool = True,
+) -> None:
+    """The node's session row as a gateway's Hello transaction leaves it."""
+    if join_first:
+        exists = await conn.fetchval("SELECT 1 FROM nodes WHERE node_id = $1", node_id)
+        if not exists:
+            await join(conn, node_id)
+    await conn.execute(
+        """
+        UPDATE node_sessions
+           SET session_epoch = $2::bigint, gateway_id = $3, boot_id = $4, journal_id = $5,
+               session_id = 's-' || $2::text, connected_at = compute_now() - $6::interval,
+               last_seen = compute_now() - $6::interval, disconnected_at = NULL, disconnect_reason = NULL
+         WHERE node_id = $1
+        """,
+        node_id,
+        epoch,
+        gateway_id,
+        boot_id,
+        journal_id,
+        seen_ago,
+    )
+
+
+async def gateway(conn: asyncpg.Connection, gateway_id: str, *, expires_in: timedelta) -> None:
+    await conn.execute(
+        """
+        INSERT INTO gateways (gateway_id, lease_epoch, lease_expires_at) VALUES ($1, 1, compute_now() + $2::interval)
+        ON CONFLICT (gateway_id) DO UPDATE SET lease_expires_at = EXCLUDED.lease_expires_at
+        """,
+        gateway_id,
+        expires_in,
+    )

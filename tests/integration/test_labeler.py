@@ -1,0 +1,128 @@
+"""The capability labeler on real servers (DESIGN §6, issue: capability labeler)."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+from nats.aio.client import Client as NATS
+
+from schemas.subjects import Subjects
+from tests.conftest import Servers
+from tests.integration import fleet
+from tests.integration.driver import Driver, driving, fetch
+from workers import labeler
+
+
+@pytest.fixture
+async def drive(servers: Servers, nc: NATS, subjects: Subjects, database_url: str):  # type: ignore[no-untyped-def]
+    async with driving(servers, nc, subjects, database_url, labeler.build) as driver:
+        yield driver
+
+
+async def _caps(db: asyncpg.Connection, node: str) -> list[str]:
+    return list(
+        await db.fetchval("SELECT capabilities FROM node_sessions WHERE node_id = $1", node)
+    )
+
+
+async def _labels(db: asyncpg.Connection, node: str) -> list[tuple[str, str, str]]:
+    rows = await db.fetch(
+        "SELECT key, value, source FROM node_labels WHERE node_id = $1 ORDER BY source, key", node
+    )
+    return [tuple(r) for r in rows]
+
+
+async def test_labels_follow_each_session_and_events_report_changes(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    await drive.send(fleet.hello("n1", 1, capabilities=["nvml", "cuda.12", "nvml"]))
+    assert await _caps(db, "n1") == ["cuda.12", "nvml"]
+    assert await _labels(db, "n1") == [
+        ("bc.dev/cap.cuda.12", "1", "system"),
+        ("bc.dev/cap.nvml", "1", "system"),
+    ]
+    # a later session drops nvml: its label goes with it, at that session
+    await fleet.session(db, "n1", epoch=2)
+    await drive.send(fleet.hello("n1", 2, capabilities=["cuda.12"]))
+    assert await _labels(db, "n1") == [("bc.dev/cap.cuda.12", "1", "system")]
+    # the same set again: nothing changes, no event
+    await fleet.session(db, "n1", epoch=3)
+    await drive.send(fleet.hello("n1", 3, capabilities=["cuda.12"]))
+    events = await drive.published("node.capabilities-changed")
+    assert [(e["epoch"], e["added"], e["removed"]) for e in events] == [
+        (1, ["cuda.12", "nvml"], []),
+        (2, [], ["nvml"]),
+    ]
+
+
+async def test_an_older_hello_processed_after_a_newer_one_changes_nothing(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=5)
+    await drive.send(fleet.hello("n1", 5, capabilities=["new"]))
+    await drive.send(fleet.hello("n1", 4, capabilities=["old", "stale"]))
+    assert await _caps(db, "n1") == ["new"]
+    assert await _labels(db, "n1") == [("bc.dev/cap.new", "1", "system")]
+    assert drive.settled("stale") == 1
+    assert len(await drive.published("node.capabilities-changed")) == 1
+
+
+async def test_operator_labels_are_never_touched_and_never_count(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    await fleet.session(db, "n2", epoch=1)
+    await db.execute(
+        "INSERT INTO node_labels VALUES ('n1', 'bc.dev/cap.nvml', '1', 'operator'), "
+        "('n2', 'bc.dev/cap.nvml', '1', 'operator'), ('n2', 'team', 'ml', 'operator')"
+    )
+    await drive.send(
+        fleet.hello("n1", 1, capabilities=[]), fleet.hello("n2", 1, capabilities=["nvml"])
+    )
+    assert await db.fetch("SELECT * FROM nodes_with_capability('nvml')") == [("n2",)]
+    # n2 stops advertising it: its system label goes, its operator labels stay
+    await fleet.session(db, "n2", epoch=2)
+    await drive.send(fleet.hello("n2", 2, capabilities=[]))
+    assert await db.fetch("SELECT * FROM nodes_with_capability('nvml')") == []
+    assert await _labels(db, "n2") == [
+        ("bc.dev/cap.nvml", "1", "operator"),
+        ("team", "ml", "operator"),
+    ]
+    assert await _labels(db, "n1") == [("bc.dev/cap.nvml", "1", "operator")]
+
+
+async def test_invalid_names_are_dropped_and_the_65th_is_not_stored(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    caps = ["BAD NAME", "ok", "-nope", *[f"c{i:02d}" for i in range(70)]]
+    await drive.send(fleet.hello("n1", 1, capabilities=caps))
+    stored = await _caps(db, "n1")
+    assert len(stored) == 64 and "ok" not in stored  # "ok" sorts after c00…c69
+    assert stored == sorted(stored) and stored[0] == "c00" and stored[-1] == "c63"
+    assert len(await _labels(db, "n1")) == 64
+
+
+async def test_redelivery_is_a_no_op(drive: Driver, db: asyncpg.Connection) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    first = fleet.hello("n1", 1, capabilities=["nvml"])
+    await drive.send(first)
+    await drive.send(first, again=True)  # the same fact again (a re-publish outside the window)
+    assert drive.settled("duplicate") == 1
+    assert len(await drive.published("node.capabilities-changed")) == 1
+
+
+async def test_a_batch_of_many_nodes_is_labeled(drive: Driver, db: asyncpg.Connection) -> None:
+    await db.execute(
+        "SELECT join_node('b' || i, 'worker', 'b-serial-' || i, NULL) FROM generate_series(1, 300) i"
+    )
+    await db.execute("UPDATE node_sessions SET session_epoch = 1, gateway_id = 'gw-1'")
+    await drive.send(
+        *(fleet.hello(f"b{i}", 1, capabilities=["x", f"only{i % 3}"]) for i in range(1, 301))
+    )
+    rows = await fetch(
+        drive.database_url, "SELECT count(*) AS n FROM node_labels WHERE source = 'system'"
+    )
+    assert rows[0]["n"] == 600
+    assert len(await db.fetch("SELECT * FROM nodes_with_capability('only0')")) == 100

@@ -1,0 +1,16 @@
+"""Capability labeler (`bcw run labeler`): Hello → capabilities and system labels.
+
+Sanitizes what a daemon advertises, writes `node_sessions.capabilities` fenced on the
+Hello's epoch, keeps the system labels `bc.dev/cap.<name>=1` in step (operator labels
+are never touched), and publishes `node.capabilities-changed` when the set changed.
+"""
+
+from __future__ import annotations
+
+from workers.labeler.apply import handle
+from workers.runtime.settings import Settings
+from workers.runtime.worker import Worker
+
+
+def build(settings: Settings) -> Worker:
+    return Worker(name="labeler", fact_types=("hello",), handle=handle)
