@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from workers import labeler
+from workers import labeler, recorder
 from workers.runtime.settings import Settings
 from workers.runtime.worker import Worker
 
 WORKERS: dict[str, Callable[[Settings], Worker]] = {
     "labeler": labeler.build,
+    "recorder": recorder.build,
 }

@@ -15,6 +15,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import timedelta
 from typing import TypeVar
 
 import asyncpg
@@ -22,7 +23,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from schemas.subjects import Subjects
-from workers.runtime import bus, db, tracing
+from workers.runtime import bus, db, leases, retention, tracing
 from workers.runtime.consumer import FactConsumer
 from workers.runtime.deadletter import watch_max_deliveries
 from workers.runtime.errors import is_transient
@@ -158,6 +159,27 @@ async def _run_tasks(
             for loop in worker.loops:
                 group.create_task(loop(runtime, stopping), name=f"{worker.name}-{loop.__name__}")
         group.create_task(_observe(runtime, relay, consumers, stopping), name="observe")
+        if consumers:
+            group.create_task(_prune_inbox(runtime, stopping), name="inbox-retention")
+
+
+async def _prune_inbox(runtime: Runtime, stopping: asyncio.Event) -> None:
+    """Inbox rows outlive the facts stream's max age, then go (one replica does it)."""
+    settings = runtime.settings.retention
+    target = retention.Prunable("processed_facts", "processed_at", settings.processed_facts)
+
+    async def body(lease: leases.Lease) -> None:
+        await retention.prune(runtime.pool, target, settings.batch, lease)
+
+    await leases.run_leased(
+        runtime.pool,
+        "inbox-retention",
+        runtime.instance,
+        body,
+        period=settings.interval,
+        ttl=max(settings.lease_ttl, timedelta(seconds=2 * settings.interval)),
+        stopping=stopping,
+    )
 
 
 async def _observe(

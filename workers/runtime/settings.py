@@ -6,6 +6,7 @@ Secrets are `SecretStr` and never appear in a repr or a log line.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
@@ -104,6 +105,25 @@ class OutboxSettings(BaseSettings):
     publish_timeout: float = Field(default=5.0, gt=0, description="seconds to wait for a PubAck")
 
 
+class RetentionSettings(BaseSettings):
+    """Pruning of old rows, in bounded batches, by one leased replica."""
+
+    model_config = _group("BCW_RETENTION_")
+
+    node_events: timedelta = Field(
+        default=timedelta(days=30), description="keep node events this long"
+    )
+    processed_facts: timedelta = Field(
+        default=timedelta(hours=25),
+        description="keep inbox rows this long: longer than the facts stream's max age (24 h)",
+    )
+    interval: float = Field(default=60.0, gt=0, description="seconds between pruning passes")
+    batch: int = Field(default=5000, ge=1, description="rows deleted per statement")
+    lease_ttl: timedelta = Field(
+        default=timedelta(seconds=30), description="lease of the pruning loop"
+    )
+
+
 class Settings(BaseSettings):
     """Everything a `bcw` process reads from its environment."""
 
@@ -121,6 +141,7 @@ class Settings(BaseSettings):
     nats: NatsSettings = Field(default_factory=NatsSettings)
     consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)
     outbox: OutboxSettings = Field(default_factory=OutboxSettings)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
 
     @field_validator("subject_root")
     @classmethod

@@ -1,0 +1,153 @@
+"""The fact recorder on real servers (DESIGN §4 "Facts are not fenced", §6)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+from nats.aio.client import Client as NATS
+
+from schemas.subjects import Subjects
+from tests.conftest import Clock, Servers
+from tests.factories import make_fact
+from tests.integration import fleet
+from tests.integration.driver import Driver, driving
+from workers import recorder
+from workers.runtime import retention
+
+
+@pytest.fixture
+async def drive(servers: Servers, nc: NATS, subjects: Subjects, database_url: str):  # type: ignore[no-untyped-def]
+    async with driving(servers, nc, subjects, database_url, recorder.build) as driver:
+        yield driver
+
+
+def events(
+    seqs: list[int], node: str = "n1", journal: str = "journal-1", gateway: str = "gw-1"
+) -> Any:
+    return make_fact(
+        "events",
+        node_id=node,
+        journal_id=journal,
+        gateway_id=gateway,
+        events=[
+            {"seq": s, "kind": "k", "body": {"s": s}, "at": "2026-11-30T00:00:00Z"} for s in seqs
+        ],
+    )
+
+
+def status(generation: int, trust: int, digest: str | None = None, epoch: int | None = None) -> Any:
+    return make_fact(
+        "status",
+        node_id="n1",
+        observed_generation=generation,
+        trust_version=trust,
+        approver_set_epoch=epoch,
+        approver_set_sha256=digest,
+    )
+
+
+async def _acked(db: asyncpg.Connection) -> int:
+    return int(await db.fetchval("SELECT acked_event_seq FROM node_sessions WHERE node_id = 'n1'"))
+
+
+async def test_duplicate_and_overlapping_batches_store_each_event_once(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    await drive.send(events([1, 2, 3]))
+    await drive.send(events([2, 3, 4, 4]), events([1, 5]))
+    first = events([1, 2, 3])
+    await drive.send(first)
+    await drive.send(first, again=True)  # the same fact again: absorbed by the inbox
+    await drive.send(events([1, 2, 3]))  # another fact with the same events: stored once
+    seqs = [r["seq"] for r in await db.fetch("SELECT seq FROM node_events ORDER BY seq")]
+    assert seqs == [1, 2, 3, 4, 5]
+    assert await _acked(db) == 5
+    assert drive.settled("duplicate") == 1
+    notices = await drive.published("event-ack", stream="notices")
+    acks = [a["seq"] for a in notices]
+    assert acks[0] == 3 and acks[-1] == 5 and acks == sorted(acks)
+    assert {a["_subject"] for a in notices} == {drive.subjects.notice("gw-1", "event-ack")}
+
+
+async def test_a_gap_keeps_the_ack_at_the_last_contiguous_seq(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    await drive.send(events([1, 2, 4, 5]))
+    assert await _acked(db) == 2
+    await drive.send(events([3]))
+    assert await _acked(db) == 5
+    assert [a["seq"] for a in await drive.published("event-ack", stream="notices")] == [2, 5]
+
+
+async def test_an_old_journals_batch_does_not_move_the_new_journals_ack(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=2, journal_id="journal-new")
+    await drive.send(events([1, 2], journal="journal-new"))
+    await drive.send(events([1, 2, 3, 4, 5, 6], journal="journal-old", gateway="gw-0"))
+    assert await _acked(db) == 2
+    stored = await db.fetchval("SELECT count(*) FROM node_events WHERE journal_id = 'journal-old'")
+    assert stored == 6  # stored all the same
+    acks = await drive.published("event-ack", stream="notices")
+    assert [(a["journal_id"], a["seq"], a["_subject"].split(".")[2]) for a in acks] == [
+        ("journal-new", 2, "gw-1"),
+        ("journal-old", 6, "gw-0"),
+    ]
+
+
+async def _status_row(db: asyncpg.Connection) -> tuple[Any, ...]:
+    row = await db.fetchrow(
+        "SELECT observed_generation, trust_version, approver_set_epoch, approver_set_sha256 "
+        "FROM node_sessions WHERE node_id = 'n1'"
+    )
+    return tuple(row)
+
+
+async def test_out_of_order_status_never_lowers_or_mispairs(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    d6, d7 = "6" * 64, "7" * 64
+    await drive.send(status(10, 7, d7, 70))
+    await drive.send(status(8, 6, d6, 60))  # late and older in every way
+    assert await _status_row(db) == (10, 7, 70, d7)
+    await drive.send(status(12, 0, d6, 60))  # version 0: unchanged, and no pairing
+    assert await _status_row(db) == (12, 7, 70, d7)
+    await drive.send(status(12, 8, "", 80))  # an empty digest clears both
+    assert await _status_row(db) == (12, 8, None, None)
+
+
+async def test_a_batch_of_reports_in_any_order_ends_the_same(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    d = {v: f"{v:064x}" for v in range(1, 6)}
+    await drive.send(*(status(g, v, d[v], v) for g, v in [(5, 3), (9, 5), (2, 1), (7, 4)]))
+    assert await _status_row(db) == (9, 5, 5, d[5])
+
+
+async def test_pruning_removes_only_old_events_while_the_consumer_keeps_going(
+    drive: Driver, db: asyncpg.Connection, clock: Clock, database_url: str
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    await drive.send(events(list(range(1, 101))))
+    await clock.advance(timedelta(days=31))
+    await db.execute("UPDATE node_events SET recorded_at = compute_now() - interval '31 days'")
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    try:
+        target = retention.Prunable("node_events", "recorded_at", timedelta(days=30))
+        # prune in small batches while new events keep arriving
+        pruning = asyncio.create_task(retention.prune(pool, target, batch=7, lease=None))
+        await drive.send(events(list(range(101, 151))))
+        assert await pruning == 100
+    finally:
+        await pool.close()
+    seqs = [r["seq"] for r in await db.fetch("SELECT seq FROM node_events ORDER BY seq")]
+    assert seqs == list(range(101, 151))
+    assert await _acked(db) == 150

@@ -1,0 +1,157 @@
+"""The fact recorder's I/O: store event batches and status reports set-based.
+
+Called by the runtime with one transaction per batch. Node rows are locked in node order
+before they are written. Facts are not fenced on the session epoch (DESIGN §4).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+
+import asyncpg
+
+from schemas.facts import Events, Fact, Status
+from schemas.notices import EventAck
+from workers.recorder.decide import StoredStatus, apply_reports, highest_contiguous, unique_events
+from workers.runtime.outcome import Outcome
+from workers.runtime.worker import Tx
+
+# Key-by-key LATERAL lookups on the primary key (see workers/labeler/apply.py); the
+# caller passes the keys sorted, so rows are locked in a stable order.
+LOCK_SESSIONS = """
+SELECT s.node_id, s.journal_id, s.acked_event_seq, s.observed_generation, s.trust_version,
+       s.approver_set_epoch, s.approver_set_sha256
+  FROM unnest($1::text[]) AS n(node_id)
+ CROSS JOIN LATERAL (SELECT * FROM node_sessions WHERE node_id = n.node_id FOR UPDATE) AS s
+"""
+
+INSERT_EVENTS = """
+INSERT INTO node_events (node_id, journal_id, seq, kind, body, at)
+SELECT n, j, s, k, b::jsonb, a
+  FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::timestamptz[])
+       AS t(n, j, s, k, b, a)
+    -- an event of a node that never joined is dropped with the node (FK), not an error
+ WHERE EXISTS (SELECT 1 FROM nodes WHERE node_id = t.n)
+ON CONFLICT (node_id, journal_id, seq) DO NOTHING
+"""
+
+STORED_AFTER = """
+SELECT t.n AS node_id, t.j AS journal_id, t.base,
+       coalesce((SELECT array_agg(e.seq ORDER BY e.seq) FROM node_events e
+                  WHERE e.node_id = t.n AND e.journal_id = t.j AND e.seq > t.base), '{}') AS seqs
+  FROM unnest($1::text[], $2::text[], $3::bigint[]) AS t(n, j, base)
+"""
+
+RAISE_ACKED = """
+UPDATE node_sessions s SET acked_event_seq = GREATEST(s.acked_event_seq, t.seq)
+  FROM unnest($1::text[], $2::text[], $3::bigint[]) AS t(n, j, seq)
+ WHERE s.node_id = t.n AND s.journal_id = t.j
+"""
+
+WRITE_STATUS = """
+UPDATE node_sessions s
+   SET observed_generation = t.generation, trust_version = t.trust,
+       approver_set_epoch = t.epoch, approver_set_sha256 = t.digest
+  FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[])
+       AS t(n, generation, trust, epoch, digest)
+ WHERE s.node_id = t.n
+"""
+
+
+async def handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
+    events = [fact for fact in facts if isinstance(fact, Events)]
+    statuses = [fact for fact in facts if isinstance(fact, Status)]
+    nodes = sorted({fact.node_id for fact in (*events, *statuses)})
+    rows = {row["node_id"]: row for row in await tx.conn.fetch(LOCK_SESSIONS, nodes)}
+    if events:
+        await _record_events(tx, events, rows)
+    if statuses:
+        await _record_statuses(tx, statuses, rows)
+    return {}
+
+
+async def _record_events(tx: Tx, facts: list[Events], rows: Mapping[str, asyncpg.Record]) -> None:
+    by_journal = unique_events(facts)
+    flat = [
+        (node, journal, e) for (node, journal), seqs in by_journal.items() for e in seqs.values()
+    ]
+    await tx.conn.execute(
+        INSERT_EVENTS,
+        [n for n, _, _ in flat],
+        [j for _, j, _ in flat],
+        [e.seq for _, _, e in flat],
+        [e.kind for _, _, e in flat],
+        [json.dumps(e.body) for _, _, e in flat],
+        [e.at for _, _, e in flat],
+    )
+    # the ack counts from the current journal's ack; an old journal's from its start
+    keys = sorted(by_journal)
+    bases = [_current_ack(rows.get(node), journal) for node, journal in keys]
+    stored = await tx.conn.fetch(STORED_AFTER, [n for n, _ in keys], [j for _, j in keys], bases)
+    contiguous = {
+        (r["node_id"], r["journal_id"]): highest_contiguous(r["base"], r["seqs"]) for r in stored
+    }
+    current = [(n, j, seq) for (n, j), seq in contiguous.items() if _is_current(rows.get(n), j)]
+    if current:
+        await tx.conn.execute(
+            RAISE_ACKED,
+            [n for n, _, _ in current],
+            [j for _, j, _ in current],
+            [s for _, _, s in current],
+        )
+    acked: set[tuple[str, str, str]] = set()
+    for fact in facts:
+        key = (fact.node_id, fact.journal_id, fact.gateway_id)
+        if key in acked or fact.node_id not in rows:
+            continue
+        acked.add(key)
+        notice = EventAck(
+            node_id=fact.node_id,
+            journal_id=fact.journal_id,
+            seq=contiguous[(fact.node_id, fact.journal_id)],
+        )
+        tx.publish(
+            notice,
+            tx.subjects.notice(fact.gateway_id, notice.BC_TYPE),
+            cause=fact,
+            order_key=fact.node_id,
+        )
+
+
+def _is_current(row: asyncpg.Record | None, journal_id: str) -> bool:
+    return row is not None and row["journal_id"] == journal_id
+
+
+def _current_ack(row: asyncpg.Record | None, journal_id: str) -> int:
+    return int(row["acked_event_seq"]) if row is not None and _is_current(row, journal_id) else 0
+
+
+async def _record_statuses(tx: Tx, facts: list[Status], rows: Mapping[str, asyncpg.Record]) -> None:
+    by_node: dict[str, list[Status]] = {}
+    for fact in facts:
+        by_node.setdefault(fact.node_id, []).append(fact)
+    updates = []
+    for node, reports in by_node.items():
+        row = rows.get(node)
+        if row is None:
+            continue
+        stored = StoredStatus(
+            row["observed_generation"],
+            row["trust_version"],
+            row["approver_set_epoch"],
+            row["approver_set_sha256"],
+        )
+        after = apply_reports(stored, reports)
+        if after != stored:
+            updates.append((node, after))
+    if updates:
+        await tx.conn.execute(
+            WRITE_STATUS,
+            [n for n, _ in updates],
+            [a.observed_generation for _, a in updates],
+            [a.trust_version for _, a in updates],
+            [a.approver_set_epoch for _, a in updates],
+            [a.approver_set_sha256 for _, a in updates],
+        )
