@@ -124,6 +124,17 @@ class RetentionSettings(BaseSettings):
     )
 
 
+class QuarantineSettings(BaseSettings):
+    """The quarantine enforcer's limits."""
+
+    model_config = _group("BCW_QUARANTINE_")
+
+    max_alternations: int = Field(
+        default=3, ge=1, description="alternations allowed in the window; one more quarantines"
+    )
+    window: timedelta = Field(default=timedelta(minutes=10), description="the counting window")
+
+
 class Settings(BaseSettings):
     """Everything a `bcw` process reads from its environment."""
 
@@ -142,6 +153,7 @@ class Settings(BaseSettings):
     consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)
     outbox: OutboxSettings = Field(default_factory=OutboxSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
+    quarantine: QuarantineSettings = Field(default_factory=QuarantineSettings)
 
     @field_validator("subject_root")
     @classmethod

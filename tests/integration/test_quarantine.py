@@ -1,0 +1,196 @@
+"""The quarantine enforcer on real servers, time moved with compute_now()."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+from nats.aio.client import Client as NATS
+
+from schemas.subjects import Subjects
+from tests.conftest import Clock, Servers
+from tests.integration import fleet
+from tests.integration.driver import Driver, driving
+from tests.integration.support import make_settings, running
+from workers import quarantine
+
+
+@pytest.fixture
+async def drive(servers: Servers, nc: NATS, subjects: Subjects, database_url: str):  # type: ignore[no-untyped-def]
+    async with driving(servers, nc, subjects, database_url, quarantine.build) as driver:
+        yield driver
+
+
+_epoch = iter(range(2, 10_000))
+
+
+def clone_hello(node: str = "n1", serial: str | None = "n1-serial", live: bool = True) -> Any:
+    """A Hello from the other machine while the first one's session was live."""
+    epoch = next(_epoch)
+    boots = ("boot-a", "boot-b") if epoch % 2 else ("boot-b", "boot-a")
+    return fleet.hello(
+        node,
+        epoch,
+        boot_id=boots[0],
+        cert={"serial": serial},
+        previous={
+            "epoch": epoch - 1,
+            "gateway_id": "gw-1",
+            "boot_id": boots[1],
+            "journal_id": "journal-1",
+            "live": live,
+        },
+    )
+
+
+async def _counter(db: asyncpg.Connection, node: str = "n1") -> tuple[int, Any]:
+    row = await db.fetchrow(
+        "SELECT duplicate_hellos, duplicate_since FROM node_sessions WHERE node_id = $1", node
+    )
+    return row["duplicate_hellos"], row["duplicate_since"]
+
+
+async def _revoked(db: asyncpg.Connection) -> dict[str, str | None]:
+    rows = await db.fetch("SELECT serial, revocation_reason FROM node_certs ORDER BY serial")
+    return {r["serial"]: r["revocation_reason"] for r in rows}
+
+
+async def test_three_alternations_do_not_quarantine_the_fourth_does(
+    drive: Driver, db: asyncpg.Connection, clock: Clock
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    await fleet.join(db, "n1", "n1-serial-2")  # a second, newer certificate
+    await fleet.session(db, "other", epoch=1)
+    for _ in range(3):
+        await drive.send(clone_hello(serial="n1-serial-2"))
+        await clock.advance(timedelta(minutes=3))
+    assert (await _counter(db))[0] == 3
+    assert all(reason is None for reason in (await _revoked(db)).values())
+    await drive.send(clone_hello(serial="n1-serial-2"))  # 9 minutes after the first
+    assert await _revoked(db) == {
+        "n1-serial": None,
+        "n1-serial-2": "duplicate-identity",
+        "other-serial": None,
+    }
+    assert await db.fetchval("SELECT is_revoked('n1-serial-2')") is True
+    assert await quarantine.is_revoked(db, "n1-serial") is False
+    assert await _counter(db) == (0, None)  # reset: a re-joined machine starts afresh
+    dups = await drive.published("security.node.duplicate-session")
+    assert [(d["alternations"], d["quarantined"]) for d in dups] == [
+        (1, False),
+        (2, False),
+        (3, False),
+        (4, True),
+    ]
+    assert {d["windowSeconds"] for d in dups} == {600}
+    [event] = await drive.published("security.node.quarantined")
+    assert event == {
+        **event,
+        "nodeId": "n1",
+        "reason": "duplicate-identity",
+        "alternations": 4,
+        "revokedSerials": ["n1-serial-2"],
+    }
+    revocations = await drive.published("revocations")
+    assert [(r["nodeId"], r["serials"], r["_subject"]) for r in revocations] == [
+        ("n1", ["n1-serial-2"], drive.subjects.revocations)
+    ]
+
+
+async def test_four_spread_over_eleven_minutes_do_not(
+    drive: Driver, db: asyncpg.Connection, clock: Clock
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    for _ in range(4):
+        await drive.send(clone_hello())
+        await clock.advance(timedelta(minutes=3, seconds=40))
+    assert (await _counter(db))[0] == 1  # the 4th came 11 minutes after the 1st: a new window
+    assert await _revoked(db) == {"n1-serial": None}
+
+
+async def test_a_quiet_prior_session_is_not_a_duplicate(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    for _ in range(5):
+        await drive.send(clone_hello(live=False))
+    assert await _counter(db) == (0, None)
+    assert drive.settled("ignored") == 5
+    assert await drive.published("security.node.duplicate-session") == []
+
+
+async def test_no_serial_revokes_every_live_certificate_of_the_node_only(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    await fleet.join(db, "n1", "n1-b")
+    await fleet.join(db, "n1", "n1-c")
+    await db.execute(
+        "UPDATE node_certs SET revoked_at = now() - interval '1 day', revocation_reason = 'rotated' WHERE serial = 'n1-b'"
+    )
+    await fleet.session(db, "n2", epoch=1)
+    await drive.send(*(clone_hello(serial=None) for _ in range(4)))
+    assert await _revoked(db) == {
+        "n1-b": "rotated",  # already revoked: untouched
+        "n1-c": "duplicate-identity",
+        "n1-serial": "duplicate-identity",
+        "n2-serial": None,
+    }
+    [event] = await drive.published("security.node.quarantined")
+    assert event["revokedSerials"] == ["n1-c", "n1-serial"]
+
+
+async def test_the_counter_restarts_after_a_quarantine(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    await drive.send(*(clone_hello(serial=None) for _ in range(4)))
+    await fleet.join(db, "n1", "n1-rejoined")
+    await drive.send(*(clone_hello(serial="n1-rejoined") for _ in range(3)))
+    assert (await _counter(db))[0] == 3
+    assert (await _revoked(db))["n1-rejoined"] is None
+
+
+async def test_a_redelivered_hello_does_not_count_twice(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    hello = clone_hello()
+    await drive.send(hello)
+    await drive.send(hello, again=True)
+    assert (await _counter(db))[0] == 1
+
+
+async def test_two_replicas_count_each_hello_once(
+    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    settings = make_settings(servers.nats_url, database_url, subjects, batch_size=1)
+    async with (
+        running(settings, [quarantine.build(settings)]) as (one, _),
+        running(settings, [quarantine.build(settings)]) as (two, _),
+    ):
+        driver = Driver(nc, subjects, one, "quarantine", database_url)
+        hellos = [clone_hello(serial=None) for _ in range(7)]
+        js = nc.jetstream()
+        from tests.integration.support import eventually, publish_fact
+
+        for hello in hellos:
+            await publish_fact(js, subjects, hello)
+
+        async def all_settled() -> bool:
+            total = sum(
+                v
+                for m in (one, two)
+                for (w, _t, _o), v in m.metrics.facts._values.items()
+                if w == "quarantine"
+            )
+            return total >= 7
+
+        await eventually(all_settled, what="7 Hellos settled by two replicas")
+        dups = await driver.published("security.node.duplicate-session")
+    assert sorted(d["alternations"] for d in dups) == [1, 1, 2, 2, 3, 3, 4]
+    assert sum(d["quarantined"] for d in dups) == 1
+    assert (await _counter(db))[0] == 3

@@ -1,0 +1,58 @@
+"""The quarantine enforcer's rules, pure: no await, no clock of its own, no I/O.
+
+A Hello with a duplicate identity (the previous session was live, from another boot)
+counts one alternation in the node's window; one alternation more than the limit
+quarantines the node. Applied by `workers.quarantine.apply`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+REASON = "duplicate-identity"
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_alternations: int = 3
+    window: timedelta = timedelta(minutes=10)
+
+
+@dataclass(frozen=True)
+class Counter:
+    """`node_sessions.duplicate_hellos` and `duplicate_since`."""
+
+    alternations: int = 0
+    since: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    alternations: int  # this alternation's number in its window
+    quarantined: bool
+    counter: Counter  # what the row holds afterwards (reset after a quarantine)
+
+
+def count(counter: Counter, now: datetime, limits: Limits) -> Verdict:
+    """Count one alternation at `now`. Pure.
+
+    The count restarts when the window has passed since the first alternation it holds;
+    more than `max_alternations` inside the window quarantines, and resets the counter so
+    a re-joined machine starts afresh.
+    """
+    if counter.since is None or counter.alternations == 0 or now - counter.since > limits.window:
+        counted = Counter(1, now)
+    else:
+        counted = Counter(counter.alternations + 1, counter.since)
+    if counted.alternations > limits.max_alternations:
+        return Verdict(counted.alternations, True, Counter())
+    return Verdict(counted.alternations, False, counted)
+
+
+def serials_to_revoke(presented: str | None, live: Collection[str]) -> list[str]:
+    """The presented certificate if it is one of the node's live ones; else all of them. Pure."""
+    if presented is not None and presented in live:
+        return [presented]
+    return sorted(live)
