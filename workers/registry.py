@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from workers import labeler, quarantine, recorder
+from workers import labeler, liveness, quarantine, recorder
 from workers.runtime.settings import Settings
 from workers.runtime.worker import Worker
 
 WORKERS: dict[str, Callable[[Settings], Worker]] = {
     "labeler": labeler.build,
+    "liveness": liveness.build,
     "quarantine": quarantine.build,
     "recorder": recorder.build,
 }

@@ -8,12 +8,28 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import BeforeValidator, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.subjects import ROOT_RE
+
+
+def _seconds(value: object) -> object:
+    """Durations are given in seconds (`45`, `0.5`); ISO 8601 (`PT45S`) works too."""
+    if isinstance(value, str):
+        try:
+            return timedelta(seconds=float(value))
+        except ValueError:
+            return value
+    if isinstance(value, int | float):
+        return timedelta(seconds=value)
+    return value
+
+
+#: A duration read from the environment in seconds.
+Seconds = Annotated[timedelta, BeforeValidator(_seconds)]
 
 
 def _group(prefix: str) -> SettingsConfigDict:
@@ -110,18 +126,55 @@ class RetentionSettings(BaseSettings):
 
     model_config = _group("BCW_RETENTION_")
 
-    node_events: timedelta = Field(
+    node_events: Seconds = Field(
         default=timedelta(days=30), description="keep node events this long"
     )
-    processed_facts: timedelta = Field(
+    processed_facts: Seconds = Field(
         default=timedelta(hours=25),
         description="keep inbox rows this long: longer than the facts stream's max age (24 h)",
     )
     interval: float = Field(default=60.0, gt=0, description="seconds between pruning passes")
     batch: int = Field(default=5000, ge=1, description="rows deleted per statement")
-    lease_ttl: timedelta = Field(
+    lease_ttl: Seconds = Field(
         default=timedelta(seconds=30), description="lease of the pruning loop"
     )
+
+
+class LivenessSettings(BaseSettings):
+    """The liveness controller's periods and thresholds."""
+
+    model_config = _group("BCW_LIVENESS_")
+
+    sweep_interval: float = Field(default=5.0, gt=0, description="seconds between sweeps")
+    heartbeat_interval: Seconds = Field(
+        default=timedelta(seconds=10), description="daemon heartbeat"
+    )
+    missed_heartbeats: int = Field(
+        default=3, ge=1, description="heartbeats missed before a session is stale"
+    )
+    flush_period: Seconds = Field(
+        default=timedelta(seconds=15), description="gateway liveness flush period"
+    )
+    gateway_grace: Seconds = Field(
+        default=timedelta(seconds=120),
+        description="after a gateway's lease expired, before its sessions go",
+    )
+    outage_threshold: Seconds = Field(
+        default=timedelta(seconds=20),
+        description="a gap between sweeps longer than this is an outage",
+    )
+    outage_grace: Seconds = Field(
+        default=timedelta(minutes=5),
+        description="age-based transitions wait this long after an outage",
+    )
+    lease_ttl: Seconds = Field(
+        default=timedelta(seconds=15), description="the sweep lease; a standby takes over after it"
+    )
+
+    @property
+    def stale_after(self) -> timedelta:
+        """3 heartbeat intervals plus one flush period: 45 s by default."""
+        return self.heartbeat_interval * self.missed_heartbeats + self.flush_period
 
 
 class QuarantineSettings(BaseSettings):
@@ -132,7 +185,7 @@ class QuarantineSettings(BaseSettings):
     max_alternations: int = Field(
         default=3, ge=1, description="alternations allowed in the window; one more quarantines"
     )
-    window: timedelta = Field(default=timedelta(minutes=10), description="the counting window")
+    window: Seconds = Field(default=timedelta(minutes=10), description="the counting window")
 
 
 class Settings(BaseSettings):
@@ -154,6 +207,7 @@ class Settings(BaseSettings):
     outbox: OutboxSettings = Field(default_factory=OutboxSettings)
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     quarantine: QuarantineSettings = Field(default_factory=QuarantineSettings)
+    liveness: LivenessSettings = Field(default_factory=LivenessSettings)
 
     @field_validator("subject_root")
     @classmethod

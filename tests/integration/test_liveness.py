@@ -1,0 +1,363 @@
+"""The liveness controller on real servers, time moved with compute_now()."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from nats.aio.client import Client as NATS
+
+from schemas.subjects import Subjects
+from tests.conftest import Clock, Servers
+from tests.factories import make_fact
+from tests.integration import fleet
+from tests.integration.driver import Driver, driving
+from tests.integration.support import eventually, make_settings, running, stream_messages
+from workers import liveness
+from workers.liveness.decide import Rules
+from workers.liveness.sweep import LEASE, sweep_once
+from workers.runtime import leases
+
+S = timedelta(seconds=1)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+async def drive(servers: Servers, nc: NATS, subjects: Subjects, database_url: str):  # type: ignore[no-untyped-def]
+    async with driving(servers, nc, subjects, database_url, liveness.build) as driver:
+        yield driver
+
+
+@pytest.fixture
+async def pool(database_url: str):  # type: ignore[no-untyped-def]
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=3)
+    yield pool
+    await pool.close()
+
+
+async def _routing(db: asyncpg.Connection, node: str) -> tuple[Any, ...]:
+    row = await db.fetchrow(
+        "SELECT session_epoch, gateway_id, disconnect_reason FROM node_sessions WHERE node_id = $1",
+        node,
+    )
+    return tuple(row)
+
+
+async def _swept_recently(db: asyncpg.Connection, ago: timedelta = timedelta(0)) -> None:
+    """As if a sweep ran `ago` before compute_now(), with no grace pending."""
+    await db.execute(
+        "UPDATE liveness_sweeps SET last_sweep_at = compute_now() - $1::interval, grace_until = NULL",
+        ago,
+    )
+
+
+async def _outbox_bodies(db: asyncpg.Connection) -> list[Any]:
+    """What the sweep queued for publication (no relay runs in the sweep tests)."""
+    return [
+        json.loads(bytes(r["body"])) for r in await db.fetch("SELECT body FROM outbox ORDER BY id")
+    ]
+
+
+# -- facts -----------------------------------------------------------------------------
+async def test_hello_announces_connected_and_a_late_hello_says_nothing(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=3, gateway_id="gw-1")
+    await drive.send(
+        fleet.hello(
+            "n1", 3, boot_id="b2", journal_id="journal-1",
+            previous={"epoch": 2, "gateway_id": "gw-0", "boot_id": "b1", "journal_id": "journal-1", "live": True},
+        )
+    )  # fmt: skip
+    await drive.send(fleet.hello("n1", 2))  # late: the row is at epoch 3
+    [event] = await drive.published("node.connected")
+    assert event == {
+        **event,
+        "nodeId": "n1", "epoch": 3, "gatewayId": "gw-1", "bootId": "b2",
+        "journalChanged": False, "bootChanged": True, "duplicateIdentity": True,
+    }  # fmt: skip
+    assert drive.settled("stale") == 1
+
+
+def flush(gateway: str, *entries: tuple[str, int, int]) -> Any:
+    return make_fact(
+        "liveness",
+        gateway_id=gateway,
+        entries=[{"node_id": n, "epoch": e, "age_ms": a} for n, e, a in entries],
+    )
+
+
+async def test_a_flush_moves_last_seen_forward_and_names_the_zombies(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "ok", epoch=2, gateway_id="gw-1", seen_ago=60 * S)
+    await fleet.session(db, "stale-epoch", epoch=5, gateway_id="gw-1", seen_ago=60 * S)
+    await fleet.session(db, "other-gw", epoch=1, gateway_id="gw-2", seen_ago=60 * S)
+    await fleet.session(db, "rehomed", epoch=4, gateway_id="gw-3", seen_ago=60 * S)
+    before = {
+        r["node_id"]: r["last_seen"]
+        for r in await db.fetch("SELECT node_id, last_seen FROM node_sessions")
+    }
+    await drive.send(
+        flush(
+            "gw-1",
+            ("ok", 2, 1000),
+            ("stale-epoch", 4, 1000),
+            ("other-gw", 1, 1000),
+            ("rehomed", 3, 500),
+            ("ghost", 1, 0),
+        )
+    )
+    after = {
+        r["node_id"]: r["last_seen"]
+        for r in await db.fetch("SELECT node_id, last_seen FROM node_sessions")
+    }
+    assert after["ok"] > before["ok"]
+    assert {n: after[n] for n in ("stale-epoch", "other-gw", "rehomed")} == {
+        n: before[n] for n in ("stale-epoch", "other-gw", "rehomed")
+    }
+    zombies = await drive.published("zombie", stream="notices")
+    assert sorted((z["node_id"], z["epoch"], z["_subject"]) for z in zombies) == [
+        ("ghost", 1, drive.subjects.notice("gw-1", "zombie")),
+        ("other-gw", 1, drive.subjects.notice("gw-1", "zombie")),
+        ("rehomed", 3, drive.subjects.notice("gw-1", "zombie")),
+        ("stale-epoch", 4, drive.subjects.notice("gw-1", "zombie")),
+    ]
+
+
+async def test_a_flush_never_moves_last_seen_backwards(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=1, gateway_id="gw-1")
+    await drive.send(flush("gw-1", ("n1", 1, 0)))
+    fresh = await db.fetchval("SELECT last_seen FROM node_sessions WHERE node_id = 'n1'")
+    await drive.send(flush("gw-1", ("n1", 1, 30_000)))  # an older observation, delivered later
+    assert await db.fetchval("SELECT last_seen FROM node_sessions WHERE node_id = 'n1'") == fresh
+
+
+async def test_a_flush_of_10000_entries(drive: Driver, db: asyncpg.Connection) -> None:
+    await db.execute(
+        "SELECT join_node('f' || i, 'worker', 'f-serial-' || i, NULL) FROM generate_series(1, 10000) i"
+    )
+    await db.execute(
+        "UPDATE node_sessions SET session_epoch = 1, gateway_id = 'gw-1', last_seen = compute_now() - interval '1 minute'"
+    )
+    await drive.send(flush("gw-1", *((f"f{i}", 1 if i % 100 else 2, 10) for i in range(1, 10_001))))
+    fresh = await db.fetchval(
+        "SELECT count(*) FROM node_sessions WHERE last_seen > compute_now() - interval '10 seconds'"
+    )
+    assert fresh == 9900
+    assert len(await drive.published("zombie", stream="notices")) == 100
+
+
+async def test_closed_writes_the_fenced_disconnect(drive: Driver, db: asyncpg.Connection) -> None:
+    await fleet.session(db, "n1", epoch=3, gateway_id="gw-1")
+    await fleet.session(db, "n2", epoch=3, gateway_id="gw-1")
+    await fleet.session(db, "n3", epoch=3, gateway_id="gw-1")
+    await drive.send(make_fact("closed", node_id="n1", epoch=3, reason="heartbeat-timeout"))
+    await drive.send(
+        make_fact("closed", node_id="n2", epoch=2, reason="stream-closed")
+    )  # an old epoch
+    await drive.send(make_fact("closed", node_id="n3", epoch=3, reason="superseded"))
+    assert await _routing(db, "n1") == (3, None, "heartbeat-timeout")
+    assert await _routing(db, "n2") == (3, "gw-1", None)
+    assert await _routing(db, "n3") == (3, "gw-1", None)
+    [event] = await drive.published("node.disconnected")
+    assert (event["nodeId"], event["epoch"], event["reason"], event["gatewayId"]) == (
+        "n1",
+        3,
+        "heartbeat-timeout",
+        "gw-1",
+    )
+    assert (drive.settled("stale"), drive.settled("ignored")) == (1, 1)
+
+
+# -- the sweep ---------------------------------------------------------------------------
+async def test_gateway_loss_after_120s_not_before_and_not_for_a_moved_session(
+    pool: asyncpg.Pool, db: asyncpg.Connection, subjects: Subjects
+) -> None:
+    await fleet.gateway(db, "gw-119", expires_in=-119 * S)
+    await fleet.gateway(db, "gw-121", expires_in=-121 * S)
+    await fleet.gateway(db, "gw-live", expires_in=30 * S)
+    await fleet.session(db, "on-119", epoch=1, gateway_id="gw-119")
+    await fleet.session(db, "on-121", epoch=1, gateway_id="gw-121")
+    await fleet.session(
+        db, "moved", epoch=2, gateway_id="gw-live"
+    )  # was on gw-121, re-homed in the grace
+    await _swept_recently(db)
+    result = await sweep_once(pool, None, subjects, Rules())
+    assert (result.gateway_lost, result.stale) == (1, 0)
+    assert await _routing(db, "on-121") == (1, None, "gateway-lost")
+    assert await _routing(db, "on-119") == (1, "gw-119", None)
+    assert await _routing(db, "moved") == (2, "gw-live", None)
+
+
+async def test_stale_after_45s_not_at_44s(
+    pool: asyncpg.Pool, db: asyncpg.Connection, subjects: Subjects
+) -> None:
+    await fleet.session(db, "seen-44", epoch=1, seen_ago=44 * S)
+    await fleet.session(db, "seen-46", epoch=1, seen_ago=46 * S)
+    await fleet.session(
+        db, "gone", epoch=1, gateway_id=None, seen_ago=3600 * S
+    )  # already disconnected
+    await _swept_recently(db)
+    result = await sweep_once(pool, None, subjects, Rules())
+    assert result.stale == 1
+    assert await _routing(db, "seen-46") == (1, None, "liveness-timeout")
+    assert await _routing(db, "seen-44") == (1, "gw-1", None)
+    [body] = await _outbox_bodies(db)
+    assert (body["nodeId"], body["reason"], body["gatewayId"], body["epoch"]) == (
+        "seen-46",
+        "liveness-timeout",
+        "gw-1",
+        1,
+    )
+
+
+@pytest.mark.parametrize(("outage", "transitions"), [(19, True), (21, False)])
+async def test_an_outage_over_20s_holds_age_transitions(
+    pool: asyncpg.Pool, db: asyncpg.Connection, subjects: Subjects, outage: int, transitions: bool
+) -> None:
+    await fleet.session(db, "n1", epoch=1, seen_ago=60 * S)
+    await _swept_recently(db, ago=outage * S)
+    result = await sweep_once(pool, None, subjects, Rules())
+    assert result.age_transitions is transitions
+    assert (await _routing(db, "n1"))[1] == (None if transitions else "gw-1")
+
+
+async def test_the_five_minute_grace_holds_and_then_ends(
+    pool: asyncpg.Pool, db: asyncpg.Connection, subjects: Subjects, clock: Clock
+) -> None:
+    await fleet.session(db, "n1", epoch=1, seen_ago=60 * S)
+    await fleet.gateway(db, "gw-dead", expires_in=-600 * S)
+    await fleet.session(db, "n2", epoch=1, gateway_id="gw-dead", seen_ago=0 * S)
+    await _swept_recently(db, ago=60 * S)  # the controller was down for a minute
+    elapsed = timedelta(0)
+    while elapsed < timedelta(minutes=5):  # sweeping every 10 s: no new outage
+        result = await sweep_once(pool, None, subjects, Rules())
+        assert not result.age_transitions and result.stale == result.gateway_lost == 0, elapsed
+        await clock.advance(10 * S)
+        elapsed += 10 * S
+    result = await sweep_once(pool, None, subjects, Rules())
+    assert result.age_transitions and (result.gateway_lost, result.stale) == (1, 1)
+
+
+async def test_no_transition_touches_commands_or_labels(
+    pool: asyncpg.Pool, db: asyncpg.Connection, subjects: Subjects
+) -> None:
+    await fleet.gateway(db, "gw-dead", expires_in=-600 * S)
+    await fleet.session(db, "n1", epoch=1, seen_ago=600 * S)
+    await fleet.session(db, "n2", epoch=1, gateway_id="gw-dead")
+    for node in ("n1", "n2"):
+        await db.execute("SELECT enqueue_command($1, 'exec', '{}')", node)
+        await db.execute(
+            "UPDATE commands SET state = 'running', session_epoch = 1 WHERE node_id = $1 AND seq = 1",
+            node,
+        )
+        await db.execute("SELECT enqueue_command($1, 'exec', '{}')", node)
+        await db.execute(
+            "INSERT INTO node_labels VALUES ($1, 'bc.dev/cap.x', '1', 'system'), ($1, 'team', 'a', 'operator')",
+            node,
+        )
+    await db.execute("UPDATE node_sessions SET capabilities = '{x}'")
+    snapshot = "SELECT (SELECT json_agg(c ORDER BY command_id) FROM commands c)::text, (SELECT json_agg(l ORDER BY node_id, key) FROM node_labels l)::text, (SELECT json_agg(s.capabilities ORDER BY node_id) FROM node_sessions s)::text"
+    before = await db.fetchrow(snapshot)
+    await _swept_recently(db)
+    result = await sweep_once(pool, None, subjects, Rules())
+    assert (result.gateway_lost, result.stale) == (1, 1)
+    assert await db.fetchrow(snapshot) == before
+
+
+async def test_a_paused_ex_leaders_sweep_is_fenced_out(
+    pool: asyncpg.Pool, db: asyncpg.Connection, subjects: Subjects, clock: Clock
+) -> None:
+    await fleet.session(db, "n1", epoch=1, seen_ago=600 * S)
+    await _swept_recently(db)
+    old = await leases.try_acquire(db, LEASE, "a", 15 * S)
+    assert old is not None
+    await clock.advance(16 * S)  # a paused past its lease; b takes over
+    new = await leases.try_acquire(db, LEASE, "b", 15 * S)
+    assert new is not None and new.epoch == old.epoch + 1
+    with pytest.raises(leases.LeaseLost):
+        await sweep_once(pool, old, subjects, Rules())
+    assert (await _routing(db, "n1"))[1] == "gw-1"  # a's writes matched nothing
+    assert await db.fetchval("SELECT count(*) FROM outbox") == 0
+    await sweep_once(pool, new, subjects, Rules())
+    assert (await _routing(db, "n1"))[1] is None
+
+
+async def test_two_replicas_sweep_once_and_the_standby_takes_over_when_the_leader_is_killed(
+    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection
+) -> None:
+    env = {
+        **os.environ,
+        "BCW_DATABASE_URL": database_url, "BCW_NATS_URL": servers.nats_url,
+        "BCW_SUBJECT_ROOT": subjects.root, "BCW_HEALTH_PORT": "0",
+        "BCW_LIVENESS_SWEEP_INTERVAL": "0.2", "BCW_LIVENESS_LEASE_TTL": "2",
+        "BCW_INSTANCE": "leader",
+    }  # fmt: skip
+    await _swept_recently(db)
+    leader = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "workers.cli", "run", "liveness", env=env, cwd=ROOT,
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        await eventually(lambda: _holder(db, "leader"), what="the leader holding the lease")
+        settings = make_settings(servers.nats_url, database_url, subjects).model_copy(
+            update={
+                "instance": "standby",
+                "liveness": make_settings(
+                    servers.nats_url, database_url, subjects
+                ).liveness.model_copy(update={"sweep_interval": 0.2, "lease_ttl": 2 * S}),
+            }
+        )
+        async with running(settings, [liveness.build(settings)]):
+            for i in range(20):
+                await fleet.session(db, f"a{i}", epoch=1, seen_ago=600 * S)
+            await eventually(lambda: _disconnected(db, 20), what="the leader's transitions")
+            leader.send_signal(signal.SIGKILL)
+            await leader.wait()
+            for i in range(20):
+                await fleet.session(db, f"b{i}", epoch=1, seen_ago=600 * S)
+            await eventually(
+                lambda: _holder(db, "standby"), within=10, what="the standby taking over"
+            )
+            await eventually(
+                lambda: _disconnected(db, 40), within=10, what="the standby's transitions"
+            )
+            await eventually(lambda: _outbox_empty(db), what="outbox drained")
+        events = await stream_messages(nc.jetstream(), subjects.events_stream)
+        assert sorted(m.data for m in events) == sorted(set(m.data for m in events))  # each once
+        assert len(events) == 40
+    finally:
+        if leader.returncode is None:
+            leader.kill()
+            await leader.wait()
+
+
+async def _holder(db: asyncpg.Connection, name: str) -> bool:
+    holder = await db.fetchval(
+        "SELECT holder FROM controller_leases WHERE name = $1 AND expires_at > compute_now()", LEASE
+    )
+    return holder == name
+
+
+async def _disconnected(db: asyncpg.Connection, n: int) -> bool:
+    return (
+        await db.fetchval(
+            "SELECT count(*) FROM node_sessions WHERE disconnect_reason = 'liveness-timeout'"
+        )
+        == n
+    )
+
+
+async def _outbox_empty(db: asyncpg.Connection) -> bool:
+    return await db.fetchval("SELECT count(*) FROM outbox") == 0

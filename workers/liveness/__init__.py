@@ -1,0 +1,25 @@
+"""Liveness controller (`bcw run liveness`): connectivity.
+
+Announces `node.connected` for current Hellos, moves `last_seen` forward from the
+gateways' flushes (and tells a gateway to drop sessions that are not current: zombie
+notices), writes the disconnects gateways report, and — in the replica holding the
+`liveness` lease — sweeps the transitions nobody reports: lost gateways and stale
+sessions, with an outage grace. Disconnected is not dead: nothing is released.
+"""
+
+from __future__ import annotations
+
+from workers.liveness.apply import handle, wants
+from workers.liveness.sweep import sweep_loop
+from workers.runtime.settings import Settings
+from workers.runtime.worker import Worker
+
+
+def build(settings: Settings) -> Worker:
+    return Worker(
+        name="liveness",
+        fact_types=("hello", "liveness", "closed"),
+        handle=handle,
+        wants=wants,
+        loops=(sweep_loop(settings.liveness),),
+    )

@@ -1,0 +1,135 @@
+"""The liveness controller's fact handling: Hellos, liveness flushes, closed sessions.
+
+Called by the runtime with one transaction per batch. Every write is fenced on the
+session's epoch and gateway; a write that matches nothing is a stale fact, not an error.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+
+from schemas.events import NodeDisconnected
+from schemas.facts import Closed, Fact, Hello, Liveness
+from schemas.notices import Zombie
+from workers.liveness.decide import closes_its_row, connected, newest_per_node
+from workers.runtime import outcome
+from workers.runtime.outcome import Outcome
+from workers.runtime.worker import Tx
+
+CURRENT_EPOCHS = """
+SELECT s.node_id, s.session_epoch
+  FROM unnest($1::text[]) AS n(node_id)
+ CROSS JOIN LATERAL (SELECT node_id, session_epoch FROM node_sessions WHERE node_id = n.node_id) AS s
+"""
+
+# One statement for every entry of every flush in the batch: last_seen moves only
+# forward, on rows matching node, epoch and gateway (one entry per node: its newest
+# epoch, its smallest age); every entry that matches no row (as it was before this
+# statement) is returned, for a zombie notice to its gateway.
+FLUSH = """
+WITH e AS (
+    SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[])
+        AS e(node_id, epoch, age_ms, gateway_id)
+), folded AS (
+    SELECT DISTINCT ON (node_id) * FROM e ORDER BY node_id, epoch DESC, age_ms
+), seen AS (
+    UPDATE node_sessions s
+       SET last_seen = GREATEST(s.last_seen, compute_now() - f.age_ms * interval '1 millisecond')
+      FROM folded f
+     WHERE s.node_id = f.node_id AND s.session_epoch = f.epoch AND s.gateway_id = f.gateway_id
+)
+SELECT DISTINCT e.node_id, e.epoch, e.gateway_id
+  FROM e
+  LEFT JOIN node_sessions s
+    ON s.node_id = e.node_id AND s.session_epoch = e.epoch AND s.gateway_id = e.gateway_id
+ WHERE s.node_id IS NULL
+ ORDER BY e.gateway_id, e.node_id, e.epoch
+"""
+
+DISCONNECT = """
+UPDATE node_sessions s
+   SET gateway_id = NULL, disconnected_at = compute_now(), disconnect_reason = f.reason
+  FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS f(node_id, epoch, gateway_id, reason)
+ WHERE s.node_id = f.node_id AND s.session_epoch = f.epoch AND s.gateway_id = f.gateway_id
+RETURNING s.node_id
+"""
+
+
+def wants(fact: Fact) -> bool:
+    """A `closed` of a session that no longer owns its row has nothing to do here."""
+    return not isinstance(fact, Closed) or closes_its_row(fact)
+
+
+async def handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
+    outcomes: dict[uuid.UUID, Outcome] = {}
+    hellos = [f for f in facts if isinstance(f, Hello)]
+    if hellos:
+        outcomes.update(await _announce(tx, hellos))
+    flushes = [f for f in facts if isinstance(f, Liveness)]
+    if flushes:
+        await _flush(tx, flushes)
+    closed = [f for f in facts if isinstance(f, Closed)]
+    if closed:
+        outcomes.update(await _disconnect(tx, closed))
+    return outcomes
+
+
+async def _announce(tx: Tx, hellos: list[Hello]) -> dict[uuid.UUID, Outcome]:
+    nodes = sorted({h.node_id for h in hellos})
+    epochs = {r["node_id"]: r["session_epoch"] for r in await tx.conn.fetch(CURRENT_EPOCHS, nodes)}
+    outcomes: dict[uuid.UUID, Outcome] = {}
+    for hello in hellos:
+        event = connected(hello, epochs.get(hello.node_id))
+        if event is None:
+            outcomes[hello.fact_id] = outcome.STALE
+            continue
+        tx.publish(event, tx.subjects.event(event.BC_TYPE), cause=hello, order_key=hello.node_id)
+        epochs.pop(hello.node_id)  # announced once, even if the batch held it twice
+    return outcomes
+
+
+async def _flush(tx: Tx, flushes: list[Liveness]) -> None:
+    entries = [(e, fact) for fact in flushes for e in fact.entries]
+    if not entries:
+        return
+    zombies = await tx.conn.fetch(
+        FLUSH,
+        [e.node_id for e, _ in entries],
+        [e.epoch for e, _ in entries],
+        [e.age_ms for e, _ in entries],
+        [fact.gateway_id for _, fact in entries],
+    )
+    cause = {fact.gateway_id: fact for fact in flushes}
+    for row in zombies:
+        notice = Zombie(node_id=row["node_id"], epoch=row["epoch"])
+        tx.publish(
+            notice,
+            tx.subjects.notice(row["gateway_id"], notice.BC_TYPE),
+            cause=cause[row["gateway_id"]],
+            order_key=row["node_id"],
+        )
+
+
+async def _disconnect(tx: Tx, closed: list[Closed]) -> dict[uuid.UUID, Outcome]:
+    newest = newest_per_node(closed)
+    matched = {
+        r["node_id"]
+        for r in await tx.conn.fetch(
+            DISCONNECT,
+            [f.node_id for f in newest],
+            [f.epoch for f in newest],
+            [f.gateway_id for f in newest],
+            [f.reason for f in newest],
+        )
+    }
+    outcomes: dict[uuid.UUID, Outcome] = {}
+    for fact in closed:
+        if fact.node_id not in matched or fact not in newest:
+            outcomes[fact.fact_id] = outcome.STALE  # an old epoch: changes nothing, says nothing
+            continue
+        event = NodeDisconnected(
+            node_id=fact.node_id, epoch=fact.epoch, gateway_id=fact.gateway_id, reason=fact.reason
+        )
+        tx.publish(event, tx.subjects.event(event.BC_TYPE), cause=fact, order_key=fact.node_id)
+    return outcomes
