@@ -147,6 +147,10 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         from workers.bench import labeler
 
         return asyncio.run(labeler.run(settings, args.nodes, args.embedded))
+    if args.bench == "sweep":
+        from workers.bench import sweep
+
+        return asyncio.run(sweep.run(settings, args.nodes, args.embedded, args.rounds))
     return 2
 
 
@@ -199,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     dead.set_defaults(handler=_cmd_dead_letters)
 
     bench = commands.add_parser("bench", help="benchmarks that print figures")
-    bench.add_argument("bench", choices=["runtime", "labeler"], help="which benchmark")
+    bench.add_argument("bench", choices=["runtime", "labeler", "sweep"], help="which benchmark")
     bench.add_argument("--nodes", type=int, default=100_000, help="fleet size (labeler, sweep, …)")
     bench.add_argument("--facts", type=int, default=50_000, help="facts to push through")
     bench.add_argument(

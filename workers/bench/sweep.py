@@ -1,0 +1,72 @@
+"""`bcw bench sweep`: one liveness sweep over a large fleet with 1 % stale sessions.
+
+Fills N connected sessions (bulk SQL), makes 1 % of them stale, and times `sweep_once`
+(the leased sweep's transaction: read state, select and fence-write the stale sessions,
+queue their `node.disconnected` events). Three rounds; each round re-stales a fresh 1 %
+and vacuums the table first, as autovacuum would have between real sweeps.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import asyncpg
+
+from schemas.subjects import Subjects
+from workers.bench.common import bench_target, print_table
+from workers.liveness.sweep import rules_of, sweep_once
+from workers.runtime.settings import Settings
+
+FILL = """
+INSERT INTO nodes (node_id, role) SELECT 's' || i, 'worker' FROM generate_series(1, $1) i;
+INSERT INTO node_sessions (node_id, role, session_epoch, gateway_id, boot_id, journal_id, connected_at, last_seen)
+SELECT 's' || i, 'worker', 1, 'gw-' || (i % 20), 'boot', 'journal', compute_now(), compute_now()
+  FROM generate_series(1, $1) i;
+ANALYZE nodes; ANALYZE node_sessions;
+"""
+
+STALE_ROUND = """
+UPDATE node_sessions SET last_seen = compute_now() - interval '10 minutes'
+ WHERE node_id IN (SELECT 's' || i FROM generate_series($1::int, $2::int) i)
+"""
+
+
+async def run(settings: Settings, nodes: int, embedded: bool, rounds: int = 3) -> int:
+    async with bench_target(settings, embedded) as target:
+        conn = await asyncpg.connect(target.database_url)
+        pool = await asyncpg.create_pool(target.database_url, min_size=1, max_size=2)
+        try:
+            print(f"filling {nodes:,} connected sessions ...")
+            await conn.execute(FILL.replace("$1", str(int(nodes))))
+            stale = max(1, nodes // 100)
+            rules = rules_of(settings.liveness)
+            subjects = Subjects(target.subject_root)
+            timings = []
+            for i in range(rounds):
+                await conn.execute(STALE_ROUND, i * stale + 1, (i + 1) * stale)
+                await conn.execute(
+                    "UPDATE liveness_sweeps SET last_sweep_at = compute_now(), grace_until = NULL"
+                )
+                await conn.execute("DELETE FROM outbox")
+                await conn.execute("VACUUM ANALYZE node_sessions")
+                started = time.perf_counter()
+                result = await sweep_once(pool, None, subjects, rules)
+                timings.append(time.perf_counter() - started)
+                assert result.stale == stale, result
+                print(
+                    f"round {i + 1}/{rounds}: {result.stale:,} stale of {nodes:,} in {timings[-1]:.3f} s"
+                )
+        finally:
+            await pool.close()
+            await conn.close()
+    print_table(
+        f"bcw bench sweep: {nodes:,} sessions, {stale:,} stale (1 %)",
+        ("measure", "value"),
+        [
+            ("sweep (median)", f"{statistics.median(timings):.3f} s"),
+            ("sweep (worst)", f"{max(timings):.3f} s"),
+            ("transitions/s", f"{stale / statistics.median(timings):,.0f}"),
+        ],
+    )
+    return 0
