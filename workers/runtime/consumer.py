@@ -38,6 +38,7 @@ from workers.runtime.metrics import Metrics
 from workers.runtime.outcome import Outcome
 from workers.runtime.pull import ContinuousPull
 from workers.runtime.settings import ConsumerSettings
+from workers.runtime.waiting import sleep_or_stop
 from workers.runtime.worker import Tx, Worker
 
 log = logging.getLogger(__name__)
@@ -164,7 +165,7 @@ class FactConsumer:
                 failures += 1
                 level = logging.DEBUG if failures < 3 else logging.WARNING
                 log.log(level, "%s: pull failed (%s), retrying", self.worker.name, error)
-                await _sleep_or_stop(stopping, min(5.0, 0.2 * 2**failures))
+                await sleep_or_stop(stopping, min(5.0, 0.2 * 2**failures))
                 continue
             if not msgs:
                 continue
@@ -402,8 +403,3 @@ def _lane_of(item: _Item, lanes: int) -> int:
 
 def _fact_id(item: _Item) -> str:
     return str(item.fact.fact_id) if item.fact else "?"
-
-
-async def _sleep_or_stop(stopping: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stopping.wait(), seconds)

@@ -19,6 +19,7 @@ from datetime import timedelta
 import asyncpg
 
 from workers.runtime.errors import is_transient
+from workers.runtime.waiting import sleep_or_stop
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +138,7 @@ async def run_leased(
                 log.warning("lease %s loop: %s (will retry)", name, error)
             else:
                 log.exception("lease %s loop failed (will retry)", name)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopping.wait(), period)
+        await sleep_or_stop(stopping, period)
     if lease is not None:
         with contextlib.suppress(Exception):
             async with pool.acquire() as conn:

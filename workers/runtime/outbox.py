@@ -27,7 +27,9 @@ from schemas.registry import REGISTRY, TYPE_HEADER
 from workers.runtime import tracing
 from workers.runtime.errors import is_transient
 from workers.runtime.metrics import Metrics
+from workers.runtime.notify import Listener
 from workers.runtime.settings import DatabaseSettings, OutboxSettings
+from workers.runtime.waiting import sleep_or_stop, wait_any
 
 log = logging.getLogger(__name__)
 
@@ -109,14 +111,17 @@ class OutboxRelay:
         self._pool = pool
         self._js = js
         self._settings = settings
-        self._database = database
         self._metrics = metrics
         self._tracer = tracer
         self._wake = asyncio.Event()
-        self.listening = False
+        self._listener = Listener(database, [NOTIFY_CHANNEL], self._wake)
 
     def wake(self) -> None:
         self._wake.set()
+
+    @property
+    def listening(self) -> bool:
+        return self._listener.listening
 
     async def publish_round(self) -> int:
         """Claim, publish and delete one batch; returns how many were published."""
@@ -195,7 +200,7 @@ class OutboxRelay:
             return int(await conn.fetchval("SELECT count(*) FROM outbox"))
 
     async def run(self, stopping: asyncio.Event) -> None:
-        listener = asyncio.create_task(self._listen(stopping))
+        listener = asyncio.create_task(self._listener.run(stopping))
         failures = 0
         try:
             while not stopping.is_set():
@@ -210,51 +215,15 @@ class OutboxRelay:
                         log.warning("outbox relay round failed, will retry: %s", error)
                     self._metrics.outbox_failures.inc()
                     failures += 1
-                    await _sleep_or_stop(stopping, min(5.0, 0.1 * 2**failures))
+                    await sleep_or_stop(stopping, min(5.0, 0.1 * 2**failures))
                     continue
                 self._wake.clear()
-                await _wait_any((self._wake, stopping), self._settings.poll_seconds)
+                await wait_any((self._wake, stopping), self._settings.poll_seconds)
         finally:
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
 
-    async def _listen(self, stopping: asyncio.Event) -> None:
-        """Hold a LISTEN connection; reconnect when it drops (the poll covers the gap)."""
-        while not stopping.is_set():
-            conn: asyncpg.Connection | None = None
-            try:
-                conn = await asyncpg.connect(self._database.url.get_secret_value())
-                lost = asyncio.Event()
-                conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
-                await conn.add_listener(NOTIFY_CHANNEL, lambda *_args: self._wake.set())
-                self.listening = True
-                self._wake.set()  # rows may have come while we were not listening
-                await lost.wait()
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                log.debug("outbox listener: %s", error)
-            finally:
-                self.listening = False
-                if conn is not None and not conn.is_closed():
-                    await conn.close(timeout=1)
-            await _sleep_or_stop(stopping, 1.0)
-
 
 class OutboxPublishError(RuntimeError):
     """Some claimed rows were not acknowledged by JetStream; they stay for the next round."""
-
-
-async def _sleep_or_stop(stopping: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stopping.wait(), seconds)
-
-
-async def _wait_any(events: tuple[asyncio.Event, ...], seconds: float) -> None:
-    waiters = [asyncio.create_task(event.wait()) for event in events]
-    try:
-        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()

@@ -31,6 +31,7 @@ from workers.runtime.health import HealthServer
 from workers.runtime.metrics import Metrics
 from workers.runtime.outbox import OutboxRelay
 from workers.runtime.settings import Settings
+from workers.runtime.waiting import sleep_or_stop
 from workers.runtime.worker import Runtime, Worker
 
 log = logging.getLogger(__name__)
@@ -191,8 +192,7 @@ async def _observe(
             runtime.metrics.outbox_backlog.set(float(await relay.backlog()))
             for consumer in consumers:
                 await consumer.observe()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopping.wait(), 5.0)
+        await sleep_or_stop(stopping, 5.0)
 
 
 async def _pool_usable(pool: asyncpg.Pool) -> bool:
