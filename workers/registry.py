@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from workers import labeler, liveness, quarantine, recorder
+from workers import labeler, liveness, quarantine, recorder, replay
 from workers.runtime.settings import Settings
 from workers.runtime.worker import Worker
 
@@ -17,4 +17,5 @@ WORKERS: dict[str, Callable[[Settings], Worker]] = {
     "liveness": liveness.build,
     "quarantine": quarantine.build,
     "recorder": recorder.build,
+    "replay": replay.build,
 }

@@ -177,6 +177,23 @@ class LivenessSettings(BaseSettings):
         return self.heartbeat_interval * self.missed_heartbeats + self.flush_period
 
 
+class ReplaySettings(BaseSettings):
+    """The replay dispatcher's credits, back-off and dispatch loop."""
+
+    model_config = _group("BCW_REPLAY_")
+
+    credits: int = Field(default=8, ge=1, description="commands in flight per node and lane")
+    busy_base: Seconds = Field(default=timedelta(seconds=1), description="first BUSY back-off")
+    busy_cap: Seconds = Field(default=timedelta(seconds=30), description="largest BUSY back-off")
+    dispatch_interval: float = Field(
+        default=1.0, gt=0, description="seconds between dispatch rounds when nothing wakes the loop"
+    )
+    nodes_per_round: int = Field(
+        default=500, ge=1, description="nodes a dispatch round serves at most"
+    )
+    lease_ttl: Seconds = Field(default=timedelta(seconds=10), description="the dispatch lease")
+
+
 class QuarantineSettings(BaseSettings):
     """The quarantine enforcer's limits."""
 
@@ -208,6 +225,7 @@ class Settings(BaseSettings):
     retention: RetentionSettings = Field(default_factory=RetentionSettings)
     quarantine: QuarantineSettings = Field(default_factory=QuarantineSettings)
     liveness: LivenessSettings = Field(default_factory=LivenessSettings)
+    replay: ReplaySettings = Field(default_factory=ReplaySettings)
 
     @field_validator("subject_root")
     @classmethod

@@ -1,0 +1,307 @@
+"""The replay dispatcher's fact handling: replay on Hello; progress, results and BUSY.
+
+Called by the runtime with one transaction per batch. A Hello's replay is fenced on its
+epoch with the node's session row locked FOR SHARE (it serializes with the next Hello's
+epoch bump); command rows are locked in a stable order before they change. Every change
+pokes the dispatch loop (NOTIFY) and queues its events and dispatch notices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from schemas.events import (
+    CommandCancelled,
+    CommandCompleted,
+    CommandEvent,
+    CommandFailed,
+    CommandReplayed,
+)
+from schemas.facts import Fact, Hello, Progress, Rejected, Result
+from schemas.notices import Dispatch
+from workers.replay.decide import (
+    IN_FLIGHT,
+    Command,
+    busy_count,
+    busy_delay,
+    finishes,
+    plan_replay,
+    progress_to,
+)
+from workers.runtime import outcome
+from workers.runtime.outcome import Outcome
+from workers.runtime.settings import ReplaySettings
+from workers.runtime.worker import Handler, Tx
+
+DISPATCH_CHANNEL = "bcw_dispatch"
+
+COMMAND_COLUMNS = """
+command_id, node_id, seq, kind, lane, state, session_epoch, delivery_attempt, busy_attempts,
+busy_epoch, not_before, payload::text AS payload, signature
+"""
+
+LOCK_SESSIONS = """
+SELECT s.node_id, s.session_epoch, s.gateway_id
+  FROM unnest($1::text[]) AS n(node_id)
+ CROSS JOIN LATERAL (SELECT node_id, session_epoch, gateway_id FROM node_sessions
+                      WHERE node_id = n.node_id FOR SHARE) AS s
+"""
+
+IN_FLIGHT_OF = f"""
+SELECT c.* FROM unnest($1::text[]) AS n(node_id)
+ CROSS JOIN LATERAL (SELECT {COMMAND_COLUMNS} FROM commands
+                      WHERE node_id = n.node_id AND state IN ('dispatched', 'acked', 'running')
+                      ORDER BY seq FOR UPDATE) AS c
+"""
+
+LOCK_COMMANDS = f"""
+SELECT c.* FROM unnest($1::uuid[]) AS n(command_id)
+ CROSS JOIN LATERAL (SELECT {COMMAND_COLUMNS} FROM commands WHERE command_id = n.command_id FOR UPDATE) AS c
+"""
+
+WRITE_COMMANDS = """
+UPDATE commands c
+   SET state = t.state, session_epoch = t.session_epoch, delivery_attempt = t.attempt,
+       busy_attempts = t.busy_attempts, busy_epoch = t.busy_epoch, not_before = t.not_before,
+       result = coalesce(t.result::jsonb, c.result), failure_reason = coalesce(t.reason, c.failure_reason),
+       updated_at = now()
+  FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::int[], $5::int[], $6::bigint[], $7::timestamptz[],
+              $8::text[], $9::text[])
+       AS t(id, state, session_epoch, attempt, busy_attempts, busy_epoch, not_before, result, reason)
+ WHERE c.command_id = t.id
+"""
+
+
+@dataclasses.dataclass
+class Row:
+    """A command row being changed by this transaction."""
+
+    command: Command
+    busy_attempts: int
+    busy_epoch: int | None
+    result: str | None = None
+    reason: str | None = None
+    changed: bool = False
+
+    def set(self, **changes: Any) -> None:
+        self.command = dataclasses.replace(self.command, **changes)
+        self.changed = True
+
+
+def command_from_row(row: asyncpg.Record) -> Command:
+    return Command(
+        command_id=row["command_id"],
+        node_id=row["node_id"],
+        seq=row["seq"],
+        kind=row["kind"],
+        lane=row["lane"],
+        state=row["state"],
+        session_epoch=row["session_epoch"],
+        delivery_attempt=row["delivery_attempt"],
+        payload=json.loads(row["payload"]),
+        signature=row["signature"],
+        not_before=row["not_before"],
+    )
+
+
+def _row(record: asyncpg.Record) -> Row:
+    return Row(command_from_row(record), record["busy_attempts"], record["busy_epoch"])
+
+
+async def _write(conn: asyncpg.Connection, rows: Sequence[Row]) -> None:
+    changed = sorted((r for r in rows if r.changed), key=lambda r: str(r.command.command_id))
+    if not changed:
+        return
+    await conn.execute(
+        WRITE_COMMANDS,
+        [r.command.command_id for r in changed],
+        [r.command.state for r in changed],
+        [r.command.session_epoch for r in changed],
+        [r.command.delivery_attempt for r in changed],
+        [r.busy_attempts for r in changed],
+        [r.busy_epoch for r in changed],
+        [r.command.not_before for r in changed],
+        [r.result for r in changed],
+        [r.reason for r in changed],
+    )
+    await _poke(conn)
+
+
+async def _poke(conn: asyncpg.Connection) -> None:
+    """Wake the dispatch loop when this transaction commits (credits freed, Hellos)."""
+    await conn.execute("SELECT pg_notify($1, '')", DISPATCH_CHANNEL)
+
+
+def command_event(
+    kind: type[CommandEvent], command: Command, epoch: int, reason: str | None = None
+) -> CommandEvent:
+    return kind(
+        command_id=command.command_id,
+        node_id=command.node_id,
+        epoch=epoch,
+        seq=command.seq,
+        kind=command.kind,
+        attempt=command.delivery_attempt,
+        reason=reason,
+    )
+
+
+def dispatch_notice(command: Command, epoch: int) -> Dispatch:
+    return Dispatch(
+        node_id=command.node_id,
+        epoch=epoch,
+        command_id=command.command_id,
+        seq=command.seq,
+        kind=command.kind,
+        lane=command.lane,
+        attempt=command.delivery_attempt,
+        payload=dict(command.payload),
+        signature=command.signature,
+    )
+
+
+def publish_event(tx: Tx, event: CommandEvent, cause: Fact | None) -> None:
+    tx.publish(event, tx.subjects.event(event.BC_TYPE), cause=cause, order_key=event.node_id)
+
+
+def make_handler(settings: ReplaySettings) -> Handler:
+    async def handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
+        outcomes: dict[uuid.UUID, Outcome] = {}
+        hellos = [f for f in facts if isinstance(f, Hello)]
+        if hellos:
+            outcomes.update(await _replay(tx, hellos))
+        answers = [f for f in facts if isinstance(f, Progress | Result | Rejected)]
+        if answers:
+            outcomes.update(await _answers(tx, answers, settings))
+        return outcomes
+
+    return handle
+
+
+async def _replay(tx: Tx, hellos: list[Hello]) -> dict[uuid.UUID, Outcome]:
+    latest: dict[str, Hello] = {}
+    for hello in hellos:
+        if hello.node_id not in latest or hello.epoch >= latest[hello.node_id].epoch:
+            latest[hello.node_id] = hello
+    nodes = sorted(latest)
+    sessions = {r["node_id"]: r for r in await tx.conn.fetch(LOCK_SESSIONS, nodes)}
+    current = {
+        n: h for n, h in latest.items() if n in sessions and sessions[n]["session_epoch"] == h.epoch
+    }
+    outcomes = {h.fact_id: outcome.STALE for h in hellos if current.get(h.node_id) is not h}
+    if not current:
+        return outcomes
+    by_node: dict[str, list[Row]] = {}
+    for record in await tx.conn.fetch(IN_FLIGHT_OF, sorted(current)):
+        by_node.setdefault(record["node_id"], []).append(_row(record))
+    rows: list[Row] = []
+    for node, hello in current.items():
+        node_rows = {r.command.command_id: r for r in by_node.get(node, [])}
+        rows += node_rows.values()
+        plan = plan_replay(hello, [r.command for r in node_rows.values()])
+        epoch = hello.epoch
+        for command in plan.failed:
+            node_rows[command.command_id].set(state="failed")
+            node_rows[command.command_id].reason = "journal-lost"
+            publish_event(tx, command_event(CommandFailed, command, epoch, "journal-lost"), hello)
+        for command, proof in plan.completed:
+            node_rows[command.command_id].set(state="done")
+            node_rows[command.command_id].result = json.dumps({"proof": proof})
+            publish_event(tx, command_event(CommandCompleted, command, epoch, proof), hello)
+        for command in plan.cancelled:
+            node_rows[command.command_id].set(state="cancelled")
+            node_rows[command.command_id].reason = "kind-not-allowed"
+            publish_event(
+                tx, command_event(CommandCancelled, command, epoch, "kind-not-allowed"), hello
+            )
+        for command in plan.kept:
+            node_rows[command.command_id].set(state="running", session_epoch=epoch)
+        for command in plan.parked:
+            node_rows[command.command_id].set(state="pending", session_epoch=None)
+        gateway = sessions[node]["gateway_id"]
+        for command in plan.resent:  # in seq order
+            row = node_rows[command.command_id]
+            row.set(
+                state="dispatched",
+                session_epoch=epoch,
+                delivery_attempt=command.delivery_attempt + 1,
+            )
+            publish_event(tx, command_event(CommandReplayed, row.command, epoch), hello)
+            if gateway is not None:
+                notice = dispatch_notice(row.command, epoch)
+                tx.publish(
+                    notice, tx.subjects.notice(gateway, notice.BC_TYPE), cause=hello, order_key=node
+                )
+    await _write(tx.conn, rows)
+    await _poke(tx.conn)  # the node's pending commands may go now
+    return outcomes
+
+
+async def _answers(
+    tx: Tx, facts: list[Progress | Result | Rejected], settings: ReplaySettings
+) -> dict[uuid.UUID, Outcome]:
+    ids = sorted({f.command_id for f in facts}, key=str)
+    now: datetime = await tx.conn.fetchval("SELECT compute_now()")
+    rows = {r["command_id"]: _row(r) for r in await tx.conn.fetch(LOCK_COMMANDS, ids)}
+    outcomes: dict[uuid.UUID, Outcome] = {}
+    for fact in facts:  # in stream order
+        row = rows.get(fact.command_id)
+        if row is None or row.command.node_id != fact.node_id:
+            outcomes[fact.fact_id] = outcome.STALE  # unknown command, or not this node's
+            continue
+        applied = _answer(tx, row, fact, now, settings)
+        if not applied:
+            outcomes[fact.fact_id] = outcome.STALE
+    await _write(tx.conn, list(rows.values()))
+    return outcomes
+
+
+def _answer(
+    tx: Tx, row: Row, fact: Progress | Result | Rejected, now: datetime, settings: ReplaySettings
+) -> bool:
+    command = row.command
+    if isinstance(fact, Progress):
+        moved = progress_to(command.state, fact.state)
+        if moved is None:
+            return False
+        row.set(state=moved)
+        return True
+    if isinstance(fact, Result):
+        if not finishes(command.state):
+            return False  # a replayed result of a finished command changes nothing
+        row.set(state=fact.outcome)
+        row.result = json.dumps(fact.result) if fact.result is not None else None
+        if fact.outcome == "failed":
+            row.reason = fact.error or "failed"
+            publish_event(tx, command_event(CommandFailed, command, fact.epoch, row.reason), fact)
+        else:
+            publish_event(tx, command_event(CommandCompleted, command, fact.epoch), fact)
+        return True
+    # BUSY: only while still dispatched at that epoch; back to pending with a back-off
+    if command.state != "dispatched" or command.session_epoch != fact.epoch:
+        return False
+    answers = busy_count(row.busy_attempts, row.busy_epoch, fact.epoch)
+    row.busy_attempts, row.busy_epoch = answers, fact.epoch
+    row.set(
+        state="pending",
+        session_epoch=None,
+        not_before=now + busy_delay(answers, settings.busy_base, settings.busy_cap),
+    )
+    return True
+
+
+
+    "DISPATCH_CHANNEL",
+    "IN_FLIGHT",
+    "command_event",
+    "command_from_row",
+    "dispatch_notice",
+    "make_handler",
+]

@@ -1,0 +1,232 @@
+"""The dispatch loop: pending commands to connected nodes, in the replica holding the
+`replay-dispatch` lease (so no command is dispatched twice by two replicas).
+
+A round: fence on the lease; pick nodes with pending commands whose back-off has passed;
+lock their session rows FOR SHARE (a Hello's epoch bump waits for us, and we for it);
+plan each node with the pure rules (seq order, credits per lane, eligibility); mark the
+chosen commands dispatched at the session's current epoch — the write re-checks that
+they are still pending — and queue their dispatch notices to the gateway the session is
+routed to at that moment. Woken by NOTIFY (new commands, Hellos, results, BUSY answers)
+and by the earliest back-off expiring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import asyncpg
+
+from schemas.events import CommandCancelled
+from schemas.subjects import Subjects
+from workers.replay.apply import DISPATCH_CHANNEL, command_event, command_from_row, dispatch_notice
+from workers.replay.decide import Command, Session, plan_dispatch
+from workers.runtime import leases
+from workers.runtime.notify import Listener
+from workers.runtime.outbox import OutboxBatch
+from workers.runtime.settings import ReplaySettings
+from workers.runtime.waiting import wait_any
+from workers.runtime.worker import Loop, Runtime
+
+log = logging.getLogger(__name__)
+
+LEASE = "replay-dispatch"
+ENQUEUE_CHANNEL = "bcw_commands"
+
+# Nodes with a pending command whose back-off has passed and a connected session, from
+# a cursor on: successive rounds go round the fleet, so nodes whose commands must wait
+# (no session can take them yet) cannot starve the others.
+READY_NODES = """
+SELECT DISTINCT c.node_id
+  FROM commands c
+  JOIN node_sessions s ON s.node_id = c.node_id AND s.gateway_id IS NOT NULL
+ WHERE c.state = 'pending' AND (c.not_before IS NULL OR c.not_before <= compute_now())
+   AND c.node_id > $2
+ ORDER BY c.node_id
+ LIMIT $1
+"""
+
+LOCK_CONNECTED = """
+SELECT s.node_id, s.session_epoch, s.gateway_id, s.transport, s.upgrade_required, c.allowed_kinds,
+       compute_now() AS now
+  FROM unnest($1::text[]) AS n(node_id)
+ CROSS JOIN LATERAL (SELECT * FROM node_sessions
+                      WHERE node_id = n.node_id AND gateway_id IS NOT NULL AND session_epoch > 0
+                      FOR SHARE) AS s
+  LEFT JOIN node_certs c ON c.serial = s.cert_serial
+"""
+
+PENDING_OF = """
+SELECT c.* FROM unnest($1::text[]) AS n(node_id)
+ CROSS JOIN LATERAL (SELECT command_id, node_id, seq, kind, lane, state, session_epoch, delivery_attempt,
+                            busy_attempts, busy_epoch, not_before, payload::text AS payload, signature
+                       FROM commands WHERE node_id = n.node_id AND state = 'pending' ORDER BY seq) AS c
+"""
+
+IN_FLIGHT_COUNTS = """
+SELECT c.node_id, c.lane, count(*) AS n
+  FROM unnest($1::text[]) AS n(node_id)
+  JOIN commands c ON c.node_id = n.node_id AND c.state IN ('dispatched', 'acked', 'running')
+ GROUP BY c.node_id, c.lane
+"""
+
+MARK_DISPATCHED = """
+UPDATE commands c
+   SET state = 'dispatched', session_epoch = t.epoch, delivery_attempt = c.delivery_attempt + 1,
+       updated_at = now()
+  FROM unnest($1::uuid[], $2::bigint[]) AS t(id, epoch)
+ WHERE c.command_id = t.id AND c.state = 'pending'
+RETURNING c.command_id, c.delivery_attempt
+"""
+
+CANCEL = """
+UPDATE commands SET state = 'cancelled', failure_reason = 'kind-not-allowed', updated_at = now()
+ WHERE command_id = ANY($1::uuid[]) AND state = 'pending'
+RETURNING command_id
+"""
+
+NEXT_DUE = "SELECT min(not_before) - compute_now() FROM commands WHERE state = 'pending' AND not_before > compute_now()"
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    dispatched: int
+    cancelled: int
+    nodes: int
+    last_node: str = ""  # the cursor for the next round ("" to start over)
+
+
+async def dispatch_round(
+    pool: asyncpg.Pool,
+    lease: leases.Lease | None,
+    subjects: Subjects,
+    settings: ReplaySettings,
+    after: str = "",
+) -> RoundResult:
+    """One dispatch round in one transaction; `LeaseLost` if `lease` is no longer current."""
+    async with pool.acquire() as conn, conn.transaction():
+        if lease is not None:
+            await leases.fence(conn, lease)
+        ready = [
+            r["node_id"] for r in await conn.fetch(READY_NODES, settings.nodes_per_round, after)
+        ]
+        if not ready:
+            return RoundResult(0, 0, 0)
+        cursor = ready[-1] if len(ready) >= settings.nodes_per_round else ""
+        sessions = {r["node_id"]: r for r in await conn.fetch(LOCK_CONNECTED, ready)}
+        if not sessions:
+            return RoundResult(0, 0, len(ready), cursor)
+        nodes = sorted(sessions)
+        pending: dict[str, list[Command]] = {}
+        for record in await conn.fetch(PENDING_OF, nodes):
+            pending.setdefault(record["node_id"], []).append(command_from_row(record))
+        in_flight: dict[str, dict[str, int]] = {}
+        for record in await conn.fetch(IN_FLIGHT_COUNTS, nodes):
+            in_flight.setdefault(record["node_id"], {})[record["lane"]] = record["n"]
+        chosen: list[tuple[Command, asyncpg.Record]] = []
+        cancel: list[tuple[Command, asyncpg.Record]] = []
+        for node in nodes:
+            row = sessions[node]
+            session = Session(
+                node_id=node,
+                epoch=row["session_epoch"],
+                gateway_id=row["gateway_id"],
+                transport=row["transport"] or "grpc",
+                upgrade_required=row["upgrade_required"],
+                allowed_kinds=frozenset(row["allowed_kinds"])
+                if row["allowed_kinds"] is not None
+                else None,
+            )
+            now: datetime = row["now"]
+            plan = plan_dispatch(
+                session, pending.get(node, []), in_flight.get(node, {}), settings.credits, now
+            )
+            chosen += [(c, row) for c in plan.dispatch]
+            cancel += [(c, row) for c in plan.cancel]
+        outbox = OutboxBatch()
+        marked = {
+            r["command_id"]: r["delivery_attempt"]
+            for r in await conn.fetch(
+                MARK_DISPATCHED,
+                [c.command_id for c, _ in chosen],
+                [r["session_epoch"] for _, r in chosen],
+            )
+        }
+        for command, row in chosen:  # seq order within each node
+            if command.command_id not in marked:
+                continue
+            sent = dataclasses.replace(command, delivery_attempt=marked[command.command_id])
+            notice = dispatch_notice(sent, row["session_epoch"])
+            outbox.add(
+                notice,
+                subjects.notice(row["gateway_id"], notice.BC_TYPE),
+                order_key=command.node_id,
+            )
+        cancelled = {
+            r["command_id"] for r in await conn.fetch(CANCEL, [c.command_id for c, _ in cancel])
+        }
+        for command, row in cancel:
+            if command.command_id in cancelled:
+                event = command_event(
+                    CommandCancelled, command, row["session_epoch"], "kind-not-allowed"
+                )
+                outbox.add(event, subjects.event(event.BC_TYPE), order_key=command.node_id)
+        await outbox.write(conn)
+    return RoundResult(len(marked), len(cancelled), len(nodes), cursor)
+
+
+async def next_due(pool: asyncpg.Pool) -> float | None:
+    """Seconds until the earliest back-off of a pending command expires, if any."""
+    async with pool.acquire() as conn:
+        due: timedelta | None = await conn.fetchval(NEXT_DUE)
+    return due.total_seconds() if due is not None else None
+
+
+def dispatch_loop(settings: ReplaySettings) -> Loop:
+    async def dispatch(runtime: Runtime, stopping: asyncio.Event) -> None:
+        wake = asyncio.Event()
+        listener = Listener(runtime.settings.database, [DISPATCH_CHANNEL, ENQUEUE_CHANNEL], wake)
+        listening = asyncio.create_task(listener.run(stopping))
+        hold = max(0.5, settings.lease_ttl.total_seconds() / 3)
+
+        cursor = ""
+
+        async def body(lease: leases.Lease) -> None:
+            """Dispatch while woken, for a third of the lease; then the lease is renewed."""
+            nonlocal cursor
+            until = time.monotonic() + hold
+            while time.monotonic() < until and not stopping.is_set():
+                wake.clear()
+                result = await dispatch_round(
+                    runtime.pool, lease, runtime.subjects, settings, cursor
+                )
+                cursor = result.last_node
+                if result.dispatched or result.cancelled:
+                    runtime.wake_outbox()
+                if cursor:
+                    continue  # more nodes are ready than one round serves
+                due = await next_due(runtime.pool)
+                pause = min(settings.dispatch_interval, until - time.monotonic())
+                if due is not None:
+                    pause = min(pause, due)
+                await wait_any((wake, stopping), pause)
+
+        try:
+            await leases.run_leased(
+                runtime.pool,
+                LEASE,
+                runtime.instance,
+                body,
+                period=0.05,
+                ttl=settings.lease_ttl,
+                stopping=stopping,
+            )
+        finally:
+            listening.cancel()
+            await asyncio.gather(listening, return_exceptions=True)
+
+    return dispatch
