@@ -27,7 +27,6 @@ from schemas.events import (
 from schemas.facts import Fact, Hello, Progress, Rejected, Result
 from schemas.notices import Dispatch
 from workers.replay.decide import (
-    IN_FLIGHT,
     Command,
     busy_count,
     busy_delay,
@@ -295,13 +294,3 @@ def _answer(
         not_before=now + busy_delay(answers, settings.busy_base, settings.busy_cap),
     )
     return True
-
-
-
-    "DISPATCH_CHANNEL",
-    "IN_FLIGHT",
-    "command_event",
-    "command_from_row",
-    "dispatch_notice",
-    "make_handler",
-]
