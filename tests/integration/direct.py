@@ -1,0 +1,45 @@
+"""Apply facts with a worker's handler in one transaction on the real database, without
+the bus: for rule tests that need many small steps (the replay model). The consumer
+loop adds decoding, the inbox and acks around exactly this call."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+
+from schemas import Fact
+from schemas.subjects import Subjects
+from workers.runtime.outcome import Outcome
+from workers.runtime.worker import Tx, Worker
+
+
+async def apply(
+    conn: asyncpg.Connection, worker: Worker, subjects: Subjects, *facts: Fact
+) -> dict[uuid.UUID, Outcome]:
+    async with conn.transaction():
+        tx = Tx(conn, subjects, {})
+        outcomes = await worker.handle(tx, list(facts)) or {}
+        await tx.outbox.write(conn)
+    return dict(outcomes)
+
+
+async def take_outbox(conn: asyncpg.Connection) -> list[dict[str, Any]]:
+    """The messages queued so far (and remove them): type, subject and body of each."""
+    rows = await conn.fetch(
+        "DELETE FROM outbox RETURNING id, subject, headers::text AS headers, body"
+    )
+    out = []
+    for row in sorted(rows, key=lambda r: r["id"]):
+        body = json.loads(bytes(row["body"]))
+        body["_type"] = json.loads(row["headers"])["Bc-Type"]
+        body["_subject"] = row["subject"]
+        out.append(body)
+    return out
+
+
+def of_type(messages: Sequence[dict[str, Any]], bc_type: str) -> list[dict[str, Any]]:
+    return [m for m in messages if m["_type"] == bc_type]

@@ -1,0 +1,362 @@
+"""The replay dispatcher on real servers, rule by rule (the model-based test is in
+test_replay_model.py). Handlers run in real transactions; the dispatch round is the one
+the leased loop runs."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+from nats.aio.client import Client as NATS
+
+from schemas.subjects import Subjects
+from tests.conftest import Clock, Servers
+from tests.factories import make_fact
+from tests.integration import fleet
+from tests.integration.direct import apply, of_type, take_outbox
+from tests.integration.driver import driving
+from tests.integration.support import eventually
+from workers import replay
+from workers.replay.dispatch import dispatch_round
+from workers.runtime.settings import ReplaySettings, Settings
+
+SETTINGS = Settings()
+WORKER = replay.build(SETTINGS)
+
+
+@pytest.fixture
+async def pool(database_url: str):  # type: ignore[no-untyped-def]
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=3)
+    yield pool
+    await pool.close()
+
+
+async def enqueue(
+    db: asyncpg.Connection, node: str, kind: str = "exec", lane: str = "default", **payload: Any
+) -> uuid.UUID:
+    import json
+
+    return await db.fetchval(
+        "SELECT enqueue_command($1, $2, $3::jsonb, $4)", node, kind, json.dumps(payload), lane
+    )
+
+
+async def states(
+    db: asyncpg.Connection, node: str = "n1"
+) -> list[tuple[int, str, int | None, int]]:
+    rows = await db.fetch(
+        "SELECT seq, state, session_epoch, delivery_attempt FROM commands WHERE node_id = $1 ORDER BY seq",
+        node,
+    )
+    return [tuple(r) for r in rows]  # type: ignore[misc]
+
+
+async def dispatch(pool: asyncpg.Pool, subjects: Subjects, credits: int = 8) -> int:
+    result = await dispatch_round(pool, None, subjects, ReplaySettings(credits=credits))
+    return result.dispatched
+
+
+def hello(epoch: int, **kw: Any) -> Any:
+    kw.setdefault(
+        "previous",
+        {
+            "epoch": epoch - 1,
+            "gateway_id": "gw-1",
+            "boot_id": "boot-1",
+            "journal_id": "journal-1",
+            "live": False,
+        },
+    )
+    kw.setdefault("boot_id", "boot-1")
+    kw.setdefault("journal_id", "journal-1")
+    return fleet.hello("n1", epoch, **kw)
+
+
+async def test_dispatch_in_seq_order_within_credits_to_the_current_route(
+    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+) -> None:
+    await fleet.session(db, "n1", epoch=1, gateway_id="gw-7")
+    for _ in range(5):
+        await enqueue(db, "n1")
+    await enqueue(db, "n1", lane="system")
+    assert await dispatch(pool, subjects, credits=3) == 4
+    assert await states(db) == [
+        (1, "dispatched", 1, 1), (2, "dispatched", 1, 1), (3, "dispatched", 1, 1),
+        (4, "pending", None, 0), (5, "pending", None, 0), (6, "dispatched", 1, 1),
+    ]  # fmt: skip
+    notices = of_type(await take_outbox(db), "dispatch")
+    assert [(n["seq"], n["epoch"], n["attempt"], n["_subject"]) for n in notices] == [
+        (1, 1, 1, subjects.notice("gw-7", "dispatch")), (2, 1, 1, subjects.notice("gw-7", "dispatch")),
+        (3, 1, 1, subjects.notice("gw-7", "dispatch")), (6, 1, 1, subjects.notice("gw-7", "dispatch")),
+    ]  # fmt: skip
+    assert await dispatch(pool, subjects, credits=3) == 0  # no credit left in the default lane
+
+
+async def test_nothing_is_dispatched_to_a_disconnected_node(
+    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+) -> None:
+    await fleet.session(db, "n1", epoch=1, gateway_id=None)
+    await enqueue(db, "n1")
+    assert await dispatch(pool, subjects) == 0
+    assert await states(db) == [(1, "pending", None, 0)]
+
+
+async def test_replay_moves_in_flight_commands_and_resends_in_seq_order(
+    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    ids = [await enqueue(db, "n1") for _ in range(4)]
+    await dispatch(pool, subjects)
+    await apply(
+        db,
+        WORKER,
+        subjects,
+        make_fact("progress", node_id="n1", epoch=1, command_id=str(ids[1]), state="running"),
+    )
+    await take_outbox(db)
+    await fleet.session(db, "n1", epoch=2, gateway_id="gw-2")  # the node reconnects elsewhere
+    await apply(
+        db, WORKER, subjects, hello(2, gateway_id="gw-2", running_command_ids=[str(ids[1])])
+    )
+    assert await states(db) == [
+        (1, "dispatched", 2, 2),
+        (2, "running", 2, 1),
+        (3, "dispatched", 2, 2),
+        (4, "dispatched", 2, 2),
+    ]
+    out = await take_outbox(db)
+    assert [(n["seq"], n["epoch"], n["attempt"]) for n in of_type(out, "dispatch")] == [
+        (1, 2, 2),
+        (3, 2, 2),
+        (4, 2, 2),
+    ]
+    assert {n["_subject"] for n in of_type(out, "dispatch")} == {
+        subjects.notice("gw-2", "dispatch")
+    }
+    assert [e["seq"] for e in of_type(out, "command.replayed")] == [1, 3, 4]
+
+
+async def test_a_stale_hello_does_nothing(
+    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    await enqueue(db, "n1")
+    await dispatch(pool, subjects)
+    await fleet.session(db, "n1", epoch=3)
+    await take_outbox(db)
+    outcomes = await apply(db, WORKER, subjects, hello(2, journal_id="journal-new"))
+    assert [o.kind.value for o in outcomes.values()] == ["stale"]
+    assert await states(db) == [(1, "dispatched", 1, 1)]
+    assert await take_outbox(db) == []
+
+
+async def test_a_lost_journal_fails_in_flight_commands_and_never_resends_them(
+    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    for _ in range(3):
+        await enqueue(db, "n1")
+    await dispatch(pool, subjects, credits=2)
+    await take_outbox(db)
+    await fleet.session(db, "n1", epoch=2, journal_id="journal-2")
+    await apply(db, WORKER, subjects, hello(2, journal_id="journal-2"))
+    assert [s for _, s, _, _ in await states(db)] == ["failed", "failed", "pending"]
+    assert await db.fetchval(
+        "SELECT array_agg(DISTINCT failure_reason) FROM commands WHERE state = 'failed'"
+    ) == ["journal-lost"]
+    out = await take_outbox(db)
+    assert [(e["seq"], e["reason"]) for e in of_type(out, "command.failed")] == [
+        (1, "journal-lost"),
+        (2, "journal-lost"),
+    ]
+    assert of_type(out, "dispatch") == []
+    assert await dispatch(pool, subjects) == 1  # the pending one goes to the new session
+
+
+async def test_process_ending_commands_complete_by_proof(
+    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    reboot = await enqueue(db, "n1", "node.reboot")
+    upgrade = await enqueue(db, "n1", "daemon.upgrade", lane="system", target_version="2.0.0")
+    await dispatch(pool, subjects)
+    await take_outbox(db)
+    await fleet.session(db, "n1", epoch=2, boot_id="boot-2")
+    await apply(db, WORKER, subjects, hello(2, boot_id="boot-2", daemon_version="2.0.0"))
+    assert [s for _, s, _, _ in await states(db)] == ["done", "done"]
+    out = await take_outbox(db)
+    assert sorted(
+        (e["commandId"], e["reason"]) for e in of_type(out, "command.completed")
+    ) == sorted([(str(reboot), "rebooted"), (str(upgrade), "upgraded")])
+
+
+async def test_kind_not_allowed_upgrade_only_and_websocket(
+    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    await enqueue(db, "n1", "exec")
+    await enqueue(db, "n1", "forbidden")
+    await enqueue(db, "n1", "daemon.upgrade", lane="system", target_version="3")
+    await dispatch(pool, subjects)
+    await take_outbox(db)
+    await fleet.session(db, "n1", epoch=2)
+    await db.execute("UPDATE node_sessions SET upgrade_required = true WHERE node_id = 'n1'")
+    await apply(
+        db, WORKER, subjects,
+        hello(2, upgrade_required=True, cert={"serial": "n1-serial", "allowed_kinds": ["exec", "daemon.upgrade"]}),
+    )  # fmt: skip
+    assert await states(db) == [
+        (1, "pending", None, 1),
+        (2, "cancelled", 1, 1),
+        (3, "dispatched", 2, 2),
+    ]
+    out = await take_outbox(db)
+    assert [e["reason"] for e in of_type(out, "command.cancelled")] == ["kind-not-allowed"]
+    assert [n["kind"] for n in of_type(out, "dispatch")] == ["daemon.upgrade"]
+    assert await dispatch(pool, subjects) == 0  # exec waits for a session at a supported version
+    await fleet.session(db, "n1", epoch=3)
+    await db.execute(
+        "UPDATE node_sessions SET upgrade_required = false, transport = 'websocket' WHERE node_id = 'n1'"
+    )
+    assert await dispatch(pool, subjects) == 0  # unsigned: not over websocket
+    await db.execute("UPDATE node_sessions SET transport = 'grpc' WHERE node_id = 'n1'")
+    assert await dispatch(pool, subjects) == 1
+
+
+async def test_busy_backs_off_1_2_4_8_16_30_30_and_restarts_with_a_new_session(
+    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects, clock: Clock
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    command = await enqueue(db, "n1")
+    delays = []
+    for epoch in [1, 1, 1, 1, 1, 1, 1, 2, 2]:
+        if (
+            epoch == 2
+            and (await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n1'"))
+            == 1
+        ):
+            await fleet.session(db, "n1", epoch=2)
+        assert await dispatch(pool, subjects) == 1
+        busy = make_fact(
+            "rejected", node_id="n1", epoch=epoch, command_id=str(command), reason="BUSY"
+        )
+        await apply(db, WORKER, subjects, busy)
+        wait = await db.fetchval(
+            "SELECT not_before - compute_now() FROM commands WHERE command_id = $1", command
+        )
+        delays.append(round(wait.total_seconds()))
+        assert await dispatch(pool, subjects) == 0  # not before the back-off
+        await clock.advance(wait + timedelta(milliseconds=10))
+    assert delays == [1, 2, 4, 8, 16, 30, 30, 1, 2]
+    assert (await states(db))[0][1] == "pending"  # not terminal, nothing dropped
+
+
+async def test_busy_for_an_old_epoch_or_an_acked_command_changes_nothing(
+    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    first = await enqueue(db, "n1")
+    second = await enqueue(db, "n1")
+    await dispatch(pool, subjects)
+    await apply(
+        db,
+        WORKER,
+        subjects,
+        make_fact("progress", node_id="n1", epoch=1, command_id=str(second), state="acked"),
+    )
+    outcomes = await apply(
+        db, WORKER, subjects,
+        make_fact("rejected", node_id="n1", epoch=7, command_id=str(first), reason="BUSY"),
+        make_fact("rejected", node_id="n1", epoch=1, command_id=str(second), reason="BUSY"),
+    )  # fmt: skip
+    assert {o.kind.value for o in outcomes.values()} == {"stale"}
+    assert [s for _, s, _, _ in await states(db)] == ["dispatched", "acked"]
+
+
+async def test_progress_forward_only_and_results_once(
+    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    command = await enqueue(db, "n1")
+    await dispatch(pool, subjects)
+    await take_outbox(db)
+
+    def progress(state: str) -> Any:
+        return make_fact("progress", node_id="n1", epoch=1, command_id=str(command), state=state)
+
+    def result(outcome: str) -> Any:
+        return make_fact(
+            "result",
+            node_id="n1",
+            epoch=1,
+            command_id=str(command),
+            outcome=outcome,
+            result={"exit": 0},
+            error=None,
+        )
+
+    await apply(db, WORKER, subjects, progress("running"), progress("acked"))
+    assert (await states(db))[0][1] == "running"
+    await apply(db, WORKER, subjects, result("done"))
+    await apply(
+        db, WORKER, subjects, result("failed"), progress("acked")
+    )  # replayed and late: no-ops
+    row = await db.fetchrow("SELECT state, result::text AS result, failure_reason FROM commands")
+    assert (row["state"], row["result"], row["failure_reason"]) == ("done", '{"exit": 0}', None)
+    out = await take_outbox(db)
+    assert [e["_type"] for e in out] == ["command.completed"]
+
+
+async def test_a_result_frees_a_credit_for_the_next_command(
+    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    first = await enqueue(db, "n1")
+    await enqueue(db, "n1")
+    assert await dispatch(pool, subjects, credits=1) == 1
+    assert await dispatch(pool, subjects, credits=1) == 0
+    await apply(
+        db,
+        WORKER,
+        subjects,
+        make_fact(
+            "result",
+            node_id="n1",
+            epoch=1,
+            command_id=str(first),
+            outcome="done",
+            result=None,
+            error=None,
+        ),
+    )
+    assert await dispatch(pool, subjects, credits=1) == 1
+
+
+async def test_the_worker_dispatches_enqueued_commands_by_itself(
+    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection
+) -> None:
+    """End to end: enqueue → NOTIFY → the leased loop → outbox → the gateway's subject."""
+    await fleet.session(db, "n1", epoch=1, gateway_id="gw-9")
+    async with driving(servers, nc, subjects, database_url, replay.build) as drive:
+        ids = [await enqueue(db, "n1") for _ in range(3)]
+        await eventually(lambda: _dispatched(db, 3), what="three dispatched")
+        notices = await drive.published("dispatch", stream="notices")
+        assert [n["command_id"] for n in notices] == [str(i) for i in ids]
+        assert {n["_subject"] for n in notices} == {subjects.notice("gw-9", "dispatch")}
+        await drive.send(
+            make_fact("rejected", node_id="n1", epoch=1, command_id=str(ids[0]), reason="BUSY")
+        )
+        await eventually(
+            lambda: _dispatch_count(drive, 4), what="the BUSY command re-dispatched after 1 s"
+        )
+
+
+async def _dispatched(db: asyncpg.Connection, n: int) -> bool:
+    return await db.fetchval("SELECT count(*) FROM commands WHERE state = 'dispatched'") == n
+
+
+async def _dispatch_count(drive: Any, n: int) -> bool:
+    return len(await drive.published("dispatch", stream="notices")) >= n
