@@ -151,7 +151,40 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         from workers.bench import sweep
 
         return asyncio.run(sweep.run(settings, args.nodes, args.embedded, args.rounds))
+    if args.bench == "replay":
+        from workers.bench import replay
+
+        return asyncio.run(replay.run(settings, args.nodes, args.embedded))
     return 2
+
+
+def _cmd_commands(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.replay.commands import list_commands
+    from workers.runtime import db
+
+    async def run() -> int:
+        conn = await db.connect(settings.database)
+        try:
+            rows = await list_commands(conn, args.node, args.limit)
+        finally:
+            await conn.close()
+        print(
+            f"{'seq':>5} {'state':<10} {'epoch':>5} {'tries':>5} {'busy':>4} {'lane':<10} {'kind':<20} command_id / reason"
+        )
+        for r in rows:
+            epoch = "-" if r["session_epoch"] is None else r["session_epoch"]
+            extra = r["failure_reason"] or (
+                f"not before {r['not_before']:%H:%M:%S}" if r["not_before"] else ""
+            )
+            print(
+                f"{r['seq']:>5} {r['state']:<10} {epoch:>5} {r['delivery_attempt']:>5} {r['busy_attempts']:>4} "
+                f"{r['lane']:<10} {r['kind']:<20} {r['command_id']} {extra}".rstrip()
+            )
+        if not rows:
+            print(f"no commands for node {args.node!r}")
+        return 0
+
+    return asyncio.run(run())
 
 
 def _cmd_schemas_export(args: argparse.Namespace, settings: Settings) -> int:
@@ -203,7 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     dead.set_defaults(handler=_cmd_dead_letters)
 
     bench = commands.add_parser("bench", help="benchmarks that print figures")
-    bench.add_argument("bench", choices=["runtime", "labeler", "sweep"], help="which benchmark")
+    bench.add_argument(
+        "bench", choices=["runtime", "labeler", "sweep", "replay"], help="which benchmark"
+    )
     bench.add_argument("--nodes", type=int, default=100_000, help="fleet size (labeler, sweep, …)")
     bench.add_argument("--facts", type=int, default=50_000, help="facts to push through")
     bench.add_argument(
@@ -215,6 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="start embedded servers for the run (else BCW_*_URL)",
     )
     bench.set_defaults(handler=_cmd_bench)
+
+    listing = commands.add_parser("commands", help="a node's commands: state, epoch, attempts")
+    listing.add_argument("node")
+    listing.add_argument("--limit", type=int, default=100, help="the latest this many")
+    listing.set_defaults(handler=_cmd_commands)
 
     demo = commands.add_parser("demo", help="run the whole flow on embedded NATS and PostgreSQL")
     demo.add_argument("--directory", default=".bcw/demo", help="where the servers keep their data")

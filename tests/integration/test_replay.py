@@ -360,3 +360,36 @@ async def _dispatched(db: asyncpg.Connection, n: int) -> bool:
 
 async def _dispatch_count(drive: Any, n: int) -> bool:
     return len(await drive.published("dispatch", stream="notices")) >= n
+
+
+async def test_enqueue_is_safe_under_concurrent_callers_and_listed_by_bcw_commands(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    import asyncio
+    import os
+    import sys
+
+    from workers.replay.commands import enqueue_command, list_commands
+
+    await fleet.session(db, "n1", epoch=1)
+    pool = await asyncpg.create_pool(database_url, min_size=4, max_size=8)
+    try:
+
+        async def one(i: int) -> uuid.UUID:
+            async with pool.acquire() as conn:
+                return await enqueue_command(conn, "n1", "exec", {"i": i}, lane="l" + str(i % 2))
+
+        ids = await asyncio.gather(*(one(i) for i in range(40)))
+    finally:
+        await pool.close()
+    rows = await list_commands(db, "n1")
+    assert [r["seq"] for r in rows] == list(range(1, 41))
+    assert {r["command_id"] for r in rows} == set(ids)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "workers.cli", "commands", "n1", "--limit", "3",
+        env={**os.environ, "BCW_DATABASE_URL": database_url}, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    lines = out.decode().splitlines()
+    assert proc.returncode == 0 and len(lines) == 4
+    assert lines[1].split()[:3] == ["38", "pending", "-"]

@@ -137,6 +137,19 @@ async def consume_all(
 ) -> float:
     """Run `worker`'s consumer (and a relay) in this process until `expected` facts are
     settled; returns facts/s."""
+    settled, _drained = await consume_and_relay(target, worker, expected, settings)
+    return expected / settled
+
+
+async def consume_and_relay(
+    target: BenchTarget,
+    worker: Worker,
+    expected: int,
+    settings: ConsumerSettings | None = None,
+    drain: bool = False,
+) -> tuple[float, float]:
+    """Seconds until `expected` facts are settled, and (with `drain`) until the outbox
+    they filled is published too."""
     import nats
     from opentelemetry import trace
 
@@ -155,7 +168,6 @@ async def consume_all(
     stopping = asyncio.Event()
     try:
         js = nc.jetstream()
-        await bus.provision_streams(js, subjects)
         await bus.ensure_consumer(
             js, subjects.facts_stream, worker.consumer_spec(subjects), settings
         )
@@ -174,10 +186,13 @@ async def consume_all(
         ]
         while sum(v for k, v in metrics.facts._values.items() if k[0] == worker.name) < expected:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
-        elapsed = time.perf_counter() - started
+        settled = time.perf_counter() - started
+        while drain and await relay.backlog():  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+        drained = time.perf_counter() - started
         stopping.set()
         await asyncio.gather(*tasks)
-        return expected / elapsed
+        return settled, drained
     finally:
         await pool.close()
         await nc.close()
