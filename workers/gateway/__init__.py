@@ -1,0 +1,16 @@
+"""The reference gateway core (a library): admission, the Hello transaction under the
+gateway's lease, the facts a gateway publishes and the notices it obeys. Used by the
+simulator, the demo and the end-to-end tests."""
+
+from workers.gateway.admission import Code, HelloRequest
+from workers.gateway.gateway import DaemonStream, Gateway, GatewaySettings, Refused, Welcome
+
+__all__ = [
+    "Code",
+    "DaemonStream",
+    "Gateway",
+    "GatewaySettings",
+    "HelloRequest",
+    "Refused",
+    "Welcome",
+]

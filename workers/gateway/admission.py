@@ -1,0 +1,101 @@
+"""The reference gateway's admission of a Hello, pure: no await, no clock, no I/O.
+
+Given what the daemon presented and the rows the gateway read (the certificate by
+serial, the node), say whether the Hello is admitted or refused with which code.
+Applied by `workers.gateway.gateway.Gateway.hello`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+class Code(enum.Enum):
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"  # pushback: retry after a jittered delay
+    UNAVAILABLE = "UNAVAILABLE"  # this gateway's lease is gone: try another
+
+
+@dataclass(frozen=True)
+class HelloRequest:
+    """What a daemon sends to open its session."""
+
+    node_id: str
+    cert_serial: str
+    role: str
+    boot_id: str
+    journal_id: str
+    daemon_version: str = "1.0.0"
+    proto_max: int = 3
+    trust_version: int = 0
+    capabilities: Sequence[str] = ()
+    approver_set_epoch: int | None = None
+    approver_set_sha256: str | None = None
+    running_command_ids: Sequence[str] = ()
+    inventory_hashes: dict[str, str] = field(default_factory=dict)
+    transport: str = "grpc"
+
+
+@dataclass(frozen=True)
+class CertRow:
+    serial: str
+    node_id: str
+    identity_generation: int
+    role: str
+    not_after: datetime
+    revoked: bool
+    allowed_kinds: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Refusal:
+    code: Code
+    reason: str
+
+
+def admit(
+    request: HelloRequest,
+    cert: CertRow | None,
+    node_generation: int | None,
+    now: datetime,
+) -> Refusal | None:
+    """None if the Hello may open a session; else why not. Pure.
+
+    `node_generation` is the node's identity generation, None when it never joined.
+    """
+    if not request.boot_id or not request.journal_id:
+        return Refusal(Code.INVALID_ARGUMENT, "boot_id and journal_id must be set")
+    if node_generation is None:
+        return Refusal(Code.PERMISSION_DENIED, f"node {request.node_id} never joined")
+    if cert is None:
+        return Refusal(Code.UNAUTHENTICATED, "unknown certificate")
+    if cert.revoked:
+        return Refusal(Code.UNAUTHENTICATED, "certificate revoked")
+    if cert.not_after <= now:
+        return Refusal(Code.UNAUTHENTICATED, "certificate expired")
+    if cert.node_id != request.node_id:
+        return Refusal(Code.PERMISSION_DENIED, "the certificate is another node's")
+    if cert.identity_generation < node_generation:
+        return Refusal(Code.UNAUTHENTICATED, "certificate of an older identity generation")
+    if not request.role or request.role != cert.role:
+        return Refusal(Code.PERMISSION_DENIED, "role missing or not the certificate's")
+    return None
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """`1.10.2` → (1, 10, 2); non-numeric parts count as 0. Pure."""
+    parts = []
+    for part in version.split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def upgrade_required(daemon_version: str, minimum: str) -> bool:
+    """A daemon older than the supported minimum may only be upgraded. Pure."""
+    return version_tuple(daemon_version) < version_tuple(minimum)

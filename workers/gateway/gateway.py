@@ -1,0 +1,461 @@
+"""The reference gateway core: what a gateway does between its daemons and the bus.
+
+A library (no network server of its own): a daemon object calls `hello()`, `heartbeat()`
+and reports progress, results, BUSY answers, events and status; the gateway admits the
+Hello, runs the Hello transaction under its lease, publishes the session facts after
+commit (at least once), keeps last-seen in memory and flushes it every 15 s, times out
+silent sessions, and obeys the notices workers send it (dispatch, zombie, event-ack,
+revocations). `tick()` drives the periodic work, so a simulator can move time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+import asyncpg
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from schemas import REGISTRY, Fact
+from schemas.events import Revocations
+from schemas.facts import (
+    CertInfo,
+    Closed,
+    CloseReason,
+    Events,
+    Hello,
+    Liveness,
+    LivenessEntry,
+    PreviousSession,
+    Progress,
+    Rejected,
+    Result,
+    Status,
+)
+from schemas.notices import Dispatch, EventAck, Zombie
+from schemas.subjects import Subjects
+from workers.gateway import store
+from workers.gateway.admission import Code, HelloRequest, admit, upgrade_required
+from workers.runtime import bus
+from workers.runtime.pull import ContinuousPull
+from workers.runtime.settings import ConsumerSettings
+
+log = logging.getLogger(__name__)
+
+MAX_FLUSH_ENTRIES = 10_000
+
+
+class Refused(Exception):
+    """A refused Hello: the gRPC-style code, why, and (pushback) when to retry."""
+
+    def __init__(self, code: Code, reason: str, retry_after: float | None = None) -> None:
+        super().__init__(f"{code.value}: {reason}")
+        self.code = code
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+class DaemonStream(Protocol):
+    """The gateway's side of a daemon's stream."""
+
+    async def deliver(self, dispatch: Dispatch) -> None: ...
+
+    async def event_ack(self, journal_id: str, seq: int) -> None: ...
+
+    def drop(self, reason: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Welcome:
+    epoch: int
+    session_id: str
+    upgrade_required: bool
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    heartbeat_interval: float = 10.0
+    missed_heartbeats: int = 3
+    flush_period: float = 15.0
+    lease_ttl: float = 15.0
+    renew_every: float = 5.0
+    handshakes_per_second: float = 200.0  # shared with join
+    max_streams: int = 5_000
+    max_pending_hellos: int = 64
+    min_daemon_version: str = "0"
+
+    @property
+    def live_window(self) -> timedelta:
+        return timedelta(seconds=self.heartbeat_interval * self.missed_heartbeats)
+
+
+class TokenBucket:
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.tokens = rate
+        self.clock = clock
+        self.stamp = clock()
+
+    def take(self) -> float:
+        """0 if a token was taken; else seconds until one is there."""
+        now = self.clock()
+        self.tokens = min(self.rate, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) / self.rate
+
+
+@dataclass
+class _Session:
+    node_id: str
+    epoch: int
+    session_id: str
+    cert_serial: str
+    stream: DaemonStream
+    last_seen: float  # clock seconds
+
+
+@dataclass
+class Gateway:
+    gateway_id: str
+    pool: asyncpg.Pool
+    nc: NATS
+    subjects: Subjects
+    clock: Callable[[], float] = time.time  # seconds; the simulator's clock follows compute_now()
+    settings: GatewaySettings = field(default_factory=GatewaySettings)
+
+    def __post_init__(self) -> None:
+        self.js: JetStreamContext = self.nc.jetstream()
+        self.lease_epoch: int | None = None
+        self.sessions: dict[str, _Session] = {}
+        self.bucket = TokenBucket(self.settings.handshakes_per_second)
+        self.pending_hellos = 0
+        self._renewed_at = 0.0
+        self._flushed_at = 0.0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
+        self._pull: ContinuousPull | None = None
+
+    # -- life ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        async with self.pool.acquire() as conn:
+            self.lease_epoch = await store.acquire(
+                conn, self.gateway_id, timedelta(seconds=self.settings.lease_ttl)
+            )
+        self._renewed_at = self._flushed_at = self.clock()
+        durable = f"gw-{self.gateway_id}"
+        spec = bus.ConsumerSpec(durable, (self.subjects.gateway_notices(self.gateway_id),))
+        await bus.ensure_consumer(
+            self.js, self.subjects.gateway_stream, spec, ConsumerSettings(ack_wait=30)
+        )
+        self._pull = ContinuousPull(
+            self.nc, self.subjects.gateway_stream, durable, batch=256, window=512
+        )
+        await self._pull.start()
+        self._revocations = await self.nc.subscribe(
+            self.subjects.revocations, cb=self._on_revocation
+        )
+        self._tasks.append(asyncio.create_task(self._notices(), name=f"{self.gateway_id}-notices"))
+
+    async def stop(self, graceful: bool = True) -> None:
+        """Graceful: close every session (`gateway-shutdown`). Not graceful: a crash."""
+        self._stopping.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._pull is not None:
+            await self._pull.stop()
+        await self._revocations.unsubscribe()
+        if graceful and self.lease_epoch is not None:
+            for session in list(self.sessions.values()):
+                session.stream.drop("gateway-shutdown")
+                await self._publish(self._closed(session, "gateway-shutdown"))
+        self.sessions.clear()
+
+    @property
+    def alive(self) -> bool:
+        return not self._stopping.is_set()
+
+    # -- the daemon's calls -----------------------------------------------------------------
+    async def hello(self, request: HelloRequest, stream: DaemonStream) -> Welcome:
+        if not self.alive or self.lease_epoch is None:
+            raise Refused(Code.UNAVAILABLE, "gateway stopped")
+        if len(self.sessions) >= self.settings.max_streams and request.node_id not in self.sessions:
+            raise Refused(
+                Code.RESOURCE_EXHAUSTED, "maxStreams reached", retry_after=self._pushback(1.0)
+            )
+        if self.pending_hellos >= self.settings.max_pending_hellos:
+            raise Refused(
+                Code.RESOURCE_EXHAUSTED, "maxPendingHellos reached", retry_after=self._pushback(0.2)
+            )
+        wait = self.bucket.take()
+        if wait > 0:
+            raise Refused(
+                Code.RESOURCE_EXHAUSTED, "handshake rate limit", retry_after=self._pushback(wait)
+            )
+        self.pending_hellos += 1
+        try:
+            return await self._hello(request, stream)
+        finally:
+            self.pending_hellos -= 1
+
+    def _pushback(self, base: float) -> float:
+        return base + random.uniform(0, base)  # jittered, so a herd spreads out
+
+    async def _hello(self, request: HelloRequest, stream: DaemonStream) -> Welcome:
+        assert self.lease_epoch is not None
+        async with self.pool.acquire() as conn:
+            now, generation, cert = await store.read_for_admission(conn, request)
+            refusal = admit(request, cert, generation, now)
+            if refusal is not None:
+                raise Refused(refusal.code, refusal.reason)
+            upgrade = upgrade_required(request.daemon_version, self.settings.min_daemon_version)
+            try:
+                opened = await store.open_session(
+                    conn,
+                    self.gateway_id,
+                    self.lease_epoch,
+                    request,
+                    upgrade,
+                    self.settings.live_window,
+                )
+            except store.LeaseGone as gone:
+                self._stopping.set()
+                raise Refused(Code.UNAVAILABLE, str(gone)) from gone
+        older = self.sessions.get(request.node_id)
+        if older is not None:  # the same node again on this gateway: the old stream is superseded
+            older.stream.drop("superseded")
+            await self._publish(self._closed(older, "superseded"))
+        assert cert is not None
+        self.sessions[request.node_id] = _Session(
+            request.node_id,
+            opened.epoch,
+            opened.session_id,
+            request.cert_serial,
+            stream,
+            self.clock(),
+        )
+        await self._publish(
+            self._hello_fact(request, opened, upgrade, cert.allowed_kinds, cert.identity_generation)
+        )
+        return Welcome(opened.epoch, opened.session_id, upgrade)
+
+    def heartbeat(self, node_id: str, epoch: int) -> None:
+        session = self.sessions.get(node_id)
+        if session is not None and session.epoch == epoch:
+            session.last_seen = self.clock()
+
+    async def disconnect(
+        self, node_id: str, epoch: int, reason: CloseReason = "stream-closed"
+    ) -> None:
+        session = self.sessions.get(node_id)
+        if session is not None and session.epoch == epoch:
+            del self.sessions[node_id]
+            await self._publish(self._closed(session, reason))
+
+    async def progress(self, node_id: str, epoch: int, command_id: uuid.UUID, state: str) -> None:
+        await self._fact(Progress, node_id=node_id, epoch=epoch, command_id=command_id, state=state)
+
+    async def result(
+        self,
+        node_id: str,
+        epoch: int,
+        command_id: uuid.UUID,
+        outcome: str,
+        result: dict[str, Any] | None,
+        error: str | None,
+    ) -> None:
+        await self._fact(
+            Result,
+            node_id=node_id,
+            epoch=epoch,
+            command_id=command_id,
+            outcome=outcome,
+            result=result,
+            error=error,
+        )
+
+    async def busy(self, node_id: str, epoch: int, command_id: uuid.UUID) -> None:
+        await self._fact(
+            Rejected, node_id=node_id, epoch=epoch, command_id=command_id, reason="BUSY"
+        )
+
+    async def events(self, node_id: str, journal_id: str, events: list[dict[str, Any]]) -> None:
+        await self._fact(Events, node_id=node_id, journal_id=journal_id, events=events)
+
+    async def status(
+        self, node_id: str, epoch: int, observed_generation: int, trust_version: int = 0
+    ) -> None:
+        await self._fact(
+            Status,
+            node_id=node_id,
+            epoch=epoch,
+            observed_generation=observed_generation,
+            trust_version=trust_version,
+        )
+
+    # -- periodic work -------------------------------------------------------------------
+    async def tick(self) -> None:
+        """Renew the lease, flush last-seen, time out silent sessions (whatever is due)."""
+        if not self.alive:
+            return
+        now = self.clock()
+        if now - self._renewed_at >= self.settings.renew_every:
+            try:
+                async with self.pool.acquire() as conn:
+                    await store.renew(
+                        conn,
+                        self.gateway_id,
+                        self.lease_epoch or 0,
+                        timedelta(seconds=self.settings.lease_ttl),
+                    )
+                self._renewed_at = now
+            except store.LeaseGone:
+                log.warning(
+                    "gateway %s lost its lease: refusing Hellos, dropping streams", self.gateway_id
+                )
+                await self.stop(graceful=False)
+                return
+        timeout = self.settings.heartbeat_interval * self.settings.missed_heartbeats
+        for session in [s for s in self.sessions.values() if now - s.last_seen > timeout]:
+            del self.sessions[session.node_id]
+            session.stream.drop("heartbeat-timeout")
+            await self._publish(self._closed(session, "heartbeat-timeout"))
+        if now - self._flushed_at >= self.settings.flush_period:
+            await self.flush()
+
+    async def flush(self) -> None:
+        """The liveness fact: every session's age, at most 10,000 entries a fact."""
+        now = self.clock()
+        self._flushed_at = now
+        entries = [
+            LivenessEntry(
+                node_id=s.node_id, epoch=s.epoch, age_ms=max(0, int((now - s.last_seen) * 1000))
+            )
+            for s in self.sessions.values()
+        ]
+        for start in range(0, len(entries), MAX_FLUSH_ENTRIES):
+            chunk = entries[start : start + MAX_FLUSH_ENTRIES]
+            await self._publish(Liveness(**self._fact_base(), entries=chunk))
+
+    # -- notices ---------------------------------------------------------------------------
+    async def _notices(self) -> None:
+        assert self._pull is not None
+        while not self._stopping.is_set():
+            try:
+                msgs = await self._pull.next_batch(1.0)
+            except Exception as error:
+                log.debug("gateway %s notices: %s", self.gateway_id, error)
+                await asyncio.sleep(0.5)
+                continue
+            for msg in msgs:
+                try:
+                    await self._obey(msg)
+                except Exception:
+                    log.exception("gateway %s could not obey a notice", self.gateway_id)
+                await msg.ack()
+
+    async def _obey(self, msg: Msg) -> None:
+        notice = REGISTRY.decode(msg.headers, msg.data)
+        session = self.sessions.get(getattr(notice, "node_id", ""))
+        if session is None or getattr(notice, "epoch", session.epoch) != session.epoch:
+            return  # delivered only to a live session at that epoch
+        if isinstance(notice, Dispatch):
+            await session.stream.deliver(notice)
+        elif isinstance(notice, Zombie):
+            del self.sessions[session.node_id]
+            session.stream.drop("fenced")
+            await self._publish(self._closed(session, "fenced"))
+        elif isinstance(notice, EventAck):
+            await session.stream.event_ack(notice.journal_id, notice.seq)
+
+    async def _on_revocation(self, msg: Msg) -> None:
+        try:
+            notice = REGISTRY.decode(msg.headers, msg.data)
+        except Exception:
+            return
+        if not isinstance(notice, Revocations):
+            return
+        serials = set(notice.serials)
+        for session in [s for s in self.sessions.values() if s.cert_serial in serials]:
+            del self.sessions[session.node_id]
+            session.stream.drop("revoked")
+            await self._publish(self._closed(session, "revoked"))
+
+    # -- facts -----------------------------------------------------------------------------
+    def _fact_base(self) -> dict[str, Any]:
+        return {
+            "fact_id": uuid.uuid4(),
+            "gateway_id": self.gateway_id,
+            "observed_at": datetime.fromtimestamp(self.clock(), UTC),
+        }
+
+    async def _fact(self, model: type[Fact], **fields: Any) -> None:
+        await self._publish(model.model_validate({**self._fact_base(), **fields}, strict=False))
+
+    def _closed(self, session: _Session, reason: CloseReason) -> Closed:
+        return Closed(
+            **self._fact_base(), node_id=session.node_id, epoch=session.epoch, reason=reason
+        )
+
+    def _hello_fact(
+        self,
+        request: HelloRequest,
+        opened: store.Opened,
+        upgrade: bool,
+        kinds: tuple[str, ...] | None,
+        generation: int,
+    ) -> Hello:
+        return Hello.model_validate(
+            {
+                **self._fact_base(),
+                "node_id": request.node_id, "session_id": opened.session_id, "epoch": opened.epoch,
+                "role": request.role, "boot_id": request.boot_id, "journal_id": request.journal_id,
+                "daemon_version": request.daemon_version, "proto_max": request.proto_max,
+                "trust_version": request.trust_version, "capabilities": list(request.capabilities),
+                "approver_set_epoch": request.approver_set_epoch, "approver_set_sha256": request.approver_set_sha256,
+                "running_command_ids": list(request.running_command_ids),
+                "inventory_hashes": dict(request.inventory_hashes),
+                "cert": CertInfo(serial=request.cert_serial, allowed_kinds=list(kinds) if kinds is not None else None, identity_generation=generation),
+                "upgrade_required": upgrade, "transport": request.transport,
+                "previous": PreviousSession(
+                    epoch=opened.previous_epoch, gateway_id=opened.previous_gateway_id,
+                    boot_id=opened.previous_boot_id, journal_id=opened.previous_journal_id,
+                    live=opened.previous_live,
+                ),
+            },
+            strict=False,
+        )  # fmt: skip
+
+    async def _publish(self, fact: Fact) -> None:
+        """Publish after commit, at least once: retried (same Nats-Msg-Id) until acknowledged."""
+        body, headers = REGISTRY.encode(fact)
+        headers["Nats-Msg-Id"] = str(fact.fact_id)
+        subject = self.subjects.fact(self.gateway_id, fact.BC_TYPE)
+        delay = 0.1
+        for attempt in range(30):
+            try:
+                await self.js.publish(subject, body, headers=headers, timeout=5)
+                return
+            except Exception as error:
+                if attempt == 29:
+                    raise
+                log.debug(
+                    "gateway %s: publish %s failed (%s), retrying",
+                    self.gateway_id,
+                    fact.BC_TYPE,
+                    error,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)

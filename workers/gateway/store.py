@@ -1,0 +1,155 @@
+"""The reference gateway's SQL: its lease, what admission reads, the Hello transaction.
+
+Every write is fenced on the gateway's lease epoch: a gateway whose lease was taken
+writes nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import asyncpg
+
+from workers.gateway.admission import CertRow, HelloRequest
+
+
+class LeaseGone(Exception):
+    """This gateway no longer holds its lease: it must refuse Hellos and stop writing."""
+
+
+ACQUIRE = """
+INSERT INTO gateways AS g (gateway_id, lease_epoch, lease_expires_at)
+VALUES ($1, 1, compute_now() + $2::interval)
+ON CONFLICT (gateway_id) DO UPDATE
+   SET lease_epoch = g.lease_epoch + 1, lease_expires_at = EXCLUDED.lease_expires_at, draining = false
+RETURNING lease_epoch
+"""
+
+RENEW = """
+UPDATE gateways SET lease_expires_at = compute_now() + $3::interval
+ WHERE gateway_id = $1 AND lease_epoch = $2 AND lease_expires_at > compute_now()
+"""
+
+FENCE = """
+SELECT 1 FROM gateways
+ WHERE gateway_id = $1 AND lease_epoch = $2 AND lease_expires_at > compute_now()
+   FOR SHARE
+"""
+
+READ_FOR_ADMISSION = """
+SELECT compute_now() AS now,
+       (SELECT identity_generation FROM nodes WHERE node_id = $1) AS node_generation,
+       c.serial, c.node_id, c.identity_generation, c.role, c.not_after, c.revoked_at IS NOT NULL AS revoked,
+       c.allowed_kinds
+  FROM (SELECT 1) one
+  LEFT JOIN node_certs c ON c.serial = $2
+"""
+
+PREVIOUS = """
+SELECT session_epoch, gateway_id, boot_id, journal_id,
+       gateway_id IS NOT NULL AND last_seen > compute_now() - $2::interval AS live
+  FROM node_sessions WHERE node_id = $1 FOR UPDATE
+"""
+
+BUMP = """
+UPDATE node_sessions
+   SET session_epoch = session_epoch + 1, gateway_id = $2, session_id = $3, boot_id = $4, journal_id = $5,
+       role = $6, daemon_version = $7, proto_max = $8, transport = $9, upgrade_required = $10,
+       trust_version = $11, approver_set_epoch = $12, approver_set_sha256 = $13,
+       acked_event_seq = CASE WHEN journal_id IS DISTINCT FROM $5 THEN 0 ELSE acked_event_seq END,
+       connected_at = compute_now(), last_seen = compute_now(), disconnected_at = NULL,
+       disconnect_reason = NULL, cert_serial = $14
+ WHERE node_id = $1
+RETURNING session_epoch
+"""
+
+
+async def acquire(conn: asyncpg.Connection, gateway_id: str, ttl: timedelta) -> int:
+    """Take this gateway's lease (a new incarnation wins over an older one)."""
+    return int(await conn.fetchval(ACQUIRE, gateway_id, ttl))
+
+
+async def renew(conn: asyncpg.Connection, gateway_id: str, epoch: int, ttl: timedelta) -> None:
+    if await conn.execute(RENEW, gateway_id, epoch, ttl) != "UPDATE 1":
+        raise LeaseGone(f"gateway {gateway_id} lost its lease (epoch {epoch})")
+
+
+async def fence(conn: asyncpg.Connection, gateway_id: str, epoch: int) -> None:
+    if await conn.fetchval(FENCE, gateway_id, epoch) is None:
+        raise LeaseGone(f"gateway {gateway_id} lost its lease (epoch {epoch})")
+
+
+async def read_for_admission(
+    conn: asyncpg.Connection, request: HelloRequest
+) -> tuple[datetime, int | None, CertRow | None]:
+    row = await conn.fetchrow(READ_FOR_ADMISSION, request.node_id, request.cert_serial)
+    cert = None
+    if row["serial"] is not None:
+        kinds = row["allowed_kinds"]
+        cert = CertRow(
+            serial=row["serial"],
+            node_id=row["node_id"],
+            identity_generation=row["identity_generation"],
+            role=row["role"],
+            not_after=row["not_after"],
+            revoked=row["revoked"],
+            allowed_kinds=tuple(kinds) if kinds is not None else None,
+        )
+    return row["now"], row["node_generation"], cert
+
+
+@dataclass(frozen=True)
+class Opened:
+    """What the Hello transaction returns: the new epoch and the row as it was before."""
+
+    epoch: int
+    session_id: str
+    previous_epoch: int
+    previous_gateway_id: str | None
+    previous_boot_id: str | None
+    previous_journal_id: str | None
+    previous_live: bool
+
+
+async def open_session(
+    conn: asyncpg.Connection,
+    gateway_id: str,
+    lease_epoch: int,
+    request: HelloRequest,
+    upgrade_required: bool,
+    live_window: timedelta,
+) -> Opened:
+    """The Hello transaction: fenced on the lease, the node's row locked, its epoch bumped."""
+    async with conn.transaction():
+        await fence(conn, gateway_id, lease_epoch)
+        previous = await conn.fetchrow(PREVIOUS, request.node_id, live_window)
+        session_id = uuid.uuid4().hex
+        digest = request.approver_set_sha256 or None
+        epoch = await conn.fetchval(
+            BUMP,
+            request.node_id,
+            gateway_id,
+            session_id,
+            request.boot_id,
+            request.journal_id,
+            request.role,
+            request.daemon_version,
+            request.proto_max,
+            request.transport,
+            upgrade_required,
+            request.trust_version,
+            request.approver_set_epoch if digest else None,
+            digest,
+            request.cert_serial,
+        )
+    return Opened(
+        epoch=int(epoch),
+        session_id=session_id,
+        previous_epoch=previous["session_epoch"],
+        previous_gateway_id=previous["gateway_id"],
+        previous_boot_id=previous["boot_id"],
+        previous_journal_id=previous["journal_id"],
+        previous_live=bool(previous["live"]),
+    )
