@@ -222,6 +222,22 @@ async def test_stale_after_45s_not_at_44s(
     )
 
 
+async def test_a_dead_gateways_sessions_wait_for_the_gateway_loss_rule(
+    pool: asyncpg.Pool, db: asyncpg.Connection, subjects: Subjects
+) -> None:
+    """Nobody flushes a dead gateway's sessions: their age says nothing, the grace decides."""
+    await fleet.gateway(db, "gw-dead", expires_in=-60 * S)
+    await fleet.session(db, "n1", epoch=1, gateway_id="gw-dead", seen_ago=75 * S)
+    await _swept_recently(db)
+    assert (await sweep_once(pool, None, subjects, Rules())).stale == 0
+    await db.execute(
+        "UPDATE gateways SET lease_expires_at = compute_now() - interval '121 seconds'"
+    )
+    await _swept_recently(db)
+    assert (await sweep_once(pool, None, subjects, Rules())).gateway_lost == 1
+    assert await _routing(db, "n1") == (1, None, "gateway-lost")
+
+
 @pytest.mark.parametrize(("outage", "transitions"), [(19, True), (21, False)])
 async def test_an_outage_over_20s_holds_age_transitions(
     pool: asyncpg.Pool, db: asyncpg.Connection, subjects: Subjects, outage: int, transitions: bool

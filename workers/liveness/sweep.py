@@ -50,13 +50,17 @@ UPDATE node_sessions s
 RETURNING s.node_id, lost.session_epoch, lost.gateway_id
 """
 
+# A session on a gateway whose lease has expired is not aged here: nobody could flush it,
+# and the gateway-loss rule (with its grace to move) decides about it.
 STALE = """
 WITH stale AS (
-    SELECT node_id, session_epoch, gateway_id
-      FROM node_sessions
-     WHERE gateway_id IS NOT NULL AND last_seen < $1
-     ORDER BY node_id
-       FOR UPDATE SKIP LOCKED
+    SELECT s.node_id, s.session_epoch, s.gateway_id
+      FROM node_sessions s
+     WHERE s.gateway_id IS NOT NULL AND s.last_seen < $1
+       AND NOT EXISTS (SELECT 1 FROM gateways g
+                        WHERE g.gateway_id = s.gateway_id AND g.lease_expires_at < $2)
+     ORDER BY s.node_id
+       FOR UPDATE OF s SKIP LOCKED
 )
 UPDATE node_sessions s
    SET gateway_id = NULL, disconnected_at = $2, disconnect_reason = 'liveness-timeout'
