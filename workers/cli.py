@@ -198,7 +198,11 @@ def _cmd_schemas_export(args: argparse.Namespace, settings: Settings) -> int:
 def _cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from workers import demo
 
-    return asyncio.run(demo.main(Path(args.directory).resolve(), hold=args.hold))
+    return asyncio.run(
+        demo.main(
+            Path(args.directory).resolve(), hold=args.keep, nodes=args.nodes, gateways=args.gateways
+        )
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -258,7 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="run the whole flow on embedded NATS and PostgreSQL")
     demo.add_argument("--directory", default=".bcw/demo", help="where the servers keep their data")
-    demo.add_argument("--hold", action="store_true", help="keep the servers up until Ctrl-C")
+    demo.add_argument("--keep", action="store_true", help="keep the servers up until Ctrl-C")
+    demo.add_argument("--nodes", type=int, default=1000, help="fleet size")
+    demo.add_argument("--gateways", type=int, default=3, help="gateways")
     demo.set_defaults(handler=_cmd_demo)
     return parser
 

@@ -1,0 +1,6 @@
+"""The fleet simulator: fake daemons over reference gateways, scenarios with checks."""
+
+from workers.sim.scenarios import SCENARIOS
+from workers.sim.simulator import Check, Simulator
+
+__all__ = ["SCENARIOS", "Check", "Simulator"]

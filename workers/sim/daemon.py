@@ -1,0 +1,212 @@
+"""A fake daemon (`bcd`): what a node does on its side of the stream, in memory.
+
+Says Hello with its capabilities and running commands; heartbeats; runs dispatched
+commands within its own credits per lane and answers BUSY when a lane is full; acks,
+runs and completes them (a `node.reboot` reboots it, a `daemon.upgrade` upgrades it);
+journals events and trims them when acked; reconnects with full-jitter back-off
+`min(60 s, 1 s * 2^n)`, reset by a Welcome. It can reboot, lose its journal, be cloned
+onto a second machine and be upgraded. Driven by `tick()` from the simulator.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from schemas.notices import Dispatch
+from workers.gateway import Code, Gateway, HelloRequest, Refused
+
+HEARTBEAT = 10.0
+
+
+@dataclass
+class _Running:
+    dispatch: Dispatch
+    finish_at: float
+
+
+@dataclass
+class FakeDaemon:
+    node_id: str
+    serial: str
+    clock: Callable[[], float]
+    rng: random.Random
+    capabilities: list[str] = field(default_factory=list)
+    version: str = "1.0.0"
+    lane_credits: int = 4
+    work_seconds: tuple[float, float] = (0.2, 1.0)
+    transport: str = "grpc"
+    boot_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    journal_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    home: int = 0  # index of the gateway it prefers
+
+    def __post_init__(self) -> None:
+        self.gateway: Gateway | None = None
+        self.epoch = 0
+        self.failures = 0  # reconnect attempts since the last Welcome
+        self.next_try = 0.0
+        self.partitioned = False  # cannot reach any gateway
+        self.running: dict[uuid.UUID, _Running] = {}
+        self.unreported: list[tuple[uuid.UUID, str]] = []  # finished while disconnected
+        self.journal: list[dict[str, Any]] = []
+        self.next_seq = 1
+        self.sent_seq = 0
+        self.last_heartbeat = 0.0
+        self.refusals: Counter[str] = Counter()
+        self.busy_answers = 0
+        self.welcomes = 0
+        self.generation = 0
+
+    # -- the stream, as the gateway sees it --------------------------------------------
+    async def deliver(self, dispatch: Dispatch) -> None:
+        gateway = self.gateway
+        if gateway is None:
+            return
+        if dispatch.command_id in self.running:
+            return  # a replay of what runs already
+        in_lane = sum(1 for r in self.running.values() if r.dispatch.lane == dispatch.lane)
+        if in_lane >= self.lane_credits:
+            self.busy_answers += 1
+            await gateway.busy(self.node_id, self.epoch, dispatch.command_id)
+            return
+        self.running[dispatch.command_id] = _Running(
+            dispatch, self.clock() + self.rng.uniform(*self.work_seconds)
+        )
+        await gateway.progress(self.node_id, self.epoch, dispatch.command_id, "acked")
+        await gateway.progress(self.node_id, self.epoch, dispatch.command_id, "running")
+
+    async def event_ack(self, journal_id: str, seq: int) -> None:
+        if journal_id == self.journal_id:
+            self.journal = [e for e in self.journal if e["seq"] > seq]
+
+    def drop(self, reason: str) -> None:
+        self.gateway = None
+        self.epoch = 0
+        self._back_off()
+
+    # -- what the simulator does to it ---------------------------------------------------
+    def reboot(self) -> None:
+        """A new boot: whatever ran is gone; reconnect at once."""
+        self.boot_id = uuid.uuid4().hex[:12]
+        self.running.clear()
+        self._restart()
+
+    def lose_journal(self) -> None:
+        """A reinstalled disk: new journal, nothing remembered."""
+        self.journal_id = uuid.uuid4().hex[:12]
+        self.journal.clear()
+        self.next_seq, self.sent_seq = 1, 0
+        self.running.clear()
+        self.unreported.clear()
+        self.boot_id = uuid.uuid4().hex[:12]
+        self._restart()
+
+    def upgrade(self, version: str) -> None:
+        self.version = version
+        self._restart()
+
+    def clone(self, home: int) -> FakeDaemon:
+        """The same identity (certificate) on a second machine: another boot id."""
+        return FakeDaemon(
+            self.node_id, self.serial, self.clock, self.rng, list(self.capabilities), self.version,
+            self.lane_credits, self.work_seconds, home=home,
+        )  # fmt: skip
+
+    def _restart(self) -> None:
+        self.gateway = None
+        self.epoch = 0
+        self.failures = 0
+        self.next_try = self.clock()
+
+    def _back_off(self) -> None:
+        self.failures += 1
+        self.next_try = self.clock() + self.rng.uniform(
+            0, min(60.0, 2.0**self.failures)
+        )  # full jitter
+
+    @property
+    def connected(self) -> bool:
+        return self.gateway is not None and self.gateway.alive
+
+    # -- time passes ---------------------------------------------------------------------
+    async def tick(self, gateways: Sequence[Gateway]) -> None:
+        now = self.clock()
+        if self.gateway is not None and not self.gateway.alive:
+            self.drop("gateway gone")
+        if self.gateway is None:
+            if not self.partitioned and now >= self.next_try:
+                await self._connect(gateways)
+            await self._finish_due(now)
+            return
+        if now - self.last_heartbeat >= HEARTBEAT:
+            self.last_heartbeat = now
+            self.gateway.heartbeat(self.node_id, self.epoch)
+        await self._finish_due(now)
+        await self._report()
+
+    async def _connect(self, gateways: Sequence[Gateway]) -> None:
+        alive = [g for g in gateways if g.alive]
+        if not alive:
+            self._back_off()
+            return
+        gateway = (
+            alive[self.home % len(alive)]
+            if gateways[self.home % len(gateways)].alive
+            else self.rng.choice(alive)
+        )
+        request = HelloRequest(
+            node_id=self.node_id, cert_serial=self.serial, role="worker", boot_id=self.boot_id,
+            journal_id=self.journal_id, daemon_version=self.version, capabilities=list(self.capabilities),
+            running_command_ids=[str(c) for c in self.running], transport=self.transport, trust_version=1,
+        )  # fmt: skip
+        try:
+            welcome = await gateway.hello(request, self)
+        except Refused as refused:
+            self.refusals[refused.code.value] += 1
+            if refused.code is Code.RESOURCE_EXHAUSTED and refused.retry_after is not None:
+                self.next_try = self.clock() + refused.retry_after
+            else:
+                self._back_off()
+            return
+        self.gateway, self.epoch = gateway, welcome.epoch
+        self.failures = 0
+        self.welcomes += 1
+        self.last_heartbeat = self.clock()
+        self.sent_seq = 0  # re-send what was not acked to the new session
+
+    async def _finish_due(self, now: float) -> None:
+        for command_id, run in list(self.running.items()):
+            if run.finish_at > now:
+                continue
+            del self.running[command_id]
+            kind = run.dispatch.kind
+            if kind == "node.reboot":
+                self.reboot()
+                return
+            if kind == "daemon.upgrade":
+                self.upgrade(str(run.dispatch.payload.get("target_version", self.version)))
+                return
+            self._journal("command.finished", {"command_id": str(command_id), "kind": kind})
+            self.unreported.append((command_id, "done"))
+
+    def _journal(self, kind: str, body: dict[str, Any]) -> None:
+        self.journal.append({"seq": self.next_seq, "kind": kind, "body": body, "at": self.clock()})
+        self.next_seq += 1
+
+    async def _report(self) -> None:
+        gateway = self.gateway
+        if gateway is None:
+            return
+        while self.unreported:
+            command_id, outcome = self.unreported.pop(0)
+            await gateway.result(self.node_id, self.epoch, command_id, outcome, {"exit": 0}, None)
+        unsent = [e for e in self.journal if e["seq"] > self.sent_seq]
+        if unsent:
+            events = [{**e, "at": datetime.fromtimestamp(e["at"], UTC)} for e in unsent[:1000]]
+            await gateway.events(self.node_id, self.journal_id, events)
+            self.sent_seq = unsent[: len(events)][-1]["seq"]

@@ -1,0 +1,233 @@
+"""Scenarios of the simulator: what fleets do, and checks of what the workers made of it.
+
+Each scenario drives a started `Simulator` (with the five workers running against the
+same servers) and returns `Check`s; `mixed` chains them the way `bcw demo` shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from workers.sim.simulator import Check, Simulator
+
+Scenario = Callable[[Simulator], Awaitable[list[Check]]]
+
+
+def check(name: str, expected: object, actual: object, ok: bool | None = None) -> Check:
+    return Check(name, str(expected), str(actual), expected == actual if ok is None else ok)
+
+
+async def _count(sim: Simulator, sql: str, *args: object) -> int:
+    return int(await sim.fetchval(sql, *args))  # type: ignore[call-overload]
+
+
+async def _never() -> bool:
+    return False
+
+
+async def power_on(sim: Simulator) -> list[Check]:
+    """The whole fleet switched on at once: the gateways' handshake bucket and pending
+    limit push back (jittered retries) until every node is connected and labeled."""
+    everyone = len(sim.daemons)
+    wanted_labels = sum(len(d.capabilities) for d in sim.daemons)
+    label_count = "SELECT count(*) FROM node_labels WHERE node_id LIKE $1 AND source = 'system'"
+
+    async def connected_and_labeled() -> bool:
+        return (
+            await sim.connected() >= everyone
+            and await _count(sim, label_count, sim.prefix + "-%") == wanted_labels
+        )
+
+    await sim.run(connected_and_labeled, within=90, speed=2, what="power-on")
+    pushed_back = sum(d.refusals["RESOURCE_EXHAUSTED"] for d in sim.daemons)
+    return [
+        check("nodes connected after power-on", everyone, await sim.connected()),
+        check(
+            "capability labels", wanted_labels, await _count(sim, label_count, sim.prefix + "-%")
+        ),
+        check("Hellos pushed back and retried", "any", pushed_back, ok=True),
+    ]
+
+
+async def commands_done(sim: Simulator, within: float = 90, speed: float = 10) -> bool:
+    """Every command of a node that is not quarantined is done, failed or cancelled."""
+
+    async def done() -> bool:
+        return (
+            await _count(
+                sim,
+                "SELECT count(*) FROM commands c WHERE c.node_id LIKE $1 "
+                "AND c.state NOT IN ('done', 'failed', 'cancelled') "
+                "AND EXISTS (SELECT 1 FROM node_certs n WHERE n.node_id = c.node_id AND n.revoked_at IS NULL)",
+                sim.prefix + "-%",
+            )
+            == 0
+        )
+
+    return await sim.run(done, within=within, speed=speed, what="commands finishing")
+
+
+async def busy(sim: Simulator, nodes: int = 20, per_node: int = 6) -> list[Check]:
+    """Daemons with one credit per lane get several commands: they answer BUSY, the
+    commands back off (1, 2, 4 … 30 s) and go again, and all complete."""
+    chosen = sim.daemons[:nodes]
+    ids = [d.node_id for d in chosen]
+    for daemon in chosen:
+        daemon.lane_credits = 1
+    await sim.enqueue(chosen, per_node)
+    converged = await commands_done(sim)
+    of_chosen = (
+        "SELECT count(*) FROM commands WHERE node_id = ANY($1::text[]) AND busy_attempts > 0"
+    )
+    delayed = await _count(sim, of_chosen, ids)
+    delayed_done = await _count(sim, of_chosen + " AND state = 'done'", ids)
+    for daemon in chosen:
+        daemon.lane_credits = 4
+    return [
+        check("BUSY-delayed commands", "> 0", delayed, ok=delayed > 0),
+        check(
+            "BUSY-delayed commands completed",
+            delayed,
+            delayed_done,
+            ok=converged and delayed == delayed_done,
+        ),
+    ]
+
+
+async def journal_loss(sim: Simulator, nodes: int = 10) -> list[Check]:
+    """Nodes lose their disk while commands run: those commands fail `journal-lost`,
+    never re-sent blindly; the node's later commands go to the new journal."""
+    chosen = sim.daemons[-nodes - 1 : -1]
+    ids = [d.node_id for d in chosen]
+    for daemon in chosen:
+        daemon.work_seconds = (600.0, 900.0)  # still running when the disk goes
+    first = await _count(
+        sim, "SELECT coalesce(max(seq), 0) + 1 FROM commands WHERE node_id = ANY($1::text[])", ids
+    )
+    await sim.enqueue(chosen, 2)
+    in_state = "SELECT count(*) FROM commands WHERE node_id = ANY($1::text[]) AND seq >= $2 AND "
+
+    async def running() -> bool:
+        return await _count(sim, in_state + "state = 'running'", ids, first) == 2 * nodes
+
+    await sim.run(running, within=30, speed=2)
+    for daemon in chosen:
+        daemon.work_seconds = (0.2, 1.0)
+        daemon.lose_journal()
+
+    async def failed() -> bool:
+        return (
+            await _count(sim, in_state + "failure_reason = 'journal-lost'", ids, first) == 2 * nodes
+        )
+
+    await sim.run(failed, within=30, speed=2)
+    lost = await _count(sim, in_state + "failure_reason = 'journal-lost'", ids, first)
+    await sim.enqueue(chosen, 1)
+    await commands_done(sim)
+    after = await _count(sim, in_state + "state = 'done'", ids, first + 2)
+    return [
+        check("commands failed journal-lost", 2 * nodes, lost),
+        check("commands done on the new journal", nodes, after),
+    ]
+
+
+async def clone(sim: Simulator) -> list[Check]:
+    """One identity on two machines: they alternate until the node is quarantined and
+    both are refused."""
+    original = sim.daemons[0]
+    twin = original.clone(home=original.home + 1)
+    sim.daemons.append(twin)
+
+    async def revoked() -> bool:
+        return bool(await sim.fetchval("SELECT is_revoked($1)", original.serial))
+
+    quarantined = await sim.run(revoked, within=60, speed=10, what="clone")
+    await sim.run(_never, within=2, speed=5)
+    sim.daemons.remove(twin)
+    refused = original.refusals["UNAUTHENTICATED"] + twin.refusals["UNAUTHENTICATED"]
+    return [
+        check("clone quarantined (certificate revoked)", True, quarantined),
+        check("clone refused afterwards", "> 0", refused, ok=refused > 0),
+    ]
+
+
+async def gateway_loss(sim: Simulator) -> list[Check]:
+    """A gateway dies with its rack cut off: commands routed to it meanwhile are never
+    delivered; after its lease and the 120 s grace its sessions are disconnected
+    `gateway-lost`; when the rack is back, its nodes reconnect elsewhere and what was in
+    flight is replayed."""
+    victim = sim.gateways[-1]
+    stranded = [d for d in sim.daemons if d.gateway is victim]
+    ids = [d.node_id for d in stranded]
+    for daemon in stranded:
+        daemon.partitioned = True
+    await victim.stop(graceful=False)
+    await sim.enqueue(stranded, 1)  # dispatched to the dead route before anyone knows
+    lost_sql = "SELECT count(*) FROM node_sessions WHERE node_id = ANY($1::text[]) AND disconnect_reason = 'gateway-lost'"
+
+    async def lost() -> bool:
+        return await _count(sim, lost_sql, ids) == len(ids)
+
+    await sim.run(lost, within=60, speed=10, what="gateway loss")
+    disconnected = await _count(sim, lost_sql, ids)
+    for daemon in stranded:
+        daemon.partitioned = False
+        daemon.failures = 0
+        daemon.next_try = sim.clock()
+    back_sql = "SELECT count(*) FROM node_sessions WHERE node_id = ANY($1::text[]) AND gateway_id IS NOT NULL"
+
+    async def back() -> bool:
+        return await _count(sim, back_sql, ids) == len(ids)
+
+    await sim.run(back, within=60, speed=5, what="reconnect")
+    return [
+        check("sessions disconnected gateway-lost", len(ids), disconnected),
+        check("stranded nodes reconnected elsewhere", len(ids), await _count(sim, back_sql, ids)),
+    ]
+
+
+async def mixed(sim: Simulator) -> list[Check]:
+    """What the demo shows: power-on, commands, BUSY, lost journals, a clone, a lost
+    gateway (its undelivered commands replayed on reconnect), then convergence."""
+    checks = await power_on(sim)
+    await sim.enqueue(sim.daemons, 2)
+    checks += await busy(sim, nodes=max(1, len(sim.daemons) // 50))
+    checks += await journal_loss(sim, nodes=max(1, len(sim.daemons) // 100))
+    checks += await clone(sim)
+    checks += await gateway_loss(sim)
+    converged = await commands_done(sim, within=90)
+    events = await sim.events()
+    replayed = events[("command.replayed", "")]
+    gateway_lost = events[("node.disconnected", "gateway-lost")]
+    dead = await _dead_letters(sim)
+    checks += [
+        check("every command finished (but the quarantined node's)", True, converged),
+        check("commands replayed on reconnect", "> 0", replayed, ok=replayed > 0),
+        check("node.disconnected gateway-lost events", "> 0", gateway_lost, ok=gateway_lost > 0),
+        check(
+            "security.node.quarantined events",
+            1,
+            events[("security.node.quarantined", "duplicate-identity")],
+        ),
+        check("nodes connected at the end", len(sim.daemons) - 1, await sim.connected()),
+        check("dead letters", 0, dead),
+    ]
+    return checks
+
+
+async def _dead_letters(sim: Simulator) -> int:
+    try:
+        info = await sim.nc.jetstream().stream_info(sim.subjects.dead_stream)
+    except Exception:
+        return 0
+    return int(info.state.messages)
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "power-on": power_on,
+    "gateway-loss": gateway_loss,
+    "clone": clone,
+    "journal-loss": journal_loss,
+    "busy": busy,
+    "mixed": mixed,
+}
