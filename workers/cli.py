@@ -187,6 +187,26 @@ def _cmd_commands(args: argparse.Namespace, settings: Settings) -> int:
     return asyncio.run(run())
 
 
+def _cmd_events(args: argparse.Namespace, settings: Settings) -> int:
+    from workers import tail
+
+    try:
+        return asyncio.run(
+            tail.follow(
+                settings, event_type=args.type, node=args.node, since=args.since, everything=args.all,
+                as_json=args.json, count=args.count, idle_exit=args.idle_exit,
+            )
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        return 0
+
+
+def _cmd_sim(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.sim.run import run_scenario
+
+    return asyncio.run(run_scenario(settings, args.scenario, args.nodes, args.gateways, args.seed))
+
+
 def _cmd_schemas_export(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.export import export
 
@@ -259,6 +279,29 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("node")
     listing.add_argument("--limit", type=int, default=100, help="the latest this many")
     listing.set_defaults(handler=_cmd_commands)
+
+    events = commands.add_parser("events", help="follow the session events workers publish")
+    events.add_argument(
+        "--type", default=">", help="event type, NATS wildcards allowed: node.*, command.>"
+    )
+    events.add_argument("--node", help="only this node's events")
+    events.add_argument("--since", help="from this long ago (10m, 2h, 1d) or this ISO 8601 time")
+    events.add_argument("--all", action="store_true", help="from the start of the stream")
+    events.add_argument("--json", action="store_true", help="one JSON object per line")
+    events.add_argument("--count", type=int, help="exit after this many events")
+    events.add_argument("--idle-exit", type=float, help="exit after this many quiet seconds")
+    events.set_defaults(handler=_cmd_events)
+
+    sim = commands.add_parser("sim", help="simulate a fleet against the given NATS and PostgreSQL")
+    sim.add_argument(
+        "--scenario",
+        default="mixed",
+        choices=["power-on", "gateway-loss", "clone", "journal-loss", "busy", "mixed"],
+    )
+    sim.add_argument("--nodes", type=int, default=1000)
+    sim.add_argument("--gateways", type=int, default=3)
+    sim.add_argument("--seed", type=int, default=1)
+    sim.set_defaults(handler=_cmd_sim)
 
     demo = commands.add_parser("demo", help="run the whole flow on embedded NATS and PostgreSQL")
     demo.add_argument("--directory", default=".bcw/demo", help="where the servers keep their data")

@@ -106,7 +106,7 @@ async def main(directory: Path, *, hold: bool = False, nodes: int = 1000, gatewa
         checks: list[Check] = []
         try:
             await asyncio.sleep(1.0)  # workers provisioned and consuming
-            await _seed_sweep(pool)
+            await fresh_sweep_history(pool)
             await sim.start()
             with Live(console=console, refresh_per_second=4) as live:
 
@@ -136,7 +136,7 @@ async def main(directory: Path, *, hold: bool = False, nodes: int = 1000, gatewa
     return 0 if ok else 1
 
 
-async def _seed_sweep(pool: asyncpg.Pool) -> None:
+async def fresh_sweep_history(pool: asyncpg.Pool) -> None:
     """A fresh install has no sweep history: start it now, not with an outage grace."""
     async with pool.acquire() as conn:
         await conn.execute(

@@ -162,6 +162,7 @@ async def gateway_loss(sim: Simulator) -> list[Check]:
     for daemon in stranded:
         daemon.partitioned = True
     await victim.stop(graceful=False)
+    since = await sim.fetchval("SELECT now()")
     await sim.enqueue(stranded, 1)  # dispatched to the dead route before anyone knows
     lost_sql = "SELECT count(*) FROM node_sessions WHERE node_id = ANY($1::text[]) AND disconnect_reason = 'gateway-lost'"
 
@@ -180,9 +181,19 @@ async def gateway_loss(sim: Simulator) -> list[Check]:
         return await _count(sim, back_sql, ids) == len(ids)
 
     await sim.run(back, within=60, speed=5, what="reconnect")
+    reconnected = await _count(sim, back_sql, ids)
+    await commands_done(sim)
+    replayed = await _count(
+        sim,
+        "SELECT count(*) FROM commands WHERE node_id = ANY($1::text[]) AND created_at >= $2 "
+        "AND delivery_attempt >= 2 AND state = 'done'",
+        ids,
+        since,
+    )
     return [
         check("sessions disconnected gateway-lost", len(ids), disconnected),
-        check("stranded nodes reconnected elsewhere", len(ids), await _count(sim, back_sql, ids)),
+        check("stranded nodes reconnected elsewhere", len(ids), reconnected),
+        check("undelivered commands replayed and done", len(ids), replayed),
     ]
 
 
