@@ -1,0 +1,216 @@
+"""The reference gateway on real servers: admission codes from real rows, the Hello
+transaction, pushback, and the lease (a gateway whose lease was taken refuses Hellos and
+its stale writes match nothing)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import asyncpg
+import pytest
+from nats.aio.client import Client as NATS
+
+from schemas.notices import Dispatch
+from schemas.subjects import Subjects
+from tests.integration import fleet
+from tests.integration.support import stream_messages
+from workers.gateway import Code, Gateway, GatewaySettings, HelloRequest, Refused, store
+from workers.runtime import bus
+
+
+class Stream:
+    def __init__(self) -> None:
+        self.dropped: list[str] = []
+        self.delivered: list[Dispatch] = []
+
+    async def deliver(self, dispatch: Dispatch) -> None:
+        self.delivered.append(dispatch)
+
+    async def event_ack(self, journal_id: str, seq: int) -> None:
+        pass
+
+    def drop(self, reason: str) -> None:
+        self.dropped.append(reason)
+
+
+@pytest.fixture
+async def pool(database_url: str):  # type: ignore[no-untyped-def]
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+async def gateway(pool: asyncpg.Pool, nc: NATS, subjects: Subjects):  # type: ignore[no-untyped-def]
+    await bus.provision_streams(nc.jetstream(), subjects)
+    gw = Gateway("gw-a", pool, nc, subjects)
+    await gw.start()
+    yield gw
+    if gw.alive:
+        await gw.stop(graceful=False)
+
+
+def request(**kw: Any) -> HelloRequest:
+    fields = {
+        "node_id": "n1",
+        "cert_serial": "n1-serial",
+        "role": "worker",
+        "boot_id": "b1",
+        "journal_id": "j1",
+    }
+    return HelloRequest(**{**fields, **kw})
+
+
+async def test_each_refusal_code_from_real_rows(gateway: Gateway, db: asyncpg.Connection) -> None:
+    await fleet.join(db, "n1")
+    await fleet.join(db, "n2")
+    await fleet.join(db, "n1", "n1-serial-new")  # n1's first certificate is now an older generation
+    await fleet.join(db, "n3", "n3-serial")
+    await db.execute(
+        "UPDATE node_certs SET revoked_at = now(), revocation_reason = 'x' WHERE serial = 'n3-serial'"
+    )
+    cases = [
+        (request(boot_id=""), Code.INVALID_ARGUMENT),
+        (request(node_id="ghost", cert_serial="n2-serial"), Code.PERMISSION_DENIED),
+        (request(cert_serial="nope"), Code.UNAUTHENTICATED),
+        (request(node_id="n3", cert_serial="n3-serial"), Code.UNAUTHENTICATED),
+        (request(cert_serial="n1-serial"), Code.UNAUTHENTICATED),
+        (request(cert_serial="n2-serial"), Code.PERMISSION_DENIED),
+        (request(cert_serial="n1-serial-new", role="admin"), Code.PERMISSION_DENIED),
+    ]
+    for hello, code in cases:
+        with pytest.raises(Refused) as refused:
+            await gateway.hello(hello, Stream())
+        assert refused.value.code is code, hello
+    welcome = await gateway.hello(request(cert_serial="n1-serial-new"), Stream())
+    assert welcome.epoch == 1
+
+
+async def test_the_hello_transaction_and_its_fact(
+    gateway: Gateway, db: asyncpg.Connection, nc: NATS, subjects: Subjects
+) -> None:
+    await fleet.join(db, "n1")
+    first = await gateway.hello(request(), Stream())
+    await db.execute("UPDATE node_sessions SET acked_event_seq = 7")
+    old_stream = Stream()
+    gateway.sessions["n1"].stream = old_stream
+    second = await gateway.hello(request(boot_id="b2", journal_id="j2"), Stream())
+    assert (first.epoch, second.epoch) == (1, 2)
+    row = await db.fetchrow("SELECT * FROM node_sessions WHERE node_id = 'n1'")
+    assert (row["session_epoch"], row["gateway_id"], row["boot_id"], row["journal_id"], row["acked_event_seq"]) == (
+        2, "gw-a", "b2", "j2", 0,  # a new journal resets the ack
+    )  # fmt: skip
+    assert old_stream.dropped == ["superseded"]
+    facts = [m for m in await stream_messages(nc.jetstream(), subjects.facts_stream)]
+    types = [m.headers["Bc-Type"] for m in facts]
+    assert types == ["hello", "closed", "hello"]
+    import json
+
+    hello = json.loads(facts[2].data)
+    assert hello["previous"] == {
+        "epoch": 1,
+        "gateway_id": "gw-a",
+        "boot_id": "b1",
+        "journal_id": "j1",
+        "live": True,
+    }
+    assert hello["epoch"] == 2 and hello["cert"]["serial"] == "n1-serial"
+
+
+async def test_pushback_when_too_many_hellos_are_pending(
+    pool: asyncpg.Pool, nc: NATS, subjects: Subjects, db: asyncpg.Connection
+) -> None:
+    await bus.provision_streams(nc.jetstream(), subjects)
+    gw = Gateway(
+        "gw-b",
+        pool,
+        nc,
+        subjects,
+        settings=GatewaySettings(max_pending_hellos=2, handshakes_per_second=1000),
+    )
+    await gw.start()
+    try:
+        for i in range(20):
+            await fleet.join(db, f"p{i}")
+        results = await asyncio.gather(
+            *(
+                gw.hello(request(node_id=f"p{i}", cert_serial=f"p{i}-serial"), Stream())
+                for i in range(20)
+            ),
+            return_exceptions=True,
+        )
+        pushed = [r for r in results if isinstance(r, Refused)]
+        assert pushed and all(r.code is Code.RESOURCE_EXHAUSTED and r.retry_after for r in pushed)
+        assert len(pushed) < 20
+    finally:
+        await gw.stop(graceful=False)
+
+
+async def test_a_gateway_whose_lease_was_taken_refuses_and_writes_nothing(
+    pool: asyncpg.Pool, nc: NATS, subjects: Subjects, db: asyncpg.Connection, gateway: Gateway
+) -> None:
+    await fleet.join(db, "n1")
+    await fleet.join(db, "n2")
+    await gateway.hello(request(), Stream())
+    usurper = Gateway("gw-a", pool, nc, subjects)  # a new incarnation of the same gateway id
+    await usurper.start()
+    try:
+        with pytest.raises(Refused) as refused:
+            await gateway.hello(request(node_id="n2", cert_serial="n2-serial"), Stream())
+        assert refused.value.code is Code.UNAVAILABLE
+        assert (
+            await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n2'") == 0
+        )
+        with pytest.raises(store.LeaseGone):
+            async with pool.acquire() as conn:
+                await store.open_session(
+                    conn,
+                    "gw-a",
+                    1,
+                    request(node_id="n2", cert_serial="n2-serial"),
+                    False,
+                    GatewaySettings().live_window,
+                )
+        assert (
+            await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n2'") == 0
+        )
+        assert not gateway.alive
+        await usurper.hello(request(node_id="n2", cert_serial="n2-serial"), Stream())
+        assert (
+            await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n2'") == 1
+        )
+    finally:
+        await usurper.stop(graceful=False)
+
+
+async def test_dispatch_is_delivered_only_to_the_live_session_at_that_epoch(
+    gateway: Gateway, db: asyncpg.Connection, nc: NATS, subjects: Subjects
+) -> None:
+    import uuid
+
+    from schemas import REGISTRY
+
+    await fleet.join(db, "n1")
+    stream = Stream()
+    welcome = await gateway.hello(request(), stream)
+    js = nc.jetstream()
+    for epoch in (welcome.epoch + 1, welcome.epoch):
+        notice = Dispatch(
+            node_id="n1",
+            epoch=epoch,
+            command_id=uuid.uuid4(),
+            seq=epoch,
+            kind="exec",
+            lane="default",
+            attempt=1,
+            payload={},
+        )
+        body, headers = REGISTRY.encode(notice)
+        await js.publish(subjects.notice("gw-a", "dispatch"), body, headers=headers)
+    for _ in range(50):
+        if stream.delivered:
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.3)
+    assert [d.epoch for d in stream.delivered] == [welcome.epoch]

@@ -1,0 +1,71 @@
+"""The reference gateway's admission rules, one refusal code at a time."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from workers.gateway.admission import (
+    CertRow,
+    Code,
+    HelloRequest,
+    admit,
+    upgrade_required,
+    version_tuple,
+)
+
+NOW = datetime(2026, 11, 30, tzinfo=UTC)
+REQUEST = HelloRequest(node_id="n1", cert_serial="s1", role="worker", boot_id="b", journal_id="j")
+CERT = CertRow("s1", "n1", 2, "worker", NOW + timedelta(days=1), revoked=False)
+
+
+@pytest.mark.parametrize(
+    ("request_", "cert", "generation", "code"),
+    [
+        pytest.param(REQUEST, CERT, 2, None, id="admitted"),
+        pytest.param(replace(REQUEST, boot_id=""), CERT, 2, Code.INVALID_ARGUMENT, id="no-boot-id"),
+        pytest.param(
+            replace(REQUEST, journal_id=""), CERT, 2, Code.INVALID_ARGUMENT, id="no-journal-id"
+        ),
+        pytest.param(REQUEST, CERT, None, Code.PERMISSION_DENIED, id="never-joined"),
+        pytest.param(REQUEST, None, 2, Code.UNAUTHENTICATED, id="unknown-certificate"),
+        pytest.param(REQUEST, replace(CERT, revoked=True), 2, Code.UNAUTHENTICATED, id="revoked"),
+        pytest.param(REQUEST, replace(CERT, not_after=NOW), 2, Code.UNAUTHENTICATED, id="expired"),
+        pytest.param(REQUEST, CERT, 3, Code.UNAUTHENTICATED, id="older-generation"),
+        pytest.param(
+            REQUEST,
+            replace(CERT, node_id="n2"),
+            2,
+            Code.PERMISSION_DENIED,
+            id="another-nodes-certificate",
+        ),
+        pytest.param(replace(REQUEST, role=""), CERT, 2, Code.PERMISSION_DENIED, id="no-role"),
+        pytest.param(
+            replace(REQUEST, role="admin"), CERT, 2, Code.PERMISSION_DENIED, id="role-mismatch"
+        ),
+    ],
+)
+def test_admission(
+    request_: HelloRequest, cert: CertRow | None, generation: int | None, code: Code | None
+) -> None:
+    refusal = admit(request_, cert, generation, NOW)
+    assert (refusal.code if refusal else None) is code
+
+
+@pytest.mark.parametrize(
+    ("version", "minimum", "required"),
+    [
+        ("1.4.0", "1.10.0", True),
+        ("1.10.0", "1.10.0", False),
+        ("2.0", "1.10.3", False),
+        ("1.9.9-rc1", "1.10", True),
+    ],
+)
+def test_upgrade_required(version: str, minimum: str, required: bool) -> None:
+    assert upgrade_required(version, minimum) is required
+
+
+def test_version_tuple() -> None:
+    assert version_tuple("1.10.2") > version_tuple("1.9.12")
