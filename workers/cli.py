@@ -155,6 +155,10 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         from workers.bench import replay
 
         return asyncio.run(replay.run(settings, args.nodes, args.embedded))
+    if args.bench == "storm":
+        from workers.bench import storm
+
+        return asyncio.run(storm.run(settings, args.nodes, args.gateways, args.embedded))
     return 2
 
 
@@ -261,10 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="benchmarks that print figures")
     bench.add_argument(
-        "bench", choices=["runtime", "labeler", "sweep", "replay"], help="which benchmark"
+        "bench", choices=["runtime", "labeler", "sweep", "replay", "storm"], help="which benchmark"
     )
     bench.add_argument("--nodes", type=int, default=100_000, help="fleet size (labeler, sweep, …)")
     bench.add_argument("--facts", type=int, default=50_000, help="facts to push through")
+    bench.add_argument("--gateways", type=int, default=20, help="gateways (storm)")
     bench.add_argument(
         "--rounds", type=int, default=3, help="runs of each pipeline (medians shown)"
     )

@@ -8,7 +8,7 @@ import contextlib
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,7 +79,7 @@ def _started(server: EmbeddedNats | EmbeddedPostgres):  # type: ignore[no-untype
         server.stop()
 
 
-def print_table(title: str, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+def print_table(title: str, header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     print(title)
     for row in [header, *rows]:

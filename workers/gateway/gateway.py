@@ -148,7 +148,9 @@ class Gateway:
         self._pull: ContinuousPull | None = None
 
     # -- life ------------------------------------------------------------------------------
-    async def start(self) -> None:
+    async def start(self, autotick: float | None = None) -> None:
+        """Take the lease and follow the notices; with `autotick`, also tick every that
+        many seconds by itself (a simulator ticks it instead, to move time)."""
         async with self.pool.acquire() as conn:
             self.lease_epoch = await store.acquire(
                 conn, self.gateway_id, timedelta(seconds=self.settings.lease_ttl)
@@ -167,6 +169,18 @@ class Gateway:
             self.subjects.revocations, cb=self._on_revocation
         )
         self._tasks.append(asyncio.create_task(self._notices(), name=f"{self.gateway_id}-notices"))
+        if autotick is not None:
+            self._tasks.append(
+                asyncio.create_task(self._ticking(autotick), name=f"{self.gateway_id}-tick")
+            )
+
+    async def _ticking(self, every: float) -> None:
+        while not self._stopping.is_set():
+            try:
+                await self.tick()
+            except Exception:
+                log.exception("gateway %s tick failed", self.gateway_id)
+            await asyncio.sleep(every)
 
     async def stop(self, graceful: bool = True) -> None:
         """Graceful: close every session (`gateway-shutdown`). Not graceful: a crash."""

@@ -1,0 +1,187 @@
+"""`bcw bench storm`: a power-on herd against every worker.
+
+N nodes (100,000) over M reference gateways (20) say Hello at once, each with 5
+capabilities and one command in flight from before, while the five workers run each in a
+`bcw run <worker>` process of its own. Reports Hello facts/s through each worker, the
+time from the last Hello to every effect applied (labels, connected events, replays, the
+outbox published), and each worker's peak RSS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+import nats
+
+from schemas.subjects import Subjects
+from workers.bench.common import bench_target, print_table
+from workers.gateway import Code, Gateway, GatewaySettings, HelloRequest, Refused
+from workers.registry import WORKERS
+from workers.runtime.settings import Settings
+
+HELLO_WORKERS = ("labeler", "liveness", "quarantine", "replay")
+
+
+class _Stream:
+    async def deliver(self, dispatch: object) -> None:
+        return None
+
+    async def event_ack(self, journal_id: str, seq: int) -> None:
+        return None
+
+    def drop(self, reason: str) -> None:
+        return None
+
+
+def _peak_rss_mib(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+async def _spawn_workers(target_env: dict[str, str]) -> dict[str, asyncio.subprocess.Process]:
+    procs = {}
+    for name in WORKERS:
+        procs[name] = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "workers.cli", "run", name, env={**os.environ, **target_env},
+            stdout=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+    return procs
+
+
+async def _consumer_idle(js: nats.js.JetStreamContext, stream: str, name: str) -> bool:
+    info = await js.consumer_info(stream, name)
+    return not info.num_pending and not info.num_ack_pending
+
+
+async def _wait(what: Callable[[], Awaitable[bool]], within: float = 900) -> float:
+    """The monotonic time at which `what()` first held."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if await what():
+            return time.monotonic()
+        await asyncio.sleep(0.2)
+    raise TimeoutError("the storm did not settle")
+
+
+async def run(settings: Settings, nodes: int, gateways: int, embedded: bool) -> int:
+    async with bench_target(settings, embedded) as target:
+        subjects = Subjects(target.subject_root)
+        env = {
+            "BCW_NATS_URL": target.nats_url, "BCW_DATABASE_URL": target.database_url,
+            "BCW_SUBJECT_ROOT": subjects.root, "BCW_HEALTH_PORT": "0", "BCW_LOG_LEVEL": "WARNING",
+        }  # fmt: skip
+        conn = await asyncpg.connect(target.database_url)
+        print(f"joining {nodes:,} nodes, one command in flight each ...")
+        await conn.execute(
+            "SELECT join_node('node-' || i, 'worker', 'node-serial-' || i, NULL) FROM generate_series(1, $1) i",
+            nodes,
+        )
+        await conn.execute(
+            "INSERT INTO commands (node_id, seq, kind, state, session_epoch, delivery_attempt) "
+            "SELECT node_id, 1, 'exec', 'dispatched', 0, 1 FROM nodes; UPDATE nodes SET last_command_seq = 1"
+        )
+        await conn.execute(
+            "UPDATE liveness_sweeps SET last_sweep_at = compute_now(), grace_until = NULL"
+        )
+        procs = await _spawn_workers(env)
+        nc = await nats.connect(target.nats_url, pending_size=256 * 1024 * 1024)
+        pool = await asyncpg.create_pool(target.database_url, min_size=4, max_size=24)
+        fleet = [
+            Gateway(
+                f"gw-{g}",
+                pool,
+                nc,
+                subjects,
+                settings=GatewaySettings(max_streams=max(5000, nodes)),
+            )
+            for g in range(gateways)
+        ]
+        try:
+            for gateway in fleet:
+                await gateway.start(autotick=1.0)
+            await asyncio.sleep(2.0)  # workers provisioned and bound
+            pushback = 0
+            limit = asyncio.Semaphore(gateways * 64)
+
+            async def hello(i: int) -> None:
+                nonlocal pushback
+                request = HelloRequest(
+                    node_id=f"node-{i}", cert_serial=f"node-serial-{i}", role="worker",
+                    boot_id=uuid.uuid4().hex[:8], journal_id="journal-1",
+                    capabilities=["cpu", "mem", "nvml", f"rack{i % 40}", "ib"],
+                )  # fmt: skip
+                while True:
+                    async with limit:
+                        try:
+                            await fleet[i % gateways].hello(request, _Stream())
+                            return
+                        except Refused as refused:
+                            if refused.code is not Code.RESOURCE_EXHAUSTED:
+                                raise
+                            pushback += 1
+                            wait = refused.retry_after or 0.1
+                    await asyncio.sleep(wait)
+
+            print(f"power-on: {nodes:,} Hellos over {gateways} gateways ...")
+            first = time.monotonic()
+            await asyncio.gather(*(hello(i) for i in range(1, nodes + 1)))
+            last = time.monotonic()
+            js = nc.jetstream()
+            done = {}
+            for name in HELLO_WORKERS:
+
+                async def idle(name: str = name) -> bool:
+                    return await _consumer_idle(js, subjects.facts_stream, name)
+
+                done[name] = await _wait(idle)
+            labels_sql = "SELECT count(*) FROM node_labels WHERE source = 'system'"
+            replay_sql = (
+                "SELECT count(*) FROM commands WHERE session_epoch = 1 AND delivery_attempt = 2"
+            )
+
+            async def effects() -> bool:
+                return (
+                    await conn.fetchval(labels_sql) == 5 * nodes
+                    and await conn.fetchval(replay_sql) == nodes
+                    and await conn.fetchval("SELECT count(*) FROM outbox") == 0
+                )
+
+            settled = await _wait(effects)
+            rss = {name: _peak_rss_mib(proc.pid) for name, proc in procs.items()}
+        finally:
+            for gateway in fleet:
+                await gateway.stop(graceful=False)
+            for proc in procs.values():
+                proc.send_signal(signal.SIGTERM)
+            await asyncio.gather(*(p.wait() for p in procs.values()))
+            await pool.close()
+            await nc.close()
+            await conn.close()
+    rows = [
+        (
+            "Hellos accepted by the gateways",
+            f"{nodes / (last - first):,.0f} /s ({last - first:.1f} s, {pushback:,} pushed back)",
+        )
+    ]
+    rows += [
+        (f"{name}: Hello facts/s", f"{nodes / (done[name] - first):,.0f}") for name in HELLO_WORKERS
+    ]
+    rows += [("last Hello → every effect applied", f"{settled - last:.1f} s")]
+    rows += [(f"{name}: peak RSS", f"{rss[name]:.0f} MiB") for name in sorted(rss)]
+    print_table(
+        f"bcw bench storm: {nodes:,} nodes over {gateways} gateways", ("measure", "value"), rows
+    )
+    return 0
