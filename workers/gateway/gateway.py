@@ -185,9 +185,10 @@ class Gateway:
     async def stop(self, graceful: bool = True) -> None:
         """Graceful: close every session (`gateway-shutdown`). Not graceful: a crash."""
         self._stopping.set()
-        for task in self._tasks:
+        others = [t for t in self._tasks if t is not asyncio.current_task()]  # tick() may stop us
+        for task in others:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*others, return_exceptions=True)
         if self._pull is not None:
             await self._pull.stop()
         await self._revocations.unsubscribe()
