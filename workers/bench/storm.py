@@ -98,11 +98,15 @@ async def run(settings: Settings, nodes: int, gateways: int, embedded: bool) -> 
         )
         procs = await _spawn_workers(env)
         nc = await nats.connect(target.nats_url, pending_size=256 * 1024 * 1024)
-        pool = await asyncpg.create_pool(target.database_url, min_size=4, max_size=24)
+        # each gateway has a pool of its own, as separate gateway processes would
+        pools = [
+            await asyncpg.create_pool(target.database_url, min_size=1, max_size=4)
+            for _ in range(gateways)
+        ]
         fleet = [
             Gateway(
                 f"gw-{g}",
-                pool,
+                pools[g],
                 nc,
                 subjects,
                 settings=GatewaySettings(max_streams=max(5000, nodes)),
@@ -114,7 +118,7 @@ async def run(settings: Settings, nodes: int, gateways: int, embedded: bool) -> 
                 await gateway.start(autotick=1.0)
             await asyncio.sleep(2.0)  # workers provisioned and bound
             pushback = 0
-            limit = asyncio.Semaphore(gateways * 64)
+            limit = asyncio.Semaphore(gateways * 64)  # each gateway's maxPendingHellos
 
             async def hello(i: int) -> None:
                 nonlocal pushback
@@ -167,7 +171,8 @@ async def run(settings: Settings, nodes: int, gateways: int, embedded: bool) -> 
             for proc in procs.values():
                 proc.send_signal(signal.SIGTERM)
             await asyncio.gather(*(p.wait() for p in procs.values()))
-            await pool.close()
+            for pool in pools:
+                await pool.close()
             await nc.close()
             await conn.close()
     rows = [
