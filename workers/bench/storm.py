@@ -1,6 +1,7 @@
 """`bcw bench storm`: a power-on herd against every worker.
 
-N nodes (100,000) over M reference gateways (20) say Hello at once, each with 5
+N nodes (100,000) over M reference gateways (20; 60 s leases, as 20 gateways share one
+process and its event loop here) say Hello at once, each with 5
 capabilities and one command in flight from before, while the five workers run each in a
 `bcw run <worker>` process of its own. Reports Hello facts/s through each worker, the
 time from the last Hello to every effect applied (labels, connected events, replays, the
@@ -109,7 +110,7 @@ async def run(settings: Settings, nodes: int, gateways: int, embedded: bool) -> 
                 pools[g],
                 nc,
                 subjects,
-                settings=GatewaySettings(max_streams=max(5000, nodes)),
+                settings=GatewaySettings(max_streams=max(5000, nodes), lease_ttl=60.0),
             )
             for g in range(gateways)
         ]
@@ -118,30 +119,37 @@ async def run(settings: Settings, nodes: int, gateways: int, embedded: bool) -> 
                 await gateway.start(autotick=1.0)
             await asyncio.sleep(2.0)  # workers provisioned and bound
             pushback = 0
-            limit = asyncio.Semaphore(gateways * 64)  # each gateway's maxPendingHellos
+            todo: asyncio.Queue[int] = asyncio.Queue()
+            for i in range(1, nodes + 1):
+                todo.put_nowait(i)
 
-            async def hello(i: int) -> None:
+            async def client() -> None:
+                """One of gateways x maxPendingHellos connections saying Hello in turn."""
                 nonlocal pushback
-                request = HelloRequest(
-                    node_id=f"node-{i}", cert_serial=f"node-serial-{i}", role="worker",
-                    boot_id=uuid.uuid4().hex[:8], journal_id="journal-1",
-                    capabilities=["cpu", "mem", "nvml", f"rack{i % 40}", "ib"],
-                )  # fmt: skip
-                while True:
-                    async with limit:
+                while not todo.empty():
+                    i = todo.get_nowait()
+                    request = HelloRequest(
+                        node_id=f"node-{i}", cert_serial=f"node-serial-{i}", role="worker",
+                        boot_id=uuid.uuid4().hex[:8], journal_id="journal-1",
+                        capabilities=["cpu", "mem", "nvml", f"rack{i % 40}", "ib"],
+                    )  # fmt: skip
+                    target = i
+                    while True:
                         try:
-                            await fleet[i % gateways].hello(request, _Stream())
-                            return
+                            await fleet[target % gateways].hello(request, _Stream())
+                            break
                         except Refused as refused:
-                            if refused.code is not Code.RESOURCE_EXHAUSTED:
+                            if refused.code is Code.RESOURCE_EXHAUSTED:
+                                pushback += 1
+                                await asyncio.sleep(refused.retry_after or 0.1)
+                            elif refused.code is Code.UNAVAILABLE:
+                                target += 1  # as a daemon would: another gateway
+                            else:
                                 raise
-                            pushback += 1
-                            wait = refused.retry_after or 0.1
-                    await asyncio.sleep(wait)
 
             print(f"power-on: {nodes:,} Hellos over {gateways} gateways ...")
             first = time.monotonic()
-            await asyncio.gather(*(hello(i) for i in range(1, nodes + 1)))
+            await asyncio.gather(*(client() for _ in range(gateways * 64)))
             last = time.monotonic()
             js = nc.jetstream()
             done = {}
