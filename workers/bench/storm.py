@@ -147,6 +147,15 @@ async def run(settings: Settings, nodes: int, gateways: int, embedded: bool) -> 
                             else:
                                 raise
 
+            async def heartbeats() -> None:
+                """The daemons' heartbeats, every 5 s (the sessions must stay alive)."""
+                while True:
+                    await asyncio.sleep(5)
+                    for gateway in fleet:
+                        for session in list(gateway.sessions.values()):
+                            gateway.heartbeat(session.node_id, session.epoch)
+
+            beating = asyncio.create_task(heartbeats())
             print(f"power-on: {nodes:,} Hellos over {gateways} gateways ...")
             first = time.monotonic()
             await asyncio.gather(*(client() for _ in range(gateways * 64)))
@@ -173,6 +182,7 @@ async def run(settings: Settings, nodes: int, gateways: int, embedded: bool) -> 
 
             settled = await _wait(effects)
             rss = {name: _peak_rss_mib(proc.pid) for name, proc in procs.items()}
+            beating.cancel()
         finally:
             for gateway in fleet:
                 await gateway.stop(graceful=False)

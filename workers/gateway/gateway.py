@@ -194,8 +194,7 @@ class Gateway:
         await self._revocations.unsubscribe()
         if graceful and self.lease_epoch is not None:
             for session in list(self.sessions.values()):
-                session.stream.drop("gateway-shutdown")
-                await self._publish(self._closed(session, "gateway-shutdown"))
+                await self._end(session, "gateway-shutdown")
         self.sessions.clear()
 
     @property
@@ -250,8 +249,7 @@ class Gateway:
                 raise Refused(Code.UNAVAILABLE, str(gone)) from gone
         older = self.sessions.get(request.node_id)
         if older is not None:  # the same node again on this gateway: the old stream is superseded
-            older.stream.drop("superseded")
-            await self._publish(self._closed(older, "superseded"))
+            await self._end(older, "superseded")
         assert cert is not None
         self.sessions[request.node_id] = _Session(
             request.node_id,
@@ -344,9 +342,7 @@ class Gateway:
                 return
         timeout = self.settings.heartbeat_interval * self.settings.missed_heartbeats
         for session in [s for s in self.sessions.values() if now - s.last_seen > timeout]:
-            del self.sessions[session.node_id]
-            session.stream.drop("heartbeat-timeout")
-            await self._publish(self._closed(session, "heartbeat-timeout"))
+            await self._end(session, "heartbeat-timeout")
         if now - self._flushed_at >= self.settings.flush_period:
             await self.flush()
 
@@ -389,9 +385,7 @@ class Gateway:
         if isinstance(notice, Dispatch):
             await session.stream.deliver(notice)
         elif isinstance(notice, Zombie):
-            del self.sessions[session.node_id]
-            session.stream.drop("fenced")
-            await self._publish(self._closed(session, "fenced"))
+            await self._end(session, "fenced")
         elif isinstance(notice, EventAck):
             await session.stream.event_ack(notice.journal_id, notice.seq)
 
@@ -404,9 +398,7 @@ class Gateway:
             return
         serials = set(notice.serials)
         for session in [s for s in self.sessions.values() if s.cert_serial in serials]:
-            del self.sessions[session.node_id]
-            session.stream.drop("revoked")
-            await self._publish(self._closed(session, "revoked"))
+            await self._end(session, "revoked")
 
     # -- facts -----------------------------------------------------------------------------
     def _fact_base(self) -> dict[str, Any]:
@@ -418,6 +410,13 @@ class Gateway:
 
     async def _fact(self, model: type[Fact], **fields: Any) -> None:
         await self._publish(model.model_validate({**self._fact_base(), **fields}, strict=False))
+
+    async def _end(self, session: _Session, reason: CloseReason) -> None:
+        """Drop a session's stream and say so (`closed`), unless it ended meanwhile."""
+        if self.sessions.get(session.node_id) is session:
+            del self.sessions[session.node_id]
+        session.stream.drop(reason)
+        await self._publish(self._closed(session, reason))
 
     def _closed(self, session: _Session, reason: CloseReason) -> Closed:
         return Closed(

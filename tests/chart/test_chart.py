@@ -1,0 +1,181 @@
+"""The Helm chart, rendered by real Helm (the helm-python-sdk wheel: Helm's Go SDK, no
+binary), linted, and every manifest validated against the Kubernetes schemas; then the
+essentials asserted. What is real here: Helm and the Kubernetes API schemas; no cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "bc-workers"
+PRODUCTION = CHART / "ci" / "production-values.yaml"
+KUBE_VERSION = "1.31"
+WORKERS = ["labeler", "liveness", "quarantine", "recorder", "replay"]
+MINIMAL = {"database": {"url": "postgresql://bcw@db/bcw"}}
+
+
+def render(values: dict[str, Any]) -> list[dict[str, Any]]:
+    chart = helm.Chart.load(str(CHART))
+    rendered = chart.render(values, name="fleet", namespace="control-plane", is_install=True)
+    docs = []
+    for name, text in rendered.items():
+        if name.endswith(".txt"):
+            continue
+        docs += [d for d in yaml.safe_load_all(text) if d]
+    return docs
+
+
+def production() -> dict[str, Any]:
+    return dict(yaml.safe_load(PRODUCTION.read_text()))
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+@pytest.mark.parametrize("values", [MINIMAL, production()], ids=["defaults", "production"])
+def test_lint_is_clean(values: dict[str, Any]) -> None:
+    report = helm.lint(str(CHART), values, strict=True, kube_version=f"v{KUBE_VERSION}.0")
+    problems = [m for m in report["messages"] if m["severity"] >= 2] + report.get("errors", [])
+    assert not problems, problems
+
+
+@pytest.mark.parametrize("values", [MINIMAL, production()], ids=["defaults", "production"])
+def test_every_manifest_is_valid_for_kubernetes(values: dict[str, Any]) -> None:
+    docs = render(values)
+    assert docs
+    for doc in docs:
+        if doc["apiVersion"].startswith("monitoring.coreos.com"):
+            continue  # a CRD's kind: not in the core schemas
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("values", [MINIMAL, production()], ids=["defaults", "production"])
+def test_each_worker_deployment(values: dict[str, Any]) -> None:
+    docs = render(values)
+    deployments = by_kind(docs, "Deployment")
+    assert sorted(deployments) == [f"fleet-bc-workers-{w}" for w in WORKERS]
+    for worker in WORKERS:
+        deployment = deployments[f"fleet-bc-workers-{worker}"]
+        pod = deployment["spec"]["template"]["spec"]
+        [container] = pod["containers"]
+        assert container["args"] == ["run", worker]
+        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        env = {e["name"]: e for e in container["env"]}
+        assert env["BCW_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"]
+        assert env["OTEL_SERVICE_NAME"]["value"] == f"bcw-{worker}"
+        assert {
+            "BCW_NATS_URL",
+            "BCW_SUBJECT_ROOT",
+            "BCW_HEALTH_PORT",
+            "OTEL_RESOURCE_ATTRIBUTES",
+        } <= set(env)
+        security = container["securityContext"]
+        assert security["readOnlyRootFilesystem"] is True
+        assert security["allowPrivilegeEscalation"] is False
+        assert security["capabilities"]["drop"] == ["ALL"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+        spread = pod["topologySpreadConstraints"][0]
+        assert spread["topologyKey"] == "kubernetes.io/hostname"
+        assert (
+            spread["labelSelector"]["matchLabels"]["app.kubernetes.io/component"]
+            == f"worker-{worker}"
+        )
+    assert sorted(by_kind(docs, "PodDisruptionBudget")) == sorted(deployments)
+
+
+def test_production_values_reach_the_pods() -> None:
+    docs = render(production())
+    labeler = by_kind(docs, "Deployment")["fleet-bc-workers-labeler"]
+    pod = labeler["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["BCW_NATS_CREDS_FILE"] == "/etc/bcw/nats/workers.creds"
+    assert env["BCW_NATS_TLS_CERT_FILE"] == "/etc/bcw/tls/tls.crt"
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.observability:4318"
+    assert "deployment.environment=production" in env["OTEL_RESOURCE_ATTRIBUTES"]
+    assert env["BCW_DATABASE_STATEMENT_CACHE_SIZE"] == "0"
+    assert env["BCW_CONSUMER_BATCH_SIZE"] == "256"
+    assert labeler["spec"]["replicas"] == 3
+    assert pod["containers"][0]["resources"]["limits"]["cpu"] == "2"
+    assert by_kind(docs, "ServiceMonitor") and by_kind(docs, "NetworkPolicy")
+    assert not by_kind(docs, "Secret")  # the database URL comes from an existing Secret
+    replay = by_kind(docs, "Deployment")["fleet-bc-workers-replay"]
+    assert {"name": "BCW_REPLAY_CREDITS", "value": "8"} in replay["spec"]["template"]["spec"][
+        "containers"
+    ][0]["env"]
+
+
+def test_the_hook_job_migrates_then_provisions() -> None:
+    docs = render(MINIMAL)
+    job = by_kind(docs, "Job")["fleet-bc-workers-migrate"]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    pod = job["spec"]["template"]["spec"]
+    assert [c["args"] for c in pod["initContainers"]] == [["migrate"]]
+    assert [c["args"] for c in pod["containers"]] == [["provision"]]
+    secret = by_kind(docs, "Secret")["fleet-bc-workers-database"]
+    assert secret["stringData"]["url"] == "postgresql://bcw@db/bcw"
+    weights = {
+        d["kind"]: int(d["metadata"]["annotations"]["helm.sh/hook-weight"])
+        for d in docs
+        if "helm.sh/hook" in d["metadata"].get("annotations", {})
+    }
+    assert weights["Secret"] < weights["Job"] and weights["ServiceAccount"] < weights["Job"]
+
+
+def test_disabling_a_worker_removes_its_objects() -> None:
+    docs = render({**MINIMAL, "workers": {"quarantine": {"enabled": False}}})
+    names = {d["metadata"]["name"] for d in docs}
+    assert not any(name.endswith("-quarantine") for name in names)
+    assert "fleet-bc-workers-liveness" in names
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {**MINIMAL, "workerz": {}},
+        {**MINIMAL, "workers": {"liveness": {"enabled": True, "replica": 3}}},
+        {**MINIMAL, "logFormat": "xml"},
+        {**MINIMAL, "subjectRoot": "bad.root"},
+        {**MINIMAL, "nats": {"streamReplicas": 7}},
+    ],
+    ids=["typo-top-level", "typo-in-a-worker", "bad-enum", "bad-subject-root", "too-many-replicas"],
+)
+def test_a_bad_value_is_refused_by_the_schema(values: dict[str, Any]) -> None:
+    chart = helm.Chart.load(str(CHART))
+    with pytest.raises(helm.HelmValuesError):
+        chart.validate_schema(values)
+
+
+def test_a_database_is_required() -> None:
+    with pytest.raises(helm.HelmError, match=r"database\.existingSecret"):
+        render({})
+
+
+def test_every_value_is_documented_in_the_chart_readme() -> None:
+    readme = (CHART / "README.md").read_text()
+
+    def keys(tree: dict[str, Any], prefix: str = "") -> list[str]:
+        out = []
+        for key, value in tree.items():
+            path = f"{prefix}{key}"
+            if (
+                isinstance(value, dict)
+                and value
+                and key
+                not in {"resources", "podSecurityContext", "securityContext", "requests", "limits"}
+            ):
+                out += keys(value, path + ".")
+            else:
+                out.append(path)
+        return out
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    missing = [key for key in keys(values) if f"`{key}`" not in readme]
+    assert not missing, missing
