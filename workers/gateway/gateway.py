@@ -466,7 +466,7 @@ class Gateway:
                 if attempt == 29:
                     raise
                 log.debug(
-                    "gateway %s: publish %s failed (%s), retrying",
+                    "gateway %s: publish %s failed (%r), retrying",
                     self.gateway_id,
                     fact.BC_TYPE,
                     error,

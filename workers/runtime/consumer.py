@@ -164,7 +164,7 @@ class FactConsumer:
             except Exception as error:  # the connection is down: requests wait for it
                 failures += 1
                 level = logging.DEBUG if failures < 3 else logging.WARNING
-                log.log(level, "%s: pull failed (%s), retrying", self.worker.name, error)
+                log.log(level, "%s: pull failed (%r), retrying", self.worker.name, error)
                 await sleep_or_stop(stopping, min(5.0, 0.2 * 2**failures))
                 continue
             if not msgs:

@@ -135,7 +135,7 @@ async def run_leased(
             lease = None
         except Exception as error:
             if is_transient(error):
-                log.warning("lease %s loop: %s (will retry)", name, error)
+                log.warning("lease %s loop: %r (will retry)", name, error)
             else:
                 log.exception("lease %s loop failed (will retry)", name)
         await sleep_or_stop(stopping, period)

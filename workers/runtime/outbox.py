@@ -212,7 +212,7 @@ class OutboxRelay:
                     if not is_transient(error) and not isinstance(error, OutboxPublishError):
                         log.exception("outbox relay round failed")
                     else:
-                        log.warning("outbox relay round failed, will retry: %s", error)
+                        log.warning("outbox relay round failed, will retry: %r", error)
                     self._metrics.outbox_failures.inc()
                     failures += 1
                     await sleep_or_stop(stopping, min(5.0, 0.1 * 2**failures))
