@@ -196,3 +196,16 @@ async def stream_messages(
         if subject is None or msg.subject == subject:
             out.append(msg)
     return out
+
+
+async def bcw(*args: str, **env: str) -> tuple[int, str]:
+    """Run the `bcw` command in a subprocess with `env` added; (exit code, stdout+stderr)."""
+    import os
+    import sys
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "workers.cli", *args, env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode()

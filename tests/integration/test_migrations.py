@@ -4,9 +4,7 @@ when two `bcw migrate` processes race; and `compute_now()` moves and resets."""
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -14,19 +12,14 @@ import asyncpg
 import pytest
 
 from tests.conftest import Clock
+from tests.integration.support import bcw
 from workers.runtime import migrate
 
 ALL = [m.name for m in migrate.load(migrate.default_directory())]
 
 
 async def _bcw(database_url: str, *args: str) -> tuple[int, str]:
-    env = {**os.environ, "BCW_DATABASE_URL": database_url}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "workers.cli", *args, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    out, _ = await proc.communicate()
-    return proc.returncode or 0, out.decode()
+    return await bcw(*args, BCW_DATABASE_URL=database_url)
 
 
 async def test_applies_from_empty_then_nothing(empty_database_url: str) -> None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
-import sys
 import time
 from collections import defaultdict
 
@@ -20,7 +18,7 @@ from opentelemetry import trace
 from schemas import Zombie
 from schemas.subjects import Subjects
 from tests.conftest import Servers
-from tests.integration.support import stream_messages
+from tests.integration.support import bcw, stream_messages
 from workers.runtime import bus
 from workers.runtime.bus import ConsumerSpec
 from workers.runtime.metrics import Metrics
@@ -152,13 +150,7 @@ async def test_consumer_settings_reach_an_existing_durable(nc: NATS, subjects: S
 
 
 async def _bcw(servers: Servers, subjects: Subjects, *args: str) -> tuple[int, str]:
-    env = {**os.environ, "BCW_NATS_URL": servers.nats_url, "BCW_SUBJECT_ROOT": subjects.root}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "workers.cli", *args, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    out, _ = await proc.communicate()
-    return proc.returncode or 0, out.decode()
+    return await bcw(*args, BCW_NATS_URL=servers.nats_url, BCW_SUBJECT_ROOT=subjects.root)
 
 
 async def test_cli_provision_and_dead_letters(

@@ -11,7 +11,6 @@ import json
 import urllib.request
 
 import asyncpg
-import pytest
 from nats.aio.client import Client as NATS
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -22,7 +21,6 @@ from schemas import REGISTRY
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration.support import (
-    TALLY_DDL,
     build_tally,
     count,
     eventually,
@@ -36,16 +34,6 @@ from tests.integration.support import (
 from workers.runtime import bus, deadletter, tracing
 from workers.runtime.consumer import FactConsumer
 from workers.runtime.metrics import Metrics
-
-
-@pytest.fixture
-async def tally_db(database_url: str) -> str:
-    conn = await asyncpg.connect(database_url)
-    try:
-        await conn.execute(TALLY_DDL)
-    finally:
-        await conn.close()
-    return database_url
 
 
 async def _effects(database_url: str) -> list[int]:

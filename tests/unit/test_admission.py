@@ -69,3 +69,15 @@ def test_upgrade_required(version: str, minimum: str, required: bool) -> None:
 
 def test_version_tuple() -> None:
     assert version_tuple("1.10.2") > version_tuple("1.9.12")
+
+
+def test_the_handshake_bucket_is_shared_and_refills() -> None:
+    from workers.gateway.gateway import TokenBucket
+
+    now = [0.0]
+    bucket = TokenBucket(200, clock=lambda: now[0])
+    assert all(bucket.take() == 0 for _ in range(200))  # a full second's worth at once
+    wait = bucket.take()
+    assert 0 < wait <= 1 / 200
+    now[0] += 0.5
+    assert sum(1 for _ in range(200) if bucket.take() == 0) == 100  # 200/s refill

@@ -146,10 +146,13 @@ async def consume_and_relay(
     worker: Worker,
     expected: int,
     settings: ConsumerSettings | None = None,
+    *,
     drain: bool = False,
+    relay: bool = True,
 ) -> tuple[float, float]:
     """Seconds until `expected` facts are settled, and (with `drain`) until the outbox
-    they filled is published too."""
+    they filled is published too: by a relay in this process, or (`relay=False`) by
+    whatever relays the same database elsewhere."""
     import nats
     from opentelemetry import trace
 
@@ -171,24 +174,24 @@ async def consume_and_relay(
         await bus.ensure_consumer(
             js, subjects.facts_stream, worker.consumer_spec(subjects), settings
         )
-        relay = OutboxRelay(
+        relayer = OutboxRelay(
             pool, js, OutboxSettings(batch_size=1000), DatabaseSettings(url=target.database_url),
             metrics, trace.NoOpTracer(),
         )  # fmt: skip
         consumer = FactConsumer(
             worker, nc=nc, js=js, pool=pool, subjects=subjects, settings=settings,
-            metrics=metrics, tracer=trace.NoOpTracer(), on_outbox_rows=relay.wake,
+            metrics=metrics, tracer=trace.NoOpTracer(), on_outbox_rows=relayer.wake,
         )  # fmt: skip
+        await consumer.bind()
         started = time.perf_counter()
-        tasks = [
-            asyncio.create_task(consumer.run(stopping)),
-            asyncio.create_task(relay.run(stopping)),
-        ]
+        tasks = [asyncio.create_task(consumer.run(stopping))]
+        if relay:
+            tasks.append(asyncio.create_task(relayer.run(stopping)))
         while sum(v for k, v in metrics.facts._values.items() if k[0] == worker.name) < expected:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         settled = time.perf_counter() - started
-        while drain and await relay.backlog():  # noqa: ASYNC110
-            await asyncio.sleep(0.02)
+        while drain and await relayer.backlog():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
         drained = time.perf_counter() - started
         stopping.set()
         await asyncio.gather(*tasks)

@@ -25,17 +25,13 @@ import asyncpg
 import nats
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from opentelemetry import trace
 
 from schemas import REGISTRY, Fact, Status, Zombie
 from schemas.subjects import Subjects
-from workers.bench.common import BenchTarget, bench_target, print_table
+from workers.bench.common import BenchTarget, bench_target, consume_and_relay, print_table
 from workers.runtime import bus
-from workers.runtime.consumer import FactConsumer
-from workers.runtime.metrics import Metrics
-from workers.runtime.outbox import OutboxRelay
 from workers.runtime.outcome import Outcome
-from workers.runtime.settings import ConsumerSettings, DatabaseSettings, OutboxSettings, Settings
+from workers.runtime.settings import ConsumerSettings, Settings
 from workers.runtime.worker import Tx, Worker
 
 NODES = 1000
@@ -183,48 +179,18 @@ async def _run_runtime(
     The relay runs in this process (as in a default deployment) or in a `bcw run relay`
     process of its own (the deployment for the highest throughput).
     """
-    nc = await nats.connect(target.nats_url, pending_size=64 * 1024 * 1024)
-    pool = await asyncpg.create_pool(target.database_url, min_size=2, max_size=4)
-    metrics = Metrics()
-    stopping = asyncio.Event()
-    relay_process = None
+    worker = Worker(name=name, fact_types=("status",), handle=_handle)
+    settings = ConsumerSettings(batch_size=BATCH, max_ack_pending=4096)
+    relay_process = None if relay_in_process else await _spawn_relay(target, subjects)
     try:
-        js = nc.jetstream()
-        worker = Worker(name=name, fact_types=("status",), handle=_handle)
-        settings = ConsumerSettings(batch_size=BATCH, max_ack_pending=4096)
-        await bus.ensure_consumer(
-            js, subjects.facts_stream, worker.consumer_spec(subjects), settings
+        consumed, relayed = await consume_and_relay(
+            target, worker, facts, settings, drain=True, relay=relay_in_process
         )
-        relay = OutboxRelay(
-            pool, js, OutboxSettings(batch_size=1000), DatabaseSettings(url=target.database_url),
-            metrics, trace.NoOpTracer(),
-        )  # fmt: skip
-        consumer = FactConsumer(
-            worker, nc=nc, js=js, pool=pool, subjects=subjects, settings=settings,
-            metrics=metrics, tracer=trace.NoOpTracer(), on_outbox_rows=relay.wake,
-        )  # fmt: skip
-        await consumer.bind()
-        if not relay_in_process:
-            relay_process = await _spawn_relay(target, subjects)
-        started = time.perf_counter()
-        tasks = [asyncio.create_task(consumer.run(stopping))]
-        if relay_in_process:
-            tasks.append(asyncio.create_task(relay.run(stopping)))
-        while metrics.facts.value(name, "status", "applied") < facts:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
-        consumed = time.perf_counter() - started
-        while await relay.backlog():  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
-        relayed = time.perf_counter() - started
-        stopping.set()
-        await asyncio.gather(*tasks)
-        return facts / consumed, facts / relayed
     finally:
         if relay_process is not None:
             relay_process.send_signal(signal.SIGTERM)
             await relay_process.wait()
-        await pool.close()
-        await nc.close()
+    return facts / consumed, facts / relayed
 
 
 async def _spawn_relay(target: BenchTarget, subjects: Subjects) -> asyncio.subprocess.Process:

@@ -264,6 +264,11 @@ class Gateway:
         )
         return Welcome(opened.epoch, opened.session_id, upgrade)
 
+    def join_slot(self) -> float:
+        """A join takes a token of the same handshake bucket as Hellos: 0 when it may
+        proceed now, else the seconds to wait (a herd of joins pushes Hellos back too)."""
+        return self.bucket.take()
+
     def heartbeat(self, node_id: str, epoch: int) -> None:
         session = self.sessions.get(node_id)
         if session is not None and session.epoch == epoch:
