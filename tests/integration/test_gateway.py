@@ -214,3 +214,73 @@ async def test_dispatch_is_delivered_only_to_the_live_session_at_that_epoch(
         await asyncio.sleep(0.1)
     await asyncio.sleep(0.3)
     assert [d.epoch for d in stream.delivered] == [welcome.epoch]
+
+
+async def test_max_streams_pushes_back(
+    pool: asyncpg.Pool, nc: NATS, subjects: Subjects, db: asyncpg.Connection
+) -> None:
+    await bus.provision_streams(nc.jetstream(), subjects)
+    gw = Gateway("gw-c", pool, nc, subjects, settings=GatewaySettings(max_streams=1))
+    await gw.start()
+    try:
+        await fleet.join(db, "n1")
+        await fleet.join(db, "n2")
+        await gw.hello(request(), Stream())
+        with pytest.raises(Refused) as refused:
+            await gw.hello(request(node_id="n2", cert_serial="n2-serial"), Stream())
+        assert refused.value.code is Code.RESOURCE_EXHAUSTED and refused.value.retry_after
+        await gw.hello(request(boot_id="b2"), Stream())  # the same node again is not a new stream
+    finally:
+        await gw.stop(graceful=False)
+
+
+async def test_silent_sessions_time_out_and_revoked_ones_are_dropped(
+    pool: asyncpg.Pool, nc: NATS, subjects: Subjects, db: asyncpg.Connection
+) -> None:
+    import json
+    import time
+
+    from schemas import REGISTRY, Revocations
+
+    await bus.provision_streams(nc.jetstream(), subjects)
+    now = [time.time()]
+    gw = Gateway("gw-d", pool, nc, subjects, clock=lambda: now[0])
+    await gw.start()
+    try:
+        for node in ("quiet", "talker", "revoked"):
+            await fleet.join(db, node)
+        streams = {node: Stream() for node in ("quiet", "talker", "revoked")}
+        welcomes = {
+            node: await gw.hello(request(node_id=node, cert_serial=f"{node}-serial"), streams[node])
+            for node in streams
+        }
+        now[0] += 20
+        gw.heartbeat("talker", welcomes["talker"].epoch)
+        gw.heartbeat("revoked", welcomes["revoked"].epoch)
+        now[0] += 11  # quiet: 31 s without a heartbeat, more than 3 x 10 s
+        await gw.tick()
+        assert streams["quiet"].dropped == ["heartbeat-timeout"] and "quiet" not in gw.sessions
+        assert streams["talker"].dropped == [] and "talker" in gw.sessions
+        body, headers = REGISTRY.encode(
+            Revocations(node_id="revoked", serials=["revoked-serial"], reason="duplicate-identity")
+        )
+        await nc.publish(subjects.revocations, body, headers=headers)
+        for _ in range(50):
+            if streams["revoked"].dropped:
+                break
+            await asyncio.sleep(0.05)
+        assert streams["revoked"].dropped == ["revoked"]
+        facts = await stream_messages(nc.jetstream(), subjects.facts_stream)
+        closed = sorted(
+            (json.loads(m.data)["node_id"], json.loads(m.data)["reason"])
+            for m in facts
+            if m.headers["Bc-Type"] == "closed"
+        )
+        assert closed == [("quiet", "heartbeat-timeout"), ("revoked", "revoked")]
+        flushes = [json.loads(m.data) for m in facts if m.headers["Bc-Type"] == "liveness"]
+        assert flushes and {e["node_id"] for e in flushes[-1]["entries"]} == {
+            "talker",
+            "revoked",
+        }  # before the revocation
+    finally:
+        await gw.stop(graceful=False)

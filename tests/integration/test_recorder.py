@@ -151,3 +151,33 @@ async def test_pruning_removes_only_old_events_while_the_consumer_keeps_going(
     seqs = [r["seq"] for r in await db.fetch("SELECT seq FROM node_events ORDER BY seq")]
     assert seqs == list(range(101, 151))
     assert await _acked(db) == 150
+
+
+async def test_the_inbox_is_pruned_past_its_retention_under_a_lease(
+    database_url: str, db: asyncpg.Connection, clock: Clock
+) -> None:
+    from workers.runtime import leases
+
+    await db.execute(
+        "INSERT INTO processed_facts (consumer, fact_id, processed_at) "
+        "SELECT 'w', gen_random_uuid(), now() - make_interval(hours => h) FROM generate_series(1, 30) h"
+    )
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    try:
+        lease = await leases.try_acquire(db, "inbox-retention", "me", timedelta(seconds=30))
+        assert lease is not None
+        target = retention.Prunable("processed_facts", "processed_at", timedelta(hours=25))
+        assert (
+            await retention.prune(pool, target, batch=2, lease=lease) == 6
+        )  # 25 (by now a bit more) … 30 h old
+        await clock.advance(
+            timedelta(minutes=1)
+        )  # the lease ran out: a paused pruner prunes nothing
+        await db.execute(
+            "UPDATE controller_leases SET expires_at = compute_now() - interval '1 second'"
+        )
+        with pytest.raises(leases.LeaseLost):
+            await retention.prune(pool, target, batch=2, lease=lease)
+    finally:
+        await pool.close()
+    assert await db.fetchval("SELECT count(*) FROM processed_facts") == 24
