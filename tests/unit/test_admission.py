@@ -72,7 +72,7 @@ def test_version_tuple() -> None:
 
 
 def test_the_handshake_bucket_is_shared_and_refills() -> None:
-    from workers.gateway.gateway import TokenBucket
+    from workers.gateway.types import TokenBucket
 
     now = [0.0]
     bucket = TokenBucket(200, clock=lambda: now[0])

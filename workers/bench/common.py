@@ -14,6 +14,8 @@ from pathlib import Path
 
 import asyncpg
 
+from schemas import REGISTRY, Fact, Hello
+from schemas.subjects import Subjects
 from workers.embedded import EmbeddedNats, EmbeddedPostgres
 from workers.runtime import migrate
 from workers.runtime.settings import ConsumerSettings, Settings
@@ -132,15 +134,6 @@ async def publish_facts(
         await nc.close()
 
 
-async def consume_all(
-    target: BenchTarget, worker: Worker, expected: int, settings: ConsumerSettings | None = None
-) -> float:
-    """Run `worker`'s consumer (and a relay) in this process until `expected` facts are
-    settled; returns facts/s."""
-    settled, _drained = await consume_and_relay(target, worker, expected, settings)
-    return expected / settled
-
-
 async def consume_and_relay(
     target: BenchTarget,
     worker: Worker,
@@ -199,3 +192,22 @@ async def consume_and_relay(
     finally:
         await pool.close()
         await nc.close()
+
+
+def hello_fact(node_id: str, **fields: object) -> Hello:
+    """A valid Hello of `node_id` at epoch 1 on gateway gw-0; `fields` override."""
+    base: dict[str, object] = {
+        "fact_id": uuid.uuid4(), "gateway_id": "gw-0", "observed_at": "2026-11-30T00:00:00Z",
+        "node_id": node_id, "session_id": "s", "epoch": 1, "role": "worker", "boot_id": "boot-1",
+        "journal_id": "journal-1", "daemon_version": "1.0.0", "proto_max": 3, "trust_version": 1,
+        "capabilities": [], "running_command_ids": [], "inventory_hashes": {}, "cert": {},
+        "upgrade_required": False, "transport": "grpc", "previous": {"epoch": 0, "live": False},
+    }  # fmt: skip
+    return Hello.model_validate({**base, **fields}, strict=False)
+
+
+def wire(subjects: Subjects, fact: Fact) -> tuple[str, bytes, dict[str, str]]:
+    """(subject, body, headers) of a fact as a gateway publishes it."""
+    body, headers = REGISTRY.encode(fact)
+    headers["Nats-Msg-Id"] = str(fact.fact_id)
+    return subjects.fact(fact.gateway_id, fact.BC_TYPE), body, headers

@@ -14,19 +14,27 @@ import uuid
 
 import asyncpg
 
-from schemas import REGISTRY, Hello
 from schemas.subjects import Subjects
 from workers import replay
 from workers.bench.common import (
     bench_target,
     consume_and_relay,
+    hello_fact,
     join_fleet,
     print_table,
     publish_facts,
+    wire,
 )
 from workers.runtime.settings import Settings
 
 PER_NODE = 10
+PREVIOUS = {
+    "epoch": 1,
+    "gateway_id": "gw-0",
+    "boot_id": "boot-1",
+    "journal_id": "journal-1",
+    "live": False,
+}
 RUNNING = 2
 
 IN_FLIGHT = """
@@ -35,20 +43,6 @@ SELECT s.node_id, k, 'exec', 'default', 'running', 1, 1, '{}'
   FROM node_sessions s, generate_series(1, $1::int) k;
 UPDATE nodes SET last_command_seq = $1::int;
 """
-
-
-def _hello(node_id: str, running: list[uuid.UUID]) -> Hello:
-    return Hello.model_validate(
-        {
-            "fact_id": uuid.uuid4(), "gateway_id": "gw-0", "observed_at": "2026-11-30T00:00:00Z",
-            "node_id": node_id, "session_id": "s2", "epoch": 2, "role": "worker", "boot_id": "boot-1",
-            "journal_id": "journal-1", "daemon_version": "1.0.0", "proto_max": 3, "trust_version": 1,
-            "capabilities": [], "running_command_ids": running, "inventory_hashes": {}, "cert": {},
-            "upgrade_required": False, "transport": "grpc",
-            "previous": {"epoch": 1, "gateway_id": "gw-0", "boot_id": "boot-1", "journal_id": "journal-1", "live": False},
-        },
-        strict=False,
-    )  # fmt: skip
 
 
 async def run(settings: Settings, nodes: int, embedded: bool) -> int:
@@ -69,12 +63,13 @@ async def run(settings: Settings, nodes: int, embedded: bool) -> int:
                 running.setdefault(row["node_id"], []).append(row["command_id"])
         finally:
             await conn.close()
-        facts = []
-        for node_id, ids in running.items():
-            hello = _hello(node_id, ids)
-            body, headers = REGISTRY.encode(hello)
-            headers["Nats-Msg-Id"] = str(hello.fact_id)
-            facts.append((subjects.fact("gw-0", "hello"), body, headers))
+        facts = [
+            wire(
+                subjects,
+                hello_fact(n, epoch=2, session_id="s2", running_command_ids=ids, previous=PREVIOUS),
+            )
+            for n, ids in running.items()
+        ]
         await publish_facts(target.nats_url, facts)
         worker = replay.build(settings)
         worker = type(worker)(

@@ -3,7 +3,8 @@ gateway's lease, the facts a gateway publishes and the notices it obeys. Used by
 simulator, the demo and the end-to-end tests."""
 
 from workers.gateway.admission import Code, HelloRequest
-from workers.gateway.gateway import DaemonStream, Gateway, GatewaySettings, Refused, Welcome
+from workers.gateway.gateway import Gateway
+from workers.gateway.types import DaemonStream, GatewaySettings, Refused, Welcome
 
 __all__ = [
     "Code",

@@ -17,25 +17,21 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from datetime import timedelta
+from typing import Any
 
 import asyncpg
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from schemas import REGISTRY, Fact
+from schemas import REGISTRY
 from schemas.events import Revocations
 from schemas.facts import (
-    CertInfo,
-    Closed,
     CloseReason,
     Events,
-    Hello,
     Liveness,
     LivenessEntry,
-    PreviousSession,
     Progress,
     Rejected,
     Result,
@@ -45,6 +41,8 @@ from schemas.notices import Dispatch, EventAck, Zombie
 from schemas.subjects import Subjects
 from workers.gateway import store
 from workers.gateway.admission import Code, HelloRequest, admit, upgrade_required
+from workers.gateway.facts import FactPublisher
+from workers.gateway.types import DaemonStream, GatewaySettings, Refused, TokenBucket, Welcome
 from workers.runtime import bus
 from workers.runtime.pull import ContinuousPull
 from workers.runtime.settings import ConsumerSettings
@@ -52,68 +50,6 @@ from workers.runtime.settings import ConsumerSettings
 log = logging.getLogger(__name__)
 
 MAX_FLUSH_ENTRIES = 10_000
-
-
-class Refused(Exception):
-    """A refused Hello: the gRPC-style code, why, and (pushback) when to retry."""
-
-    def __init__(self, code: Code, reason: str, retry_after: float | None = None) -> None:
-        super().__init__(f"{code.value}: {reason}")
-        self.code = code
-        self.reason = reason
-        self.retry_after = retry_after
-
-
-class DaemonStream(Protocol):
-    """The gateway's side of a daemon's stream."""
-
-    async def deliver(self, dispatch: Dispatch) -> None: ...
-
-    async def event_ack(self, journal_id: str, seq: int) -> None: ...
-
-    def drop(self, reason: str) -> None: ...
-
-
-@dataclass(frozen=True)
-class Welcome:
-    epoch: int
-    session_id: str
-    upgrade_required: bool
-
-
-@dataclass(frozen=True)
-class GatewaySettings:
-    heartbeat_interval: float = 10.0
-    missed_heartbeats: int = 3
-    flush_period: float = 15.0
-    lease_ttl: float = 15.0
-    renew_every: float = 5.0
-    handshakes_per_second: float = 200.0  # shared with join
-    max_streams: int = 5_000
-    max_pending_hellos: int = 64
-    min_daemon_version: str = "0"
-
-    @property
-    def live_window(self) -> timedelta:
-        return timedelta(seconds=self.heartbeat_interval * self.missed_heartbeats)
-
-
-class TokenBucket:
-    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.rate = rate
-        self.tokens = rate
-        self.clock = clock
-        self.stamp = clock()
-
-    def take(self) -> float:
-        """0 if a token was taken; else seconds until one is there."""
-        now = self.clock()
-        self.tokens = min(self.rate, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return 0.0
-        return (1 - self.tokens) / self.rate
 
 
 @dataclass
@@ -137,6 +73,7 @@ class Gateway:
 
     def __post_init__(self) -> None:
         self.js: JetStreamContext = self.nc.jetstream()
+        self.facts = FactPublisher(self.gateway_id, self.js, self.subjects, self.clock)
         self.lease_epoch: int | None = None
         self.sessions: dict[str, _Session] = {}
         self.bucket = TokenBucket(self.settings.handshakes_per_second)
@@ -259,8 +196,8 @@ class Gateway:
             stream,
             self.clock(),
         )
-        await self._publish(
-            self._hello_fact(request, opened, upgrade, cert.allowed_kinds, cert.identity_generation)
+        await self.facts.publish(
+            self.facts.hello(request, opened, upgrade, cert.allowed_kinds, cert.identity_generation)
         )
         return Welcome(opened.epoch, opened.session_id, upgrade)
 
@@ -280,10 +217,12 @@ class Gateway:
         session = self.sessions.get(node_id)
         if session is not None and session.epoch == epoch:
             del self.sessions[node_id]
-            await self._publish(self._closed(session, reason))
+            await self.facts.publish(self.facts.closed(session.node_id, session.epoch, reason))
 
     async def progress(self, node_id: str, epoch: int, command_id: uuid.UUID, state: str) -> None:
-        await self._fact(Progress, node_id=node_id, epoch=epoch, command_id=command_id, state=state)
+        await self.facts.fact(
+            Progress, node_id=node_id, epoch=epoch, command_id=command_id, state=state
+        )
 
     async def result(
         self,
@@ -294,7 +233,7 @@ class Gateway:
         result: dict[str, Any] | None,
         error: str | None,
     ) -> None:
-        await self._fact(
+        await self.facts.fact(
             Result,
             node_id=node_id,
             epoch=epoch,
@@ -305,17 +244,17 @@ class Gateway:
         )
 
     async def busy(self, node_id: str, epoch: int, command_id: uuid.UUID) -> None:
-        await self._fact(
+        await self.facts.fact(
             Rejected, node_id=node_id, epoch=epoch, command_id=command_id, reason="BUSY"
         )
 
     async def events(self, node_id: str, journal_id: str, events: list[dict[str, Any]]) -> None:
-        await self._fact(Events, node_id=node_id, journal_id=journal_id, events=events)
+        await self.facts.fact(Events, node_id=node_id, journal_id=journal_id, events=events)
 
     async def status(
         self, node_id: str, epoch: int, observed_generation: int, trust_version: int = 0
     ) -> None:
-        await self._fact(
+        await self.facts.fact(
             Status,
             node_id=node_id,
             epoch=epoch,
@@ -363,7 +302,7 @@ class Gateway:
         ]
         for start in range(0, len(entries), MAX_FLUSH_ENTRIES):
             chunk = entries[start : start + MAX_FLUSH_ENTRIES]
-            await self._publish(Liveness(**self._fact_base(), entries=chunk))
+            await self.facts.publish(Liveness(**self.facts.base(), entries=chunk))
 
     # -- notices ---------------------------------------------------------------------------
     async def _notices(self) -> None:
@@ -405,76 +344,9 @@ class Gateway:
         for session in [s for s in self.sessions.values() if s.cert_serial in serials]:
             await self._end(session, "revoked")
 
-    # -- facts -----------------------------------------------------------------------------
-    def _fact_base(self) -> dict[str, Any]:
-        return {
-            "fact_id": uuid.uuid4(),
-            "gateway_id": self.gateway_id,
-            "observed_at": datetime.fromtimestamp(self.clock(), UTC),
-        }
-
-    async def _fact(self, model: type[Fact], **fields: Any) -> None:
-        await self._publish(model.model_validate({**self._fact_base(), **fields}, strict=False))
-
     async def _end(self, session: _Session, reason: CloseReason) -> None:
         """Drop a session's stream and say so (`closed`), unless it ended meanwhile."""
         if self.sessions.get(session.node_id) is session:
             del self.sessions[session.node_id]
         session.stream.drop(reason)
-        await self._publish(self._closed(session, reason))
-
-    def _closed(self, session: _Session, reason: CloseReason) -> Closed:
-        return Closed(
-            **self._fact_base(), node_id=session.node_id, epoch=session.epoch, reason=reason
-        )
-
-    def _hello_fact(
-        self,
-        request: HelloRequest,
-        opened: store.Opened,
-        upgrade: bool,
-        kinds: tuple[str, ...] | None,
-        generation: int,
-    ) -> Hello:
-        return Hello.model_validate(
-            {
-                **self._fact_base(),
-                "node_id": request.node_id, "session_id": opened.session_id, "epoch": opened.epoch,
-                "role": request.role, "boot_id": request.boot_id, "journal_id": request.journal_id,
-                "daemon_version": request.daemon_version, "proto_max": request.proto_max,
-                "trust_version": request.trust_version, "capabilities": list(request.capabilities),
-                "approver_set_epoch": request.approver_set_epoch, "approver_set_sha256": request.approver_set_sha256,
-                "running_command_ids": list(request.running_command_ids),
-                "inventory_hashes": dict(request.inventory_hashes),
-                "cert": CertInfo(serial=request.cert_serial, allowed_kinds=list(kinds) if kinds is not None else None, identity_generation=generation),
-                "upgrade_required": upgrade, "transport": request.transport,
-                "previous": PreviousSession(
-                    epoch=opened.previous_epoch, gateway_id=opened.previous_gateway_id,
-                    boot_id=opened.previous_boot_id, journal_id=opened.previous_journal_id,
-                    live=opened.previous_live,
-                ),
-            },
-            strict=False,
-        )  # fmt: skip
-
-    async def _publish(self, fact: Fact) -> None:
-        """Publish after commit, at least once: retried (same Nats-Msg-Id) until acknowledged."""
-        body, headers = REGISTRY.encode(fact)
-        headers["Nats-Msg-Id"] = str(fact.fact_id)
-        subject = self.subjects.fact(self.gateway_id, fact.BC_TYPE)
-        delay = 0.1
-        for attempt in range(30):
-            try:
-                await self.js.publish(subject, body, headers=headers, timeout=5)
-                return
-            except Exception as error:
-                if attempt == 29:
-                    raise
-                log.debug(
-                    "gateway %s: publish %s failed (%r), retrying",
-                    self.gateway_id,
-                    fact.BC_TYPE,
-                    error,
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        await self.facts.publish(self.facts.closed(session.node_id, session.epoch, reason))

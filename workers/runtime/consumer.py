@@ -188,10 +188,6 @@ class FactConsumer:
                 await item.msg.nak()
 
     # -- one batch -------------------------------------------------------------------
-    async def handle_batch(self, msgs: Sequence[Msg]) -> list[Outcome]:
-        """Decode and handle `msgs` as one batch (one lane), settling each."""
-        return await self.handle_items([self._decode(msg) for msg in msgs])
-
     async def handle_items(self, items: Sequence[_Item]) -> list[Outcome]:
         started = time.perf_counter()
         wanted = [item for item in items if item.outcome is None]
@@ -231,20 +227,8 @@ class FactConsumer:
 
     def _start_span(self, item: _Item) -> Span:
         assert item.fact is not None
-        meta = item.msg.metadata
-        return self._tracer.start_span(
-            f"{item.fact.BC_TYPE} process",
-            context=tracing.extract(item.msg.headers),
-            kind=trace.SpanKind.CONSUMER,
-            attributes={
-                "messaging.system": tracing.MESSAGING_SYSTEM,
-                "messaging.operation.type": "process",
-                "messaging.destination.name": item.msg.subject,
-                "messaging.consumer.group.name": self.worker.name,
-                "messaging.message.id": str(item.fact.fact_id),
-                "messaging.nats.stream.sequence": meta.sequence.stream,
-                "messaging.nats.delivery_count": meta.num_delivered or 1,
-            },
+        return tracing.start_consumer_span(
+            self._tracer, item.msg, item.fact.BC_TYPE, str(item.fact.fact_id), self.worker.name
         )
 
     @staticmethod

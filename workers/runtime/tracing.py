@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from nats.aio.msg import Msg
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
@@ -68,3 +69,25 @@ def extract(headers: Mapping[str, str] | None) -> Context | None:
 
 def tracer(provider: trace.TracerProvider) -> trace.Tracer:
     return provider.get_tracer(TRACER_NAME)
+
+
+def start_consumer_span(
+    tracer: trace.Tracer, msg: Msg, fact_type: str, fact_id: str, group: str
+) -> trace.Span:
+    """A fact's CONSUMER span, child of the producer's context carried in its headers,
+    with the messaging attributes (named by fact type: low cardinality)."""
+    meta = msg.metadata
+    return tracer.start_span(
+        f"{fact_type} process",
+        context=extract(msg.headers),
+        kind=trace.SpanKind.CONSUMER,
+        attributes={
+            "messaging.system": MESSAGING_SYSTEM,
+            "messaging.operation.type": "process",
+            "messaging.destination.name": msg.subject,
+            "messaging.consumer.group.name": group,
+            "messaging.message.id": fact_id,
+            "messaging.nats.stream.sequence": meta.sequence.stream,
+            "messaging.nats.delivery_count": meta.num_delivered or 1,
+        },
+    )

@@ -1,0 +1,97 @@
+"""The facts a reference gateway publishes on `<root>.facts.<its id>.<type>`, built and
+published after commit, at least once (retried with the same Nats-Msg-Id, which
+JetStream deduplicates)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from nats.js import JetStreamContext
+
+from schemas import REGISTRY, Fact
+from schemas.facts import CertInfo, Closed, CloseReason, Hello, PreviousSession
+from schemas.subjects import Subjects
+from workers.gateway import store
+from workers.gateway.admission import HelloRequest
+
+log = logging.getLogger(__name__)
+
+
+class FactPublisher:
+    def __init__(
+        self, gateway_id: str, js: JetStreamContext, subjects: Subjects, clock: Callable[[], float]
+    ):
+        self.gateway_id = gateway_id
+        self.js = js
+        self.subjects = subjects
+        self.clock = clock
+
+    def base(self) -> dict[str, Any]:
+        """`fact_id`, `gateway_id` and `observed_at` (the gateway's clock, informational)."""
+        return {
+            "fact_id": uuid.uuid4(),
+            "gateway_id": self.gateway_id,
+            "observed_at": datetime.fromtimestamp(self.clock(), UTC),
+        }
+
+    async def fact(self, model: type[Fact], **fields: Any) -> None:
+        await self.publish(model.model_validate({**self.base(), **fields}, strict=False))
+
+    def closed(self, node_id: str, epoch: int, reason: CloseReason) -> Closed:
+        return Closed(**self.base(), node_id=node_id, epoch=epoch, reason=reason)
+
+    def hello(
+        self,
+        request: HelloRequest,
+        opened: store.Opened,
+        upgrade: bool,
+        kinds: tuple[str, ...] | None,
+        generation: int,
+    ) -> Hello:
+        return Hello.model_validate(
+            {
+                **self.base(),
+                "node_id": request.node_id, "session_id": opened.session_id, "epoch": opened.epoch,
+                "role": request.role, "boot_id": request.boot_id, "journal_id": request.journal_id,
+                "daemon_version": request.daemon_version, "proto_max": request.proto_max,
+                "trust_version": request.trust_version, "capabilities": list(request.capabilities),
+                "approver_set_epoch": request.approver_set_epoch, "approver_set_sha256": request.approver_set_sha256,
+                "running_command_ids": list(request.running_command_ids),
+                "inventory_hashes": dict(request.inventory_hashes),
+                "cert": CertInfo(serial=request.cert_serial, allowed_kinds=list(kinds) if kinds is not None else None, identity_generation=generation),
+                "upgrade_required": upgrade, "transport": request.transport,
+                "previous": PreviousSession(
+                    epoch=opened.previous_epoch, gateway_id=opened.previous_gateway_id,
+                    boot_id=opened.previous_boot_id, journal_id=opened.previous_journal_id,
+                    live=opened.previous_live,
+                ),
+            },
+            strict=False,
+        )  # fmt: skip
+
+    async def publish(self, fact: Fact) -> None:
+        """Publish, at least once: retried (same Nats-Msg-Id) until acknowledged."""
+        body, headers = REGISTRY.encode(fact)
+        headers["Nats-Msg-Id"] = str(fact.fact_id)
+        subject = self.subjects.fact(self.gateway_id, fact.BC_TYPE)
+        delay = 0.1
+        for attempt in range(30):
+            try:
+                await self.js.publish(subject, body, headers=headers, timeout=5)
+                return
+            except Exception as error:
+                if attempt == 29:
+                    raise
+                log.debug(
+                    "gateway %s: publish %s failed (%r), retrying",
+                    self.gateway_id,
+                    fact.BC_TYPE,
+                    error,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)

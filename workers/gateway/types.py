@@ -1,0 +1,75 @@
+"""What a reference gateway shows its daemons and its owner: the refusal, the Welcome, the
+stream protocol a daemon implements, the settings, and the handshake token bucket."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Protocol
+
+from schemas.notices import Dispatch
+from workers.gateway.admission import Code
+
+
+class Refused(Exception):
+    """A refused Hello: the gRPC-style code, why, and (pushback) when to retry."""
+
+    def __init__(self, code: Code, reason: str, retry_after: float | None = None) -> None:
+        super().__init__(f"{code.value}: {reason}")
+        self.code = code
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+class DaemonStream(Protocol):
+    """The gateway's side of a daemon's stream."""
+
+    async def deliver(self, dispatch: Dispatch) -> None: ...
+
+    async def event_ack(self, journal_id: str, seq: int) -> None: ...
+
+    def drop(self, reason: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Welcome:
+    epoch: int
+    session_id: str
+    upgrade_required: bool
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    heartbeat_interval: float = 10.0
+    missed_heartbeats: int = 3
+    flush_period: float = 15.0
+    lease_ttl: float = 15.0
+    renew_every: float = 5.0
+    handshakes_per_second: float = 200.0  # shared with join
+    max_streams: int = 5_000
+    max_pending_hellos: int = 64
+    min_daemon_version: str = "0"
+
+    @property
+    def live_window(self) -> timedelta:
+        return timedelta(seconds=self.heartbeat_interval * self.missed_heartbeats)
+
+
+class TokenBucket:
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.tokens = rate
+        self.clock = clock
+        self.stamp = clock()
+
+    def take(self) -> float:
+        """0 if a token was taken; else seconds until one is there."""
+        now = self.clock()
+        self.tokens = min(self.rate, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) / self.rate
