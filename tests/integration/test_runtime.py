@@ -11,6 +11,7 @@ import json
 import urllib.request
 
 import asyncpg
+import pytest
 from nats.aio.client import Client as NATS
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -359,3 +360,32 @@ async def test_without_an_exporter_the_producers_trace_still_reaches_the_events(
 
 async def _outbox_empty_and_rows(database_url: str) -> bool:
     return await _rows(database_url, 1) and await _outbox_empty(database_url)
+
+
+async def test_a_fact_the_server_stopped_redelivering_is_dead_lettered_from_the_advisory(
+    nc: NATS, subjects: Subjects
+) -> None:
+    """A process that crashes on a fact at every delivery never settles it: JetStream stops
+    after max_deliver and says so in an advisory, which the runtime turns into a dead letter."""
+    from workers.runtime.deadletter import watch_max_deliveries
+    from workers.runtime.settings import ConsumerSettings
+
+    js = nc.jetstream()
+    await bus.provision_streams(js, subjects)
+    spec = build_tally().consumer_spec(subjects)
+    await bus.ensure_consumer(
+        js, subjects.facts_stream, spec, ConsumerSettings(max_deliver=2, ack_wait=1)
+    )
+    await watch_max_deliveries(nc, js, subjects, "tally")
+    fact = status_fact(node_id="crasher")
+    await publish_fact(js, subjects, fact)
+    sub = await js.pull_subscribe_bind(durable="tally", stream=subjects.facts_stream)
+    for _ in range(2):  # delivered, never acked (the process died), twice
+        [msg] = await sub.fetch(1, timeout=5)
+        assert msg.metadata.num_delivered in (1, 2)
+    with pytest.raises(TimeoutError):  # a replica asks again: nothing more comes
+        await sub.fetch(1, timeout=3)
+    await eventually(lambda: _dead_count(js, subjects, 1), what="the dead letter from the advisory")
+    [letter] = await deadletter.list_dead_letters(js, subjects, "tally")
+    assert letter.cause == "max-deliveries" and "max deliveries" in letter.reason
+    assert json.loads(letter.data)["fact_id"] == str(fact.fact_id)
