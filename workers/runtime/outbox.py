@@ -113,6 +113,7 @@ class OutboxRelay:
         self._settings = settings
         self._metrics = metrics
         self._tracer = tracer
+        self._tracing = tracing.is_recording(tracer)
         self._wake = asyncio.Event()
         self._listener = Listener(database, [NOTIFY_CHANNEL], self._wake)
 
@@ -141,25 +142,15 @@ class OutboxRelay:
 
     async def _publish(self, rows: list[asyncpg.Record]) -> list[int]:
         futures = []
-        spans = []
+        spans: list[trace.Span | None] = []
         for row in rows:
             headers = json.loads(row["headers"])
-            parent = tracing.extract(headers)
-            span = self._tracer.start_span(
-                f"{headers.get(TYPE_HEADER, 'message')} publish",
-                context=parent,
-                kind=trace.SpanKind.PRODUCER,
-                attributes={
-                    "messaging.system": tracing.MESSAGING_SYSTEM,
-                    "messaging.operation.type": "send",
-                    "messaging.destination.name": row["subject"],
-                    "messaging.message.id": str(row["msg_id"]),
-                },
-            )
+            span = self._producer_span(row, headers) if self._tracing else None
+            if span is not None:  # the message carries this span on; else the stored context
+                headers.pop("traceparent", None)
+                headers.pop("tracestate", None)
+                tracing.inject(headers, trace.set_span_in_context(span))
             spans.append(span)
-            headers.pop("traceparent", None)
-            headers.pop("tracestate", None)
-            tracing.inject(headers, trace.set_span_in_context(span))
             headers["Nats-Msg-Id"] = str(row["msg_id"])
             futures.append(
                 await self._js.publish_async(row["subject"], bytes(row["body"]), headers=headers)
@@ -177,13 +168,27 @@ class OutboxRelay:
             else:
                 results.append(future.exception() or future.result())
         for row, span, result in zip(rows, spans, results, strict=True):
-            if isinstance(result, BaseException):
-                span.record_exception(result)
-                span.set_status(trace.StatusCode.ERROR)
-            else:
+            if not isinstance(result, BaseException):
                 done.append(row["id"])
-            span.end()
+            if span is not None:
+                if isinstance(result, BaseException):
+                    span.record_exception(result)
+                    span.set_status(trace.StatusCode.ERROR)
+                span.end()
         return done
+
+    def _producer_span(self, row: asyncpg.Record, headers: dict[str, str]) -> trace.Span:
+        return self._tracer.start_span(
+            f"{headers.get(TYPE_HEADER, 'message')} publish",
+            context=tracing.extract(headers),
+            kind=trace.SpanKind.PRODUCER,
+            attributes={
+                "messaging.system": tracing.MESSAGING_SYSTEM,
+                "messaging.operation.type": "send",
+                "messaging.destination.name": row["subject"],
+                "messaging.message.id": str(row["msg_id"]),
+            },
+        )
 
     async def flush(self, deadline: float) -> int:
         """Publish until the outbox is empty or `deadline` (monotonic) passes."""
