@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -23,7 +24,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 
 from schemas.base import Message
-from schemas.registry import REGISTRY, TYPE_HEADER
+from schemas.registry import REGISTRY, SCHEMA_HEADER, TYPE_HEADER
 from workers.runtime import tracing
 from workers.runtime.errors import is_transient
 from workers.runtime.metrics import Metrics
@@ -52,9 +53,10 @@ class OutboxBatch:
         msg_id: uuid.UUID | None = None,
     ) -> uuid.UUID:
         body, headers = REGISTRY.encode(message)
-        tracing.inject(headers, context)
+        if context is not None:
+            tracing.inject(headers, context)
         msg_id = msg_id or uuid.uuid4()
-        self.rows.append((msg_id, subject, json.dumps(headers), body, order_key))
+        self.rows.append((msg_id, subject, _headers_json(headers), body, order_key))
         return msg_id
 
     async def write(self, conn: asyncpg.Connection) -> int:
@@ -76,6 +78,18 @@ class OutboxBatch:
             keys,
         )
         return len(self.rows)
+
+
+@functools.lru_cache(maxsize=256)
+def _plain_headers_json(bc_type: str, bc_schema: str) -> str:
+    return json.dumps({TYPE_HEADER: bc_type, SCHEMA_HEADER: bc_schema})
+
+
+def _headers_json(headers: dict[str, str]) -> str:
+    """The headers as stored; the common untraced case is one of a few strings."""
+    if len(headers) == 2:
+        return _plain_headers_json(headers[TYPE_HEADER], headers[SCHEMA_HEADER])
+    return json.dumps(headers)
 
 
 # Claims a batch, then gives up the rows whose order_key has an earlier row outside the
