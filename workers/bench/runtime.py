@@ -292,4 +292,6 @@ async def run(settings: Settings, facts: int, embedded: bool, rounds: int = 3) -
     )
     print(f"a/b = {m['a'] / floor:.2f} (target >= 0.8)   a/c = {m['a'] / m['c']:.2f} (target >= 4)")
     print(f"a'/b = {m['a1'] / floor:.2f}   a'/c = {m['a1'] / m['c']:.2f}")
+    per_round = [a / b for a, b in zip(results["a"], results["b"], strict=True)]
+    print("a/b per round (same round, same load): " + ", ".join(f"{r:.2f}" for r in per_round))
     return 0
