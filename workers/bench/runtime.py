@@ -26,9 +26,17 @@ import nats
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from schemas import REGISTRY, Fact, Status, Zombie
+from schemas import Fact, Status, Zombie
 from schemas.subjects import Subjects
-from workers.bench.common import BenchTarget, bench_target, consume_and_relay, print_table
+from workers.bench.common import (
+    BenchTarget,
+    bench_target,
+    consume_and_relay,
+    join_fleet,
+    print_table,
+    publish_facts,
+    wire,
+)
 from workers.runtime import bus
 from workers.runtime.outcome import Outcome
 from workers.runtime.settings import ConsumerSettings, Settings
@@ -67,44 +75,23 @@ async def _handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
 
 
 async def _prepare(target: BenchTarget, subjects: Subjects, facts: int) -> None:
-    conn = await asyncpg.connect(target.database_url)
-    try:
-        await conn.execute(
-            "SELECT join_node('bench-' || i, 'worker', 'bench-serial-' || i, NULL) FROM generate_series(1, $1) i",
-            NODES,
-        )
-        await conn.execute("UPDATE node_sessions SET session_epoch = 1")
-    finally:
-        await conn.close()
-    nc = await nats.connect(target.nats_url)
-    try:
-        js = nc.jetstream()
-        await bus.provision_streams(js, subjects)
-        pending = []
-        for i in range(facts):
-            fact = Status.model_validate(
-                {
-                    "fact_id": uuid.uuid4(),
-                    "gateway_id": "gw-bench",
-                    "observed_at": "2026-11-30T00:00:00Z",
-                    "node_id": f"bench-{i % NODES + 1}",
-                    "epoch": 1,
-                    "observed_generation": i,
-                    "trust_version": 0,
-                },
-                strict=False,
-            )
-            body, headers = REGISTRY.encode(fact)
-            headers["Nats-Msg-Id"] = str(fact.fact_id)
-            pending.append(
-                await js.publish_async(subjects.fact("gw-bench", "status"), body, headers=headers)
-            )
-            if len(pending) >= 2000:
-                await asyncio.gather(*pending)
-                pending.clear()
-        await asyncio.gather(*pending)
-    finally:
-        await nc.close()
+    await join_fleet(target.database_url, NODES, prefix="bench-")
+    statuses = (
+        Status.model_validate(
+            {
+                "fact_id": uuid.uuid4(),
+                "gateway_id": "gw-bench",
+                "observed_at": "2026-11-30T00:00:00Z",
+                "node_id": f"bench-{i % NODES + 1}",
+                "epoch": 1,
+                "observed_generation": i,
+                "trust_version": 0,
+            },
+            strict=False,
+        )  # fmt: skip
+        for i in range(facts)
+    )
+    await publish_facts(target.nats_url, [wire(subjects, fact) for fact in statuses])
 
 
 async def _bare_consumer(
