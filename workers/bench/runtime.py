@@ -88,7 +88,7 @@ async def _prepare(target: BenchTarget, subjects: Subjects, facts: int) -> None:
                 "trust_version": 0,
             },
             strict=False,
-        )  # fmt: skip
+        )
         for i in range(facts)
     )
     await publish_facts(target.nats_url, [wire(subjects, fact) for fact in statuses])
