@@ -10,6 +10,7 @@ root (so its own streams).
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -63,6 +64,7 @@ def servers() -> Iterator[Servers]:
             postgres.stop()
         if nats_server is not None:
             nats_server.stop()
+        shutil.rmtree(base, ignore_errors=True)  # the servers' data: gigabytes over many runs
 
 
 async def _admin(servers: Servers) -> asyncpg.Connection:

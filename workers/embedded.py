@@ -319,3 +319,5 @@ def embedded_servers(
     finally:
         postgres.stop()
         nats.stop()
+        if directory is None:  # a temporary home goes with the servers
+            shutil.rmtree(base, ignore_errors=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import tempfile
 import time
 import uuid
@@ -35,6 +36,7 @@ async def bench_target(settings: Settings, embedded: bool) -> AsyncIterator[Benc
     stack = contextlib.ExitStack()
     if embedded:
         base = Path(tempfile.mkdtemp(prefix="bcw-bench-"))
+        stack.callback(shutil.rmtree, base, True)  # runs last: after the servers stopped
         nats = stack.enter_context(_started(EmbeddedNats(base / "nats")))
         postgres = stack.enter_context(_started(EmbeddedPostgres(base / "postgres")))
         nats_url, admin_url = nats.url, postgres.url
