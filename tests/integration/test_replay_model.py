@@ -125,6 +125,9 @@ class ReplayMachine(RuleBasedStateMachine):
 
     @initialize()
     def joined_and_connected(self) -> None:
+        # each example starts its clock at zero: a previous example's offset must not make
+        # `time_passes` move the clock backwards
+        self.run(self.conn.execute("SELECT set_compute_now_offset(interval '0')"))
         self.run(
             fleet.session(self.conn, self.node, epoch=1, boot_id="boot-1", journal_id="journal-1")
         )
