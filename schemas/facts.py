@@ -6,8 +6,9 @@ Snake_case field names, as in the session protocol. Pure data: no I/O here.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 from uuid import UUID
 
 from pydantic import Field
@@ -182,3 +183,25 @@ FACT_TYPES: tuple[type[Fact], ...] = (
     Events,
     Status,
 )
+
+
+class _EpochFact(Protocol):
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+
+E = TypeVar("E", bound=_EpochFact)
+
+
+def newest_per_node(facts: Iterable[E]) -> dict[str, E]:
+    """Each node's fact of the highest epoch (a later one wins a tie): only that one can
+    match the node's current row. Pure; used by the workers to fold a batch."""
+    newest: dict[str, E] = {}
+    for fact in facts:
+        seen = newest.get(fact.node_id)
+        if seen is None or fact.epoch >= seen.epoch:
+            newest[fact.node_id] = fact
+    return newest

@@ -6,8 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from schemas.facts import Closed, newest_per_node
 from tests.factories import hello, make_fact
-from workers.liveness.decide import Rules, SweepState, connected, newest_per_node, plan_sweep
+from workers.liveness.decide import Rules, SweepState, connected, plan_sweep
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 RULES = Rules()
@@ -67,8 +68,10 @@ def test_connected_carries_the_flags_for_a_current_hello_only() -> None:
     assert connected(h, None) is None
 
 
-def test_newest_closed_per_node() -> None:
-    old = make_fact("closed", node_id="n", epoch=2)
-    new = make_fact("closed", node_id="n", epoch=3)
-    other = make_fact("closed", node_id="m", epoch=1)
-    assert newest_per_node([new, old, other]) == [other, new]  # type: ignore[list-item]
+def test_newest_fact_per_node() -> None:
+    old, new, other = (
+        make_fact("closed", node_id=n, epoch=e) for n, e in [("n", 2), ("n", 3), ("m", 1)]
+    )
+    assert isinstance(old, Closed) and isinstance(new, Closed) and isinstance(other, Closed)
+    assert newest_per_node([new, old, other]) == {"n": new, "m": other}
+    assert newest_per_node([old, new]) == newest_per_node([new, old]) == {"n": new}

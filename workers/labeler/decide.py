@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from schemas.facts import Hello
+from schemas.facts import Hello, newest_per_node
 
 CAPABILITY_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 MAX_CAPABILITIES = 64
@@ -78,20 +78,10 @@ def decide(hello: Hello, row: SessionRow | None) -> Labeling | None:
     )
 
 
-def latest_per_node(hellos: Sequence[Hello]) -> dict[str, Hello]:
-    """One Hello per node: the highest epoch (the others cannot be current). Pure."""
-    latest: dict[str, Hello] = {}
-    for hello in hellos:
-        seen = latest.get(hello.node_id)
-        if seen is None or hello.epoch >= seen.epoch:
-            latest[hello.node_id] = hello
-    return latest
-
-
 def decide_batch(hellos: Sequence[Hello], rows: Mapping[str, SessionRow]) -> dict[str, Labeling]:
     """Labelings of a batch's current Hellos, by node. Pure."""
     out: dict[str, Labeling] = {}
-    for node_id, hello in latest_per_node(hellos).items():
+    for node_id, hello in newest_per_node(hellos).items():
         labeling = decide(hello, rows.get(node_id))
         if labeling is not None:
             out[node_id] = labeling

@@ -10,9 +10,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 from schemas.events import NodeDisconnected
-from schemas.facts import Closed, Fact, Hello, Liveness
+from schemas.facts import Closed, Fact, Hello, Liveness, newest_per_node
 from schemas.notices import Zombie
-from workers.liveness.decide import closes_its_row, connected, newest_per_node
+from workers.liveness.decide import closes_its_row, connected
 from workers.runtime import outcome
 from workers.runtime.outcome import Outcome
 from workers.runtime.worker import Tx
@@ -112,7 +112,8 @@ async def _flush(tx: Tx, flushes: list[Liveness]) -> None:
 
 
 async def _disconnect(tx: Tx, closed: list[Closed]) -> dict[uuid.UUID, Outcome]:
-    newest = newest_per_node(closed)
+    by_node = newest_per_node(closed)
+    newest = [by_node[node] for node in sorted(by_node)]  # rows in node order
     matched = {
         r["node_id"]
         for r in await tx.conn.fetch(

@@ -7,7 +7,6 @@ What a Hello announces, which `closed` facts may write, and what a sweep may do 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -44,15 +43,6 @@ def connected(hello: Hello, current_epoch: int | None) -> NodeConnected | None:
 def closes_its_row(closed: Closed) -> bool:
     """Whether a `closed` fact may write the disconnect (it may still be fenced out). Pure."""
     return closed.reason not in NOT_OURS
-
-
-def newest_per_node(closed: Sequence[Closed]) -> list[Closed]:
-    """One `closed` per node, its highest epoch (only that one can match the row). Pure."""
-    newest: dict[str, Closed] = {}
-    for fact in closed:
-        if fact.node_id not in newest or fact.epoch >= newest[fact.node_id].epoch:
-            newest[fact.node_id] = fact
-    return sorted(newest.values(), key=lambda fact: fact.node_id)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from schemas.events import (
     CommandFailed,
     CommandReplayed,
 )
-from schemas.facts import Fact, Hello, Progress, Rejected, Result
+from schemas.facts import Fact, Hello, Progress, Rejected, Result, newest_per_node
 from schemas.notices import Dispatch
 from workers.replay.decide import (
     Command,
@@ -185,10 +185,7 @@ def make_handler(settings: ReplaySettings) -> Handler:
 
 
 async def _replay(tx: Tx, hellos: list[Hello]) -> dict[uuid.UUID, Outcome]:
-    latest: dict[str, Hello] = {}
-    for hello in hellos:
-        if hello.node_id not in latest or hello.epoch >= latest[hello.node_id].epoch:
-            latest[hello.node_id] = hello
+    latest = newest_per_node(hellos)
     nodes = sorted(latest)
     sessions = {r["node_id"]: r for r in await tx.conn.fetch(LOCK_SESSIONS, nodes)}
     current = {
