@@ -12,7 +12,7 @@ from uuid import UUID
 from pydantic import Field
 
 from schemas.base import CamelMessage, GatewayId, Ident, Name, NodeId
-from schemas.facts import CloseReason, NonNegative
+from schemas.facts import CloseReason, NonNegative, SmallNonNegative
 
 DisconnectReason = CloseReason | Literal["liveness-timeout", "gateway-lost"]
 
@@ -54,8 +54,8 @@ class DuplicateSession(CamelMessage):
     gateway_id: GatewayId
     previous_boot_id: Ident | None
     boot_id: Ident
-    alternations: NonNegative
-    window_seconds: NonNegative
+    alternations: SmallNonNegative
+    window_seconds: SmallNonNegative
     quarantined: bool
 
 
@@ -64,7 +64,7 @@ class Quarantined(CamelMessage):
 
     node_id: NodeId
     reason: Name
-    alternations: NonNegative
+    alternations: SmallNonNegative
     revoked_serials: list[Ident] = Field(max_length=1024)
 
 
@@ -76,7 +76,7 @@ class CommandEvent(CamelMessage):
     epoch: NonNegative
     seq: NonNegative
     kind: Name
-    attempt: NonNegative
+    attempt: SmallNonNegative
     reason: Annotated[str, Field(max_length=1024)] | None = None
 
 

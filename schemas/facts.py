@@ -15,8 +15,16 @@ from pydantic import Field
 
 from schemas.base import GatewayId, Ident, Name, NodeId, Sha256Hex, SnakeMessage
 
-NonNegative = Annotated[int, Field(ge=0)]
-Positive = Annotated[int, Field(ge=1)]
+#: Integers are bounded by what PostgreSQL stores (bigint, or integer where the column is
+#: one), so an out-of-range value is refused as invalid instead of failing in SQL.
+BIGINT_MAX = 2**63 - 1
+INTEGER_MAX = 2**31 - 1
+#: ages in milliseconds become intervals: well inside their range (about 31,700 years)
+AGE_MS_MAX = 10**15
+NonNegative = Annotated[int, Field(ge=0, le=BIGINT_MAX)]
+Positive = Annotated[int, Field(ge=1, le=BIGINT_MAX)]
+SmallNonNegative = Annotated[int, Field(ge=0, le=INTEGER_MAX)]
+SmallPositive = Annotated[int, Field(ge=1, le=INTEGER_MAX)]
 
 #: Upper bounds on lists, so a malformed fact is refused instead of exhausting memory.
 MAX_LIVENESS_ENTRIES = 10_000
@@ -52,7 +60,7 @@ class NodeFact(Fact):
 class CertInfo(SnakeMessage):
     serial: Ident | None = None
     allowed_kinds: list[Name] | None = Field(default=None, max_length=256)
-    identity_generation: NonNegative | None = None
+    identity_generation: SmallNonNegative | None = None
 
 
 class PreviousSession(SnakeMessage):
@@ -74,7 +82,7 @@ class Hello(NodeFact):
     boot_id: Ident
     journal_id: Ident
     daemon_version: Name
-    proto_max: NonNegative
+    proto_max: SmallNonNegative
     trust_version: NonNegative
     capabilities: list[Annotated[str, Field(max_length=256)]] = Field(
         max_length=MAX_RAW_CAPABILITIES
@@ -107,7 +115,7 @@ class Hello(NodeFact):
 class LivenessEntry(SnakeMessage):
     node_id: NodeId
     epoch: Positive
-    age_ms: NonNegative
+    age_ms: Annotated[int, Field(ge=0, le=AGE_MS_MAX)]
 
 
 class Liveness(Fact):

@@ -10,7 +10,7 @@ from typing import Any
 from uuid import UUID
 
 from schemas.base import Ident, Name, NodeId, SnakeMessage
-from schemas.facts import NonNegative, Positive
+from schemas.facts import NonNegative, Positive, SmallPositive
 
 
 class Dispatch(SnakeMessage):
@@ -24,7 +24,7 @@ class Dispatch(SnakeMessage):
     seq: Positive
     kind: Name
     lane: Name
-    attempt: Positive
+    attempt: SmallPositive
     payload: dict[str, Any]
     signature: str | None = None
 
