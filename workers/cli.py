@@ -1,20 +1,32 @@
 """`bcw`: the one entry point of bc-workers (migrate, provision, run, demo, bench, …).
 
 Parses arguments, reads settings, and hands over to the module that does the work. The
-only place that installs signal handlers or calls `sys.exit`.
+only place that installs signal handlers or calls `sys.exit`, and the one place that
+turns errors into what an operator reads: one line naming the setting, and an exit code
+(0 done; 1 failed, e.g. a server out of reach; 2 a bad setting or usage; 3 credentials
+or permissions refused). A traceback only with `BCW_LOG_LEVEL=DEBUG`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from workers.runtime.settings import Settings
+from pydantic import ValidationError
+
+from workers.runtime.errors import SettingError
+from workers.runtime.settings import Settings, describe
 from workers.runtime.worker import Worker
+
+EXIT_FAILED = 1
+EXIT_BAD_SETTINGS = 2
+EXIT_REFUSED = 3
 
 
 def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
@@ -41,7 +53,7 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
         return asyncio.run(run())
     except migrate.MigrationError as error:
         print(f"bcw migrate: {error}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_SETTINGS
 
 
 def run_workers(settings: Settings, workers: Sequence[Worker]) -> int:
@@ -104,7 +116,7 @@ def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
         return asyncio.run(run())
     except bus.ProvisionError as error:
         print(f"bcw provision: {error}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_SETTINGS
 
 
 def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
@@ -127,11 +139,17 @@ def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
                     )
                 print(f"{len(letters)} dead letter(s)")
                 return 0
+            refused = 0
             for letter in letters:
-                await deadletter.redrive(js, subjects, letter)
+                try:
+                    await deadletter.redrive(js, subjects, letter)
+                except deadletter.RedriveError as error:
+                    print(f"not re-driven: {error}", file=sys.stderr)
+                    refused += 1
+                    continue
                 print(f"re-drove {letter.seq} to {letter.subject}")
-            print(f"{len(letters)} re-driven")
-            return 0
+            print(f"{len(letters) - refused} re-driven")
+            return EXIT_FAILED if refused else 0
         finally:
             await nc.close()
 
@@ -321,11 +339,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = Settings()
-    except ValueError as error:
-        print(f"bcw: bad settings in the environment:\n{error}", file=sys.stderr)
-        return 2
-    code: int = args.handler(args, settings)
+    except ValidationError as error:
+        for line in describe(error):
+            print(f"bcw: {line}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+    try:
+        code: int = args.handler(args, settings)
+    except SettingError as error:
+        _explain(args.command, str(error))
+        return error.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:  # a bug, or a failure nothing above names: still one line
+        _explain(args.command, f"{type(error).__name__}: {error}")
+        return EXIT_FAILED
     return code
+
+
+def _explain(command: str, line: str) -> None:
+    if os.environ.get("BCW_LOG_LEVEL", "").upper() == "DEBUG":
+        traceback.print_exc()
+    print(f"bcw {command}: {line}", file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

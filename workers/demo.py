@@ -45,7 +45,7 @@ def demo_settings(nats_url: str, database_url: str, root: str) -> Settings:
         subject_root=root,
         health_port=0,
         log_level="WARNING",
-        database=DatabaseSettings(url=database_url, pool_max=10),
+        database=DatabaseSettings(url=database_url, pool_max=10, command_timeout=20),
         nats=NatsSettings(url=nats_url),
         consumer=ConsumerSettings(ack_wait=30),
         outbox=OutboxSettings(poll_seconds=0.5),

@@ -85,14 +85,17 @@ def build_tally(settings: Settings | None = None) -> Worker:
 def make_settings(
     nats_url: str, database_url: str, subjects: Subjects, **consumer: Any
 ) -> Settings:
+    consumer_settings = ConsumerSettings(
+        **{"ack_wait": 5.0, "nak_delay": 0.2, "retry_max_seconds": 0.5, **consumer}
+    )
     return Settings(
         subject_root=subjects.root,
         health_port=0,
-        database=DatabaseSettings(url=database_url, pool_max=4),
-        nats=NatsSettings(url=nats_url),
-        consumer=ConsumerSettings(
-            **{"ack_wait": 5.0, "nak_delay": 0.2, "retry_max_seconds": 0.5, **consumer}
+        database=DatabaseSettings(
+            url=database_url, pool_max=4, command_timeout=0.8 * consumer_settings.ack_wait
         ),
+        nats=NatsSettings(url=nats_url),
+        consumer=consumer_settings,
         outbox=OutboxSettings(poll_seconds=0.5),
     )
 

@@ -43,6 +43,7 @@ def _spawn(servers: Servers, database_url: str, subjects: Subjects) -> asyncio.s
         "BCW_SUBJECT_ROOT": subjects.root,
         "BCW_HEALTH_PORT": "0",
         "BCW_CONSUMER_ACK_WAIT": "2",
+        "BCW_DATABASE_COMMAND_TIMEOUT": "1.5",
         "BCW_LOG_FORMAT": "json",
     }
     return asyncio.create_subprocess_exec(  # type: ignore[return-value]

@@ -7,10 +7,19 @@ Secrets are `SecretStr` and never appear in a repr or a log line.
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BeforeValidator, Field, SecretStr, field_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    FilePath,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.subjects import ROOT_RE
@@ -28,8 +37,20 @@ def _seconds(value: object) -> object:
     return value
 
 
-#: A duration read from the environment in seconds.
-Seconds = Annotated[timedelta, BeforeValidator(_seconds)]
+def _positive(value: timedelta) -> timedelta:
+    if value <= timedelta(0):
+        raise ValueError("must be a positive number of seconds")
+    return value
+
+
+#: A duration read from the environment in seconds; every duration here is positive.
+Seconds = Annotated[timedelta, BeforeValidator(_seconds), AfterValidator(_positive)]
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LogLevel = Annotated[
+    Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+    BeforeValidator(lambda value: value.upper() if isinstance(value, str) else value),
+]
 
 
 def _group(prefix: str) -> SettingsConfigDict:
@@ -50,9 +71,33 @@ class DatabaseSettings(BaseSettings):
     command_timeout: float = Field(
         default=20.0, gt=0, description="seconds; keep below the consumer's ack_wait"
     )
+    connect_timeout: float = Field(
+        default=10.0, gt=0, description="seconds one connection attempt may take"
+    )
     statement_cache_size: int = Field(
         default=100, ge=0, description="0 behind PgBouncer (transaction mode) older than 1.21"
     )
+
+    @field_validator("url")
+    @classmethod
+    def _url_is_postgres(cls, value: SecretStr) -> SecretStr:
+        # never echo the URL: it may carry a password
+        try:
+            parts = urlsplit(value.get_secret_value())
+            parts.port  # noqa: B018 - parses the port
+        except ValueError as error:
+            raise ValueError(f"not a valid URL ({error})") from None
+        if parts.scheme not in ("postgresql", "postgres"):
+            raise ValueError("must be a postgresql:// URL")
+        return value
+
+    @model_validator(mode="after")
+    def _pool_bounds(self) -> DatabaseSettings:
+        if self.pool_min > self.pool_max:
+            raise ValueError(
+                f"BCW_DATABASE_POOL_MIN ({self.pool_min}) is above BCW_DATABASE_POOL_MAX ({self.pool_max})"
+            )
+        return self
 
 
 class NatsSettings(BaseSettings):
@@ -61,14 +106,40 @@ class NatsSettings(BaseSettings):
     model_config = _group("BCW_NATS_")
 
     url: str = Field(default="nats://127.0.0.1:4222", description="comma-separated server URLs")
-    creds_file: Path | None = Field(default=None, description="NATS credentials (.creds) file")
+    connect_timeout: float = Field(
+        default=5.0, gt=0, description="seconds one connection attempt may take"
+    )
+    creds_file: FilePath | None = Field(default=None, description="NATS credentials (.creds) file")
     user: str | None = Field(default=None, description="user name, if not using creds")
     password: SecretStr | None = Field(default=None, description="password for `user`")
     token: SecretStr | None = Field(default=None, description="auth token")
-    tls_ca_file: Path | None = Field(default=None, description="CA bundle for TLS")
-    tls_cert_file: Path | None = Field(default=None, description="client certificate (mTLS)")
-    tls_key_file: Path | None = Field(default=None, description="client key (mTLS)")
+    tls_ca_file: FilePath | None = Field(default=None, description="CA bundle for TLS")
+    tls_cert_file: FilePath | None = Field(default=None, description="client certificate (mTLS)")
+    tls_key_file: FilePath | None = Field(default=None, description="client key (mTLS)")
     stream_replicas: int = Field(default=1, ge=1, le=5, description="3 on a clustered JetStream")
+
+    @field_validator("url")
+    @classmethod
+    def _urls_are_nats(cls, value: str) -> str:
+        servers = [part.strip() for part in value.split(",") if part.strip()]
+        if not servers:
+            raise ValueError("names no server")
+        for server in servers:
+            try:
+                parts = urlsplit(server if "://" in server else f"nats://{server}")
+                port = parts.port
+            except ValueError as error:
+                raise ValueError(f"{server!r} is not a valid URL ({error})") from None
+            if parts.scheme not in ("nats", "tls", "ws", "wss") or not parts.hostname:
+                raise ValueError(f"{server!r} is not a nats://host:port URL")
+            del port
+        return value
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> NatsSettings:
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("BCW_NATS_TLS_CERT_FILE and BCW_NATS_TLS_KEY_FILE go together")
+        return self
 
     @property
     def servers(self) -> list[str]:
@@ -213,7 +284,9 @@ class Settings(BaseSettings):
     subject_root: str = Field(default="bc", description="subject root; stream names follow it")
     health_port: int = Field(default=8080, ge=0, le=65535, description="0 picks a free port")
     log_format: Literal["json", "console"] = Field(default="console", description="log line format")
-    log_level: str = Field(default="INFO", description="Python logging level")
+    log_level: LogLevel = Field(
+        default="INFO", description="DEBUG, INFO, WARNING, ERROR or CRITICAL"
+    )
     instance: str | None = Field(
         default=None, description="this process's name; defaults to host:pid"
     )
@@ -233,3 +306,61 @@ class Settings(BaseSettings):
         if not ROOT_RE.match(value):
             raise ValueError(f"must match {ROOT_RE.pattern}")
         return value
+
+    @model_validator(mode="after")
+    def _timeouts_fit(self) -> Settings:
+        if self.database.command_timeout >= self.consumer.ack_wait:
+            raise ValueError(
+                f"BCW_DATABASE_COMMAND_TIMEOUT ({self.database.command_timeout:g}) must be below "
+                f"BCW_CONSUMER_ACK_WAIT ({self.consumer.ack_wait:g}): a slow statement would "
+                "outlive the fact's delivery"
+            )
+        return self
+
+
+_GROUPS: dict[str, type[BaseSettings]] = {
+    cls.__name__: cls
+    for cls in (
+        Settings,
+        DatabaseSettings,
+        NatsSettings,
+        ConsumerSettings,
+        OutboxSettings,
+        RetentionSettings,
+        LivenessSettings,
+        ReplaySettings,
+        QuarantineSettings,
+    )
+}
+
+
+def describe(error: ValidationError) -> list[str]:
+    """One line per bad setting, named as the operator sets it: `BCW_X_Y: what is wrong`.
+
+    Values are shown only for settings that are not secrets.
+    """
+    group = _GROUPS.get(error.title)
+    prefix = str(group.model_config.get("env_prefix", "BCW_")) if group else "BCW_"
+    lines = []
+    for item in error.errors(include_url=False):
+        location = [str(part) for part in item["loc"]]
+        message = str(item["msg"]).removeprefix("Value error, ")
+        if not location:  # a rule across settings names them itself
+            lines.append(message)
+            continue
+        field = location[0]
+        variable = prefix + field.upper()
+        secret = group is not None and _is_secret(group, field)
+        shown = "" if secret or item.get("input") is None else f" (got {_short(item['input'])})"
+        lines.append(f"{variable}: {message}{shown}")
+    return lines
+
+
+def _is_secret(group: type[BaseSettings], field: str) -> bool:
+    info = group.model_fields.get(field)
+    return info is not None and "SecretStr" in repr(info.annotation)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
