@@ -7,13 +7,14 @@ cannot change it in place.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import nats
 from nats.aio.client import Client as NATS
+from nats.errors import NoServersError
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -27,6 +28,7 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError, NotFoundError
 
 from schemas.subjects import Subjects
+from workers.runtime.errors import RefusedError, SettingError, UnreachableError, is_nats_refusal
 from workers.runtime.settings import ConsumerSettings, NatsSettings
 
 log = logging.getLogger(__name__)
@@ -44,8 +46,17 @@ async def connect(
     settings: NatsSettings,
     name: str,
     on_event: Callable[[str], Awaitable[None]] | None = None,
+    on_refused: Callable[[RefusedError], None] | None = None,
 ) -> NATS:
-    """A client that never gives up reconnecting (workers must outlive a server restart)."""
+    """A client that, once connected, never gives up reconnecting.
+
+    The first connection is one bounded round over the servers (nats-py's endless
+    reconnect would loop inside the library, deaf to a stop): it raises `UnreachableError`,
+    `RefusedError` (credentials or permissions) or `SettingError`. A refusal after that
+    (credentials revoked, a permission missing) is handed to `on_refused`.
+    """
+    connected = False
+    seen: list[Exception] = []
 
     async def report(event: str) -> None:
         log.info("nats %s", event)
@@ -53,20 +64,26 @@ async def connect(
             await on_event(event)
 
     async def disconnected() -> None:
-        await report("disconnected")
+        if connected:
+            await report("disconnected")
 
     async def reconnected() -> None:
         await report("reconnected")
 
     async def error(exc: Exception) -> None:
+        if not connected:
+            seen.append(exc)  # the first connection reports them itself
+            return
+        if is_nats_refusal(exc) and on_refused is not None:
+            on_refused(RefusedError(credentials_setting(settings), f"NATS refused us: {exc}"))
         log.warning("nats error: %s", exc)
 
     options: dict[str, object] = {
         "servers": settings.servers,
         "name": name,
-        "max_reconnect_attempts": -1,
+        "max_reconnect_attempts": 1,  # the first round only; endless once connected
         "reconnect_time_wait": 1.0,
-        "connect_timeout": 5,
+        "connect_timeout": settings.connect_timeout,
         "allow_reconnect": True,
         "disconnected_cb": disconnected,
         "reconnected_cb": reconnected,
@@ -82,13 +99,64 @@ async def connect(
     if settings.token:
         options["token"] = settings.token.get_secret_value()
     if settings.tls_ca_file or settings.tls_cert_file:
+        options["tls"] = _tls_context(settings)
+    client = NATS()
+    try:
+        await client.connect(**options)  # type: ignore[arg-type]
+    except BaseException as failure:
+        with contextlib.suppress(Exception):
+            await client.close()
+        if isinstance(failure, Exception):
+            raise _named(failure, seen, settings) from failure
+        raise
+    client.options["max_reconnect_attempts"] = -1
+    connected = True
+    return client
+
+
+def _tls_context(settings: NatsSettings) -> ssl.SSLContext:
+    try:
         context = ssl.create_default_context(
             cafile=str(settings.tls_ca_file) if settings.tls_ca_file else None
         )
-        if settings.tls_cert_file and settings.tls_key_file:
+    except (OSError, ssl.SSLError) as error:
+        raise SettingError("BCW_NATS_TLS_CA_FILE", f"cannot be used ({error})") from error
+    if settings.tls_cert_file and settings.tls_key_file:
+        try:
             context.load_cert_chain(str(settings.tls_cert_file), str(settings.tls_key_file))
-        options["tls"] = context
-    return await nats.connect(**options)  # type: ignore[arg-type]
+        except (OSError, ssl.SSLError) as error:
+            raise SettingError(
+                "BCW_NATS_TLS_CERT_FILE", f"cannot be used with its key ({error})"
+            ) from error
+    return context
+
+
+def credentials_setting(settings: NatsSettings) -> str:
+    """The setting an operator would look at when NATS refuses who we are."""
+    if settings.creds_file:
+        return "BCW_NATS_CREDS_FILE"
+    if settings.token:
+        return "BCW_NATS_TOKEN"
+    if settings.user:
+        return "BCW_NATS_USER"
+    return "BCW_NATS_URL"
+
+
+def _named(failure: Exception, seen: list[Exception], settings: NatsSettings) -> Exception:
+    errors = [*seen, failure]
+    for error in errors:
+        if is_nats_refusal(error):
+            return RefusedError(credentials_setting(settings), f"NATS refused us: {error}")
+    for error in errors:
+        if isinstance(error, ValueError | TypeError):
+            return SettingError("BCW_NATS_URL", f"cannot be used ({error})")
+        if isinstance(error, ssl.SSLError):
+            return SettingError("BCW_NATS_TLS_CA_FILE", f"TLS failed ({error})")
+    last = next((e for e in reversed(errors) if not isinstance(e, NoServersError)), failure)
+    detail = f"{type(last).__name__}: {last}".strip().rstrip(":")
+    return UnreachableError(
+        "BCW_NATS_URL", f"cannot reach {', '.join(settings.servers)} ({detail or 'timed out'})"
+    )
 
 
 def stream_configs(subjects: Subjects, replicas: int = 1) -> list[StreamConfig]:

@@ -1,30 +1,91 @@
 """PostgreSQL connections: the pool every worker process shares, and one-off connections.
 
-Called by the entry point and the runtime. Nothing here decides anything.
+Called by the entry point and the runtime. Each attempt is bounded by
+`BCW_DATABASE_CONNECT_TIMEOUT` (asyncpg waits 60 s on a blackholed host by default), and
+its failure is named for the operator: a setting that cannot work (`SettingError`,
+exit 2), credentials refused (`RefusedError`, exit 3) or a server out of reach
+(`UnreachableError`, retried by `bcw run`). Nothing here decides anything.
 """
 
 from __future__ import annotations
 
+import asyncio
+from urllib.parse import urlsplit
+
 import asyncpg
 
+from workers.runtime.errors import (
+    RefusedError,
+    SettingError,
+    Severity,
+    UnreachableError,
+    classify,
+)
 from workers.runtime.settings import DatabaseSettings
+
+URL_SETTING = "BCW_DATABASE_URL"
 
 
 async def connect(settings: DatabaseSettings) -> asyncpg.Connection:
-    return await asyncpg.connect(
-        settings.url.get_secret_value(),
-        command_timeout=settings.command_timeout,
-        statement_cache_size=settings.statement_cache_size,
-    )
+    try:
+        return await asyncpg.connect(
+            settings.url.get_secret_value(),
+            command_timeout=settings.command_timeout,
+            statement_cache_size=settings.statement_cache_size,
+            timeout=settings.connect_timeout,
+        )
+    except Exception as error:
+        raise named(error, settings) from error
 
 
 async def create_pool(settings: DatabaseSettings) -> asyncpg.Pool:
-    pool = await asyncpg.create_pool(
-        settings.url.get_secret_value(),
-        min_size=settings.pool_min,
-        max_size=settings.pool_max,
-        command_timeout=settings.command_timeout,
-        statement_cache_size=settings.statement_cache_size,
-    )
+    try:
+        pool = await asyncpg.create_pool(
+            settings.url.get_secret_value(),
+            min_size=settings.pool_min,
+            max_size=settings.pool_max,
+            command_timeout=settings.command_timeout,
+            statement_cache_size=settings.statement_cache_size,
+            timeout=settings.connect_timeout,
+        )
+    except Exception as error:
+        raise named(error, settings) from error
     assert pool is not None
     return pool
+
+
+async def usable(pool: asyncpg.Pool, within: float = 1.0) -> bool:
+    """True when the pool can give a connection that answers a query `within` seconds."""
+    try:
+        async with asyncio.timeout(within):
+            async with pool.acquire() as conn:
+                return bool(await conn.fetchval("SELECT true"))
+    except Exception:
+        return False
+
+
+def where(settings: DatabaseSettings) -> str:
+    """host:port/database of the URL, without user or password."""
+    parts = urlsplit(settings.url.get_secret_value())
+    host = parts.hostname or "localhost"
+    return f"{host}:{parts.port or 5432}{parts.path or '/'}"
+
+
+def named(error: BaseException, settings: DatabaseSettings) -> Exception:
+    """The operator's reading of a connection failure (the URL's secret never shown)."""
+    if isinstance(error, SettingError):
+        return error
+    detail = f"{type(error).__name__}: {error}".strip().rstrip(":")
+    at = where(settings)
+    if isinstance(error, asyncpg.InvalidAuthorizationSpecificationError):
+        return RefusedError(URL_SETTING, f"{at} refused the credentials ({detail})")
+    if isinstance(error, asyncpg.InvalidCatalogNameError):
+        return SettingError(URL_SETTING, f"{at}: the database does not exist ({detail})")
+    if isinstance(error, asyncpg.ClientConfigurationError | ValueError):
+        return SettingError(URL_SETTING, f"cannot be used ({error})")
+    severity = classify(error)
+    if severity is Severity.FATAL:
+        return RefusedError(URL_SETTING, f"{at} refused us ({detail})")
+    if severity is Severity.TRANSIENT or isinstance(error, OSError | TimeoutError):
+        return UnreachableError(URL_SETTING, f"cannot reach {at} ({detail or 'timed out'})")
+    return UnreachableError(URL_SETTING, f"cannot connect to {at} ({detail})")

@@ -18,8 +18,8 @@ from datetime import timedelta
 
 import asyncpg
 
-from workers.runtime.errors import is_transient
-from workers.runtime.waiting import sleep_or_stop
+from workers.runtime.errors import Severity, as_setting_error, classify
+from workers.runtime.waiting import Patience, sleep_or_stop
 
 log = logging.getLogger(__name__)
 
@@ -115,11 +115,14 @@ async def run_leased(
     """Run `body(lease)` every `period` seconds while this process holds `name`.
 
     Standby replicas try to acquire every period; a leader that cannot renew steps down.
-    `body` must call `fence()` in each transaction it writes in. Transient failures are
-    logged and retried next period; the loop never exits before `stopping`.
+    `body` must call `fence()` in each transaction it writes in. Failures are retried
+    with capped back-off (an outage is logged now and then, not every period); the loop
+    never exits before `stopping`, except on a fatal error (grants, credentials).
     """
     lease: Lease | None = None
+    patience = Patience(f"lease {name} loop", log, base=max(period, 0.2), cap=5.0)
     while not stopping.is_set():
+        pause = period
         try:
             async with pool.acquire() as conn:
                 current = await try_acquire(conn, name, holder, ttl)
@@ -130,15 +133,18 @@ async def run_leased(
             lease = current
             if lease is not None:
                 await body(lease)
+            patience.succeeded()
         except LeaseLost as lost:
             log.info("%s", lost)
             lease = None
         except Exception as error:
-            if is_transient(error):
-                log.warning("lease %s loop: %r (will retry)", name, error)
-            else:
+            severity = classify(error)
+            if severity is Severity.FATAL:
+                raise as_setting_error(error, f"lease {name}") from error
+            if severity is Severity.PERMANENT:
                 log.exception("lease %s loop failed (will retry)", name)
-        await sleep_or_stop(stopping, period)
+            pause = patience.failed(error)  # an outage: back off, and log it now and then
+        await sleep_or_stop(stopping, pause)
     if lease is not None:
         with contextlib.suppress(Exception):
             async with pool.acquire() as conn:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
+from workers.runtime import db
 from workers.runtime.settings import DatabaseSettings
 from workers.runtime.waiting import sleep_or_stop
 
@@ -34,7 +35,7 @@ class Listener:
         while not stopping.is_set():
             conn: asyncpg.Connection | None = None
             try:
-                conn = await asyncpg.connect(self._database.url.get_secret_value())
+                conn = await db.connect(self._database)
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
                 for channel in self._channels:

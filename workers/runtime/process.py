@@ -15,10 +15,12 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TypeVar
 
 import asyncpg
+from nats.aio.client import Client as NATS
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -26,30 +28,60 @@ from schemas.subjects import Subjects
 from workers.runtime import bus, db, leases, retention, tracing
 from workers.runtime.consumer import FactConsumer
 from workers.runtime.deadletter import watch_max_deliveries
-from workers.runtime.errors import is_transient
+from workers.runtime.errors import SettingError, Severity, classify
 from workers.runtime.health import HealthServer
 from workers.runtime.metrics import Metrics
 from workers.runtime.outbox import OutboxRelay
 from workers.runtime.settings import Settings
-from workers.runtime.waiting import sleep_or_stop
+from workers.runtime.waiting import Patience, sleep_or_stop
 from workers.runtime.worker import Runtime, Worker
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-async def _until_up(what: str, attempt: Callable[[], Awaitable[T]], stopping: asyncio.Event) -> T:
-    """Retry a transient start-up failure forever (servers may come up after us)."""
-    delay = 0.2
-    while True:
-        try:
-            return await attempt()
-        except Exception as error:
-            if not is_transient(error) or stopping.is_set():
-                raise
-            log.warning("%s not reachable yet (%s); retrying in %.1fs", what, error, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+async def _until_up(
+    what: str, attempt: Callable[[], Awaitable[T]], stopping: asyncio.Event
+) -> T | None:
+    """Try `attempt` until it succeeds, waiting out transient failures (servers may come
+    up after us); None when `stopping` is set first, even in the middle of an attempt.
+    Fatal failures (a bad setting, credentials refused) are raised at once."""
+    patience = Patience(f"waiting for {what}", log, base=0.5, cap=5.0, every=30.0)
+    while not stopping.is_set():
+        task = asyncio.ensure_future(attempt())
+        stop = asyncio.ensure_future(stopping.wait())
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return None
+        error = task.exception()
+        if error is None:
+            patience.succeeded()
+            return task.result()
+        if classify(error) is Severity.FATAL:
+            raise error
+        await sleep_or_stop(stopping, patience.failed(error))
+    return None
+
+
+@dataclass
+class _Parts:
+    """What the process has connected so far (read by /readyz while it waits)."""
+
+    nc: NATS | None = None
+    pool: asyncpg.Pool | None = None
+    consumers: list[FactConsumer] = field(default_factory=list)
+    provisioned: bool = False
+    fatal: list[SettingError] = field(default_factory=list)
+
+    async def ready(self) -> dict[str, bool]:
+        return {
+            "nats": self.nc is not None and self.nc.is_connected,
+            "postgres": self.pool is not None and await db.usable(self.pool),
+            "consumers": self.provisioned and all(c.bound for c in self.consumers),
+        }
 
 
 async def run_process(
@@ -60,88 +92,167 @@ async def run_process(
     provider: trace.TracerProvider | None = None,
     on_ready: Callable[[Runtime, int], None] | None = None,
 ) -> None:
-    """Run `workers` in this process until `stopping` is set; then drain and return."""
+    """Run `workers` in this process until `stopping` is set; then drain and return.
+
+    The health server comes first, so a probe sees the process alive (`/healthz`) but not
+    ready (`/readyz` 503) while it waits for NATS and PostgreSQL. A stop is honoured in
+    every phase. Raises a `SettingError` when a setting cannot work or a server refuses
+    our credentials or grants (the entry point prints it and exits 2 or 3).
+    """
     stopping = stopping or asyncio.Event()
     names = "+".join(w.name for w in workers) or "relay"
     instance = settings.instance or f"{socket.gethostname()}:{os.getpid()}"
-    own_provider = provider is None
-    provider = provider or tracing.build_provider(f"bcw-{names}")
-    tracer = tracing.tracer(provider)
     metrics = Metrics()
     subjects = Subjects(settings.subject_root)
+    parts = _Parts()
 
-    nc = await _until_up(
-        "NATS", lambda: bus.connect(settings.nats, name=f"bcw {names} {instance}"), stopping
-    )
-    pool = await _until_up("PostgreSQL", lambda: db.create_pool(settings.database), stopping)
-    js = nc.jetstream()
-    relay = OutboxRelay(pool, js, settings.outbox, settings.database, metrics, tracer)
-    runtime = Runtime(settings, subjects, pool, nc, js, metrics, tracer, instance, relay.wake)
-    consumers = [
-        FactConsumer(
-            worker,
-            nc=nc,
-            js=js,
-            pool=pool,
-            subjects=subjects,
-            settings=settings.consumer,
-            metrics=metrics,
-            tracer=tracer,
-            on_outbox_rows=relay.wake,
-        )
-        for worker in workers
-    ]
+    def refused(error: SettingError) -> None:
+        parts.fatal.append(error)
+        stopping.set()
 
-    async def provision() -> None:
-        await bus.provision_streams(js, subjects, settings.nats.stream_replicas)
-        for consumer in consumers:
-            spec = consumer.worker.consumer_spec(subjects)
-            await bus.ensure_consumer(js, subjects.facts_stream, spec, settings.consumer)
-            await consumer.bind()
-            await watch_max_deliveries(nc, js, subjects, consumer.worker.name)
-
-    async def ready() -> dict[str, bool]:
-        return {
-            "nats": nc.is_connected,
-            "postgres": await _pool_usable(pool),
-            "consumers": all(c.bound for c in consumers),
-        }
-
-    health = HealthServer(settings.health_port, ready, metrics.render)
-    metrics.outbox_backlog.set(0)
+    health = HealthServer(settings.health_port, parts.ready, metrics.render)
     try:
-        await _until_up("JetStream", provision, stopping)
         await health.start()
+    except OSError as error:
+        raise SettingError(
+            "BCW_HEALTH_PORT", f"cannot listen on {settings.health_port} ({error})"
+        ) from error
+    own_provider = provider is None
+    provider = provider or tracing.build_provider(f"bcw-{names}")
+    try:
+        await _serve(settings, workers, names, instance, metrics, subjects, parts, health,
+                     provider, stopping, refused, on_ready)  # fmt: skip
+    finally:
+        await health.stop()
+        if own_provider and isinstance(provider, TracerProvider):
+            provider.shutdown()  # flushes spans not yet exported
+    if parts.fatal:
+        raise parts.fatal[0]
+
+
+async def _serve(
+    settings: Settings,
+    workers: Sequence[Worker],
+    names: str,
+    instance: str,
+    metrics: Metrics,
+    subjects: Subjects,
+    parts: _Parts,
+    health: HealthServer,
+    provider: trace.TracerProvider,
+    stopping: asyncio.Event,
+    refused: Callable[[SettingError], None],
+    on_ready: Callable[[Runtime, int], None] | None,
+) -> None:
+    tracer = tracing.tracer(provider)
+    parts.nc = await _until_up(
+        "NATS",
+        lambda: bus.connect(settings.nats, name=f"bcw {names} {instance}", on_refused=refused),
+        stopping,
+    )
+    if parts.nc is None:
+        return
+    nc = parts.nc
+    try:
+        parts.pool = await _until_up(
+            "PostgreSQL", lambda: db.create_pool(settings.database), stopping
+        )
+        if parts.pool is None:
+            return
+        pool = parts.pool
+        js = nc.jetstream()
+        relay = OutboxRelay(pool, js, settings.outbox, settings.database, metrics, tracer, subjects)
+        runtime = Runtime(settings, subjects, pool, nc, js, metrics, tracer, instance, relay.wake)
+        parts.consumers = [
+            FactConsumer(
+                worker, nc=nc, js=js, pool=pool, subjects=subjects, settings=settings.consumer,
+                metrics=metrics, tracer=tracer, on_outbox_rows=relay.wake,
+            )
+            for worker in workers
+        ]  # fmt: skip
+
+        async def provision() -> None:
+            await bus.provision_streams(js, subjects, settings.nats.stream_replicas)
+            for consumer in parts.consumers:
+                spec = consumer.worker.consumer_spec(subjects)
+                await bus.ensure_consumer(js, subjects.facts_stream, spec, settings.consumer)
+                await consumer.bind()
+                await watch_max_deliveries(nc, js, subjects, consumer.worker.name)
+
+        if await _until_up("JetStream", _provisioning(provision), stopping) is None:
+            return
+        parts.provisioned = True
+        metrics.outbox_backlog.set(0)
         log.info("running %s as %s (subject root %s)", names, instance, subjects.root)
         if on_ready is not None:
             on_ready(runtime, health.port)
-        group = asyncio.create_task(_run_tasks(runtime, relay, consumers, workers, stopping))
-        stop_wait = asyncio.create_task(stopping.wait())
-        await asyncio.wait({group, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-        stop_wait.cancel()
-        if not group.done():
-            try:
-                await asyncio.wait_for(group, settings.consumer.drain_seconds)
-            except TimeoutError:
-                log.warning(
-                    "drain took longer than %.0fs; stopped it", settings.consumer.drain_seconds
-                )
-        else:
-            group.result()
-        if settings.outbox.relay:
-            with contextlib.suppress(Exception):
-                flushed = await relay.flush(time.monotonic() + 1.5)
-                log.info("stopped; flushed %d outbox row(s)", flushed)
+        try:
+            await _run_until_stopped(runtime, relay, parts.consumers, workers, stopping)
+        except BaseExceptionGroup as failed:  # a root task's fatal error names its setting
+            fatal = failed.subgroup(SettingError)
+            if fatal is None:
+                raise
+            raise _first(fatal) from failed
     finally:
-        await health.stop()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(nc.flush(), 1)  # acks are buffered in the client
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(nc.close(), 2)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(pool.close(), 2)
-        if own_provider and isinstance(provider, TracerProvider):
-            provider.shutdown()  # flushes spans not yet exported
+        await _close(nc, parts.pool)
+
+
+def _first(group: BaseExceptionGroup[SettingError]) -> SettingError:
+    first = group.exceptions[0]
+    return _first(first) if isinstance(first, BaseExceptionGroup) else first
+
+
+def _provisioning(provision: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[bool]]:
+    """A provisioning attempt; a stream the server cannot change in place is a bad setting."""
+
+    async def attempt() -> bool:
+        try:
+            await provision()
+        except bus.ProvisionError as error:
+            raise SettingError("BCW_SUBJECT_ROOT", str(error)) from error
+        return True
+
+    return attempt
+
+
+async def _run_until_stopped(
+    runtime: Runtime,
+    relay: OutboxRelay,
+    consumers: Sequence[FactConsumer],
+    workers: Sequence[Worker],
+    stopping: asyncio.Event,
+) -> None:
+    """The root tasks until `stopping`; then a drain bounded so the process exits in time."""
+    settings = runtime.settings
+    group = asyncio.create_task(_run_tasks(runtime, relay, consumers, workers, stopping))
+    stop_wait = asyncio.create_task(stopping.wait())
+    await asyncio.wait({group, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+    stop_wait.cancel()
+    if not group.done():
+        try:
+            await asyncio.wait_for(group, max(0.5, settings.consumer.drain_seconds - 2.0))
+        except TimeoutError:
+            log.warning("drain took longer than %.0fs; stopped it", settings.consumer.drain_seconds)
+    else:
+        group.result()
+    if settings.outbox.relay:
+        try:
+            flushed = await asyncio.wait_for(relay.flush(time.monotonic() + 1.0), 1.2)
+            log.info("stopped; flushed %d outbox row(s)", flushed)
+        except Exception as error:  # the rows stay; the next relay publishes them
+            log.info("stopped; outbox left for the next relay (%s)", type(error).__name__)
+
+
+async def _close(nc: NATS, pool: asyncpg.Pool | None) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(nc.flush(), 0.5)  # acks are buffered in the client
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(nc.close(), 1)
+    if pool is not None:
+        try:
+            await asyncio.wait_for(pool.close(), 1)
+        except Exception:  # a connection stuck on a dead server: do not wait for it
+            pool.terminate()
 
 
 async def _run_tasks(
@@ -193,12 +304,3 @@ async def _observe(
             for consumer in consumers:
                 await consumer.observe()
         await sleep_or_stop(stopping, 5.0)
-
-
-async def _pool_usable(pool: asyncpg.Pool) -> bool:
-    try:
-        async with asyncio.timeout(1.0):
-            async with pool.acquire() as conn:
-                return bool(await conn.fetchval("SELECT true"))
-    except Exception:
-        return False

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
+import time
 from collections.abc import Sequence
 
 
@@ -19,3 +22,73 @@ async def wait_any(events: Sequence[asyncio.Event], seconds: float) -> None:
 async def sleep_or_stop(stopping: asyncio.Event, seconds: float) -> None:
     """Sleep `seconds`, or less if `stopping` is set meanwhile."""
     await wait_any((stopping,), seconds)
+
+
+class Patience:
+    """Back-off and logging for one thing waited on (a server, a batch, a loop).
+
+    `failed()` returns how long to wait before the next try: jittered, doubling from
+    `base` to `cap`. It logs the first failure, then at most one line every `every`
+    seconds while the wait lasts; `succeeded()` logs one summary when it ends. So an
+    outage of any length costs a handful of log lines, not one a try.
+    """
+
+    def __init__(
+        self,
+        what: str,
+        logger: logging.Logger,
+        *,
+        base: float = 0.2,
+        cap: float = 5.0,
+        every: float = 30.0,
+        level: int = logging.WARNING,
+    ) -> None:
+        self.what = what
+        self._log = logger
+        self._base = base
+        self._cap = cap
+        self._every = every
+        self._level = level
+        self.failures = 0
+        self._since = 0.0
+        self._logged_at = 0.0
+
+    @property
+    def waiting(self) -> bool:
+        return self.failures > 0
+
+    def failed(self, error: BaseException) -> float:
+        now = time.monotonic()
+        if self.failures == 0:
+            self._since = now
+            self._logged_at = now
+            self._log.log(self._level, "%s: %s; waiting", self.what, _brief(error))
+        elif now - self._logged_at >= self._every:
+            self._logged_at = now
+            self._log.log(
+                self._level,
+                "%s: still waiting after %.0fs (%d tries): %s",
+                self.what,
+                now - self._since,
+                self.failures + 1,
+                _brief(error),
+            )
+        self.failures += 1
+        ceiling = min(self._cap, self._base * 2 ** min(self.failures, 30))
+        return random.uniform(ceiling / 2, ceiling)
+
+    def succeeded(self) -> None:
+        if self.failures:
+            self._log.log(
+                self._level,
+                "%s: recovered after %.1fs (%d failed tries)",
+                self.what,
+                time.monotonic() - self._since,
+                self.failures,
+            )
+        self.failures = 0
+
+
+def _brief(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
