@@ -47,7 +47,13 @@ async def test_concurrent_relays_publish_each_row_once_in_order_per_key(
     settings = OutboxSettings(batch_size=37)  # small claims force interleaving
     relays = [
         OutboxRelay(
-            pool, js, settings, DatabaseSettings(url=database_url), Metrics(), trace.NoOpTracer()
+            pool,
+            js,
+            settings,
+            DatabaseSettings(url=database_url),
+            Metrics(),
+            trace.NoOpTracer(),
+            subjects,
         )
         for _ in range(3)
     ]
@@ -80,6 +86,7 @@ async def test_a_relay_wakes_on_notify(nc: NATS, subjects: Subjects, database_ur
         DatabaseSettings(url=database_url),
         Metrics(),
         trace.NoOpTracer(),
+        subjects,
     )
     stopping = asyncio.Event()
     task = asyncio.create_task(relay.run(stopping))

@@ -205,11 +205,13 @@ async def test_stale_outcome_acks_and_keeps_going(
         )
 
 
-async def test_max_deliveries_dead_letters_a_fact_that_never_succeeds(
+async def test_a_fact_failing_while_the_servers_answer_is_dead_lettered_after_its_retries(
     servers: Servers, nc: NATS, subjects: Subjects, tally_db: str
 ) -> None:
-    """A transient failure that never ends: after max_deliver tries the fact is dead-lettered."""
-    settings = make_settings(servers.nats_url, tally_db, subjects, max_deliver=2, retry_attempts=1)
+    """A transient failure that repeats while PostgreSQL and NATS both answer (a lock that
+    always times out) is the fact's: after `retry_attempts` tries it is dead-lettered, in
+    its first delivery (no nak spent a delivery on it)."""
+    settings = make_settings(servers.nats_url, tally_db, subjects, retry_attempts=3)
     js = nc.jetstream()
     conn = await asyncpg.connect(tally_db)
     try:
@@ -222,8 +224,12 @@ async def test_max_deliveries_dead_letters_a_fact_that_never_succeeds(
             await publish_fact(js, subjects, status_fact(node_id="stuck"))
             await eventually(lambda: _dead_count(js, subjects, 1), what="dead letter", within=30)
         [letter] = await deadletter.list_dead_letters(js, subjects, "tally")
-        assert letter.cause == "max-deliveries"
-        assert runtime.metrics.dead_letters.value("tally", "max-deliveries") == 1
+        assert letter.cause == "retries"
+        assert "failed 3 times while PostgreSQL and NATS answered" in letter.reason
+        assert "LockNotAvailableError" in letter.reason
+        assert runtime.metrics.dead_letters.value("tally", "retries") == 1
+        info = await js.consumer_info(subjects.facts_stream, "tally")
+        assert info.num_redelivered == 0
     finally:
         await conn.close()
 

@@ -171,7 +171,7 @@ async def consume_and_relay(
         )
         relayer = OutboxRelay(
             pool, js, OutboxSettings(batch_size=1000), DatabaseSettings(url=target.database_url),
-            metrics, trace.NoOpTracer(),
+            metrics, trace.NoOpTracer(), subjects,
         )  # fmt: skip
         consumer = FactConsumer(
             worker, nc=nc, js=js, pool=pool, subjects=subjects, settings=settings,

@@ -4,9 +4,15 @@ exactly-once effect, settled in one place.
 For each batch: decode (bad messages are dead-lettered), drop the facts the worker's
 rules ignore (acked without a transaction), then in one transaction record the rest in
 the inbox, skip those already there, let the worker's handler write its effects and its
-outbox rows, and commit; acks follow the commit. Transient failures are retried with
-tenacity, then nak'ed; a handler error that retrying cannot fix dead-letters the fact
-that caused it, found by applying the batch's facts one by one.
+outbox rows, and commit; acks follow the commit.
+
+Failures (classified in `errors`): an outage is waited out, however long — the lane
+holds its batch and retries with capped, jittered back-off while every message in hand
+is kept alive with `in_progress()`, so nothing is redelivered, nothing counts towards
+`max_deliver` and a node's facts keep their stream order. Only a failure that retrying
+cannot fix, or a transient one that repeats while PostgreSQL and NATS both answer, is
+pinned on a fact (by applying the batch one fact at a time) and dead-lettered. A fatal
+error (grants, credentials) stops the process.
 """
 
 from __future__ import annotations
@@ -26,19 +32,18 @@ from nats.js import JetStreamContext
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from schemas.facts import Fact
 from schemas.registry import REGISTRY, MessageError
 from schemas.subjects import SubjectError, Subjects
-from workers.runtime import outcome, tracing
+from workers.runtime import db, outcome, tracing
 from workers.runtime.deadletter import dead_letter_msg
-from workers.runtime.errors import is_transient
+from workers.runtime.errors import Severity, as_setting_error, classify
 from workers.runtime.metrics import Metrics
 from workers.runtime.outcome import Outcome
 from workers.runtime.pull import ContinuousPull
 from workers.runtime.settings import ConsumerSettings
-from workers.runtime.waiting import sleep_or_stop
+from workers.runtime.waiting import Patience, sleep_or_stop
 from workers.runtime.worker import Tx, Worker
 
 log = logging.getLogger(__name__)
@@ -81,6 +86,9 @@ class FactConsumer:
         self._on_outbox_rows = on_outbox_rows
         self._nc = nc
         self._pull: ContinuousPull | None = None
+        self._stopping = asyncio.Event()
+        #: every message received and not yet settled, with when it was last kept alive
+        self._in_hand: dict[int, tuple[Msg, float]] = {}
 
     @property
     def bound(self) -> bool:
@@ -94,6 +102,7 @@ class FactConsumer:
                 self.worker.name,
                 batch=self._settings.batch_size,
                 window=2 * self._settings.batch_size,
+                on_message=self._hold,
             )
             await pull.start()
             self._pull = pull
@@ -107,6 +116,8 @@ class FactConsumer:
         the next fetch go on beside it.
         """
         await self.bind()
+        self._stopping = stopping
+        keeper = asyncio.create_task(self._keep_alive(), name=f"{self.worker.name}-keepalive")
         queues: list[asyncio.Queue[list[_Item] | None]] = [
             asyncio.Queue(maxsize=8) for _ in range(self._settings.lanes)
         ]
@@ -125,12 +136,32 @@ class FactConsumer:
                 lane.cancel()
             await asyncio.gather(fetcher, *lanes, return_exceptions=True)
             assert self._pull is not None
-            for msg in self._pull.take_buffered():
-                with contextlib.suppress(Exception):
-                    await msg.nak()
+            await self._release([_Item(msg) for msg in self._pull.take_buffered()])
             for queue in queues:
                 while not queue.empty():
                     await self._release(queue.get_nowait() or [])
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+
+    def _hold(self, msg: Msg) -> None:
+        self._in_hand[id(msg)] = (msg, time.monotonic())
+
+    async def _keep_alive(self) -> None:
+        """Tell JetStream we are still on every message held for a third of `ack_wait`.
+
+        While a lane waits out an outage, its batch, the batches queued behind it and the
+        pull's buffer would otherwise be redelivered (and each redelivery counts towards
+        `max_deliver`). `in_progress()` resets the ack timer without counting.
+        """
+        period = self._settings.ack_wait / 3
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for key, (msg, since) in list(self._in_hand.items()):
+                if now - since >= period and key in self._in_hand:
+                    self._in_hand[key] = (msg, now)
+                    with contextlib.suppress(Exception):  # disconnected: redelivery is safe
+                        await msg.in_progress()
 
     async def _lane(
         self, queue: asyncio.Queue[list[_Item] | None], stopping: asyncio.Event
@@ -156,16 +187,13 @@ class FactConsumer:
         self, queues: list[asyncio.Queue[list[_Item] | None]], stopping: asyncio.Event
     ) -> None:
         assert self._pull is not None
-        failures = 0
+        patience = Patience(f"{self.worker.name}: pulling facts", log, cap=5.0)
         while not stopping.is_set():
             try:
                 msgs = await self._pull.next_batch(self._settings.fetch_timeout)
-                failures = 0
+                patience.succeeded()
             except Exception as error:  # the connection is down: requests wait for it
-                failures += 1
-                level = logging.DEBUG if failures < 3 else logging.WARNING
-                log.log(level, "%s: pull failed (%r), retrying", self.worker.name, error)
-                await sleep_or_stop(stopping, min(5.0, 0.2 * 2**failures))
+                await sleep_or_stop(stopping, patience.failed(error))
                 continue
             if not msgs:
                 continue
@@ -183,7 +211,9 @@ class FactConsumer:
         return lanes
 
     async def _release(self, items: Sequence[_Item]) -> None:
+        """Hand messages back for redelivery at once (the process is stopping)."""
         for item in items:
+            self._in_hand.pop(id(item.msg), None)
             with contextlib.suppress(Exception):
                 await item.msg.nak()
 
@@ -195,7 +225,7 @@ class FactConsumer:
             for item in wanted:
                 item.span = self._start_span(item)
         if wanted:
-            await self._apply_isolating_failures(wanted)
+            await self._apply_patiently(wanted)
         for item in items:
             assert item.outcome is not None
             await self._settle(item)
@@ -238,37 +268,62 @@ class FactConsumer:
             return trace.set_span_in_context(item.span)
         return tracing.extract(item.msg.headers)
 
-    async def _apply_isolating_failures(self, items: list[_Item]) -> None:
-        try:
-            await self._apply_with_retries(items)
-            return
-        except Exception as error:
-            if is_transient(error):
-                log.warning(
-                    "%s: batch failed after retries (%s); redelivering", self.worker.name, error
-                )
-                for item in items:
-                    item.outcome = outcome.retry_after(self._settings.nak_delay)
-                return
-            if len(items) == 1:
-                log.exception("%s: handler failed on fact %s", self.worker.name, _fact_id(items[0]))
-                items[0].outcome = outcome.dead(f"{type(error).__name__}: {error}", cause="handler")
-                return
-        # A permanent failure somewhere in the batch: find it by applying one fact at a time.
-        for item in items:
-            await self._apply_isolating_failures([item])
+    async def _apply_patiently(self, items: list[_Item]) -> None:
+        """Apply `items` in one transaction, waiting out outages; pin anything else on a fact.
 
-    async def _apply_with_retries(self, items: list[_Item]) -> None:
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(is_transient),
-            stop=stop_after_attempt(self._settings.retry_attempts),
-            wait=wait_random_exponential(multiplier=0.2, max=self._settings.retry_max_seconds),
-            reraise=True,
-            before_sleep=lambda state: self._metrics.batch_retries.inc(self.worker.name),
-        )
-        async for attempt in retrying:
-            with attempt:
+        A transient failure while PostgreSQL or NATS is away costs nothing: the batch is
+        tried again, with capped back-off, for as long as the outage lasts (or until the
+        process stops: then the batch is released for redelivery). A permanent failure, or
+        `retry_attempts` transient ones while both servers answer (a statement that always
+        times out, say), splits the batch into single facts; a single fact that fails so
+        is dead-lettered. Fatal errors are raised: they stop the process.
+        """
+        name = self.worker.name
+        patience = Patience(f"{name}: applying {len(items)} fact(s)", log, base=0.2,
+                            cap=self._settings.retry_max_seconds)  # fmt: skip
+        failed_while_healthy = 0
+        while True:
+            try:
                 await self._apply(items)
+                patience.succeeded()
+                return
+            except Exception as error:
+                severity = classify(error)
+                if severity is Severity.FATAL:
+                    raise as_setting_error(error, name) from error
+                if severity is Severity.PERMANENT:
+                    last = error
+                    break
+                self._metrics.batch_retries.inc(name)
+                if await self._servers_answer():
+                    failed_while_healthy += 1
+                    log.info("%s: batch failed (%r), retrying", name, error)
+                    if failed_while_healthy >= self._settings.retry_attempts:
+                        last = error
+                        break
+                if self._stopping.is_set():
+                    for item in items:
+                        item.outcome = outcome.RELEASED
+                    return
+                await sleep_or_stop(self._stopping, patience.failed(error))
+        if len(items) == 1:
+            if severity is Severity.PERMANENT:
+                log.error("%s: fact %s cannot be applied: %r", name, _fact_id(items[0]), last)
+                reason, cause = f"{type(last).__name__}: {last}", "handler"
+            else:
+                reason = (
+                    f"failed {failed_while_healthy} times while PostgreSQL and NATS answered: "
+                    f"{type(last).__name__}: {last}"
+                )
+                cause = "retries"
+            items[0].outcome = outcome.dead(reason, cause=cause)
+            return
+        for item in items:  # find the fact behind it, keeping stream order
+            await self._apply_patiently([item])
+
+    async def _servers_answer(self) -> bool:
+        """Both servers reachable now: a failure now is the batch's, not an outage's."""
+        return self._nc.is_connected and await db.usable(self._pool)
 
     async def _apply(self, items: list[_Item]) -> None:
         facts = [item.fact for item in items if item.fact is not None]
@@ -335,6 +390,7 @@ class FactConsumer:
         result = item.outcome
         assert result is not None
         msg = item.msg
+        self._in_hand.pop(id(msg), None)
         if (
             result.kind is outcome.Kind.RETRY
             and (msg.metadata.num_delivered or 1) >= self._settings.max_deliver
@@ -347,6 +403,8 @@ class FactConsumer:
         try:
             if result.acks:
                 await msg.ack()
+            elif result.kind is outcome.Kind.RELEASED:
+                await msg.nak()
             elif result.kind is outcome.Kind.RETRY:
                 await msg.nak(delay=result.delay)
             else:

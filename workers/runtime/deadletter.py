@@ -28,7 +28,10 @@ STREAM_SEQ = "Bc-Dead-Stream-Seq"
 WORKER = "Bc-Dead-Worker"
 CAUSE = "Bc-Dead-Cause"
 ORIGINAL_MSG_ID = "Bc-Dead-Msg-Id"
-_DEAD_HEADERS = (REASON, SUBJECT, STREAM_SEQ, WORKER, CAUSE, ORIGINAL_MSG_ID)
+#: set (to the body's size) when the body was too large to travel with its dead letter;
+#: the whole message is kept in PostgreSQL (`outbox_dead`)
+TRUNCATED = "Bc-Dead-Truncated"
+_DEAD_HEADERS = (REASON, SUBJECT, STREAM_SEQ, WORKER, CAUSE, ORIGINAL_MSG_ID, TRUNCATED)
 
 
 def _header_value(text: str) -> str:
@@ -125,6 +128,10 @@ async def watch_max_deliveries(
     )
 
 
+class RedriveError(RuntimeError):
+    """This dead letter cannot be re-driven as it is."""
+
+
 @dataclass(frozen=True)
 class DeadLetter:
     seq: int
@@ -178,6 +185,11 @@ async def redrive(js: JetStreamContext, subjects: Subjects, letter: DeadLetter) 
     The fact keeps its `fact_id`, so a fact that took effect after all is still absorbed
     by the inbox.
     """
+    if TRUNCATED in letter.headers:
+        raise RedriveError(
+            f"dead letter {letter.seq} carries no body ({letter.headers[TRUNCATED]} bytes, over the "
+            "bus's max payload); the message is kept in the outbox_dead table"
+        )
     headers = {key: value for key, value in letter.headers.items() if key not in _DEAD_HEADERS}
     original = letter.headers.get(ORIGINAL_MSG_ID) or "unknown"
     headers["Nats-Msg-Id"] = f"redrive:{subjects.dead_stream}:{letter.seq}:{original}"

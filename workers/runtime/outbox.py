@@ -17,6 +17,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import asyncpg
 from nats.js import JetStreamContext
@@ -25,12 +26,14 @@ from opentelemetry.context import Context
 
 from schemas.base import Message
 from schemas.registry import REGISTRY, SCHEMA_HEADER, TYPE_HEADER
+from schemas.subjects import Subjects
 from workers.runtime import tracing
-from workers.runtime.errors import is_transient
+from workers.runtime.deadletter import TRUNCATED, dead_letter
+from workers.runtime.errors import Severity, as_setting_error, classify
 from workers.runtime.metrics import Metrics
 from workers.runtime.notify import Listener
 from workers.runtime.settings import DatabaseSettings, OutboxSettings
-from workers.runtime.waiting import sleep_or_stop, wait_any
+from workers.runtime.waiting import Patience, sleep_or_stop, wait_any
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +124,10 @@ class OutboxRelay:
         database: DatabaseSettings,
         metrics: Metrics,
         tracer: trace.Tracer,
+        subjects: Subjects,
     ) -> None:
         self._pool = pool
+        self._subjects = subjects
         self._js = js
         self._settings = settings
         self._metrics = metrics
@@ -139,57 +144,106 @@ class OutboxRelay:
         return self._listener.listening
 
     async def publish_round(self) -> int:
-        """Claim, publish and delete one batch; returns how many were published."""
+        """Claim, publish and delete one batch; returns how many were published.
+
+        Each row succeeds or fails on its own: published rows are deleted, rows that can
+        never be published move to `outbox_dead` with a dead letter on `<root>.dead.relay`,
+        and rows that failed for a passing reason stay for the next round (which then
+        raises `OutboxPublishError` so the caller backs off).
+        """
         async with self._pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(CLAIM_SQL, self._settings.batch_size)
             if not rows:
                 return 0
-            published = await self._publish(rows)
+            published, dead = await self._publish(rows)
             if published:
                 await conn.execute("DELETE FROM outbox WHERE id = ANY($1::bigint[])", published)
+            if dead:
+                await self._bury(conn, rows, dead)
         self._metrics.outbox_published.inc(by=len(published))
-        if len(published) < len(rows):
+        if len(published) + len(dead) < len(rows):
             raise OutboxPublishError(
-                f"{len(rows) - len(published)} of {len(rows)} rows not acknowledged"
+                f"{len(rows) - len(published) - len(dead)} of {len(rows)} rows not acknowledged"
             )
-        return len(published)
+        return len(published) + len(dead)
 
-    async def _publish(self, rows: list[asyncpg.Record]) -> list[int]:
-        futures = []
-        spans: list[trace.Span | None] = []
+    async def _publish(self, rows: list[asyncpg.Record]) -> tuple[list[int], dict[int, str]]:
+        """Publish `rows` pipelined; (ids acknowledged, {id: reason} for rows that never can be)."""
+        futures: dict[int, asyncio.Future[Any]] = {}
+        spans: dict[int, trace.Span] = {}
+        dead: dict[int, str] = {}
+        failed: dict[int, BaseException] = {}
+        limit = self._js._nc.max_payload
         for row in rows:
             headers = json.loads(row["headers"])
-            span = self._producer_span(row, headers) if self._tracing else None
-            if span is not None:  # the message carries this span on; else the stored context
+            if self._tracing:  # the message carries this span on; else the stored context
+                span = spans[row["id"]] = self._producer_span(row, headers)
                 headers.pop("traceparent", None)
                 headers.pop("tracestate", None)
                 tracing.inject(headers, trace.set_span_in_context(span))
-            spans.append(span)
             headers["Nats-Msg-Id"] = str(row["msg_id"])
-            futures.append(
-                await self._js.publish_async(row["subject"], bytes(row["body"]), headers=headers)
-            )
-        done: list[int] = []
+            body = bytes(row["body"])
+            if len(body) > limit:  # checked here: nats-py would leak a publish slot on it
+                dead[row["id"]] = f"{len(body)} bytes is over the bus's max payload ({limit})"
+                continue
+            try:
+                futures[row["id"]] = await self._js.publish_async(
+                    row["subject"], body, headers=headers
+                )
+            except Exception as refused:
+                failed[row["id"]] = refused
         if futures:
-            await asyncio.wait(futures, timeout=self._settings.publish_timeout)
-        results: list[object] = []
-        for future in futures:
+            await asyncio.wait(futures.values(), timeout=self._settings.publish_timeout)
+        done: list[int] = []
+        for row_id, future in futures.items():
             if not future.done():
-                future.cancel()
-                results.append(TimeoutError("no PubAck in time"))
+                future.cancel()  # frees its publish slot
+                failed[row_id] = TimeoutError("no PubAck in time")
             elif future.cancelled():
-                results.append(TimeoutError("cancelled"))
+                failed[row_id] = TimeoutError("cancelled")
+            elif (nacked := future.exception()) is not None:
+                failed[row_id] = nacked
             else:
-                results.append(future.exception() or future.result())
-        for row, span, result in zip(rows, spans, results, strict=True):
-            if not isinstance(result, BaseException):
-                done.append(row["id"])
-            if span is not None:
-                if isinstance(result, BaseException):
-                    span.record_exception(result)
-                    span.set_status(trace.StatusCode.ERROR)
-                span.end()
-        return done
+                done.append(row_id)
+        for row_id, failure in failed.items():
+            if classify(failure) is Severity.PERMANENT:
+                dead[row_id] = f"{type(failure).__name__}: {failure}"
+        for row_id, span in spans.items():
+            if row_id in failed or row_id in dead:
+                if row_id in failed:
+                    span.record_exception(failed[row_id])
+                span.set_status(trace.StatusCode.ERROR, dead.get(row_id, "not published"))
+            span.end()
+        return done, dead
+
+    async def _bury(
+        self, conn: asyncpg.Connection, rows: list[asyncpg.Record], dead: dict[int, str]
+    ) -> None:
+        """Move rows that can never be published out of the way, and say so on the bus."""
+        limit = self._js._nc.max_payload
+        for row in rows:
+            reason = dead.get(row["id"])
+            if reason is None:
+                continue
+            body = bytes(row["body"])
+            await dead_letter(
+                self._js, self._subjects, "relay", subject=row["subject"], stream="outbox",
+                stream_seq=row["id"], data=body if len(body) <= limit - 4096 else b"",
+                headers={**json.loads(row["headers"]), "Nats-Msg-Id": str(row["msg_id"]),
+                         **({} if len(body) <= limit - 4096 else {TRUNCATED: str(len(body))})},
+                reason=reason, cause="unpublishable",
+            )  # fmt: skip
+            self._metrics.dead_letters.inc("relay", "unpublishable")
+        await conn.execute(
+            """
+            WITH gone AS (DELETE FROM outbox WHERE id = ANY($1::bigint[]) RETURNING *)
+            INSERT INTO outbox_dead (id, msg_id, subject, headers, body, order_key, created_at, reason)
+            SELECT g.id, g.msg_id, g.subject, g.headers, g.body, g.order_key, g.created_at, r.reason
+              FROM gone g JOIN unnest($1::bigint[], $2::text[]) AS r(id, reason) USING (id)
+            """,
+            list(dead),
+            list(dead.values()),
+        )
 
     def _producer_span(self, row: asyncpg.Record, headers: dict[str, str]) -> trace.Span:
         return self._tracer.start_span(
@@ -220,21 +274,21 @@ class OutboxRelay:
 
     async def run(self, stopping: asyncio.Event) -> None:
         listener = asyncio.create_task(self._listener.run(stopping))
-        failures = 0
+        patience = Patience("outbox relay", log, base=0.1, cap=5.0)
         try:
             while not stopping.is_set():
                 try:
                     while await self.publish_round() and not stopping.is_set():
                         pass
-                    failures = 0
+                    patience.succeeded()
                 except Exception as error:
-                    if not is_transient(error) and not isinstance(error, OutboxPublishError):
+                    severity = classify(error)
+                    if severity is Severity.FATAL:
+                        raise as_setting_error(error, "outbox relay") from error
+                    if severity is Severity.PERMANENT and not isinstance(error, OutboxPublishError):
                         log.exception("outbox relay round failed")
-                    else:
-                        log.warning("outbox relay round failed, will retry: %r", error)
                     self._metrics.outbox_failures.inc()
-                    failures += 1
-                    await sleep_or_stop(stopping, min(5.0, 0.1 * 2**failures))
+                    await sleep_or_stop(stopping, patience.failed(error))
                     continue
                 self._wake.clear()
                 await wait_any((self._wake, stopping), self._settings.poll_seconds)

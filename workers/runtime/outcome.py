@@ -21,6 +21,9 @@ class Kind(enum.Enum):
     """Already in the inbox: a redelivery or a re-publish. Ack without effect."""
     RETRY = "retry"
     """Not now: redeliver after `delay` seconds (nak). The handler wrote nothing for it."""
+    RELEASED = "released"
+    """Not handled here (the process is stopping mid-outage): nak for redelivery at once.
+    Never dead-lettered for it: the fact did nothing wrong."""
     DEAD = "dead"
     """Retrying cannot help: copy to the dead-letter subject with `reason`, then terminate."""
 
@@ -47,6 +50,7 @@ APPLIED = Outcome(Kind.APPLIED)
 STALE = Outcome(Kind.STALE)
 IGNORED = Outcome(Kind.IGNORED)
 DUPLICATE = Outcome(Kind.DUPLICATE)
+RELEASED = Outcome(Kind.RELEASED)
 
 
 def retry_after(seconds: float) -> Outcome:

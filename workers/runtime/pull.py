@@ -17,6 +17,7 @@ import itertools
 import json
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nats.aio.client import Client as NATS
@@ -35,8 +36,17 @@ class _Request:
 
 class ContinuousPull:
     def __init__(
-        self, nc: NATS, stream: str, consumer: str, *, batch: int, window: int, expires: float = 2.0
+        self,
+        nc: NATS,
+        stream: str,
+        consumer: str,
+        *,
+        batch: int,
+        window: int,
+        expires: float = 2.0,
+        on_message: Callable[[Msg], None] = lambda _msg: None,
     ) -> None:
+        """`on_message` is told of each delivery as it arrives (the consumer keeps it alive)."""
         self._nc = nc
         self._api = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
         self._batch = batch
@@ -48,6 +58,7 @@ class ContinuousPull:
         self._ids = itertools.count()
         self._inbox = ""
         self._sub: Subscription | None = None
+        self._on_message = on_message
 
     async def start(self) -> None:
         self._inbox = self._nc.new_inbox()
@@ -73,6 +84,7 @@ class ContinuousPull:
             # a delivery carries its own subject, not the request's: the server serves
             # waiting requests in order, so it counts against the oldest one
             self._buffer.append(msg)
+            self._on_message(msg)
             self._arrived.set()
             for reply_id, request in self._requests.items():
                 request.remaining -= 1
