@@ -26,18 +26,28 @@ SELECT s.node_id, s.session_epoch
 # One statement for every entry of every flush in the batch: last_seen moves only
 # forward, on rows matching node, epoch and gateway (one entry per node: its newest
 # epoch, its smallest age); every entry that matches no row (as it was before this
-# statement) is returned, for a zombie notice to its gateway.
+# statement) is returned, for a zombie notice to its gateway. The rows are locked in
+# node order first (`locked`), as every other writer of node_sessions locks them: an
+# UPDATE … FROM would lock them in whatever order its join produces, and deadlock with
+# the recorder or the labeler.
 FLUSH = """
 WITH e AS (
     SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[])
         AS e(node_id, epoch, age_ms, gateway_id)
 ), folded AS (
     SELECT DISTINCT ON (node_id) * FROM e ORDER BY node_id, epoch DESC, age_ms
+), locked AS (
+    SELECT s.node_id, f.age_ms
+      FROM node_sessions s
+      JOIN folded f
+        ON s.node_id = f.node_id AND s.session_epoch = f.epoch AND s.gateway_id = f.gateway_id
+     ORDER BY s.node_id
+       FOR UPDATE OF s
 ), seen AS (
     UPDATE node_sessions s
-       SET last_seen = GREATEST(s.last_seen, compute_now() - f.age_ms * interval '1 millisecond')
-      FROM folded f
-     WHERE s.node_id = f.node_id AND s.session_epoch = f.epoch AND s.gateway_id = f.gateway_id
+       SET last_seen = GREATEST(s.last_seen, compute_now() - l.age_ms * interval '1 millisecond')
+      FROM locked l
+     WHERE s.node_id = l.node_id
 )
 SELECT DISTINCT e.node_id, e.epoch, e.gateway_id
   FROM e
@@ -47,11 +57,20 @@ SELECT DISTINCT e.node_id, e.epoch, e.gateway_id
  ORDER BY e.gateway_id, e.node_id, e.epoch
 """
 
+# Fenced on node, epoch and gateway; rows locked in node order (see FLUSH).
 DISCONNECT = """
+WITH locked AS (
+    SELECT s.node_id, f.reason
+      FROM node_sessions s
+      JOIN unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS f(node_id, epoch, gateway_id, reason)
+        ON s.node_id = f.node_id AND s.session_epoch = f.epoch AND s.gateway_id = f.gateway_id
+     ORDER BY s.node_id
+       FOR UPDATE OF s
+)
 UPDATE node_sessions s
-   SET gateway_id = NULL, disconnected_at = compute_now(), disconnect_reason = f.reason
-  FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS f(node_id, epoch, gateway_id, reason)
- WHERE s.node_id = f.node_id AND s.session_epoch = f.epoch AND s.gateway_id = f.gateway_id
+   SET gateway_id = NULL, disconnected_at = compute_now(), disconnect_reason = l.reason
+  FROM locked l
+ WHERE s.node_id = l.node_id
 RETURNING s.node_id
 """
 

@@ -60,9 +60,12 @@ SELECT c.* FROM unnest($1::text[]) AS n(node_id)
                       ORDER BY seq FOR UPDATE) AS c
 """
 
+# Command rows are always locked in (node, seq) order — here, in the dispatch loop and in
+# the replay — so two transactions can never hold each other's next row.
 LOCK_COMMANDS = f"""
-SELECT c.* FROM unnest($1::uuid[]) AS n(command_id)
- CROSS JOIN LATERAL (SELECT {COMMAND_COLUMNS} FROM commands WHERE command_id = n.command_id FOR UPDATE) AS c
+SELECT {COMMAND_COLUMNS} FROM commands WHERE command_id = ANY($1::uuid[])
+ ORDER BY node_id, seq
+   FOR UPDATE
 """
 
 WRITE_COMMANDS = """

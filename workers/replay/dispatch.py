@@ -74,18 +74,32 @@ SELECT c.node_id, c.lane, count(*) AS n
  GROUP BY c.node_id, c.lane
 """
 
+# Command rows are locked in (node, seq) order, as the replay locks them (an UPDATE … FROM
+# would lock them in its join's order and could deadlock with a replica's replay).
 MARK_DISPATCHED = """
+WITH locked AS (
+    SELECT c.command_id, t.epoch
+      FROM commands c JOIN unnest($1::uuid[], $2::bigint[]) AS t(id, epoch) ON c.command_id = t.id
+     WHERE c.state = 'pending'
+     ORDER BY c.node_id, c.seq
+       FOR UPDATE OF c
+)
 UPDATE commands c
-   SET state = 'dispatched', session_epoch = t.epoch, delivery_attempt = c.delivery_attempt + 1,
+   SET state = 'dispatched', session_epoch = l.epoch, delivery_attempt = c.delivery_attempt + 1,
        updated_at = now()
-  FROM unnest($1::uuid[], $2::bigint[]) AS t(id, epoch)
- WHERE c.command_id = t.id AND c.state = 'pending'
+  FROM locked l
+ WHERE c.command_id = l.command_id
 RETURNING c.command_id, c.delivery_attempt
 """
 
 CANCEL = """
+WITH locked AS (
+    SELECT command_id FROM commands WHERE command_id = ANY($1::uuid[]) AND state = 'pending'
+     ORDER BY node_id, seq
+       FOR UPDATE
+)
 UPDATE commands SET state = 'cancelled', failure_reason = 'kind-not-allowed', updated_at = now()
- WHERE command_id = ANY($1::uuid[]) AND state = 'pending'
+ WHERE command_id IN (SELECT command_id FROM locked)
 RETURNING command_id
 """
 
