@@ -80,11 +80,15 @@ def nats_server_binary() -> Path:
 
 @dataclass
 class EmbeddedNats:
-    """A `nats-server -js` child process; `restart()` keeps its port and its store."""
+    """A `nats-server -js` child process; `restart()` keeps its port and its store.
+
+    `extra` is added to the command line (cluster routes, users for an auth test).
+    """
 
     directory: Path
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    extra: list[str] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -100,6 +104,7 @@ class EmbeddedNats:
             "-p", str(self.port),
             "-sd", str(self.directory / "jetstream"),
             "-l", str(log),
+            *self.extra,
         ]  # fmt: skip
         self.process = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent(signal.SIGTERM)
@@ -111,9 +116,46 @@ class EmbeddedNats:
         _stop(self.process, signal.SIGTERM)
         self.process = None
 
+    def kill(self) -> None:
+        """SIGKILL: no goodbye to clients or to the cluster, as a crashed host."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(5)
+        self.process = None
+
     def restart(self) -> None:
         self.stop()
         self.start()
+
+
+@dataclass
+class EmbeddedNatsCluster:
+    """Three (or `size`) `nats-server -js` processes routed into one JetStream cluster on
+    loopback; streams created with 3 replicas survive the loss of one server."""
+
+    directory: Path
+    size: int = 3
+    servers: list[EmbeddedNats] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return ",".join(server.url for server in self.servers)
+
+    def start(self) -> EmbeddedNatsCluster:
+        routes = [free_port() for _ in range(self.size)]
+        for i, route in enumerate(routes):
+            others = ",".join(f"nats://127.0.0.1:{port}" for port in routes if port != route)
+            name = f"n{i + 1}"
+            extra = ["--server_name", name, "--cluster_name", "bcw"]
+            extra += ["--cluster", f"nats://127.0.0.1:{route}", "--routes", others]
+            self.servers.append(EmbeddedNats(self.directory / name, extra=extra))
+        for server in self.servers:
+            server.start()
+        return self
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
 
 
 def _postgres_install() -> Path:
