@@ -173,6 +173,10 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         from workers.bench import replay
 
         return asyncio.run(replay.run(settings, args.nodes, args.embedded))
+    if args.bench == "chaos":
+        from workers.bench import chaos
+
+        return asyncio.run(chaos.run(args.minutes, args.rate, args.seed))
     if args.bench == "storm":
         from workers.bench import storm
 
@@ -283,7 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="benchmarks that print figures")
     bench.add_argument(
-        "bench", choices=["runtime", "labeler", "sweep", "replay", "storm"], help="which benchmark"
+        "bench",
+        choices=["runtime", "labeler", "sweep", "replay", "storm", "chaos"],
+        help="which benchmark",
     )
     bench.add_argument("--nodes", type=int, default=100_000, help="fleet size (labeler, sweep, …)")
     bench.add_argument("--facts", type=int, default=50_000, help="facts to push through")
@@ -291,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--rounds", type=int, default=3, help="runs of each pipeline (medians shown)"
     )
+    bench.add_argument("--minutes", type=float, default=10.0, help="how long faults go on (chaos)")
+    bench.add_argument("--rate", type=float, default=20.0, help="Hellos a second (chaos)")
+    bench.add_argument("--seed", type=int, default=1, help="the faults' random seed (chaos)")
     bench.add_argument(
         "--embedded",
         action="store_true",

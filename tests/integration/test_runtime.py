@@ -141,6 +141,11 @@ async def test_poison_messages_are_dead_lettered_and_do_not_block(
         js, fact_subject, json.dumps(wrong).encode(), {"Bc-Type": "status", "Bc-Schema": "1"}
     )
     await publish_raw(js, fact_subject, b"{}", {"Bc-Type": "telepathy", "Bc-Schema": "1"})
+    huge = json.loads(REGISTRY.encode(status_fact(node_id="huge"))[0])
+    huge["observed_generation"] = 2**63  # one more than a bigint holds
+    await publish_raw(
+        js, fact_subject, json.dumps(huge).encode(), {"Bc-Type": "status", "Bc-Schema": "1"}
+    )
     mismatched = status_fact(gateway_id="gw-2")
     await publish_raw(
         js, fact_subject, REGISTRY.encode(mismatched)[0], {"Bc-Type": "status", "Bc-Schema": "1"}
@@ -151,10 +156,11 @@ async def test_poison_messages_are_dead_lettered_and_do_not_block(
 
     async with running(settings, [build_tally()]):
         await eventually(lambda: _rows(tally_db, 11), what="the good facts")
-        await eventually(lambda: _dead_count(js, subjects, 4), what="four dead letters")
+        await eventually(lambda: _dead_count(js, subjects, 5), what="five dead letters")
     letters = await deadletter.list_dead_letters(js, subjects, "tally")
     reasons = sorted(letter.reason for letter in letters)
-    assert len(letters) == 4
+    assert len(letters) == 5
+    assert any("field 'observed_generation'" in r and "less than or equal" in r for r in reasons)
     assert any("Invalid JSON" in r for r in reasons)
     assert any("field 'epoch'" in r for r in reasons)
     assert any("unknown message type 'telepathy'" in r for r in reasons)

@@ -3,13 +3,28 @@ the Prometheus text, the error classification, lane choice."""
 
 from __future__ import annotations
 
+import logging
+
 import asyncpg
+import asyncpg.exceptions._base as asyncpg_base
+import nats.errors
+import nats.js.errors
 import pytest
+from pydantic import ValidationError
 
 from workers.runtime import outcome
-from workers.runtime.errors import PermanentError, is_transient
+from workers.runtime.errors import (
+    PermanentError,
+    RefusedError,
+    SettingError,
+    Severity,
+    UnreachableError,
+    classify,
+    is_transient,
+)
 from workers.runtime.metrics import Counter, Histogram, Metrics
-from workers.runtime.settings import Settings
+from workers.runtime.settings import Settings, describe
+from workers.runtime.waiting import Patience
 
 
 def test_settings_come_from_bcw_variables_and_hide_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -45,6 +60,7 @@ def test_bad_settings_are_refused(monkeypatch: pytest.MonkeyPatch, name: str, va
         (outcome.IGNORED, True, False),
         (outcome.DUPLICATE, True, False),
         (outcome.retry_after(2), False, False),
+        (outcome.RELEASED, False, False),
         (outcome.dead("bad"), False, False),
     ],
     ids=lambda v: v.kind.value if isinstance(v, outcome.Outcome) else str(v),
@@ -57,22 +73,145 @@ def test_retry_after_never_negative() -> None:
     assert outcome.retry_after(-3).delay == 0
 
 
+def _sqlstate(code: str) -> asyncpg.PostgresError:
+    error = asyncpg.PostgresError("x")
+    error.sqlstate = code  # type: ignore[attr-defined]
+    return error
+
+
 @pytest.mark.parametrize(
-    ("error", "transient"),
+    ("error", "severity"),
     [
-        (asyncpg.DeadlockDetectedError("x"), True),
-        (asyncpg.SerializationError("x"), True),
-        (asyncpg.AdminShutdownError("x"), True),
-        (ConnectionRefusedError(), True),
-        (TimeoutError(), True),
-        (asyncpg.UniqueViolationError("x"), False),
-        (PermanentError("no"), False),
-        (KeyError("bug"), False),
+        # an outage, a failover, contention: wait and try again
+        (asyncpg.DeadlockDetectedError("x"), Severity.TRANSIENT),
+        (asyncpg.SerializationError("x"), Severity.TRANSIENT),
+        (asyncpg.AdminShutdownError("x"), Severity.TRANSIENT),
+        (asyncpg.CannotConnectNowError("x"), Severity.TRANSIENT),
+        (asyncpg.QueryCanceledError("x"), Severity.TRANSIENT),
+        (asyncpg.LockNotAvailableError("x"), Severity.TRANSIENT),
+        (asyncpg.ConnectionDoesNotExistError("x"), Severity.TRANSIENT),
+        (asyncpg.InterfaceError("connection is closed"), Severity.TRANSIENT),
+        (asyncpg_base.InternalClientError("cannot switch to state 15"), Severity.TRANSIENT),
+        (_sqlstate("57P01"), Severity.TRANSIENT),
+        (_sqlstate("08006"), Severity.TRANSIENT),
+        (ConnectionRefusedError(), Severity.TRANSIENT),
+        (TimeoutError(), Severity.TRANSIENT),
+        (nats.errors.NoServersError(), Severity.TRANSIENT),
+        (nats.errors.TimeoutError(), Severity.TRANSIENT),
+        (nats.errors.NoRespondersError(), Severity.TRANSIENT),
+        (nats.js.errors.ServiceUnavailableError(), Severity.TRANSIENT),
+        (UnreachableError("BCW_NATS_URL", "away"), Severity.TRANSIENT),
+        # this input can never succeed
+        (asyncpg_base.DataError("value out of int64 range"), Severity.PERMANENT),
+        (asyncpg.DataError("x"), Severity.PERMANENT),
+        (asyncpg.UniqueViolationError("x"), Severity.PERMANENT),
+        (asyncpg.CheckViolationError("x"), Severity.PERMANENT),
+        (asyncpg.RaiseError("x"), Severity.PERMANENT),
+        (nats.errors.MaxPayloadError(), Severity.PERMANENT),
+        (nats.js.errors.BadRequestError(), Severity.PERMANENT),
+        (PermanentError("no"), Severity.PERMANENT),
+        (KeyError("bug"), Severity.PERMANENT),
+        # the process's settings, credentials or grants
+        (asyncpg.InvalidPasswordError("x"), Severity.FATAL),
+        (asyncpg.InvalidAuthorizationSpecificationError("x"), Severity.FATAL),
+        (asyncpg.InvalidCatalogNameError("x"), Severity.FATAL),
+        (asyncpg.InsufficientPrivilegeError("x"), Severity.FATAL),
+        (asyncpg.UndefinedTableError("x"), Severity.FATAL),
+        (asyncpg.ClientConfigurationError("invalid DSN"), Severity.FATAL),
+        (nats.errors.AuthorizationError(), Severity.FATAL),
+        (nats.errors.Error("nats: 'Authorization Violation'"), Severity.FATAL),
+        (nats.errors.Error("nats: 'Permissions Violation for Publish to \"x\"'"), Severity.FATAL),
+        (SettingError("BCW_DATABASE_URL", "bad"), Severity.FATAL),
+        (RefusedError("BCW_DATABASE_URL", "no"), Severity.FATAL),
     ],
-    ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else str(v),
+    ids=lambda v: f"{type(v).__name__}:{str(v)[:20]}" if isinstance(v, BaseException) else str(v),
 )
-def test_error_classification(error: BaseException, transient: bool) -> None:
-    assert is_transient(error) is transient
+def test_error_classification(error: BaseException, severity: Severity) -> None:
+    assert classify(error) is severity
+    assert is_transient(error) is (severity is Severity.TRANSIENT)
+
+
+@pytest.mark.parametrize(
+    ("environment", "line"),
+    [
+        (
+            {"BCW_LIVENESS_HEARTBEAT_INTERVAL": "-10"},
+            "BCW_LIVENESS_HEARTBEAT_INTERVAL: must be a positive number of seconds (got '-10')",
+        ),
+        (
+            {"BCW_RETENTION_NODE_EVENTS": "0"},
+            "BCW_RETENTION_NODE_EVENTS: must be a positive number of seconds (got '0')",
+        ),
+        (
+            {"BCW_LOG_LEVEL": "LOUD"},
+            "BCW_LOG_LEVEL: Input should be 'DEBUG', 'INFO', 'WARNING', 'ERROR' or 'CRITICAL' (got 'LOUD')",
+        ),
+        (
+            {"BCW_DATABASE_URL": "mysql://u:hunter2@h/d"},
+            "BCW_DATABASE_URL: must be a postgresql:// URL",
+        ),
+        (
+            {"BCW_DATABASE_POOL_MIN": "5", "BCW_DATABASE_POOL_MAX": "2"},
+            "BCW_DATABASE_POOL_MIN (5) is above BCW_DATABASE_POOL_MAX (2)",
+        ),
+        (
+            {"BCW_CONSUMER_ACK_WAIT": "10"},
+            "BCW_DATABASE_COMMAND_TIMEOUT (20) must be below BCW_CONSUMER_ACK_WAIT (10): a slow statement would outlive the fact's delivery",
+        ),
+        (
+            {"BCW_NATS_URL": "nats://a:4222,http://b"},
+            "BCW_NATS_URL: 'http://b' is not a nats://host:port URL",
+        ),
+        (
+            {"BCW_NATS_TLS_KEY_FILE": "/etc/hostname"},
+            "BCW_NATS_TLS_CERT_FILE and BCW_NATS_TLS_KEY_FILE go together",
+        ),
+    ],
+    ids=lambda v: next(iter(v)) if isinstance(v, dict) else None,
+)
+def test_bad_settings_name_their_variable(
+    monkeypatch: pytest.MonkeyPatch, environment: dict[str, str], line: str
+) -> None:
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError) as refused:
+        Settings()
+    [described] = describe(refused.value)
+    assert described.startswith(line)
+    assert "hunter2" not in described
+
+
+def test_a_log_level_is_taken_in_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BCW_LOG_LEVEL", "debug")
+    assert Settings().log_level == "DEBUG"
+
+
+def test_patience_logs_an_outage_once_then_rarely_then_a_summary(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr("workers.runtime.waiting.time.monotonic", lambda: now[0])
+    patience = Patience("waiting for NATS", logging.getLogger("test"), base=0.5, cap=5, every=30)
+    delays = []
+    with caplog.at_level(logging.INFO, logger="test"):
+        for _ in range(100):  # 100 s of failures, one a second
+            delays.append(patience.failed(ConnectionRefusedError("refused")))
+            now[0] += 1
+        patience.succeeded()
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 5, messages  # the start, every 30 s (3), the recovery
+    assert messages[0] == "waiting for NATS: ConnectionRefusedError: refused; waiting"
+    assert messages[-1].startswith("waiting for NATS: recovered after 100.0s (100 failed tries)")
+    assert all(0 < delay <= 5 for delay in delays) and max(delays) > 2.5  # capped, growing
+
+
+def test_patience_quiet_failures_back_off_without_a_line(caplog: pytest.LogCaptureFixture) -> None:
+    patience = Patience("batch", logging.getLogger("test"))
+    with caplog.at_level(logging.INFO, logger="test"):
+        for _ in range(3):
+            patience.failed(TimeoutError(), quiet=True)
+        patience.succeeded()
+    assert caplog.records == []
 
 
 def test_prometheus_text() -> None:

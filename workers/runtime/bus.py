@@ -30,6 +30,7 @@ from nats.js.errors import BadRequestError, NotFoundError
 from schemas.subjects import Subjects
 from workers.runtime.errors import RefusedError, SettingError, UnreachableError, is_nats_refusal
 from workers.runtime.settings import ConsumerSettings, NatsSettings
+from workers.runtime.waiting import Patience
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ async def connect(
     """
     connected = False
     seen: list[Exception] = []
+    # every failed reconnect reports an error: a line now and then, and one at the end
+    outage = Patience("NATS connection", log, every=30.0)
 
     async def report(event: str) -> None:
         log.info("nats %s", event)
@@ -64,10 +67,11 @@ async def connect(
             await on_event(event)
 
     async def disconnected() -> None:
-        if connected:
+        if connected and not client.is_closed:  # not our own close
             await report("disconnected")
 
     async def reconnected() -> None:
+        outage.succeeded()
         await report("reconnected")
 
     async def error(exc: Exception) -> None:
@@ -76,7 +80,7 @@ async def connect(
             return
         if is_nats_refusal(exc) and on_refused is not None:
             on_refused(RefusedError(credentials_setting(settings), f"NATS refused us: {exc}"))
-        log.warning("nats error: %s", exc)
+        outage.failed(exc)
 
     options: dict[str, object] = {
         "servers": settings.servers,

@@ -295,7 +295,8 @@ class FactConsumer:
                     last = error
                     break
                 self._metrics.batch_retries.inc(name)
-                if await self._servers_answer():
+                healthy = await self._servers_answer()
+                if healthy:  # a deadlock, a timeout: the batch's own, retried a few times
                     failed_while_healthy += 1
                     log.info("%s: batch failed (%r), retrying", name, error)
                     if failed_while_healthy >= self._settings.retry_attempts:
@@ -305,7 +306,7 @@ class FactConsumer:
                     for item in items:
                         item.outcome = outcome.RELEASED
                     return
-                await sleep_or_stop(self._stopping, patience.failed(error))
+                await sleep_or_stop(self._stopping, patience.failed(error, quiet=healthy))
         if len(items) == 1:
             if severity is Severity.PERMANENT:
                 log.error("%s: fact %s cannot be applied: %r", name, _fact_id(items[0]), last)

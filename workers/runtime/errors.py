@@ -107,6 +107,10 @@ def classify(error: BaseException) -> Severity:
         return _classify_sqlstate(getattr(error, "sqlstate", "") or "")
     if isinstance(error, asyncpg.InterfaceError):  # connection closed, pool closing underneath
         return Severity.TRANSIENT
+    # asyncpg's client state machine confused by a connection lost mid-operation ("cannot
+    # switch to state 15"), or a statement cache outdated by a migration: a fresh try works
+    if isinstance(error, asyncpg_base.InternalClientError):
+        return Severity.TRANSIENT
     if isinstance(error, nats.js.errors.APIError):
         code = getattr(error, "code", None) or 0
         return Severity.TRANSIENT if code >= 500 or code in (408, 429) else Severity.PERMANENT

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
+import nats.errors
 from nats.js import JetStreamContext
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -151,6 +152,8 @@ class OutboxRelay:
         and rows that failed for a passing reason stay for the next round (which then
         raises `OutboxPublishError` so the caller backs off).
         """
+        if not self._js._nc.is_connected:  # publishing now would only buffer
+            raise nats.errors.ConnectionReconnectingError
         async with self._pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(CLAIM_SQL, self._settings.batch_size)
             if not rows:

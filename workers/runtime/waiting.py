@@ -52,33 +52,38 @@ class Patience:
         self.failures = 0
         self._since = 0.0
         self._logged_at = 0.0
+        self._announced = False
 
     @property
     def waiting(self) -> bool:
         return self.failures > 0
 
-    def failed(self, error: BaseException) -> float:
+    def failed(self, error: BaseException, *, quiet: bool = False) -> float:
+        """Count a failure; returns the back-off. `quiet`: count it, log nothing."""
         now = time.monotonic()
         if self.failures == 0:
             self._since = now
-            self._logged_at = now
-            self._log.log(self._level, "%s: %s; waiting", self.what, _brief(error))
-        elif now - self._logged_at >= self._every:
-            self._logged_at = now
-            self._log.log(
-                self._level,
-                "%s: still waiting after %.0fs (%d tries): %s",
-                self.what,
-                now - self._since,
-                self.failures + 1,
-                _brief(error),
-            )
+        if not quiet:
+            if not self._announced:
+                self._announced = True
+                self._logged_at = now
+                self._log.log(self._level, "%s: %s; waiting", self.what, _brief(error))
+            elif now - self._logged_at >= self._every:
+                self._logged_at = now
+                self._log.log(
+                    self._level,
+                    "%s: still waiting after %.0fs (%d tries): %s",
+                    self.what,
+                    now - self._since,
+                    self.failures + 1,
+                    _brief(error),
+                )
         self.failures += 1
         ceiling = min(self._cap, self._base * 2 ** min(self.failures, 30))
         return random.uniform(ceiling / 2, ceiling)
 
     def succeeded(self) -> None:
-        if self.failures:
+        if self._announced:
             self._log.log(
                 self._level,
                 "%s: recovered after %.1fs (%d failed tries)",
@@ -87,6 +92,7 @@ class Patience:
                 self.failures,
             )
         self.failures = 0
+        self._announced = False
 
 
 def _brief(error: BaseException) -> str:
