@@ -21,7 +21,9 @@ class Mode(enum.Enum):
     REFUSE = "refuse"
     """Not listening: a connect is refused at once."""
     BLACKHOLE = "blackhole"
-    """Accept connections and hold them, silent: a connect or a query waits for its timeout."""
+    """A partition: open connections go silent (bytes are dropped, nothing is reset) and
+    new ones are accepted and held; a connect, a query or a ping waits for its timeout.
+    When the link heals, what was open during the partition is reset."""
 
 
 class TcpProxy:
@@ -34,6 +36,8 @@ class TcpProxy:
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._healed = asyncio.Event()
+        self._healed.set()
 
     def url(self, scheme: str, path: str = "", user: str = "") -> str:
         at = f"{user}@" if user else ""
@@ -61,14 +65,19 @@ class TcpProxy:
         self._writers.clear()
 
     async def set_mode(self, mode: Mode) -> None:
-        """Switch mode; leaving FORWARD cuts what is open, as a failing link would."""
-        if mode is not Mode.FORWARD:
+        """Switch mode. REFUSE resets what is open; BLACKHOLE freezes it; back to FORWARD
+        resets what lived through a partition (its peers have given up on it)."""
+        if mode is Mode.REFUSE or (mode is Mode.FORWARD and self.mode is Mode.BLACKHOLE):
             self.cut()
         if mode is Mode.REFUSE:
             await self._close_listener()
         elif self._server is None:
             await self.start()
         self.mode = mode
+        if mode is Mode.BLACKHOLE:
+            self._healed.clear()
+        else:
+            self._healed.set()
         log.info("proxy :%d -> %s:%d now %s", self.port, *self.target, mode.value)
 
     async def outage(self, seconds: float, mode: Mode = Mode.REFUSE) -> None:
@@ -110,6 +119,9 @@ class TcpProxy:
     ) -> None:
         try:
             while data := await source.read(65536):
+                if self.mode is Mode.BLACKHOLE:
+                    await self._healed.wait()  # dropped; the connection dies with the partition
+                    break
                 if self.mode is not Mode.FORWARD:
                     break
                 sink.write(data)

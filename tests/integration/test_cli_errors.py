@@ -21,12 +21,16 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import asyncpg
+import nats
 import pytest
 
+from schemas.subjects import Subjects
 from tests.conftest import Servers
-from tests.integration.support import bcw
+from tests.integration.flow import HelloFlow, capabilities
+from tests.integration.support import bcw, count, eventually
 from workers.embedded import EmbeddedNats, free_port
 from workers.proxy import Mode, TcpProxy
+from workers.runtime import bus
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -223,3 +227,62 @@ async def test_run_stops_on_sigterm_while_a_connect_hangs_on_a_blackholed_databa
         await proxy.stop()
     assert code == 0, out
     assert "Traceback" not in out
+
+
+@pytest.mark.slow
+async def test_run_stops_on_sigterm_in_the_middle_of_a_database_partition(
+    servers: Servers, database_url: str
+) -> None:
+    """The labeler holds facts it cannot apply (its database partitioned away) when
+    SIGTERM comes: it exits 0 within 10 s, and a new process applies every Hello once."""
+    subjects = Subjects(f"t{uuid.uuid4().hex[:10]}")
+    target = urlsplit(database_url)
+    assert target.hostname and target.port
+    proxy = await TcpProxy(target.hostname, target.port).start()
+    flow = HelloFlow(300)
+    await flow.admit(database_url)
+    nc = await nats.connect(servers.nats_url)
+    await bus.provision_streams(nc.jetstream(), subjects)
+    env = {
+        "BCW_NATS_URL": servers.nats_url,
+        "BCW_HEALTH_PORT": "0",
+        "BCW_SUBJECT_ROOT": subjects.root,
+        "BCW_DATABASE_CONNECT_TIMEOUT": "2",
+    }
+    labeled = "SELECT count(*) FROM processed_facts WHERE consumer = 'labeler'"
+    try:
+        process = await _spawn_run(
+            {**env, "BCW_DATABASE_URL": proxy.url("postgresql", target.path, user="postgres")}
+        )
+        try:
+            publishing = asyncio.create_task(flow.publish(nc, subjects, per_second=100))
+            await eventually(lambda: _above(database_url, labeled, 20), what="progress")
+            await proxy.set_mode(Mode.BLACKHOLE)
+            await publishing
+            await asyncio.sleep(3)  # the lane is waiting out the partition now
+        finally:
+            code, out = await _stop_within(process, 10)
+        assert code == 0, out
+        assert await count(database_url, labeled) < flow.size, "nothing was left in hand"
+        second = await _spawn_run({**env, "BCW_DATABASE_URL": database_url})
+        try:
+            await eventually(
+                lambda: _equal(database_url, labeled, flow.size), within=60, what="every Hello"
+            )
+        finally:
+            code, out = await _stop_within(second, 10)
+        assert code == 0, out
+        assert await count(database_url, "SELECT count(*) FROM node_labels") == sum(
+            len(capabilities(i)) for i in range(flow.size)
+        )
+    finally:
+        await proxy.stop()
+        await nc.close()
+
+
+async def _above(database_url: str, sql: str, n: int) -> bool:
+    return await count(database_url, sql) > n
+
+
+async def _equal(database_url: str, sql: str, n: int) -> bool:
+    return await count(database_url, sql) == n

@@ -183,3 +183,62 @@ async def test_cli_provision_and_dead_letters(
     assert "Bc-Dead-Reason" not in redriven[0].headers
     code, out = await _bcw(servers, subjects, "dead-letters", "list")
     assert "0 dead letter(s)" in out
+
+
+async def test_a_row_that_can_never_be_published_does_not_jam_the_relay(
+    nc: NATS, subjects: Subjects, database_url: str
+) -> None:
+    """A row over the bus's max payload between good rows: the good ones are published,
+    the bad one moves to outbox_dead with a dead letter saying why (its body too large to
+    travel with it, so the letter says so and cannot be re-driven); no publish slot leaks."""
+    from workers.runtime import deadletter
+
+    js = nc.jetstream()
+    await bus.provision_streams(js, subjects)
+    conn = await asyncpg.connect(database_url)
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    try:
+        batch = OutboxBatch()
+        for epoch in (1, 2):
+            batch.add(
+                Zombie(node_id="a", epoch=epoch), subjects.notice("gw-1", "zombie"), order_key="a"
+            )
+        too_big = batch.add(
+            Zombie(node_id="a", epoch=3), subjects.notice("gw-1", "zombie"), order_key="a"
+        )
+        for epoch in (4, 5):
+            batch.add(
+                Zombie(node_id="a", epoch=epoch), subjects.notice("gw-1", "zombie"), order_key="a"
+            )
+        await batch.write(conn)
+        oversize = nc.max_payload + 1
+        await conn.execute(
+            "UPDATE outbox SET body = convert_to(repeat('x', $2), 'UTF8') WHERE msg_id = $1",
+            too_big,
+            oversize,
+        )
+        metrics = Metrics()
+        relay = OutboxRelay(
+            pool, js, OutboxSettings(batch_size=10), DatabaseSettings(url=database_url), metrics,
+            trace.NoOpTracer(), subjects,
+        )  # fmt: skip
+        assert await relay.flush(time.monotonic() + 10) == 5
+        assert await conn.fetchval("SELECT count(*) FROM outbox") == 0
+        [buried] = await conn.fetch("SELECT msg_id, reason, length(body) AS n FROM outbox_dead")
+    finally:
+        await pool.close()
+        await conn.close()
+    assert buried["msg_id"] == too_big and buried["n"] == oversize
+    assert "over the bus's max payload" in buried["reason"]
+    published = [
+        Zombie.model_validate_json(m.data).epoch
+        for m in await stream_messages(js, subjects.gateway_stream)
+    ]
+    assert published == [1, 2, 4, 5]
+    [letter] = await deadletter.list_dead_letters(js, subjects, "relay")
+    assert letter.cause == "unpublishable" and letter.subject == subjects.notice("gw-1", "zombie")
+    assert letter.headers[deadletter.TRUNCATED] == str(oversize) and letter.data == b""
+    with pytest.raises(deadletter.RedriveError):
+        await deadletter.redrive(js, subjects, letter)
+    assert metrics.dead_letters.value("relay", "unpublishable") == 1
+    assert js.publish_async_pending() == 0  # every publish slot was given back

@@ -88,6 +88,10 @@ async def connect(
         "max_reconnect_attempts": 1,  # the first round only; endless once connected
         "reconnect_time_wait": 1.0,
         "connect_timeout": settings.connect_timeout,
+        # a silently dead connection (a partition: no reset) is noticed in about 30 s,
+        # not the client's default 4 minutes
+        "ping_interval": 10,
+        "max_outstanding_pings": 3,
         "allow_reconnect": True,
         "disconnected_cb": disconnected,
         "reconnected_cb": reconnected,

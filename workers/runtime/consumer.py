@@ -320,6 +320,9 @@ class FactConsumer:
             items[0].outcome = outcome.dead(reason, cause=cause)
             return
         for item in items:  # find the fact behind it, keeping stream order
+            if self._stopping.is_set():  # stopping: the rest goes back for redelivery
+                item.outcome = outcome.RELEASED
+                continue
             await self._apply_patiently([item])
 
     async def _servers_answer(self) -> bool:

@@ -228,13 +228,21 @@ async def _run_until_stopped(
     stop_wait = asyncio.create_task(stopping.wait())
     await asyncio.wait({group, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
     stop_wait.cancel()
-    if not group.done():
-        try:
-            await asyncio.wait_for(group, max(0.5, settings.consumer.drain_seconds - 2.0))
-        except TimeoutError:
-            log.warning("drain took longer than %.0fs; stopped it", settings.consumer.drain_seconds)
-    else:
+    if group.done():
         group.result()
+        return
+    drain = max(0.5, settings.consumer.drain_seconds - 2.0)  # the rest: cut-off, flush, close
+    await asyncio.wait({group}, timeout=drain)
+    if not group.done():
+        # Something waits on a server that does not answer (a partition): asyncpg would
+        # wait out its command timeout even to roll back a cancelled transaction. Cut
+        # the connections first, so every such wait fails at once; then cancel.
+        log.warning("drain took longer than %.0fs; cutting it short", drain)
+        runtime.pool.terminate()
+        group.cancel()
+        await asyncio.wait({group}, timeout=1.0)
+        return
+    group.result()
     if settings.outbox.relay:
         try:
             flushed = await asyncio.wait_for(relay.flush(time.monotonic() + 1.0), 1.2)
