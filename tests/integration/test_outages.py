@@ -1,6 +1,8 @@
 """Outages longer than any retry budget, injected for real: the worker process reaches
-PostgreSQL (or NATS) through a TCP proxy that cuts every connection and refuses new ones
-for 90 seconds, while Hellos (and the tally's status facts) keep arriving. Afterwards
+PostgreSQL (or NATS) through a TCP proxy that, for 90 seconds, partitions PostgreSQL
+away (open connections go silent, new ones hang: the case that waits out every
+timeout) or refuses NATS (every connection reset, reconnects refused), while Hellos
+(and the tally's status facts) keep arriving. Afterwards
 every effect is there exactly once, in each node's stream order, and nothing healthy
 was dead-lettered.
 
@@ -30,7 +32,7 @@ from tests.integration.support import (
     running,
     status_fact,
 )
-from workers.proxy import TcpProxy
+from workers.proxy import Mode, TcpProxy
 from workers.registry import WORKERS
 from workers.runtime import bus
 from workers.runtime.settings import DatabaseSettings, LivenessSettings, NatsSettings
@@ -69,9 +71,9 @@ async def _tally_in_order(database_url: str, total: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("server", ["postgres", "nats"])
+@pytest.mark.parametrize(("server", "mode"), [("postgres", Mode.BLACKHOLE), ("nats", Mode.REFUSE)])
 async def test_a_90_second_outage_under_a_flow_of_hellos(
-    servers: Servers, nc: NATS, subjects: Subjects, tally_db: str, server: str
+    servers: Servers, nc: NATS, subjects: Subjects, tally_db: str, server: str, mode: Mode
 ) -> None:
     target = urlsplit(servers.postgres_url if server == "postgres" else servers.nats_url)
     assert target.hostname and target.port
@@ -101,7 +103,7 @@ async def test_a_90_second_outage_under_a_flow_of_hellos(
             await eventually(
                 lambda: _above(tally_db, 50), what="progress before the outage", within=30
             )
-            await proxy.outage(OUTAGE_SECONDS)
+            await proxy.outage(OUTAGE_SECONDS, mode)
             await publishing
             await eventually(lambda: flow.done(tally_db), within=90, what="every Hello handled")
             await eventually(
