@@ -6,6 +6,7 @@ and validation: this package imports no I/O library (an import-linter contract c
 
 from schemas.base import GatewayId, Message, NodeId
 from schemas.events import (
+    BreakerOpen,
     CapabilitiesChanged,
     CommandCancelled,
     CommandCompleted,
@@ -13,6 +14,8 @@ from schemas.events import (
     CommandFailed,
     CommandReplayed,
     DuplicateSession,
+    GatewayBlind,
+    GatewaySeeing,
     NodeConnected,
     NodeDisconnected,
     Quarantined,
@@ -49,6 +52,7 @@ __all__ = [
     "REGISTRY",
     "SCHEMA_HEADER",
     "TYPE_HEADER",
+    "BreakerOpen",
     "CapabilitiesChanged",
     "CertInfo",
     "Closed",
@@ -62,7 +66,9 @@ __all__ = [
     "EventAck",
     "Events",
     "Fact",
+    "GatewayBlind",
     "GatewayId",
+    "GatewaySeeing",
     "Hello",
     "InvalidMessage",
     "Liveness",

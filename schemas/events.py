@@ -96,6 +96,36 @@ class CommandCompleted(CommandEvent):
     BC_TYPE = "command.completed"
 
 
+class GatewaySight(CamelMessage):
+    """The liveness controller's sight of one gateway changed (said once per transition)."""
+
+    gateway_id: GatewayId
+    sessions: NonNegative  # sessions routed to the gateway
+    last_flush_age_seconds: Annotated[float, Field(ge=0)] | None  # None: it never flushed
+
+
+class GatewayBlind(GatewaySight):
+    """No flush of the gateway was applied lately: its sessions are held, not aged."""
+
+    BC_TYPE = "gateway.blind"
+
+
+class GatewaySeeing(GatewaySight):
+    """Flushes of the gateway are applied again: its sessions age again."""
+
+    BC_TYPE = "gateway.seeing"
+
+
+class BreakerOpen(CamelMessage):
+    """A sweep would have disconnected too many of one gateway's sessions at once: none was."""
+
+    BC_TYPE = "liveness.breaker-open"
+
+    gateway_id: GatewayId
+    would_disconnect: NonNegative
+    connected: NonNegative
+
+
 class Revocations(CamelMessage):
     """Broadcast on `<root>.revocations` to every gateway: drop these serials."""
 
@@ -116,5 +146,8 @@ EVENT_TYPES: tuple[type[CamelMessage], ...] = (
     CommandCancelled,
     CommandFailed,
     CommandCompleted,
+    GatewayBlind,
+    GatewaySeeing,
+    BreakerOpen,
     Revocations,
 )

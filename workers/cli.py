@@ -213,6 +213,36 @@ def _cmd_commands(args: argparse.Namespace, settings: Settings) -> int:
     return asyncio.run(run())
 
 
+def _cmd_liveness_release(args: argparse.Namespace, settings: Settings) -> int:
+    import getpass
+    import socket
+
+    from workers.liveness.breaker import release
+    from workers.runtime import db
+
+    who = args.by or f"{getpass.getuser()}@{socket.gethostname()}"
+
+    async def run() -> int:
+        conn = await db.connect(settings.database)
+        try:
+            released = await release(conn, args.gateway, who)
+        finally:
+            await conn.close()
+        if released is None:
+            print(
+                f"bcw liveness release: no open breaker for gateway {args.gateway!r}",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
+        print(
+            f"breaker of gateway {args.gateway} released by {who} at {released:%Y-%m-%d %H:%M:%S%z}; "
+            "the next sweep disconnects its stale sessions"
+        )
+        return 0
+
+    return asyncio.run(run())
+
+
 def _cmd_events(args: argparse.Namespace, settings: Settings) -> int:
     from workers import tail
 
@@ -311,6 +341,15 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("node")
     listing.add_argument("--limit", type=int, default=100, help="the latest this many")
     listing.set_defaults(handler=_cmd_commands)
+
+    live = commands.add_parser("liveness", help="the liveness controller's fleet breaker")
+    live_commands = live.add_subparsers(dest="liveness_command", required=True)
+    release = live_commands.add_parser(
+        "release", help="let the next sweep disconnect the stale sessions an open breaker holds"
+    )
+    release.add_argument("--gateway", required=True, help="the gateway whose breaker is open")
+    release.add_argument("--by", help="who releases it (for the log); default user@host")
+    release.set_defaults(handler=_cmd_liveness_release)
 
     events = commands.add_parser("events", help="follow the session events workers publish")
     events.add_argument(

@@ -10,7 +10,7 @@ import asyncpg
 
 from tests.factories import hello
 
-__all__ = ["gateway", "hello", "join", "session"]
+__all__ = ["flushed", "gateway", "hello", "join", "session"]
 
 
 async def join(
@@ -65,4 +65,16 @@ async def gateway(conn: asyncpg.Connection, gateway_id: str, *, expires_in: time
         """,
         gateway_id,
         expires_in,
+    )
+
+
+async def flushed(conn: asyncpg.Connection, gateway_id: str = "gw-1") -> None:
+    """As if the liveness controller had just applied a flush of `gateway_id` (the gateway
+    keeps flushing, with or without a given node in it): it can see that gateway."""
+    await conn.execute(
+        """
+        INSERT INTO liveness_gateways (gateway_id, last_flush_at) VALUES ($1, compute_now())
+        ON CONFLICT (gateway_id) DO UPDATE SET last_flush_at = EXCLUDED.last_flush_at
+        """,
+        gateway_id,
     )

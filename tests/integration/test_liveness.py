@@ -208,6 +208,7 @@ async def test_stale_after_45s_not_at_44s(
     await fleet.session(
         db, "gone", epoch=1, gateway_id=None, seen_ago=3600 * S
     )  # already disconnected
+    await fleet.flushed(db, "gw-1")  # gw-1 keeps flushing; seen-46 is not in its flushes
     await _swept_recently(db)
     result = await sweep_once(pool, None, subjects, Rules())
     assert result.stale == 1
@@ -243,6 +244,7 @@ async def test_an_outage_over_20s_holds_age_transitions(
     pool: asyncpg.Pool, db: asyncpg.Connection, subjects: Subjects, outage: int, transitions: bool
 ) -> None:
     await fleet.session(db, "n1", epoch=1, seen_ago=60 * S)
+    await fleet.flushed(db, "gw-1")
     await _swept_recently(db, ago=outage * S)
     result = await sweep_once(pool, None, subjects, Rules())
     assert result.age_transitions is transitions
@@ -262,6 +264,7 @@ async def test_the_five_minute_grace_holds_and_then_ends(
         assert not result.age_transitions and result.stale == result.gateway_lost == 0, elapsed
         await clock.advance(10 * S)
         elapsed += 10 * S
+    await fleet.flushed(db, "gw-1")  # gw-1 flushes (n1 is not in them)
     result = await sweep_once(pool, None, subjects, Rules())
     assert result.age_transitions and (result.gateway_lost, result.stale) == (1, 1)
 
@@ -286,6 +289,7 @@ async def test_no_transition_touches_commands_or_labels(
     await db.execute("UPDATE node_sessions SET capabilities = '{x}'")
     snapshot = "SELECT (SELECT json_agg(c ORDER BY command_id) FROM commands c)::text, (SELECT json_agg(l ORDER BY node_id, key) FROM node_labels l)::text, (SELECT json_agg(s.capabilities ORDER BY node_id) FROM node_sessions s)::text"
     before = await db.fetchrow(snapshot)
+    await fleet.flushed(db, "gw-1")
     await _swept_recently(db)
     result = await sweep_once(pool, None, subjects, Rules())
     assert (result.gateway_lost, result.stale) == (1, 1)
@@ -302,6 +306,7 @@ async def test_a_paused_ex_leaders_sweep_is_fenced_out(
     await clock.advance(16 * S)  # a paused past its lease; b takes over
     new = await leases.try_acquire(db, LEASE, "b", 15 * S)
     assert new is not None and new.epoch == old.epoch + 1
+    await fleet.flushed(db, "gw-1")
     with pytest.raises(leases.LeaseLost):
         await sweep_once(pool, old, subjects, Rules())
     assert (await _routing(db, "n1"))[1] == "gw-1"  # a's writes matched nothing
@@ -319,7 +324,10 @@ async def test_two_replicas_sweep_once_and_the_standby_takes_over_when_the_leade
         "BCW_SUBJECT_ROOT": subjects.root, "BCW_HEALTH_PORT": "0",
         "BCW_LIVENESS_SWEEP_INTERVAL": "0.2", "BCW_LIVENESS_LEASE_TTL": "2",
         "BCW_INSTANCE": "leader",
+        # 20 sessions of one gateway going stale at once would trip the fleet breaker
+        "BCW_LIVENESS_BREAKER_SHARE": "1",
     }  # fmt: skip
+    await fleet.flushed(db, "gw-1")
     await _swept_recently(db)
     leader = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "workers.cli", "run", "liveness", env=env, cwd=ROOT,
@@ -332,7 +340,9 @@ async def test_two_replicas_sweep_once_and_the_standby_takes_over_when_the_leade
                 "instance": "standby",
                 "liveness": make_settings(
                     servers.nats_url, database_url, subjects
-                ).liveness.model_copy(update={"sweep_interval": 0.2, "lease_ttl": 2 * S}),
+                ).liveness.model_copy(
+                    update={"sweep_interval": 0.2, "lease_ttl": 2 * S, "breaker_share": 1.0}
+                ),
             }
         )
         async with running(settings, [liveness.build(settings)]):

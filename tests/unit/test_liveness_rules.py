@@ -1,14 +1,29 @@
-"""The liveness controller's pure rules: the outage grace of the sweep, connected events."""
+"""The liveness controller's pure rules: the outage grace of the sweep, connected events,
+which gateways it can see, and the fleet breaker."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from schemas.facts import Closed, newest_per_node
 from tests.factories import hello, make_fact
-from workers.liveness.decide import Rules, SweepState, connected, plan_sweep
+from workers.liveness.decide import (
+    BreakerDecision,
+    BreakerView,
+    GatewaySight,
+    Rules,
+    SightChange,
+    SweepState,
+    connected,
+    decide_breaker,
+    plan_sweep,
+    sees,
+    sight_change,
+)
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 RULES = Rules()
@@ -75,3 +90,115 @@ def test_newest_fact_per_node() -> None:
     assert isinstance(old, Closed) and isinstance(new, Closed) and isinstance(other, Closed)
     assert newest_per_node([new, old, other]) == {"n": new, "m": other}
     assert newest_per_node([old, new]) == newest_per_node([new, old]) == {"n": new}
+
+
+# -- sight: a gateway whose flushes are not applied lately is blind ---------------------
+@pytest.mark.parametrize(
+    ("last_flush_ago", "seeing"),
+    [
+        (None, False),
+        (0 * S, True),
+        (29 * S, True),
+        (30 * S, True),
+        (31 * S, False),
+        (3600 * S, False),
+    ],
+    ids=["never", "now", "29s", "30s", "31s", "1h"],
+)
+def test_a_gateway_is_seen_while_its_flushes_are_applied(
+    last_flush_ago: timedelta | None, seeing: bool
+) -> None:
+    last = None if last_flush_ago is None else NOW - last_flush_ago
+    assert sees(GatewaySight("gw-1", last, None), NOW, RULES) is seeing
+
+
+@pytest.mark.parametrize(
+    ("last_flush_ago", "blind_since", "change"),
+    [
+        (1 * S, None, None),  # seeing, and said so
+        (31 * S, None, SightChange("gw-1", True, 31 * S)),  # goes blind: say it once
+        (40 * S, NOW - 9 * S, None),  # still blind: nothing new
+        (1 * S, NOW - 9 * S, SightChange("gw-1", False, 1 * S)),  # sees again
+        (None, None, SightChange("gw-1", True, None)),  # never flushed: blind
+        (None, NOW - 9 * S, None),
+    ],
+    ids=["seeing", "goes-blind", "stays-blind", "sees-again", "never-flushed", "never-still"],
+)
+def test_sight_changes_are_said_once_per_transition(
+    last_flush_ago: timedelta | None, blind_since: datetime | None, change: SightChange | None
+) -> None:
+    last = None if last_flush_ago is None else NOW - last_flush_ago
+    assert sight_change(GatewaySight("gw-1", last, blind_since), NOW, RULES) == change
+
+
+@pytest.mark.parametrize(
+    ("known_for", "said"),
+    [(5 * S, False), (30 * S, False), (31 * S, True)],
+    ids=["5s", "30s", "31s"],
+)
+def test_a_gateway_that_just_appeared_is_held_but_not_said_blind(
+    known_for: timedelta, said: bool
+) -> None:
+    sight = GatewaySight("gw-new", None, None, known_since=NOW - known_for)
+    assert not sees(sight, NOW, RULES)  # its sessions are held meanwhile
+    assert (sight_change(sight, NOW, RULES) is not None) is said
+
+
+def test_blindness_follows_the_configured_period() -> None:
+    rules = Rules(blind_after=2 * S)
+    assert sees(GatewaySight("gw-1", NOW - 2 * S, None), NOW, rules)
+    assert not sees(GatewaySight("gw-1", NOW - 3 * S, None), NOW, rules)
+
+
+# -- the fleet breaker -------------------------------------------------------------------
+def _breaker(
+    would: int, connected: int, *, open: bool = False, released: bool = False
+) -> BreakerDecision:
+    return decide_breaker(BreakerView("gw-1", would, connected, open, released), RULES)
+
+
+@pytest.mark.parametrize(
+    ("would", "connected", "open", "released", "decision"),
+    [
+        # (hold, open, opened, closed)
+        (1, 40, False, False, (False, False, False, False)),  # one node gone: normal
+        (19, 20, False, False, (False, False, False, False)),  # under the minimum
+        (20, 40, False, False, (False, False, False, False)),  # half: not more than half
+        (21, 40, False, False, (True, True, True, False)),  # more than half: opens
+        (30, 40, False, False, (True, True, True, False)),  # the issue's example
+        (30, 40, True, False, (True, True, False, False)),  # stays open, said once
+        (30, 40, True, True, (False, False, False, True)),  # released: they go, it closes
+        (3, 40, True, False, (False, False, False, True)),  # share fell back: closes
+        (0, 0, True, True, (False, False, False, True)),
+    ],
+    ids=["one", "under-minimum", "half", "over-half", "30-of-40", "stays-open", "released",
+         "fell-back", "nothing-left"],
+)  # fmt: skip
+def test_the_breaker_holds_a_wholesale_disconnect(
+    would: int, connected: int, open: bool, released: bool, decision: tuple[bool, ...]
+) -> None:
+    got = _breaker(would, connected, open=open, released=released)
+    assert (got.hold, got.open, got.opened, got.closed) == decision
+
+
+@given(
+    would=st.integers(0, 10_000),
+    extra=st.integers(0, 10_000),
+    open=st.booleans(),
+    released=st.booleans(),
+    share=st.floats(0.05, 1.0),
+    minimum=st.integers(1, 100),
+)
+def test_the_breaker_is_consistent(
+    would: int, extra: int, open: bool, released: bool, share: float, minimum: int
+) -> None:
+    rules = Rules(breaker_share=share, breaker_minimum=minimum)
+    connected = would + extra
+    got = decide_breaker(BreakerView("gw", would, connected, open, released), rules)
+    too_many = would >= minimum and would > share * connected
+    assert got.hold == (too_many and not (open and released))  # holds exactly then
+    assert got.open == got.hold  # open after the sweep exactly when it held
+    assert got.opened == (got.hold and not open)  # said once, when it opens
+    assert got.closed == (open and not got.hold)  # closes only what was open
+    if not too_many:
+        assert not got.hold  # never holds a sweep that disconnects few

@@ -91,6 +91,17 @@ def _sqlstate(code: str) -> asyncpg.PostgresError:
         (asyncpg.LockNotAvailableError("x"), Severity.TRANSIENT),
         (asyncpg.ConnectionDoesNotExistError("x"), Severity.TRANSIENT),
         (asyncpg.InterfaceError("connection is closed"), Severity.TRANSIENT),
+        (
+            asyncpg.InterfaceError(
+                "cannot call Transaction.__aexit__(): the underlying connection is closed"
+            ),
+            Severity.TRANSIENT,
+        ),
+        (asyncpg.InterfaceError("pool is closing"), Severity.TRANSIENT),
+        (
+            asyncpg.InterfaceError("the server expects 0 arguments for this query, 1 was passed"),
+            Severity.PERMANENT,
+        ),
         (asyncpg_base.InternalClientError("cannot switch to state 15"), Severity.TRANSIENT),
         (_sqlstate("57P01"), Severity.TRANSIENT),
         (_sqlstate("08006"), Severity.TRANSIENT),

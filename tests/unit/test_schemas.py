@@ -56,6 +56,10 @@ DESIGN_FIELDS: dict[str, set[str]] = {
         name: {"commandId", "nodeId", "epoch", "seq", "kind", "attempt", "reason"}
         for name in ("command.replayed", "command.cancelled", "command.failed", "command.completed")
     },
+    # DESIGN §9: the names shared across the second-round issues
+    "gateway.blind": {"gatewayId", "sessions", "lastFlushAgeSeconds"},
+    "gateway.seeing": {"gatewayId", "sessions", "lastFlushAgeSeconds"},
+    "liveness.breaker-open": {"gatewayId", "wouldDisconnect", "connected"},
     "revocations": {"nodeId", "serials", "reason"},
     "dispatch": {
         "node_id", "epoch", "command_id", "seq", "kind", "lane", "attempt", "payload", "signature",

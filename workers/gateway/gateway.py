@@ -81,6 +81,7 @@ class Gateway:
         self._renewed_at = 0.0
         self._flushed_at = 0.0
         self._tasks: list[asyncio.Task[None]] = []
+        self._flushing: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._pull: ContinuousPull | None = None
 
@@ -122,6 +123,8 @@ class Gateway:
     async def stop(self, graceful: bool = True) -> None:
         """Graceful: close every session (`gateway-shutdown`). Not graceful: a crash."""
         self._stopping.set()
+        if self._flushing is not None:
+            self._tasks.append(self._flushing)
         others = [t for t in self._tasks if t is not asyncio.current_task()]  # tick() may stop us
         for task in others:
             task.cancel()
@@ -288,10 +291,25 @@ class Gateway:
         for session in [s for s in self.sessions.values() if now - s.last_seen > timeout]:
             await self._end(session, "heartbeat-timeout")
         if now - self._flushed_at >= self.settings.flush_period:
+            self._flushed_at = now
+            # beside the tick, not in it: a flush waits on the bus, and a bus that is away
+            # must not stop the lease from being renewed (the lease lives in PostgreSQL)
+            if self._flushing is None or self._flushing.done():
+                self._flushing = asyncio.create_task(self._flush_logged())
+
+    async def _flush_logged(self) -> None:
+        try:
             await self.flush()
+        except Exception as error:  # the next period's flush carries newer ages anyway
+            log.warning("gateway %s: flush not published (%r)", self.gateway_id, error)
 
     async def flush(self) -> None:
-        """The liveness fact: every session's age, at most 10,000 entries a fact."""
+        """The liveness fact: every session's age, at most 10,000 entries a fact.
+
+        Published every flush period even with no session: an empty flush is the
+        gateway's heartbeat on the bus, by which the liveness controller knows it can
+        see this gateway (and so may age its sessions).
+        """
         now = self.clock()
         self._flushed_at = now
         entries = [
@@ -300,7 +318,7 @@ class Gateway:
             )
             for s in self.sessions.values()
         ]
-        for start in range(0, len(entries), MAX_FLUSH_ENTRIES):
+        for start in range(0, max(1, len(entries)), MAX_FLUSH_ENTRIES):
             chunk = entries[start : start + MAX_FLUSH_ENTRIES]
             await self.facts.publish(Liveness(**self.facts.base(), entries=chunk))
 

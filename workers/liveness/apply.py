@@ -75,6 +75,18 @@ RETURNING s.node_id
 """
 
 
+# When the controller last applied a flush of each gateway: its own clock, in the flush's
+# own transaction, so a gateway is "seen" exactly when its flushes take effect. Written
+# last in the batch (after every session row it locks), gateways in order: the sweep
+# locks these rows before it locks sessions, and so never waits for a flush.
+SEEN = """
+INSERT INTO liveness_gateways AS lg (gateway_id, last_flush_at)
+SELECT g, compute_now() FROM unnest($1::text[]) AS g ORDER BY g
+ON CONFLICT (gateway_id) DO UPDATE
+   SET last_flush_at = GREATEST(lg.last_flush_at, EXCLUDED.last_flush_at)
+"""
+
+
 def wants(fact: Fact) -> bool:
     """A `closed` of a session that no longer owns its row has nothing to do here."""
     return not isinstance(fact, Closed) or closes_its_row(fact)
@@ -91,6 +103,8 @@ async def handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
     closed = [f for f in facts if isinstance(f, Closed)]
     if closed:
         outcomes.update(await _disconnect(tx, closed))
+    if flushes:  # empty ones too: an empty flush is the gateway's heartbeat on the bus
+        await tx.conn.execute(SEEN, sorted({f.gateway_id for f in flushes}))
     return outcomes
 
 

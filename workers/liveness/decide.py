@@ -1,8 +1,13 @@
 """The liveness controller's rules, pure: no await, no clock of its own, no I/O.
 
-What a Hello announces, which `closed` facts may write, and what a sweep may do at
-`now` given when the previous successful sweep ran (the outage grace). Applied by
+What a Hello announces, which `closed` facts may write, what a sweep may do at `now`
+given when the previous successful sweep ran (the outage grace), which gateways it can
+see (a gateway whose flushes stopped arriving is blind: its sessions' ages say nothing),
+and when the fleet breaker holds a gateway's stale sessions. Applied by
 `workers.liveness.apply` and `workers.liveness.sweep`.
+
+Where a mistake hurts: a rule too eager here disconnects a healthy fleet at once (and
+its gateways then drop every stream); a rule too lax keeps a dead node "connected".
 """
 
 from __future__ import annotations
@@ -23,6 +28,12 @@ class Rules:
     gateway_grace: timedelta = timedelta(seconds=120)
     outage_threshold: timedelta = timedelta(seconds=20)
     outage_grace: timedelta = timedelta(minutes=5)
+    #: a gateway none of whose flushes was applied for this long is blind
+    blind_after: timedelta = timedelta(seconds=30)
+    #: the breaker opens when one sweep would disconnect more than this share of one
+    #: gateway's connected sessions, and at least `breaker_minimum` of them
+    breaker_share: float = 0.5
+    breaker_minimum: int = 20
 
 
 def connected(hello: Hello, current_epoch: int | None) -> NodeConnected | None:
@@ -77,3 +88,97 @@ def plan_sweep(state: SweepState, now: datetime, rules: Rules) -> SweepPlan:
         stale_before=now - rules.stale_after,
         gateway_expired_before=now - rules.gateway_grace,
     )
+
+
+@dataclass(frozen=True)
+class GatewaySight:
+    """What the controller knows of one gateway's flushes (`liveness_gateways`)."""
+
+    gateway_id: str
+    last_flush_at: datetime | None  # when the controller last applied one of its flushes
+    blind_since: datetime | None  # set while it is blind (a `gateway.blind` was said)
+    known_since: datetime | None = None  # when the controller first heard of the gateway
+
+
+@dataclass(frozen=True)
+class SightChange:
+    """A gateway went blind (`blind=True`) or sees again; said once per transition."""
+
+    gateway_id: str
+    blind: bool
+    last_flush_age: timedelta | None  # None: no flush of it was ever applied
+
+
+def sees(sight: GatewaySight, now: datetime, rules: Rules) -> bool:
+    """Whether the controller can see the gateway: one of its flushes applied lately. Pure.
+
+    Whatever stops flushes from being applied — the controller's own bus connection, its
+    consumer's lag, the gateway's link, a gateway that never flushed — makes it blind.
+    """
+    return sight.last_flush_at is not None and now - sight.last_flush_at <= rules.blind_after
+
+
+def sight_change(sight: GatewaySight, now: datetime, rules: Rules) -> SightChange | None:
+    """The transition to say for a gateway at `now`, if its sight changed. Pure.
+
+    A gateway that just appeared and has not flushed yet is not seen (its sessions are
+    held) but not said to be blind either, until it has been known for `blind_after`:
+    a gateway's start is not news.
+    """
+    blind = not sees(sight, now, rules)
+    if blind == (sight.blind_since is not None):
+        return None
+    just_started = (
+        sight.last_flush_at is None
+        and sight.known_since is not None
+        and now - sight.known_since <= rules.blind_after
+    )
+    if blind and just_started:
+        return None
+    age = None if sight.last_flush_at is None else now - sight.last_flush_at
+    return SightChange(sight.gateway_id, blind, age)
+
+
+@dataclass(frozen=True)
+class BreakerView:
+    """One gateway in one sweep: how many of its sessions the stale rule would take."""
+
+    gateway_id: str
+    would_disconnect: int
+    connected: int
+    open: bool  # the breaker was open after the previous sweep
+    released: bool  # an operator released it since it opened (`bcw liveness release`)
+
+
+@dataclass(frozen=True)
+class BreakerDecision:
+    hold: bool  # disconnect none of the gateway's stale sessions in this sweep
+    open: bool  # the breaker's state after this sweep
+    opened: bool  # it opens now: say `liveness.breaker-open`
+    closed: bool  # it closes now (the share fell back, or an operator released it)
+
+
+def trips(would_disconnect: int, connected: int, rules: Rules) -> bool:
+    """Too many of one gateway's sessions at once to be believed. Pure."""
+    return (
+        would_disconnect >= rules.breaker_minimum
+        and would_disconnect > rules.breaker_share * connected
+    )
+
+
+def decide_breaker(view: BreakerView, rules: Rules) -> BreakerDecision:
+    """The fleet breaker for one gateway in one sweep. Pure.
+
+    When the stale rule would take more than `breaker_share` of a gateway's connected
+    sessions (and at least `breaker_minimum`), something other than the nodes is likely
+    wrong (a half-broken gateway, a clock, the controller): none is disconnected, the
+    breaker opens, and every sweep looks again. It closes when the share falls back, or
+    when an operator releases it — then that sweep disconnects them. A real rack failure
+    is still recorded by the gateway's own `closed` facts, which the breaker never holds;
+    lost gateways are the gateway-loss rule's, which it never holds either.
+    """
+    if not trips(view.would_disconnect, view.connected, rules):
+        return BreakerDecision(hold=False, open=False, opened=False, closed=view.open)
+    if view.open and view.released:
+        return BreakerDecision(hold=False, open=False, opened=False, closed=True)
+    return BreakerDecision(hold=True, open=True, opened=not view.open, closed=False)

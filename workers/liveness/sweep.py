@@ -1,23 +1,49 @@
 """The liveness sweep: the transitions nobody reports, run by the replica holding the
 `liveness` lease.
 
-Each sweep is one transaction fenced on the lease epoch: it reads the sweep state,
-plans with the pure rules (outage grace), disconnects sessions of lost gateways and
-stale sessions with writes fenced on the epoch and gateway it read, records the sweep,
-and publishes `node.disconnected` for each transition. Nothing else is touched.
+Each sweep is one transaction fenced on the lease epoch: it reads the sweep state and
+what it sees of each gateway, plans with the pure rules (outage grace, blindness, the
+fleet breaker), disconnects sessions of lost gateways and stale sessions of the gateways
+it can see — with writes fenced on the epoch and gateway it read — records the sweep and
+the gateways' sight, and publishes `node.disconnected` for each transition,
+`gateway.blind`/`gateway.seeing` for each change of sight, `liveness.breaker-open` when
+the breaker opens. Nothing else is touched.
+
+Lock order: the sweep state row, then the gateways' sight rows (gateway order), then
+session rows with SKIP LOCKED; a flush locks sessions, then its gateway's sight row. So
+the sweep never waits for a flush, and no cycle can form.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from dataclasses import dataclass
+from datetime import datetime
 
 import asyncpg
 
-from schemas.events import DisconnectReason, NodeDisconnected
+from schemas.events import (
+    BreakerOpen,
+    DisconnectReason,
+    GatewayBlind,
+    GatewaySeeing,
+    NodeDisconnected,
+)
 from schemas.subjects import Subjects
-from workers.liveness.decide import Rules, SweepState, plan_sweep
+from workers.liveness.decide import (
+    BreakerDecision,
+    BreakerView,
+    GatewaySight,
+    Rules,
+    SightChange,
+    SweepState,
+    decide_breaker,
+    plan_sweep,
+    sees,
+    sight_change,
+)
 from workers.runtime import leases
 from workers.runtime.outbox import OutboxBatch
 from workers.runtime.settings import LivenessSettings
@@ -32,6 +58,48 @@ READ_STATE = (
 )
 WRITE_STATE = "UPDATE liveness_sweeps SET last_sweep_at = $1, grace_until = $2"
 
+# Every gateway that is live or within its grace gets a sight row (a gateway that never
+# flushed is blind too); the rows (one per gateway: tens) are locked in gateway order.
+ENSURE_SIGHTS = """
+INSERT INTO liveness_gateways (gateway_id)
+SELECT gateway_id FROM gateways WHERE lease_expires_at > $1
+ON CONFLICT (gateway_id) DO NOTHING
+"""
+READ_SIGHTS = "SELECT * FROM liveness_gateways ORDER BY gateway_id FOR UPDATE"
+WRITE_SIGHTS = """
+UPDATE liveness_gateways lg
+   SET blind_since = t.blind_since, breaker_opened_at = t.opened,
+       breaker_released_at = CASE WHEN t.opened IS NULL THEN NULL ELSE lg.breaker_released_at END,
+       breaker_released_by = CASE WHEN t.opened IS NULL THEN NULL ELSE lg.breaker_released_by END
+  FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[]) AS t(gateway_id, blind_since, opened)
+ WHERE lg.gateway_id = t.gateway_id
+"""
+SESSIONS_OF = """
+SELECT gateway_id, count(*) AS n FROM node_sessions
+ WHERE gateway_id = ANY($1::text[]) GROUP BY gateway_id
+"""
+
+# The breaker's other question, asked cheaply: a gateway's connected sessions counted up
+# to a bound (`k` = just over what would trip it): exact when it trips, and a few
+# hundred index entries instead of a whole gateway's when it does not.
+CONNECTED_UP_TO = """
+SELECT t.gateway_id,
+       (SELECT count(*) FROM (SELECT 1 FROM node_sessions s
+                               WHERE s.gateway_id = t.gateway_id LIMIT t.k) AS x) AS n
+  FROM unnest($1::text[], $2::bigint[]) AS t(gateway_id, k)
+"""
+
+# How many sessions the stale rule would take, per gateway it can see (the breaker's
+# question); the partial index on last_seen finds them.
+STALE_COUNTS = """
+SELECT s.gateway_id, count(*) AS n
+  FROM node_sessions s
+ WHERE s.gateway_id = ANY($3::text[]) AND s.last_seen < $1
+   AND NOT EXISTS (SELECT 1 FROM gateways g
+                    WHERE g.gateway_id = s.gateway_id AND g.lease_expires_at < $2)
+ GROUP BY s.gateway_id
+"""
+
 # Candidates are locked in node order, skipping rows a Hello holds right now (the next
 # sweep sees them); the write re-checks epoch and gateway as read.
 GATEWAY_LOST = """
@@ -42,31 +110,37 @@ WITH lost AS (
      WHERE g.lease_expires_at < $1
      ORDER BY s.node_id
        FOR UPDATE OF s SKIP LOCKED
+), gone AS (  -- locked above, as read: by primary key (see STALE)
+    UPDATE node_sessions s
+       SET gateway_id = NULL, disconnected_at = $2, disconnect_reason = 'gateway-lost'
+     WHERE s.node_id = ANY(ARRAY(SELECT node_id FROM lost)) AND s.gateway_id IS NOT NULL
+    RETURNING s.node_id
 )
-UPDATE node_sessions s
-   SET gateway_id = NULL, disconnected_at = $2, disconnect_reason = 'gateway-lost'
-  FROM lost
- WHERE s.node_id = lost.node_id AND s.session_epoch = lost.session_epoch AND s.gateway_id = lost.gateway_id
-RETURNING s.node_id, lost.session_epoch, lost.gateway_id
+SELECT lost.node_id, lost.session_epoch, lost.gateway_id FROM lost JOIN gone USING (node_id)
 """
 
-# A session on a gateway whose lease has expired is not aged here: nobody could flush it,
-# and the gateway-loss rule (with its grace to move) decides about it.
+# Only sessions of gateways the controller can see ($3) are aged, and not those the
+# breaker holds ($4). A session on a gateway whose lease has expired is not aged here:
+# nobody could flush it, and the gateway-loss rule (with its grace to move) decides.
 STALE = """
 WITH stale AS (
     SELECT s.node_id, s.session_epoch, s.gateway_id
       FROM node_sessions s
-     WHERE s.gateway_id IS NOT NULL AND s.last_seen < $1
+     WHERE s.gateway_id = ANY($3::text[]) AND s.gateway_id <> ALL($4::text[])
+       AND s.last_seen < $1
        AND NOT EXISTS (SELECT 1 FROM gateways g
                         WHERE g.gateway_id = s.gateway_id AND g.lease_expires_at < $2)
      ORDER BY s.node_id
        FOR UPDATE OF s SKIP LOCKED
+), gone AS (
+    -- the candidates are locked above, as read: updated by primary key (a join back to
+    -- the table would hash all of it: 0.5 s for a million sessions)
+    UPDATE node_sessions s
+       SET gateway_id = NULL, disconnected_at = $2, disconnect_reason = 'liveness-timeout'
+     WHERE s.node_id = ANY(ARRAY(SELECT node_id FROM stale)) AND s.gateway_id IS NOT NULL
+    RETURNING s.node_id
 )
-UPDATE node_sessions s
-   SET gateway_id = NULL, disconnected_at = $2, disconnect_reason = 'liveness-timeout'
-  FROM stale
- WHERE s.node_id = stale.node_id AND s.session_epoch = stale.session_epoch AND s.gateway_id = stale.gateway_id
-RETURNING s.node_id, stale.session_epoch, stale.gateway_id
+SELECT stale.node_id, stale.session_epoch, stale.gateway_id FROM stale JOIN gone USING (node_id)
 """
 
 
@@ -75,6 +149,8 @@ class SweepResult:
     age_transitions: bool
     gateway_lost: int
     stale: int
+    blind: tuple[str, ...] = ()  # gateways the controller cannot see now
+    held: tuple[str, ...] = ()  # gateways whose stale sessions the breaker holds
 
 
 def rules_of(settings: LivenessSettings) -> Rules:
@@ -83,6 +159,9 @@ def rules_of(settings: LivenessSettings) -> Rules:
         gateway_grace=settings.gateway_grace,
         outage_threshold=settings.outage_threshold,
         outage_grace=settings.outage_grace,
+        blind_after=settings.blind_after_or_default,
+        breaker_share=settings.breaker_share,
+        breaker_minimum=settings.breaker_minimum,
     )
 
 
@@ -94,22 +173,150 @@ async def sweep_once(
         if lease is not None:
             await leases.fence(conn, lease)
         state = await conn.fetchrow(READ_STATE)
-        plan = plan_sweep(
-            SweepState(state["last_sweep_at"], state["grace_until"]), state["now"], rules
-        )
+        now: datetime = state["now"]
+        plan = plan_sweep(SweepState(state["last_sweep_at"], state["grace_until"]), now, rules)
+        await conn.execute(ENSURE_SIGHTS, plan.gateway_expired_before)
+        rows = {r["gateway_id"]: r for r in await conn.fetch(READ_SIGHTS)}
+        sights = {
+            gw: GatewaySight(gw, r["last_flush_at"], r["blind_since"], r["known_since"])
+            for gw, r in rows.items()
+        }
+        seeing = sorted(gw for gw, sight in sights.items() if sees(sight, now, rules))
+        changes = [c for sight in sights.values() if (c := sight_change(sight, now, rules))]
+        outbox = OutboxBatch()
         lost: list[asyncpg.Record] = []
         stale: list[asyncpg.Record] = []
+        breakers: dict[str, tuple[BreakerView, BreakerDecision]] = {}
         if plan.age_transitions:
-            lost = await conn.fetch(GATEWAY_LOST, plan.gateway_expired_before, state["now"])
-            stale = await conn.fetch(STALE, plan.stale_before, state["now"])
+            lost = await conn.fetch(GATEWAY_LOST, plan.gateway_expired_before, now)
+            breakers = await _breakers(conn, plan.stale_before, now, seeing, rows, rules)
+            held = [gw for gw, (_, decision) in breakers.items() if decision.hold]
+            stale = await conn.fetch(STALE, plan.stale_before, now, seeing, held)
+        await _write_sights(conn, rows, changes, breakers, now)
         await conn.execute(WRITE_STATE, plan.state.last_sweep_at, plan.state.grace_until)
-        outbox = OutboxBatch()
+        await _say_sights(conn, outbox, subjects, changes)
         _announce(outbox, subjects, lost, "gateway-lost")
         _announce(outbox, subjects, stale, "liveness-timeout")
+        _say_breakers(outbox, subjects, breakers, rows)
         await outbox.write(conn)
     if lost or stale:
         log.info("sweep: %d gateway-lost, %d liveness-timeout", len(lost), len(stale))
-    return SweepResult(plan.age_transitions, len(lost), len(stale))
+    return SweepResult(
+        plan.age_transitions,
+        len(lost),
+        len(stale),
+        blind=tuple(sorted(set(sights) - set(seeing))),
+        held=tuple(sorted(gw for gw, (_, d) in breakers.items() if d.open)),
+    )
+
+
+async def _breakers(
+    conn: asyncpg.Connection,
+    stale_before: datetime,
+    now: datetime,
+    seeing: list[str],
+    rows: dict[str, asyncpg.Record],
+    rules: Rules,
+) -> dict[str, tuple[BreakerView, BreakerDecision]]:
+    """The breaker's view and decision for every gateway with stale sessions or an open breaker."""
+    would = {
+        r["gateway_id"]: r["n"] for r in await conn.fetch(STALE_COUNTS, stale_before, now, seeing)
+    }
+    opened = {gw for gw, r in rows.items() if r["breaker_opened_at"] is not None}
+    asked = sorted(gw for gw, n in would.items() if n >= rules.breaker_minimum)
+    bounds = [math.floor(would[gw] / rules.breaker_share) + 1 for gw in asked]
+    connected = {r["gateway_id"]: r["n"] for r in await conn.fetch(CONNECTED_UP_TO, asked, bounds)}
+    out: dict[str, tuple[BreakerView, BreakerDecision]] = {}
+    for gw in sorted(set(would) | opened):
+        row = rows.get(gw)
+        released = bool(
+            row is not None and row["breaker_released_at"] is not None
+            and row["breaker_opened_at"] is not None
+            and row["breaker_released_at"] >= row["breaker_opened_at"]
+        )  # fmt: skip
+        view = BreakerView(gw, would.get(gw, 0), connected.get(gw, 0), gw in opened, released)
+        out[gw] = (view, decide_breaker(view, rules))
+    return out
+
+
+async def _write_sights(
+    conn: asyncpg.Connection,
+    rows: dict[str, asyncpg.Record],
+    changes: list[SightChange],
+    breakers: dict[str, tuple[BreakerView, BreakerDecision]],
+    now: datetime,
+) -> None:
+    blind = {c.gateway_id: (now if c.blind else None) for c in changes}
+    breaker = {
+        gw: (rows[gw]["breaker_opened_at"] or now) if decision.open else None
+        for gw, (_, decision) in breakers.items()
+        if decision.opened or decision.closed  # every such gateway has a sight row
+    }
+    touched = sorted((set(blind) | set(breaker)) & set(rows))
+    if not touched:
+        return
+    await conn.execute(
+        WRITE_SIGHTS,
+        touched,
+        [blind[gw] if gw in blind else rows[gw]["blind_since"] for gw in touched],
+        [breaker[gw] if gw in breaker else rows[gw]["breaker_opened_at"] for gw in touched],
+    )
+    for gw, (view, decision) in breakers.items():
+        row = rows.get(gw)
+        if decision.closed and view.released and row is not None:
+            log.warning(
+                "breaker of gateway %s: released by %s at %s; %d stale session(s) go",
+                gw, row["breaker_released_by"], row["breaker_released_at"], view.would_disconnect,
+            )  # fmt: skip
+        elif decision.closed:
+            log.warning(
+                "breaker of gateway %s closed: %d stale session(s)", gw, view.would_disconnect
+            )
+
+
+async def _say_sights(
+    conn: asyncpg.Connection, outbox: OutboxBatch, subjects: Subjects, changes: list[SightChange]
+) -> None:
+    if not changes:
+        return
+    gateways = sorted(c.gateway_id for c in changes)
+    sessions = {r["gateway_id"]: r["n"] for r in await conn.fetch(SESSIONS_OF, gateways)}
+    for change in changes:
+        age = None if change.last_flush_age is None else change.last_flush_age.total_seconds()
+        kind = GatewayBlind if change.blind else GatewaySeeing
+        event = kind(
+            gateway_id=change.gateway_id,
+            sessions=sessions.get(change.gateway_id, 0),
+            last_flush_age_seconds=age,
+        )
+        log.warning(
+            "gateway %s %s: %d session(s), last flush applied %s",
+            change.gateway_id,
+            "is blind, its sessions are held" if change.blind else "is seen again",
+            event.sessions,
+            "never" if age is None else f"{age:.1f}s ago",
+        )
+        outbox.add(event, subjects.event(event.BC_TYPE), order_key=f"gateway:{change.gateway_id}")
+
+
+def _say_breakers(
+    outbox: OutboxBatch,
+    subjects: Subjects,
+    breakers: dict[str, tuple[BreakerView, BreakerDecision]],
+    rows: dict[str, asyncpg.Record],
+) -> None:
+    for gw, (view, decision) in breakers.items():
+        if not decision.opened:
+            continue
+        log.warning(
+            "breaker of gateway %s open: %d of %d connected session(s) look stale; none is "
+            "disconnected (`bcw liveness release --gateway %s` lets them go)",
+            gw, view.would_disconnect, view.connected, gw,
+        )  # fmt: skip
+        event = BreakerOpen(
+            gateway_id=gw, would_disconnect=view.would_disconnect, connected=view.connected
+        )
+        outbox.add(event, subjects.event(event.BC_TYPE), order_key=f"gateway:{gw}")
 
 
 def _announce(
@@ -131,8 +338,9 @@ def sweep_loop(settings: LivenessSettings) -> Loop:
     async def sweep(runtime: Runtime, stopping: asyncio.Event) -> None:
         async def body(lease: leases.Lease) -> None:
             result = await sweep_once(runtime.pool, lease, runtime.subjects, rules)
-            if result.gateway_lost or result.stale:
-                runtime.wake_outbox()
+            runtime.metrics.liveness_blind_gateways.set(float(len(result.blind)))
+            runtime.metrics.liveness_breakers_open.set(float(len(result.held)))
+            runtime.wake_outbox()
 
         await leases.run_leased(
             runtime.pool,

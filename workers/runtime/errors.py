@@ -105,8 +105,12 @@ def classify(error: BaseException) -> Severity:
         return Severity.TRANSIENT
     if isinstance(error, asyncpg.PostgresError):
         return _classify_sqlstate(getattr(error, "sqlstate", "") or "")
-    if isinstance(error, asyncpg.InterfaceError):  # connection closed, pool closing underneath
-        return Severity.TRANSIENT
+    if isinstance(error, asyncpg.InterfaceError):
+        # the connection closed or the pool closing underneath: passes; anything else
+        # asyncpg's client refuses (a wrong number of arguments) is a bug: it does not
+        text = str(error).lower()
+        closed = "closed" in text or "closing" in text or "released" in text
+        return Severity.TRANSIENT if closed else Severity.PERMANENT
     # asyncpg's client state machine confused by a connection lost mid-operation ("cannot
     # switch to state 15"), or a statement cache outdated by a migration: a fresh try works
     if isinstance(error, asyncpg_base.InternalClientError):

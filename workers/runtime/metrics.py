@@ -169,6 +169,19 @@ class Metrics:
             )
         )
         self.outbox_backlog = self._add(Gauge("bcw_outbox_backlog", "Rows waiting in the outbox."))
+        self.liveness_blind_gateways = self._add(
+            Gauge(
+                "bcw_liveness_blind_gateways",
+                "Gateways whose flushes the liveness controller has not applied lately "
+                "(their sessions are held); set by the replica that sweeps.",
+            )
+        )
+        self.liveness_breakers_open = self._add(
+            Gauge(
+                "bcw_liveness_breakers_open",
+                "Gateways whose stale sessions the fleet breaker holds; set by the replica that sweeps.",
+            )
+        )
         self.outbox_published = self._add(
             Counter(
                 "bcw_outbox_published_total", "Outbox rows published and acknowledged by JetStream."

@@ -241,11 +241,31 @@ class LivenessSettings(BaseSettings):
     lease_ttl: Seconds = Field(
         default=timedelta(seconds=15), description="the sweep lease; a standby takes over after it"
     )
+    blind_after: Seconds | None = Field(
+        default=None,
+        description="a gateway none of whose flushes was applied for this long is blind "
+        "(its sessions are held); default two flush periods",
+    )
+    breaker_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="a sweep that would disconnect more than this share of one gateway's "
+        "connected sessions disconnects none of them (the fleet breaker)",
+    )
+    breaker_minimum: int = Field(
+        default=20, ge=1, description="the breaker holds only this many stale sessions or more"
+    )
 
     @property
     def stale_after(self) -> timedelta:
         """3 heartbeat intervals plus one flush period: 45 s by default."""
         return self.heartbeat_interval * self.missed_heartbeats + self.flush_period
+
+    @property
+    def blind_after_or_default(self) -> timedelta:
+        """`blind_after`, or two flush periods (30 s by default)."""
+        return self.blind_after or 2 * self.flush_period
 
 
 class ReplaySettings(BaseSettings):

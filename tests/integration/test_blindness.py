@@ -1,0 +1,323 @@
+"""Liveness that knows when it is blind: a bus outage, a stopped controller or a silent
+gateway is never a dead fleet; the fleet breaker holds a wholesale disconnect.
+
+What is real: nats-server, PostgreSQL, reference gateways publishing their flushes (every
+second here, empty ones included), the liveness worker on the real runtime, TCP proxies
+that cut the controller's or a gateway's bus link. Sessions are kept alive by
+heartbeats into the gateways, as daemons do. Periods are short through the liveness
+settings (heartbeat 3 x 1 s + flush 1 s: stale after 4 s; blind after 2 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+import nats
+import pytest
+from nats.aio.client import Client as NATS
+
+from schemas.notices import Dispatch
+from schemas.subjects import Subjects
+from tests.conftest import Servers
+from tests.integration import fleet
+from tests.integration.support import bcw, eventually, make_settings, running, stream_messages
+from workers import liveness
+from workers.demo import fresh_sweep_history
+from workers.gateway import Gateway, GatewaySettings, HelloRequest
+from workers.liveness.decide import Rules
+from workers.liveness.sweep import sweep_once
+from workers.proxy import Mode, TcpProxy
+from workers.runtime import bus
+from workers.runtime.settings import LivenessSettings, NatsSettings, Settings
+
+S = timedelta(seconds=1)
+GATEWAY_SETTINGS = GatewaySettings(
+    heartbeat_interval=1.0, missed_heartbeats=3, flush_period=1.0, lease_ttl=3.0, renew_every=0.5
+)
+
+
+class _Stream:
+    """A daemon's end of the stream, enough for these tests."""
+
+    async def deliver(self, dispatch: Dispatch) -> None:
+        pass
+
+    async def event_ack(self, journal_id: str, seq: int) -> None:
+        pass
+
+    def drop(self, reason: str) -> None:
+        pass
+
+
+def _liveness_settings(base: Settings, nats_url: str | None = None) -> Settings:
+    update: dict[str, Any] = {
+        "liveness": LivenessSettings(
+            sweep_interval=0.5,
+            heartbeat_interval=1 * S,
+            missed_heartbeats=3,
+            flush_period=1 * S,
+            gateway_grace=3 * S,
+        )
+    }
+    if nats_url:
+        update["nats"] = NatsSettings(url=nats_url, connect_timeout=1.0)
+    return base.model_copy(update=update)
+
+
+class Fleet:
+    """Reference gateways with sessions that heartbeat, as daemons would."""
+
+    def __init__(self, pool: asyncpg.Pool, subjects: Subjects) -> None:
+        self.pool = pool
+        self.subjects = subjects
+        self.gateways: dict[str, Gateway] = {}
+        self.held: dict[str, tuple[Gateway, str, int]] = {}
+        self._beat: asyncio.Task[None] | None = None
+
+    async def gateway(self, gateway_id: str, nc: NATS) -> Gateway:
+        gateway = Gateway(gateway_id, self.pool, nc, self.subjects, settings=GATEWAY_SETTINGS)
+        await gateway.start(autotick=0.2)
+        self.gateways[gateway_id] = gateway
+        return gateway
+
+    async def connect(self, gateway: Gateway, count: int) -> None:
+        async with self.pool.acquire() as conn:
+            for i in range(count):
+                node = f"{gateway.gateway_id}-n{i:02d}"
+                await fleet.join(conn, node)
+                welcome = await gateway.hello(
+                    HelloRequest(node_id=node, cert_serial=f"{node}-serial", role="worker",
+                                 boot_id="b1", journal_id="j1"),
+                    _Stream(),
+                )  # fmt: skip
+                self.held[node] = (gateway, node, welcome.epoch)
+        if self._beat is None:
+            self._beat = asyncio.create_task(self._heartbeats())
+
+    async def _heartbeats(self) -> None:
+        while True:
+            for gateway, node, epoch in self.held.values():
+                if gateway.alive:
+                    gateway.heartbeat(node, epoch)
+            await asyncio.sleep(0.25)
+
+    async def stop(self) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
+            await asyncio.gather(self._beat, return_exceptions=True)
+        for gateway in self.gateways.values():
+            if gateway.alive:
+                await gateway.stop(graceful=False)
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=6)
+    await fresh_sweep_history(pool)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+async def gateways(pool: asyncpg.Pool, nc: NATS, subjects: Subjects) -> AsyncIterator[Fleet]:
+    await bus.provision_streams(nc.jetstream(), subjects)
+    made = Fleet(pool, subjects)
+    yield made
+    await made.stop()
+
+
+async def _events(nc: NATS, subjects: Subjects, bc_type: str) -> list[dict[str, Any]]:
+    return [
+        json.loads(m.data)
+        for m in await stream_messages(nc.jetstream(), subjects.events_stream)
+        if m.headers and m.headers.get("Bc-Type") == bc_type
+    ]
+
+
+async def _routed(db: asyncpg.Connection, gateway_id: str) -> int:
+    return int(
+        await db.fetchval("SELECT count(*) FROM node_sessions WHERE gateway_id = $1", gateway_id)
+    )
+
+
+async def _has(nc: NATS, subjects: Subjects, bc_type: str, n: int = 1) -> bool:
+    return len(await _events(nc, subjects, bc_type)) >= n
+
+
+@contextlib.asynccontextmanager
+async def _proxied(url: str) -> AsyncIterator[TcpProxy]:
+    target = urlsplit(url)
+    assert target.hostname and target.port
+    proxy = await TcpProxy(target.hostname, target.port).start()
+    try:
+        yield proxy
+    finally:
+        await proxy.stop()
+
+
+async def _watch_for_disconnects(db: asyncpg.Connection, seconds: float) -> int:
+    """The most sessions seen disconnected at once over `seconds` (sampled)."""
+    worst = 0
+    for _ in range(int(seconds / 0.25)):
+        worst = max(
+            worst, await db.fetchval("SELECT count(*) FROM node_sessions WHERE gateway_id IS NULL")
+        )
+        await asyncio.sleep(0.25)
+    return worst
+
+
+@pytest.mark.slow
+async def test_the_controllers_bus_cut_for_12s_disconnects_nobody(
+    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection,
+    gateways: Fleet,
+) -> None:  # fmt: skip
+    gateway = await gateways.gateway("gw-a", nc)
+    async with _proxied(servers.nats_url) as proxy:
+        settings = _liveness_settings(
+            make_settings(servers.nats_url, database_url, subjects), proxy.url("nats")
+        )
+        async with running(settings, [liveness.build(settings)]):
+            await gateways.connect(gateway, 20)
+            await eventually(lambda: _has(nc, subjects, "node.connected", 20), what="connected")
+            await eventually(lambda: _seen(db, "gw-a"), what="the gateway seen")
+            cut = asyncio.create_task(proxy.outage(12.0, Mode.REFUSE))
+            worst = await _watch_for_disconnects(db, 16.0)  # the cut, and 4 s after it
+            await cut
+            await eventually(lambda: _has(nc, subjects, "gateway.seeing"), what="seeing again")
+    assert worst == 0
+    assert await _routed(db, "gw-a") == 20
+    assert await _events(nc, subjects, "node.disconnected") == []
+    [blind] = await _events(nc, subjects, "gateway.blind")  # once, not once a sweep
+    assert blind["gatewayId"] == "gw-a" and blind["sessions"] == 20
+
+
+@pytest.mark.slow
+async def test_a_controller_stopped_for_8s_disconnects_nobody_after_its_restart(
+    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection,
+    gateways: Fleet,
+) -> None:  # fmt: skip
+    gateway = await gateways.gateway("gw-a", nc)
+    settings = _liveness_settings(make_settings(servers.nats_url, database_url, subjects))
+    async with running(settings, [liveness.build(settings)]):
+        await gateways.connect(gateway, 20)
+        await eventually(lambda: _has(nc, subjects, "node.connected", 20), what="connected")
+    await asyncio.sleep(8)  # stopped; the gateway keeps flushing into the stream
+    async with running(settings, [liveness.build(settings)]):
+        worst = await _watch_for_disconnects(db, 6.0)
+    assert worst == 0
+    assert await _routed(db, "gw-a") == 20
+    assert await _events(nc, subjects, "node.disconnected") == []
+
+
+@pytest.mark.slow
+async def test_a_silent_gateway_is_held_while_its_lease_holds_then_lost_after_the_grace(
+    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection,
+    gateways: Fleet,
+) -> None:  # fmt: skip
+    """gw-b's link to the bus breaks while its lease in PostgreSQL stays alive: its
+    sessions are held whatever their ages; when its lease expires, the gateway-loss rule
+    takes them after its grace. gw-a, flushing as usual, is the control: a node it does
+    not hold (missing from its flushes) goes `liveness-timeout` in the stale period."""
+    seeing = await gateways.gateway("gw-a", nc)
+    async with _proxied(servers.nats_url) as proxy:
+        silent_nc = await nats.connect(proxy.url("nats"), max_reconnect_attempts=-1)
+        try:
+            silent = await gateways.gateway("gw-b", silent_nc)
+            settings = _liveness_settings(make_settings(servers.nats_url, database_url, subjects))
+            async with running(settings, [liveness.build(settings)]):
+                await gateways.connect(seeing, 5)
+                await gateways.connect(silent, 10)
+                await eventually(lambda: _has(nc, subjects, "node.connected", 15), what="connected")
+                await fleet.session(db, "orphan", epoch=1, gateway_id="gw-a", join_first=True)
+                await eventually(lambda: _seen(db, "gw-b"), what="gw-b seen")
+
+                await proxy.set_mode(Mode.REFUSE)  # gw-b's flushes stop; its lease does not
+                await eventually(lambda: _has(nc, subjects, "gateway.blind"), what="blind")
+                assert await _watch_for_disconnects(db, 6.0) == 1  # the orphan only
+                assert await _routed(db, "gw-b") == 10
+                [blind] = await _events(nc, subjects, "gateway.blind")
+                assert (blind["gatewayId"], blind["sessions"]) == ("gw-b", 10)
+                assert blind["lastFlushAgeSeconds"] >= 2
+
+                await silent.stop(graceful=False)  # its lease now runs out
+                await eventually(
+                    lambda: _gone(db, "gw-b", 10), within=15, what="gateway-lost after the grace"
+                )
+                reasons = {
+                    r["node_id"]: r["disconnect_reason"]
+                    for r in await db.fetch("SELECT node_id, disconnect_reason FROM node_sessions")
+                }
+        finally:
+            with contextlib.suppress(Exception):  # it may be mid-reconnect to the refusing proxy
+                await silent_nc.close()
+    assert {n: r for n, r in reasons.items() if n.startswith("gw-b")} == {
+        f"gw-b-n{i:02d}": "gateway-lost" for i in range(10)
+    }
+    assert reasons["orphan"] == "liveness-timeout"
+    assert all(reasons[f"gw-a-n{i:02d}"] is None for i in range(5))
+
+
+async def _seen(db: asyncpg.Connection, gateway_id: str) -> bool:
+    """The controller applied a flush of the gateway and says it sees it."""
+    return bool(
+        await db.fetchval(
+            "SELECT last_flush_at IS NOT NULL AND blind_since IS NULL FROM liveness_gateways "
+            "WHERE gateway_id = $1",
+            gateway_id,
+        )
+    )
+
+
+async def _gone(db: asyncpg.Connection, gateway_id: str, n: int) -> bool:
+    return (
+        await db.fetchval(
+            "SELECT count(*) FROM node_sessions WHERE disconnect_reason = 'gateway-lost'"
+        )
+        == n
+    )
+
+
+async def test_the_breaker_holds_30_of_40_and_a_release_lets_the_next_sweep_go(
+    database_url: str, db: asyncpg.Connection, subjects: Subjects
+) -> None:
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    try:
+        for i in range(40):
+            await fleet.session(db, f"n{i:02d}", epoch=1, seen_ago=(60 if i < 30 else 0) * S)
+        await fleet.flushed(db, "gw-1")
+        await fresh_sweep_history(pool)
+        first = await sweep_once(pool, None, subjects, Rules())
+        second = await sweep_once(pool, None, subjects, Rules())
+        assert (first.stale, first.held, second.stale, second.held) == (0, ("gw-1",), 0, ("gw-1",))
+        assert await _routed(db, "gw-1") == 40
+        opened = [
+            json.loads(bytes(r["body"]))
+            for r in await db.fetch(
+                "SELECT body FROM outbox WHERE headers->>'Bc-Type' = 'liveness.breaker-open'"
+            )
+        ]
+        assert opened == [{"gatewayId": "gw-1", "wouldDisconnect": 30, "connected": 40}]  # once
+
+        code, out = await bcw(
+            "liveness", "release", "--gateway", "gw-1", "--by", "oncall",
+            BCW_DATABASE_URL=database_url,
+        )  # fmt: skip
+        assert code == 0 and "released by oncall" in out, out
+        released = await sweep_once(pool, None, subjects, Rules())
+        assert (released.stale, released.held) == (30, ())
+        assert await _routed(db, "gw-1") == 10
+        row = await db.fetchrow("SELECT * FROM liveness_gateways WHERE gateway_id = 'gw-1'")
+        assert row["breaker_opened_at"] is None and row["breaker_released_by"] is None
+        code, out = await bcw(
+            "liveness", "release", "--gateway", "gw-1", BCW_DATABASE_URL=database_url
+        )
+        assert code == 1 and "no open breaker" in out
+    finally:
+        await pool.close()
