@@ -19,7 +19,7 @@ from nats.aio.client import Client as NATS
 
 from schemas.subjects import Subjects
 from tests.integration import fleet
-from tests.integration.support import count, publish_fact, stream_messages
+from tests.integration.support import count, publish_through_outages, stream_messages
 
 GATEWAY = "gw-1"
 WORKERS_WITH_HELLO_EFFECTS = ("labeler", "liveness", "replay")
@@ -52,12 +52,7 @@ class HelloFlow:
         js = nc.jetstream()
         for i, node in enumerate(self.nodes):
             fact = fleet.hello(node, 1, gateway_id=GATEWAY, capabilities=capabilities(i))
-            while True:
-                try:
-                    await publish_fact(js, subjects, fact)
-                    break
-                except Exception:
-                    await asyncio.sleep(0.2)  # same Nats-Msg-Id on retry: no double
+            await publish_through_outages(js, subjects, fact)
             await asyncio.sleep(1 / per_second)
 
     async def done(self, database_url: str) -> bool:

@@ -130,6 +130,17 @@ async def publish_fact(
     await js.publish(subjects.fact(fact.gateway_id, fact.BC_TYPE), body, headers=all_headers)
 
 
+async def publish_through_outages(js: JetStreamContext, subjects: Subjects, fact: Fact) -> None:
+    """Publish `fact` until JetStream has it, as a gateway does through an outage: every
+    try carries the same Nats-Msg-Id, so JetStream keeps one copy."""
+    while True:
+        try:
+            await publish_fact(js, subjects, fact)
+            return
+        except Exception:
+            await asyncio.sleep(0.2)
+
+
 async def publish_raw(
     js: JetStreamContext, subject: str, body: bytes, headers: dict[str, str]
 ) -> None:

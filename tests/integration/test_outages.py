@@ -28,7 +28,7 @@ from tests.integration.support import (
     count,
     eventually,
     make_settings,
-    publish_fact,
+    publish_through_outages,
     running,
     status_fact,
 )
@@ -46,12 +46,7 @@ async def _publish_statuses(nc: NATS, subjects: Subjects, total: int, per_second
     js = nc.jetstream()
     for i in range(total):
         fact = status_fact(node_id=f"tally-{i % NODES}", observed_generation=i // NODES + 1)
-        while True:
-            try:
-                await publish_fact(js, subjects, fact)
-                break
-            except Exception:
-                await asyncio.sleep(0.2)
+        await publish_through_outages(js, subjects, fact)
         await asyncio.sleep(1 / per_second)
 
 

@@ -26,6 +26,7 @@ from tests.integration.support import (
     eventually,
     make_settings,
     publish_fact,
+    publish_through_outages,
     running,
     status_fact,
     stream_messages,
@@ -125,13 +126,7 @@ async def _publish_steadily(nc: NATS, subjects: Subjects, total: int, per_second
     """Publish facts at a steady rate; through an outage, retry each until JetStream has it."""
     js = nc.jetstream()
     for i in range(total):
-        fact = status_fact(node_id=f"node-{i % 20}")
-        while True:
-            try:
-                await publish_fact(js, subjects, fact)
-                break
-            except Exception:
-                await asyncio.sleep(0.2)  # same Nats-Msg-Id on retry: no double
+        await publish_through_outages(js, subjects, status_fact(node_id=f"node-{i % 20}"))
         await asyncio.sleep(1 / per_second)
 
 
