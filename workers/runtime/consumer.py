@@ -32,6 +32,12 @@ from nats.js import JetStreamContext
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    wait_random_exponential,
+)
 
 from schemas.facts import Fact
 from schemas.registry import REGISTRY, MessageError
@@ -271,54 +277,62 @@ class FactConsumer:
     async def _apply_patiently(self, items: list[_Item]) -> None:
         """Apply `items` in one transaction, waiting out outages; pin anything else on a fact.
 
-        A transient failure while PostgreSQL or NATS is away costs nothing: the batch is
-        tried again, with capped back-off, for as long as the outage lasts (or until the
-        process stops: then the batch is released for redelivery). A permanent failure, or
-        `retry_attempts` transient ones while both servers answer (a statement that always
-        times out, say), splits the batch into single facts; a single fact that fails so
-        is dead-lettered. Fatal errors are raised: they stop the process.
+        Retried with tenacity (jittered exponential back-off up to
+        `retry_max_seconds`, a sleep that a stop cuts short). A transient failure while
+        PostgreSQL or NATS is away costs nothing: the batch is tried again for as long as
+        the outage lasts (or until the process stops: then the batch is released for
+        redelivery). A permanent failure, or `retry_attempts` transient ones while both
+        servers answer (a statement that always times out, say), splits the batch into
+        single facts; a single fact that fails so is dead-lettered. Fatal errors are
+        raised: they stop the process.
         """
         name = self.worker.name
-        patience = Patience(f"{name}: applying {len(items)} fact(s)", log, base=0.2,
-                            cap=self._settings.retry_max_seconds)  # fmt: skip
-        failed_while_healthy = 0
-        while True:
+        patience = Patience(f"{name}: applying {len(items)} fact(s)", log)
+        healthy_failures = 0
+
+        async def attempt() -> None:
+            nonlocal healthy_failures
             try:
                 await self._apply(items)
-                patience.succeeded()
-                return
             except Exception as error:
                 severity = classify(error)
                 if severity is Severity.FATAL:
                     raise as_setting_error(error, name) from error
                 if severity is Severity.PERMANENT:
-                    last = error
-                    break
+                    raise _Pinned(error, "handler") from error
                 self._metrics.batch_retries.inc(name)
                 healthy = await self._servers_answer()
-                if healthy:  # a deadlock, a timeout: the batch's own, retried a few times
-                    failed_while_healthy += 1
+                if healthy:  # a deadlock, a timeout: the batch's own, tried a few times
+                    healthy_failures += 1
+                    if healthy_failures >= self._settings.retry_attempts:
+                        raise _Pinned(error, "retries", healthy_failures) from error
                     log.info("%s: batch failed (%r), retrying", name, error)
-                    if failed_while_healthy >= self._settings.retry_attempts:
-                        last = error
-                        break
-                if self._stopping.is_set():
-                    for item in items:
-                        item.outcome = outcome.RELEASED
-                    return
-                await sleep_or_stop(self._stopping, patience.failed(error, quiet=healthy))
-        if len(items) == 1:
-            if severity is Severity.PERMANENT:
-                log.error("%s: fact %s cannot be applied: %r", name, _fact_id(items[0]), last)
-                reason, cause = f"{type(last).__name__}: {last}", "handler"
-            else:
-                reason = (
-                    f"failed {failed_while_healthy} times while PostgreSQL and NATS answered: "
-                    f"{type(last).__name__}: {last}"
-                )
-                cause = "retries"
-            items[0].outcome = outcome.dead(reason, cause=cause)
+                raise _Waiting(error, healthy) from error
+
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(_Waiting),
+            wait=wait_random_exponential(multiplier=0.2, max=self._settings.retry_max_seconds),
+            stop=lambda _state: self._stopping.is_set(),
+            sleep=lambda seconds: sleep_or_stop(self._stopping, seconds),
+            before_sleep=lambda state: _tell(patience, state),
+            reraise=True,
+        )  # a new one per call: tenacity's state is not to be shared between coroutines
+        try:
+            await retrying(attempt)
+            patience.succeeded()
             return
+        except _Waiting:  # stopping in the middle of an outage
+            for item in items:
+                item.outcome = outcome.RELEASED
+            return
+        except _Pinned as pinned:
+            if len(items) == 1:
+                if pinned.cause == "handler":
+                    log.error(
+                        "%s: fact %s cannot be applied: %r", name, _fact_id(items[0]), pinned.error
+                    )
+                items[0].outcome = outcome.dead(pinned.reason, cause=pinned.cause)
+                return
         for item in items:  # find the fact behind it, keeping stream order
             if self._stopping.is_set():  # stopping: the rest goes back for redelivery
                 item.outcome = outcome.RELEASED
@@ -437,6 +451,37 @@ class FactConsumer:
         info = await self._js.consumer_info(self._subjects.facts_stream, self.worker.name)
         self._metrics.consumer_pending.set(float(info.num_pending or 0), self.worker.name)
         self._metrics.consumer_ack_pending.set(float(info.num_ack_pending or 0), self.worker.name)
+
+
+class _Waiting(Exception):
+    """A transient failure: the batch is tried again (an outage when `healthy` is false)."""
+
+    def __init__(self, error: Exception, healthy: bool) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.healthy = healthy
+
+
+class _Pinned(Exception):
+    """A failure the batch itself causes: its fact is found and dead-lettered."""
+
+    def __init__(self, error: Exception, cause: str, tries: int = 0) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.cause = cause
+        detail = f"{type(error).__name__}: {error}"
+        self.reason = (
+            f"failed {tries} times while PostgreSQL and NATS answered: {detail}"
+            if cause == "retries"
+            else detail
+        )
+
+
+def _tell(patience: Patience, state: RetryCallState) -> None:
+    """Log an outage when it starts, now and then while it lasts (not every try)."""
+    failure = state.outcome.exception() if state.outcome else None
+    if isinstance(failure, _Waiting):
+        patience.failed(failure.error, quiet=failure.healthy)
 
 
 def _lane_of(item: _Item, lanes: int) -> int:
