@@ -229,11 +229,13 @@ class OutboxRelay:
             if reason is None:
                 continue
             body = bytes(row["body"])
+            headers = {**json.loads(row["headers"]), "Nats-Msg-Id": str(row["msg_id"])}
+            fits = len(body) <= limit - 4096  # room for the dead letter's own headers
+            if not fits:
+                headers[TRUNCATED] = str(len(body))
             await dead_letter(
                 self._js, self._subjects, "relay", subject=row["subject"], stream="outbox",
-                stream_seq=row["id"], data=body if len(body) <= limit - 4096 else b"",
-                headers={**json.loads(row["headers"]), "Nats-Msg-Id": str(row["msg_id"]),
-                         **({} if len(body) <= limit - 4096 else {TRUNCATED: str(len(body))})},
+                stream_seq=row["id"], data=body if fits else b"", headers=headers,
                 reason=reason, cause="unpublishable",
             )  # fmt: skip
             self._metrics.dead_letters.inc("relay", "unpublishable")
