@@ -32,12 +32,6 @@ from nats.js import JetStreamContext
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-    wait_random_exponential,
-)
 
 from schemas.facts import Fact
 from schemas.registry import REGISTRY, MessageError
@@ -45,9 +39,11 @@ from schemas.subjects import SubjectError, Subjects
 from workers.runtime import db, outcome, tracing
 from workers.runtime.deadletter import dead_letter_msg
 from workers.runtime.errors import Severity, as_setting_error, classify
+from workers.runtime.inhand import InHand
 from workers.runtime.metrics import Metrics
 from workers.runtime.outcome import Outcome
 from workers.runtime.pull import ContinuousPull
+from workers.runtime.retrying import Pinned, Waiting, patiently
 from workers.runtime.settings import ConsumerSettings
 from workers.runtime.waiting import Patience, sleep_or_stop
 from workers.runtime.worker import Tx, Worker
@@ -93,8 +89,7 @@ class FactConsumer:
         self._nc = nc
         self._pull: ContinuousPull | None = None
         self._stopping = asyncio.Event()
-        #: every message received and not yet settled, with when it was last kept alive
-        self._in_hand: dict[int, tuple[Msg, float]] = {}
+        self._in_hand = InHand(settings.ack_wait)
 
     @property
     def bound(self) -> bool:
@@ -108,7 +103,7 @@ class FactConsumer:
                 self.worker.name,
                 batch=self._settings.batch_size,
                 window=2 * self._settings.batch_size,
-                on_message=self._hold,
+                on_message=self._in_hand.hold,
             )
             await pull.start()
             self._pull = pull
@@ -123,7 +118,9 @@ class FactConsumer:
         """
         await self.bind()
         self._stopping = stopping
-        keeper = asyncio.create_task(self._keep_alive(), name=f"{self.worker.name}-keepalive")
+        keeper = asyncio.create_task(
+            self._in_hand.keep_alive(), name=f"{self.worker.name}-keepalive"
+        )
         queues: list[asyncio.Queue[list[_Item] | None]] = [
             asyncio.Queue(maxsize=8) for _ in range(self._settings.lanes)
         ]
@@ -148,26 +145,6 @@ class FactConsumer:
                     await self._release(queue.get_nowait() or [])
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
-
-    def _hold(self, msg: Msg) -> None:
-        self._in_hand[id(msg)] = (msg, time.monotonic())
-
-    async def _keep_alive(self) -> None:
-        """Tell JetStream we are still on every message held for a third of `ack_wait`.
-
-        While a lane waits out an outage, its batch, the batches queued behind it and the
-        pull's buffer would otherwise be redelivered (and each redelivery counts towards
-        `max_deliver`). `in_progress()` resets the ack timer without counting.
-        """
-        period = self._settings.ack_wait / 3
-        while True:
-            await asyncio.sleep(period)
-            now = time.monotonic()
-            for key, (msg, since) in list(self._in_hand.items()):
-                if now - since >= period and key in self._in_hand:
-                    self._in_hand[key] = (msg, now)
-                    with contextlib.suppress(Exception):  # disconnected: redelivery is safe
-                        await msg.in_progress()
 
     async def _lane(
         self, queue: asyncio.Queue[list[_Item] | None], stopping: asyncio.Event
@@ -219,7 +196,7 @@ class FactConsumer:
     async def _release(self, items: Sequence[_Item]) -> None:
         """Hand messages back for redelivery at once (the process is stopping)."""
         for item in items:
-            self._in_hand.pop(id(item.msg), None)
+            self._in_hand.drop(item.msg)
             with contextlib.suppress(Exception):
                 await item.msg.nak()
 
@@ -299,33 +276,26 @@ class FactConsumer:
                 if severity is Severity.FATAL:
                     raise as_setting_error(error, name) from error
                 if severity is Severity.PERMANENT:
-                    raise _Pinned(error, "handler") from error
+                    raise Pinned(error, "handler") from error
                 self._metrics.batch_retries.inc(name)
                 healthy = await self._servers_answer()
                 if healthy:  # a deadlock, a timeout: the batch's own, tried a few times
                     healthy_failures += 1
                     if healthy_failures >= self._settings.retry_attempts:
-                        raise _Pinned(error, "retries", healthy_failures) from error
+                        raise Pinned(error, "retries", healthy_failures) from error
                     log.info("%s: batch failed (%r), retrying", name, error)
-                raise _Waiting(error, healthy) from error
+                raise Waiting(error, healthy) from error
 
-        retrying = AsyncRetrying(
-            retry=retry_if_exception_type(_Waiting),
-            wait=wait_random_exponential(multiplier=0.2, max=self._settings.retry_max_seconds),
-            stop=lambda _state: self._stopping.is_set(),
-            sleep=lambda seconds: sleep_or_stop(self._stopping, seconds),
-            before_sleep=lambda state: _tell(patience, state),
-            reraise=True,
-        )  # a new one per call: tenacity's state is not to be shared between coroutines
+        retrying = patiently(self._stopping, self._settings.retry_max_seconds, patience)
         try:
             await retrying(attempt)
             patience.succeeded()
             return
-        except _Waiting:  # stopping in the middle of an outage
+        except Waiting:  # stopping in the middle of an outage
             for item in items:
                 item.outcome = outcome.RELEASED
             return
-        except _Pinned as pinned:
+        except Pinned as pinned:
             if len(items) == 1:
                 if pinned.cause == "handler":
                     log.error(
@@ -408,7 +378,7 @@ class FactConsumer:
         result = item.outcome
         assert result is not None
         msg = item.msg
-        self._in_hand.pop(id(msg), None)
+        self._in_hand.drop(msg)
         if (
             result.kind is outcome.Kind.RETRY
             and (msg.metadata.num_delivered or 1) >= self._settings.max_deliver
@@ -451,37 +421,6 @@ class FactConsumer:
         info = await self._js.consumer_info(self._subjects.facts_stream, self.worker.name)
         self._metrics.consumer_pending.set(float(info.num_pending or 0), self.worker.name)
         self._metrics.consumer_ack_pending.set(float(info.num_ack_pending or 0), self.worker.name)
-
-
-class _Waiting(Exception):
-    """A transient failure: the batch is tried again (an outage when `healthy` is false)."""
-
-    def __init__(self, error: Exception, healthy: bool) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.healthy = healthy
-
-
-class _Pinned(Exception):
-    """A failure the batch itself causes: its fact is found and dead-lettered."""
-
-    def __init__(self, error: Exception, cause: str, tries: int = 0) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.cause = cause
-        detail = f"{type(error).__name__}: {error}"
-        self.reason = (
-            f"failed {tries} times while PostgreSQL and NATS answered: {detail}"
-            if cause == "retries"
-            else detail
-        )
-
-
-def _tell(patience: Patience, state: RetryCallState) -> None:
-    """Log an outage when it starts, now and then while it lasts (not every try)."""
-    failure = state.outcome.exception() if state.outcome else None
-    if isinstance(failure, _Waiting):
-        patience.failed(failure.error, quiet=failure.healthy)
 
 
 def _lane_of(item: _Item, lanes: int) -> int:
