@@ -22,6 +22,7 @@ from schemas import REGISTRY
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration.support import (
+    TALLY_DDL,
     build_tally,
     count,
     eventually,
@@ -401,3 +402,39 @@ async def test_a_fact_the_server_stopped_redelivering_is_dead_lettered_from_the_
     [letter] = await deadletter.list_dead_letters(js, subjects, "tally")
     assert letter.cause == "max-deliveries" and "max deliveries" in letter.reason
     assert json.loads(letter.data)["fact_id"] == str(fact.fact_id)
+
+
+async def test_a_schema_that_does_not_fit_stops_the_process_and_dead_letters_nothing(
+    servers: Servers, nc: NATS, subjects: Subjects, tally_db: str
+) -> None:
+    """A table gone (or a grant revoked) while running is no fact's fault: the process stops
+    with one error naming BCW_DATABASE_URL (exit 3 from `bcw run`), and the fact stays in
+    the stream for a process whose database fits."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from workers.runtime.errors import RefusedError
+    from workers.runtime.process import run_process
+
+    settings = make_settings(servers.nats_url, tally_db, subjects)
+    js = nc.jetstream()
+    await bus.provision_streams(js, subjects)
+    conn = await asyncpg.connect(tally_db)
+    try:
+        await conn.execute("DROP TABLE tally")
+        await publish_fact(js, subjects, status_fact(node_id="n1"))
+        process = asyncio.create_task(
+            run_process(
+                settings, [build_tally()], stopping=asyncio.Event(), provider=TracerProvider()
+            )
+        )
+        with pytest.raises(RefusedError) as refused:
+            await asyncio.wait_for(process, 30)
+        assert refused.value.exit_code == 3
+        assert refused.value.setting == "BCW_DATABASE_URL"
+        assert "UndefinedTableError" in str(refused.value)
+        assert await deadletter.list_dead_letters(js, subjects, "tally") == []
+        await conn.execute(TALLY_DDL)  # the database fits again: the fact takes effect
+        async with running(settings, [build_tally()]):
+            await eventually(lambda: _rows(tally_db, 1), what="the fact, applied after all")
+    finally:
+        await conn.close()
