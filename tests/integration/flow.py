@@ -87,9 +87,10 @@ class HelloFlow:
 
         events = await stream_messages(nc.jetstream(), subjects.events_stream)
         by_type: dict[str, Counter[str]] = {}
-        for msg in events:
+        for msg in events:  # node events; gateway.* events (nobody flushes here) name no node
             body = json.loads(msg.data)
-            by_type.setdefault(msg.headers["Bc-Type"], Counter())[body["nodeId"]] += 1
+            if "nodeId" in body:
+                by_type.setdefault(msg.headers["Bc-Type"], Counter())[body["nodeId"]] += 1
         for bc_type in ("node.connected", "node.capabilities-changed"):
             seen = by_type.get(bc_type, Counter())
             assert set(seen) == set(self.nodes), f"{bc_type}: missing or foreign nodes"

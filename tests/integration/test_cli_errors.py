@@ -252,7 +252,14 @@ async def test_run_stops_on_sigterm_in_the_middle_of_a_database_partition(
     labeled = "SELECT count(*) FROM processed_facts WHERE consumer = 'labeler'"
     try:
         process = await _spawn_run(
-            {**env, "BCW_DATABASE_URL": proxy.url("postgresql", target.path, user="postgres")}
+            {
+                **env,
+                "BCW_DATABASE_URL": proxy.url("postgresql", target.path, user="postgres"),
+                # behind the partition its backends hold row locks in open transactions:
+                # PostgreSQL ends them after this (30 s by default; short for the test)
+                "BCW_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT": "6",
+                "BCW_OUTBOX_PUBLISH_TIMEOUT": "5",
+            }
         )
         try:
             publishing = asyncio.create_task(flow.publish(nc, subjects, per_second=100))

@@ -139,11 +139,15 @@ class FactConsumer:
                 lane.cancel()
             await asyncio.gather(fetcher, *lanes, return_exceptions=True)
             assert self._pull is not None
-            await self._release([_Item(msg) for msg in self._pull.take_buffered()])
-            for queue in queues:
-                while not queue.empty():
-                    await self._release(queue.get_nowait() or [])
+            self._pull.take_buffered()
             keeper.cancel()
+            # everything received and not settled goes back for redelivery at once: the
+            # pull's buffer, the queued batches, and a batch a cut-short drain left
+            # half-done (if it committed after all, the inbox absorbs the redelivery)
+            held = self._in_hand.take_all()
+            await self._release([_Item(msg) for msg in held])
+            if held:
+                log.info("%s: released %d fact(s) for redelivery", self.worker.name, len(held))
             await asyncio.gather(keeper, return_exceptions=True)
 
     async def _lane(

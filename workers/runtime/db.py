@@ -26,6 +26,18 @@ from workers.runtime.settings import DatabaseSettings
 URL_SETTING = "BCW_DATABASE_URL"
 
 
+def server_settings(settings: DatabaseSettings) -> dict[str, str]:
+    """Settings of our own sessions, sent at connect.
+
+    `idle_in_transaction_session_timeout`: a worker cut off by a network partition leaves
+    its backends waiting, in a transaction, for commands that never come; PostgreSQL
+    would keep them (and their row locks, blocking every other replica) until TCP
+    keepalive gives up — hours by default. This ends them after the configured time.
+    """
+    idle = settings.idle_in_transaction_timeout
+    return {"idle_in_transaction_session_timeout": f"{int(idle * 1000)}"} if idle else {}
+
+
 async def connect(settings: DatabaseSettings) -> asyncpg.Connection:
     try:
         return await asyncpg.connect(
@@ -33,6 +45,7 @@ async def connect(settings: DatabaseSettings) -> asyncpg.Connection:
             command_timeout=settings.command_timeout,
             statement_cache_size=settings.statement_cache_size,
             timeout=settings.connect_timeout,
+            server_settings=server_settings(settings),
         )
     except Exception as error:
         raise named(error, settings) from error
@@ -47,6 +60,7 @@ async def create_pool(settings: DatabaseSettings) -> asyncpg.Pool:
             command_timeout=settings.command_timeout,
             statement_cache_size=settings.statement_cache_size,
             timeout=settings.connect_timeout,
+            server_settings=server_settings(settings),
         )
     except Exception as error:
         raise named(error, settings) from error

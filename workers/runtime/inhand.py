@@ -35,6 +35,12 @@ class InHand:
     def __len__(self) -> int:
         return len(self._held)
 
+    def take_all(self) -> list[Msg]:
+        """Every message still held (forgotten here): to release them on the way out."""
+        held = [msg for msg, _since in self._held.values()]
+        self._held.clear()
+        return held
+
     async def keep_alive(self) -> None:
         """Until cancelled: `in_progress()` for every message held a period or longer."""
         while True:

@@ -74,6 +74,13 @@ class DatabaseSettings(BaseSettings):
     connect_timeout: float = Field(
         default=10.0, gt=0, description="seconds one connection attempt may take"
     )
+    idle_in_transaction_timeout: float = Field(
+        default=30.0,
+        ge=0,
+        description="seconds PostgreSQL keeps one of our sessions idle in a transaction before "
+        "ending it: a worker cut off by a partition must not hold its row locks for hours; "
+        "0 sends nothing (e.g. behind a PgBouncer that refuses the startup parameter)",
+    )
     statement_cache_size: int = Field(
         default=100, ge=0, description="0 behind PgBouncer (transaction mode) older than 1.21"
     )
@@ -326,6 +333,17 @@ class Settings(BaseSettings):
         if not ROOT_RE.match(value):
             raise ValueError(f"must match {ROOT_RE.pattern}")
         return value
+
+    @model_validator(mode="after")
+    def _idle_timeout_fits(self) -> Settings:
+        idle = self.database.idle_in_transaction_timeout
+        if idle and idle <= self.outbox.publish_timeout:
+            raise ValueError(
+                f"BCW_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT ({idle:g}) must be above "
+                f"BCW_OUTBOX_PUBLISH_TIMEOUT ({self.outbox.publish_timeout:g}): the relay waits "
+                "for PubAcks inside its transaction"
+            )
+        return self
 
     @model_validator(mode="after")
     def _timeouts_fit(self) -> Settings:
