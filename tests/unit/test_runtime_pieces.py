@@ -177,6 +177,10 @@ def test_error_classification(error: BaseException, severity: Severity) -> None:
             {"BCW_NATS_TLS_KEY_FILE": "/etc/hostname"},
             "BCW_NATS_TLS_CERT_FILE and BCW_NATS_TLS_KEY_FILE go together",
         ),
+        (
+            {"BCW_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT": "3"},
+            "BCW_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT (3) must be above BCW_OUTBOX_PUBLISH_TIMEOUT (5)",
+        ),
     ],
     ids=lambda v: next(iter(v)) if isinstance(v, dict) else None,
 )
@@ -190,6 +194,14 @@ def test_bad_settings_name_their_variable(
     [described] = describe(refused.value)
     assert described.startswith(line)
     assert "hunter2" not in described
+
+
+def test_our_sessions_end_when_idle_in_a_transaction_unless_told_not_to() -> None:
+    from workers.runtime.db import server_settings
+    from workers.runtime.settings import DatabaseSettings
+
+    assert server_settings(DatabaseSettings()) == {"idle_in_transaction_session_timeout": "30000"}
+    assert server_settings(DatabaseSettings(idle_in_transaction_timeout=0)) == {}
 
 
 def test_a_log_level_is_taken_in_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
