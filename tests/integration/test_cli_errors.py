@@ -248,6 +248,9 @@ async def test_run_stops_on_sigterm_in_the_middle_of_a_database_partition(
         "BCW_HEALTH_PORT": "0",
         "BCW_SUBJECT_ROOT": subjects.root,
         "BCW_DATABASE_CONNECT_TIMEOUT": "2",
+        # a fact the server sent at the very moment of the stop is redelivered after this
+        "BCW_CONSUMER_ACK_WAIT": "15",
+        "BCW_DATABASE_COMMAND_TIMEOUT": "10",
     }
     labeled = "SELECT count(*) FROM processed_facts WHERE consumer = 'labeler'"
     try:

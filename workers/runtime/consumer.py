@@ -103,6 +103,7 @@ class FactConsumer:
                 self.worker.name,
                 batch=self._settings.batch_size,
                 window=2 * self._settings.batch_size,
+                expires=1.0,  # what a stop waits for, at most, before it releases
                 on_message=self._in_hand.hold,
             )
             await pull.start()
@@ -139,6 +140,7 @@ class FactConsumer:
                 lane.cancel()
             await asyncio.gather(fetcher, *lanes, return_exceptions=True)
             assert self._pull is not None
+            await self._pull.quiesce(within=1.5)  # what the server already sent us arrives
             self._pull.take_buffered()
             keeper.cancel()
             # everything received and not settled goes back for redelivery at once: the

@@ -231,7 +231,7 @@ async def _run_until_stopped(
     if group.done():
         group.result()
         return
-    drain = max(0.5, settings.consumer.drain_seconds - 2.0)  # the rest: cut-off, flush, close
+    drain = max(0.5, settings.consumer.drain_seconds - 3.0)  # the rest: cut-off, flush, close
     await asyncio.wait({group}, timeout=drain)
     if not group.done():
         # Something waits on a server that does not answer (a partition): asyncpg would
@@ -240,7 +240,7 @@ async def _run_until_stopped(
         log.warning("drain took longer than %.0fs; cutting it short", drain)
         runtime.pool.terminate()
         group.cancel()
-        await asyncio.wait({group}, timeout=1.0)
+        await asyncio.wait({group}, timeout=2.0)  # consumers release what they hold
         return
     group.result()
     if settings.outbox.relay:

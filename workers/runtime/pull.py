@@ -72,6 +72,18 @@ class ContinuousPull:
                 await self._sub.unsubscribe()
             self._sub = None
 
+    async def quiesce(self, within: float) -> None:
+        """Wait (at most `within` seconds) until no pull request is outstanding, still
+        receiving: a stopping consumer then holds every message the server sent it, and
+        can release them all, instead of leaving some to wait out `ack_wait`."""
+        deadline = time.monotonic() + within
+        while self._requests and time.monotonic() < deadline:
+            now = time.monotonic()
+            for reply_id, request in list(self._requests.items()):
+                if request.expires_at < now:
+                    del self._requests[reply_id]
+            await asyncio.sleep(0.05)
+
     def take_buffered(self) -> list[Msg]:
         """Messages received and not handed out (to release them at shutdown)."""
         out = list(self._buffer)
