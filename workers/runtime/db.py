@@ -10,6 +10,7 @@ exit 2), credentials refused (`RefusedError`, exit 3) or a server out of reach
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -38,15 +39,19 @@ def server_settings(settings: DatabaseSettings) -> dict[str, str]:
     return {"idle_in_transaction_session_timeout": f"{int(idle * 1000)}"} if idle else {}
 
 
+def _options(settings: DatabaseSettings) -> dict[str, Any]:
+    """What every connection of ours is opened with, one or pooled."""
+    return {
+        "command_timeout": settings.command_timeout,
+        "statement_cache_size": settings.statement_cache_size,
+        "timeout": settings.connect_timeout,
+        "server_settings": server_settings(settings),
+    }
+
+
 async def connect(settings: DatabaseSettings) -> asyncpg.Connection:
     try:
-        return await asyncpg.connect(
-            settings.url.get_secret_value(),
-            command_timeout=settings.command_timeout,
-            statement_cache_size=settings.statement_cache_size,
-            timeout=settings.connect_timeout,
-            server_settings=server_settings(settings),
-        )
+        return await asyncpg.connect(settings.url.get_secret_value(), **_options(settings))
     except Exception as error:
         raise named(error, settings) from error
 
@@ -57,10 +62,7 @@ async def create_pool(settings: DatabaseSettings) -> asyncpg.Pool:
             settings.url.get_secret_value(),
             min_size=settings.pool_min,
             max_size=settings.pool_max,
-            command_timeout=settings.command_timeout,
-            statement_cache_size=settings.statement_cache_size,
-            timeout=settings.connect_timeout,
-            server_settings=server_settings(settings),
+            **_options(settings),
         )
     except Exception as error:
         raise named(error, settings) from error
