@@ -141,7 +141,6 @@ class FactConsumer:
             await asyncio.gather(fetcher, *lanes, return_exceptions=True)
             assert self._pull is not None
             await self._pull.quiesce(within=1.5)  # what the server already sent us arrives
-            self._pull.take_buffered()
             keeper.cancel()
             # everything received and not settled goes back for redelivery at once: the
             # pull's buffer, the queued batches, and a batch a cut-short drain left

@@ -84,12 +84,6 @@ class ContinuousPull:
                     del self._requests[reply_id]
             await asyncio.sleep(0.05)
 
-    def take_buffered(self) -> list[Msg]:
-        """Messages received and not handed out (to release them at shutdown)."""
-        out = list(self._buffer)
-        self._buffer.clear()
-        return out
-
     async def _on_msg(self, msg: Msg) -> None:
         status = msg.headers.get(STATUS) if msg.headers else None
         if status is None:
