@@ -14,7 +14,7 @@ import asyncpg
 from schemas import Fact
 from schemas.subjects import Subjects
 from workers.runtime.outcome import Outcome
-from workers.runtime.worker import Tx, Worker
+from workers.runtime.worker import Tx, Worker, handle_bound
 
 
 async def apply(
@@ -22,7 +22,7 @@ async def apply(
 ) -> dict[uuid.UUID, Outcome]:
     async with conn.transaction():
         tx = Tx(conn, subjects, {})
-        outcomes = await worker.handle(tx, list(facts)) or {}
+        outcomes = await handle_bound(tx, worker, list(facts))
         await tx.outbox.write(conn)
     return dict(outcomes)
 

@@ -10,7 +10,7 @@ import asyncpg
 
 from tests.factories import hello
 
-__all__ = ["flushed", "gateway", "hello", "join", "session"]
+__all__ = ["flushed", "gateway", "hello", "issued", "join", "session"]
 
 
 async def join(
@@ -54,6 +54,47 @@ async def session(
         boot_id,
         journal_id,
         seen_ago,
+    )
+    # its earlier epochs (and this one, when the row is disconnected) were issued to the
+    # same gateway, as far as the gateway binding of facts is concerned (`provenance`)
+    await conn.execute(
+        """
+        INSERT INTO session_epochs (node_id, epoch, gateway_id, boot_id, journal_id)
+        SELECT $1, e, $3, $4, $5 FROM generate_series(1, $2::bigint) e
+        ON CONFLICT (node_id, epoch) DO NOTHING
+        """,
+        node_id,
+        epoch,
+        gateway_id or "gw-1",
+        boot_id,
+        journal_id,
+    )
+
+
+async def issued(
+    conn: asyncpg.Connection,
+    node_id: str,
+    epoch: int,
+    gateway_id: str = "gw-1",
+    *,
+    boot_id: str = "boot-1",
+    journal_id: str = "journal-1",
+) -> None:
+    """Record that `epoch` of the node was issued to `gateway_id` (what a Hello transaction
+    leaves in `session_epochs`), without touching its session row."""
+    await conn.execute(
+        """
+        INSERT INTO session_epochs (node_id, epoch, gateway_id, boot_id, journal_id)
+        VALUES ($1, $2, $3, $4, $5)
+        ON CONFLICT (node_id, epoch) DO UPDATE
+           SET gateway_id = EXCLUDED.gateway_id, boot_id = EXCLUDED.boot_id,
+               journal_id = EXCLUDED.journal_id
+        """,
+        node_id,
+        epoch,
+        gateway_id,
+        boot_id,
+        journal_id,
     )
 
 

@@ -26,9 +26,13 @@ async def drive(servers: Servers, nc: NATS, subjects: Subjects, database_url: st
 _epoch = iter(range(2, 10_000))
 
 
-def clone_hello(node: str = "n1", serial: str | None = "n1-serial", live: bool = True) -> Any:
-    """A Hello from the other machine while the first one's session was live."""
+async def clone_hello(
+    db: asyncpg.Connection, node: str = "n1", serial: str | None = "n1-serial", live: bool = True
+) -> Any:
+    """A Hello from the other machine while the first one's session was live (its epoch
+    issued to gw-1 by the Hello transaction, as a real gateway's would be)."""
     epoch = next(_epoch)
+    await fleet.issued(db, node, epoch, "gw-1")
     boots = ("boot-a", "boot-b") if epoch % 2 else ("boot-b", "boot-a")
     return fleet.hello(
         node,
@@ -64,11 +68,11 @@ async def test_three_alternations_do_not_quarantine_the_fourth_does(
     await fleet.join(db, "n1", "n1-serial-2")  # a second, newer certificate
     await fleet.session(db, "other", epoch=1)
     for _ in range(3):
-        await drive.send(clone_hello(serial="n1-serial-2"))
+        await drive.send(await clone_hello(db, serial="n1-serial-2"))
         await clock.advance(timedelta(minutes=3))
     assert (await _counter(db))[0] == 3
     assert all(reason is None for reason in (await _revoked(db)).values())
-    await drive.send(clone_hello(serial="n1-serial-2"))  # 9 minutes after the first
+    await drive.send(await clone_hello(db, serial="n1-serial-2"))  # 9 minutes after the first
     assert await _revoked(db) == {
         "n1-serial": None,
         "n1-serial-2": "duplicate-identity",
@@ -104,7 +108,7 @@ async def test_four_spread_over_eleven_minutes_do_not(
 ) -> None:
     await fleet.session(db, "n1", epoch=1)
     for _ in range(4):
-        await drive.send(clone_hello())
+        await drive.send(await clone_hello(db))
         await clock.advance(timedelta(minutes=3, seconds=40))
     assert (await _counter(db))[0] == 1  # the 4th came 11 minutes after the 1st: a new window
     assert await _revoked(db) == {"n1-serial": None}
@@ -115,7 +119,7 @@ async def test_a_quiet_prior_session_is_not_a_duplicate(
 ) -> None:
     await fleet.session(db, "n1", epoch=1)
     for _ in range(5):
-        await drive.send(clone_hello(live=False))
+        await drive.send(await clone_hello(db, live=False))
     assert await _counter(db) == (0, None)
     assert drive.settled("ignored") == 5
     assert await drive.published("security.node.duplicate-session") == []
@@ -131,7 +135,7 @@ async def test_no_serial_revokes_every_live_certificate_of_the_node_only(
         "UPDATE node_certs SET revoked_at = now() - interval '1 day', revocation_reason = 'rotated' WHERE serial = 'n1-b'"
     )
     await fleet.session(db, "n2", epoch=1)
-    await drive.send(*(clone_hello(serial=None) for _ in range(4)))
+    await drive.send(*[await clone_hello(db, serial=None) for _ in range(4)])
     assert await _revoked(db) == {
         "n1-b": "rotated",  # already revoked: untouched
         "n1-c": "duplicate-identity",
@@ -146,9 +150,9 @@ async def test_the_counter_restarts_after_a_quarantine(
     drive: Driver, db: asyncpg.Connection
 ) -> None:
     await fleet.session(db, "n1", epoch=1)
-    await drive.send(*(clone_hello(serial=None) for _ in range(4)))
+    await drive.send(*[await clone_hello(db, serial=None) for _ in range(4)])
     await fleet.join(db, "n1", "n1-rejoined")
-    await drive.send(*(clone_hello(serial="n1-rejoined") for _ in range(3)))
+    await drive.send(*[await clone_hello(db, serial="n1-rejoined") for _ in range(3)])
     assert (await _counter(db))[0] == 3
     assert (await _revoked(db))["n1-rejoined"] is None
 
@@ -157,7 +161,7 @@ async def test_a_redelivered_hello_does_not_count_twice(
     drive: Driver, db: asyncpg.Connection
 ) -> None:
     await fleet.session(db, "n1", epoch=1)
-    hello = clone_hello()
+    hello = await clone_hello(db)
     await drive.send(hello)
     await drive.send(hello, again=True)
     assert (await _counter(db))[0] == 1
@@ -173,7 +177,7 @@ async def test_two_replicas_count_each_hello_once(
         running(settings, [quarantine.build(settings)]) as (two, _),
     ):
         driver = Driver(nc, subjects, one, "quarantine", database_url)
-        hellos = [clone_hello(serial=None) for _ in range(7)]
+        hellos = [await clone_hello(db, serial=None) for _ in range(7)]
         js = nc.jetstream()
         from tests.integration.support import eventually, publish_fact
 

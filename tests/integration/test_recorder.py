@@ -43,6 +43,7 @@ def status(generation: int, trust: int, digest: str | None = None, epoch: int | 
     return make_fact(
         "status",
         node_id="n1",
+        epoch=1,
         observed_generation=generation,
         trust_version=trust,
         approver_set_epoch=epoch,
@@ -89,6 +90,7 @@ async def test_an_old_journals_batch_does_not_move_the_new_journals_ack(
     drive: Driver, db: asyncpg.Connection
 ) -> None:
     await fleet.session(db, "n1", epoch=2, journal_id="journal-new")
+    await fleet.issued(db, "n1", 1, "gw-0", journal_id="journal-old")  # the session before
     await drive.send(events([1, 2], journal="journal-new"))
     await drive.send(events([1, 2, 3, 4, 5, 6], journal="journal-old", gateway="gw-0"))
     assert await _acked(db) == 2

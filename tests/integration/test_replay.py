@@ -272,7 +272,8 @@ async def test_busy_for_an_old_epoch_or_an_acked_command_changes_nothing(
         make_fact("rejected", node_id="n1", epoch=7, command_id=str(first), reason="BUSY"),
         make_fact("rejected", node_id="n1", epoch=1, command_id=str(second), reason="BUSY"),
     )  # fmt: skip
-    assert {o.kind.value for o in outcomes.values()} == {"stale"}
+    # epoch 7 was never issued (to gw-1 or anyone): foreign; the acked one is stale
+    assert [o.kind.value for o in outcomes.values()] == ["foreign", "stale"]
     assert [s for _, s, _, _ in await states(db)] == ["dispatched", "acked"]
 
 
@@ -347,7 +348,14 @@ async def test_the_worker_dispatches_enqueued_commands_by_itself(
         assert [n["command_id"] for n in notices] == [str(i) for i in ids]
         assert {n["_subject"] for n in notices} == {subjects.notice("gw-9", "dispatch")}
         await drive.send(
-            make_fact("rejected", node_id="n1", epoch=1, command_id=str(ids[0]), reason="BUSY")
+            make_fact(
+                "rejected",
+                node_id="n1",
+                epoch=1,
+                command_id=str(ids[0]),
+                reason="BUSY",
+                gateway_id="gw-9",
+            )
         )
         await eventually(
             lambda: _dispatch_count(drive, 4), what="the BUSY command re-dispatched after 1 s"

@@ -42,11 +42,12 @@ from workers.runtime.errors import Severity, as_setting_error, classify
 from workers.runtime.inhand import InHand
 from workers.runtime.metrics import Metrics
 from workers.runtime.outcome import Outcome
+from workers.runtime.provenance import ForeignLog
 from workers.runtime.pull import ContinuousPull
 from workers.runtime.retrying import Pinned, Waiting, patiently
 from workers.runtime.settings import ConsumerSettings
 from workers.runtime.waiting import Patience, sleep_or_stop
-from workers.runtime.worker import Tx, Worker
+from workers.runtime.worker import Tx, Worker, handle_bound
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ class FactConsumer:
         self._pull: ContinuousPull | None = None
         self._stopping = asyncio.Event()
         self._in_hand = InHand(settings.ack_wait)
+        self._foreign = ForeignLog(log, worker.name)
 
     @property
     def bound(self) -> bool:
@@ -347,8 +349,7 @@ class FactConsumer:
                     fresh.append(fact)
                 seen.add(fact.fact_id)
             tx = Tx(conn, self._subjects, contexts)
-            decided = (await self.worker.handle(tx, fresh) or {}) if fresh else {}
-            outcomes = {fact.fact_id: decided.get(fact.fact_id, outcome.APPLIED) for fact in fresh}
+            outcomes = await handle_bound(tx, self.worker, fresh)
             unkept = [fid for fid in fresh_ids if not outcomes[fid].keeps_inbox_row]
             if unkept:
                 await conn.execute(
@@ -415,6 +416,8 @@ class FactConsumer:
                 error,
             )
         self._metrics.facts.inc(self.worker.name, fact_type, result.kind.value)
+        if result.kind is outcome.Kind.FOREIGN and item.fact is not None:
+            self._foreign.saw(item.fact)
         if item.span is not None:
             item.span.set_attribute("bcw.outcome", result.kind.value)
             if result.kind is outcome.Kind.DEAD:

@@ -15,6 +15,9 @@ class Kind(enum.Enum):
     """The fact's effects were written (and its outbox rows, and its inbox row). Ack."""
     STALE = "stale"
     """Fenced out: a newer session owns the row, the write matched nothing. Normal; ack."""
+    FOREIGN = "foreign"
+    """From a gateway that does not hold (nor held) the node's session at the fact's epoch
+    (`provenance`): changes nothing; counted and logged. Ack; kept in the inbox."""
     IGNORED = "ignored"
     """The worker's rules do not act on this fact (no transaction was opened). Ack."""
     DUPLICATE = "duplicate"
@@ -38,16 +41,17 @@ class Outcome:
 
     @property
     def acks(self) -> bool:
-        return self.kind in (Kind.APPLIED, Kind.STALE, Kind.IGNORED, Kind.DUPLICATE)
+        return self.kind in (Kind.APPLIED, Kind.STALE, Kind.FOREIGN, Kind.IGNORED, Kind.DUPLICATE)
 
     @property
     def keeps_inbox_row(self) -> bool:
-        """Only a fact that was handled (applied or fenced out) stays in the inbox."""
-        return self.kind in (Kind.APPLIED, Kind.STALE)
+        """Only a fact that was handled (applied, fenced out, foreign) stays in the inbox."""
+        return self.kind in (Kind.APPLIED, Kind.STALE, Kind.FOREIGN)
 
 
 APPLIED = Outcome(Kind.APPLIED)
 STALE = Outcome(Kind.STALE)
+FOREIGN = Outcome(Kind.FOREIGN)
 IGNORED = Outcome(Kind.IGNORED)
 DUPLICATE = Outcome(Kind.DUPLICATE)
 RELEASED = Outcome(Kind.RELEASED)

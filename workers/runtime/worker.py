@@ -21,6 +21,7 @@ from opentelemetry.context import Context
 from schemas.base import Message
 from schemas.facts import Fact
 from schemas.subjects import Subjects
+from workers.runtime import outcome, provenance
 from workers.runtime.bus import ConsumerSpec
 from workers.runtime.metrics import Metrics
 from workers.runtime.outbox import OutboxBatch
@@ -99,3 +100,21 @@ class Worker:
             durable=self.name,
             filter_subjects=tuple(subjects.fact_filter(t) for t in self.fact_types),
         )
+
+
+async def handle_bound(tx: Tx, worker: Worker, facts: Sequence[Fact]) -> dict[uuid.UUID, Outcome]:
+    """`worker.handle` for the facts that come from a gateway of their node; the others are
+    FOREIGN and reach no rule (`provenance`). An outcome per fact (APPLIED by default)."""
+    if not facts:
+        return {}
+    strangers = await provenance.foreign(tx.conn, facts)
+    bound = [fact for fact in facts if fact.fact_id not in strangers]
+    decided = (await worker.handle(tx, bound) or {}) if bound else {}
+    return {
+        fact.fact_id: (
+            outcome.FOREIGN
+            if fact.fact_id in strangers
+            else decided.get(fact.fact_id, outcome.APPLIED)
+        )
+        for fact in facts
+    }

@@ -1,0 +1,114 @@
+"""Facts bound to their gateway: a fact about a node takes effect only when it comes from
+a gateway the node's Hello transaction issued an epoch to (`session_epochs`).
+
+- Session-scoped facts (`hello`, `closed`, `progress`, `rejected`): the fact's epoch was
+  issued to the fact's gateway.
+- Facts that are true whichever session carried them (`result`, `status`): the gateway
+  was issued the fact's epoch or a later one, so a result replayed through the node's
+  next gateway after a reconnect is still accepted.
+- `events`: the gateway was issued an epoch whose Hello named the events' journal.
+- `liveness` flushes are not checked here: each entry is fenced on node, epoch and
+  gateway in the flush's own statement, so an entry for a node held elsewhere matches
+  nothing (and earns its sender a zombie notice, which only concerns the sender).
+
+Anything else is *foreign*: acked, kept in the inbox, changes nothing, counted
+(`bcw_facts_total{outcome="foreign"}`) and logged once per gateway and minute.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+
+import asyncpg
+
+from schemas.facts import Closed, Events, Fact, Hello, Progress, Rejected, Result, Status
+
+
+class Binding(enum.IntEnum):
+    """How a fact is tied to the epochs issued to its gateway (the SQL's `rule`)."""
+
+    EPOCH = 0
+    """the fact's epoch was issued to its gateway"""
+    SINCE = 1
+    """its gateway was issued the fact's epoch or a later one"""
+    JOURNAL = 2
+    """its gateway was issued an epoch with the fact's journal"""
+
+
+def binding(fact: Fact) -> Binding | None:
+    """The rule a fact is checked by; None when it is not checked here."""
+    if isinstance(fact, Hello | Closed | Progress | Rejected):
+        return Binding.EPOCH
+    if isinstance(fact, Result | Status):
+        return Binding.SINCE
+    if isinstance(fact, Events):
+        return Binding.JOURNAL
+    return None
+
+
+# One row per fact; EXISTS in the target list is evaluated per row through the primary
+# key (a sub-select here is never turned into a join that scans the table).
+BOUND = """
+SELECT f.i, EXISTS (
+    SELECT 1 FROM session_epochs s
+     WHERE s.node_id = f.node_id AND s.gateway_id = f.gateway_id
+       AND CASE f.rule WHEN 0 THEN s.epoch = f.epoch
+                       WHEN 1 THEN s.epoch >= f.epoch
+                       ELSE s.journal_id = f.journal_id END
+) AS bound
+  FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::int[])
+       WITH ORDINALITY AS f(node_id, gateway_id, epoch, journal_id, rule, i)
+"""
+
+
+async def foreign(conn: asyncpg.Connection, facts: Sequence[Fact]) -> set[uuid.UUID]:
+    """The ids of the facts in `facts` that do not come from a gateway of their node."""
+    checked = [(fact, rule) for fact in facts if (rule := binding(fact)) is not None]
+    if not checked:
+        return set()
+    rows = await conn.fetch(
+        BOUND,
+        [getattr(fact, "node_id") for fact, _ in checked],
+        [fact.gateway_id for fact, _ in checked],
+        [getattr(fact, "epoch", None) for fact, _ in checked],
+        [getattr(fact, "journal_id", None) for fact, _ in checked],
+        [int(rule) for _, rule in checked],
+    )
+    return {checked[row["i"] - 1][0].fact_id for row in rows if not row["bound"]}
+
+
+class ForeignLog:
+    """Says once per gateway and `every` seconds that its facts were foreign, and how many."""
+
+    def __init__(self, log: logging.Logger, worker: str, every: float = 60.0) -> None:
+        self._log = log
+        self._worker = worker
+        self._every = every
+        self._said_at: dict[str, float] = {}
+        self._since: dict[str, int] = {}
+
+    def saw(self, fact: Fact, now: float | None = None) -> bool:
+        """Count one foreign fact; log it if its gateway was not logged in the last minute."""
+        now = time.monotonic() if now is None else now
+        gateway = fact.gateway_id
+        self._since[gateway] = self._since.get(gateway, 0) + 1
+        said = self._said_at.get(gateway)
+        if said is not None and now - said < self._every:
+            return False
+        count = self._since.pop(gateway)
+        self._said_at[gateway] = now
+        self._log.warning(
+            "%s: ignored %d fact(s) from gateway %s about nodes it does not hold, e.g. %s %s "
+            "for node %s",
+            self._worker,
+            count,
+            gateway,
+            fact.BC_TYPE,
+            fact.fact_id,
+            getattr(fact, "node_id", "?"),
+        )
+        return True
