@@ -1,0 +1,231 @@
+"""Facts bound to the gateway that holds the node: a second gateway forging facts about a
+node held by the first changes nothing; a result replayed through the node's next
+gateway after a reconnect still completes its command.
+
+What is real: nats-server, PostgreSQL, two reference gateways (gw-a holds the node, gw-c
+takes it over), all five workers in one process, and a forging gateway (gw-b) publishing
+well-formed facts on its own subjects, as a buggy or hostile gateway could.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+from nats.aio.client import Client as NATS
+
+from schemas.notices import Dispatch
+from schemas.subjects import Subjects
+from tests.conftest import Servers
+from tests.factories import make_fact
+from tests.integration import fleet
+from tests.integration.support import (
+    eventually,
+    make_settings,
+    publish_fact,
+    running,
+    stream_messages,
+)
+from workers.gateway import Gateway, HelloRequest
+from workers.registry import WORKERS
+from workers.runtime import bus
+from workers.runtime.worker import Runtime
+
+
+class _Stream:
+    def __init__(self) -> None:
+        self.delivered: list[Dispatch] = []
+
+    async def deliver(self, dispatch: Dispatch) -> None:
+        self.delivered.append(dispatch)
+
+    async def event_ack(self, journal_id: str, seq: int) -> None:
+        pass
+
+    def drop(self, reason: str) -> None:
+        pass
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=6)
+    yield pool
+    await pool.close()
+
+
+def _request(**kw: Any) -> HelloRequest:
+    fields: dict[str, Any] = {
+        "node_id": "n1",
+        "cert_serial": "n1-serial",
+        "role": "worker",
+        "boot_id": "boot-real",
+        "journal_id": "journal-1",
+        "capabilities": ["gpu", "ssd"],
+    }
+    return HelloRequest(**{**fields, **kw})
+
+
+def _counted(runtime: Runtime, result: str) -> dict[tuple[str, str], int]:
+    return {
+        (worker, fact_type): int(value)
+        for (worker, fact_type, outcome), value in runtime.metrics.facts._values.items()
+        if outcome == result
+    }
+
+
+async def _bodies(nc: NATS, stream: str, bc_type: str) -> list[dict[str, Any]]:
+    return [
+        json.loads(m.data)
+        for m in await stream_messages(nc.jetstream(), stream)
+        if m.headers and m.headers.get("Bc-Type") == bc_type
+    ]
+
+
+async def _state(db: asyncpg.Connection) -> tuple[Any, ...]:
+    session = await db.fetchrow(
+        "SELECT session_epoch, gateway_id, boot_id, capabilities, duplicate_hellos, "
+        "acked_event_seq, observed_generation FROM node_sessions WHERE node_id = 'n1'"
+    )
+    labels = await db.fetch("SELECT key, source FROM node_labels ORDER BY key")
+    certs = await db.fetch("SELECT serial, revoked_at FROM node_certs ORDER BY serial")
+    commands = await db.fetch(
+        "SELECT command_id, state, session_epoch, delivery_attempt FROM commands ORDER BY seq"
+    )
+    events = await db.fetchval("SELECT count(*) FROM node_events")
+    return (
+        tuple(session),
+        [tuple(r) for r in labels],
+        [tuple(r) for r in certs],
+        [tuple(r) for r in commands],
+        events,
+    )
+
+
+async def test_a_gateway_forging_facts_about_a_node_it_does_not_hold_changes_nothing(
+    servers: Servers,
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
+    pool: asyncpg.Pool,
+) -> None:
+    await bus.provision_streams(nc.jetstream(), subjects)
+    await fleet.join(db, "n1")
+    settings = make_settings(servers.nats_url, database_url, subjects)
+    workers = [WORKERS[name](settings) for name in sorted(WORKERS)]
+    holder = Gateway("gw-a", pool, nc, subjects)
+    successor = Gateway("gw-c", pool, nc, subjects)
+    await holder.start()
+    await successor.start()
+    try:
+        async with running(settings, workers) as (runtime, _port):
+            stream = _Stream()
+            welcome = await holder.hello(_request(), stream)
+            command = await db.fetchval("SELECT enqueue_command('n1', 'noop', '{}')")
+            await eventually(lambda: _delivered(stream, 1), what="the command dispatched to gw-a")
+            await eventually(
+                lambda: _settled(runtime, "applied", 3), what="the Hello applied by 3 workers"
+            )
+            before = await _state(db)
+            notices_before = len(await _bodies(nc, subjects.gateway_stream, "dispatch"))
+            events_before = {
+                t: len(await _bodies(nc, subjects.events_stream, t))
+                for t in ("node.connected", "node.capabilities-changed", "node.disconnected")
+            }
+
+            # gw-b forges: five alternating Hellos at gw-a's epoch (another machine, other
+            # capabilities), a result and progress for gw-a's command, a BUSY, a close,
+            # events and a status report
+            forged = [
+                make_fact(
+                    "hello",
+                    gateway_id="gw-b",
+                    node_id="n1",
+                    epoch=welcome.epoch,
+                    boot_id=f"boot-clone-{i}",
+                    journal_id="journal-1",
+                    capabilities=["evil", f"x{i}"],
+                    running_command_ids=[],
+                    cert={"serial": "n1-serial"},
+                    previous={
+                        "epoch": welcome.epoch - 1 if i == 0 else welcome.epoch,
+                        "gateway_id": "gw-a",
+                        "boot_id": "boot-real" if i % 2 == 0 else "boot-clone",
+                        "journal_id": "journal-1",
+                        "live": True,
+                    },
+                )
+                for i in range(5)
+            ]
+            ids = {"node_id": "n1", "epoch": welcome.epoch, "gateway_id": "gw-b"}
+            forged += [
+                make_fact("progress", **ids, command_id=str(command), state="running"),
+                make_fact("result", **ids, command_id=str(command), outcome="failed",
+                          result={}, error="forged"),
+                make_fact("rejected", **ids, command_id=str(command), reason="BUSY"),
+                make_fact("closed", **ids, reason="stream-closed"),
+                make_fact("status", **ids, observed_generation=99, trust_version=0),
+                make_fact("events", node_id="n1", gateway_id="gw-b", journal_id="journal-1",
+                          events=[{"seq": 1, "kind": "k", "body": {}, "at": "2026-11-30T00:00:00Z"}]),
+            ]  # fmt: skip
+            js = nc.jetstream()
+            for fact in forged:
+                await publish_fact(js, subjects, fact)
+            expected = {
+                ("labeler", "hello"): 5,
+                ("liveness", "hello"): 5,
+                ("quarantine", "hello"): 5,
+                ("replay", "hello"): 5,
+                ("replay", "progress"): 1,
+                ("replay", "result"): 1,
+                ("replay", "rejected"): 1,
+                ("liveness", "closed"): 1,
+                ("recorder", "status"): 1,
+                ("recorder", "events"): 1,
+            }
+            await eventually(
+                lambda: _counted_is(runtime, expected), what="every forged fact counted foreign"
+            )
+            assert await _state(db) == before  # capabilities, count, certs, commands, events
+            assert len(await _bodies(nc, subjects.gateway_stream, "dispatch")) == notices_before
+            assert {
+                t: len(await _bodies(nc, subjects.events_stream, t)) for t in events_before
+            } == events_before
+            for security in ("security.node.duplicate-session", "security.node.quarantined"):
+                assert await _bodies(nc, subjects.events_stream, security) == []
+            assert len(stream.delivered) == 1
+
+            # the node moves to gw-c; its result, replayed there at the new epoch, counts
+            moved = await successor.hello(
+                _request(running_command_ids=[str(command)]), _Stream()
+            )
+            await successor.result("n1", moved.epoch, uuid.UUID(str(command)), "done", {}, None)
+            await eventually(
+                lambda: _command_done(db, command), what="the replayed result completed it"
+            )
+            assert _counted(runtime, "foreign") == expected  # nothing more was foreign
+    finally:
+        for gateway in (holder, successor):
+            if gateway.alive:
+                await gateway.stop(graceful=False)
+
+
+async def _delivered(stream: _Stream, n: int) -> bool:
+    return len(stream.delivered) >= n
+
+
+async def _settled(runtime: Runtime, outcome: str, n: int) -> bool:
+    return sum(1 for (_w, t), v in _counted(runtime, outcome).items() if t == "hello" and v) >= n
+
+
+async def _counted_is(runtime: Runtime, expected: dict[tuple[str, str], int]) -> bool:
+    return _counted(runtime, "foreign") == expected
+
+
+async def _command_done(db: asyncpg.Connection, command: uuid.UUID) -> bool:
+    state = await db.fetchval("SELECT state FROM commands WHERE command_id = $1", command)
+    return bool(state == "done")

@@ -1,0 +1,52 @@
+"""Which rule binds each fact type to its gateway, and the once-a-minute foreign log."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from schemas.facts import Fact
+from tests.factories import WIRE_SAMPLES, make_fact
+from workers.runtime.provenance import Binding, ForeignLog, binding
+
+EXPECTED = {
+    "hello": Binding.EPOCH,
+    "closed": Binding.EPOCH,
+    "progress": Binding.EPOCH,
+    "rejected": Binding.EPOCH,
+    "result": Binding.SINCE,
+    "status": Binding.SINCE,
+    "events": Binding.JOURNAL,
+    "liveness": None,  # each entry is fenced on node, epoch and gateway in SQL
+}
+
+
+@pytest.mark.parametrize("bc_type", sorted(t for t in WIRE_SAMPLES if t in EXPECTED))
+def test_each_fact_type_has_its_rule(bc_type: str) -> None:
+    assert binding(make_fact(bc_type)) is EXPECTED[bc_type]
+
+
+def test_every_fact_type_is_covered() -> None:
+    facts = {name for name, sample in WIRE_SAMPLES.items() if "fact_id" in sample}
+    assert facts == set(EXPECTED)
+
+
+def _fact(gateway: str) -> Fact:
+    return make_fact("hello", gateway_id=gateway)
+
+
+def test_the_foreign_log_speaks_once_per_gateway_and_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    said = ForeignLog(logging.getLogger("t"), "labeler", every=60.0)
+    with caplog.at_level(logging.WARNING, logger="t"):
+        assert said.saw(_fact("gw-b"), now=0.0)
+        assert not said.saw(_fact("gw-b"), now=30.0)
+        assert not said.saw(_fact("gw-b"), now=59.0)
+        assert said.saw(_fact("gw-x"), now=59.5)  # another gateway has its own minute
+        assert said.saw(_fact("gw-b"), now=60.0)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3
+    assert "ignored 1 fact(s) from gateway gw-b" in lines[0]
+    assert "ignored 3 fact(s) from gateway gw-b" in lines[2]  # the two held back, and this one
