@@ -271,6 +271,26 @@ def _cmd_schemas_export(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _cmd_auth_nats(args: argparse.Namespace, settings: Settings) -> int:
+    from schemas.subjects import Subjects
+    from workers.runtime import principals
+
+    gateways = [g.strip() for g in args.gateways.split(",") if g.strip()] if args.gateways else []
+    try:
+        written = principals.write(
+            Path(args.out), Subjects(settings.subject_root), principals.check_gateways(gateways)
+        )
+    except ValueError as error:
+        print(f"bcw auth nats: --gateways: {error}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+    except OSError as error:
+        print(f"bcw auth nats: --out {args.out}: {error.strerror or error}", file=sys.stderr)
+        return EXIT_FAILED
+    for path in written:
+        print(path)
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from workers import demo
 
@@ -373,6 +393,16 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--gateways", type=int, default=3)
     sim.add_argument("--seed", type=int, default=1)
     sim.set_defaults(handler=_cmd_sim)
+
+    auth = commands.add_parser("auth", help="credentials of the bus principals")
+    auth_commands = auth.add_subparsers(dest="auth_command", required=True)
+    auth_nats = auth_commands.add_parser(
+        "nats",
+        help="write DIR/auth.conf (nkey users and permissions) and DIR/<principal>.nk seeds",
+    )
+    auth_nats.add_argument("--gateways", default="", help="gateway ids, comma-separated")
+    auth_nats.add_argument("--out", required=True, help="the directory to write to")
+    auth_nats.set_defaults(handler=_cmd_auth_nats)
 
     demo = commands.add_parser("demo", help="run the whole flow on embedded NATS and PostgreSQL")
     demo.add_argument("--directory", default=".bcw/demo", help="where the servers keep their data")

@@ -28,6 +28,7 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError, NotFoundError
 
 from schemas.subjects import Subjects
+from workers.runtime import principals
 from workers.runtime.errors import RefusedError, SettingError, UnreachableError, is_nats_refusal
 from workers.runtime.settings import ConsumerSettings, NatsSettings
 from workers.runtime.waiting import Patience
@@ -100,6 +101,9 @@ async def connect(
     }
     if settings.creds_file:
         options["user_credentials"] = str(settings.creds_file)
+    if settings.nkey_seed_file:
+        options["nkeys_seed"] = str(settings.nkey_seed_file)
+        options["inbox_prefix"] = _nkey_inbox(settings)
     if settings.user:
         options["user"] = settings.user
     if settings.password:
@@ -139,10 +143,24 @@ def _tls_context(settings: NatsSettings) -> ssl.SSLContext:
     return context
 
 
+def _nkey_inbox(settings: NatsSettings) -> str:
+    """Replies come to an inbox of this principal's own (`auth.inbox_prefix`)."""
+    assert settings.nkey_seed_file is not None
+    try:
+        seed = settings.nkey_seed_file.read_bytes().strip()
+        return principals.inbox_prefix(principals.public_key(seed))
+    except Exception as error:  # unreadable, or not an nkey seed
+        raise SettingError(
+            "BCW_NATS_NKEY_SEED_FILE", f"is not a usable nkey seed ({type(error).__name__})"
+        ) from None
+
+
 def credentials_setting(settings: NatsSettings) -> str:
     """The setting an operator would look at when NATS refuses who we are."""
     if settings.creds_file:
         return "BCW_NATS_CREDS_FILE"
+    if settings.nkey_seed_file:
+        return "BCW_NATS_NKEY_SEED_FILE"
     if settings.token:
         return "BCW_NATS_TOKEN"
     if settings.user:
@@ -258,7 +276,10 @@ class ConsumerSpec:
             max_deliver=settings.max_deliver,
             max_ack_pending=settings.max_ack_pending,
             max_waiting=512,
-            filter_subjects=list(self.filter_subjects),
+            # one filter goes in `filter_subject`: the create request's subject then names
+            # it, so a permission can pin a principal's consumer to its own filter
+            filter_subject=self.filter_subjects[0] if len(self.filter_subjects) == 1 else None,
+            filter_subjects=list(self.filter_subjects) if len(self.filter_subjects) > 1 else None,
         )
 
 

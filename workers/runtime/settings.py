@@ -117,6 +117,10 @@ class NatsSettings(BaseSettings):
         default=5.0, gt=0, description="seconds one connection attempt may take"
     )
     creds_file: FilePath | None = Field(default=None, description="NATS credentials (.creds) file")
+    nkey_seed_file: FilePath | None = Field(
+        default=None,
+        description="nkey seed file (`bcw auth nats`); replies then come to `_INBOX.<key>.>`",
+    )
     user: str | None = Field(default=None, description="user name, if not using creds")
     password: SecretStr | None = Field(default=None, description="password for `user`")
     token: SecretStr | None = Field(default=None, description="auth token")

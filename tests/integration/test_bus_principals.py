@@ -1,0 +1,208 @@
+"""The bus principals on a real nats-server that includes the generated `auth.conf`:
+nobody unauthenticated gets in; `admin` provisions; each worker runs as its own
+`worker-*` principal and does its work end to end with a gateway logged in as
+`gateway-gw-1`; no principal gets a right it was not given."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import nats
+import pytest
+from nats.aio.client import Client as NATS
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from schemas.notices import Dispatch
+from schemas.subjects import Subjects
+from tests.conftest import Servers
+from tests.factories import make_fact
+from tests.integration import fleet
+from tests.integration.support import bcw, eventually, make_settings, running
+from workers.embedded import EmbeddedNats
+from workers.gateway import Gateway, HelloRequest
+from workers.registry import WORKERS
+from workers.runtime import bus, principals
+from workers.runtime.errors import RefusedError
+from workers.runtime.settings import NatsSettings
+
+pytestmark = pytest.mark.slow
+
+SUBJECTS = Subjects("bc")
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("principals")
+    written = principals.write(directory, SUBJECTS, ["gw-1", "gw-2"])
+    assert {p.name for p in written} == {
+        "auth.conf", "admin.nk", "subscriber.nk", "gateway-gw-1.nk", "gateway-gw-2.nk",
+        *(f"worker-{w}.nk" for w in sorted(WORKERS)),
+    }  # fmt: skip
+    return directory
+
+
+@pytest.fixture(scope="module")
+def secured(keys: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    conf = keys / "server.conf"
+    conf.write_text('include "auth.conf"\n')
+    server = EmbeddedNats(tmp_path_factory.mktemp("nats-secured"), extra=["-c", str(conf)]).start()
+    yield server.url
+    server.stop()
+
+
+def _as(keys: Path, url: str, principal: str) -> NatsSettings:
+    return NatsSettings(url=url, nkey_seed_file=keys / f"{principal}.nk", connect_timeout=2.0)
+
+
+@contextlib.asynccontextmanager
+async def _client(keys: Path, url: str, principal: str) -> AsyncIterator[tuple[NATS, list[str]]]:
+    """A raw client as `principal` that keeps the server's complaints (permission errors)."""
+    errors: list[str] = []
+
+    async def on_error(error: Exception) -> None:
+        errors.append(str(error))
+
+    seed = keys / f"{principal}.nk"
+    prefix = principals.inbox_prefix(principals.public_key(seed.read_bytes().strip()))
+    nc = await nats.connect(
+        url, nkeys_seed=str(seed), inbox_prefix=prefix, error_cb=on_error, max_reconnect_attempts=0
+    )
+    try:
+        yield nc, errors
+    finally:
+        await nc.close()
+
+
+class _Stream:
+    def __init__(self) -> None:
+        self.delivered: list[Dispatch] = []
+
+    async def deliver(self, dispatch: Dispatch) -> None:
+        self.delivered.append(dispatch)
+
+    async def event_ack(self, journal_id: str, seq: int) -> None:
+        pass
+
+    def drop(self, reason: str) -> None:
+        pass
+
+
+async def test_nobody_unauthenticated_gets_in(secured: str) -> None:
+    with pytest.raises(RefusedError) as refused:
+        await bus.connect(NatsSettings(url=secured, connect_timeout=2.0), name="anonymous")
+    assert refused.value.setting == "BCW_NATS_URL"
+
+
+async def test_a_seed_that_is_not_one_names_its_setting(tmp_path: Path, secured: str) -> None:
+    bogus = tmp_path / "bogus.nk"
+    bogus.write_text("not a seed\n")
+    code, output = await bcw("provision", BCW_NATS_URL=secured, BCW_NATS_NKEY_SEED_FILE=str(bogus))
+    assert code == 2 and "BCW_NATS_NKEY_SEED_FILE" in output and "Traceback" not in output
+
+
+async def test_each_principal_does_its_work_and_nothing_else(
+    keys: Path, secured: str, servers: Servers, database_url: str, db: asyncpg.Connection
+) -> None:
+    # admin provisions the streams and consumers
+    code, output = await bcw(
+        "provision", BCW_NATS_URL=secured, BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk")
+    )
+    assert code == 0, output
+
+    # the five workers, each as its own principal; a gateway as gateway-gw-1
+    base = make_settings(secured, database_url, SUBJECTS)
+    workers = [
+        base.model_copy(update={"nats": _as(keys, secured, f"worker-{name}")}) for name in WORKERS
+    ]
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4)
+    gateway_nc = await bus.connect(_as(keys, secured, "gateway-gw-1"), name="gw-1")
+    gateway = Gateway("gw-1", pool, gateway_nc, SUBJECTS)
+    async with contextlib.AsyncExitStack() as stack:
+        for settings, name in zip(workers, WORKERS, strict=True):
+            await stack.enter_async_context(running(settings, [WORKERS[name](settings)]))
+        await gateway.start()
+        try:
+            await fleet.join(db, "n1")
+            command = await db.fetchval("SELECT enqueue_command('n1', 'noop', '{}')")
+            stream = _Stream()
+            await gateway.hello(
+                HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker",
+                             boot_id="b1", journal_id="j1", capabilities=["gpu"]),
+                stream,
+            )  # fmt: skip
+            await eventually(lambda: _one(stream), what="the command delivered through gw-1")
+            assert stream.delivered[0].command_id == command
+            await eventually(lambda: _labeled(db), what="the labeler's system label")
+
+            # subscriber follows the events through a consumer of its own
+            async with _client(keys, secured, "subscriber") as (nc, errors):
+                js = nc.jetstream()
+                seen: list[str] = []
+                await js.subscribe(
+                    SUBJECTS.all_events,
+                    stream=SUBJECTS.events_stream,
+                    ordered_consumer=True,
+                    cb=functools.partial(_append, seen),
+                    config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+                )
+                await eventually(lambda: _has(seen, "node.connected"), what="node.connected")
+                await nc.publish(SUBJECTS.fact("gw-1", "hello"), b"{}")
+                await nc.flush()
+                await eventually(lambda: _violation(errors, "Publish"), what="a refused publish")
+        finally:
+            await gateway.stop(graceful=False)
+            await gateway_nc.close()
+            await pool.close()
+
+    # gateway-gw-1 may neither publish gw-2's facts, nor read gw-2's notices
+    async with _client(keys, secured, "gateway-gw-1") as (nc, errors):
+        fact = make_fact("closed", gateway_id="gw-2")
+        await nc.publish(SUBJECTS.fact("gw-2", "closed"), json.dumps({"x": str(fact.fact_id)}).encode())
+        await nc.flush()
+        await eventually(lambda: _violation(errors, "Publish"), what="gw-2's subject refused")
+        await nc.subscribe(SUBJECTS.gateway_notices("gw-2"))
+        await nc.flush()
+        await eventually(lambda: _violation(errors, "Subscription"), what="gw-2's notices refused")
+        errors.clear()
+        js = nc.jetstream(timeout=1.0)
+        with pytest.raises(nats.errors.TimeoutError):  # no answer: the request is refused
+            await js.add_consumer(
+                SUBJECTS.gateway_stream,
+                ConsumerConfig(name="gw-gw-2", durable_name="gw-gw-2",
+                               filter_subject=SUBJECTS.gateway_notices("gw-2")),
+            )  # fmt: skip
+        assert any("consumer.create" in e.lower() for e in errors), errors
+
+    # a worker may not publish facts
+    async with _client(keys, secured, "worker-labeler") as (nc, errors):
+        await nc.publish(SUBJECTS.fact("gw-1", "hello"), b"{}")
+        await nc.flush()
+        await eventually(lambda: _violation(errors, "Publish"), what="a worker's fact refused")
+
+
+async def _one(stream: _Stream) -> bool:
+    return len(stream.delivered) >= 1
+
+
+async def _labeled(db: asyncpg.Connection) -> bool:
+    return bool(await db.fetchval("SELECT count(*) FROM node_labels WHERE key = 'bc.dev/cap.gpu'"))
+
+
+async def _append(seen: list[str], msg: Any) -> None:
+    seen.append(msg.headers.get("Bc-Type", "") if msg.headers else "")
+
+
+async def _has(seen: list[str], bc_type: str) -> bool:
+    await asyncio.sleep(0)
+    return bc_type in seen
+
+
+async def _violation(errors: list[str], kind: str) -> bool:
+    return any("permissions violation" in e.lower() and kind.lower() in e.lower() for e in errors)

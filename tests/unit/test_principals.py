@@ -1,0 +1,85 @@
+"""The bus principals: the generated configuration and the documentation agree with the
+code, and every principal's grants are what DESIGN §9 says (the server enforces them in
+tests/integration/test_bus_principals.py)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from schemas.subjects import Subjects
+from workers.registry import WORKERS
+from workers.runtime import principals
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_principals_name_every_worker() -> None:
+    assert principals.WORKER_NAMES == tuple(sorted(WORKERS))
+
+
+def test_the_documentation_shows_the_generated_table() -> None:
+    doc = (ROOT / "docs" / "kubernetes.md").read_text()
+    table = re.search(r"<!-- principals:begin -->\n(.*?)<!-- principals:end -->", doc, re.S)
+    assert table is not None
+    assert table.group(1) == principals.markdown(Subjects("bc"))
+
+
+def _grants(name: str) -> principals.Principal:
+    made = {p.name: p for p in principals.principals(Subjects("t1"), ["gw-1"])}
+    return made[name]
+
+
+def test_no_principal_but_admin_may_publish_a_fact_except_its_own_gateway() -> None:
+    made = principals.principals(Subjects("t1"), ["gw-1", "gw-2"])
+    for principal in made:
+        facts = [s for s in principal.publish if s.startswith("t1.facts") or s in (">", "t1.>")]
+        expected = {
+            "admin": [">"],
+            "gateway-gw-1": ["t1.facts.gw-1.>"],
+            "gateway-gw-2": ["t1.facts.gw-2.>"],
+        }.get(principal.name, [])
+        assert facts == expected, principal.name
+
+
+def test_a_gateway_creates_only_its_own_consumer_with_its_own_filter() -> None:
+    creates = [s for s in _grants("gateway-gw-1").publish if "CONSUMER.CREATE" in s]
+    assert creates == ["$JS.API.CONSUMER.CREATE.T1_GATEWAY.gw-gw-1.t1.gw.gw-1.>"]
+    assert _grants("gateway-gw-1").subscribe == ("t1.revocations",)
+
+
+def test_the_subscriber_reads_events_only() -> None:
+    subscriber = _grants("subscriber")
+    assert subscriber.subscribe == ("t1.events.>",)
+    assert all(
+        s.startswith(("$JS.API.INFO", "$JS.ACK.T1_EVENTS", "$JS.FC.T1_EVENTS"))
+        or ".T1_EVENTS" in s
+        for s in subscriber.publish
+    )
+
+
+def test_the_configuration_gives_each_key_its_inbox(tmp_path: Path) -> None:
+    written = principals.write(tmp_path, Subjects("bc"), ["gw-1"])
+    conf = (tmp_path / "auth.conf").read_text()
+    for seed_file in written[1:]:
+        key = principals.public_key(seed_file.read_bytes().strip())
+        assert f'nkey: "{key}"' in conf
+        assert f'"_INBOX.{key}.>"' in conf
+        assert seed_file.stat().st_mode & 0o777 == 0o600
+    again = principals.write(tmp_path, Subjects("bc"), ["gw-1", "gw-2"])
+    assert [p.read_bytes() for p in again[1:] if p.name != "gateway-gw-2.nk"] == [
+        p.read_bytes() for p in written[1:]
+    ]  # a new gateway changes nobody's key
+
+
+@pytest.mark.parametrize("bad", ["gw 1", "", "x" * 65, "gw.1"])
+def test_a_bad_gateway_id_is_refused(bad: str) -> None:
+    with pytest.raises(ValueError):
+        principals.check_gateways([bad])
+
+
+def test_a_gateway_given_twice_is_refused() -> None:
+    with pytest.raises(ValueError, match="twice"):
+        principals.check_gateways(["gw-1", "gw-1"])

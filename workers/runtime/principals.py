@@ -1,0 +1,215 @@
+"""The bus principals (DESIGN §9): who may publish and subscribe to what, as nkey users of
+a nats-server configuration fragment. `bcw auth nats` writes it (`write`); `docs/kubernetes.md`
+shows the same table, generated from `principals()`.
+
+- `admin`: everything (provision, stream setup at migrate time, dead-letter redrive).
+- `worker-<name>`: its own durable consumer on the facts stream, the events, notices and
+  dead letters it publishes; never a fact.
+- `gateway-<id>`: its own facts, its own consumer (created with its own filter subject)
+  on the notices stream, and the revocation notices.
+- `subscriber`: reads the events through consumers of its own on the events stream.
+
+Every principal's replies come to an inbox of its own, `_INBOX.<its public key>.>`
+(`bus.connect` sets that prefix when it logs in with an nkey seed), so no principal can
+read another's replies (a worker's pulled facts, say).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import nkeys
+
+from schemas.base import GATEWAY_ID_PATTERN
+from schemas.subjects import Subjects
+
+#: the worker kinds (the registry's names; a unit test keeps them equal)
+WORKER_NAMES = ("labeler", "liveness", "quarantine", "recorder", "replay")
+INBOX = "_INBOX"
+INBOX_PLACEHOLDER = "<key>"
+
+
+def inbox_prefix(public_key: str) -> str:
+    """The inbox prefix of a client logged in with `public_key`."""
+    return f"{INBOX}.{public_key}"
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    does: str
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+
+
+def _api(*parts: str) -> str:
+    return "$JS.API." + ".".join(parts)
+
+
+def principals(subjects: Subjects, gateways: Sequence[str]) -> list[Principal]:
+    """Every principal and its grants (inboxes aside: `_INBOX.<key>.>` is added per key)."""
+    root = subjects.root
+    facts, events = subjects.facts_stream, subjects.events_stream
+    notices, dead = subjects.gateway_stream, subjects.dead_stream
+    streams = (facts, events, notices, dead)
+    made = [
+        Principal(
+            "admin",
+            "bcw provision, bcw migrate's stream setup, bcw dead-letters",
+            publish=(">",),
+            subscribe=(">",),
+        )
+    ]
+    for worker in WORKER_NAMES:
+        made.append(
+            Principal(
+                f"worker-{worker}",
+                f"bcw run {worker}",
+                publish=(
+                    _api("INFO"),
+                    *(_api("STREAM.INFO", s) for s in streams),
+                    _api("CONSUMER.CREATE", facts, worker),
+                    _api("CONSUMER.CREATE", facts, worker, ">"),
+                    _api("CONSUMER.INFO", facts, worker),
+                    _api("CONSUMER.MSG.NEXT", facts, worker),
+                    f"$JS.ACK.{facts}.{worker}.>",
+                    _api("STREAM.MSG.GET", facts),
+                    _api("DIRECT.GET", facts),
+                    # the relay publishes any worker's outbox rows
+                    subjects.all_events,
+                    subjects.revocations,
+                    subjects.all_notices,
+                    subjects.dead(worker),
+                ),
+                subscribe=(f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{facts}.{worker}",),
+            )
+        )
+    for gateway in gateways:
+        durable = f"gw-{gateway}"
+        made.append(
+            Principal(
+                f"gateway-{gateway}",
+                f"the gateway {gateway}",
+                publish=(
+                    _api("INFO"),
+                    _api("STREAM.INFO", notices),
+                    f"{root}.facts.{gateway}.>",
+                    _api("CONSUMER.CREATE", notices, durable, subjects.gateway_notices(gateway)),
+                    _api("CONSUMER.INFO", notices, durable),
+                    _api("CONSUMER.MSG.NEXT", notices, durable),
+                    f"$JS.ACK.{notices}.{durable}.>",
+                ),
+                subscribe=(subjects.revocations,),
+            )
+        )
+    made.append(
+        Principal(
+            "subscriber",
+            "bcw events, dashboards, placement",
+            publish=(
+                _api("INFO"),
+                _api("STREAM.INFO", events),
+                _api("CONSUMER.CREATE", events),
+                _api("CONSUMER.CREATE", events, ">"),
+                _api("CONSUMER.DURABLE.CREATE", events, ">"),
+                _api("CONSUMER.INFO", events, ">"),
+                _api("CONSUMER.DELETE", events, ">"),
+                _api("CONSUMER.MSG.NEXT", events, ">"),
+                f"$JS.ACK.{events}.>",
+                f"$JS.FC.{events}.>",
+            ),
+            subscribe=(subjects.all_events,),
+        )
+    )
+    return made
+
+
+def check_gateways(gateways: Sequence[str]) -> list[str]:
+    """The gateway ids, each subject-safe and given once (ValueError names the bad one)."""
+    seen: list[str] = []
+    for gateway in gateways:
+        if not re.fullmatch(GATEWAY_ID_PATTERN, gateway):
+            raise ValueError(f"{gateway!r} is not a gateway id ({GATEWAY_ID_PATTERN})")
+        if gateway in seen:
+            raise ValueError(f"{gateway!r} is given twice")
+        seen.append(gateway)
+    return seen
+
+
+def _quoted(subjects: Sequence[str]) -> str:
+    return ", ".join(f'"{s}"' for s in subjects)
+
+
+def render(users: Sequence[tuple[Principal, str]]) -> str:
+    """The configuration fragment: one nkey user per (principal, public key)."""
+    lines = [
+        "# Written by `bcw auth nats`: nkey users of bc-workers with their permissions.",
+        "# Include it from the nats-server configuration (`include auth.conf`).",
+        "authorization {",
+        "  users = [",
+    ]
+    for principal, key in users:
+        inbox = f"{inbox_prefix(key)}.>"
+        lines += [
+            f"    # {principal.name}: {principal.does}",
+            f'    {{ nkey: "{key}", permissions: {{',
+            f"        publish: {{ allow: [{_quoted(principal.publish)}] }},",
+            f"        subscribe: {{ allow: [{_quoted((inbox, *principal.subscribe))}] }}",
+            "    } },",
+        ]
+    lines += ["  ]", "}", ""]
+    return "\n".join(lines)
+
+
+def _seed(path: Path) -> bytes:
+    """The principal's seed: kept when its file exists (re-running adds gateways without
+    changing anybody's key), else a new one written readable by its owner only."""
+    if path.exists():
+        seed = path.read_bytes().strip()
+        nkeys.from_seed(bytearray(seed))  # refuses a file that is not a seed
+        return seed
+    seed = bytes(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as out:
+        out.write(seed + b"\n")
+    return seed
+
+
+def public_key(seed: bytes) -> str:
+    pair = nkeys.from_seed(bytearray(seed))
+    try:
+        return bytes(pair.public_key).decode()
+    finally:
+        pair.wipe()
+
+
+def write(directory: Path, subjects: Subjects, gateways: Sequence[str]) -> list[Path]:
+    """`DIR/auth.conf` and `DIR/<principal>.nk` for every principal; the files written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    users, written = [], []
+    for principal in principals(subjects, check_gateways(gateways)):
+        path = directory / f"{principal.name}.nk"
+        users.append((principal, public_key(_seed(path))))
+        written.append(path)
+    conf = directory / "auth.conf"
+    conf.write_text(render(users))
+    return [conf, *written]
+
+
+def markdown(subjects: Subjects) -> str:
+    """The principals as `docs/kubernetes.md` shows them (one gateway, `<id>`)."""
+    rows = ["| principal | used by | publish | subscribe |", "|---|---|---|---|"]
+    for principal in principals(subjects, ["<id>"]):
+        inbox = f"{INBOX}.{INBOX_PLACEHOLDER}.>"
+        rows.append(
+            f"| `{principal.name}` | {principal.does} | "
+            + ", ".join(f"`{s}`" for s in principal.publish)
+            + " | "
+            + ", ".join(f"`{s}`" for s in (inbox, *principal.subscribe))
+            + " |"
+        )
+    return "\n".join(rows) + "\n"
