@@ -84,6 +84,7 @@ async def template_database(servers: Servers) -> AsyncIterator[str]:
     conn = await asyncpg.connect(servers.database_url(name))
     try:
         await migrate.migrate(conn)
+        await migrate.grant(conn)  # as `bcw migrate` does: the bcw_* roles and their grants
     finally:
         await conn.close()
     yield name

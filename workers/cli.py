@@ -30,7 +30,11 @@ EXIT_REFUSED = 3
 
 
 def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    from workers.runtime import db, migrate
+    from workers.runtime import db, migrate, roles
+
+    if args.print_grants:  # no connection: for a DBA who runs it by hand
+        print(roles.create_roles_sql() + roles.grants_sql(), end="")
+        return 0
 
     async def run() -> int:
         conn = await db.connect(settings.database)
@@ -44,6 +48,12 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
             print(
                 f"applied {len(applied)} migration(s)"
                 + (": " + ", ".join(applied) if applied else "")
+            )
+            granted = await migrate.grant(conn)
+            print(
+                "granted to " + ", ".join(granted)
+                if granted
+                else "no bcw_* role exists and this role may not create roles: no grants"
             )
             return 0
         finally:
@@ -308,6 +318,11 @@ def build_parser() -> argparse.ArgumentParser:
     migrate = commands.add_parser("migrate", help="apply the database migrations")
     migrate.add_argument(
         "--status", action="store_true", help="list applied and pending migrations"
+    )
+    migrate.add_argument(
+        "--print-grants",
+        action="store_true",
+        help="print the SQL that creates the bcw_* roles and grants them least privilege",
     )
     migrate.set_defaults(handler=_cmd_migrate)
 

@@ -164,7 +164,9 @@ async def test_each_principal_does_its_work_and_nothing_else(
     # gateway-gw-1 may neither publish gw-2's facts, nor read gw-2's notices
     async with _client(keys, secured, "gateway-gw-1") as (nc, errors):
         fact = make_fact("closed", gateway_id="gw-2")
-        await nc.publish(SUBJECTS.fact("gw-2", "closed"), json.dumps({"x": str(fact.fact_id)}).encode())
+        await nc.publish(
+            SUBJECTS.fact("gw-2", "closed"), json.dumps({"x": str(fact.fact_id)}).encode()
+        )
         await nc.flush()
         await eventually(lambda: _violation(errors, "Publish"), what="gw-2's subject refused")
         await nc.subscribe(SUBJECTS.gateway_notices("gw-2"))

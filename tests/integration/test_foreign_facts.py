@@ -200,9 +200,7 @@ async def test_a_gateway_forging_facts_about_a_node_it_does_not_hold_changes_not
             assert len(stream.delivered) == 1
 
             # the node moves to gw-c; its result, replayed there at the new epoch, counts
-            moved = await successor.hello(
-                _request(running_command_ids=[str(command)]), _Stream()
-            )
+            moved = await successor.hello(_request(running_command_ids=[str(command)]), _Stream())
             await successor.result("n1", moved.epoch, uuid.UUID(str(command)), "done", {}, None)
             await eventually(
                 lambda: _command_done(db, command), what="the replayed result completed it"

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_principals_name_every_worker() -> None:
-    assert principals.WORKER_NAMES == tuple(sorted(WORKERS))
+    assert tuple(sorted(WORKERS)) == principals.WORKER_NAMES
 
 
 def test_the_documentation_shows_the_generated_table() -> None:
@@ -54,8 +54,7 @@ def test_the_subscriber_reads_events_only() -> None:
     subscriber = _grants("subscriber")
     assert subscriber.subscribe == ("t1.events.>",)
     assert all(
-        s.startswith(("$JS.API.INFO", "$JS.ACK.T1_EVENTS", "$JS.FC.T1_EVENTS"))
-        or ".T1_EVENTS" in s
+        s.startswith(("$JS.API.INFO", "$JS.ACK.T1_EVENTS", "$JS.FC.T1_EVENTS")) or ".T1_EVENTS" in s
         for s in subscriber.publish
     )
 

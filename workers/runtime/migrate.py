@@ -136,3 +136,15 @@ async def status(conn: asyncpg.Connection, directory: Path | None = None) -> lis
     for name, row in sorted(applied.items()):
         out.append(MigrationStatus(name, "missing", row["applied_at"].isoformat()))
     return out
+
+
+async def grant(conn: asyncpg.Connection) -> list[str]:
+    """Create the bcw_* group roles when this role may, and (re)apply their grants, under
+    the migrations' advisory lock (`roles`). Returns the groups granted to."""
+    from workers.runtime import roles
+
+    await conn.execute("SELECT pg_advisory_lock($1)", ADVISORY_LOCK_KEY)
+    try:
+        return await roles.apply(conn)
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", ADVISORY_LOCK_KEY)

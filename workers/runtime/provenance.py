@@ -25,7 +25,17 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from schemas.facts import Closed, Events, Fact, Hello, Progress, Rejected, Result, Status
+from schemas.facts import (
+    Closed,
+    Events,
+    Fact,
+    Hello,
+    NodeFact,
+    Progress,
+    Rejected,
+    Result,
+    Status,
+)
 
 
 class Binding(enum.IntEnum):
@@ -67,12 +77,16 @@ SELECT f.i, EXISTS (
 
 async def foreign(conn: asyncpg.Connection, facts: Sequence[Fact]) -> set[uuid.UUID]:
     """The ids of the facts in `facts` that do not come from a gateway of their node."""
-    checked = [(fact, rule) for fact in facts if (rule := binding(fact)) is not None]
+    checked = [
+        (fact, rule)
+        for fact in facts
+        if isinstance(fact, NodeFact) and (rule := binding(fact)) is not None
+    ]
     if not checked:
         return set()
     rows = await conn.fetch(
         BOUND,
-        [getattr(fact, "node_id") for fact, _ in checked],
+        [fact.node_id for fact, _ in checked],
         [fact.gateway_id for fact, _ in checked],
         [getattr(fact, "epoch", None) for fact, _ in checked],
         [getattr(fact, "journal_id", None) for fact, _ in checked],

@@ -1,0 +1,274 @@
+"""One database role per worker: each worker runs under a login role that is a member of
+its group role only, gets ready and does its job; what another worker's rules write, DDL
+and the clock's test hook fail with insufficient privilege."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+from nats.aio.client import Client as NATS
+from pydantic import SecretStr
+
+from schemas.notices import Dispatch
+from schemas.subjects import Subjects
+from tests.conftest import Servers
+from tests.integration import fleet
+from tests.integration.support import bcw, eventually, make_settings, running, stream_messages
+from workers.gateway import Gateway, HelloRequest
+from workers.registry import WORKERS
+from workers.runtime import bus, migrate, retention, roles
+
+GROUPS = tuple(roles.GROUPS)
+
+
+def _login(group: str) -> str:
+    return f"{group}_login_t"
+
+
+def _as(url: str, user: str) -> str:
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{user}@{host}"))
+
+
+@pytest.fixture
+async def logins(servers: Servers, database_url: str) -> dict[str, str]:
+    """A login role per group, member of that group only; its URL to this test's database."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        for group in GROUPS:
+            with contextlib.suppress(asyncpg.DuplicateObjectError, asyncpg.UniqueViolationError):
+                await conn.execute(f"CREATE ROLE {_login(group)} LOGIN IN ROLE {group}")
+        members = await conn.fetch(
+            """
+            SELECT r.rolname AS login, g.rolname AS grp FROM pg_auth_members m
+              JOIN pg_roles r ON r.oid = m.member JOIN pg_roles g ON g.oid = m.roleid
+             WHERE r.rolname = ANY($1)
+            """,
+            [_login(g) for g in GROUPS],
+        )
+    finally:
+        await conn.close()
+    assert sorted((m["login"], m["grp"]) for m in members) == sorted((_login(g), g) for g in GROUPS)
+    return {group: _as(database_url, _login(group)) for group in GROUPS}
+
+
+# what each role must not do; every worker may do none of COMMON either
+COMMON = [
+    "CREATE TABLE intruder (a int)",
+    "ALTER TABLE node_sessions ADD COLUMN intruder int",
+    "SELECT set_compute_now_offset(interval '1 hour')",
+    "DELETE FROM node_sessions",
+    "DROP TABLE outbox",
+    "TRUNCATE processed_facts",
+]
+FORBIDDEN = {
+    "bcw_liveness": [
+        "UPDATE commands SET state = 'done'",
+        "UPDATE node_sessions SET capabilities = '{x}'",
+        "UPDATE node_certs SET revoked_at = now(), revocation_reason = 'x'",
+        "UPDATE node_sessions SET session_epoch = 99",
+    ],
+    "bcw_labeler": [
+        "UPDATE commands SET state = 'done'",
+        "UPDATE node_certs SET revoked_at = now(), revocation_reason = 'x'",
+        "UPDATE node_sessions SET session_epoch = 99",
+        "UPDATE node_sessions SET gateway_id = NULL",
+    ],
+    "bcw_quarantine": [
+        "UPDATE commands SET state = 'done'",
+        "UPDATE node_sessions SET capabilities = '{x}'",
+        "INSERT INTO node_labels VALUES ('n1', 'k', 'v', 'system')",
+        "DELETE FROM node_certs",
+    ],
+    "bcw_replay": [
+        "UPDATE node_sessions SET gateway_id = NULL",
+        "UPDATE node_certs SET revoked_at = now(), revocation_reason = 'x'",
+        "DELETE FROM commands",
+        "UPDATE commands SET payload = '{}'",
+    ],
+    "bcw_recorder": [
+        "UPDATE node_certs SET revoked_at = now(), revocation_reason = 'x'",
+        "UPDATE commands SET state = 'done'",
+        "UPDATE node_sessions SET capabilities = '{x}'",
+        "DELETE FROM node_labels",
+    ],
+    "bcw_gateway": [
+        "UPDATE commands SET state = 'done'",
+        "UPDATE node_certs SET revoked_at = now(), revocation_reason = 'x'",
+        "INSERT INTO node_labels VALUES ('n1', 'k', 'v', 'system')",
+        "INSERT INTO session_epochs VALUES ('n1', 7, 'gw-x')",
+        "INSERT INTO outbox (msg_id, subject, body) VALUES (gen_random_uuid(), 'x', '')",
+    ],
+    "bcw_reader": [
+        "UPDATE node_sessions SET last_seen = now()",
+        "INSERT INTO outbox (msg_id, subject, body) VALUES (gen_random_uuid(), 'x', '')",
+        "DELETE FROM processed_facts",
+    ],
+}
+CASES = [(g, s) for g in GROUPS for s in [*COMMON, *FORBIDDEN[g]]]
+
+
+@pytest.mark.parametrize(("group", "statement"), CASES, ids=[f"{g}:{s[:40]}" for g, s in CASES])
+async def test_what_a_role_may_not_do_fails(
+    logins: dict[str, str], db: asyncpg.Connection, group: str, statement: str
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    conn = await asyncpg.connect(logins[group])
+    try:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            async with conn.transaction():
+                await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+async def test_retention_may_lock_and_delete_what_it_prunes(
+    logins: dict[str, str], db: asyncpg.Connection
+) -> None:
+    await db.execute(
+        "INSERT INTO processed_facts (consumer, fact_id, processed_at) "
+        "SELECT 'w', gen_random_uuid(), now() - interval '1 day' FROM generate_series(1, 6)"
+    )
+    for worker in sorted(WORKERS):
+        pool = await asyncpg.create_pool(logins[f"bcw_{worker}"], min_size=1, max_size=1)
+        try:
+            target = retention.Prunable("processed_facts", "processed_at", timedelta(hours=1))
+            await retention.prune(pool, target, batch=1, lease=None)
+        finally:
+            await pool.close()
+        assert await db.fetchval("SELECT count(*) FROM processed_facts") == 0
+        await db.execute(
+            "INSERT INTO processed_facts (consumer, fact_id, processed_at) "
+            "VALUES ('w', gen_random_uuid(), now() - interval '1 day')"
+        )
+
+
+async def test_migrate_grants_again_and_prints_the_same_grants(database_url: str) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        assert await migrate.grant(conn) == list(GROUPS)
+        tables = {
+            r["tablename"]
+            for r in await conn.fetch(
+                "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+            )
+        }
+        assert tables == set(roles.TABLES)  # a new table is classified, never forgotten
+        hook = await conn.fetchval(
+            "SELECT has_function_privilege('public', 'set_compute_now_offset(interval)', 'EXECUTE')"
+        )
+        assert hook is False
+    finally:
+        await conn.close()
+
+
+class _Stream:
+    def __init__(self) -> None:
+        self.delivered: list[Dispatch] = []
+
+    async def deliver(self, dispatch: Dispatch) -> None:
+        self.delivered.append(dispatch)
+
+    async def event_ack(self, journal_id: str, seq: int) -> None:
+        pass
+
+    def drop(self, reason: str) -> None:
+        pass
+
+
+@contextlib.asynccontextmanager
+async def _pool(url: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await asyncpg.create_pool(url, min_size=1, max_size=4)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+async def test_each_worker_does_its_job_under_its_own_role(
+    logins: dict[str, str],
+    servers: Servers,
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
+) -> None:
+    await bus.provision_streams(nc.jetstream(), subjects)
+    base = make_settings(servers.nats_url, database_url, subjects)
+    await fleet.join(db, "n1")
+    command = await db.fetchval("SELECT enqueue_command('n1', 'noop', '{}')")
+    async with contextlib.AsyncExitStack() as stack:
+        for name in sorted(WORKERS):
+            database = base.database.model_copy(update={"url": SecretStr(logins[f"bcw_{name}"])})
+            settings = base.model_copy(update={"database": database})
+            await stack.enter_async_context(running(settings, [WORKERS[name](settings)]))
+        pool = await stack.enter_async_context(_pool(logins["bcw_gateway"]))
+        gateway = Gateway("gw-1", pool, nc, subjects)
+        await gateway.start()
+        stack.push_async_callback(gateway.stop, False)
+        stream = _Stream()
+
+        def hello(boot: str) -> HelloRequest:
+            return HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker",
+                                boot_id=boot, journal_id="j1", capabilities=["gpu"])  # fmt: skip
+
+        first = await gateway.hello(hello("b1"), stream)
+        await eventually(lambda: _delivered(stream), what="replay: the command dispatched")
+        assert stream.delivered[0].command_id == command
+        await gateway.events(
+            "n1", "j1", [{"seq": 1, "kind": "k", "body": {}, "at": "2026-11-30T00:00:00Z"}]
+        )
+        await eventually(lambda: _one(db, "SELECT acked_event_seq FROM node_sessions"),
+                         what="recorder: the event recorded and acked")  # fmt: skip
+        await eventually(
+            lambda: _one(db, "SELECT count(*) FROM node_labels WHERE key = 'bc.dev/cap.gpu'"),
+            what="labeler: the capability label",
+        )
+        await gateway.hello(hello("b2"), _Stream())  # another machine while b1 is live
+        await eventually(lambda: _one(db, "SELECT duplicate_hellos FROM node_sessions"),
+                         what="quarantine: the alternation counted")  # fmt: skip
+        await eventually(lambda: _events(nc, subjects, "node.connected", 2),
+                         what="liveness: node.connected twice, relayed")  # fmt: skip
+        await eventually(lambda: _one(db, "SELECT count(*) FROM controller_leases WHERE name LIKE '%liveness%'"),
+                         what="liveness: its sweep's lease")  # fmt: skip
+        assert first.epoch == 1
+    # leaving the block stops every process; one that died of a refused statement raises
+
+
+async def _delivered(stream: _Stream) -> bool:
+    return len(stream.delivered) >= 1
+
+
+async def _one(db: asyncpg.Connection, sql: str) -> bool:
+    return bool(await db.fetchval(sql))
+
+
+async def _events(nc: NATS, subjects: Subjects, bc_type: str, n: int) -> bool:
+    msgs = await stream_messages(nc.jetstream(), subjects.events_stream)
+    return sum(1 for m in msgs if m.headers and m.headers.get("Bc-Type") == bc_type) >= n
+
+
+async def test_the_printed_grants_run_as_they_are(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    code, printed = await bcw(
+        "migrate", "--print-grants", BCW_DATABASE_URL="postgresql://nowhere:1/x"
+    )
+    assert code == 0, printed
+    assert "CREATE ROLE bcw_labeler NOLOGIN" in printed
+    assert "GRANT UPDATE (capabilities) ON node_sessions TO bcw_labeler;" in printed
+    await db.execute(printed)  # what a DBA pastes into psql, twice over
+    await db.execute(printed)
+    allowed = await db.fetchval(
+        "SELECT has_column_privilege('bcw_labeler', 'node_sessions', 'capabilities', 'UPDATE')"
+    )
+    forbidden = await db.fetchval(
+        "SELECT has_column_privilege('bcw_labeler', 'node_sessions', 'session_epoch', 'UPDATE')"
+    )
+    assert (allowed, forbidden) == (True, False)

@@ -1,0 +1,185 @@
+"""Database roles (DESIGN §9): one NOLOGIN group role per worker, one for gateways, one
+for readers, each granted only what its rules read and write.
+
+`bcw migrate` creates the groups when it may (CREATEROLE) and (re)applies the grants of
+every group that exists, after the migrations, so a new table is never left open or
+closed by mistake; `bcw migrate --print-grants` prints the same SQL for a DBA. An
+operator gives each worker a login role `IN ROLE bcw_<worker>`.
+
+Row locks (`FOR UPDATE`, `FOR SHARE`) need the UPDATE privilege on some column of the
+table locked. Where a role locks rows it never writes, it gets UPDATE on one column
+that is useless to it: a primary key that every other table references (`node_id` of
+`node_sessions`: changing it fails on those references) or a timestamp that only
+retention reads.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import asyncpg
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Grant:
+    privileges: str
+    table: str
+
+
+#: every table of the schema (a test keeps this equal to the migrated database's tables)
+TABLES = (
+    "clock_offset", "commands", "controller_leases", "gateways", "liveness_gateways",
+    "liveness_sweeps", "node_certs", "node_events", "node_labels", "node_sessions", "nodes",
+    "outbox", "outbox_dead", "processed_facts", "schema_migrations", "session_epochs",
+)  # fmt: skip
+
+#: what every worker process does besides its rules: the inbox (and its pruning), the
+#: outbox and its relay, leases, the gateway binding of facts
+RUNTIME = (
+    Grant("SELECT, INSERT, DELETE", "processed_facts"),
+    Grant("UPDATE (processed_at)", "processed_facts"),  # pruning locks the rows it deletes
+    Grant("SELECT, INSERT, DELETE", "outbox"),
+    Grant("UPDATE (created_at)", "outbox"),  # the relay's claims lock rows
+    Grant("INSERT", "outbox_dead"),
+    Grant("SELECT, INSERT, UPDATE", "controller_leases"),
+    Grant("SELECT", "session_epochs"),
+    Grant("SELECT", "clock_offset"),
+)
+
+GROUPS: dict[str, tuple[Grant, ...]] = {
+    "bcw_liveness": (
+        *RUNTIME,
+        Grant("SELECT", "node_sessions"),
+        Grant(
+            "UPDATE (last_seen, gateway_id, disconnected_at, disconnect_reason)", "node_sessions"
+        ),
+        Grant("SELECT", "gateways"),
+        Grant("SELECT, INSERT, UPDATE", "liveness_gateways"),
+        Grant("SELECT, UPDATE", "liveness_sweeps"),
+    ),
+    "bcw_labeler": (
+        *RUNTIME,
+        Grant("SELECT", "node_sessions"),
+        Grant("UPDATE (capabilities)", "node_sessions"),
+        Grant("SELECT, INSERT, DELETE", "node_labels"),
+        Grant("UPDATE (value)", "node_labels"),
+    ),
+    "bcw_quarantine": (
+        *RUNTIME,
+        Grant("SELECT", "node_sessions"),
+        Grant("UPDATE (duplicate_hellos, duplicate_since)", "node_sessions"),
+        Grant("SELECT", "node_certs"),
+        Grant("UPDATE (revoked_at, revocation_reason)", "node_certs"),
+    ),
+    "bcw_replay": (
+        *RUNTIME,
+        Grant("SELECT", "node_sessions"),
+        Grant("UPDATE (node_id)", "node_sessions"),  # FOR SHARE only (see above)
+        Grant("SELECT", "node_certs"),
+        Grant("SELECT", "commands"),
+        Grant(
+            "UPDATE (state, session_epoch, delivery_attempt, busy_attempts, busy_epoch, "
+            "not_before, result, failure_reason, updated_at)",
+            "commands",
+        ),
+    ),
+    "bcw_recorder": (
+        *RUNTIME,
+        Grant("SELECT", "nodes"),
+        Grant("SELECT", "node_sessions"),
+        Grant(
+            "UPDATE (acked_event_seq, observed_generation, trust_version, approver_set_epoch, "
+            "approver_set_sha256)",
+            "node_sessions",
+        ),
+        Grant("SELECT, INSERT, DELETE", "node_events"),
+        Grant("UPDATE (recorded_at)", "node_events"),  # pruning locks the rows it deletes
+    ),
+    "bcw_gateway": (
+        Grant("SELECT", "clock_offset"),
+        Grant("SELECT, INSERT", "gateways"),
+        Grant("UPDATE (lease_epoch, lease_expires_at, draining)", "gateways"),
+        Grant("SELECT", "nodes"),
+        Grant("SELECT", "node_certs"),
+        Grant("SELECT", "node_sessions"),
+        Grant(
+            "UPDATE (session_epoch, gateway_id, session_id, boot_id, journal_id, role, "
+            "daemon_version, proto_max, transport, upgrade_required, trust_version, "
+            "approver_set_epoch, approver_set_sha256, acked_event_seq, connected_at, last_seen, "
+            "disconnected_at, disconnect_reason, cert_serial)",
+            "node_sessions",
+        ),
+    ),
+    "bcw_reader": tuple(Grant("SELECT", table) for table in TABLES),
+}
+
+#: the test hook that moves the fleet's clock: the schema owner's alone
+OWNER_ONLY_FUNCTIONS = ("set_compute_now_offset(interval)",)
+
+
+def grants_sql(groups: tuple[str, ...] | None = None) -> str:
+    """The SQL that (re)applies the grants of `groups` (all by default): everything on
+    the schema's tables revoked first, then granted as `GROUPS` says."""
+    names = groups if groups is not None else tuple(GROUPS)
+    tables = ", ".join(TABLES)
+    lines = [
+        "-- bc-workers: least-privilege grants of its group roles (bcw migrate --print-grants)",
+        "-- Run as the owner of the schema's tables, in the database, after `bcw migrate`.",
+    ]
+    lines += [
+        f"REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC;" for function in OWNER_ONLY_FUNCTIONS
+    ]
+    lines.append(
+        "DO $$ BEGIN EXECUTE format('REVOKE CREATE ON SCHEMA %I FROM PUBLIC', current_schema()); "
+        "END $$;"
+    )
+    for group in names:
+        lines.append(f"-- {group}")
+        lines.append(f"REVOKE ALL ON {tables} FROM {group};")
+        lines.append(
+            f"DO $$ BEGIN EXECUTE format('GRANT USAGE ON SCHEMA %I TO {group}', current_schema()); "
+            "END $$;"
+        )
+        lines += [f"GRANT {g.privileges} ON {g.table} TO {group};" for g in GROUPS[group]]
+    return "\n".join(lines) + "\n"
+
+
+def create_roles_sql() -> str:
+    """The SQL that creates the missing group roles (NOLOGIN)."""
+    lines = []
+    for group in GROUPS:
+        lines.append(
+            "DO $$ BEGIN "
+            f"IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{group}') THEN "
+            f"CREATE ROLE {group} NOLOGIN; END IF; "
+            "EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;"
+        )
+    return "\n".join(lines) + "\n"
+
+
+async def apply(conn: asyncpg.Connection) -> list[str]:
+    """Create the groups when this role may, then grant to every group that exists.
+
+    Returns the groups granted to. Each group's grants go in one transaction, so a group
+    is never left half-granted.
+    """
+    may_create = await conn.fetchval(
+        "SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user"
+    )
+    if may_create:
+        await conn.execute(create_roles_sql())
+    else:
+        log.info("this role may not create roles: granting to the bcw_* roles that exist")
+    existing = {
+        r["rolname"]
+        for r in await conn.fetch(
+            "SELECT rolname FROM pg_roles WHERE rolname = ANY($1)", list(GROUPS)
+        )
+    }
+    granted = tuple(group for group in GROUPS if group in existing)
+    async with conn.transaction():
+        await conn.execute(grants_sql(granted))
+    return list(granted)
