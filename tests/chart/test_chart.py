@@ -4,6 +4,7 @@ essentials asserted. What is real here: Helm and the Kubernetes API schemas; no 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,8 @@ def test_production_values_reach_the_pods() -> None:
     labeler = by_kind(docs, "Deployment")["fleet-bc-workers-labeler"]
     pod = labeler["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
-    assert env["BCW_NATS_CREDS_FILE"] == "/etc/bcw/nats/workers.creds"
+    assert env["BCW_NATS_NKEY_SEED_FILE"] == "/etc/bcw/nats/seed.nk"
+    assert "BCW_NATS_CREDS_FILE" not in env
     assert env["BCW_NATS_TLS_CERT_FILE"] == "/etc/bcw/tls/tls.crt"
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.observability:4318"
     assert "deployment.environment=production" in env["OTEL_RESOURCE_ATTRIBUTES"]
@@ -179,3 +181,52 @@ def test_every_value_is_documented_in_the_chart_readme() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     missing = [key for key in keys(values) if f"`{key}`" not in readme]
     assert not missing, missing
+
+
+def _pod(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return dict(by_kind(docs, kind)[name]["spec"]["template"]["spec"])
+
+
+def _secrets_of(container: dict[str, Any], pod: dict[str, Any]) -> tuple[str, str | None, str]:
+    """(database Secret, NATS Secret mounted, the NATS login variable) of a container."""
+    env = {e["name"]: e for e in container["env"]}
+    database = env["BCW_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    nats = volumes.get("nats-credentials", {}).get("secret", {}).get("secretName")
+    login = [n for n in env if n in ("BCW_NATS_NKEY_SEED_FILE", "BCW_NATS_CREDS_FILE")]
+    return database, nats, ",".join(login)
+
+
+def test_each_worker_logs_in_as_itself_and_the_job_as_the_owner() -> None:
+    docs = render(production())
+    for worker in WORKERS:
+        pod = _pod(docs, "Deployment", f"fleet-bc-workers-{worker}")
+        expected = (
+            (f"bcw-{worker}-database", "bc-workers-nats", "BCW_NATS_CREDS_FILE")
+            if worker == "quarantine"  # no NATS Secret of its own: the shared creds
+            else (f"bcw-{worker}-database", f"bcw-{worker}-nats", "BCW_NATS_NKEY_SEED_FILE")
+        )
+        assert _secrets_of(pod["containers"][0], pod) == expected, worker
+    job = _pod(docs, "Job", "fleet-bc-workers-migrate")
+    for container in (*job["initContainers"], *job["containers"]):
+        assert _secrets_of(container, job) == (
+            "bc-workers-database-owner", "bcw-admin-nats", "BCW_NATS_NKEY_SEED_FILE"
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("values", [MINIMAL, production()], ids=["defaults", "production"])
+def test_no_annotation_carries_a_digest_of_a_secret(values: dict[str, Any]) -> None:
+    docs = render(values)
+    for doc in docs:
+        templates = [doc.get("spec", {}).get("template", {}).get("metadata", {})]
+        for meta in (doc["metadata"], *templates):
+            for key, value in (meta.get("annotations") or {}).items():
+                assert not key.startswith("checksum/"), (doc["metadata"]["name"], key)
+                assert "postgresql://" not in str(value)
+                assert not re.search(r"\b[0-9a-f]{16,}\b", str(value)), (key, value)
+    labeler = by_kind(docs, "Deployment")["fleet-bc-workers-labeler"]
+    names = labeler["spec"]["template"]["metadata"]["annotations"]["bc.dev/secrets"]
+    assert names == (
+        "bcw-labeler-database,bcw-labeler-nats" if values is not MINIMAL
+        else "fleet-bc-workers-database"
+    )  # fmt: skip

@@ -52,9 +52,26 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
-{{/* The environment every container gets. Call with (dict "root" $ "service" "bcw-liveness"). */}}
+{{/* Where a pod's database URL and NATS login come from: (dict "root" $ "database" <a
+   database block or nil> "nats" <a nats block or nil>) gives "dbSecret|dbKey|natsSecret|natsKey|natsType",
+   the pod's own Secrets first, then the shared ones (database.*, nats.credentials). */}}
+{{- define "bcw.secrets" -}}
+{{- $v := .root.Values -}}
+{{- $dbSecret := include "bcw.databaseSecret" .root -}}
+{{- $dbKey := ternary $v.database.existingSecretKey "url" (ne $v.database.existingSecret "") -}}
+{{- with .database }}{{ if .existingSecret }}{{ $dbSecret = .existingSecret }}{{ $dbKey = default "url" .existingSecretKey }}{{ end }}{{ end -}}
+{{- $natsSecret := $v.nats.credentials.existingSecret -}}
+{{- $natsKey := $v.nats.credentials.existingSecretKey -}}
+{{- $natsType := "creds" -}}
+{{- with .nats }}{{ if .existingSecret }}{{ $natsSecret = .existingSecret }}{{ $natsKey = .existingSecretKey }}{{ $natsType = .type }}{{ end }}{{ end -}}
+{{- printf "%s|%s|%s|%s|%s" $dbSecret $dbKey $natsSecret $natsKey $natsType -}}
+{{- end -}}
+
+{{/* The environment every container gets. Call with (dict "root" $ "service" "bcw-liveness"
+   "secrets" (include "bcw.secrets" …)). */}}
 {{- define "bcw.env" -}}
 {{- $v := .root.Values -}}
+{{- $s := splitList "|" .secrets -}}
 - name: POD_NAME
   valueFrom: {fieldRef: {fieldPath: metadata.name}}
 - name: POD_NAMESPACE
@@ -72,8 +89,8 @@ app.kubernetes.io/component: {{ .component }}
 - name: BCW_DATABASE_URL
   valueFrom:
     secretKeyRef:
-      name: {{ include "bcw.databaseSecret" .root }}
-      key: {{ if $v.database.existingSecret }}{{ $v.database.existingSecretKey }}{{ else }}url{{ end }}
+      name: {{ index $s 0 }}
+      key: {{ index $s 1 }}
 - name: BCW_DATABASE_POOL_MAX
   value: {{ $v.database.poolMax | quote }}
 - name: BCW_DATABASE_STATEMENT_CACHE_SIZE
@@ -82,9 +99,9 @@ app.kubernetes.io/component: {{ .component }}
   value: {{ $v.nats.url | quote }}
 - name: BCW_NATS_STREAM_REPLICAS
   value: {{ $v.nats.streamReplicas | quote }}
-{{- if $v.nats.credentials.existingSecret }}
-- name: BCW_NATS_CREDS_FILE
-  value: /etc/bcw/nats/{{ $v.nats.credentials.existingSecretKey }}
+{{- if index $s 2 }}
+- name: {{ ternary "BCW_NATS_NKEY_SEED_FILE" "BCW_NATS_CREDS_FILE" (eq (index $s 4) "nkey") }}
+  value: /etc/bcw/nats/{{ index $s 3 }}
 {{- end }}
 {{- if $v.nats.tls.existingSecret }}
 - name: BCW_NATS_TLS_CA_FILE
@@ -109,30 +126,34 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end -}}
 
+{{/* Call with (dict "root" $ "secrets" (include "bcw.secrets" …)). */}}
 {{- define "bcw.volumeMounts" -}}
+{{- $s := splitList "|" .secrets -}}
 - name: tmp
   mountPath: /tmp
-{{- if .Values.nats.credentials.existingSecret }}
+{{- if index $s 2 }}
 - name: nats-credentials
   mountPath: /etc/bcw/nats
   readOnly: true
 {{- end }}
-{{- if .Values.nats.tls.existingSecret }}
+{{- if .root.Values.nats.tls.existingSecret }}
 - name: nats-tls
   mountPath: /etc/bcw/tls
   readOnly: true
 {{- end }}
 {{- end -}}
 
+{{/* Call with (dict "root" $ "secrets" (include "bcw.secrets" …)). */}}
 {{- define "bcw.volumes" -}}
+{{- $s := splitList "|" .secrets -}}
 - name: tmp
   emptyDir: {sizeLimit: 64Mi}
-{{- if .Values.nats.credentials.existingSecret }}
+{{- if index $s 2 }}
 - name: nats-credentials
-  secret: {secretName: {{ .Values.nats.credentials.existingSecret }}, defaultMode: 0400}
+  secret: {secretName: {{ index $s 2 }}, defaultMode: 0400}
 {{- end }}
-{{- if .Values.nats.tls.existingSecret }}
+{{- if .root.Values.nats.tls.existingSecret }}
 - name: nats-tls
-  secret: {secretName: {{ .Values.nats.tls.existingSecret }}, defaultMode: 0400}
+  secret: {secretName: {{ .root.Values.nats.tls.existingSecret }}, defaultMode: 0400}
 {{- end }}
 {{- end -}}
