@@ -80,7 +80,7 @@ async def _prepare(target: BenchTarget, subjects: Subjects, facts: int) -> None:
         Status.model_validate(
             {
                 "fact_id": uuid.uuid4(),
-                "gateway_id": "gw-bench",
+                "gateway_id": "gw-0",  # the gateway `join_fleet` routes them to
                 "observed_at": "2026-11-30T00:00:00Z",
                 "node_id": f"bench-{i % NODES + 1}",
                 "epoch": 1,
