@@ -156,6 +156,12 @@ async def test_each_principal_does_its_work_and_nothing_else(
                 await nc.publish(SUBJECTS.fact("gw-1", "hello"), b"{}")
                 await nc.flush()
                 await eventually(lambda: _violation(errors, "Publish"), what="a refused publish")
+            code, output = await bcw(
+                "events", "--all", "--type", "node.connected", "--count", "1", "--idle-exit", "10",
+                BCW_NATS_URL=secured, BCW_SUBJECT_ROOT="bc",
+                BCW_NATS_NKEY_SEED_FILE=str(keys / "subscriber.nk"),
+            )  # fmt: skip
+            assert code == 0 and "n1" in output, output
         finally:
             await gateway.stop(graceful=False)
             await gateway_nc.close()

@@ -94,6 +94,10 @@ class Worker:
     handle: Handler
     wants: Callable[[Fact], bool] = _always
     loops: tuple[Loop, ...] = field(default=())
+    #: whether each fact is checked against the epochs issued to its gateway before the
+    #: handler sees it (`provenance`): every worker of the fleet is; a worker whose facts
+    #: are not about a node's sessions (the runtime's own test worker) is not
+    bound_to_gateways: bool = True
 
     def consumer_spec(self, subjects: Subjects) -> ConsumerSpec:
         return ConsumerSpec(
@@ -107,7 +111,7 @@ async def handle_bound(tx: Tx, worker: Worker, facts: Sequence[Fact]) -> dict[uu
     FOREIGN and reach no rule (`provenance`). An outcome per fact (APPLIED by default)."""
     if not facts:
         return {}
-    strangers = await provenance.foreign(tx.conn, facts)
+    strangers = await provenance.foreign(tx.conn, facts) if worker.bound_to_gateways else set()
     bound = [fact for fact in facts if fact.fact_id not in strangers]
     decided = (await worker.handle(tx, bound) or {}) if bound else {}
     return {
