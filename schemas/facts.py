@@ -28,7 +28,6 @@ SmallPositive = Annotated[int, Field(ge=1, le=INTEGER_MAX)]
 
 #: Upper bounds on lists, so a malformed fact is refused instead of exhausting memory.
 MAX_LIVENESS_ENTRIES = 10_000
-MAX_RAW_CAPABILITIES = 1_024
 MAX_RUNNING_COMMANDS = 4_096
 MAX_EVENTS_PER_FACT = 1_000
 MAX_INVENTORY_SECTIONS = 256
@@ -84,9 +83,9 @@ class Hello(NodeFact):
     daemon_version: Name
     proto_max: SmallNonNegative
     trust_version: NonNegative
-    capabilities: list[Annotated[str, Field(max_length=256)]] = Field(
-        max_length=MAX_RAW_CAPABILITIES
-    )
+    #: raw, as the daemon sent them: never a reason to refuse the Hello (any list the bus
+    #: can carry; the labeler keeps the valid names, at most 64)
+    capabilities: list[str]
     approver_set_epoch: NonNegative | None = None
     approver_set_sha256: Sha256Hex | None = None
     running_command_ids: list[UUID] = Field(max_length=MAX_RUNNING_COMMANDS)
@@ -95,6 +94,8 @@ class Hello(NodeFact):
     upgrade_required: bool
     transport: Literal["grpc", "websocket"]
     previous: PreviousSession
+    #: when the daemon's process started (optional): the proof that a restart happened
+    process_started_at: datetime | None = None
 
     @property
     def journal_changed(self) -> bool:

@@ -5,13 +5,16 @@ its stale writes match nothing)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from typing import Any
 
 import asyncpg
 import pytest
 from nats.aio.client import Client as NATS
 
-from schemas.notices import Dispatch
+from schemas import REGISTRY
+from schemas.notices import Dispatch, Zombie
 from schemas.subjects import Subjects
 from tests.integration import fleet
 from tests.integration.support import stream_messages
@@ -85,6 +88,108 @@ async def test_each_refusal_code_from_real_rows(gateway: Gateway, db: asyncpg.Co
         assert refused.value.code is code, hello
     welcome = await gateway.hello(request(cert_serial="n1-serial-new"), Stream())
     assert welcome.epoch == 1
+
+
+async def test_any_capability_list_connects_and_a_fact_that_cannot_be_published_bumps_nothing(
+    gateway: Gateway, db: asyncpg.Connection, nc: NATS, subjects: Subjects
+) -> None:
+    await fleet.join(db, "n1")
+    caps = [f"cap-{i}" for i in range(2000)] + ["x" * 300]
+    welcome = await gateway.hello(request(capabilities=caps), Stream())
+    assert welcome.epoch == 1
+    [fact] = [m for m in await stream_messages(nc.jetstream(), subjects.facts_stream)]
+    import json
+
+    assert len(json.loads(fact.data)["capabilities"]) == 2001
+    with pytest.raises(Refused) as refused:  # a version no fact can carry (over 256 chars)
+        await gateway.hello(request(boot_id="b2", daemon_version="9" * 300), Stream())
+    assert refused.value.code is Code.INVALID_ARGUMENT
+    assert "daemon_version" in str(refused.value)
+    assert await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n1'") == 1
+
+
+async def test_a_draining_gateway_refuses_hellos_and_a_node_without_a_row_is_denied(
+    gateway: Gateway, db: asyncpg.Connection
+) -> None:
+    await fleet.join(db, "n1")
+    await db.execute("UPDATE gateways SET draining = true WHERE gateway_id = 'gw-a'")
+    with pytest.raises(Refused) as refused:
+        await gateway.hello(request(), Stream())
+    assert refused.value.code is Code.UNAVAILABLE and refused.value.retry_after is not None
+    assert gateway.alive  # draining is not a lost lease: its sessions stay
+    await db.execute("UPDATE gateways SET draining = false WHERE gateway_id = 'gw-a'")
+    await db.execute("DELETE FROM node_sessions WHERE node_id = 'n1'")
+    with pytest.raises(Refused) as refused:
+        await gateway.hello(request(), Stream())
+    assert refused.value.code is Code.PERMISSION_DENIED
+    assert await db.fetchval("SELECT count(*) FROM session_epochs") == 0
+
+
+async def test_a_session_ends_when_its_certificate_expires(
+    gateway: Gateway, db: asyncpg.Connection, nc: NATS, subjects: Subjects
+) -> None:
+    await fleet.join(db, "n1")
+    await db.execute("UPDATE node_certs SET not_after = compute_now() + interval '10 minutes'")
+    stream = Stream()
+    await gateway.hello(request(), stream)
+    await gateway.tick()
+    assert "n1" in gateway.sessions
+    gateway.clock = lambda: time.time() + 11 * 60  # the gateway's clock past the expiry
+    gateway.heartbeat("n1", 1)  # still heartbeating: only the certificate ends it
+    await gateway.tick()
+    assert "n1" not in gateway.sessions and stream.dropped == ["certificate-expired"]
+    closed = [json.loads(m.data) for m in await stream_messages(nc.jetstream(), subjects.facts_stream)
+              if m.headers["Bc-Type"] == "closed"]  # fmt: skip
+    assert [c["reason"] for c in closed] == ["certificate-expired"]
+
+
+async def test_the_hello_stores_trust_version_as_sent_and_its_approver_set(
+    gateway: Gateway, db: asyncpg.Connection
+) -> None:
+    await fleet.join(db, "n1")
+    await db.execute("UPDATE node_sessions SET trust_version = 9")  # a report raised it once
+    digest = "ab" * 32
+    await gateway.hello(
+        request(trust_version=4, approver_set_epoch=3, approver_set_sha256=digest), Stream()
+    )
+    row = await db.fetchrow(
+        "SELECT trust_version, approver_set_epoch, approver_set_sha256 FROM node_sessions"
+    )
+    assert tuple(row) == (4, 3, digest)  # as sent: a Hello is the daemon's word
+    await gateway.hello(request(boot_id="b2", trust_version=5, approver_set_sha256=""), Stream())
+    row = await db.fetchrow(
+        "SELECT trust_version, approver_set_epoch, approver_set_sha256 FROM node_sessions"
+    )
+    assert tuple(row) == (5, None, None)  # an empty digest stores NULL in both
+
+
+async def test_a_zombie_notice_and_a_graceful_shutdown_close_their_sessions(
+    gateway: Gateway, db: asyncpg.Connection, nc: NATS, subjects: Subjects
+) -> None:
+    await fleet.join(db, "n1")
+    await fleet.join(db, "n2")
+    first, second = Stream(), Stream()
+    one = await gateway.hello(request(), first)
+    await gateway.hello(request(node_id="n2", cert_serial="n2-serial"), second)
+    notice = Zombie(node_id="n1", epoch=one.epoch + 1)  # another epoch: not this session
+    body, headers = REGISTRY.encode(notice)
+    js = nc.jetstream()
+    await js.publish(subjects.notice("gw-a", "zombie"), body, headers=headers)
+    notice = Zombie(node_id="n1", epoch=one.epoch)
+    body, headers = REGISTRY.encode(notice)
+    await js.publish(subjects.notice("gw-a", "zombie"), body, headers=headers)
+    for _ in range(100):
+        if "n1" not in gateway.sessions:
+            break
+        await asyncio.sleep(0.05)
+    assert first.dropped == ["fenced"] and "n2" in gateway.sessions
+    await gateway.stop(graceful=True)
+    assert second.dropped == ["gateway-shutdown"] and gateway.sessions == {}
+    closed = [json.loads(m.data) for m in await stream_messages(js, subjects.facts_stream)
+              if m.headers["Bc-Type"] == "closed"]  # fmt: skip
+    assert [(c["node_id"], c["reason"]) for c in closed] == [
+        ("n1", "fenced"), ("n2", "gateway-shutdown")
+    ]  # fmt: skip
 
 
 async def test_the_hello_transaction_and_its_fact(

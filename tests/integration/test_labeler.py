@@ -56,6 +56,17 @@ async def test_labels_follow_each_session_and_events_report_changes(
     ]
 
 
+async def test_a_hello_with_2000_capabilities_and_a_300_character_name_labels_64(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    names = [f"cap-{i:04d}" for i in range(2000)] + ["x" * 300, "Not Valid", ""]
+    await drive.send(fleet.hello("n1", 1, capabilities=names))
+    assert drive.settled("applied") == 1 and drive.settled("dead") == 0
+    assert await _caps(db, "n1") == [f"cap-{i:04d}" for i in range(64)]
+    assert len(await _labels(db, "n1")) == 64
+
+
 async def test_an_older_hello_processed_after_a_newer_one_changes_nothing(
     drive: Driver, db: asyncpg.Connection
 ) -> None:

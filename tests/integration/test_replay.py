@@ -4,6 +4,7 @@ the leased loop runs."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -139,6 +140,66 @@ async def test_replay_moves_in_flight_commands_and_resends_in_seq_order(
     assert [e["seq"] for e in of_type(out, "command.replayed")] == [1, 3, 4]
 
 
+async def test_a_newer_command_waits_for_the_replay_of_older_ones_across_a_delayed_hello(
+    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+) -> None:
+    """The Hello transaction bumped the epoch (the node is connected at once), but its fact
+    has not reached the replay worker yet: a command enqueued meanwhile must not overtake
+    the older one still in flight at the old epoch."""
+    await fleet.session(db, "n1", epoch=1)
+    older = await enqueue(db, "n1")
+    other_lane = await enqueue(db, "n1", lane="system")
+    assert await dispatch(pool, subjects) == 2
+    await take_outbox(db)
+    await fleet.session(db, "n1", epoch=2, gateway_id="gw-2")  # bumped; the fact is late
+    newer = await enqueue(db, "n1")
+    also = await enqueue(db, "n1", lane="bulk")  # a lane with nothing in flight goes on
+    assert await dispatch(pool, subjects) == 1
+    sent = [n["command_id"] for n in of_type(await take_outbox(db), "dispatch")]
+    assert sent == [str(also)]
+    await apply(db, WORKER, subjects, hello(2, gateway_id="gw-2"))  # the Hello fact arrives
+    assert await dispatch(pool, subjects) == 1
+    out = of_type(await take_outbox(db), "dispatch")
+    assert [(n["command_id"], n["epoch"], n["attempt"]) for n in out] == [
+        (str(older), 2, 2),  # replayed first, by the Hello
+        (str(other_lane), 2, 2),
+        (str(newer), 2, 1),  # then the newer one, by the dispatch loop
+    ]
+
+
+async def test_dispatch_waits_for_a_concurrent_hello_and_routes_to_its_epoch(
+    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    await enqueue(db, "n1")
+    bump = db.transaction()
+    await bump.start()  # a Hello transaction, mid-bump: the row is locked FOR UPDATE
+    await db.execute("UPDATE node_sessions SET session_epoch = 2, gateway_id = 'gw-2'")
+    round_ = asyncio.create_task(dispatch(pool, subjects))
+    await asyncio.sleep(0.5)
+    assert not round_.done()  # FOR SHARE waits for the bump
+    await bump.commit()
+    assert await asyncio.wait_for(round_, 10) == 1
+    assert await states(db) == [(1, "dispatched", 2, 1)]
+    [notice] = of_type(await take_outbox(db), "dispatch")
+    assert (notice["epoch"], notice["_subject"]) == (2, subjects.notice("gw-2", "dispatch"))
+
+
+async def test_no_dispatch_to_a_gateway_whose_lease_expired(
+    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+) -> None:
+    await fleet.gateway(db, "gw-7", expires_in=timedelta(seconds=-1))
+    await fleet.session(db, "n1", epoch=1, gateway_id="gw-7")
+    await enqueue(db, "n1")
+    assert await dispatch(pool, subjects) == 0
+    assert of_type(await take_outbox(db), "dispatch") == []
+    await fleet.gateway(db, "gw-7", expires_in=timedelta(seconds=30))  # renewed
+    assert await dispatch(pool, subjects) == 1
+    assert [n["_subject"] for n in of_type(await take_outbox(db), "dispatch")] == [
+        subjects.notice("gw-7", "dispatch")
+    ]
+
+
 async def test_a_stale_hello_does_nothing(
     db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
 ) -> None:
@@ -191,6 +252,30 @@ async def test_process_ending_commands_complete_by_proof(
     assert sorted(
         (e["commandId"], e["reason"]) for e in of_type(out, "command.completed")
     ) == sorted([(str(reboot), "rebooted"), (str(upgrade), "upgraded")])
+
+
+async def test_a_restart_lost_before_delivery_is_replayed_a_new_process_completes_it(
+    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    restart = await enqueue(db, "n1", "daemon.restart", lane="system")
+    await dispatch(pool, subjects)
+    await take_outbox(db)
+    dispatched_at = await db.fetchval("SELECT updated_at FROM commands")
+    started_before = (dispatched_at - timedelta(minutes=5)).isoformat()
+    # the same process reconnects: the notice never reached it; absent is not proof
+    await fleet.session(db, "n1", epoch=2)
+    await apply(db, WORKER, subjects, hello(2, process_started_at=started_before))
+    assert await states(db) == [(1, "dispatched", 2, 2)]
+    replayed = of_type(await take_outbox(db), "dispatch")
+    assert [(n["command_id"], n["attempt"]) for n in replayed] == [(str(restart), 2)]
+    # the daemon restarts after receiving it: its new process proves it
+    started_after = await db.fetchval("SELECT updated_at FROM commands") + timedelta(seconds=1)
+    await fleet.session(db, "n1", epoch=3)
+    await apply(db, WORKER, subjects, hello(3, process_started_at=started_after.isoformat()))
+    assert await states(db) == [(1, "done", 2, 2)]
+    done = of_type(await take_outbox(db), "command.completed")
+    assert [(e["commandId"], e["reason"]) for e in done] == [(str(restart), "restarted")]
 
 
 async def test_kind_not_allowed_upgrade_only_and_websocket(

@@ -58,7 +58,20 @@ def test_a_lost_journal_fails_everything_in_flight() -> None:
     [
         pytest.param(cmd(1, REBOOT, state="running"), {"boot_id": "boot-2"}, "rebooted", id="reboot-new-boot"),
         pytest.param(cmd(1, REBOOT, state="running"), {}, None, id="reboot-same-boot"),
-        pytest.param(cmd(1, RESTART, state="running"), {"running_command_ids": []}, "restarted", id="restart-gone"),
+        pytest.param(
+            cmd(1, RESTART, state="dispatched", updated_at=NOW), {"running_command_ids": []}, None,
+            id="restart-absent-proves-nothing",
+        ),
+        pytest.param(
+            cmd(1, RESTART, state="running", updated_at=NOW),
+            {"running_command_ids": [], "process_started_at": NOW + timedelta(seconds=1)}, "restarted",
+            id="restart-new-process",
+        ),
+        pytest.param(
+            cmd(1, RESTART, state="dispatched", updated_at=NOW),
+            {"running_command_ids": [], "process_started_at": NOW - timedelta(hours=1)}, None,
+            id="restart-lost-before-delivery",
+        ),
         pytest.param(
             cmd(1, RESTART, state="running"), {"running_command_ids": [str(uuid.UUID(int=1))]}, None,
             id="restart-still-running",
@@ -143,6 +156,14 @@ def test_dispatch_cancels_kinds_the_certificate_excludes_and_passes_over_what_mu
     plan = plan_dispatch(session, pending, {}, 8, NOW)
     assert [c.seq for c in plan.cancel] == [1]
     assert [c.seq for c in plan.dispatch] == [3]  # 2 is unsigned: it waits for a grpc session
+
+
+def test_a_lane_awaiting_its_replay_gets_nothing_new_the_others_go_on() -> None:
+    pending = [cmd(5, state="pending"), cmd(6, state="pending", lane="other")]
+    plan = plan_dispatch(SESSION, pending, {"default": 1}, 8, NOW, awaiting_replay={"default"})
+    assert [c.seq for c in plan.dispatch] == [6]
+    after = plan_dispatch(SESSION, pending, {"default": 1}, 8, NOW, awaiting_replay=set())
+    assert [c.seq for c in after.dispatch] == [5, 6]
 
 
 def test_the_busy_back_off_sequence_and_its_restart_in_a_new_session() -> None:

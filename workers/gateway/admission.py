@@ -39,6 +39,7 @@ class HelloRequest:
     running_command_ids: Sequence[str] = ()
     inventory_hashes: dict[str, str] = field(default_factory=dict)
     transport: str = "grpc"
+    process_started_at: datetime | None = None  # the daemon process's start (optional)
 
 
 @dataclass(frozen=True)

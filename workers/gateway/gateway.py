@@ -24,6 +24,7 @@ import asyncpg
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from pydantic import ValidationError
 
 from schemas import REGISTRY
 from schemas.events import Revocations
@@ -60,6 +61,7 @@ class _Session:
     cert_serial: str
     stream: DaemonStream
     last_seen: float  # clock seconds
+    cert_not_after: float = float("inf")  # clock seconds: the session ends then
 
 
 @dataclass
@@ -175,6 +177,20 @@ class Gateway:
             if refusal is not None:
                 raise Refused(refusal.code, refusal.reason)
             upgrade = upgrade_required(request.daemon_version, self.settings.min_daemon_version)
+            assert cert is not None
+            # the fact is checked before the epoch is bumped: no epoch without its fact
+            try:
+                self.facts.hello(
+                    request,
+                    store.PLACEHOLDER,
+                    upgrade,
+                    cert.allowed_kinds,
+                    cert.identity_generation,
+                )
+            except ValidationError as invalid:
+                error = invalid.errors()[0]
+                where = ".".join(str(part) for part in error["loc"])
+                raise Refused(Code.INVALID_ARGUMENT, f"{where}: {error['msg']}") from None
             try:
                 opened = await store.open_session(
                     conn,
@@ -187,10 +203,15 @@ class Gateway:
             except store.LeaseGone as gone:
                 self._stopping.set()
                 raise Refused(Code.UNAVAILABLE, str(gone)) from gone
+            except store.Draining as draining:
+                raise Refused(
+                    Code.UNAVAILABLE, str(draining), retry_after=self._pushback(1.0)
+                ) from draining
+            except store.NotJoined as missing:
+                raise Refused(Code.PERMISSION_DENIED, str(missing)) from missing
         older = self.sessions.get(request.node_id)
         if older is not None:  # the same node again on this gateway: the old stream is superseded
             await self._end(older, "superseded")
-        assert cert is not None
         self.sessions[request.node_id] = _Session(
             request.node_id,
             opened.epoch,
@@ -198,16 +219,12 @@ class Gateway:
             request.cert_serial,
             stream,
             self.clock(),
+            cert.not_after.timestamp(),
         )
         await self.facts.publish(
             self.facts.hello(request, opened, upgrade, cert.allowed_kinds, cert.identity_generation)
         )
         return Welcome(opened.epoch, opened.session_id, upgrade)
-
-    def join_slot(self) -> float:
-        """A join takes a token of the same handshake bucket as Hellos: 0 when it may
-        proceed now, else the seconds to wait (a herd of joins pushes Hellos back too)."""
-        return self.bucket.take()
 
     def heartbeat(self, node_id: str, epoch: int) -> None:
         session = self.sessions.get(node_id)
@@ -290,6 +307,8 @@ class Gateway:
         timeout = self.settings.heartbeat_interval * self.settings.missed_heartbeats
         for session in [s for s in self.sessions.values() if now - s.last_seen > timeout]:
             await self._end(session, "heartbeat-timeout")
+        for session in [s for s in self.sessions.values() if s.cert_not_after <= now]:
+            await self._end(session, "certificate-expired")
         if now - self._flushed_at >= self.settings.flush_period:
             self._flushed_at = now
             # beside the tick, not in it: a flush waits on the bus, and a bus that is away

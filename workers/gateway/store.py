@@ -19,6 +19,14 @@ class LeaseGone(Exception):
     """This gateway no longer holds its lease: it must refuse Hellos and stop writing."""
 
 
+class Draining(Exception):
+    """An operator set this gateway draining: it refuses new Hellos (they go elsewhere)."""
+
+
+class NotJoined(Exception):
+    """The node has no session row: it never joined (or was removed)."""
+
+
 ACQUIRE = """
 INSERT INTO gateways AS g (gateway_id, lease_epoch, lease_expires_at)
 VALUES ($1, 1, compute_now() + $2::interval)
@@ -33,7 +41,7 @@ UPDATE gateways SET lease_expires_at = compute_now() + $3::interval
 """
 
 FENCE = """
-SELECT 1 FROM gateways
+SELECT draining FROM gateways
  WHERE gateway_id = $1 AND lease_epoch = $2 AND lease_expires_at > compute_now()
    FOR SHARE
 """
@@ -76,9 +84,12 @@ async def renew(conn: asyncpg.Connection, gateway_id: str, epoch: int, ttl: time
         raise LeaseGone(f"gateway {gateway_id} lost its lease (epoch {epoch})")
 
 
-async def fence(conn: asyncpg.Connection, gateway_id: str, epoch: int) -> None:
-    if await conn.fetchval(FENCE, gateway_id, epoch) is None:
+async def fence(conn: asyncpg.Connection, gateway_id: str, epoch: int) -> bool:
+    """Lock the lease row (LeaseGone unless this gateway holds it); whether it is draining."""
+    draining = await conn.fetchval(FENCE, gateway_id, epoch)
+    if draining is None:
         raise LeaseGone(f"gateway {gateway_id} lost its lease (epoch {epoch})")
+    return bool(draining)
 
 
 async def read_for_admission(
@@ -113,6 +124,18 @@ class Opened:
     previous_live: bool
 
 
+#: what a Hello fact is checked with before the transaction (the real values come from it)
+PLACEHOLDER = Opened(
+    epoch=1,
+    session_id="0" * 32,
+    previous_epoch=0,
+    previous_gateway_id=None,
+    previous_boot_id=None,
+    previous_journal_id=None,
+    previous_live=False,
+)
+
+
 async def open_session(
     conn: asyncpg.Connection,
     gateway_id: str,
@@ -123,8 +146,11 @@ async def open_session(
 ) -> Opened:
     """The Hello transaction: fenced on the lease, the node's row locked, its epoch bumped."""
     async with conn.transaction():
-        await fence(conn, gateway_id, lease_epoch)
+        if await fence(conn, gateway_id, lease_epoch):
+            raise Draining(f"gateway {gateway_id} is draining")
         previous = await conn.fetchrow(PREVIOUS, request.node_id, live_window)
+        if previous is None:
+            raise NotJoined(f"node {request.node_id} has no session row")
         session_id = uuid.uuid4().hex
         digest = request.approver_set_sha256 or None
         epoch = await conn.fetchval(

@@ -43,7 +43,7 @@ DISPATCH_CHANNEL = "bcw_dispatch"
 
 COMMAND_COLUMNS = """
 command_id, node_id, seq, kind, lane, state, session_epoch, delivery_attempt, busy_attempts,
-busy_epoch, not_before, payload::text AS payload, signature
+busy_epoch, not_before, payload::text AS payload, signature, updated_at
 """
 
 LOCK_SESSIONS = """
@@ -110,6 +110,7 @@ def command_from_row(row: asyncpg.Record) -> Command:
         payload=json.loads(row["payload"]),
         signature=row["signature"],
         not_before=row["not_before"],
+        updated_at=row.get("updated_at"),
     )
 
 

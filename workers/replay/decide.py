@@ -40,6 +40,8 @@ class Command:
     payload: Mapping[str, Any] = field(default_factory=dict)
     signature: str | None = None
     not_before: datetime | None = None
+    #: when the command last changed (dispatched, acked, running, moved to a new epoch)
+    updated_at: datetime | None = None
 
     @property
     def signed(self) -> bool:
@@ -75,10 +77,22 @@ def deliverable(command: Command, transport: str, upgrade_required: bool) -> boo
 
 
 def proof_of_completion(command: Command, hello: Hello) -> str | None:
-    """The reason a process-ending command is done, if the Hello proves it. Pure."""
+    """The reason a process-ending command is done, if the Hello proves it. Pure.
+
+    Proof, never absence: a reboot by a changed boot id, an upgrade by the target
+    version, a restart by a daemon process started after the command last changed
+    (dispatched, or reported running). A restart command missing from
+    `running_command_ids` proves nothing (it may have been lost before delivery): it is
+    replayed, unless its result comes back.
+    """
     if command.kind == REBOOT and hello.boot_changed:
         return "rebooted"
-    if command.kind == RESTART and command.command_id not in set(hello.running_command_ids):
+    if (
+        command.kind == RESTART
+        and hello.process_started_at is not None
+        and command.updated_at is not None
+        and hello.process_started_at > command.updated_at
+    ):
         return "restarted"
     if command.kind == UPGRADE and hello.daemon_version == command.payload.get("target_version"):
         return "upgraded"
@@ -139,13 +153,16 @@ def plan_dispatch(
     in_flight: Mapping[str, int],
     credits: int,
     now: datetime,
+    awaiting_replay: Collection[str] = (),
 ) -> DispatchPlan:
     """Which pending commands of one node the session gets now. Pure.
 
     Per lane, in seq order: a kind the certificate excludes is cancelled; a command this
     session cannot take is passed over (it waits for another session); the first one
     whose back-off has not expired stops the lane (nothing overtakes it); at most
-    `credits` are in flight per lane.
+    `credits` are in flight per lane. A lane in `awaiting_replay` (it has commands in
+    flight at an older epoch than the session's: the Hello that replays them has not been
+    applied yet) gets nothing new: the replay puts the older commands first.
     """
     dispatch: list[Command] = []
     cancel: list[Command] = []
@@ -154,6 +171,8 @@ def plan_dispatch(
     for command in sorted(pending, key=lambda c: c.seq):
         by_lane.setdefault(command.lane, []).append(command)
     for lane, commands in sorted(by_lane.items()):
+        if lane in awaiting_replay:
+            continue
         for command in commands:
             if not allowed(command.kind, session.allowed_kinds):
                 cancel.append(command)

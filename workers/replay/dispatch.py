@@ -2,8 +2,10 @@
 `replay-dispatch` lease (so no command is dispatched twice by two replicas).
 
 A round: fence on the lease; pick nodes with pending commands whose back-off has passed;
-lock their session rows FOR SHARE (a Hello's epoch bump waits for us, and we for it);
-plan each node with the pure rules (seq order, credits per lane, eligibility); mark the
+lock their session rows FOR SHARE (a Hello's epoch bump waits for us, and we for it),
+skipping sessions on a gateway whose lease expired; plan each node with the pure rules
+(seq order, credits per lane, eligibility, a lane waits while older commands await
+their replay); mark the
 chosen commands dispatched at the session's current epoch — the write re-checks that
 they are still pending — and queue their dispatch notices to the gateway the session is
 routed to at that moment. Woken by NOTIFY (new commands, Hellos, results, BUSY answers)
@@ -50,6 +52,9 @@ SELECT DISTINCT c.node_id
  LIMIT $1
 """
 
+# Sessions routed to a gateway whose lease has expired get nothing: the gateway may be
+# gone, and its sessions are moving (or the liveness controller's gateway-loss rule will
+# disconnect them). A gateway without a lease row at all has not expired.
 LOCK_CONNECTED = """
 SELECT s.node_id, s.session_epoch, s.gateway_id, s.transport, s.upgrade_required, c.allowed_kinds,
        compute_now() AS now
@@ -58,6 +63,8 @@ SELECT s.node_id, s.session_epoch, s.gateway_id, s.transport, s.upgrade_required
                       WHERE node_id = n.node_id AND gateway_id IS NOT NULL AND session_epoch > 0
                       FOR SHARE) AS s
   LEFT JOIN node_certs c ON c.serial = s.cert_serial
+  LEFT JOIN gateways g ON g.gateway_id = s.gateway_id
+ WHERE g.gateway_id IS NULL OR g.lease_expires_at > compute_now()
 """
 
 PENDING_OF = """
@@ -67,10 +74,12 @@ SELECT c.* FROM unnest($1::text[]) AS n(node_id)
                        FROM commands WHERE node_id = n.node_id AND state = 'pending' ORDER BY seq) AS c
 """
 
+# Per node and lane: commands in flight, and whether one of them is at an epoch older
+# than the session's (its replay is still to come: the lane waits for it).
 IN_FLIGHT_COUNTS = """
-SELECT c.node_id, c.lane, count(*) AS n
-  FROM unnest($1::text[]) AS n(node_id)
-  JOIN commands c ON c.node_id = n.node_id AND c.state IN ('dispatched', 'acked', 'running')
+SELECT c.node_id, c.lane, count(*) AS n, bool_or(c.session_epoch < t.epoch) AS awaiting_replay
+  FROM unnest($1::text[], $2::bigint[]) AS t(node_id, epoch)
+  JOIN commands c ON c.node_id = t.node_id AND c.state IN ('dispatched', 'acked', 'running')
  GROUP BY c.node_id, c.lane
 """
 
@@ -139,8 +148,12 @@ async def dispatch_round(
         for record in await conn.fetch(PENDING_OF, nodes):
             pending.setdefault(record["node_id"], []).append(command_from_row(record))
         in_flight: dict[str, dict[str, int]] = {}
-        for record in await conn.fetch(IN_FLIGHT_COUNTS, nodes):
+        awaiting: dict[str, set[str]] = {}
+        epochs = [sessions[node]["session_epoch"] for node in nodes]
+        for record in await conn.fetch(IN_FLIGHT_COUNTS, nodes, epochs):
             in_flight.setdefault(record["node_id"], {})[record["lane"]] = record["n"]
+            if record["awaiting_replay"]:
+                awaiting.setdefault(record["node_id"], set()).add(record["lane"])
         chosen: list[tuple[Command, asyncpg.Record]] = []
         cancel: list[tuple[Command, asyncpg.Record]] = []
         for node in nodes:
@@ -157,7 +170,12 @@ async def dispatch_round(
             )
             now: datetime = row["now"]
             plan = plan_dispatch(
-                session, pending.get(node, []), in_flight.get(node, {}), settings.credits, now
+                session,
+                pending.get(node, []),
+                in_flight.get(node, {}),
+                settings.credits,
+                now,
+                awaiting.get(node, set()),
             )
             chosen += [(c, row) for c in plan.dispatch]
             cancel += [(c, row) for c in plan.cancel]

@@ -79,6 +79,7 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         Grant("SELECT", "node_sessions"),
         Grant("UPDATE (node_id)", "node_sessions"),  # FOR SHARE only (see above)
         Grant("SELECT", "node_certs"),
+        Grant("SELECT", "gateways"),  # no dispatch to a gateway whose lease expired
         Grant("SELECT", "commands"),
         Grant(
             "UPDATE (state, session_epoch, delivery_attempt, busy_attempts, busy_epoch, "

@@ -19,9 +19,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from schemas.notices import Dispatch
-from workers.gateway import Code, Gateway, HelloRequest, Refused
+from workers.gateway import Gateway, HelloRequest, Refused
 
 HEARTBEAT = 10.0
+#: a gateway's pushback (retry_after) is honoured up to this many seconds
+MAX_PUSHBACK = 900.0
 
 
 @dataclass
@@ -61,6 +63,7 @@ class FakeDaemon:
         self.busy_answers = 0
         self.welcomes = 0
         self.generation = 0
+        self.process_started = self.clock()  # its Hello's proof of a restart
 
     # -- the stream, as the gateway sees it --------------------------------------------
     async def deliver(self, dispatch: Dispatch) -> None:
@@ -118,6 +121,8 @@ class FakeDaemon:
         )  # fmt: skip
 
     def _restart(self) -> None:
+        """A new daemon process (reboot, upgrade, restart): reconnect at once."""
+        self.process_started = self.clock()
         self.gateway = None
         self.epoch = 0
         self.failures = 0
@@ -163,13 +168,14 @@ class FakeDaemon:
             node_id=self.node_id, cert_serial=self.serial, role="worker", boot_id=self.boot_id,
             journal_id=self.journal_id, daemon_version=self.version, capabilities=list(self.capabilities),
             running_command_ids=[str(c) for c in self.running], transport=self.transport, trust_version=1,
+            process_started_at=datetime.fromtimestamp(self.process_started, UTC),
         )  # fmt: skip
         try:
             welcome = await gateway.hello(request, self)
         except Refused as refused:
             self.refusals[refused.code.value] += 1
-            if refused.code is Code.RESOURCE_EXHAUSTED and refused.retry_after is not None:
-                self.next_try = self.clock() + refused.retry_after
+            if refused.retry_after is not None:  # pushback, capped at 15 minutes
+                self.next_try = self.clock() + min(refused.retry_after, MAX_PUSHBACK)
             else:
                 self._back_off()
             return
@@ -190,6 +196,9 @@ class FakeDaemon:
                 return
             if kind == "daemon.upgrade":
                 self.upgrade(str(run.dispatch.payload.get("target_version", self.version)))
+                return
+            if kind == "daemon.restart":  # no result: its new process is the proof
+                self._restart()
                 return
             self._journal("command.finished", {"command_id": str(command_id), "kind": kind})
             self.unreported.append((command_id, "done"))
