@@ -96,6 +96,14 @@ def test_process_ending_commands_complete_by_proof(
         assert plan.completed == ((command, proof),)
 
 
+def test_what_this_session_was_already_sent_is_neither_replayed_nor_lost() -> None:
+    sent_here = cmd(3, epoch=2)  # dispatched to epoch 2 before its Hello fact was applied
+    plan = plan_replay(hello_at(2), [cmd(1), sent_here])
+    assert [c.seq for c in plan.resent] == [1]
+    lost = plan_replay(hello_at(2, journal_id="journal-2"), [cmd(1), sent_here])
+    assert [c.seq for c in lost.failed] == [1]
+
+
 def test_remaining_commands_are_kept_resent_cancelled_or_parked() -> None:
     running = cmd(2, state="running")
     commands = [cmd(5), running, cmd(3, kind="forbidden"), cmd(4, state="acked")]

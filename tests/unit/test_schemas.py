@@ -27,6 +27,7 @@ DESIGN_FIELDS: dict[str, set[str]] = {
         "boot_id", "journal_id", "daemon_version", "proto_max", "trust_version",
         "capabilities", "approver_set_epoch", "approver_set_sha256", "running_command_ids",
         "inventory_hashes", "cert", "upgrade_required", "transport", "previous",
+        "process_started_at",  # DESIGN §9: the proof of a restart (optional)
     },
     "liveness": {"fact_id", "gateway_id", "observed_at", "entries"},
     "closed": {"fact_id", "gateway_id", "observed_at", "node_id", "epoch", "reason"},
@@ -151,7 +152,7 @@ def test_hello_derived_flags(
         pytest.param("hello", hello_wire(surprise=1), "surprise", id="unknown-field"),
         pytest.param("hello", hello_wire(fact_id="not-a-uuid"), "fact_id", id="bad-uuid"),
         pytest.param(
-            "hello", hello_wire(capabilities=["x"] * 1025), "capabilities", id="too-many-capabilities"
+            "hello", hello_wire(capabilities=[1, 2]), "capabilities.0", id="capability-not-a-string"
         ),
         pytest.param(
             "hello", hello_wire(previous={"epoch": 1, "boot_id": 3}), "previous.boot_id",
@@ -241,3 +242,10 @@ def test_parse_fact_refuses_other_shapes(subject: str) -> None:
 def test_bad_roots_are_refused(root: str) -> None:
     with pytest.raises(SubjectError):
         Subjects(root)
+
+
+def test_capabilities_never_refuse_a_hello() -> None:
+    """Any list of strings the bus can carry: the labeler keeps the valid names."""
+    wire = hello_wire(capabilities=[f"c{i}" for i in range(2000)] + ["x" * 300, "", "Not Valid"])
+    hello = REGISTRY.decode({"Bc-Type": "hello"}, json.dumps(wire).encode())
+    assert len(hello.capabilities) == 2003

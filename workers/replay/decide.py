@@ -112,13 +112,19 @@ class ReplayPlan:
 def plan_replay(hello: Hello, in_flight: Iterable[Command]) -> ReplayPlan:
     """What a current Hello at epoch E does to the node's commands in flight. Pure.
 
-    Resume rules first: a changed journal fails every command in flight (`journal-lost`,
-    never re-sent blindly); a process-ending command is completed by the Hello's proof.
+    Only commands in flight at an older epoch are replayed (one sent to this session
+    already is its own). Resume rules first: a changed journal fails every command in
+    flight (`journal-lost`, never re-sent blindly); a process-ending command is completed by the Hello's proof.
     Then every remaining command moves to E: a kind the certificate excludes is
     cancelled; one the daemon reports running is kept (it holds a credit there); one this
     session cannot take waits as pending; the rest are re-sent in seq order.
     """
-    commands = sorted(in_flight, key=lambda c: (c.seq, str(c.command_id)))
+    # what the dispatch loop already sent to this very session (before its Hello fact was
+    # applied) belongs to it: neither lost with the old journal nor sent twice
+    commands = sorted(
+        (c for c in in_flight if c.session_epoch is None or c.session_epoch < hello.epoch),
+        key=lambda c: (c.seq, str(c.command_id)),
+    )
     if hello.journal_changed:
         return ReplayPlan(failed=tuple(commands))
     running = set(hello.running_command_ids)
