@@ -117,6 +117,9 @@ class LivenessEntry(SnakeMessage):
     node_id: NodeId
     epoch: Positive
     age_ms: Annotated[int, Field(ge=0, le=AGE_MS_MAX)]
+    #: the daemon's free credits per lane at its last heartbeat (optional: a flush without
+    #: them keeps the last known ones)
+    credits: dict[Name, SmallNonNegative] | None = Field(default=None, max_length=64)
 
 
 class Liveness(Fact):

@@ -183,6 +183,24 @@ async def test_dispatch_waits_for_a_concurrent_hello_and_routes_to_its_epoch(
     assert (notice["epoch"], notice["_subject"]) == (2, subjects.notice("gw-2", "dispatch"))
 
 
+async def test_dispatch_honours_the_credits_the_daemons_heartbeats_report(
+    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    await db.execute("""UPDATE node_sessions SET lane_credits = '{"default": 2}'""")
+    ids = [await enqueue(db, "n1") for _ in range(5)]
+    await enqueue(db, "n1", lane="bulk")  # not reported: BCW_REPLAY_CREDITS (8)
+    assert await dispatch(pool, subjects) == 3  # 2 of 5 in the default lane, the bulk one
+    assert [s for _, s, _, _ in await states(db)][:5] == ["dispatched"] * 2 + ["pending"] * 3
+    await apply(db, WORKER, subjects,
+                make_fact("progress", node_id="n1", epoch=1, command_id=str(ids[0]), state="running"))  # fmt: skip
+    await db.execute("""UPDATE node_sessions SET lane_credits = '{"default": 1}'""")
+    # the daemon holds 1 (running) and has 1 free: capacity 2, both in flight already
+    assert await dispatch(pool, subjects) == 0
+    await db.execute("""UPDATE node_sessions SET lane_credits = '{"default": 3}'""")
+    assert await dispatch(pool, subjects) == 2  # capacity 1 + 3 = 4: two more
+
+
 async def test_no_dispatch_to_a_gateway_whose_lease_expired(
     db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
 ) -> None:

@@ -18,6 +18,7 @@ from workers.replay.decide import (
     busy_count,
     busy_delay,
     finishes,
+    lane_limits,
     plan_dispatch,
     plan_replay,
     progress_to,
@@ -172,6 +173,30 @@ def test_a_lane_awaiting_its_replay_gets_nothing_new_the_others_go_on() -> None:
     assert [c.seq for c in plan.dispatch] == [6]
     after = plan_dispatch(SESSION, pending, {"default": 1}, 8, NOW, awaiting_replay=set())
     assert [c.seq for c in after.dispatch] == [5, 6]
+
+
+@pytest.mark.parametrize(
+    ("reported", "on_daemon", "expected"),
+    [
+        (None, {"default": 3}, {}),  # never reported: BCW_REPLAY_CREDITS everywhere
+        ({}, {}, {}),
+        ({"default": 4}, {}, {"default": 4}),
+        ({"default": 1}, {"default": 3}, {"default": 4}),  # free 1 + held 3
+        ({"default": 0}, {}, {"default": 0}),  # full: nothing until it frees one
+        ({"default": 20}, {"default": 5}, {"default": 8}),  # never above the setting
+        ({"a": 2, "b": 0}, {"b": 1}, {"a": 2, "b": 1}),
+    ],
+)
+def test_lane_limits_from_heartbeat_credits(
+    reported: dict[str, int] | None, on_daemon: dict[str, int], expected: dict[str, int]
+) -> None:
+    assert lane_limits(reported, on_daemon, credits=8) == expected
+
+
+def test_dispatch_takes_each_lanes_limit_and_the_setting_elsewhere() -> None:
+    pending = [cmd(s, state="pending", lane="a" if s <= 4 else "b") for s in range(1, 9)]
+    plan = plan_dispatch(SESSION, pending, {}, 3, NOW, limits={"a": 1})
+    assert [(c.lane, c.seq) for c in plan.dispatch] == [("a", 1), ("b", 5), ("b", 6), ("b", 7)]
 
 
 def test_the_busy_back_off_sequence_and_its_restart_in_a_new_session() -> None:

@@ -15,7 +15,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -62,6 +62,7 @@ class _Session:
     stream: DaemonStream
     last_seen: float  # clock seconds
     cert_not_after: float = float("inf")  # clock seconds: the session ends then
+    credits: dict[str, int] | None = None  # free per lane, from the last heartbeat with them
 
 
 @dataclass
@@ -226,10 +227,14 @@ class Gateway:
         )
         return Welcome(opened.epoch, opened.session_id, upgrade)
 
-    def heartbeat(self, node_id: str, epoch: int) -> None:
+    def heartbeat(self, node_id: str, epoch: int, credits: Mapping[str, int] | None = None) -> None:
+        """A heartbeat: the session was seen now; `credits`, the daemon's free credits per
+        lane, go out with the next flush (none: the last known ones stay)."""
         session = self.sessions.get(node_id)
         if session is not None and session.epoch == epoch:
             session.last_seen = self.clock()
+            if credits is not None:
+                session.credits = dict(credits)
 
     async def disconnect(
         self, node_id: str, epoch: int, reason: CloseReason = "stream-closed"
@@ -333,7 +338,10 @@ class Gateway:
         self._flushed_at = now
         entries = [
             LivenessEntry(
-                node_id=s.node_id, epoch=s.epoch, age_ms=max(0, int((now - s.last_seen) * 1000))
+                node_id=s.node_id,
+                epoch=s.epoch,
+                age_ms=max(0, int((now - s.last_seen) * 1000)),
+                credits=s.credits,
             )
             for s in self.sessions.values()
         ]

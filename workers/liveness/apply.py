@@ -6,6 +6,7 @@ session's epoch and gateway; a write that matches nothing is a stale fact, not a
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Mapping, Sequence
 
@@ -24,7 +25,7 @@ SELECT s.node_id, s.session_epoch
 """
 
 # One statement for every entry of every flush in the batch: last_seen moves only
-# forward, on rows matching node, epoch and gateway (one entry per node: its newest
+# forward (and the daemon's free credits per lane are kept, when the entry has them), on rows matching node, epoch and gateway (one entry per node: its newest
 # epoch, its smallest age); every entry that matches no row (as it was before this
 # statement) is returned, for a zombie notice to its gateway. The rows are locked in
 # node order first (`locked`), as every other writer of node_sessions locks them: an
@@ -32,12 +33,12 @@ SELECT s.node_id, s.session_epoch
 # the recorder or the labeler.
 FLUSH = """
 WITH e AS (
-    SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[])
-        AS e(node_id, epoch, age_ms, gateway_id)
+    SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[])
+        AS e(node_id, epoch, age_ms, gateway_id, credits)
 ), folded AS (
     SELECT DISTINCT ON (node_id) * FROM e ORDER BY node_id, epoch DESC, age_ms
 ), locked AS (
-    SELECT s.node_id, f.age_ms
+    SELECT s.node_id, f.age_ms, f.credits
       FROM node_sessions s
       JOIN folded f
         ON s.node_id = f.node_id AND s.session_epoch = f.epoch AND s.gateway_id = f.gateway_id
@@ -45,7 +46,8 @@ WITH e AS (
        FOR UPDATE OF s
 ), seen AS (
     UPDATE node_sessions s
-       SET last_seen = GREATEST(s.last_seen, compute_now() - l.age_ms * interval '1 millisecond')
+       SET last_seen = GREATEST(s.last_seen, compute_now() - l.age_ms * interval '1 millisecond'),
+           lane_credits = coalesce(l.credits::jsonb, s.lane_credits)
       FROM locked l
      WHERE s.node_id = l.node_id
 )
@@ -132,6 +134,7 @@ async def _flush(tx: Tx, flushes: list[Liveness]) -> None:
         [e.epoch for e, _ in entries],
         [e.age_ms for e, _ in entries],
         [fact.gateway_id for _, fact in entries],
+        [json.dumps(e.credits) if e.credits is not None else None for e, _ in entries],
     )
     cause = {fact.gateway_id: fact for fact in flushes}
     for row in zombies:

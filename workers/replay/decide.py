@@ -160,13 +160,15 @@ def plan_dispatch(
     credits: int,
     now: datetime,
     awaiting_replay: Collection[str] = (),
+    limits: Mapping[str, int] | None = None,
 ) -> DispatchPlan:
     """Which pending commands of one node the session gets now. Pure.
 
     Per lane, in seq order: a kind the certificate excludes is cancelled; a command this
     session cannot take is passed over (it waits for another session); the first one
     whose back-off has not expired stops the lane (nothing overtakes it); at most
-    `credits` are in flight per lane. A lane in `awaiting_replay` (it has commands in
+    `credits` are in flight per lane (or the lane's entry in `limits`: what the daemon's
+    heartbeats say it can take, `lane_limits`). A lane in `awaiting_replay` (it has commands in
     flight at an older epoch than the session's: the Hello that replays them has not been
     applied yet) gets nothing new: the replay puts the older commands first.
     """
@@ -187,11 +189,28 @@ def plan_dispatch(
                 continue
             if command.not_before is not None and command.not_before > now:
                 break
-            if counts.get(lane, 0) >= credits:
+            if counts.get(lane, 0) >= (limits or {}).get(lane, credits):
                 break
             dispatch.append(command)
             counts[lane] = counts.get(lane, 0) + 1
     return DispatchPlan(tuple(sorted(dispatch, key=lambda c: c.seq)), tuple(cancel))
+
+
+def lane_limits(
+    reported: Mapping[str, int] | None, on_daemon: Mapping[str, int], credits: int
+) -> dict[str, int]:
+    """How many commands each lane may have in flight, from the daemon's heartbeats. Pure.
+
+    `reported`: its free credits per lane at its last heartbeat (None: never reported);
+    `on_daemon`: the lane's commands it holds now (acked or running), which its free
+    credits already left out. The lane's capacity is their sum, never more than
+    `credits`; a lane it did not report keeps `credits`.
+    """
+    if not reported:
+        return {}
+    return {
+        lane: max(0, min(credits, free + on_daemon.get(lane, 0))) for lane, free in reported.items()
+    }
 
 
 def busy_delay(answers_this_session: int, base: timedelta, cap: timedelta) -> timedelta:

@@ -4,8 +4,8 @@
 A round: fence on the lease; pick nodes with pending commands whose back-off has passed;
 lock their session rows FOR SHARE (a Hello's epoch bump waits for us, and we for it),
 skipping sessions on a gateway whose lease expired; plan each node with the pure rules
-(seq order, credits per lane, eligibility, a lane waits while older commands await
-their replay); mark the
+(seq order, credits per lane as the daemon's heartbeats report them, eligibility, a
+lane waits while older commands await their replay); mark the
 chosen commands dispatched at the session's current epoch — the write re-checks that
 they are still pending — and queue their dispatch notices to the gateway the session is
 routed to at that moment. Woken by NOTIFY (new commands, Hellos, results, BUSY answers)
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ import asyncpg
 from schemas.events import CommandCancelled
 from schemas.subjects import Subjects
 from workers.replay.apply import DISPATCH_CHANNEL, command_event, command_from_row, dispatch_notice
-from workers.replay.decide import Command, Session, plan_dispatch
+from workers.replay.decide import Command, Session, lane_limits, plan_dispatch
 from workers.runtime import leases
 from workers.runtime.notify import Listener
 from workers.runtime.outbox import OutboxBatch
@@ -57,7 +58,7 @@ SELECT DISTINCT c.node_id
 # disconnect them). A gateway without a lease row at all has not expired.
 LOCK_CONNECTED = """
 SELECT s.node_id, s.session_epoch, s.gateway_id, s.transport, s.upgrade_required, c.allowed_kinds,
-       compute_now() AS now
+       s.lane_credits::text AS lane_credits, compute_now() AS now
   FROM unnest($1::text[]) AS n(node_id)
  CROSS JOIN LATERAL (SELECT * FROM node_sessions
                       WHERE node_id = n.node_id AND gateway_id IS NOT NULL AND session_epoch > 0
@@ -77,7 +78,8 @@ SELECT c.* FROM unnest($1::text[]) AS n(node_id)
 # Per node and lane: commands in flight, and whether one of them is at an epoch older
 # than the session's (its replay is still to come: the lane waits for it).
 IN_FLIGHT_COUNTS = """
-SELECT c.node_id, c.lane, count(*) AS n, bool_or(c.session_epoch < t.epoch) AS awaiting_replay
+SELECT c.node_id, c.lane, count(*) AS n, bool_or(c.session_epoch < t.epoch) AS awaiting_replay,
+       count(*) FILTER (WHERE c.state IN ('acked', 'running')) AS on_daemon
   FROM unnest($1::text[], $2::bigint[]) AS t(node_id, epoch)
   JOIN commands c ON c.node_id = t.node_id AND c.state IN ('dispatched', 'acked', 'running')
  GROUP BY c.node_id, c.lane
@@ -149,9 +151,11 @@ async def dispatch_round(
             pending.setdefault(record["node_id"], []).append(command_from_row(record))
         in_flight: dict[str, dict[str, int]] = {}
         awaiting: dict[str, set[str]] = {}
+        on_daemon: dict[str, dict[str, int]] = {}
         epochs = [sessions[node]["session_epoch"] for node in nodes]
         for record in await conn.fetch(IN_FLIGHT_COUNTS, nodes, epochs):
             in_flight.setdefault(record["node_id"], {})[record["lane"]] = record["n"]
+            on_daemon.setdefault(record["node_id"], {})[record["lane"]] = record["on_daemon"]
             if record["awaiting_replay"]:
                 awaiting.setdefault(record["node_id"], set()).add(record["lane"])
         chosen: list[tuple[Command, asyncpg.Record]] = []
@@ -176,6 +180,11 @@ async def dispatch_round(
                 settings.credits,
                 now,
                 awaiting.get(node, set()),
+                lane_limits(
+                    json.loads(row["lane_credits"]) if row["lane_credits"] else None,
+                    on_daemon.get(node, {}),
+                    settings.credits,
+                ),
             )
             chosen += [(c, row) for c in plan.dispatch]
             cancel += [(c, row) for c in plan.cancel]

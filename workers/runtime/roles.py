@@ -54,7 +54,8 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         *RUNTIME,
         Grant("SELECT", "node_sessions"),
         Grant(
-            "UPDATE (last_seen, gateway_id, disconnected_at, disconnect_reason)", "node_sessions"
+            "UPDATE (last_seen, lane_credits, gateway_id, disconnected_at, disconnect_reason)",
+            "node_sessions",
         ),
         Grant("SELECT", "gateways"),
         Grant("SELECT, INSERT, UPDATE", "liveness_gateways"),
@@ -110,7 +111,7 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
             "UPDATE (session_epoch, gateway_id, session_id, boot_id, journal_id, role, "
             "daemon_version, proto_max, transport, upgrade_required, trust_version, "
             "approver_set_epoch, approver_set_sha256, acked_event_seq, connected_at, last_seen, "
-            "disconnected_at, disconnect_reason, cert_serial)",
+            "disconnected_at, disconnect_reason, cert_serial, lane_credits)",
             "node_sessions",
         ),
     ),

@@ -134,6 +134,12 @@ class FakeDaemon:
             0, min(60.0, 2.0**self.failures)
         )  # full jitter
 
+    def free_credits(self) -> dict[str, int]:
+        """What its heartbeats report: free credits per lane it knows of."""
+        lanes = {"default", "system", *(r.dispatch.lane for r in self.running.values())}
+        used = Counter(r.dispatch.lane for r in self.running.values())
+        return {lane: max(0, self.lane_credits - used[lane]) for lane in sorted(lanes)}
+
     @property
     def connected(self) -> bool:
         return self.gateway is not None and self.gateway.alive
@@ -150,7 +156,7 @@ class FakeDaemon:
             return
         if now - self.last_heartbeat >= HEARTBEAT:
             self.last_heartbeat = now
-            self.gateway.heartbeat(self.node_id, self.epoch)
+            self.gateway.heartbeat(self.node_id, self.epoch, self.free_credits())
         await self._finish_due(now)
         await self._report()
 
