@@ -192,6 +192,31 @@ async def test_a_zombie_notice_and_a_graceful_shutdown_close_their_sessions(
     ]  # fmt: skip
 
 
+async def test_a_duplicate_hello_holds_its_session_and_a_serial_revoked_meanwhile_is_refused(
+    gateway: Gateway, db: asyncpg.Connection, pool: asyncpg.Pool
+) -> None:
+    await fleet.join(db, "n1")
+
+    async def held() -> Any:
+        return await db.fetchval("SELECT held_epoch FROM node_sessions")
+
+    await gateway.hello(request(boot_id="b1"), Stream())
+    assert await held() is None  # nobody was live before
+    await gateway.hello(request(boot_id="b2"), Stream())  # b1 still live: another machine
+    assert await held() == 2
+    await gateway.hello(request(boot_id="b2"), Stream())  # the same machine again
+    assert await held() is None
+    await db.execute("UPDATE node_certs SET revoked_at = now(), revocation_reason = 'x'")
+    assert gateway.lease_epoch is not None
+    async with pool.acquire() as conn:  # past admission, as if it had read before the revoke
+        with pytest.raises(store.Revoked):
+            await store.open_session(
+                conn, "gw-a", gateway.lease_epoch, request(boot_id="b3"), False,
+                GatewaySettings().live_window,
+            )  # fmt: skip
+    assert await db.fetchval("SELECT session_epoch FROM node_sessions") == 3
+
+
 async def test_the_hello_transaction_and_its_fact(
     gateway: Gateway, db: asyncpg.Connection, nc: NATS, subjects: Subjects
 ) -> None:

@@ -198,3 +198,24 @@ async def test_two_replicas_count_each_hello_once(
     assert sorted(d["alternations"] for d in dups) == [1, 1, 2, 2, 3, 3, 4]
     assert sum(d["quarantined"] for d in dups) == 1
     assert (await _counter(db))[0] == 3
+
+
+async def _held(db: asyncpg.Connection) -> Any:
+    return await db.fetchval("SELECT held_epoch FROM node_sessions WHERE node_id = 'n1'")
+
+
+async def test_a_counted_hello_releases_its_session_a_quarantining_one_keeps_it_held(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    for _ in range(3):
+        hello = await clone_hello(db, serial=None)
+        await db.execute(
+            "UPDATE node_sessions SET session_epoch = $1, held_epoch = $1", hello.epoch
+        )  # as the Hello transaction of a duplicate leaves it
+        await drive.send(hello)
+        assert await _held(db) is None  # counted, not quarantined: released
+    hello = await clone_hello(db, serial=None)
+    await db.execute("UPDATE node_sessions SET session_epoch = $1, held_epoch = $1", hello.epoch)
+    await drive.send(hello)  # the fourth: quarantined
+    assert await _held(db) == hello.epoch  # the clone's session never gets a command

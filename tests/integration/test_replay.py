@@ -201,6 +201,30 @@ async def test_dispatch_honours_the_credits_the_daemons_heartbeats_report(
     assert await dispatch(pool, subjects) == 2  # capacity 1 + 3 = 4: two more
 
 
+async def test_a_session_held_for_the_quarantine_gets_nothing_until_released(
+    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+) -> None:
+    await fleet.session(db, "n1", epoch=1, boot_id="boot-a")
+    first = await enqueue(db, "n1")
+    await dispatch(pool, subjects)
+    await take_outbox(db)
+    # another machine says Hello while the first session is live: held (the Hello
+    # transaction sets it), and its fact reaches the replay before the quarantine counted it
+    await fleet.session(db, "n1", epoch=2, boot_id="boot-b")
+    await db.execute("UPDATE node_sessions SET held_epoch = 2")
+    second = await enqueue(db, "n1")
+    clone = hello(2, boot_id="boot-b", previous={"epoch": 1, "gateway_id": "gw-1",
+                  "boot_id": "boot-a", "journal_id": "journal-1", "live": True})  # fmt: skip
+    await apply(db, WORKER, subjects, clone)
+    assert [s for _, s, _, _ in await states(db)] == ["pending", "pending"]
+    assert of_type(await take_outbox(db), "dispatch") == []
+    assert await dispatch(pool, subjects) == 0  # held: nothing for it
+    await db.execute("UPDATE node_sessions SET held_epoch = NULL")  # the quarantine counted it
+    assert await dispatch(pool, subjects) == 2
+    sent = [n["command_id"] for n in of_type(await take_outbox(db), "dispatch")]
+    assert sent == [str(first), str(second)]  # in seq order
+
+
 async def test_no_dispatch_to_a_gateway_whose_lease_expired(
     db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
 ) -> None:

@@ -210,6 +210,8 @@ class Gateway:
                 ) from draining
             except store.NotJoined as missing:
                 raise Refused(Code.PERMISSION_DENIED, str(missing)) from missing
+            except store.Revoked as revoked:
+                raise Refused(Code.UNAUTHENTICATED, str(revoked)) from revoked
         older = self.sessions.get(request.node_id)
         if older is not None:  # the same node again on this gateway: the old stream is superseded
             await self._end(older, "superseded")

@@ -27,6 +27,13 @@ class NotJoined(Exception):
     """The node has no session row: it never joined (or was removed)."""
 
 
+class Revoked(Exception):
+    """The certificate was revoked between admission and the Hello transaction."""
+
+
+REVOKED = "SELECT revoked_at IS NOT NULL FROM node_certs WHERE serial = $1"
+
+
 ACQUIRE = """
 INSERT INTO gateways AS g (gateway_id, lease_epoch, lease_expires_at)
 VALUES ($1, 1, compute_now() + $2::interval)
@@ -68,7 +75,8 @@ UPDATE node_sessions
        trust_version = $11, approver_set_epoch = $12, approver_set_sha256 = $13,
        acked_event_seq = CASE WHEN journal_id IS DISTINCT FROM $5 THEN 0 ELSE acked_event_seq END,
        connected_at = compute_now(), last_seen = compute_now(), disconnected_at = NULL,
-       disconnect_reason = NULL, cert_serial = $14, lane_credits = NULL
+       disconnect_reason = NULL, cert_serial = $14, lane_credits = NULL,
+       held_epoch = CASE WHEN $15 THEN session_epoch + 1 END
  WHERE node_id = $1
 RETURNING session_epoch
 """
@@ -151,6 +159,14 @@ async def open_session(
         previous = await conn.fetchrow(PREVIOUS, request.node_id, live_window)
         if previous is None:
             raise NotJoined(f"node {request.node_id} has no session row")
+        if await conn.fetchval(REVOKED, request.cert_serial):  # a quarantine just committed
+            raise Revoked(f"certificate {request.cert_serial} was revoked")
+        # another machine while the previous session is live: held for the quarantine
+        duplicate = (
+            bool(previous["live"])
+            and previous["boot_id"] is not None
+            and previous["boot_id"] != request.boot_id
+        )
         session_id = uuid.uuid4().hex
         digest = request.approver_set_sha256 or None
         epoch = await conn.fetchval(
@@ -169,6 +185,7 @@ async def open_session(
             request.approver_set_epoch if digest else None,
             digest,
             request.cert_serial,
+            duplicate,
         )
     return Opened(
         epoch=int(epoch),

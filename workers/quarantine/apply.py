@@ -38,6 +38,14 @@ UPDATE node_sessions s SET duplicate_hellos = t.alternations, duplicate_since = 
  WHERE s.node_id = t.node_id
 """
 
+# The quarantine has counted the session's Hello (and not quarantined the node): its
+# hold ends, and the dispatch loop may send it what waits.
+RELEASE_HOLDS = """
+UPDATE node_sessions s SET held_epoch = NULL
+  FROM unnest($1::text[], $2::bigint[]) AS t(node_id, epoch)
+ WHERE s.node_id = t.node_id AND s.held_epoch <= t.epoch
+"""
+
 REVOKE = """
 UPDATE node_certs SET revoked_at = compute_now(), revocation_reason = $2
  WHERE serial = ANY($1::text[]) AND revoked_at IS NULL
@@ -62,6 +70,7 @@ def make_handler(limits: Limits) -> Handler:
             for node, row in rows.items()
         }
         revoked: list[str] = []
+        released: dict[str, int] = {}  # node → the epoch whose hold ends
         outcomes: dict[uuid.UUID, Outcome] = {}
         for hello in hellos:  # in stream order: each counts
             if hello.node_id not in rows:
@@ -71,12 +80,21 @@ def make_handler(limits: Limits) -> Handler:
             verdict = count(counters[hello.node_id], now, limits)
             counters[hello.node_id] = verdict.counter
             _publish_duplicate(tx, hello, verdict.alternations, verdict.quarantined, limits)
-            if verdict.quarantined:
+            if not verdict.quarantined:
+                released[hello.node_id] = max(hello.epoch, released.get(hello.node_id, 0))
+            else:  # held for good: the clone gets nothing, its revocation closes it
+                released.pop(hello.node_id, None)
                 serials = serials_to_revoke(hello.cert.serial, live.get(hello.node_id, set()))
                 live[hello.node_id] = live.get(hello.node_id, set()) - set(serials)
                 revoked += serials
                 _publish_quarantine(tx, hello, verdict.alternations, serials)
         await _write(tx.conn, counters, revoked)
+        if released:
+            nodes_released = sorted(released)
+            await tx.conn.execute(
+                RELEASE_HOLDS, nodes_released, [released[n] for n in nodes_released]
+            )
+            await tx.conn.execute("SELECT pg_notify('bcw_dispatch', '')")  # what waits may go
         return outcomes
 
     return handle

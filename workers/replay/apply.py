@@ -47,9 +47,9 @@ busy_epoch, not_before, payload::text AS payload, signature, updated_at
 """
 
 LOCK_SESSIONS = """
-SELECT s.node_id, s.session_epoch, s.gateway_id
+SELECT s.node_id, s.session_epoch, s.gateway_id, s.held_epoch
   FROM unnest($1::text[]) AS n(node_id)
- CROSS JOIN LATERAL (SELECT node_id, session_epoch, gateway_id FROM node_sessions
+ CROSS JOIN LATERAL (SELECT node_id, session_epoch, gateway_id, held_epoch FROM node_sessions
                       WHERE node_id = n.node_id FOR SHARE) AS s
 """
 
@@ -223,10 +223,13 @@ async def _replay(tx: Tx, hellos: list[Hello]) -> dict[uuid.UUID, Outcome]:
             )
         for command in plan.kept:
             node_rows[command.command_id].set(state="running", session_epoch=epoch)
-        for command in plan.parked:
+        # a session held for the quarantine gets nothing yet: what it would be re-sent
+        # waits as pending, for the dispatch loop once the quarantine has counted it
+        held = sessions[node]["held_epoch"] == epoch
+        for command in (*plan.parked, *plan.resent) if held else plan.parked:
             node_rows[command.command_id].set(state="pending", session_epoch=None)
         gateway = sessions[node]["gateway_id"]
-        for command in plan.resent:  # in seq order
+        for command in () if held else plan.resent:  # in seq order
             row = node_rows[command.command_id]
             row.set(
                 state="dispatched",

@@ -53,7 +53,8 @@ SELECT DISTINCT c.node_id
  LIMIT $1
 """
 
-# Sessions routed to a gateway whose lease has expired get nothing: the gateway may be
+# A session held for the quarantine (its Hello was a duplicate identity, not yet counted)
+# gets nothing. Sessions routed to a gateway whose lease has expired get nothing: the gateway may be
 # gone, and its sessions are moving (or the liveness controller's gateway-loss rule will
 # disconnect them). A gateway without a lease row at all has not expired.
 LOCK_CONNECTED = """
@@ -62,6 +63,7 @@ SELECT s.node_id, s.session_epoch, s.gateway_id, s.transport, s.upgrade_required
   FROM unnest($1::text[]) AS n(node_id)
  CROSS JOIN LATERAL (SELECT * FROM node_sessions
                       WHERE node_id = n.node_id AND gateway_id IS NOT NULL AND session_epoch > 0
+                        AND held_epoch IS NULL
                       FOR SHARE) AS s
   LEFT JOIN node_certs c ON c.serial = s.cert_serial
   LEFT JOIN gateways g ON g.gateway_id = s.gateway_id

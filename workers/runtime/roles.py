@@ -71,7 +71,7 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
     "bcw_quarantine": (
         *RUNTIME,
         Grant("SELECT", "node_sessions"),
-        Grant("UPDATE (duplicate_hellos, duplicate_since)", "node_sessions"),
+        Grant("UPDATE (duplicate_hellos, duplicate_since, held_epoch)", "node_sessions"),
         Grant("SELECT", "node_certs"),
         Grant("UPDATE (revoked_at, revocation_reason)", "node_certs"),
     ),
@@ -111,7 +111,7 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
             "UPDATE (session_epoch, gateway_id, session_id, boot_id, journal_id, role, "
             "daemon_version, proto_max, transport, upgrade_required, trust_version, "
             "approver_set_epoch, approver_set_sha256, acked_event_seq, connected_at, last_seen, "
-            "disconnected_at, disconnect_reason, cert_serial, lane_credits)",
+            "disconnected_at, disconnect_reason, cert_serial, lane_credits, held_epoch)",
             "node_sessions",
         ),
     ),

@@ -1,0 +1,112 @@
+"""Clones refused in time: a session whose Hello was a duplicate identity gets nothing
+until the quarantine enforcer has counted it; the quarantined clone never gets a command,
+and its revocation closes it.
+
+What is real: nats-server, PostgreSQL, two reference gateways, the liveness, quarantine
+and replay workers on the real runtime; two "machines" sharing one certificate say Hello
+in turn, each while the other's session is live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+from nats.aio.client import Client as NATS
+
+from schemas.notices import Dispatch
+from schemas.subjects import Subjects
+from tests.conftest import Servers
+from tests.integration import fleet
+from tests.integration.support import eventually, make_settings, running
+from workers import liveness, quarantine, replay
+from workers.gateway import Gateway, HelloRequest
+from workers.runtime import bus
+
+
+class _Stream:
+    def __init__(self) -> None:
+        self.delivered: list[Dispatch] = []
+        self.dropped: list[str] = []
+
+    async def deliver(self, dispatch: Dispatch) -> None:
+        self.delivered.append(dispatch)
+
+    async def event_ack(self, journal_id: str, seq: int) -> None:
+        pass
+
+    def drop(self, reason: str) -> None:
+        self.dropped.append(reason)
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=6)
+    yield pool
+    await pool.close()
+
+
+async def test_the_quarantined_clone_gets_no_command(
+    servers: Servers,
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
+    pool: asyncpg.Pool,
+) -> None:
+    await bus.provision_streams(nc.jetstream(), subjects)
+    await fleet.join(db, "n1")
+    settings = make_settings(servers.nats_url, database_url, subjects)
+    workers = [build(settings) for build in (liveness.build, quarantine.build, replay.build)]
+    gateways = [Gateway(g, pool, nc, subjects) for g in ("gw-a", "gw-b")]
+    for gateway in gateways:
+        await gateway.start()
+    try:
+        async with running(settings, workers):
+
+            async def hello(turn: int) -> _Stream:
+                stream = _Stream()
+                request = HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker",
+                                       boot_id=f"machine-{turn % 2}", journal_id="j1")  # fmt: skip
+                await gateways[turn % 2].hello(request, stream)
+                return stream
+
+            await hello(0)
+            for turn in range(1, 4):  # three alternations: counted, not quarantined
+                stream = await hello(turn)
+                await eventually(lambda: _released(db), what=f"alternation {turn} counted")
+            command = await db.fetchval("SELECT enqueue_command('n1', 'noop', '{}')")
+            await eventually(lambda: _delivered(stream), what="a counted session gets its work")
+            assert [d.command_id for d in stream.delivered] == [command]
+
+            clone = await hello(4)  # the fourth alternation: quarantined
+            await eventually(lambda: _revoked(db), what="the certificate revoked")
+            await eventually(lambda: _dropped(clone), what="the revocation closes the clone")
+            await asyncio.sleep(1.0)  # a dispatch round or two, had it been sent anything
+            assert clone.delivered == [] and clone.dropped == ["revoked"]
+            row = await db.fetchrow("SELECT session_epoch, held_epoch FROM node_sessions")
+            assert row["held_epoch"] == row["session_epoch"] == 5
+            state = await db.fetchval("SELECT state FROM commands WHERE command_id = $1", command)
+            assert state == "pending"  # taken back from the clone, waiting for a real session
+    finally:
+        for gateway in gateways:
+            if gateway.alive:
+                await gateway.stop(graceful=False)
+
+
+async def _released(db: asyncpg.Connection) -> bool:
+    return await db.fetchval("SELECT held_epoch IS NULL FROM node_sessions") is True
+
+
+async def _delivered(stream: _Stream) -> bool:
+    return bool(stream.delivered)
+
+
+async def _revoked(db: asyncpg.Connection) -> bool:
+    return bool(await db.fetchval("SELECT revoked_at IS NOT NULL FROM node_certs"))
+
+
+async def _dropped(stream: _Stream) -> bool:
+    return bool(stream.dropped)
