@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
+import uuid
 from typing import Any
 
 import asyncpg
@@ -20,6 +22,7 @@ from tests.integration import fleet
 from tests.integration.support import stream_messages
 from workers.gateway import Code, Gateway, GatewaySettings, HelloRequest, Refused, store
 from workers.runtime import bus
+from workers.sim.daemon import FakeDaemon
 
 
 class Stream:
@@ -215,6 +218,59 @@ async def test_a_duplicate_hello_holds_its_session_and_a_serial_revoked_meanwhil
                 GatewaySettings().live_window,
             )  # fmt: skip
     assert await db.fetchval("SELECT session_epoch FROM node_sessions") == 3
+
+
+async def test_the_welcome_tells_server_time_acked_events_and_credits(
+    gateway: Gateway, db: asyncpg.Connection
+) -> None:
+    await fleet.join(db, "n1")
+    before = time.time()
+    first = await gateway.hello(request(), Stream())
+    assert before <= first.server_time <= time.time()
+    assert (first.acked_event_seq, first.credits) == (0, 8)
+    await db.execute("UPDATE node_sessions SET acked_event_seq = 7")
+    same_journal = await gateway.hello(request(boot_id="b2"), Stream())
+    assert same_journal.acked_event_seq == 7  # re-send the journal after seq 7
+    new_journal = await gateway.hello(request(boot_id="b3", journal_id="j2"), Stream())
+    assert new_journal.acked_event_seq == 0
+
+
+async def test_the_first_frame_must_be_hello_and_any_frame_refreshes_last_seen(
+    gateway: Gateway, db: asyncpg.Connection
+) -> None:
+    await fleet.join(db, "n1")
+    command = uuid.uuid4()
+    with pytest.raises(Refused) as refused:
+        await gateway.progress("n1", 1, command, "acked")
+    assert refused.value.code is Code.INVALID_ARGUMENT
+    welcome = await gateway.hello(request(), Stream())
+    with pytest.raises(Refused):  # another epoch: not this stream's
+        await gateway.result("n1", welcome.epoch + 1, command, "done", {}, None)
+    gateway.sessions["n1"].last_seen = 0.0
+    await gateway.progress("n1", welcome.epoch, command, "acked")
+    assert gateway.sessions["n1"].last_seen > 0.0
+
+
+async def test_a_welcome_six_minutes_behind_the_mark_ends_the_fake_daemons_session(
+    gateway: Gateway, db: asyncpg.Connection, pool: asyncpg.Pool, nc: NATS, subjects: Subjects
+) -> None:
+    await fleet.join(db, "n1")
+    behind = Gateway("gw-behind", pool, nc, subjects, clock=lambda: time.time() - 360)
+    await behind.start()
+    try:
+        daemon = FakeDaemon("n1", "n1-serial", time.time, random.Random(1), home=0)
+        await daemon.tick([gateway, behind])  # home: the gateway on time sets the mark
+        assert daemon.gateway is gateway and daemon.server_time_mark > 0
+        daemon.drop("test")
+        daemon.next_try = 0.0
+        await daemon.tick([behind])  # the only gateway left is 6 minutes behind
+        assert daemon.gateway is None and daemon.behind_welcomes == 1
+        assert "n1" not in behind.sessions  # the stream was closed at once
+        daemon.next_try = 0.0
+        await daemon.tick([gateway, behind])  # and the next attempt goes elsewhere
+        assert daemon.gateway is gateway
+    finally:
+        await behind.stop(graceful=False)
 
 
 async def test_the_hello_transaction_and_its_fact(

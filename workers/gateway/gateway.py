@@ -227,7 +227,14 @@ class Gateway:
         await self.facts.publish(
             self.facts.hello(request, opened, upgrade, cert.allowed_kinds, cert.identity_generation)
         )
-        return Welcome(opened.epoch, opened.session_id, upgrade)
+        return Welcome(
+            opened.epoch,
+            opened.session_id,
+            upgrade,
+            server_time=self.clock(),
+            acked_event_seq=opened.acked_event_seq,
+            credits=self.settings.credits,
+        )
 
     def heartbeat(self, node_id: str, epoch: int, credits: Mapping[str, int] | None = None) -> None:
         """A heartbeat: the session was seen now; `credits`, the daemon's free credits per
@@ -246,7 +253,17 @@ class Gateway:
             del self.sessions[node_id]
             await self.facts.publish(self.facts.closed(session.node_id, session.epoch, reason))
 
+    def _frame(self, node_id: str, epoch: int | None = None) -> _Session:
+        """A frame of an open stream (not the first): its session, seen now. A frame
+        without a session at that epoch is refused: the first frame must be Hello."""
+        session = self.sessions.get(node_id)
+        if session is None or (epoch is not None and session.epoch != epoch):
+            raise Refused(Code.INVALID_ARGUMENT, "no session: the first frame must be Hello")
+        session.last_seen = self.clock()  # any frame says the daemon is there
+        return session
+
     async def progress(self, node_id: str, epoch: int, command_id: uuid.UUID, state: str) -> None:
+        self._frame(node_id, epoch)
         await self.facts.fact(
             Progress, node_id=node_id, epoch=epoch, command_id=command_id, state=state
         )
@@ -260,6 +277,7 @@ class Gateway:
         result: dict[str, Any] | None,
         error: str | None,
     ) -> None:
+        self._frame(node_id, epoch)
         await self.facts.fact(
             Result,
             node_id=node_id,
@@ -271,16 +289,19 @@ class Gateway:
         )
 
     async def busy(self, node_id: str, epoch: int, command_id: uuid.UUID) -> None:
+        self._frame(node_id, epoch)
         await self.facts.fact(
             Rejected, node_id=node_id, epoch=epoch, command_id=command_id, reason="BUSY"
         )
 
     async def events(self, node_id: str, journal_id: str, events: list[dict[str, Any]]) -> None:
+        self._frame(node_id)
         await self.facts.fact(Events, node_id=node_id, journal_id=journal_id, events=events)
 
     async def status(
         self, node_id: str, epoch: int, observed_generation: int, trust_version: int = 0
     ) -> None:
+        self._frame(node_id, epoch)
         await self.facts.fact(
             Status,
             node_id=node_id,

@@ -78,7 +78,7 @@ UPDATE node_sessions
        disconnect_reason = NULL, cert_serial = $14, lane_credits = NULL,
        held_epoch = CASE WHEN $15 THEN session_epoch + 1 END
  WHERE node_id = $1
-RETURNING session_epoch
+RETURNING session_epoch, acked_event_seq
 """
 
 
@@ -130,6 +130,7 @@ class Opened:
     previous_boot_id: str | None
     previous_journal_id: str | None
     previous_live: bool
+    acked_event_seq: int = 0  # what the control plane holds of the daemon's journal
 
 
 #: what a Hello fact is checked with before the transaction (the real values come from it)
@@ -169,7 +170,7 @@ async def open_session(
         )
         session_id = uuid.uuid4().hex
         digest = request.approver_set_sha256 or None
-        epoch = await conn.fetchval(
+        bumped = await conn.fetchrow(
             BUMP,
             request.node_id,
             gateway_id,
@@ -188,7 +189,8 @@ async def open_session(
             duplicate,
         )
     return Opened(
-        epoch=int(epoch),
+        epoch=int(bumped["session_epoch"]),
+        acked_event_seq=int(bumped["acked_event_seq"]),
         session_id=session_id,
         previous_epoch=previous["session_epoch"],
         previous_gateway_id=previous["gateway_id"],

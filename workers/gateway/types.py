@@ -38,6 +38,13 @@ class Welcome:
     epoch: int
     session_id: str
     upgrade_required: bool
+    #: the gateway's clock when it welcomed (the daemon keeps the latest as its mark: a
+    #: Welcome more than 5 minutes behind it ends the session)
+    server_time: float = 0.0
+    #: the last event seq the control plane holds of the daemon's journal (re-send after it)
+    acked_event_seq: int = 0
+    #: commands the daemon may hold per lane
+    credits: int = 8
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,7 @@ class GatewaySettings:
     max_streams: int = 5_000
     max_pending_hellos: int = 64
     min_daemon_version: str = "0"
+    credits: int = 8  # per lane, told to each daemon in its Welcome
 
     @property
     def live_window(self) -> timedelta:

@@ -24,6 +24,8 @@ from workers.gateway import Gateway, HelloRequest, Refused
 HEARTBEAT = 10.0
 #: a gateway's pushback (retry_after) is honoured up to this many seconds
 MAX_PUSHBACK = 900.0
+#: a Welcome further behind the daemon's server-time mark than this ends the session
+MAX_CLOCK_BACK = 300.0
 
 
 @dataclass
@@ -64,6 +66,9 @@ class FakeDaemon:
         self.welcomes = 0
         self.generation = 0
         self.process_started = self.clock()  # its Hello's proof of a restart
+        self.server_time_mark = 0.0  # the latest server time a Welcome told it; never back
+        self.behind_welcomes = 0  # Welcomes refused for being behind the mark
+        self.distrusted: Gateway | None = None  # the gateway of the last such Welcome
 
     # -- the stream, as the gateway sees it --------------------------------------------
     async def deliver(self, dispatch: Dispatch) -> None:
@@ -73,15 +78,18 @@ class FakeDaemon:
         if dispatch.command_id in self.running:
             return  # a replay of what runs already
         in_lane = sum(1 for r in self.running.values() if r.dispatch.lane == dispatch.lane)
-        if in_lane >= self.lane_credits:
-            self.busy_answers += 1
-            await gateway.busy(self.node_id, self.epoch, dispatch.command_id)
-            return
-        self.running[dispatch.command_id] = _Running(
-            dispatch, self.clock() + self.rng.uniform(*self.work_seconds)
-        )
-        await gateway.progress(self.node_id, self.epoch, dispatch.command_id, "acked")
-        await gateway.progress(self.node_id, self.epoch, dispatch.command_id, "running")
+        try:
+            if in_lane >= self.lane_credits:
+                self.busy_answers += 1
+                await gateway.busy(self.node_id, self.epoch, dispatch.command_id)
+                return
+            self.running[dispatch.command_id] = _Running(
+                dispatch, self.clock() + self.rng.uniform(*self.work_seconds)
+            )
+            await gateway.progress(self.node_id, self.epoch, dispatch.command_id, "acked")
+            await gateway.progress(self.node_id, self.epoch, dispatch.command_id, "running")
+        except Refused:  # the session ended meanwhile: the next one replays it
+            self.drop("refused")
 
     async def event_ack(self, journal_id: str, seq: int) -> None:
         if journal_id == self.journal_id:
@@ -165,10 +173,11 @@ class FakeDaemon:
         if not alive:
             self._back_off()
             return
+        trusted = [g for g in alive if g is not self.distrusted] or alive
         gateway = (
-            alive[self.home % len(alive)]
-            if gateways[self.home % len(gateways)].alive
-            else self.rng.choice(alive)
+            trusted[self.home % len(trusted)]
+            if gateways[self.home % len(gateways)] in trusted
+            else self.rng.choice(trusted)
         )
         request = HelloRequest(
             node_id=self.node_id, cert_serial=self.serial, role="worker", boot_id=self.boot_id,
@@ -185,6 +194,14 @@ class FakeDaemon:
             else:
                 self._back_off()
             return
+        if welcome.server_time < self.server_time_mark - MAX_CLOCK_BACK:
+            # a server whose time went back (a restored snapshot, a wrong clock): not trusted
+            self.behind_welcomes += 1
+            self.distrusted = gateway  # the next attempt goes elsewhere, if it can
+            await gateway.disconnect(self.node_id, welcome.epoch)  # it closes the stream
+            self._back_off()
+            return
+        self.server_time_mark = max(self.server_time_mark, welcome.server_time)
         self.gateway, self.epoch = gateway, welcome.epoch
         self.failures = 0
         self.welcomes += 1
@@ -217,11 +234,17 @@ class FakeDaemon:
         gateway = self.gateway
         if gateway is None:
             return
-        while self.unreported:
-            command_id, outcome = self.unreported.pop(0)
-            await gateway.result(self.node_id, self.epoch, command_id, outcome, {"exit": 0}, None)
-        unsent = [e for e in self.journal if e["seq"] > self.sent_seq]
-        if unsent:
-            events = [{**e, "at": datetime.fromtimestamp(e["at"], UTC)} for e in unsent[:1000]]
-            await gateway.events(self.node_id, self.journal_id, events)
-            self.sent_seq = unsent[: len(events)][-1]["seq"]
+        try:
+            while self.unreported:
+                command_id, outcome = self.unreported[0]
+                await gateway.result(
+                    self.node_id, self.epoch, command_id, outcome, {"exit": 0}, None
+                )
+                self.unreported.pop(0)
+            unsent = [e for e in self.journal if e["seq"] > self.sent_seq]
+            if unsent:
+                events = [{**e, "at": datetime.fromtimestamp(e["at"], UTC)} for e in unsent[:1000]]
+                await gateway.events(self.node_id, self.journal_id, events)
+                self.sent_seq = unsent[: len(events)][-1]["seq"]
+        except Refused:  # the session ended meanwhile: reported again on the next one
+            self.drop("refused")
