@@ -121,8 +121,18 @@ def test_a_gateway_is_seen_while_its_flushes_are_applied(
         (1 * S, NOW - 9 * S, SightChange("gw-1", False, 1 * S)),  # sees again
         (None, None, SightChange("gw-1", True, None)),  # never flushed: blind
         (None, NOW - 9 * S, None),
+        # the clock stepped back past the last flush (the demo's offset reset): age 0
+        (-137 * S, NOW - 9 * S, SightChange("gw-1", False, 0 * S)),
     ],
-    ids=["seeing", "goes-blind", "stays-blind", "sees-again", "never-flushed", "never-still"],
+    ids=[
+        "seeing",
+        "goes-blind",
+        "stays-blind",
+        "sees-again",
+        "never-flushed",
+        "never-still",
+        "clock-stepped-back",
+    ],  # fmt: skip
 )
 def test_sight_changes_are_said_once_per_transition(
     last_flush_ago: timedelta | None, blind_since: datetime | None, change: SightChange | None
