@@ -132,7 +132,7 @@ def test_a_gateway_is_seen_while_its_flushes_are_applied(
         "never-flushed",
         "never-still",
         "clock-stepped-back",
-    ],  # fmt: skip
+    ],
 )
 def test_sight_changes_are_said_once_per_transition(
     last_flush_ago: timedelta | None, blind_since: datetime | None, change: SightChange | None
