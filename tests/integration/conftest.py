@@ -4,6 +4,8 @@ effects in."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import asyncpg
 import pytest
 
@@ -18,3 +20,11 @@ async def tally_db(database_url: str) -> str:
     finally:
         await conn.close()
     return database_url
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    """A pool on this test's database (a module may define its own, sized for it)."""
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=6)
+    yield pool
+    await pool.close()

@@ -23,10 +23,10 @@ import nats
 import pytest
 from nats.aio.client import Client as NATS
 
-from schemas.notices import Dispatch
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration import fleet
+from tests.integration.streams import RecordingStream
 from tests.integration.support import bcw, eventually, make_settings, running, stream_messages
 from workers import liveness
 from workers.demo import fresh_sweep_history
@@ -41,19 +41,6 @@ S = timedelta(seconds=1)
 GATEWAY_SETTINGS = GatewaySettings(
     heartbeat_interval=1.0, missed_heartbeats=3, flush_period=1.0, lease_ttl=3.0, renew_every=0.5
 )
-
-
-class _Stream:
-    """A daemon's end of the stream, enough for these tests."""
-
-    async def deliver(self, dispatch: Dispatch) -> None:
-        pass
-
-    async def event_ack(self, journal_id: str, seq: int) -> None:
-        pass
-
-    def drop(self, reason: str) -> None:
-        pass
 
 
 def _liveness_settings(base: Settings, nats_url: str | None = None) -> Settings:
@@ -95,7 +82,7 @@ class Fleet:
                 welcome = await gateway.hello(
                     HelloRequest(node_id=node, cert_serial=f"{node}-serial", role="worker",
                                  boot_id="b1", journal_id="j1"),
-                    _Stream(),
+                    RecordingStream(),
                 )  # fmt: skip
                 self.held[node] = (gateway, node, welcome.epoch)
         if self._beat is None:

@@ -19,11 +19,11 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from schemas.notices import Dispatch
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.factories import make_fact
 from tests.integration import fleet
+from tests.integration.streams import RecordingStream
 from tests.integration.support import bcw, eventually, make_settings, running
 from workers.embedded import EmbeddedNats
 from workers.gateway import Gateway, HelloRequest
@@ -80,20 +80,6 @@ async def _client(keys: Path, url: str, principal: str) -> AsyncIterator[tuple[N
         await nc.close()
 
 
-class _Stream:
-    def __init__(self) -> None:
-        self.delivered: list[Dispatch] = []
-
-    async def deliver(self, dispatch: Dispatch) -> None:
-        self.delivered.append(dispatch)
-
-    async def event_ack(self, journal_id: str, seq: int) -> None:
-        pass
-
-    def drop(self, reason: str) -> None:
-        pass
-
-
 async def test_nobody_unauthenticated_gets_in(secured: str) -> None:
     with pytest.raises(RefusedError) as refused:
         await bus.connect(NatsSettings(url=secured, connect_timeout=2.0), name="anonymous")
@@ -131,7 +117,7 @@ async def test_each_principal_does_its_work_and_nothing_else(
         try:
             await fleet.join(db, "n1")
             command = await db.fetchval("SELECT enqueue_command('n1', 'noop', '{}')")
-            stream = _Stream()
+            stream = RecordingStream()
             await gateway.hello(
                 HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker",
                              boot_id="b1", journal_id="j1", capabilities=["gpu"]),
@@ -195,7 +181,7 @@ async def test_each_principal_does_its_work_and_nothing_else(
         await eventually(lambda: _violation(errors, "Publish"), what="a worker's fact refused")
 
 
-async def _one(stream: _Stream) -> bool:
+async def _one(stream: RecordingStream) -> bool:
     return len(stream.delivered) >= 1
 
 

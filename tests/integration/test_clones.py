@@ -10,42 +10,18 @@ in turn, each while the other's session is live.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import asyncpg
-import pytest
 from nats.aio.client import Client as NATS
 
-from schemas.notices import Dispatch
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration import fleet
+from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, make_settings, running
 from workers import liveness, quarantine, replay
 from workers.gateway import Gateway, HelloRequest
 from workers.runtime import bus
-
-
-class _Stream:
-    def __init__(self) -> None:
-        self.delivered: list[Dispatch] = []
-        self.dropped: list[str] = []
-
-    async def deliver(self, dispatch: Dispatch) -> None:
-        self.delivered.append(dispatch)
-
-    async def event_ack(self, journal_id: str, seq: int) -> None:
-        pass
-
-    def drop(self, reason: str) -> None:
-        self.dropped.append(reason)
-
-
-@pytest.fixture
-async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=6)
-    yield pool
-    await pool.close()
 
 
 async def test_the_quarantined_clone_gets_no_command(
@@ -66,8 +42,8 @@ async def test_the_quarantined_clone_gets_no_command(
     try:
         async with running(settings, workers):
 
-            async def hello(turn: int) -> _Stream:
-                stream = _Stream()
+            async def hello(turn: int) -> RecordingStream:
+                stream = RecordingStream()
                 request = HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker",
                                        boot_id=f"machine-{turn % 2}", journal_id="j1")  # fmt: skip
                 await gateways[turn % 2].hello(request, stream)
@@ -100,7 +76,7 @@ async def _released(db: asyncpg.Connection) -> bool:
     return await db.fetchval("SELECT held_epoch IS NULL FROM node_sessions") is True
 
 
-async def _delivered(stream: _Stream) -> bool:
+async def _delivered(stream: RecordingStream) -> bool:
     return bool(stream.delivered)
 
 
@@ -108,5 +84,5 @@ async def _revoked(db: asyncpg.Connection) -> bool:
     return bool(await db.fetchval("SELECT revoked_at IS NOT NULL FROM node_certs"))
 
 
-async def _dropped(stream: _Stream) -> bool:
+async def _dropped(stream: RecordingStream) -> bool:
     return bool(stream.dropped)

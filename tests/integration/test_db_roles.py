@@ -14,10 +14,10 @@ import pytest
 from nats.aio.client import Client as NATS
 from pydantic import SecretStr
 
-from schemas.notices import Dispatch
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration import fleet
+from tests.integration.streams import RecordingStream
 from tests.integration.support import bcw, eventually, make_settings, running, stream_messages
 from workers.gateway import Gateway, HelloRequest
 from workers.registry import WORKERS
@@ -168,20 +168,6 @@ async def test_migrate_grants_again_and_prints_the_same_grants(database_url: str
         await conn.close()
 
 
-class _Stream:
-    def __init__(self) -> None:
-        self.delivered: list[Dispatch] = []
-
-    async def deliver(self, dispatch: Dispatch) -> None:
-        self.delivered.append(dispatch)
-
-    async def event_ack(self, journal_id: str, seq: int) -> None:
-        pass
-
-    def drop(self, reason: str) -> None:
-        pass
-
-
 @contextlib.asynccontextmanager
 async def _pool(url: str) -> AsyncIterator[asyncpg.Pool]:
     pool = await asyncpg.create_pool(url, min_size=1, max_size=4)
@@ -212,7 +198,7 @@ async def test_each_worker_does_its_job_under_its_own_role(
         gateway = Gateway("gw-1", pool, nc, subjects)
         await gateway.start()
         stack.push_async_callback(gateway.stop, False)
-        stream = _Stream()
+        stream = RecordingStream()
 
         def hello(boot: str) -> HelloRequest:
             return HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker",
@@ -230,7 +216,7 @@ async def test_each_worker_does_its_job_under_its_own_role(
             lambda: _one(db, "SELECT count(*) FROM node_labels WHERE key = 'bc.dev/cap.gpu'"),
             what="labeler: the capability label",
         )
-        await gateway.hello(hello("b2"), _Stream())  # another machine while b1 is live
+        await gateway.hello(hello("b2"), RecordingStream())  # another machine while b1 is live
         await eventually(lambda: _one(db, "SELECT duplicate_hellos FROM node_sessions"),
                          what="quarantine: the alternation counted")  # fmt: skip
         await eventually(lambda: _events(nc, subjects, "node.connected", 2),
@@ -241,7 +227,7 @@ async def test_each_worker_does_its_job_under_its_own_role(
     # leaving the block stops every process; one that died of a refused statement raises
 
 
-async def _delivered(stream: _Stream) -> bool:
+async def _delivered(stream: RecordingStream) -> bool:
     return len(stream.delivered) >= 1
 
 

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
-import pytest
 from nats.aio.client import Client as NATS
 
-from schemas.notices import Dispatch
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.factories import make_fact
 from tests.integration import fleet
+from tests.integration.streams import RecordingStream
 from tests.integration.support import (
     eventually,
     make_settings,
@@ -34,27 +32,6 @@ from workers.gateway import Gateway, HelloRequest
 from workers.registry import WORKERS
 from workers.runtime import bus
 from workers.runtime.worker import Runtime
-
-
-class _Stream:
-    def __init__(self) -> None:
-        self.delivered: list[Dispatch] = []
-
-    async def deliver(self, dispatch: Dispatch) -> None:
-        self.delivered.append(dispatch)
-
-    async def event_ack(self, journal_id: str, seq: int) -> None:
-        pass
-
-    def drop(self, reason: str) -> None:
-        pass
-
-
-@pytest.fixture
-async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=6)
-    yield pool
-    await pool.close()
 
 
 def _request(**kw: Any) -> HelloRequest:
@@ -123,7 +100,7 @@ async def test_a_gateway_forging_facts_about_a_node_it_does_not_hold_changes_not
     await successor.start()
     try:
         async with running(settings, workers) as (runtime, _port):
-            stream = _Stream()
+            stream = RecordingStream()
             welcome = await holder.hello(_request(), stream)
             command = await db.fetchval("SELECT enqueue_command('n1', 'noop', '{}')")
             await eventually(lambda: _delivered(stream, 1), what="the command dispatched to gw-a")
@@ -200,7 +177,9 @@ async def test_a_gateway_forging_facts_about_a_node_it_does_not_hold_changes_not
             assert len(stream.delivered) == 1
 
             # the node moves to gw-c; its result, replayed there at the new epoch, counts
-            moved = await successor.hello(_request(running_command_ids=[str(command)]), _Stream())
+            moved = await successor.hello(
+                _request(running_command_ids=[str(command)]), RecordingStream()
+            )
             await successor.result("n1", moved.epoch, uuid.UUID(str(command)), "done", {}, None)
             await eventually(
                 lambda: _command_done(db, command), what="the replayed result completed it"
@@ -212,7 +191,7 @@ async def test_a_gateway_forging_facts_about_a_node_it_does_not_hold_changes_not
                 await gateway.stop(graceful=False)
 
 
-async def _delivered(stream: _Stream, n: int) -> bool:
+async def _delivered(stream: RecordingStream, n: int) -> bool:
     return len(stream.delivered) >= n
 
 

@@ -19,25 +19,11 @@ from schemas import REGISTRY
 from schemas.notices import Dispatch, Zombie
 from schemas.subjects import Subjects
 from tests.integration import fleet
+from tests.integration.streams import RecordingStream
 from tests.integration.support import stream_messages
 from workers.gateway import Code, Gateway, GatewaySettings, HelloRequest, Refused, store
 from workers.runtime import bus
 from workers.sim.daemon import FakeDaemon
-
-
-class Stream:
-    def __init__(self) -> None:
-        self.dropped: list[str] = []
-        self.delivered: list[Dispatch] = []
-
-    async def deliver(self, dispatch: Dispatch) -> None:
-        self.delivered.append(dispatch)
-
-    async def event_ack(self, journal_id: str, seq: int) -> None:
-        pass
-
-    def drop(self, reason: str) -> None:
-        self.dropped.append(reason)
 
 
 @pytest.fixture
@@ -87,9 +73,9 @@ async def test_each_refusal_code_from_real_rows(gateway: Gateway, db: asyncpg.Co
     ]
     for hello, code in cases:
         with pytest.raises(Refused) as refused:
-            await gateway.hello(hello, Stream())
+            await gateway.hello(hello, RecordingStream())
         assert refused.value.code is code, hello
-    welcome = await gateway.hello(request(cert_serial="n1-serial-new"), Stream())
+    welcome = await gateway.hello(request(cert_serial="n1-serial-new"), RecordingStream())
     assert welcome.epoch == 1
 
 
@@ -98,14 +84,14 @@ async def test_any_capability_list_connects_and_a_fact_that_cannot_be_published_
 ) -> None:
     await fleet.join(db, "n1")
     caps = [f"cap-{i}" for i in range(2000)] + ["x" * 300]
-    welcome = await gateway.hello(request(capabilities=caps), Stream())
+    welcome = await gateway.hello(request(capabilities=caps), RecordingStream())
     assert welcome.epoch == 1
     [fact] = [m for m in await stream_messages(nc.jetstream(), subjects.facts_stream)]
     import json
 
     assert len(json.loads(fact.data)["capabilities"]) == 2001
     with pytest.raises(Refused) as refused:  # a version no fact can carry (over 256 chars)
-        await gateway.hello(request(boot_id="b2", daemon_version="9" * 300), Stream())
+        await gateway.hello(request(boot_id="b2", daemon_version="9" * 300), RecordingStream())
     assert refused.value.code is Code.INVALID_ARGUMENT
     assert "daemon_version" in str(refused.value)
     assert await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n1'") == 1
@@ -117,13 +103,13 @@ async def test_a_draining_gateway_refuses_hellos_and_a_node_without_a_row_is_den
     await fleet.join(db, "n1")
     await db.execute("UPDATE gateways SET draining = true WHERE gateway_id = 'gw-a'")
     with pytest.raises(Refused) as refused:
-        await gateway.hello(request(), Stream())
+        await gateway.hello(request(), RecordingStream())
     assert refused.value.code is Code.UNAVAILABLE and refused.value.retry_after is not None
     assert gateway.alive  # draining is not a lost lease: its sessions stay
     await db.execute("UPDATE gateways SET draining = false WHERE gateway_id = 'gw-a'")
     await db.execute("DELETE FROM node_sessions WHERE node_id = 'n1'")
     with pytest.raises(Refused) as refused:
-        await gateway.hello(request(), Stream())
+        await gateway.hello(request(), RecordingStream())
     assert refused.value.code is Code.PERMISSION_DENIED
     assert await db.fetchval("SELECT count(*) FROM session_epochs") == 0
 
@@ -133,7 +119,7 @@ async def test_a_session_ends_when_its_certificate_expires(
 ) -> None:
     await fleet.join(db, "n1")
     await db.execute("UPDATE node_certs SET not_after = compute_now() + interval '10 minutes'")
-    stream = Stream()
+    stream = RecordingStream()
     await gateway.hello(request(), stream)
     await gateway.tick()
     assert "n1" in gateway.sessions
@@ -153,13 +139,16 @@ async def test_the_hello_stores_trust_version_as_sent_and_its_approver_set(
     await db.execute("UPDATE node_sessions SET trust_version = 9")  # a report raised it once
     digest = "ab" * 32
     await gateway.hello(
-        request(trust_version=4, approver_set_epoch=3, approver_set_sha256=digest), Stream()
+        request(trust_version=4, approver_set_epoch=3, approver_set_sha256=digest),
+        RecordingStream(),
     )
     row = await db.fetchrow(
         "SELECT trust_version, approver_set_epoch, approver_set_sha256 FROM node_sessions"
     )
     assert tuple(row) == (4, 3, digest)  # as sent: a Hello is the daemon's word
-    await gateway.hello(request(boot_id="b2", trust_version=5, approver_set_sha256=""), Stream())
+    await gateway.hello(
+        request(boot_id="b2", trust_version=5, approver_set_sha256=""), RecordingStream()
+    )
     row = await db.fetchrow(
         "SELECT trust_version, approver_set_epoch, approver_set_sha256 FROM node_sessions"
     )
@@ -171,7 +160,7 @@ async def test_a_zombie_notice_and_a_graceful_shutdown_close_their_sessions(
 ) -> None:
     await fleet.join(db, "n1")
     await fleet.join(db, "n2")
-    first, second = Stream(), Stream()
+    first, second = RecordingStream(), RecordingStream()
     one = await gateway.hello(request(), first)
     await gateway.hello(request(node_id="n2", cert_serial="n2-serial"), second)
     notice = Zombie(node_id="n1", epoch=one.epoch + 1)  # another epoch: not this session
@@ -203,11 +192,11 @@ async def test_a_duplicate_hello_holds_its_session_and_a_serial_revoked_meanwhil
     async def held() -> Any:
         return await db.fetchval("SELECT held_epoch FROM node_sessions")
 
-    await gateway.hello(request(boot_id="b1"), Stream())
+    await gateway.hello(request(boot_id="b1"), RecordingStream())
     assert await held() is None  # nobody was live before
-    await gateway.hello(request(boot_id="b2"), Stream())  # b1 still live: another machine
+    await gateway.hello(request(boot_id="b2"), RecordingStream())  # b1 still live: another machine
     assert await held() == 2
-    await gateway.hello(request(boot_id="b2"), Stream())  # the same machine again
+    await gateway.hello(request(boot_id="b2"), RecordingStream())  # the same machine again
     assert await held() is None
     await db.execute("UPDATE node_certs SET revoked_at = now(), revocation_reason = 'x'")
     assert gateway.lease_epoch is not None
@@ -225,13 +214,13 @@ async def test_the_welcome_tells_server_time_acked_events_and_credits(
 ) -> None:
     await fleet.join(db, "n1")
     before = time.time()
-    first = await gateway.hello(request(), Stream())
+    first = await gateway.hello(request(), RecordingStream())
     assert before <= first.server_time <= time.time()
     assert (first.acked_event_seq, first.credits) == (0, 8)
     await db.execute("UPDATE node_sessions SET acked_event_seq = 7")
-    same_journal = await gateway.hello(request(boot_id="b2"), Stream())
+    same_journal = await gateway.hello(request(boot_id="b2"), RecordingStream())
     assert same_journal.acked_event_seq == 7  # re-send the journal after seq 7
-    new_journal = await gateway.hello(request(boot_id="b3", journal_id="j2"), Stream())
+    new_journal = await gateway.hello(request(boot_id="b3", journal_id="j2"), RecordingStream())
     assert new_journal.acked_event_seq == 0
 
 
@@ -243,7 +232,7 @@ async def test_the_first_frame_must_be_hello_and_any_frame_refreshes_last_seen(
     with pytest.raises(Refused) as refused:
         await gateway.progress("n1", 1, command, "acked")
     assert refused.value.code is Code.INVALID_ARGUMENT
-    welcome = await gateway.hello(request(), Stream())
+    welcome = await gateway.hello(request(), RecordingStream())
     with pytest.raises(Refused):  # another epoch: not this stream's
         await gateway.result("n1", welcome.epoch + 1, command, "done", {}, None)
     gateway.sessions["n1"].last_seen = 0.0
@@ -277,11 +266,11 @@ async def test_the_hello_transaction_and_its_fact(
     gateway: Gateway, db: asyncpg.Connection, nc: NATS, subjects: Subjects
 ) -> None:
     await fleet.join(db, "n1")
-    first = await gateway.hello(request(), Stream())
+    first = await gateway.hello(request(), RecordingStream())
     await db.execute("UPDATE node_sessions SET acked_event_seq = 7")
-    old_stream = Stream()
+    old_stream = RecordingStream()
     gateway.sessions["n1"].stream = old_stream
-    second = await gateway.hello(request(boot_id="b2", journal_id="j2"), Stream())
+    second = await gateway.hello(request(boot_id="b2", journal_id="j2"), RecordingStream())
     assert (first.epoch, second.epoch) == (1, 2)
     row = await db.fetchrow("SELECT * FROM node_sessions WHERE node_id = 'n1'")
     assert (row["session_epoch"], row["gateway_id"], row["boot_id"], row["journal_id"], row["acked_event_seq"]) == (
@@ -321,7 +310,7 @@ async def test_pushback_when_too_many_hellos_are_pending(
             await fleet.join(db, f"p{i}")
         results = await asyncio.gather(
             *(
-                gw.hello(request(node_id=f"p{i}", cert_serial=f"p{i}-serial"), Stream())
+                gw.hello(request(node_id=f"p{i}", cert_serial=f"p{i}-serial"), RecordingStream())
                 for i in range(20)
             ),
             return_exceptions=True,
@@ -338,12 +327,12 @@ async def test_a_gateway_whose_lease_was_taken_refuses_and_writes_nothing(
 ) -> None:
     await fleet.join(db, "n1")
     await fleet.join(db, "n2")
-    await gateway.hello(request(), Stream())
+    await gateway.hello(request(), RecordingStream())
     usurper = Gateway("gw-a", pool, nc, subjects)  # a new incarnation of the same gateway id
     await usurper.start()
     try:
         with pytest.raises(Refused) as refused:
-            await gateway.hello(request(node_id="n2", cert_serial="n2-serial"), Stream())
+            await gateway.hello(request(node_id="n2", cert_serial="n2-serial"), RecordingStream())
         assert refused.value.code is Code.UNAVAILABLE
         assert (
             await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n2'") == 0
@@ -362,7 +351,7 @@ async def test_a_gateway_whose_lease_was_taken_refuses_and_writes_nothing(
             await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n2'") == 0
         )
         assert not gateway.alive
-        await usurper.hello(request(node_id="n2", cert_serial="n2-serial"), Stream())
+        await usurper.hello(request(node_id="n2", cert_serial="n2-serial"), RecordingStream())
         assert (
             await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n2'") == 1
         )
@@ -378,7 +367,7 @@ async def test_dispatch_is_delivered_only_to_the_live_session_at_that_epoch(
     from schemas import REGISTRY
 
     await fleet.join(db, "n1")
-    stream = Stream()
+    stream = RecordingStream()
     welcome = await gateway.hello(request(), stream)
     js = nc.jetstream()
     for epoch in (welcome.epoch + 1, welcome.epoch):
@@ -411,11 +400,13 @@ async def test_max_streams_pushes_back(
     try:
         await fleet.join(db, "n1")
         await fleet.join(db, "n2")
-        await gw.hello(request(), Stream())
+        await gw.hello(request(), RecordingStream())
         with pytest.raises(Refused) as refused:
-            await gw.hello(request(node_id="n2", cert_serial="n2-serial"), Stream())
+            await gw.hello(request(node_id="n2", cert_serial="n2-serial"), RecordingStream())
         assert refused.value.code is Code.RESOURCE_EXHAUSTED and refused.value.retry_after
-        await gw.hello(request(boot_id="b2"), Stream())  # the same node again is not a new stream
+        await gw.hello(
+            request(boot_id="b2"), RecordingStream()
+        )  # the same node again is not a new stream
     finally:
         await gw.stop(graceful=False)
 
@@ -435,7 +426,7 @@ async def test_silent_sessions_time_out_and_revoked_ones_are_dropped(
     try:
         for node in ("quiet", "talker", "revoked"):
             await fleet.join(db, node)
-        streams = {node: Stream() for node in ("quiet", "talker", "revoked")}
+        streams = {node: RecordingStream() for node in ("quiet", "talker", "revoked")}
         welcomes = {
             node: await gw.hello(request(node_id=node, cert_serial=f"{node}-serial"), streams[node])
             for node in streams
