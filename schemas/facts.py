@@ -110,7 +110,14 @@ class Hello(NodeFact):
     @property
     def duplicate_identity(self) -> bool:
         """The previous session was live, from another boot: two machines share one identity."""
-        return self.previous.live and self.boot_changed
+        return is_duplicate_identity(self.previous.live, self.previous.boot_id, self.boot_id)
+
+
+def is_duplicate_identity(previous_live: bool, previous_boot_id: str | None, boot_id: str) -> bool:
+    """Two machines share one identity: the previous session was live, from another boot.
+    The one rule, for the Hello fact and for the Hello transaction that holds such a
+    session for the quarantine."""
+    return previous_live and previous_boot_id is not None and previous_boot_id != boot_id
 
 
 class LivenessEntry(SnakeMessage):

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 
 import asyncpg
 
+from schemas.facts import is_duplicate_identity
 from workers.gateway.admission import CertRow, HelloRequest
 
 
@@ -163,10 +164,8 @@ async def open_session(
         if await conn.fetchval(REVOKED, request.cert_serial):  # a quarantine just committed
             raise Revoked(f"certificate {request.cert_serial} was revoked")
         # another machine while the previous session is live: held for the quarantine
-        duplicate = (
-            bool(previous["live"])
-            and previous["boot_id"] is not None
-            and previous["boot_id"] != request.boot_id
+        duplicate = is_duplicate_identity(
+            bool(previous["live"]), previous["boot_id"], request.boot_id
         )
         session_id = uuid.uuid4().hex
         digest = request.approver_set_sha256 or None

@@ -25,8 +25,9 @@ SELECT s.node_id, s.session_epoch
 """
 
 # One statement for every entry of every flush in the batch: last_seen moves only
-# forward (and the daemon's free credits per lane are kept, when the entry has them), on rows matching node, epoch and gateway (one entry per node: its newest
-# epoch, its smallest age); every entry that matches no row (as it was before this
+# forward (and the daemon's free credits per lane are kept, when the entry has them),
+# on rows matching node, epoch and gateway (one entry per node: its newest epoch, its
+# smallest age); every entry that matches no row (as it was before this
 # statement) is returned, for a zombie notice to its gateway. The rows are locked in
 # node order first (`locked`), as every other writer of node_sessions locks them: an
 # UPDATE … FROM would lock them in whatever order its join produces, and deadlock with

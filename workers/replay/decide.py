@@ -114,8 +114,8 @@ def plan_replay(hello: Hello, in_flight: Iterable[Command]) -> ReplayPlan:
 
     Only commands in flight at an older epoch are replayed (one sent to this session
     already is its own). Resume rules first: a changed journal fails every command in
-    flight (`journal-lost`, never re-sent blindly); a process-ending command is completed by the Hello's proof.
-    Then every remaining command moves to E: a kind the certificate excludes is
+    flight (`journal-lost`, never re-sent blindly); a process-ending command is
+    completed by the Hello's proof. Then every remaining command moves to E: a kind the certificate excludes is
     cancelled; one the daemon reports running is kept (it holds a credit there); one this
     session cannot take waits as pending; the rest are re-sent in seq order.
     """
@@ -181,6 +181,7 @@ def plan_dispatch(
     for lane, commands in sorted(by_lane.items()):
         if lane in awaiting_replay:
             continue
+        limit = (limits or {}).get(lane, credits)
         for command in commands:
             if not allowed(command.kind, session.allowed_kinds):
                 cancel.append(command)
@@ -189,7 +190,7 @@ def plan_dispatch(
                 continue
             if command.not_before is not None and command.not_before > now:
                 break
-            if counts.get(lane, 0) >= (limits or {}).get(lane, credits):
+            if counts.get(lane, 0) >= limit:
                 break
             dispatch.append(command)
             counts[lane] = counts.get(lane, 0) + 1

@@ -54,9 +54,9 @@ SELECT DISTINCT c.node_id
 """
 
 # A session held for the quarantine (its Hello was a duplicate identity, not yet counted)
-# gets nothing. Sessions routed to a gateway whose lease has expired get nothing: the gateway may be
-# gone, and its sessions are moving (or the liveness controller's gateway-loss rule will
-# disconnect them). A gateway without a lease row at all has not expired.
+# gets nothing. Sessions routed to a gateway whose lease has expired get nothing: the
+# gateway may be gone, and its sessions are moving (or the liveness controller's
+# gateway-loss rule will disconnect them). A gateway without a lease row at all has not expired.
 LOCK_CONNECTED = """
 SELECT s.node_id, s.session_epoch, s.gateway_id, s.transport, s.upgrade_required, c.allowed_kinds,
        s.lane_credits::text AS lane_credits, compute_now() AS now

@@ -144,7 +144,7 @@ def _tls_context(settings: NatsSettings) -> ssl.SSLContext:
 
 
 def _nkey_inbox(settings: NatsSettings) -> str:
-    """Replies come to an inbox of this principal's own (`auth.inbox_prefix`)."""
+    """Replies come to an inbox of this principal's own (`principals.inbox_prefix`)."""
     assert settings.nkey_seed_file is not None
     try:
         seed = settings.nkey_seed_file.read_bytes().strip()
