@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 
 import asyncpg
+import pytest
 from nats.aio.client import Client as NATS
 
 from schemas.subjects import Subjects
@@ -20,11 +21,13 @@ from tests.integration import fleet
 from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, make_settings, running
 from workers import liveness, quarantine, replay
-from workers.gateway import Gateway, HelloRequest
+from workers.gateway import Code, Gateway, HelloRequest, Refused
 from workers.runtime import bus
 
 
+@pytest.mark.parametrize("serial", ["n1-serial", "unrecorded"])
 async def test_the_quarantined_clone_gets_no_command(
+    serial: str,
     servers: Servers,
     nc: NATS,
     subjects: Subjects,
@@ -44,7 +47,7 @@ async def test_the_quarantined_clone_gets_no_command(
 
             async def hello(turn: int) -> RecordingStream:
                 stream = RecordingStream()
-                request = HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker",
+                request = HelloRequest(node_id="n1", cert_serial=serial, role="worker",
                                        boot_id=f"machine-{turn % 2}", journal_id="j1")  # fmt: skip
                 await gateways[turn % 2].hello(request, stream)
                 return stream
@@ -58,7 +61,7 @@ async def test_the_quarantined_clone_gets_no_command(
             assert [d.command_id for d in stream.delivered] == [command]
 
             clone = await hello(4)  # the fourth alternation: quarantined
-            await eventually(lambda: _revoked(db), what="the certificate revoked")
+            await eventually(lambda: _revoked(db, serial), what="the certificate revoked")
             await eventually(lambda: _dropped(clone), what="the revocation closes the clone")
             await asyncio.sleep(1.0)  # a dispatch round or two, had it been sent anything
             assert clone.delivered == [] and clone.dropped == ["revoked"]
@@ -66,6 +69,13 @@ async def test_the_quarantined_clone_gets_no_command(
             assert row["held_epoch"] == row["session_epoch"] == 5
             state = await db.fetchval("SELECT state FROM commands WHERE command_id = $1", command)
             assert state == "pending"  # taken back from the clone, waiting for a real session
+            with pytest.raises(Refused) as refused:  # the serial is refused from now on
+                await hello(5)
+            assert refused.value.code is Code.UNAUTHENTICATED
+            # a serial with no record was admitted, and is now recorded revoked
+            assert await db.fetchval(
+                "SELECT count(*) FROM node_certs WHERE revoked_at IS NULL"
+            ) == (1 if serial == "unrecorded" else 0)
     finally:
         for gateway in gateways:
             if gateway.alive:
@@ -80,8 +90,9 @@ async def _delivered(stream: RecordingStream) -> bool:
     return bool(stream.delivered)
 
 
-async def _revoked(db: asyncpg.Connection) -> bool:
-    return bool(await db.fetchval("SELECT revoked_at IS NOT NULL FROM node_certs"))
+async def _revoked(db: asyncpg.Connection, serial: str) -> bool:
+    query = "SELECT revoked_at IS NOT NULL FROM node_certs WHERE serial = $1"
+    return bool(await db.fetchval(query, serial))
 
 
 async def _dropped(stream: RecordingStream) -> bool:

@@ -65,7 +65,7 @@ async def test_each_refusal_code_from_real_rows(gateway: Gateway, db: asyncpg.Co
     cases = [
         (request(boot_id=""), Code.INVALID_ARGUMENT),
         (request(node_id="ghost", cert_serial="n2-serial"), Code.PERMISSION_DENIED),
-        (request(cert_serial="nope"), Code.UNAUTHENTICATED),
+        (request(cert_serial="nope", role="admin"), Code.PERMISSION_DENIED),
         (request(node_id="n3", cert_serial="n3-serial"), Code.UNAUTHENTICATED),
         (request(cert_serial="n1-serial"), Code.UNAUTHENTICATED),
         (request(cert_serial="n2-serial"), Code.PERMISSION_DENIED),
@@ -77,6 +77,19 @@ async def test_each_refusal_code_from_real_rows(gateway: Gateway, db: asyncpg.Co
         assert refused.value.code is code, hello
     welcome = await gateway.hello(request(cert_serial="n1-serial-new"), RecordingStream())
     assert welcome.epoch == 1
+
+
+async def test_a_serial_with_no_record_is_admitted_unrestricted(
+    gateway: Gateway, db: asyncpg.Connection, nc: NATS, subjects: Subjects
+) -> None:
+    await fleet.join(db, "n1")  # its recorded certificate restricts nothing either way
+    await db.execute("UPDATE node_certs SET allowed_kinds = '{noop}'")
+    welcome = await gateway.hello(request(cert_serial="not-recorded"), RecordingStream())
+    assert welcome.epoch == 1
+    [fact] = await stream_messages(nc.jetstream(), subjects.facts_stream)
+    cert = json.loads(fact.data)["cert"]
+    assert cert == {"serial": "not-recorded", "allowed_kinds": None, "identity_generation": None}
+    assert gateway.sessions["n1"].cert_not_after == float("inf")  # no expiry of record
 
 
 async def test_any_capability_list_connects_and_a_fact_that_cannot_be_published_bumps_nothing(

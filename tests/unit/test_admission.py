@@ -30,7 +30,13 @@ CERT = CertRow("s1", "n1", 2, "worker", NOW + timedelta(days=1), revoked=False)
             replace(REQUEST, journal_id=""), CERT, 2, Code.INVALID_ARGUMENT, id="no-journal-id"
         ),
         pytest.param(REQUEST, CERT, None, Code.PERMISSION_DENIED, id="never-joined"),
-        pytest.param(REQUEST, None, 2, Code.UNAUTHENTICATED, id="unknown-certificate"),
+        pytest.param(REQUEST, None, 2, None, id="unrecorded-certificate-admitted"),
+        pytest.param(
+            replace(REQUEST, role=""), None, 2, Code.PERMISSION_DENIED, id="unrecorded-no-role"
+        ),
+        pytest.param(
+            replace(REQUEST, role="admin"), None, 2, Code.PERMISSION_DENIED, id="unrecorded-role"
+        ),
         pytest.param(REQUEST, replace(CERT, revoked=True), 2, Code.UNAUTHENTICATED, id="revoked"),
         pytest.param(REQUEST, replace(CERT, not_after=NOW), 2, Code.UNAUTHENTICATED, id="expired"),
         pytest.param(REQUEST, CERT, 3, Code.UNAUTHENTICATED, id="older-generation"),
@@ -50,7 +56,7 @@ CERT = CertRow("s1", "n1", 2, "worker", NOW + timedelta(days=1), revoked=False)
 def test_admission(
     request_: HelloRequest, cert: CertRow | None, generation: int | None, code: Code | None
 ) -> None:
-    refusal = admit(request_, cert, generation, NOW)
+    refusal = admit(request_, cert, generation, NOW, node_role="worker")
     assert (refusal.code if refusal else None) is code
 
 

@@ -87,3 +87,8 @@ def test_never_quarantines_at_or_under_the_limit_within_a_window(
 )
 def test_serials_to_revoke(presented: str | None, live: set[str], expected: list[str]) -> None:
     assert serials_to_revoke(presented, live) == expected
+
+
+def test_a_serial_with_no_record_is_revoked_alone() -> None:
+    assert serials_to_revoke("clone", {"s1"}, recorded=False) == ["clone"]
+    assert serials_to_revoke(None, {"s1"}, recorded=False) == ["s1"]

@@ -64,17 +64,24 @@ def admit(
     cert: CertRow | None,
     node_generation: int | None,
     now: datetime,
+    node_role: str | None = None,
 ) -> Refusal | None:
     """None if the Hello may open a session; else why not. Pure.
 
-    `node_generation` is the node's identity generation, None when it never joined.
+    `node_generation` and `node_role` are the node's, None when it never joined. `cert`
+    is the presented serial's record, None when none is recorded: such a certificate was
+    verified by the transport and is admitted (only a recorded revocation, expiry or older
+    generation refuses one); its session has no kind restriction and no expiry of record,
+    and its role must be the node's.
     """
     if not request.boot_id or not request.journal_id:
         return Refusal(Code.INVALID_ARGUMENT, "boot_id and journal_id must be set")
     if node_generation is None:
         return Refusal(Code.PERMISSION_DENIED, f"node {request.node_id} never joined")
     if cert is None:
-        return Refusal(Code.UNAUTHENTICATED, "unknown certificate")
+        if not request.role or (node_role is not None and request.role != node_role):
+            return Refusal(Code.PERMISSION_DENIED, "role missing or not the node's")
+        return None
     if cert.revoked:
         return Refusal(Code.UNAUTHENTICATED, "certificate revoked")
     if cert.not_after <= now:

@@ -51,7 +51,7 @@ class FactPublisher:
         opened: store.Opened,
         upgrade: bool,
         kinds: tuple[str, ...] | None,
-        generation: int,
+        generation: int | None,
     ) -> Hello:
         return Hello.model_validate(
             {

@@ -173,21 +173,17 @@ class Gateway:
     async def _hello(self, request: HelloRequest, stream: DaemonStream) -> Welcome:
         assert self.lease_epoch is not None
         async with self.pool.acquire() as conn:
-            now, generation, cert = await store.read_for_admission(conn, request)
-            refusal = admit(request, cert, generation, now)
+            rows = await store.read_for_admission(conn, request)
+            refusal = admit(request, rows.cert, rows.node_generation, rows.now, rows.node_role)
             if refusal is not None:
                 raise Refused(refusal.code, refusal.reason)
             upgrade = upgrade_required(request.daemon_version, self.settings.min_daemon_version)
-            assert cert is not None
+            cert = rows.cert  # None: a serial with no record (no kind restriction, no expiry)
+            kinds = cert.allowed_kinds if cert is not None else None
+            generation = cert.identity_generation if cert is not None else None
             # the fact is checked before the epoch is bumped: no epoch without its fact
             try:
-                self.facts.hello(
-                    request,
-                    store.PLACEHOLDER,
-                    upgrade,
-                    cert.allowed_kinds,
-                    cert.identity_generation,
-                )
+                self.facts.hello(request, store.PLACEHOLDER, upgrade, kinds, generation)
             except ValidationError as invalid:
                 error = invalid.errors()[0]
                 where = ".".join(str(part) for part in error["loc"])
@@ -222,11 +218,9 @@ class Gateway:
             request.cert_serial,
             stream,
             self.clock(),
-            cert.not_after.timestamp(),
+            cert.not_after.timestamp() if cert is not None else float("inf"),
         )
-        await self.facts.publish(
-            self.facts.hello(request, opened, upgrade, cert.allowed_kinds, cert.identity_generation)
-        )
+        await self.facts.publish(self.facts.hello(request, opened, upgrade, kinds, generation))
         return Welcome(
             opened.epoch,
             opened.session_id,

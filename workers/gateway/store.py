@@ -56,10 +56,11 @@ SELECT draining FROM gateways
 
 READ_FOR_ADMISSION = """
 SELECT compute_now() AS now,
-       (SELECT identity_generation FROM nodes WHERE node_id = $1) AS node_generation,
+       n.identity_generation AS node_generation, n.role AS node_role,
        c.serial, c.node_id, c.identity_generation, c.role, c.not_after, c.revoked_at IS NOT NULL AS revoked,
        c.allowed_kinds
   FROM (SELECT 1) one
+  LEFT JOIN nodes n ON n.node_id = $1
   LEFT JOIN node_certs c ON c.serial = $2
 """
 
@@ -101,9 +102,18 @@ async def fence(conn: asyncpg.Connection, gateway_id: str, epoch: int) -> bool:
     return bool(draining)
 
 
-async def read_for_admission(
-    conn: asyncpg.Connection, request: HelloRequest
-) -> tuple[datetime, int | None, CertRow | None]:
+@dataclass(frozen=True)
+class AdmissionRows:
+    """What admission reads: the database's now, the node (None: never joined), the
+    presented serial's record (None: not recorded)."""
+
+    now: datetime
+    node_generation: int | None
+    node_role: str | None
+    cert: CertRow | None
+
+
+async def read_for_admission(conn: asyncpg.Connection, request: HelloRequest) -> AdmissionRows:
     row = await conn.fetchrow(READ_FOR_ADMISSION, request.node_id, request.cert_serial)
     cert = None
     if row["serial"] is not None:
@@ -117,7 +127,7 @@ async def read_for_admission(
             revoked=row["revoked"],
             allowed_kinds=tuple(kinds) if kinds is not None else None,
         )
-    return row["now"], row["node_generation"], cert
+    return AdmissionRows(row["now"], row["node_generation"], row["node_role"], cert)
 
 
 @dataclass(frozen=True)

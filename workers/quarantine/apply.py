@@ -46,9 +46,20 @@ UPDATE node_sessions s SET held_epoch = NULL
  WHERE s.node_id = t.node_id AND s.held_epoch <= t.epoch
 """
 
+RECORDED = "SELECT serial FROM node_certs WHERE serial = ANY($1::text[])"
+
+# A serial with no record (admission lets one in) is recorded revoked, so that the
+# gateways' Hello transaction refuses it from now on; a recorded one is marked revoked.
+# Never another node's certificate.
 REVOKE = """
-UPDATE node_certs SET revoked_at = compute_now(), revocation_reason = $2
- WHERE serial = ANY($1::text[]) AND revoked_at IS NULL
+INSERT INTO node_certs AS c
+       (serial, node_id, identity_generation, role, allowed_kinds, not_after, revoked_at, revocation_reason)
+SELECT r.serial, n.node_id, n.identity_generation, n.role, '{}', compute_now(), compute_now(), $3
+  FROM unnest($1::text[], $2::text[]) AS r(serial, node_id)
+  JOIN nodes n ON n.node_id = r.node_id
+ON CONFLICT (serial) DO UPDATE
+   SET revoked_at = compute_now(), revocation_reason = EXCLUDED.revocation_reason
+ WHERE c.revoked_at IS NULL AND c.node_id = EXCLUDED.node_id
 """
 
 
@@ -65,11 +76,13 @@ def make_handler(limits: Limits) -> Handler:
         live: dict[str, set[str]] = {}
         for row in await tx.conn.fetch(LIVE_CERTS, nodes):
             live.setdefault(row["node_id"], set()).add(row["serial"])
+        presented = sorted({h.cert.serial for h in hellos if h.cert.serial is not None})
+        recorded = {row["serial"] for row in await tx.conn.fetch(RECORDED, presented)}
         counters = {
             node: Counter(row["duplicate_hellos"], row["duplicate_since"])
             for node, row in rows.items()
         }
-        revoked: list[str] = []
+        revoked: list[tuple[str, str]] = []  # (serial, node)
         released: dict[str, int] = {}  # node → the epoch whose hold ends
         outcomes: dict[uuid.UUID, Outcome] = {}
         for hello in hellos:  # in stream order: each counts
@@ -84,9 +97,14 @@ def make_handler(limits: Limits) -> Handler:
                 released[hello.node_id] = max(hello.epoch, released.get(hello.node_id, 0))
             else:  # held for good: the clone gets nothing, its revocation closes it
                 released.pop(hello.node_id, None)
-                serials = serials_to_revoke(hello.cert.serial, live.get(hello.node_id, set()))
+                serials = serials_to_revoke(
+                    hello.cert.serial,
+                    live.get(hello.node_id, set()),
+                    recorded=hello.cert.serial in recorded,
+                )
                 live[hello.node_id] = live.get(hello.node_id, set()) - set(serials)
-                revoked += serials
+                recorded.update(serials)
+                revoked += [(serial, hello.node_id) for serial in serials]
                 _publish_quarantine(tx, hello, verdict.alternations, serials)
         await _write(tx.conn, counters, revoked)
         if released:
@@ -101,7 +119,7 @@ def make_handler(limits: Limits) -> Handler:
 
 
 async def _write(
-    conn: asyncpg.Connection, counters: Mapping[str, Counter], revoked: list[str]
+    conn: asyncpg.Connection, counters: Mapping[str, Counter], revoked: list[tuple[str, str]]
 ) -> None:
     if counters:
         nodes = sorted(counters)
@@ -112,7 +130,7 @@ async def _write(
             [counters[n].since for n in nodes],
         )
     if revoked:
-        await conn.execute(REVOKE, revoked, REASON)
+        await conn.execute(REVOKE, [s for s, _ in revoked], [n for _, n in revoked], REASON)
 
 
 def _publish_duplicate(

@@ -51,8 +51,12 @@ def count(counter: Counter, now: datetime, limits: Limits) -> Verdict:
     return Verdict(counted.alternations, False, counted)
 
 
-def serials_to_revoke(presented: str | None, live: Collection[str]) -> list[str]:
-    """The presented certificate if it is one of the node's live ones; else all of them. Pure."""
-    if presented is not None and presented in live:
+def serials_to_revoke(
+    presented: str | None, live: Collection[str], recorded: bool = True
+) -> list[str]:
+    """The presented certificate if it is one of the node's live ones, or if it has no
+    record at all (admission lets such a serial in: revoking it records it revoked);
+    else every live one of the node. Pure."""
+    if presented is not None and (presented in live or not recorded):
         return [presented]
     return sorted(live)

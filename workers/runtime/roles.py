@@ -72,7 +72,8 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         *RUNTIME,
         Grant("SELECT", "node_sessions"),
         Grant("UPDATE (duplicate_hellos, duplicate_since, held_epoch)", "node_sessions"),
-        Grant("SELECT", "node_certs"),
+        Grant("SELECT", "nodes"),
+        Grant("SELECT, INSERT", "node_certs"),  # an unrecorded serial is recorded revoked
         Grant("UPDATE (revoked_at, revocation_reason)", "node_certs"),
     ),
     "bcw_replay": (
