@@ -127,6 +127,8 @@ class LivenessEntry(SnakeMessage):
     #: the daemon's free credits per lane at its last heartbeat (optional: a flush without
     #: them keeps the last known ones)
     credits: dict[Name, SmallNonNegative] | None = Field(default=None, max_length=64)
+    #: the daemon's load at its last heartbeat (optional, like `credits`)
+    load: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)] | None = None
 
 
 class Liveness(Fact):

@@ -474,3 +474,90 @@ async def test_silent_sessions_time_out_and_revoked_ones_are_dropped(
         }  # before the revocation
     finally:
         await gw.stop(graceful=False)
+
+
+async def test_the_welcome_and_every_10th_heartbeat_ask_for_the_sections_not_held(
+    gateway: Gateway, db: asyncpg.Connection
+) -> None:
+    await fleet.join(db, "n1")
+    first = await gateway.hello(
+        request(inventory_hashes={"cpu": "c1", "gpu": "g1"}), RecordingStream()
+    )
+    assert first.request_sections == ("cpu", "gpu")  # nothing held yet
+    await gateway.inventory("n1", first.epoch, "cpu", "c1", {"cores": 8})
+    await gateway.inventory("n1", first.epoch, "gpu", "g1", {"count": 2})
+    again = await gateway.hello(
+        request(boot_id="b2", inventory_hashes={"cpu": "c1", "gpu": "g2", "disk": "d1"}),
+        RecordingStream(),
+    )
+    assert again.request_sections == ("disk", "gpu")  # cpu is held as it is
+    await gateway.inventory("n1", again.epoch, "gpu", "g2", {"count": 4})
+    assert gateway.heartbeat("n1", again.epoch, inventory_hashes={"cpu": "c1", "gpu": "g2"}) == ()
+    assert gateway.heartbeat("n1", again.epoch, inventory_hashes={"cpu": "c9", "gpu": "g2"}) == (
+        "cpu",
+    )
+    assert gateway.heartbeat("n1", again.epoch) == ()  # the other nine carry no hashes
+    with pytest.raises(Refused) as refused:  # not this stream's epoch
+        await gateway.inventory("n1", first.epoch, "cpu", "c0", {"cores": 1})
+    assert refused.value.code is Code.INVALID_ARGUMENT
+    with pytest.raises(Refused) as refused:
+        await gateway.inventory("n1", again.epoch, "cpu", "c9", ["not", "an", "object"])  # type: ignore[arg-type]
+    assert refused.value.code is Code.INVALID_ARGUMENT
+    # the node moved to another session behind this gateway's back: its frame writes nothing
+    await db.execute("UPDATE node_sessions SET session_epoch = session_epoch + 1")
+    await gateway.inventory("n1", again.epoch, "cpu", "c9", {"cores": 1})
+    rows = await db.fetch(
+        "SELECT section, hash, body::text, session_epoch FROM node_inventory ORDER BY 1"
+    )
+    assert [tuple(r) for r in rows] == [
+        ("cpu", "c1", '{"cores": 8}', 1),
+        ("gpu", "g2", '{"count": 4}', 2),
+    ]
+
+
+async def test_heartbeats_carry_load_and_the_applied_generation_to_the_flush(
+    gateway: Gateway, db: asyncpg.Connection, nc: NATS, subjects: Subjects
+) -> None:
+    await fleet.join(db, "n1")
+    await fleet.join(db, "n2")
+    one = await gateway.hello(request(), RecordingStream())
+    two = await gateway.hello(request(node_id="n2", cert_serial="n2-serial"), RecordingStream())
+    gateway.heartbeat("n1", one.epoch, {"default": 3}, load=1.5, applied_generation=4)
+    gateway.heartbeat("n1", one.epoch, applied_generation=2)  # older: the highest stays
+    gateway.heartbeat("n2", two.epoch)  # an older daemon: nothing but the heartbeat
+    await gateway.flush()
+    await gateway.flush()  # the generation was reported once
+
+    def body(m: Any) -> dict[str, Any]:
+        return dict(json.loads(m.data))
+
+    facts = await stream_messages(nc.jetstream(), subjects.facts_stream)
+    [flush, _] = [body(m) for m in facts if m.headers["Bc-Type"] == "liveness"]
+    entries = {e["node_id"]: (e["credits"], e["load"]) for e in flush["entries"]}
+    assert entries == {"n1": ({"default": 3}, 1.5), "n2": (None, None)}
+    [status] = [body(m) for m in facts if m.headers["Bc-Type"] == "status"]
+    assert (status["node_id"], status["epoch"], status["observed_generation"]) == ("n1", 1, 4)
+    assert status["trust_version"] == 0  # unchanged
+
+
+async def test_the_fake_daemon_sends_what_is_asked_and_its_10th_heartbeat_tells_a_change(
+    gateway: Gateway, db: asyncpg.Connection
+) -> None:
+    await fleet.join(db, "n1")
+    now = [time.time()]
+    gateway.clock = lambda: now[0]
+    daemon = FakeDaemon("n1", "n1-serial", lambda: now[0], random.Random(1))
+    await daemon.tick([gateway])
+    assert daemon.connected and daemon.sections_sent == 2
+
+    async def stored() -> dict[str, Any]:
+        rows = await db.fetch("SELECT section, body FROM node_inventory")
+        return {r["section"]: json.loads(r["body"]) for r in rows}
+
+    assert await stored() == daemon.inventory
+    daemon.inventory["hardware"] = {"cpus": 16, "memory_gib": 64}
+    for beat in range(1, 11):
+        now[0] += 10
+        await daemon.tick([gateway])
+        assert daemon.sections_sent == (2 if beat < 10 else 3), beat
+    assert (await stored())["hardware"] == {"cpus": 16, "memory_gib": 64}

@@ -143,28 +143,30 @@ async def test_a_flush_never_moves_last_seen_backwards(
     assert await db.fetchval("SELECT last_seen FROM node_sessions WHERE node_id = 'n1'") == fresh
 
 
-async def test_a_flush_keeps_the_daemons_credits_and_one_without_them_keeps_the_last(
+async def test_a_flush_keeps_the_daemons_credits_and_load_and_one_without_them_the_last(
     drive: Driver, db: asyncpg.Connection
 ) -> None:
     await fleet.session(db, "n1", epoch=2, gateway_id="gw-1")
     await fleet.session(db, "n2", epoch=1, gateway_id="gw-1")
 
-    def entry(node: str, epoch: int, credits: dict[str, int] | None) -> dict[str, Any]:
-        return {"node_id": node, "epoch": epoch, "age_ms": 0, "credits": credits}
+    def entry(
+        node: str, epoch: int, credits: dict[str, int] | None, load: float | None = None
+    ) -> dict[str, Any]:
+        return {"node_id": node, "epoch": epoch, "age_ms": 0, "credits": credits, "load": load}
 
     async def credits() -> dict[str, Any]:
-        rows = await db.fetch("SELECT node_id, lane_credits::text AS c FROM node_sessions")
-        return {r["node_id"]: json.loads(r["c"]) if r["c"] else None for r in rows}
+        rows = await db.fetch("SELECT node_id, lane_credits::text AS c, load FROM node_sessions")
+        return {r["node_id"]: (json.loads(r["c"]) if r["c"] else None, r["load"]) for r in rows}
 
     reported = {"default": 1, "system": 4}
     await drive.send(make_fact("liveness", gateway_id="gw-1",
-                               entries=[entry("n1", 2, reported), entry("n2", 1, None)]))  # fmt: skip
-    assert await credits() == {"n1": reported, "n2": None}
+                               entries=[entry("n1", 2, reported, 2.5), entry("n2", 1, None)]))  # fmt: skip
+    assert await credits() == {"n1": (reported, 2.5), "n2": (None, None)}
     await drive.send(make_fact("liveness", gateway_id="gw-1", entries=[entry("n1", 2, None)]))
-    assert await credits() == {"n1": reported, "n2": None}  # an older gateway's flush: kept
+    assert await credits() == {"n1": (reported, 2.5), "n2": (None, None)}  # an older gateway's
     await drive.send(make_fact("liveness", gateway_id="gw-1",
-                               entries=[entry("n1", 1, {"default": 0})]))  # fmt: skip
-    assert (await credits())["n1"] == reported  # fenced: another session's report
+                               entries=[entry("n1", 1, {"default": 0}, 9.0)]))  # fmt: skip
+    assert (await credits())["n1"] == (reported, 2.5)  # fenced: another session's report
 
 
 async def test_a_flush_of_10000_entries(drive: Driver, db: asyncpg.Connection) -> None:

@@ -43,6 +43,7 @@ from schemas.subjects import Subjects
 from workers.gateway import store
 from workers.gateway.admission import Code, HelloRequest, admit, upgrade_required
 from workers.gateway.facts import FactPublisher
+from workers.gateway.inventory import section_problem, sections_to_request
 from workers.gateway.types import DaemonStream, GatewaySettings, Refused, TokenBucket, Welcome
 from workers.runtime import bus
 from workers.runtime.pull import ContinuousPull
@@ -63,6 +64,10 @@ class _Session:
     last_seen: float  # clock seconds
     cert_not_after: float = float("inf")  # clock seconds: the session ends then
     credits: dict[str, int] | None = None  # free per lane, from the last heartbeat with them
+    load: float | None = None  # from the last heartbeat with it
+    inventory: dict[str, str] = field(default_factory=dict)  # section → hash the store holds
+    applied_generation: int = 0  # the highest its heartbeats reported
+    reported_generation: int = 0  # the highest published in a status fact
 
 
 @dataclass
@@ -219,6 +224,7 @@ class Gateway:
             stream,
             self.clock(),
             cert.not_after.timestamp() if cert is not None else float("inf"),
+            inventory=dict(opened.inventory),
         )
         await self.facts.publish(self.facts.hello(request, opened, upgrade, kinds, generation))
         return Welcome(
@@ -228,16 +234,53 @@ class Gateway:
             server_time=self.clock(),
             acked_event_seq=opened.acked_event_seq,
             credits=self.settings.credits,
+            request_sections=sections_to_request(request.inventory_hashes, opened.inventory),
         )
 
-    def heartbeat(self, node_id: str, epoch: int, credits: Mapping[str, int] | None = None) -> None:
-        """A heartbeat: the session was seen now; `credits`, the daemon's free credits per
-        lane, go out with the next flush (none: the last known ones stay)."""
+    def heartbeat(
+        self,
+        node_id: str,
+        epoch: int,
+        credits: Mapping[str, int] | None = None,
+        *,
+        load: float | None = None,
+        applied_generation: int | None = None,
+        inventory_hashes: Mapping[str, str] | None = None,
+    ) -> tuple[str, ...]:
+        """A heartbeat: the session was seen now. What it carries is optional, and what it
+        leaves out keeps its last known value: `credits` (free per lane) and `load` go out
+        with the next flush; a higher `applied_generation` goes out as a status fact then;
+        `inventory_hashes` (every 10th heartbeat) are compared with the stored ones, and
+        the sections that differ are returned: the daemon sends them (`inventory()`)."""
         session = self.sessions.get(node_id)
-        if session is not None and session.epoch == epoch:
-            session.last_seen = self.clock()
-            if credits is not None:
-                session.credits = dict(credits)
+        if session is None or session.epoch != epoch:
+            return ()
+        session.last_seen = self.clock()
+        if credits is not None:
+            session.credits = dict(credits)
+        if load is not None:
+            session.load = load
+        if applied_generation is not None:
+            session.applied_generation = max(session.applied_generation, applied_generation)
+        if inventory_hashes is None:
+            return ()
+        return sections_to_request(inventory_hashes, session.inventory)
+
+    async def inventory(
+        self, node_id: str, epoch: int, section: str, digest: str, body: Mapping[str, Any]
+    ) -> None:
+        """An inventory frame: one section the gateway asked for, stored under the
+        session's fence (a frame of a session no longer current writes nothing)."""
+        session = self._frame(node_id, epoch)
+        problem = section_problem(section, digest, body)
+        if problem is not None:
+            raise Refused(Code.INVALID_ARGUMENT, problem)
+        async with self.pool.acquire() as conn:
+            written = await store.write_section(
+                conn, self.gateway_id, self.lease_epoch or 0, node_id, epoch, section, digest, body
+            )
+        if written:
+            session.inventory[section] = digest
 
     async def disconnect(
         self, node_id: str, epoch: int, reason: CloseReason = "stream-closed"
@@ -359,12 +402,27 @@ class Gateway:
                 epoch=s.epoch,
                 age_ms=max(0, int((now - s.last_seen) * 1000)),
                 credits=s.credits,
+                load=s.load,
             )
             for s in self.sessions.values()
         ]
         for start in range(0, max(1, len(entries)), MAX_FLUSH_ENTRIES):
             chunk = entries[start : start + MAX_FLUSH_ENTRIES]
             await self.facts.publish(Liveness(**self.facts.base(), entries=chunk))
+        # a generation the daemon applied, from its heartbeats: the recorder raises
+        # observed_generation from it (a status report of its own may come sooner)
+        for session in [
+            s for s in self.sessions.values() if s.applied_generation > s.reported_generation
+        ]:
+            generation = session.applied_generation
+            await self.facts.fact(
+                Status,
+                node_id=session.node_id,
+                epoch=session.epoch,
+                observed_generation=generation,
+                trust_version=0,  # unchanged
+            )
+            session.reported_generation = generation
 
     # -- notices ---------------------------------------------------------------------------
     async def _notices(self) -> None:

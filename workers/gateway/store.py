@@ -6,9 +6,12 @@ writes nothing.
 
 from __future__ import annotations
 
+import json
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 import asyncpg
 
@@ -77,10 +80,27 @@ UPDATE node_sessions
        trust_version = $11, approver_set_epoch = $12, approver_set_sha256 = $13,
        acked_event_seq = CASE WHEN journal_id IS DISTINCT FROM $5 THEN 0 ELSE acked_event_seq END,
        connected_at = compute_now(), last_seen = compute_now(), disconnected_at = NULL,
-       disconnect_reason = NULL, cert_serial = $14, lane_credits = NULL,
+       disconnect_reason = NULL, cert_serial = $14, lane_credits = NULL, load = NULL,
        held_epoch = CASE WHEN $15 THEN session_epoch + 1 END
  WHERE node_id = $1
 RETURNING session_epoch, acked_event_seq
+"""
+
+STORED_HASHES = "SELECT section, hash FROM node_inventory WHERE node_id = $1"
+
+# Fenced on the node's session (epoch and gateway) and this gateway's lease; a section
+# from an older session never overwrites a newer one's.
+WRITE_SECTION = """
+INSERT INTO node_inventory AS i (node_id, section, hash, body, session_epoch, reported_at)
+SELECT s.node_id, $3, $4, $5::jsonb, s.session_epoch, compute_now()
+  FROM node_sessions s
+  JOIN gateways g ON g.gateway_id = s.gateway_id
+ WHERE s.node_id = $1 AND s.session_epoch = $2 AND s.gateway_id = $6
+   AND g.lease_epoch = $7 AND g.lease_expires_at > compute_now()
+ON CONFLICT (node_id, section) DO UPDATE
+   SET hash = EXCLUDED.hash, body = EXCLUDED.body, session_epoch = EXCLUDED.session_epoch,
+       reported_at = EXCLUDED.reported_at
+ WHERE i.session_epoch <= EXCLUDED.session_epoch
 """
 
 
@@ -142,6 +162,8 @@ class Opened:
     previous_journal_id: str | None
     previous_live: bool
     acked_event_seq: int = 0  # what the control plane holds of the daemon's journal
+    #: the node's inventory hashes as stored (section → hash), read in the transaction
+    inventory: Mapping[str, str] = field(default_factory=dict)
 
 
 #: what a Hello fact is checked with before the transaction (the real values come from it)
@@ -197,7 +219,9 @@ async def open_session(
             request.cert_serial,
             duplicate,
         )
+        stored = {r["section"]: r["hash"] for r in await conn.fetch(STORED_HASHES, request.node_id)}
     return Opened(
+        inventory=stored,
         epoch=int(bumped["session_epoch"]),
         acked_event_seq=int(bumped["acked_event_seq"]),
         session_id=session_id,
@@ -207,3 +231,21 @@ async def open_session(
         previous_journal_id=previous["journal_id"],
         previous_live=bool(previous["live"]),
     )
+
+
+async def write_section(
+    conn: asyncpg.Connection,
+    gateway_id: str,
+    lease_epoch: int,
+    node_id: str,
+    epoch: int,
+    section: str,
+    digest: str,
+    body: Mapping[str, Any],
+) -> bool:
+    """Store one inventory section the daemon sent; False when its session or this
+    gateway's lease is no longer current (nothing written)."""
+    status = await conn.execute(
+        WRITE_SECTION, node_id, epoch, section, digest, json.dumps(body), gateway_id, lease_epoch
+    )
+    return bool(status == "INSERT 0 1")

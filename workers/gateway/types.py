@@ -45,6 +45,8 @@ class Welcome:
     acked_event_seq: int = 0
     #: commands the daemon may hold per lane
     credits: int = 8
+    #: the inventory sections whose hash the control plane does not hold: send them
+    request_sections: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ class Grant:
 #: every table of the schema (a test keeps this equal to the migrated database's tables)
 TABLES = (
     "clock_offset", "commands", "controller_leases", "gateways", "liveness_gateways",
-    "liveness_sweeps", "node_certs", "node_events", "node_labels", "node_sessions", "nodes",
+    "liveness_sweeps", "node_certs", "node_events", "node_inventory", "node_labels",
+    "node_sessions", "nodes",
     "outbox", "outbox_dead", "processed_facts", "schema_migrations", "session_epochs",
 )  # fmt: skip
 
@@ -54,7 +55,8 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         *RUNTIME,
         Grant("SELECT", "node_sessions"),
         Grant(
-            "UPDATE (last_seen, lane_credits, gateway_id, disconnected_at, disconnect_reason)",
+            "UPDATE (last_seen, lane_credits, load, gateway_id, disconnected_at, "
+            "disconnect_reason)",
             "node_sessions",
         ),
         Grant("SELECT", "gateways"),
@@ -112,9 +114,11 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
             "UPDATE (session_epoch, gateway_id, session_id, boot_id, journal_id, role, "
             "daemon_version, proto_max, transport, upgrade_required, trust_version, "
             "approver_set_epoch, approver_set_sha256, acked_event_seq, connected_at, last_seen, "
-            "disconnected_at, disconnect_reason, cert_serial, lane_credits, held_epoch)",
+            "disconnected_at, disconnect_reason, cert_serial, lane_credits, load, held_epoch)",
             "node_sessions",
         ),
+        Grant("SELECT, INSERT", "node_inventory"),
+        Grant("UPDATE (hash, body, session_epoch, reported_at)", "node_inventory"),
     ),
     "bcw_reader": tuple(Grant("SELECT", table) for table in TABLES),
 }

@@ -4,12 +4,16 @@ Says Hello with its capabilities and running commands; heartbeats; runs dispatch
 commands within its own credits per lane and answers BUSY when a lane is full; acks,
 runs and completes them (a `node.reboot` reboots it, a `daemon.upgrade` upgrades it);
 journals events and trims them when acked; reconnects with full-jitter back-off
-`min(60 s, 1 s * 2^n)`, reset by a Welcome. It can reboot, lose its journal, be cloned
-onto a second machine and be upgraded. Driven by `tick()` from the simulator.
+`min(60 s, 1 s * 2^n)`, reset by a Welcome. Its heartbeats carry its free credits, its
+load and the generation it applied, and every 10th its inventory hashes; it sends the
+inventory sections the gateway asks for. It can reboot, lose its journal, be cloned onto
+a second machine and be upgraded. Driven by `tick()` from the simulator.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import uuid
 from collections import Counter
@@ -20,6 +24,7 @@ from typing import Any
 
 from schemas.notices import Dispatch
 from workers.gateway import Gateway, HelloRequest, Refused
+from workers.gateway.inventory import INVENTORY_EVERY
 
 HEARTBEAT = 10.0
 #: a gateway's pushback (retry_after) is honoured up to this many seconds
@@ -64,7 +69,13 @@ class FakeDaemon:
         self.refusals: Counter[str] = Counter()
         self.busy_answers = 0
         self.welcomes = 0
-        self.generation = 0
+        self.generation = 0  # the configuration generation it applied (heartbeats say)
+        self.inventory: dict[str, dict[str, Any]] = {
+            "hardware": {"cpus": 8, "memory_gib": 32},
+            "capabilities": {"names": sorted(self.capabilities)},
+        }
+        self.heartbeats = 0
+        self.sections_sent = 0
         self.process_started = self.clock()  # its Hello's proof of a restart
         self.server_time_mark = 0.0  # the latest server time a Welcome told it; never back
         self.behind_welcomes = 0  # Welcomes refused for being behind the mark
@@ -164,7 +175,18 @@ class FakeDaemon:
             return
         if now - self.last_heartbeat >= HEARTBEAT:
             self.last_heartbeat = now
-            self.gateway.heartbeat(self.node_id, self.epoch, self.free_credits())
+            self.heartbeats += 1
+            wanted = self.gateway.heartbeat(
+                self.node_id,
+                self.epoch,
+                self.free_credits(),
+                load=float(len(self.running)),
+                applied_generation=self.generation,
+                inventory_hashes=self.inventory_hashes()
+                if self.heartbeats % INVENTORY_EVERY == 0
+                else None,
+            )
+            await self._send_sections(wanted)
         await self._finish_due(now)
         await self._report()
 
@@ -184,6 +206,7 @@ class FakeDaemon:
             journal_id=self.journal_id, daemon_version=self.version, capabilities=list(self.capabilities),
             running_command_ids=[str(c) for c in self.running], transport=self.transport, trust_version=1,
             process_started_at=datetime.fromtimestamp(self.process_started, UTC),
+            inventory_hashes=self.inventory_hashes(),
         )  # fmt: skip
         try:
             welcome = await gateway.hello(request, self)
@@ -206,7 +229,30 @@ class FakeDaemon:
         self.failures = 0
         self.welcomes += 1
         self.last_heartbeat = self.clock()
+        self.heartbeats = 0
         self.sent_seq = 0  # re-send what was not acked to the new session
+        await self._send_sections(welcome.request_sections)
+
+    def inventory_hashes(self) -> dict[str, str]:
+        """Each inventory section's hash: SHA-256 of its canonical JSON."""
+        return {
+            section: hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+            for section, body in self.inventory.items()
+        }
+
+    async def _send_sections(self, sections: Sequence[str]) -> None:
+        gateway, hashes = self.gateway, self.inventory_hashes()
+        if gateway is None:
+            return
+        try:
+            for section in sections:
+                if section in self.inventory:
+                    await gateway.inventory(
+                        self.node_id, self.epoch, section, hashes[section], self.inventory[section]
+                    )
+                    self.sections_sent += 1
+        except Refused:  # the session ended meanwhile: the next Welcome asks again
+            self.drop("refused")
 
     async def _finish_due(self, now: float) -> None:
         for command_id, run in list(self.running.items()):
