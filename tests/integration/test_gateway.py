@@ -107,6 +107,10 @@ async def test_any_capability_list_connects_and_a_fact_that_cannot_be_published_
         await gateway.hello(request(boot_id="b2", daemon_version="9" * 300), RecordingStream())
     assert refused.value.code is Code.INVALID_ARGUMENT
     assert "daemon_version" in str(refused.value)
+    with pytest.raises(Refused) as refused:  # a digest that is not SHA-256 hex: not a CHECK error
+        await gateway.hello(request(boot_id="b3", approver_set_sha256="XYZ"), RecordingStream())
+    assert refused.value.code is Code.INVALID_ARGUMENT
+    assert "approver_set_sha256" in str(refused.value)
     assert await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n1'") == 1
 
 
