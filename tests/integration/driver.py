@@ -42,7 +42,7 @@ class Driver:
         return int(
             sum(
                 value
-                for (worker, _type, result), value in counter._values.items()
+                for (worker, _type, result), value in counter.by_labels().items()
                 if worker == self.worker and (outcome is None or result == outcome)
             )
         )

@@ -49,7 +49,7 @@ def _request(**kw: Any) -> HelloRequest:
 def _counted(runtime: Runtime, result: str) -> dict[tuple[str, str], int]:
     return {
         (worker, fact_type): int(value)
-        for (worker, fact_type, outcome), value in runtime.metrics.facts._values.items()
+        for (worker, fact_type, outcome), value in runtime.metrics.facts.by_labels().items()
         if outcome == result
     }
 

@@ -108,7 +108,7 @@ async def test_a_90_second_outage_under_a_flow_of_hellos(
                 name: await nc.jetstream().consumer_info(subjects.facts_stream, name)
                 for name in ("tally", "liveness", "labeler", "replay")
             }
-            dead = {k: v for k, v in runtime.metrics.dead_letters._values.items() if v}
+            dead = {k: v for k, v in runtime.metrics.dead_letters.by_labels().items() if v}
     finally:
         await proxy.stop()
     await flow.assert_exact(tally_db, nc, subjects)

@@ -188,7 +188,7 @@ async def test_two_replicas_count_each_hello_once(
             total = sum(
                 v
                 for m in (one, two)
-                for (w, _t, _o), v in m.metrics.facts._values.items()
+                for (w, _t, _o), v in m.metrics.facts.by_labels().items()
                 if w == "quarantine"
             )
             return total >= 7

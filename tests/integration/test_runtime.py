@@ -17,6 +17,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.parser import text_string_to_metric_families
 
 from schemas import REGISTRY
 from schemas.subjects import Subjects
@@ -294,8 +295,16 @@ async def test_health_readiness_and_metrics(
         assert status == 200 and "consumers ok" in body
         status, body = await _get(port, "/metrics")
         assert status == 200
-        assert 'bcw_facts_total{worker="tally",type="status",outcome="applied"} 1' in body
-        assert 'bcw_batch_seconds_count{worker="tally"}' in body
+        samples = {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(body)
+            for sample in family.samples
+        }
+        applied = (("outcome", "applied"), ("type", "status"), ("worker", "tally"))
+        assert samples[("bcw_facts_total", applied)] == 1
+        assert samples[("bcw_batch_seconds_count", (("worker", "tally"),))] >= 1
+        assert samples[("bcw_lease_held", (("loop", "inbox-retention"),))] in (0, 1)
+        assert ("bcw_outbox_oldest_seconds", ()) in samples
         assert (await _get(port, "/nope"))[0] == 404
 
 

@@ -10,6 +10,7 @@ import asyncpg.exceptions._base as asyncpg_base
 import nats.errors
 import nats.js.errors
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from workers.runtime import outcome
@@ -22,7 +23,7 @@ from workers.runtime.errors import (
     classify,
     is_transient,
 )
-from workers.runtime.metrics import Counter, Histogram, Metrics
+from workers.runtime.metrics import Metrics
 from workers.runtime.settings import Settings, describe
 from workers.runtime.waiting import Patience
 
@@ -237,21 +238,31 @@ def test_patience_quiet_failures_back_off_without_a_line(caplog: pytest.LogCaptu
     assert caplog.records == []
 
 
-def test_prometheus_text() -> None:
-    counter = Counter("c_total", "help", ("worker",))
-    counter.inc("a")
-    counter.inc("a", by=2)
-    histogram = Histogram("h_seconds", "help", ("worker",), buckets=(0.1, 1.0))
-    histogram.observe(0.05, "a")
-    histogram.observe(0.5, "a")
-    histogram.observe(5, "a")
-    assert counter.samples() == ['c_total{worker="a"} 3']
-    assert histogram.samples() == [
-        'h_seconds_bucket{worker="a",le="0.1"} 1',
-        'h_seconds_bucket{worker="a",le="1"} 2',
-        'h_seconds_bucket{worker="a",le="+Inf"} 3',
-        'h_seconds_sum{worker="a"} 5.55',
-        'h_seconds_count{worker="a"} 3',
-    ]
-    text = Metrics().render()
-    assert "# TYPE bcw_facts_total counter" in text and "# TYPE bcw_batch_seconds histogram" in text
+def test_metrics_are_the_librarys_exposition_and_parse() -> None:
+    metrics = Metrics()
+    metrics.facts.inc("labeler", "hello", "applied")
+    metrics.facts.inc("labeler", "hello", "applied", by=2)
+    metrics.fencing_misses.inc("liveness", "liveness")
+    metrics.batch_seconds.observe(0.05, "labeler")
+    metrics.batch_seconds.observe(5, "labeler")
+    metrics.lease_held.set(1, "sweep")
+    metrics.outbox_oldest_seconds.set_function(lambda: 2.5)
+    families = {f.name: f for f in text_string_to_metric_families(metrics.render())}
+    assert families["bcw_facts"].type == "counter"
+    [applied] = [s for s in families["bcw_facts"].samples if s.name == "bcw_facts_total"]
+    assert applied.labels == {"worker": "labeler", "type": "hello", "outcome": "applied"}
+    assert applied.value == 3 == metrics.facts.value("labeler", "hello", "applied")
+    assert metrics.facts.by_labels() == {("labeler", "hello", "applied"): 3.0}
+    assert metrics.facts.value("recorder", "events", "applied") == 0  # never seen
+    counts = {s.name: s.value for s in families["bcw_batch_seconds"].samples}
+    assert counts["bcw_batch_seconds_count"] == 2 == metrics.batch_seconds.value("labeler")
+    assert {s.value for s in families["bcw_lease_held"].samples} == {1.0}
+    assert [s.value for s in families["bcw_outbox_oldest_seconds"].samples] == [2.5]
+    expected = {
+        "bcw_facts", "bcw_fencing_misses", "bcw_batch_seconds", "bcw_batch_retries",
+        "bcw_consumer_pending", "bcw_consumer_ack_pending", "bcw_outbox_backlog",
+        "bcw_outbox_oldest_seconds", "bcw_lease_held", "bcw_liveness_blind_gateways",
+        "bcw_liveness_breakers_open", "bcw_outbox_published", "bcw_outbox_failures",
+        "bcw_dead_letters",
+    }  # fmt: skip
+    assert set(families) == expected

@@ -350,6 +350,7 @@ def sweep_loop(settings: LivenessSettings) -> Loop:
             period=settings.sweep_interval,
             ttl=settings.lease_ttl,
             stopping=stopping,
+            held=runtime.metrics.lease_held,
         )
 
     return sweep

@@ -36,6 +36,7 @@ def build(settings: Settings) -> Worker:
                 settings.retention.lease_ttl, timedelta(seconds=2 * settings.retention.interval)
             ),
             stopping=stopping,
+            held=runtime.metrics.lease_held,
         )
 
     return Worker(

@@ -267,6 +267,7 @@ def dispatch_loop(settings: ReplaySettings) -> Loop:
                 period=0.05,
                 ttl=settings.lease_ttl,
                 stopping=stopping,
+                held=runtime.metrics.lease_held,
             )
         finally:
             listening.cancel()

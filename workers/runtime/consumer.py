@@ -416,6 +416,8 @@ class FactConsumer:
                 error,
             )
         self._metrics.facts.inc(self.worker.name, fact_type, result.kind.value)
+        if result.kind is outcome.Kind.STALE:
+            self._metrics.fencing_misses.inc(self.worker.name, fact_type)
         if result.kind is outcome.Kind.FOREIGN and item.fact is not None:
             self._foreign.saw(item.fact)
         if item.span is not None:

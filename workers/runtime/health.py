@@ -11,6 +11,8 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from workers.runtime.metrics import CONTENT_TYPE
+
 log = logging.getLogger(__name__)
 
 Probe = Callable[[], Awaitable[dict[str, bool]]]
@@ -77,5 +79,5 @@ class HealthServer:
             ).encode()
             return ("200 OK" if all(checks.values()) else "503 Service Unavailable"), body, text
         if path == "/metrics":
-            return "200 OK", self._metrics().encode(), "text/plain; version=0.0.4; charset=utf-8"
+            return "200 OK", self._metrics().encode(), CONTENT_TYPE
         return "404 Not Found", b"not found\n", text

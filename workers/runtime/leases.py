@@ -19,6 +19,7 @@ from datetime import timedelta
 import asyncpg
 
 from workers.runtime.errors import Severity, as_setting_error, classify
+from workers.runtime.metrics import Gauge
 from workers.runtime.waiting import Patience, sleep_or_stop
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,7 @@ async def run_leased(
     period: float,
     ttl: timedelta,
     stopping: asyncio.Event,
+    held: Gauge | None = None,
 ) -> None:
     """Run `body(lease)` every `period` seconds while this process holds `name`.
 
@@ -131,12 +133,16 @@ async def run_leased(
                     "lease %s: %s", name, f"held, epoch {current.epoch}" if current else "standby"
                 )
             lease = current
+            if held is not None:
+                held.set(1.0 if lease is not None else 0.0, name)
             if lease is not None:
                 await body(lease)
             patience.succeeded()
         except LeaseLost as lost:
             log.info("%s", lost)
             lease = None
+            if held is not None:
+                held.set(0.0, name)
         except Exception as error:
             severity = classify(error)
             if severity is Severity.FATAL:
@@ -145,6 +151,8 @@ async def run_leased(
                 log.exception("lease %s loop failed (will retry)", name)
             pause = patience.failed(error)  # an outage: back off, and log it now and then
         await sleep_or_stop(stopping, pause)
+    if held is not None:
+        held.set(0.0, name)
     if lease is not None:
         with contextlib.suppress(Exception):
             async with pool.acquire() as conn:

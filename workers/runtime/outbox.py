@@ -277,6 +277,16 @@ class OutboxRelay:
         async with self._pool.acquire() as conn:
             return int(await conn.fetchval("SELECT count(*) FROM outbox"))
 
+    async def observe(self) -> None:
+        """Set the outbox gauges: rows waiting, and the age of the oldest."""
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(
+                "SELECT count(*) AS n, extract(epoch FROM now() - min(created_at)) AS age"
+                "  FROM outbox"
+            )
+        self._metrics.outbox_backlog.set(float(row["n"]))
+        self._metrics.outbox_oldest_seconds.set(max(0.0, float(row["age"] or 0.0)))
+
     async def run(self, stopping: asyncio.Event) -> None:
         listener = asyncio.create_task(self._listener.run(stopping))
         patience = Patience("outbox relay", log, base=0.1, cap=5.0)

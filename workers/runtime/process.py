@@ -299,6 +299,7 @@ async def _prune_inbox(runtime: Runtime, stopping: asyncio.Event) -> None:
         period=settings.interval,
         ttl=max(settings.lease_ttl, timedelta(seconds=2 * settings.interval)),
         stopping=stopping,
+        held=runtime.metrics.lease_held,
     )
 
 
@@ -308,7 +309,7 @@ async def _observe(
     """Refresh the gauges that need a question to the servers, every few seconds."""
     while not stopping.is_set():
         with contextlib.suppress(Exception):
-            runtime.metrics.outbox_backlog.set(float(await relay.backlog()))
+            await relay.observe()
             for consumer in consumers:
                 await consumer.observe()
         await sleep_or_stop(stopping, 5.0)
