@@ -258,24 +258,40 @@ async def test_a_handled_fact_is_a_span_tree_in_the_producers_trace(
             headers = tracing.inject({})
             await publish_fact(js, subjects, status_fact(), headers=headers)
         trace_id = producer.get_span_context().trace_id
-        await eventually(
-            lambda: _async(_has_span(exporter, "node.disconnected publish")), what="event span"
-        )
+        event_span = f"publish {subjects.root}.events.node.disconnected"
+        await eventually(lambda: _async(_has_span(exporter, event_span)), what="event span")
 
     spans = [s for s in exporter.get_finished_spans() if s.context.trace_id == trace_id]
     by_name = {s.name: s for s in spans}
-    process = by_name["status process"]
+    process = by_name[f"process {subjects.root}.facts.{{gateway_id}}.status"]
     assert process.kind is trace.SpanKind.CONSUMER
     assert (
         process.parent is not None and process.parent.span_id == producer.get_span_context().span_id
     )
-    assert process.attributes["messaging.system"] == "nats"
-    assert process.attributes["messaging.destination.name"] == subjects.fact("gw-1", "status")
-    assert process.attributes["messaging.message.id"]
-    apply = by_name["tally apply"]
-    assert apply.parent is not None and apply.parent.span_id == process.context.span_id
-    publish = by_name["node.disconnected publish"]
+    attributes = dict(process.attributes or {})
+    assert attributes["messaging.system"] == "nats"
+    assert (
+        attributes["messaging.operation.type"]
+        == attributes["messaging.operation.name"]
+        == "process"
+    )
+    assert attributes["messaging.destination.name"] == subjects.fact("gw-1", "status")
+    assert attributes["messaging.consumer.group.name"] == "tally"
+    assert attributes["messaging.message.id"] and attributes["server.port"]
+    assert attributes["messaging.batch.message_count"] == 1
+    # the batch's statements are CLIENT spans of the fact's span, without their values
+    statements = [s for s in spans if s.kind is trace.SpanKind.CLIENT]
+    assert {s.name for s in statements} >= {"INSERT processed_facts", "INSERT outbox"}
+    for statement in statements:
+        assert statement.parent is not None and statement.parent.span_id == process.context.span_id
+        assert statement.attributes is not None
+        assert statement.attributes["db.system.name"] == "postgresql"
+        assert statement.attributes["db.operation.name"] == statement.name.split()[0]
+    publish = by_name[event_span]
     assert publish.kind is trace.SpanKind.PRODUCER
+    assert (
+        publish.attributes is not None and publish.attributes["messaging.operation.type"] == "send"
+    )
     assert publish.parent is not None and publish.parent.span_id == process.context.span_id
     # the published event carries the trace on to its subscribers
     [event] = await stream_messages(js, subjects.events_stream)

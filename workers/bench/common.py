@@ -182,9 +182,11 @@ async def consume_and_relay(
         tasks = [asyncio.create_task(consumer.run(stopping))]
         if relay:
             tasks.append(asyncio.create_task(relayer.run(stopping)))
-        while (
-            sum(v for k, v in metrics.facts.by_labels().items() if k[0] == worker.name) < expected
-        ):  # noqa: ASYNC110
+
+        def settled_facts() -> float:
+            return sum(v for k, v in metrics.facts.by_labels().items() if k[0] == worker.name)
+
+        while settled_facts() < expected:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         settled = time.perf_counter() - started
         while drain and await relayer.backlog():  # noqa: ASYNC110

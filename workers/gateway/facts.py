@@ -12,24 +12,32 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nats.js import JetStreamContext
+from opentelemetry import trace
 
 from schemas import REGISTRY, Fact
 from schemas.facts import CertInfo, Closed, CloseReason, Hello, PreviousSession
 from schemas.subjects import Subjects
 from workers.gateway import store
 from workers.gateway.admission import HelloRequest
+from workers.runtime import tracing
 
 log = logging.getLogger(__name__)
 
 
 class FactPublisher:
     def __init__(
-        self, gateway_id: str, js: JetStreamContext, subjects: Subjects, clock: Callable[[], float]
+        self,
+        gateway_id: str,
+        js: JetStreamContext,
+        subjects: Subjects,
+        clock: Callable[[], float],
+        tracer: trace.Tracer | None = None,
     ):
         self.gateway_id = gateway_id
         self.js = js
         self.subjects = subjects
         self.clock = clock
+        self.tracer = tracer or trace.NoOpTracer()
 
     def base(self) -> dict[str, Any]:
         """`fact_id`, `gateway_id` and `observed_at` (the gateway's clock, informational)."""
@@ -80,6 +88,17 @@ class FactPublisher:
         body, headers = REGISTRY.encode(fact)
         headers["Nats-Msg-Id"] = str(fact.fact_id)
         subject = self.subjects.fact(self.gateway_id, fact.BC_TYPE)
+        url = self.js._nc.connected_url
+        span = tracing.start_producer_span(
+            self.tracer, subject, str(fact.fact_id), url.geturl() if url else None
+        )
+        with trace.use_span(span, record_exception=True, set_status_on_exception=True):
+            tracing.inject(headers)  # every worker's processing is a child of this span
+            await self._publish(subject, body, headers, fact.BC_TYPE)
+
+    async def _publish(
+        self, subject: str, body: bytes, headers: dict[str, str], fact_type: str
+    ) -> None:
         delay = 0.1
         for attempt in range(30):
             try:
@@ -91,8 +110,12 @@ class FactPublisher:
                 log.debug(
                     "gateway %s: publish %s failed (%r), retrying",
                     self.gateway_id,
-                    fact.BC_TYPE,
+                    fact_type,
                     error,
+                )
+                trace.get_current_span().add_event(
+                    "retry",
+                    {"exception.type": type(error).__name__, "exception.message": str(error)},
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)

@@ -24,6 +24,7 @@ import asyncpg
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from opentelemetry import context, trace
 from pydantic import ValidationError
 
 from schemas import REGISTRY
@@ -45,7 +46,7 @@ from workers.gateway.admission import Code, HelloRequest, admit, upgrade_require
 from workers.gateway.facts import FactPublisher
 from workers.gateway.inventory import section_problem, sections_to_request
 from workers.gateway.types import DaemonStream, GatewaySettings, Refused, TokenBucket, Welcome
-from workers.runtime import bus
+from workers.runtime import bus, tracing
 from workers.runtime.pull import ContinuousPull
 from workers.runtime.settings import ConsumerSettings
 
@@ -78,10 +79,12 @@ class Gateway:
     subjects: Subjects
     clock: Callable[[], float] = time.time  # seconds; the simulator's clock follows compute_now()
     settings: GatewaySettings = field(default_factory=GatewaySettings)
+    #: spans of Hellos, published facts and obeyed notices (default: the global provider's)
+    tracer: trace.Tracer = field(default_factory=lambda: trace.get_tracer(tracing.TRACER_NAME))
 
     def __post_init__(self) -> None:
         self.js: JetStreamContext = self.nc.jetstream()
-        self.facts = FactPublisher(self.gateway_id, self.js, self.subjects, self.clock)
+        self.facts = FactPublisher(self.gateway_id, self.js, self.subjects, self.clock, self.tracer)
         self.lease_epoch: int | None = None
         self.sessions: dict[str, _Session] = {}
         self.bucket = TokenBucket(self.settings.handshakes_per_second)
@@ -168,7 +171,21 @@ class Gateway:
             )
         self.pending_hellos += 1
         try:
-            return await self._hello(request, stream)
+            with self.tracer.start_as_current_span(
+                "Hello",
+                kind=trace.SpanKind.SERVER,
+                attributes={"bc.node.id": request.node_id, "bc.gateway.id": self.gateway_id},
+                record_exception=False,
+                set_status_on_exception=False,
+            ) as span:
+                try:
+                    welcome = await self._hello(request, stream)
+                except Refused as refused:
+                    span.set_status(trace.StatusCode.ERROR, refused.code.value)
+                    span.set_attribute("bc.refusal.reason", refused.reason)
+                    raise
+                span.set_attribute("bc.session.epoch", welcome.epoch)
+                return welcome
         finally:
             self.pending_hellos -= 1
 
@@ -201,6 +218,7 @@ class Gateway:
                     request,
                     upgrade,
                     self.settings.live_window,
+                    tracing.traceparent(context.get_current()),  # dispatch continues it
                 )
             except store.LeaseGone as gone:
                 self._stopping.set()
@@ -442,16 +460,35 @@ class Gateway:
                 await msg.ack()
 
     async def _obey(self, msg: Msg) -> None:
-        notice = REGISTRY.decode(msg.headers, msg.data)
-        session = self.sessions.get(getattr(notice, "node_id", ""))
-        if session is None or getattr(notice, "epoch", session.epoch) != session.epoch:
-            return  # delivered only to a live session at that epoch
-        if isinstance(notice, Dispatch):
-            await session.stream.deliver(notice)
-        elif isinstance(notice, Zombie):
-            await self._end(session, "fenced")
-        elif isinstance(notice, EventAck):
-            await session.stream.event_ack(notice.journal_id, notice.seq)
+        url = self.nc.connected_url
+        span = tracing.start_consumer_span(
+            self.tracer,
+            msg,
+            (msg.headers or {}).get("Nats-Msg-Id"),
+            f"gw-{self.gateway_id}",
+            url.geturl() if url else None,
+        )
+        with trace.use_span(span, end_on_exit=True):
+            notice = REGISTRY.decode(msg.headers, msg.data)
+            session = self.sessions.get(getattr(notice, "node_id", ""))
+            if session is None or getattr(notice, "epoch", session.epoch) != session.epoch:
+                span.set_attribute("bcw.outcome", "stale")  # only to a live session at that epoch
+                return
+            if isinstance(notice, Dispatch):
+                with self.tracer.start_as_current_span(
+                    f"deliver {notice.kind}",
+                    kind=trace.SpanKind.PRODUCER,  # onto the daemon's stream
+                    attributes={
+                        "bc.node.id": notice.node_id,
+                        "bc.command.id": str(notice.command_id),
+                        "bc.command.attempt": notice.attempt,
+                    },
+                ):
+                    await session.stream.deliver(notice)
+            elif isinstance(notice, Zombie):
+                await self._end(session, "fenced")
+            elif isinstance(notice, EventAck):
+                await session.stream.event_ack(notice.journal_id, notice.seq)
 
     async def _on_revocation(self, msg: Msg) -> None:
         try:

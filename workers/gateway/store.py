@@ -81,7 +81,7 @@ UPDATE node_sessions
        acked_event_seq = CASE WHEN journal_id IS DISTINCT FROM $5 THEN 0 ELSE acked_event_seq END,
        connected_at = compute_now(), last_seen = compute_now(), disconnected_at = NULL,
        disconnect_reason = NULL, cert_serial = $14, lane_credits = NULL, load = NULL,
-       held_epoch = CASE WHEN $15 THEN session_epoch + 1 END
+       held_epoch = CASE WHEN $15 THEN session_epoch + 1 END, trace_context = $16
  WHERE node_id = $1
 RETURNING session_epoch, acked_event_seq
 """
@@ -185,6 +185,7 @@ async def open_session(
     request: HelloRequest,
     upgrade_required: bool,
     live_window: timedelta,
+    trace_context: str | None = None,
 ) -> Opened:
     """The Hello transaction: fenced on the lease, the node's row locked, its epoch bumped."""
     async with conn.transaction():
@@ -218,6 +219,7 @@ async def open_session(
             digest,
             request.cert_serial,
             duplicate,
+            trace_context,
         )
         stored = {r["section"]: r["hash"] for r in await conn.fetch(STORED_HASHES, request.node_id)}
     return Opened(

@@ -183,7 +183,7 @@ async def sweep_once(
         }
         seeing = sorted(gw for gw, sight in sights.items() if sees(sight, now, rules))
         changes = [c for sight in sights.values() if (c := sight_change(sight, now, rules))]
-        outbox = OutboxBatch()
+        outbox = OutboxBatch("liveness")
         lost: list[asyncpg.Record] = []
         stale: list[asyncpg.Record] = []
         breakers: dict[str, tuple[BreakerView, BreakerDecision]] = {}

@@ -34,7 +34,7 @@ from workers.replay.decide import (
     plan_replay,
     progress_to,
 )
-from workers.runtime import outcome
+from workers.runtime import outcome, tracing
 from workers.runtime.outcome import Outcome
 from workers.runtime.settings import ReplaySettings
 from workers.runtime.worker import Handler, Tx
@@ -73,10 +73,11 @@ UPDATE commands c
    SET state = t.state, session_epoch = t.session_epoch, delivery_attempt = t.attempt,
        busy_attempts = t.busy_attempts, busy_epoch = t.busy_epoch, not_before = t.not_before,
        result = coalesce(t.result::jsonb, c.result), failure_reason = coalesce(t.reason, c.failure_reason),
-       updated_at = now()
+       trace_context = coalesce(t.trace_context, c.trace_context), updated_at = now()
   FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::int[], $5::int[], $6::bigint[], $7::timestamptz[],
-              $8::text[], $9::text[])
-       AS t(id, state, session_epoch, attempt, busy_attempts, busy_epoch, not_before, result, reason)
+              $8::text[], $9::text[], $10::text[])
+       AS t(id, state, session_epoch, attempt, busy_attempts, busy_epoch, not_before, result, reason,
+            trace_context)
  WHERE c.command_id = t.id
 """
 
@@ -90,6 +91,7 @@ class Row:
     busy_epoch: int | None
     result: str | None = None
     reason: str | None = None
+    trace_context: str | None = None  # a traceparent to continue when it is dispatched again
     changed: bool = False
 
     def set(self, **changes: Any) -> None:
@@ -133,6 +135,7 @@ async def _write(conn: asyncpg.Connection, rows: Sequence[Row]) -> None:
         [r.command.not_before for r in changed],
         [r.result for r in changed],
         [r.reason for r in changed],
+        [r.trace_context for r in changed],
     )
     await _poke(conn)
 
@@ -292,6 +295,7 @@ def _answer(
         return False
     answers = busy_count(row.busy_attempts, row.busy_epoch, fact.epoch)
     row.busy_attempts, row.busy_epoch = answers, fact.epoch
+    row.trace_context = tracing.traceparent(tx.context(fact))  # the re-dispatch continues it
     row.set(
         state="pending",
         session_epoch=None,

@@ -19,8 +19,11 @@ import dataclasses
 import json
 import logging
 import time
+import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any, cast
 
 import asyncpg
 
@@ -28,7 +31,7 @@ from schemas.events import CommandCancelled
 from schemas.subjects import Subjects
 from workers.replay.apply import DISPATCH_CHANNEL, command_event, command_from_row, dispatch_notice
 from workers.replay.decide import Command, Session, lane_limits, plan_dispatch
-from workers.runtime import leases
+from workers.runtime import leases, tracing
 from workers.runtime.notify import Listener
 from workers.runtime.outbox import OutboxBatch
 from workers.runtime.settings import ReplaySettings
@@ -59,7 +62,7 @@ SELECT DISTINCT c.node_id
 # gateway-loss rule will disconnect them). A gateway without a lease row at all has not expired.
 LOCK_CONNECTED = """
 SELECT s.node_id, s.session_epoch, s.gateway_id, s.transport, s.upgrade_required, c.allowed_kinds,
-       s.lane_credits::text AS lane_credits, compute_now() AS now
+       s.lane_credits::text AS lane_credits, compute_now() AS now, s.trace_context, s.connected_at
   FROM unnest($1::text[]) AS n(node_id)
  CROSS JOIN LATERAL (SELECT * FROM node_sessions
                       WHERE node_id = n.node_id AND gateway_id IS NOT NULL AND session_epoch > 0
@@ -73,7 +76,8 @@ SELECT s.node_id, s.session_epoch, s.gateway_id, s.transport, s.upgrade_required
 PENDING_OF = """
 SELECT c.* FROM unnest($1::text[]) AS n(node_id)
  CROSS JOIN LATERAL (SELECT command_id, node_id, seq, kind, lane, state, session_epoch, delivery_attempt,
-                            busy_attempts, busy_epoch, not_before, payload::text AS payload, signature
+                            busy_attempts, busy_epoch, not_before, payload::text AS payload, signature,
+                            trace_context, created_at
                        FROM commands WHERE node_id = n.node_id AND state = 'pending' ORDER BY seq) AS c
 """
 
@@ -120,6 +124,27 @@ NEXT_DUE = "SELECT min(not_before) - compute_now() FROM commands WHERE state = '
 
 
 @dataclass(frozen=True)
+class Waited:
+    """What a pending command waited for: its creation, its last BUSY answer."""
+
+    created_at: datetime
+    busy_epoch: int | None
+    trace_context: str | None  # the BUSY answer's, when it went back to pending so
+
+
+def dispatch_cause(waited: Waited, session: Mapping[str, Any]) -> str | None:
+    """The trace a dispatch continues (a traceparent), pure: the BUSY answer's at this
+    session's epoch; else the Hello's, when the command was waiting for the node (made
+    before the session opened); else none (a command made while the node was connected
+    starts a trace of its own)."""
+    if waited.trace_context and waited.busy_epoch == session["session_epoch"]:
+        return waited.trace_context
+    if session["connected_at"] is not None and waited.created_at <= session["connected_at"]:
+        return cast(str | None, session["trace_context"])
+    return None
+
+
+@dataclass(frozen=True)
 class RoundResult:
     dispatched: int
     cancelled: int
@@ -149,8 +174,12 @@ async def dispatch_round(
             return RoundResult(0, 0, len(ready), cursor)
         nodes = sorted(sessions)
         pending: dict[str, list[Command]] = {}
+        waits: dict[uuid.UUID, Waited] = {}  # what each pending command waited for
         for record in await conn.fetch(PENDING_OF, nodes):
             pending.setdefault(record["node_id"], []).append(command_from_row(record))
+            waits[record["command_id"]] = Waited(
+                record["created_at"], record["busy_epoch"], record["trace_context"]
+            )
         in_flight: dict[str, dict[str, int]] = {}
         awaiting: dict[str, set[str]] = {}
         on_daemon: dict[str, dict[str, int]] = {}
@@ -190,7 +219,7 @@ async def dispatch_round(
             )
             chosen += [(c, row) for c in plan.dispatch]
             cancel += [(c, row) for c in plan.cancel]
-        outbox = OutboxBatch()
+        outbox = OutboxBatch("replay")
         marked = {
             r["command_id"]: r["delivery_attempt"]
             for r in await conn.fetch(
@@ -204,10 +233,12 @@ async def dispatch_round(
                 continue
             sent = dataclasses.replace(command, delivery_attempt=marked[command.command_id])
             notice = dispatch_notice(sent, row["session_epoch"])
+            cause = dispatch_cause(waits[command.command_id], row)
             outbox.add(
                 notice,
                 subjects.notice(row["gateway_id"], notice.BC_TYPE),
                 order_key=command.node_id,
+                context=tracing.from_traceparent(cause),
             )
         cancelled = {
             r["command_id"] for r in await conn.fetch(CANCEL, [c.command_id for c, _ in cancel])

@@ -21,8 +21,9 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import asyncpg
@@ -211,8 +212,8 @@ class FactConsumer:
     async def handle_items(self, items: Sequence[_Item]) -> list[Outcome]:
         started = time.perf_counter()
         wanted = [item for item in items if item.outcome is None]
-        if self._tracing:
-            for item in wanted:
+        if self._tracing:  # ignored and invalid ones too: a trace shows they were seen
+            for item in items:
                 item.span = self._start_span(item)
         if wanted:
             await self._apply_patiently(wanted)
@@ -246,9 +247,14 @@ class FactConsumer:
         return item
 
     def _start_span(self, item: _Item) -> Span:
-        assert item.fact is not None
+        fact = item.fact
         return tracing.start_consumer_span(
-            self._tracer, item.msg, item.fact.BC_TYPE, str(item.fact.fact_id), self.worker.name
+            self._tracer,
+            item.msg,
+            str(fact.fact_id) if fact else (item.msg.headers or {}).get("Nats-Msg-Id"),
+            self.worker.name,
+            self._nc.connected_url.geturl() if self._nc.connected_url else None,
+            fact.BC_TYPE if fact else None,
         )
 
     @staticmethod
@@ -285,6 +291,15 @@ class FactConsumer:
                 if severity is Severity.PERMANENT:
                     raise Pinned(error, "handler") from error
                 self._metrics.batch_retries.inc(name)
+                for item in items:  # the retries show on each fact's span
+                    if item.span is not None:
+                        item.span.add_event(
+                            "retry",
+                            {
+                                "exception.type": type(error).__name__,
+                                "exception.message": str(error),
+                            },
+                        )
                 healthy = await self._servers_answer()
                 if healthy:  # a deadlock, a timeout: the batch's own, tried a few times
                     healthy_failures += 1
@@ -327,7 +342,42 @@ class FactConsumer:
             for item in items
             if item.fact and (context := self._context_of(item)) is not None
         }
-        started_ns = time.time_ns()
+        spans = [item.span for item in items if item.span is not None]
+        with self._batch_span(spans):  # the transaction's statements are its children
+            written, outcomes, fresh = await self._transaction(items, facts, contexts)
+        firsts = {id(fact) for fact in fresh}
+        for item in items:
+            assert item.fact is not None
+            item.outcome = (
+                outcomes[item.fact.fact_id] if id(item.fact) in firsts else outcome.DUPLICATE
+            )
+            if item.span is not None:
+                item.span.set_attribute("messaging.batch.message_count", len(items))
+                item.span.set_attribute("bcw.outbox.rows", written)
+        if written:
+            self._on_outbox_rows()
+
+    def _batch_span(self, spans: list[Span]) -> contextlib.AbstractContextManager[object]:
+        """The span a batch's statements belong to: its one fact's; for several facts a
+        span of the batch, linked to each fact's (a statement serves them all)."""
+        if not spans:
+            return contextlib.nullcontext()
+        if len(spans) == 1:
+            return trace.use_span(spans[0], end_on_exit=False)
+        return self._tracer.start_as_current_span(
+            f"process {self.worker.name} batch",
+            kind=trace.SpanKind.INTERNAL,
+            links=[trace.Link(span.get_span_context()) for span in spans],
+            attributes={
+                "messaging.batch.message_count": len(spans),
+                "messaging.consumer.group.name": self.worker.name,
+            },
+        )
+
+    async def _transaction(
+        self, items: list[_Item], facts: list[Fact], contexts: dict[uuid.UUID, Context]
+    ) -> tuple[int, Mapping[uuid.UUID, Outcome], list[Fact]]:
+        """The batch's transaction: the inbox, the handler, the outbox."""
         async with self._pool.acquire() as conn, conn.transaction():
             fresh_ids = {
                 row["fact_id"]
@@ -348,7 +398,7 @@ class FactConsumer:
                 if fact.fact_id in fresh_ids and fact.fact_id not in seen:
                     fresh.append(fact)
                 seen.add(fact.fact_id)
-            tx = Tx(conn, self._subjects, contexts)
+            tx = Tx(conn, self._subjects, contexts, worker=self.worker.name)
             outcomes = await handle_bound(tx, self.worker, fresh)
             unkept = [fid for fid in fresh_ids if not outcomes[fid].keeps_inbox_row]
             if unkept:
@@ -358,26 +408,7 @@ class FactConsumer:
                     unkept,
                 )
             written = await tx.outbox.write(conn)
-        ended_ns = time.time_ns()
-        firsts = {id(fact) for fact in fresh}
-        for item in items:
-            assert item.fact is not None
-            item.outcome = (
-                outcomes[item.fact.fact_id] if id(item.fact) in firsts else outcome.DUPLICATE
-            )
-            if item.span is not None:
-                self._tracer.start_span(
-                    f"{self.worker.name} apply",
-                    context=trace.set_span_in_context(item.span),
-                    start_time=started_ns,
-                    attributes={
-                        "db.system.name": "postgresql",
-                        "db.operation.batch.size": len(items),
-                        "bcw.outbox.rows": written,
-                    },
-                ).end(end_time=ended_ns)
-        if written:
-            self._on_outbox_rows()
+        return written, outcomes, fresh
 
     async def _settle(self, item: _Item) -> None:
         """The one place where a fact's message is acked, nak'ed or dead-lettered."""

@@ -10,6 +10,7 @@ exit 2), credentials refused (`RefusedError`, exit 3) or a server out of reach
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -56,12 +57,17 @@ async def connect(settings: DatabaseSettings) -> asyncpg.Connection:
         raise named(error, settings) from error
 
 
-async def create_pool(settings: DatabaseSettings) -> asyncpg.Pool:
+async def create_pool(
+    settings: DatabaseSettings,
+    init: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
+) -> asyncpg.Pool:
+    """The process's pool; `init` runs on each new connection (tracing's query logger)."""
     try:
         pool = await asyncpg.create_pool(
             settings.url.get_secret_value(),
             min_size=settings.pool_min,
             max_size=settings.pool_max,
+            init=init,
             **_options(settings),
         )
     except Exception as error:

@@ -10,6 +10,8 @@ import logging
 import sys
 from datetime import UTC, datetime
 
+from opentelemetry import trace
+
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
@@ -21,6 +23,10 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        span = trace.get_current_span().get_span_context()
+        if span.is_valid:  # the log line and its trace meet in the backend
+            entry["trace_id"] = trace.format_trace_id(span.trace_id)
+            entry["span_id"] = trace.format_span_id(span.span_id)
         entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)

@@ -41,11 +41,27 @@ log = logging.getLogger(__name__)
 NOTIFY_CHANNEL = "bcw_outbox"
 
 
+#: what a node's session history records: every event and notice about a node that a
+#: worker publishes (not event-acks, revocations or the liveness controller's own events)
+HISTORY_TYPES = frozenset({
+    "node.connected", "node.disconnected", "node.capabilities-changed",
+    "security.node.duplicate-session", "security.node.quarantined",
+    "command.replayed", "command.cancelled", "command.failed", "command.completed",
+    "dispatch", "zombie",
+})  # fmt: skip
+
+HistoryRow = tuple[str, str, int | None, str | None, uuid.UUID | None, str | None, str]
+
+
 @dataclass
 class OutboxBatch:
-    """Messages one transaction wants published. Written by `write()` before commit."""
+    """Messages one transaction wants published, and the session history they make.
+    Written by `write()` before commit, in the same transaction as the effects."""
 
+    worker: str = ""
     rows: list[tuple[uuid.UUID, str, str, bytes, str | None]] = field(default_factory=list)
+    #: (node_id, what, epoch, gateway_id, fact_id, trace_id, detail)
+    history: list[HistoryRow] = field(default_factory=list)
 
     def add(
         self,
@@ -55,12 +71,20 @@ class OutboxBatch:
         context: Context | None = None,
         order_key: str | None = None,
         msg_id: uuid.UUID | None = None,
+        cause_id: uuid.UUID | None = None,
     ) -> uuid.UUID:
         body, headers = REGISTRY.encode(message)
         if context is not None:
             tracing.inject(headers, context)
         msg_id = msg_id or uuid.uuid4()
         self.rows.append((msg_id, subject, _headers_json(headers), body, order_key))
+        node_id = getattr(message, "node_id", None)
+        if message.BC_TYPE in HISTORY_TYPES and isinstance(node_id, str):
+            self.history.append((
+                node_id, message.BC_TYPE, getattr(message, "epoch", None),
+                getattr(message, "gateway_id", None) or _notice_gateway(subject),
+                cause_id, tracing.trace_id(context), body.decode(),
+            ))  # fmt: skip
         return msg_id
 
     async def write(self, conn: asyncpg.Connection) -> int:
@@ -81,7 +105,25 @@ class OutboxBatch:
             bodies,
             keys,
         )
+        if self.history:
+            columns = list(zip(*self.history, strict=True))
+            await conn.execute(
+                """
+                INSERT INTO session_history (node_id, what, epoch, gateway_id, worker, fact_id, trace_id, detail)
+                SELECT n, w, e, g, $8, f, t, d::jsonb
+                  FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::uuid[], $6::text[], $7::text[])
+                    AS h(n, w, e, g, f, t, d)
+                """,
+                *[list(column) for column in columns],
+                self.worker,
+            )
         return len(self.rows)
+
+
+def _notice_gateway(subject: str) -> str | None:
+    """The gateway a notice subject (`<root>.gw.<gateway_id>.<type>`) is addressed to."""
+    parts = subject.split(".")
+    return parts[-2] if len(parts) >= 4 and parts[-3] == "gw" else None
 
 
 @functools.lru_cache(maxsize=256)
@@ -251,17 +293,17 @@ class OutboxRelay:
         )
 
     def _producer_span(self, row: asyncpg.Record, headers: dict[str, str]) -> trace.Span:
-        return self._tracer.start_span(
-            f"{headers.get(TYPE_HEADER, 'message')} publish",
+        """The message's PRODUCER span, child of the context stored with its row."""
+        url = self._js._nc.connected_url
+        span = tracing.start_producer_span(
+            self._tracer,
+            row["subject"],
+            str(row["msg_id"]),
+            url.geturl() if url else None,
             context=tracing.extract(headers),
-            kind=trace.SpanKind.PRODUCER,
-            attributes={
-                "messaging.system": tracing.MESSAGING_SYSTEM,
-                "messaging.operation.type": "send",
-                "messaging.destination.name": row["subject"],
-                "messaging.message.id": str(row["msg_id"]),
-            },
         )
+        span.set_attribute("bcw.message.type", headers.get(TYPE_HEADER, "message"))
+        return span
 
     async def flush(self, deadline: float) -> int:
         """Publish until the outbox is empty or `deadline` (monotonic) passes."""

@@ -110,6 +110,8 @@ async def run_process(
         parts.fatal.append(error)
         stopping.set()
 
+    own_provider = provider is None
+    provider = provider or tracing.build_provider(f"bcw-{names}")  # SettingError: bad OTEL_*
     health = HealthServer(settings.health_port, parts.ready, metrics.render)
     try:
         await health.start()
@@ -117,8 +119,6 @@ async def run_process(
         raise SettingError(
             "BCW_HEALTH_PORT", f"cannot listen on {settings.health_port} ({error})"
         ) from error
-    own_provider = provider is None
-    provider = provider or tracing.build_provider(f"bcw-{names}")
     try:
         await _serve(settings, workers, names, instance, metrics, subjects, parts, health,
                      provider, stopping, refused, on_ready)  # fmt: skip
@@ -153,9 +153,11 @@ async def _serve(
     if parts.nc is None:
         return
     nc = parts.nc
+    # each statement run inside a span becomes a CLIENT span of it (none without tracing)
+    sql_spans = tracing.SqlSpans(tracer).install if tracing.is_recording(tracer) else None
     try:
         parts.pool = await _until_up(
-            "PostgreSQL", lambda: db.create_pool(settings.database), stopping
+            "PostgreSQL", lambda: db.create_pool(settings.database, init=sql_spans), stopping
         )
         if parts.pool is None:
             return
@@ -284,12 +286,17 @@ async def _run_tasks(
 
 
 async def _prune_inbox(runtime: Runtime, stopping: asyncio.Event) -> None:
-    """Inbox rows outlive the facts stream's max age, then go (one replica does it)."""
+    """Inbox rows outlive the facts stream's max age, then go; so does old session
+    history (one replica does it)."""
     settings = runtime.settings.retention
-    target = retention.Prunable("processed_facts", "processed_at", settings.processed_facts)
+    targets = (
+        retention.Prunable("processed_facts", "processed_at", settings.processed_facts),
+        retention.Prunable("session_history", "at", settings.session_history),
+    )
 
     async def body(lease: leases.Lease) -> None:
-        await retention.prune(runtime.pool, target, settings.batch, lease)
+        for target in targets:
+            await retention.prune(runtime.pool, target, settings.batch, lease)
 
     await leases.run_leased(
         runtime.pool,

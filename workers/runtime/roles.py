@@ -33,7 +33,7 @@ class Grant:
 TABLES = (
     "clock_offset", "commands", "controller_leases", "gateways", "liveness_gateways",
     "liveness_sweeps", "node_certs", "node_events", "node_inventory", "node_labels",
-    "node_sessions", "nodes",
+    "node_sessions", "nodes", "session_history",
     "outbox", "outbox_dead", "processed_facts", "schema_migrations", "session_epochs",
 )  # fmt: skip
 
@@ -48,6 +48,8 @@ RUNTIME = (
     Grant("SELECT, INSERT, UPDATE", "controller_leases"),
     Grant("SELECT", "session_epochs"),
     Grant("SELECT", "clock_offset"),
+    Grant("SELECT, INSERT, DELETE", "session_history"),  # written with the outbox; pruned
+    Grant("UPDATE (at)", "session_history"),  # pruning locks the rows it deletes
 )
 
 GROUPS: dict[str, tuple[Grant, ...]] = {
@@ -87,7 +89,7 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         Grant("SELECT", "commands"),
         Grant(
             "UPDATE (state, session_epoch, delivery_attempt, busy_attempts, busy_epoch, "
-            "not_before, result, failure_reason, updated_at)",
+            "not_before, result, failure_reason, trace_context, updated_at)",
             "commands",
         ),
     ),
@@ -114,7 +116,8 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
             "UPDATE (session_epoch, gateway_id, session_id, boot_id, journal_id, role, "
             "daemon_version, proto_max, transport, upgrade_required, trust_version, "
             "approver_set_epoch, approver_set_sha256, acked_event_seq, connected_at, last_seen, "
-            "disconnected_at, disconnect_reason, cert_serial, lane_credits, load, held_epoch)",
+            "disconnected_at, disconnect_reason, cert_serial, lane_credits, load, held_epoch, "
+            "trace_context)",
             "node_sessions",
         ),
         Grant("SELECT, INSERT", "node_inventory"),

@@ -215,6 +215,9 @@ class RetentionSettings(BaseSettings):
         default=timedelta(hours=25),
         description="keep inbox rows this long: longer than the facts stream's max age (24 h)",
     )
+    session_history: Seconds = Field(
+        default=timedelta(days=7), description="keep session history (bcw explain) this long"
+    )
     interval: float = Field(default=60.0, gt=0, description="seconds between pruning passes")
     batch: int = Field(default=5000, ge=1, description="rows deleted per statement")
     lease_ttl: Seconds = Field(

@@ -7,46 +7,94 @@ the outbox relay and the publishers here do.
 
 from __future__ import annotations
 
+import functools
 import os
+import re
+import time
 from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
 
 from nats.aio.msg import Msg
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
+from workers.runtime.errors import SettingError
 
 TRACER_NAME = "bc-workers"
 MESSAGING_SYSTEM = "nats"  # not a registered value yet: a custom one, as the conventions allow
 
 
-def build_provider(service_name: str) -> trace.TracerProvider:
-    """A provider configured from `OTEL_*`: the SDK exporting over OTLP/HTTP when an endpoint
-    is set (or to the console with `OTEL_TRACES_EXPORTER=console`), else a no-op one.
+PROTOCOLS = ("http/protobuf", "grpc")
 
-    `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES` win over `service_name`. A no-op
-    provider still carries the producer's `traceparent` on to what a fact publishes, at no
-    cost per fact.
+
+def build_provider(service_name: str) -> trace.TracerProvider:
+    """A provider configured from the standard `OTEL_*` variables.
+
+    - `OTEL_SDK_DISABLED=true`, `OTEL_TRACES_EXPORTER=none`, or no OTLP endpoint
+      (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`): a no-op
+      provider, which still carries a producer's `traceparent` on to what a fact publishes,
+      at no cost per fact.
+    - `OTEL_TRACES_EXPORTER=console`: spans printed to stdout.
+    - Otherwise OTLP over `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` or
+      `OTEL_EXPORTER_OTLP_PROTOCOL`: `http/protobuf` (the default) or `grpc`. The exporter
+      itself reads the endpoint, headers, timeout and certificates (`OTEL_EXPORTER_OTLP_*`,
+      per signal or not).
+
+    The resource comes from `OTEL_RESOURCE_ATTRIBUTES` and `OTEL_SERVICE_NAME`;
+    `service_name` (`bcw-<worker>`) is the default only when neither names the service.
+    A protocol or exporter that is not supported is a SettingError naming the variable.
     """
-    exporter_name = os.environ.get("OTEL_TRACES_EXPORTER", "otlp")
-    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get(
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+    env = os.environ
+    exporter_name = env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
     )
-    disabled = os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true"
+    if exporter_name not in ("otlp", "console", "none"):
+        raise SettingError(
+            "OTEL_TRACES_EXPORTER", f"{exporter_name!r} is not otlp, console or none"
+        )
+    protocol_variable = (
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+        if env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        else "OTEL_EXPORTER_OTLP_PROTOCOL"
+    )
+    protocol = env.get(protocol_variable, "http/protobuf").strip().lower() or "http/protobuf"
+    if protocol not in PROTOCOLS:
+        raise SettingError(protocol_variable, f"{protocol!r} is not one of {', '.join(PROTOCOLS)}")
+    disabled = env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
     if disabled or exporter_name == "none" or (exporter_name == "otlp" and not endpoint):
         return trace.NoOpTracerProvider()
-    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service_name)})
-    provider = TracerProvider(resource=resource)
+    provider = TracerProvider(resource=resource(service_name))
+    exporter: SpanExporter
     if exporter_name == "console":
-        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+        exporter = ConsoleSpanExporter()
+    elif protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcExporter,
+        )
 
-        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+        exporter = GrpcExporter()
     else:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpExporter,
+        )
 
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        exporter = HttpExporter()
+    provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
+
+
+def resource(default_service_name: str) -> Resource:
+    """The process's resource: `OTEL_RESOURCE_ATTRIBUTES` and `OTEL_SERVICE_NAME` (read by
+    the SDK), with `default_service_name` only where they name no service."""
+    detected = Resource.create({})
+    if str(detected.attributes.get(SERVICE_NAME, "unknown_service")).startswith("unknown_service"):
+        return detected.merge(Resource({SERVICE_NAME: default_service_name}))
+    return detected
 
 
 def is_recording(tracer: trace.Tracer) -> bool:
@@ -71,23 +119,183 @@ def tracer(provider: trace.TracerProvider) -> trace.Tracer:
     return provider.get_tracer(TRACER_NAME)
 
 
-def start_consumer_span(
-    tracer: trace.Tracer, msg: Msg, fact_type: str, fact_id: str, group: str
+def traceparent(context: Context | None) -> str | None:
+    """The W3C traceparent of `context` (stored with work that waits), None without one."""
+    if context is None:
+        return None
+    carrier = inject({}, context)
+    return carrier.get("traceparent")
+
+
+def from_traceparent(value: str | None) -> Context | None:
+    """The context a stored traceparent names (None: none stored)."""
+    return extract({"traceparent": value}) if value else None
+
+
+def trace_id(context: Context | None) -> str | None:
+    """32 hex digits of the trace `context` belongs to, None without a valid one."""
+    span = trace.get_current_span(context).get_span_context()
+    return trace.format_trace_id(span.trace_id) if span.is_valid else None
+
+
+# -- messaging spans (OpenTelemetry messaging conventions) ------------------------------
+def destination_template(subject: str) -> str:
+    """The subject with its variable part named, for span names (low cardinality):
+    `bc.facts.gw-1.hello` → `bc.facts.{gateway_id}.hello`, `bc.gw.gw-1.dispatch` →
+    `bc.gw.{gateway_id}.dispatch`; events and revocations are their own template."""
+    parts = subject.split(".")
+    if len(parts) >= 4 and parts[-3] in ("facts", "gw"):
+        parts[-2] = "{gateway_id}"
+    return ".".join(parts)
+
+
+def server_attributes(url: str | None) -> dict[str, Any]:
+    """`server.address` and `server.port` of the NATS server a client is connected to."""
+    if not url:
+        return {}
+    parsed = urlsplit(url)
+    found: dict[str, Any] = {}
+    if parsed.hostname:
+        found["server.address"] = parsed.hostname
+    if parsed.port:
+        found["server.port"] = parsed.port
+    return found
+
+
+def messaging_attributes(
+    operation: str, subject: str, message_id: str | None, server_url: str | None
+) -> dict[str, Any]:
+    """The attributes every messaging span has; `operation` is `publish` (type `send`),
+    `process` or `receive`."""
+    attributes: dict[str, Any] = {
+        "messaging.system": MESSAGING_SYSTEM,
+        "messaging.operation.name": operation,
+        "messaging.operation.type": "send" if operation == "publish" else operation,
+        "messaging.destination.name": subject,
+        "messaging.destination.template": destination_template(subject),
+        **server_attributes(server_url),
+    }
+    if message_id:
+        attributes["messaging.message.id"] = message_id
+    return attributes
+
+
+def start_producer_span(
+    tracer: trace.Tracer,
+    subject: str,
+    message_id: str | None,
+    server_url: str | None,
+    context: Context | None = None,
 ) -> trace.Span:
-    """A fact's CONSUMER span, child of the producer's context carried in its headers,
-    with the messaging attributes (named by fact type: low cardinality)."""
-    meta = msg.metadata
+    """A PRODUCER span `publish <template>` for one message; its context goes in the
+    message's headers (`inject`)."""
     return tracer.start_span(
-        f"{fact_type} process",
+        f"publish {destination_template(subject)}",
+        context=context,
+        kind=trace.SpanKind.PRODUCER,
+        attributes=messaging_attributes("publish", subject, message_id, server_url),
+    )
+
+
+def start_consumer_span(
+    tracer: trace.Tracer,
+    msg: Msg,
+    message_id: str | None,
+    group: str,
+    server_url: str | None = None,
+    fact_type: str | None = None,
+) -> trace.Span:
+    """A message's CONSUMER span `process <template>`, child of the producer's context
+    carried in its headers."""
+    attributes = messaging_attributes("process", msg.subject, message_id, server_url)
+    attributes["messaging.consumer.group.name"] = group
+    if fact_type:
+        attributes["bcw.fact.type"] = fact_type
+    try:
+        meta = msg.metadata
+        attributes["messaging.nats.stream.sequence"] = meta.sequence.stream
+        attributes["messaging.nats.delivery_count"] = meta.num_delivered or 1
+    except Exception:  # not a JetStream message
+        pass
+    return tracer.start_span(
+        f"process {destination_template(msg.subject)}",
         context=extract(msg.headers),
         kind=trace.SpanKind.CONSUMER,
-        attributes={
-            "messaging.system": MESSAGING_SYSTEM,
-            "messaging.operation.type": "process",
-            "messaging.destination.name": msg.subject,
-            "messaging.consumer.group.name": group,
-            "messaging.message.id": fact_id,
-            "messaging.nats.stream.sequence": meta.sequence.stream,
-            "messaging.nats.delivery_count": meta.num_delivered or 1,
-        },
+        attributes=attributes,
     )
+
+
+# -- database spans (OpenTelemetry database conventions) ---------------------------------
+_IDENT = r"([a-z_][a-z0-9_]*)"
+_WRITES = re.compile(
+    rf"\b(?:INSERT\s+INTO\s+{_IDENT}|UPDATE\s+{_IDENT}|DELETE\s+FROM\s+{_IDENT})", re.IGNORECASE
+)
+_READ = re.compile(rf"\bFROM\s+{_IDENT}", re.IGNORECASE)
+_NOT_TABLES = {"unnest", "lateral", "only", "select", "generate_series"}
+
+
+@functools.lru_cache(maxsize=512)
+def summarize(query: str) -> tuple[str, str | None]:
+    """(operation, table) of a statement, for a span name such as `UPDATE node_sessions`:
+    a statement that writes is named by its last write (the one a `WITH` ends in), one
+    that reads by its first table. Never a value. Pure."""
+    words = query.split(None, 1)
+    first = words[0].upper().rstrip(";") if words else "QUERY"
+    writes = [
+        (
+            "INSERT" if m.group(1) else "UPDATE" if m.group(2) else "DELETE",
+            m.group(m.lastindex or 1),
+        )
+        for m in _WRITES.finditer(query)
+    ]
+    if first in ("INSERT", "UPDATE", "DELETE", "WITH") and writes:
+        return writes[-1]
+    if first in ("SELECT", "WITH"):
+        tables = [t for t in _READ.findall(query) if t.lower() not in _NOT_TABLES]
+        return "SELECT", tables[0] if tables else None
+    return first, None
+
+
+class SqlSpans:
+    """An asyncpg query logger that turns each statement run inside a recording span into
+    a CLIENT span: `<operation> <table>`, `db.system.name=postgresql`, the operation and
+    table, the server, the error; no parameters, no query text. Statements outside a
+    span (idle loops) make none. Installed on every connection of a pool (`install`)."""
+
+    def __init__(self, tracer: trace.Tracer) -> None:
+        self._tracer = tracer
+
+    async def install(self, conn: Any) -> None:
+        conn.add_query_logger(self)
+
+    def __call__(self, record: Any) -> None:
+        parent = trace.get_current_span()
+        if not parent.is_recording():
+            return
+        end = time.time_ns()
+        operation, table = summarize(record.query)
+        attributes: dict[str, Any] = {
+            "db.system.name": "postgresql",
+            "db.operation.name": operation,
+        }
+        if table:
+            attributes["db.collection.name"] = table
+        address = record.conn_addr
+        if isinstance(address, tuple) and len(address) >= 2:
+            attributes["server.address"], attributes["server.port"] = address[0], address[1]
+        database = getattr(record.conn_params, "database", None)
+        if database:
+            attributes["db.namespace"] = database
+        span = self._tracer.start_span(
+            f"{operation} {table}" if table else operation,
+            kind=trace.SpanKind.CLIENT,
+            start_time=end - int(record.elapsed * 1e9),
+            attributes=attributes,
+        )
+        if record.exception is not None:
+            span.record_exception(record.exception)
+            span.set_status(trace.StatusCode.ERROR, type(record.exception).__name__)
+            sqlstate = getattr(record.exception, "sqlstate", None)
+            if sqlstate:
+                span.set_attribute("db.response.status_code", sqlstate)
+        span.end(end_time=end)

@@ -48,12 +48,20 @@ class Tx:
     """What a handler gets: the connection inside the batch's transaction, and the outbox."""
 
     def __init__(
-        self, conn: asyncpg.Connection, subjects: Subjects, contexts: Mapping[uuid.UUID, Context]
+        self,
+        conn: asyncpg.Connection,
+        subjects: Subjects,
+        contexts: Mapping[uuid.UUID, Context],
+        worker: str = "",
     ):
         self.conn = conn
         self.subjects = subjects
-        self.outbox = OutboxBatch()
+        self.outbox = OutboxBatch(worker)
         self._contexts = contexts
+
+    def context(self, fact: Fact) -> Context | None:
+        """The trace context of `fact`'s processing (to store with work that waits)."""
+        return self._contexts.get(fact.fact_id)
 
     def publish(
         self,
@@ -65,7 +73,13 @@ class Tx:
     ) -> uuid.UUID:
         """Queue `message` for publication after commit, in the trace of the fact that caused it."""
         context = self._contexts.get(cause.fact_id) if cause is not None else None
-        return self.outbox.add(message, subject, context=context, order_key=order_key)
+        return self.outbox.add(
+            message,
+            subject,
+            context=context,
+            order_key=order_key,
+            cause_id=cause.fact_id if cause is not None else None,
+        )
 
 
 Handler = Callable[[Tx, Sequence[Fact]], Awaitable[Mapping[uuid.UUID, Outcome] | None]]
