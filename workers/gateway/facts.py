@@ -92,7 +92,7 @@ class FactPublisher:
         span = tracing.start_producer_span(
             self.tracer, subject, str(fact.fact_id), url.geturl() if url else None
         )
-        with trace.use_span(span, record_exception=True, set_status_on_exception=True):
+        with trace.use_span(span, end_on_exit=True):
             tracing.inject(headers)  # every worker's processing is a child of this span
             await self._publish(subject, body, headers, fact.BC_TYPE)
 

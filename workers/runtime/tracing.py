@@ -230,7 +230,7 @@ _IDENT = r"([a-z_][a-z0-9_]*)"
 _WRITES = re.compile(
     rf"\b(?:INSERT\s+INTO\s+{_IDENT}|UPDATE\s+{_IDENT}|DELETE\s+FROM\s+{_IDENT})", re.IGNORECASE
 )
-_READ = re.compile(rf"\bFROM\s+{_IDENT}", re.IGNORECASE)
+_READ = re.compile(rf"\b(?:FROM|JOIN)\s+{_IDENT}", re.IGNORECASE)
 _NOT_TABLES = {"unnest", "lateral", "only", "select", "generate_series"}
 
 
