@@ -16,6 +16,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -223,6 +224,35 @@ def _cmd_commands(args: argparse.Namespace, settings: Settings) -> int:
     return asyncio.run(run())
 
 
+def _cmd_explain(args: argparse.Namespace, settings: Settings) -> int:
+    from workers import explain
+    from workers.runtime import db
+
+    async def run() -> int:
+        conn = await db.connect(settings.database)
+        try:
+            row = await explain.session(conn, args.node)
+            steps = await explain.timeline(conn, args.node, args.since)
+        finally:
+            await conn.close()
+        if args.json:
+            print(explain.as_json(args.node, row, steps))
+        else:
+            explain.render(args.node, row, steps, str(args.since))
+        return 0 if row is not None else 1
+
+    return asyncio.run(run())
+
+
+def _since(text: str) -> timedelta:
+    from workers.explain import parse_since
+
+    try:
+        return parse_since(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _cmd_liveness_release(args: argparse.Namespace, settings: Settings) -> int:
     import getpass
     import socket
@@ -376,6 +406,16 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("node")
     listing.add_argument("--limit", type=int, default=100, help="the latest this many")
     listing.set_defaults(handler=_cmd_commands)
+
+    why = commands.add_parser(
+        "explain", help="why a node is where it is: its session and its timeline, with trace ids"
+    )
+    why.add_argument("node")
+    why.add_argument(
+        "--since", type=_since, default="24h", help="how far back (30m, 1h, 2d; default 24h)"
+    )
+    why.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    why.set_defaults(handler=_cmd_explain)
 
     live = commands.add_parser("liveness", help="the liveness controller's fleet breaker")
     live_commands = live.add_subparsers(dest="liveness_command", required=True)

@@ -3,10 +3,12 @@ the database and the published events must hold."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 
 import pytest
 
+from tests.integration.support import bcw
 from workers.sim import Check, Simulator
 from workers.sim.scenarios import busy, clone, gateway_loss, journal_loss, mixed, power_on
 
@@ -58,5 +60,52 @@ async def test_a_lost_gateway(simulator: Make) -> None:
     assert events[("command.replayed", "")] == 10
 
 
-async def test_mixed(simulator: Make) -> None:
-    assert_all_hold(await mixed(await simulator(150, 3)))
+async def test_mixed_and_bcw_explain_tells_each_nodes_story(
+    simulator: Make, database_url: str
+) -> None:
+    sim = await simulator(150, 3)
+    assert_all_hold(await mixed(sim))
+
+    async def story(node: str) -> list[tuple[str, str, int]]:
+        code, out = await bcw(
+            "explain", node, "--since", "7d", "--json", BCW_DATABASE_URL=database_url
+        )
+        assert code == 0, out
+        steps = json.loads(out)["timeline"]
+        assert all(s["trace_id"] is None or len(s["trace_id"]) == 32 for s in steps)
+        return [(s["what"], s["summary"], s["epoch"]) for s in steps]
+
+    def after(steps: list[tuple[str, str, int]], *wanted: tuple[str, str]) -> bool:
+        """`wanted` appear in `steps` in this order (others between them). Only one
+        worker's steps, or steps one causes the other, are ordered: workers apply a fact
+        each in its own time."""
+        found = iter(steps)
+        return all(any(w[0] == s[0] and w[1] in s[1] for s in found) for w in wanted)
+
+    def epochs(steps: list[tuple[str, str, int]], what: str, text: str) -> set[int]:
+        return {s[2] for s in steps if s[0] == what and text in s[1]}
+
+    clone = sim.daemons[0].node_id  # the quarantined clone's identity
+    steps = await story(clone)
+    assert after(steps, ("security.node.duplicate-session", "counted"),
+                 ("security.node.duplicate-session", "quarantined"),
+                 ("security.node.quarantined", "duplicate-identity"),
+                 ("node.disconnected", "revoked")), steps  # fmt: skip
+    lost = await sim.fetchval(
+        "SELECT node_id FROM commands WHERE failure_reason = 'journal-lost' ORDER BY node_id LIMIT 1"
+    )
+    steps = await story(str(lost))
+    assert after(steps, ("dispatch", "attempt 1"), ("command.failed", "journal-lost")), steps
+    failed_at = epochs(steps, "command.failed", "journal-lost")
+    assert failed_at and failed_at <= epochs(steps, "node.connected", "journal changed"), steps
+    stranded = await sim.fetchval(
+        "SELECT node_id FROM session_history WHERE what = 'node.disconnected'"
+        " AND detail->>'reason' = 'gateway-lost' ORDER BY node_id LIMIT 1"
+    )
+    steps = await story(str(stranded))
+    assert after(steps, ("dispatch", "attempt 1"), ("node.disconnected", "gateway-lost"),
+                 ("command.replayed", "attempt 2"), ("command.completed", "attempt 2")), steps  # fmt: skip
+    replayed_at = epochs(steps, "command.replayed", "attempt 2")
+    assert replayed_at and replayed_at <= epochs(steps, "node.connected", ""), steps
+    code, table = await bcw("explain", clone, BCW_DATABASE_URL=database_url)
+    assert code == 0 and "security.node.quarantined" in table and "revoked" in table

@@ -131,22 +131,30 @@ async def test_what_a_role_may_not_do_fails(
 async def test_retention_may_lock_and_delete_what_it_prunes(
     logins: dict[str, str], db: asyncpg.Connection
 ) -> None:
-    await db.execute(
+    old = (
         "INSERT INTO processed_facts (consumer, fact_id, processed_at) "
-        "SELECT 'w', gen_random_uuid(), now() - interval '1 day' FROM generate_series(1, 6)"
+        "SELECT 'w', gen_random_uuid(), now() - interval '1 day' FROM generate_series(1, $1)"
     )
+    history = (
+        "INSERT INTO session_history (node_id, at, what, worker, detail) "
+        "SELECT 'n1', now() - interval '8 days', 'node.connected', 'w', '{}' FROM generate_series(1, $1)"
+    )
+    await db.execute(old, 6)
+    await db.execute(history, 3)
     for worker in sorted(WORKERS):
         pool = await asyncpg.create_pool(logins[f"bcw_{worker}"], min_size=1, max_size=1)
         try:
-            target = retention.Prunable("processed_facts", "processed_at", timedelta(hours=1))
-            await retention.prune(pool, target, batch=1, lease=None)
+            for target in (
+                retention.Prunable("processed_facts", "processed_at", timedelta(hours=1)),
+                retention.Prunable("session_history", "at", timedelta(days=7)),
+            ):
+                await retention.prune(pool, target, batch=1, lease=None)
         finally:
             await pool.close()
         assert await db.fetchval("SELECT count(*) FROM processed_facts") == 0
-        await db.execute(
-            "INSERT INTO processed_facts (consumer, fact_id, processed_at) "
-            "VALUES ('w', gen_random_uuid(), now() - interval '1 day')"
-        )
+        assert await db.fetchval("SELECT count(*) FROM session_history") == 0
+        await db.execute(old, 1)
+        await db.execute(history, 1)
 
 
 async def test_migrate_grants_again_and_prints_the_same_grants(database_url: str) -> None:

@@ -1,0 +1,66 @@
+"""`bcw explain`'s pure parts: durations, one line per history entry, the state line."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from workers.explain import describe, parse_since, state_line
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("90", 90), ("90s", 90), ("30m", 1800), ("1h", 3600), ("2d", 172800),
+                          ("1w", 604800), (" 1.5h ", 5400)],
+)  # fmt: skip
+def test_parse_since(text: str, seconds: int) -> None:
+    assert parse_since(text) == timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("text", ["", "h", "0", "-1h", "5x", "1h30m"])
+def test_parse_since_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="duration"):
+        parse_since(text)
+
+
+@pytest.mark.parametrize(
+    ("what", "detail", "line"),
+    [
+        ("node.connected", {"bootId": "b2", "journalChanged": True, "bootChanged": True},
+         "boot b2 (journal changed, reboot)"),
+        ("node.connected", {"bootId": "b1"}, "boot b1"),
+        ("node.disconnected", {"reason": "gateway-lost"}, "gateway-lost"),
+        ("node.capabilities-changed", {"added": ["gpu"], "removed": ["fpga"]}, "+gpu -fpga"),
+        ("security.node.duplicate-session",
+         {"alternations": 4, "windowSeconds": 600, "quarantined": True, "previousBootId": "a",
+          "bootId": "b"}, "alternation 4 in 600 s (quarantined): boot a → b"),
+        ("security.node.quarantined", {"reason": "duplicate-identity", "revokedSerials": ["s1"]},
+         "duplicate-identity: revoked s1"),
+        ("command.failed", {"kind": "exec", "seq": 3, "attempt": 1, "reason": "journal-lost"},
+         "exec #3 attempt 1: journal-lost"),
+        ("dispatch", {"kind": "noop", "seq": 1, "attempt": 2}, "noop #1 attempt 2"),
+    ],
+)  # fmt: skip
+def test_describe(what: str, detail: dict[str, Any], line: str) -> None:
+    assert describe(what, detail) == line
+
+
+NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
+ROW = {
+    "session_epoch": 4, "gateway_id": "gw-1", "connected_at": NOW, "last_seen": NOW - timedelta(seconds=9),
+    "disconnected_at": None, "disconnect_reason": None, "held_epoch": None, "duplicate_hellos": 0,
+    "cert_serial": "s1", "revoked": False, "now": NOW,
+}  # fmt: skip
+
+
+def test_state_line() -> None:
+    assert state_line(None).startswith("no such node")
+    assert state_line(ROW) == "connected via gw-1 at epoch 4, last seen 9s ago"
+    assert "held for the quarantine" in state_line({**ROW, "held_epoch": 4})
+    gone = {**ROW, "gateway_id": None, "disconnected_at": NOW - timedelta(minutes=5),
+            "disconnect_reason": "revoked", "revoked": True}  # fmt: skip
+    assert state_line(gone) == (
+        "disconnected (revoked) 5m ago, last epoch 4; certificate s1 revoked"
+    )
+    assert state_line({**ROW, "gateway_id": None}) == "never connected"

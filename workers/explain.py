@@ -1,0 +1,191 @@
+"""`bcw explain NODE`: why a node is where it is — its session now, and its timeline.
+
+The timeline is the node's `session_history` (written by the workers in the same
+transactions as their effects): connections and disconnections with their reasons,
+capability changes, counted duplicates, quarantine, commands replayed, dispatched,
+failed, cancelled, completed — each with its epoch, gateway, the worker that wrote it,
+the fact that caused it and the trace id to open in the tracing backend.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+TIMELINE = """
+SELECT at, what, epoch, gateway_id, worker, fact_id, trace_id, detail::text AS detail
+  FROM session_history
+ WHERE node_id = $1 AND at >= compute_now() - $2::interval
+ ORDER BY at, id
+"""
+
+SESSION = """
+SELECT s.session_epoch, s.gateway_id, s.connected_at, s.last_seen, s.disconnected_at,
+       s.disconnect_reason, s.held_epoch, s.duplicate_hellos, s.cert_serial,
+       is_revoked(s.cert_serial) AS revoked, compute_now() AS now
+  FROM node_sessions s WHERE s.node_id = $1
+"""
+
+
+def parse_since(text: str) -> timedelta:
+    """`90s`, `30m`, `1h`, `2d`, `1w`, or plain seconds → a duration. Pure."""
+    match = _DURATION.match(text)
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"{text!r} is not a duration such as 30m, 1h or 2d")
+    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+
+
+@dataclass(frozen=True)
+class Step:
+    at: datetime
+    what: str
+    epoch: int | None
+    gateway_id: str | None
+    worker: str
+    summary: str
+    fact_id: str | None
+    trace_id: str | None
+
+
+def describe(what: str, detail: Mapping[str, Any]) -> str:
+    """One line saying what a history entry means, from the message as published. Pure."""
+    reason = detail.get("reason")
+    if what == "node.connected":
+        flags = [
+            name
+            for name, key in (
+                ("journal changed", "journalChanged"),
+                ("reboot", "bootChanged"),
+                ("duplicate identity", "duplicateIdentity"),
+            )
+            if detail.get(key)
+        ]
+        return f"boot {detail.get('bootId')}" + (f" ({', '.join(flags)})" if flags else "")
+    if what == "node.disconnected":
+        return str(reason)
+    if what == "node.capabilities-changed":
+        added = " ".join(f"+{name}" for name in detail.get("added", []))
+        removed = " ".join(f"-{name}" for name in detail.get("removed", []))
+        return " ".join(part for part in (added, removed) if part) or "unchanged"
+    if what == "security.node.duplicate-session":
+        state = "quarantined" if detail.get("quarantined") else "counted"
+        return (
+            f"alternation {detail.get('alternations')} in {detail.get('windowSeconds')} s "
+            f"({state}): boot {detail.get('previousBootId')} → {detail.get('bootId')}"
+        )
+    if what == "security.node.quarantined":
+        serials = ", ".join(detail.get("revokedSerials", [])) or "none"
+        return f"{reason}: revoked {serials}"
+    if what.startswith("command.") or what == "dispatch":
+        kind = detail.get("kind")
+        seq = detail.get("seq")
+        attempt = detail.get("attempt")
+        text = f"{kind} #{seq} attempt {attempt}"
+        return f"{text}: {reason}" if reason else text
+    if what == "zombie":
+        return "the gateway held a session this epoch no longer matches: fenced"
+    return ""
+
+
+async def timeline(conn: asyncpg.Connection, node_id: str, since: timedelta) -> list[Step]:
+    steps = []
+    for row in await conn.fetch(TIMELINE, node_id, since):
+        detail = json.loads(row["detail"])
+        steps.append(
+            Step(
+                at=row["at"],
+                what=row["what"],
+                epoch=row["epoch"],
+                gateway_id=row["gateway_id"],
+                worker=row["worker"],
+                summary=describe(row["what"], detail),
+                fact_id=str(row["fact_id"]) if row["fact_id"] else None,
+                trace_id=row["trace_id"],
+            )
+        )
+    return steps
+
+
+async def session(conn: asyncpg.Connection, node_id: str) -> dict[str, Any] | None:
+    row = await conn.fetchrow(SESSION, node_id)
+    return dict(row) if row is not None else None
+
+
+def state_line(row: Mapping[str, Any] | None) -> str:
+    """The node's session now, in one line. Pure."""
+    if row is None:
+        return "no such node (never joined, or removed)"
+    if row["gateway_id"] is not None:
+        line = (
+            f"connected via {row['gateway_id']} at epoch {row['session_epoch']}, "
+            f"last seen {_ago(row['now'] - row['last_seen'])} ago"
+        )
+        if row["held_epoch"] is not None:
+            line += ", held for the quarantine (duplicate identity)"
+    elif row["disconnected_at"] is not None:
+        line = (
+            f"disconnected ({row['disconnect_reason']}) {_ago(row['now'] - row['disconnected_at'])}"
+            f" ago, last epoch {row['session_epoch']}"
+        )
+    else:
+        line = "never connected"
+    if row["revoked"]:
+        line += f"; certificate {row['cert_serial']} revoked"
+    return line
+
+
+def _ago(delta: timedelta) -> str:
+    seconds = max(0, int(delta.total_seconds()))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h"
+
+
+def as_json(node_id: str, row: Mapping[str, Any] | None, steps: Sequence[Step]) -> str:
+    return json.dumps(
+        {
+            "node_id": node_id,
+            "state": state_line(row),
+            "timeline": [{**asdict(s), "at": s.at.isoformat()} for s in steps],
+        },
+        indent=2,
+    )
+
+
+def render(node_id: str, row: Mapping[str, Any] | None, steps: Sequence[Step], since: str) -> None:
+    """Print the node's state and its timeline as a table (rich)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    # piped (grep, less): wide enough that no line folds
+    console = Console(width=None if sys.stdout.isatty() else 220)
+    console.print(f"[bold]{node_id}[/bold]: {state_line(row)}")
+    if not steps:
+        console.print(f"nothing recorded in the last {since}")
+        return
+    table = Table(show_lines=False, header_style="bold")
+    for column in ("time", "what", "epoch", "gateway", "worker", "detail", "trace id"):
+        table.add_column(column, overflow="fold", no_wrap=column != "detail")
+    for step in steps:
+        table.add_row(
+            step.at.strftime("%Y-%m-%d %H:%M:%S"),
+            step.what,
+            "" if step.epoch is None else str(step.epoch),
+            step.gateway_id or "",
+            step.worker,
+            step.summary,
+            step.trace_id or "",
+        )
+    console.print(table)
