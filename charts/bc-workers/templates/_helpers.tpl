@@ -120,6 +120,8 @@ app.kubernetes.io/component: {{ .component }}
 {{- if $v.otel.endpoint }}
 - name: OTEL_EXPORTER_OTLP_ENDPOINT
   value: {{ $v.otel.endpoint | quote }}
+- name: OTEL_EXPORTER_OTLP_PROTOCOL
+  value: {{ $v.otel.protocol | quote }}
 {{- end }}
 {{- with $v.extraEnv }}
 {{ toYaml . }}
