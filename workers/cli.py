@@ -336,7 +336,11 @@ def _cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 
     return asyncio.run(
         demo.main(
-            Path(args.directory).resolve(), hold=args.keep, nodes=args.nodes, gateways=args.gateways
+            Path(args.directory).resolve(),
+            hold=args.keep,
+            nodes=args.nodes,
+            gateways=args.gateways,
+            otlp=args.otlp,
         )
     )
 
@@ -464,6 +468,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep", action="store_true", help="keep the servers up until Ctrl-C")
     demo.add_argument("--nodes", type=int, default=1000, help="fleet size")
     demo.add_argument("--gateways", type=int, default=3, help="gateways")
+    demo.add_argument(
+        "--otlp",
+        metavar="URL",
+        help="export traces to this OTLP endpoint (http://localhost:4318; "
+        "OTEL_EXPORTER_OTLP_PROTOCOL=grpc with :4317)",
+    )
     demo.set_defaults(handler=_cmd_demo)
     return parser
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import time
 from datetime import timedelta
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import asyncpg
 import nats
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -25,7 +28,7 @@ from rich.table import Table
 from schemas.subjects import Subjects
 from workers.embedded import embedded_servers
 from workers.registry import WORKERS
-from workers.runtime import bus, migrate
+from workers.runtime import bus, migrate, tracing
 from workers.runtime.process import run_process
 from workers.runtime.settings import (
     ConsumerSettings,
@@ -63,10 +66,21 @@ def _table(checks: list[Check], elapsed: float) -> Table:
     return table
 
 
-async def main(directory: Path, *, hold: bool = False, nodes: int = 1000, gateways: int = 3) -> int:
+async def main(
+    directory: Path,
+    *,
+    hold: bool = False,
+    nodes: int = 1000,
+    gateways: int = 3,
+    otlp: str | None = None,
+) -> int:
     console = Console()
     logging.basicConfig(level=logging.WARNING)
     started = time.monotonic()
+    if otlp:  # the workers and the gateways export their spans there (OTEL_* as usual)
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp
+    gateway_provider = tracing.build_provider("bcw-gateway")
+    trace.set_tracer_provider(gateway_provider)  # the simulator's gateways trace with it
     with embedded_servers(directory) as (nats_server, postgres):
         console.print(f"NATS (JetStream)  {nats_server.url}")
         console.print(f"PostgreSQL        {postgres.url}")
@@ -101,7 +115,8 @@ async def main(directory: Path, *, hold: bool = False, nodes: int = 1000, gatewa
                 settings, [build(settings) for build in WORKERS.values()], stopping=stopping
             )
         )
-        pool = await asyncpg.create_pool(postgres.url, min_size=2, max_size=8)
+        sql_spans = tracing.SqlSpans(tracing.tracer(gateway_provider)).install if otlp else None
+        pool = await asyncpg.create_pool(postgres.url, min_size=2, max_size=8, init=sql_spans)
         sim = Simulator(pool, nc, subjects, nodes=nodes, gateways=gateways, prefix="node")
         checks: list[Check] = []
         try:
@@ -131,6 +146,12 @@ async def main(directory: Path, *, hold: bool = False, nodes: int = 1000, gatewa
                 await asyncio.wait_for(workers_task, 15)
             await pool.close()
             await nc.close()
+            if isinstance(gateway_provider, TracerProvider):
+                gateway_provider.shutdown()  # exports what is left
+    if otlp:
+        console.print(
+            f"traces exported to {otlp}; with --keep, `bcw explain NODE` shows a node's trace ids"
+        )
     ok = bool(checks) and all(c.ok for c in checks)
     console.print("[green]all checks hold[/]" if ok else "[red]some checks failed[/]")
     return 0 if ok else 1
