@@ -36,6 +36,7 @@ from tests.integration.support import (
 )
 from workers.runtime import bus, deadletter, tracing
 from workers.runtime.consumer import FactConsumer
+from workers.runtime.items import decode
 from workers.runtime.metrics import Metrics
 
 
@@ -114,7 +115,7 @@ async def test_a_fact_redelivered_after_a_crash_before_the_ack_takes_effect_once
         await consumer.bind()
         sub = await js.pull_subscribe_bind(durable="tally", stream=subjects.facts_stream)
         msgs = await sub.fetch(20, timeout=2)
-        items = [consumer._decode(m) for m in msgs]
+        items = [decode(m, subjects, worker) for m in msgs]
         await consumer._apply(items)  # committed ... and then the process "dies": no ack
     finally:
         await pool.close()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,13 +15,26 @@ from nats.js import JetStreamContext
 from opentelemetry import trace
 
 from schemas import REGISTRY, Fact
-from schemas.facts import CertInfo, Closed, CloseReason, Hello, PreviousSession
+from schemas.facts import (
+    CertInfo,
+    Closed,
+    CloseReason,
+    Hello,
+    Liveness,
+    LivenessEntry,
+    PreviousSession,
+    Status,
+)
 from schemas.subjects import Subjects
 from workers.gateway import store
 from workers.gateway.admission import HelloRequest
+from workers.gateway.types import Session
 from workers.runtime import tracing
 
 log = logging.getLogger(__name__)
+
+#: entries of one liveness fact at most
+MAX_FLUSH_ENTRIES = 10_000
 
 
 class FactPublisher:
@@ -119,3 +132,32 @@ class FactPublisher:
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+    async def flush(self, sessions: Sequence[Session], now: float) -> None:
+        """The liveness flush of `sessions` (at most 10,000 entries a fact; one empty fact
+        when there is none), then a status fact for each session whose daemon applied a
+        higher generation than was last published."""
+        entries = [
+            LivenessEntry(
+                node_id=s.node_id,
+                epoch=s.epoch,
+                age_ms=max(0, int((now - s.last_seen) * 1000)),
+                credits=s.credits,
+                load=s.load,
+            )
+            for s in sessions
+        ]
+        for start in range(0, max(1, len(entries)), MAX_FLUSH_ENTRIES):
+            chunk = entries[start : start + MAX_FLUSH_ENTRIES]
+            await self.publish(Liveness(**self.base(), entries=chunk))
+        # the recorder raises observed_generation from it (a status report may come sooner)
+        for session in [s for s in sessions if s.applied_generation > s.reported_generation]:
+            generation = session.applied_generation
+            await self.fact(
+                Status,
+                node_id=session.node_id,
+                epoch=session.epoch,
+                observed_generation=generation,
+                trust_version=0,  # unchanged
+            )
+            session.reported_generation = generation

@@ -22,53 +22,35 @@ from typing import Any
 
 import asyncpg
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from opentelemetry import context, trace
 from pydantic import ValidationError
 
-from schemas import REGISTRY
-from schemas.events import Revocations
 from schemas.facts import (
     CloseReason,
     Events,
-    Liveness,
-    LivenessEntry,
     Progress,
     Rejected,
     Result,
     Status,
 )
-from schemas.notices import Dispatch, EventAck, Zombie
 from schemas.subjects import Subjects
 from workers.gateway import store
 from workers.gateway.admission import Code, HelloRequest, admit, upgrade_required
 from workers.gateway.facts import FactPublisher
 from workers.gateway.inventory import section_problem, sections_to_request
-from workers.gateway.types import DaemonStream, GatewaySettings, Refused, TokenBucket, Welcome
-from workers.runtime import bus, tracing
-from workers.runtime.pull import ContinuousPull
-from workers.runtime.settings import ConsumerSettings
+from workers.gateway.notices import Notices
+from workers.gateway.types import (
+    DaemonStream,
+    GatewaySettings,
+    Refused,
+    Session,
+    TokenBucket,
+    Welcome,
+)
+from workers.runtime import tracing
 
 log = logging.getLogger(__name__)
-
-MAX_FLUSH_ENTRIES = 10_000
-
-
-@dataclass
-class _Session:
-    node_id: str
-    epoch: int
-    session_id: str
-    cert_serial: str
-    stream: DaemonStream
-    last_seen: float  # clock seconds
-    cert_not_after: float = float("inf")  # clock seconds: the session ends then
-    credits: dict[str, int] | None = None  # free per lane, from the last heartbeat with them
-    load: float | None = None  # from the last heartbeat with it
-    inventory: dict[str, str] = field(default_factory=dict)  # section → hash the store holds
-    applied_generation: int = 0  # the highest its heartbeats reported
-    reported_generation: int = 0  # the highest published in a status fact
 
 
 @dataclass
@@ -86,7 +68,7 @@ class Gateway:
         self.js: JetStreamContext = self.nc.jetstream()
         self.facts = FactPublisher(self.gateway_id, self.js, self.subjects, self.clock, self.tracer)
         self.lease_epoch: int | None = None
-        self.sessions: dict[str, _Session] = {}
+        self.sessions: dict[str, Session] = {}
         self.bucket = TokenBucket(self.settings.handshakes_per_second)
         self.pending_hellos = 0
         self._renewed_at = 0.0
@@ -94,7 +76,9 @@ class Gateway:
         self._tasks: list[asyncio.Task[None]] = []
         self._flushing: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
-        self._pull: ContinuousPull | None = None
+        self.notices = Notices(
+            self.gateway_id, self.nc, self.subjects, self.tracer, self.sessions, self._end
+        )
 
     # -- life ------------------------------------------------------------------------------
     async def start(self, autotick: float | None = None) -> None:
@@ -105,19 +89,12 @@ class Gateway:
                 conn, self.gateway_id, timedelta(seconds=self.settings.lease_ttl)
             )
         self._renewed_at = self._flushed_at = self.clock()
-        durable = f"gw-{self.gateway_id}"
-        spec = bus.ConsumerSpec(durable, (self.subjects.gateway_notices(self.gateway_id),))
-        await bus.ensure_consumer(
-            self.js, self.subjects.gateway_stream, spec, ConsumerSettings(ack_wait=30)
+        await self.notices.start()
+        self._tasks.append(
+            asyncio.create_task(
+                self.notices.follow(self._stopping), name=f"{self.gateway_id}-notices"
+            )
         )
-        self._pull = ContinuousPull(
-            self.nc, self.subjects.gateway_stream, durable, batch=256, window=512
-        )
-        await self._pull.start()
-        self._revocations = await self.nc.subscribe(
-            self.subjects.revocations, cb=self._on_revocation
-        )
-        self._tasks.append(asyncio.create_task(self._notices(), name=f"{self.gateway_id}-notices"))
         if autotick is not None:
             self._tasks.append(
                 asyncio.create_task(self._ticking(autotick), name=f"{self.gateway_id}-tick")
@@ -140,9 +117,7 @@ class Gateway:
         for task in others:
             task.cancel()
         await asyncio.gather(*others, return_exceptions=True)
-        if self._pull is not None:
-            await self._pull.stop()
-        await self._revocations.unsubscribe()
+        await self.notices.stop()
         if graceful and self.lease_epoch is not None:
             for session in list(self.sessions.values()):
                 await self._end(session, "gateway-shutdown")
@@ -234,7 +209,7 @@ class Gateway:
         older = self.sessions.get(request.node_id)
         if older is not None:  # the same node again on this gateway: the old stream is superseded
             await self._end(older, "superseded")
-        self.sessions[request.node_id] = _Session(
+        self.sessions[request.node_id] = Session(
             request.node_id,
             opened.epoch,
             opened.session_id,
@@ -308,7 +283,7 @@ class Gateway:
             del self.sessions[node_id]
             await self.facts.publish(self.facts.closed(session.node_id, session.epoch, reason))
 
-    def _frame(self, node_id: str, epoch: int | None = None) -> _Session:
+    def _frame(self, node_id: str, epoch: int | None = None) -> Session:
         """A frame of an open stream (not the first): its session, seen now. A frame
         without a session at that epoch is refused: the first frame must be Hello."""
         session = self.sessions.get(node_id)
@@ -412,96 +387,10 @@ class Gateway:
         gateway's heartbeat on the bus, by which the liveness controller knows it can
         see this gateway (and so may age its sessions).
         """
-        now = self.clock()
-        self._flushed_at = now
-        entries = [
-            LivenessEntry(
-                node_id=s.node_id,
-                epoch=s.epoch,
-                age_ms=max(0, int((now - s.last_seen) * 1000)),
-                credits=s.credits,
-                load=s.load,
-            )
-            for s in self.sessions.values()
-        ]
-        for start in range(0, max(1, len(entries)), MAX_FLUSH_ENTRIES):
-            chunk = entries[start : start + MAX_FLUSH_ENTRIES]
-            await self.facts.publish(Liveness(**self.facts.base(), entries=chunk))
-        # a generation the daemon applied, from its heartbeats: the recorder raises
-        # observed_generation from it (a status report of its own may come sooner)
-        for session in [
-            s for s in self.sessions.values() if s.applied_generation > s.reported_generation
-        ]:
-            generation = session.applied_generation
-            await self.facts.fact(
-                Status,
-                node_id=session.node_id,
-                epoch=session.epoch,
-                observed_generation=generation,
-                trust_version=0,  # unchanged
-            )
-            session.reported_generation = generation
+        self._flushed_at = self.clock()
+        await self.facts.flush(list(self.sessions.values()), self._flushed_at)
 
-    # -- notices ---------------------------------------------------------------------------
-    async def _notices(self) -> None:
-        assert self._pull is not None
-        while not self._stopping.is_set():
-            try:
-                msgs = await self._pull.next_batch(1.0)
-            except Exception as error:
-                log.debug("gateway %s notices: %s", self.gateway_id, error)
-                await asyncio.sleep(0.5)
-                continue
-            for msg in msgs:
-                try:
-                    await self._obey(msg)
-                except Exception:
-                    log.exception("gateway %s could not obey a notice", self.gateway_id)
-                await msg.ack()
-
-    async def _obey(self, msg: Msg) -> None:
-        url = self.nc.connected_url
-        span = tracing.start_consumer_span(
-            self.tracer,
-            msg,
-            (msg.headers or {}).get("Nats-Msg-Id"),
-            f"gw-{self.gateway_id}",
-            url.geturl() if url else None,
-        )
-        with trace.use_span(span, end_on_exit=True):
-            notice = REGISTRY.decode(msg.headers, msg.data)
-            session = self.sessions.get(getattr(notice, "node_id", ""))
-            if session is None or getattr(notice, "epoch", session.epoch) != session.epoch:
-                span.set_attribute("bcw.outcome", "stale")  # only to a live session at that epoch
-                return
-            if isinstance(notice, Dispatch):
-                with self.tracer.start_as_current_span(
-                    f"deliver {notice.kind}",
-                    kind=trace.SpanKind.PRODUCER,  # onto the daemon's stream
-                    attributes={
-                        "bc.node.id": notice.node_id,
-                        "bc.command.id": str(notice.command_id),
-                        "bc.command.attempt": notice.attempt,
-                    },
-                ):
-                    await session.stream.deliver(notice)
-            elif isinstance(notice, Zombie):
-                await self._end(session, "fenced")
-            elif isinstance(notice, EventAck):
-                await session.stream.event_ack(notice.journal_id, notice.seq)
-
-    async def _on_revocation(self, msg: Msg) -> None:
-        try:
-            notice = REGISTRY.decode(msg.headers, msg.data)
-        except Exception:
-            return
-        if not isinstance(notice, Revocations):
-            return
-        serials = set(notice.serials)
-        for session in [s for s in self.sessions.values() if s.cert_serial in serials]:
-            await self._end(session, "revoked")
-
-    async def _end(self, session: _Session, reason: CloseReason) -> None:
+    async def _end(self, session: Session, reason: CloseReason) -> None:
         """Drop a session's stream and say so (`closed`), unless it ended meanwhile."""
         if self.sessions.get(session.node_id) is session:
             del self.sessions[session.node_id]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Protocol
 
@@ -31,6 +31,24 @@ class DaemonStream(Protocol):
     async def event_ack(self, journal_id: str, seq: int) -> None: ...
 
     def drop(self, reason: str) -> None: ...
+
+
+@dataclass
+class Session:
+    """One daemon's live session on this gateway, as the gateway keeps it in memory."""
+
+    node_id: str
+    epoch: int
+    session_id: str
+    cert_serial: str
+    stream: DaemonStream
+    last_seen: float  # clock seconds
+    cert_not_after: float = float("inf")  # clock seconds: the session ends then
+    credits: dict[str, int] | None = None  # free per lane, from the last heartbeat with them
+    load: float | None = None  # from the last heartbeat with it
+    inventory: dict[str, str] = field(default_factory=dict)  # section → hash the store holds
+    applied_generation: int = 0  # the highest its heartbeats reported
+    reported_generation: int = 0  # the highest published in a status fact
 
 
 @dataclass(frozen=True)

@@ -21,26 +21,20 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
-import zlib
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
 import asyncpg
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from opentelemetry import trace
-from opentelemetry.context import Context
-from opentelemetry.trace import Span
 
-from schemas.facts import Fact
-from schemas.registry import REGISTRY, MessageError
-from schemas.subjects import SubjectError, Subjects
+from schemas.subjects import Subjects
 from workers.runtime import db, outcome, tracing
 from workers.runtime.deadletter import dead_letter_msg
 from workers.runtime.errors import Severity, as_setting_error, classify
 from workers.runtime.inhand import InHand
+from workers.runtime.items import Item, decode, lane_of, start_span
 from workers.runtime.metrics import Metrics
 from workers.runtime.outcome import Outcome
 from workers.runtime.provenance import ForeignLog
@@ -48,19 +42,9 @@ from workers.runtime.pull import ContinuousPull
 from workers.runtime.retrying import Pinned, Waiting, patiently
 from workers.runtime.settings import ConsumerSettings
 from workers.runtime.waiting import Patience, sleep_or_stop
-from workers.runtime.worker import Tx, Worker, handle_bound
+from workers.runtime.worker import Tx, Worker, apply_batch
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Item:
-    """One fetched message on its way through a batch."""
-
-    msg: Msg
-    fact: Fact | None = None
-    outcome: Outcome | None = None
-    span: Span | None = None
 
 
 class FactConsumer:
@@ -95,6 +79,11 @@ class FactConsumer:
         self._foreign = ForeignLog(log, worker.name)
 
     @property
+    def _server(self) -> str | None:
+        url = self._nc.connected_url
+        return url.geturl() if url else None
+
+    @property
     def bound(self) -> bool:
         return self._pull is not None
 
@@ -125,7 +114,7 @@ class FactConsumer:
         keeper = asyncio.create_task(
             self._in_hand.keep_alive(), name=f"{self.worker.name}-keepalive"
         )
-        queues: list[asyncio.Queue[list[_Item] | None]] = [
+        queues: list[asyncio.Queue[list[Item] | None]] = [
             asyncio.Queue(maxsize=8) for _ in range(self._settings.lanes)
         ]
         fetcher = asyncio.create_task(
@@ -149,14 +138,12 @@ class FactConsumer:
             # pull's buffer, the queued batches, and a batch a cut-short drain left
             # half-done (if it committed after all, the inbox absorbs the redelivery)
             held = self._in_hand.take_all()
-            await self._release([_Item(msg) for msg in held])
+            await self._release([Item(msg) for msg in held])
             if held:
                 log.info("%s: released %d fact(s) for redelivery", self.worker.name, len(held))
             await asyncio.gather(keeper, return_exceptions=True)
 
-    async def _lane(
-        self, queue: asyncio.Queue[list[_Item] | None], stopping: asyncio.Event
-    ) -> None:
+    async def _lane(self, queue: asyncio.Queue[list[Item] | None], stopping: asyncio.Event) -> None:
         ending = False
         while not ending:
             items = await queue.get()
@@ -175,7 +162,7 @@ class FactConsumer:
                 await self.handle_items(items)
 
     async def _fetch_loop(
-        self, queues: list[asyncio.Queue[list[_Item] | None]], stopping: asyncio.Event
+        self, queues: list[asyncio.Queue[list[Item] | None]], stopping: asyncio.Event
     ) -> None:
         assert self._pull is not None
         patience = Patience(f"{self.worker.name}: pulling facts", log, cap=5.0)
@@ -194,14 +181,14 @@ class FactConsumer:
         for queue in queues:
             await queue.put(None)  # ends each lane once it has taken what is queued
 
-    def _partition(self, msgs: Sequence[Msg]) -> list[list[_Item]]:
-        lanes: list[list[_Item]] = [[] for _ in range(self._settings.lanes)]
+    def _partition(self, msgs: Sequence[Msg]) -> list[list[Item]]:
+        lanes: list[list[Item]] = [[] for _ in range(self._settings.lanes)]
         for msg in msgs:
-            item = self._decode(msg)
-            lanes[_lane_of(item, len(lanes))].append(item)
+            item = decode(msg, self._subjects, self.worker)
+            lanes[lane_of(item, len(lanes))].append(item)
         return lanes
 
-    async def _release(self, items: Sequence[_Item]) -> None:
+    async def _release(self, items: Sequence[Item]) -> None:
         """Hand messages back for redelivery at once (the process is stopping)."""
         for item in items:
             self._in_hand.drop(item.msg)
@@ -209,12 +196,12 @@ class FactConsumer:
                 await item.msg.nak()
 
     # -- one batch -------------------------------------------------------------------
-    async def handle_items(self, items: Sequence[_Item]) -> list[Outcome]:
+    async def handle_items(self, items: Sequence[Item]) -> list[Outcome]:
         started = time.perf_counter()
         wanted = [item for item in items if item.outcome is None]
         if self._tracing:  # ignored and invalid ones too: a trace shows they were seen
             for item in items:
-                item.span = self._start_span(item)
+                item.span = start_span(self._tracer, item, self.worker.name, self._server)
         if wanted:
             await self._apply_patiently(wanted)
         for item in items:
@@ -223,48 +210,7 @@ class FactConsumer:
         self._metrics.batch_seconds.observe(time.perf_counter() - started, self.worker.name)
         return [item.outcome for item in items if item.outcome is not None]
 
-    def _decode(self, msg: Msg) -> _Item:
-        item = _Item(msg)
-        try:
-            fact = REGISTRY.decode_fact(msg.headers, msg.data)
-            gateway_id, fact_type = self._subjects.parse_fact(msg.subject)
-        except (MessageError, SubjectError) as error:
-            item.outcome = outcome.dead(str(error), cause="invalid")
-            return item
-        if gateway_id != fact.gateway_id:
-            item.outcome = outcome.dead(
-                f"gateway mismatch: subject says {gateway_id!r}, fact says {fact.gateway_id!r}",
-                cause="invalid",
-            )
-        elif fact_type != fact.BC_TYPE:
-            item.outcome = outcome.dead(
-                f"type mismatch: subject says {fact_type!r}, Bc-Type says {fact.BC_TYPE!r}",
-                cause="invalid",
-            )
-        elif fact.BC_TYPE not in self.worker.fact_types or not self.worker.wants(fact):
-            item.outcome = outcome.IGNORED
-        item.fact = fact
-        return item
-
-    def _start_span(self, item: _Item) -> Span:
-        fact = item.fact
-        return tracing.start_consumer_span(
-            self._tracer,
-            item.msg,
-            str(fact.fact_id) if fact else (item.msg.headers or {}).get("Nats-Msg-Id"),
-            self.worker.name,
-            self._nc.connected_url.geturl() if self._nc.connected_url else None,
-            fact.BC_TYPE if fact else None,
-        )
-
-    @staticmethod
-    def _context_of(item: _Item) -> Context | None:
-        """What the fact's outbox rows carry on: its span, or (no tracing) the producer's."""
-        if item.span is not None:
-            return trace.set_span_in_context(item.span)
-        return tracing.extract(item.msg.headers)
-
-    async def _apply_patiently(self, items: list[_Item]) -> None:
+    async def _apply_patiently(self, items: list[Item]) -> None:
         """Apply `items` in one transaction, waiting out outages; pin anything else on a fact.
 
         Retried with tenacity (jittered exponential back-off up to
@@ -321,7 +267,7 @@ class FactConsumer:
             if len(items) == 1:
                 if pinned.cause == "handler":
                     log.error(
-                        "%s: fact %s cannot be applied: %r", name, _fact_id(items[0]), pinned.error
+                        "%s: fact %s cannot be applied: %r", name, items[0].fact_id, pinned.error
                     )
                 items[0].outcome = outcome.dead(pinned.reason, cause=pinned.cause)
                 return
@@ -335,16 +281,20 @@ class FactConsumer:
         """Both servers reachable now: a failure now is the batch's, not an outage's."""
         return self._nc.is_connected and await db.usable(self._pool)
 
-    async def _apply(self, items: list[_Item]) -> None:
+    async def _apply(self, items: list[Item]) -> None:
         facts = [item.fact for item in items if item.fact is not None]
         contexts = {
             item.fact.fact_id: context
             for item in items
-            if item.fact and (context := self._context_of(item)) is not None
+            if item.fact and (context := item.context()) is not None
         }
         spans = [item.span for item in items if item.span is not None]
-        with self._batch_span(spans):  # the transaction's statements are its children
-            written, outcomes, fresh = await self._transaction(items, facts, contexts)
+        # the transaction's statements are children of the batch's span
+        with tracing.batch_span(self._tracer, self.worker.name, spans):
+            async with self._pool.acquire() as conn, conn.transaction():
+                tx = Tx(conn, self._subjects, contexts, worker=self.worker.name)
+                fresh, outcomes = await apply_batch(tx, self.worker, facts)
+                written = await tx.outbox.write(conn)
         firsts = {id(fact) for fact in fresh}
         for item in items:
             assert item.fact is not None
@@ -357,60 +307,7 @@ class FactConsumer:
         if written:
             self._on_outbox_rows()
 
-    def _batch_span(self, spans: list[Span]) -> contextlib.AbstractContextManager[object]:
-        """The span a batch's statements belong to: its one fact's; for several facts a
-        span of the batch, linked to each fact's (a statement serves them all)."""
-        if not spans:
-            return contextlib.nullcontext()
-        if len(spans) == 1:
-            return trace.use_span(spans[0], end_on_exit=False)
-        return self._tracer.start_as_current_span(
-            f"process {self.worker.name} batch",
-            kind=trace.SpanKind.INTERNAL,
-            links=[trace.Link(span.get_span_context()) for span in spans],
-            attributes={
-                "messaging.batch.message_count": len(spans),
-                "messaging.consumer.group.name": self.worker.name,
-            },
-        )
-
-    async def _transaction(
-        self, items: list[_Item], facts: list[Fact], contexts: dict[uuid.UUID, Context]
-    ) -> tuple[int, Mapping[uuid.UUID, Outcome], list[Fact]]:
-        """The batch's transaction: the inbox, the handler, the outbox."""
-        async with self._pool.acquire() as conn, conn.transaction():
-            fresh_ids = {
-                row["fact_id"]
-                for row in await conn.fetch(
-                    """
-                    INSERT INTO processed_facts (consumer, fact_id)
-                    SELECT $1, unnest($2::uuid[])
-                    ON CONFLICT DO NOTHING
-                    RETURNING fact_id
-                    """,
-                    self.worker.name,
-                    [fact.fact_id for fact in facts],
-                )
-            }
-            # a fact published twice can arrive twice in one batch: only its first copy is fresh
-            fresh, seen = [], set()
-            for fact in facts:
-                if fact.fact_id in fresh_ids and fact.fact_id not in seen:
-                    fresh.append(fact)
-                seen.add(fact.fact_id)
-            tx = Tx(conn, self._subjects, contexts, worker=self.worker.name)
-            outcomes = await handle_bound(tx, self.worker, fresh)
-            unkept = [fid for fid in fresh_ids if not outcomes[fid].keeps_inbox_row]
-            if unkept:
-                await conn.execute(
-                    "DELETE FROM processed_facts WHERE consumer = $1 AND fact_id = ANY($2::uuid[])",
-                    self.worker.name,
-                    unkept,
-                )
-            written = await tx.outbox.write(conn)
-        return written, outcomes, fresh
-
-    async def _settle(self, item: _Item) -> None:
+    async def _settle(self, item: Item) -> None:
         """The one place where a fact's message is acked, nak'ed or dead-lettered."""
         result = item.outcome
         assert result is not None
@@ -462,15 +359,3 @@ class FactConsumer:
         info = await self._js.consumer_info(self._subjects.facts_stream, self.worker.name)
         self._metrics.consumer_pending.set(float(info.num_pending or 0), self.worker.name)
         self._metrics.consumer_ack_pending.set(float(info.num_ack_pending or 0), self.worker.name)
-
-
-def _lane_of(item: _Item, lanes: int) -> int:
-    """Same node, same lane (stable across processes: not Python's salted hash)."""
-    if lanes == 1 or item.fact is None:
-        return 0
-    key = getattr(item.fact, "node_id", None) or item.fact.gateway_id
-    return zlib.crc32(key.encode()) % lanes
-
-
-def _fact_id(item: _Item) -> str:
-    return str(item.fact.fact_id) if item.fact else "?"

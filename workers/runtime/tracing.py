@@ -7,6 +7,7 @@ the outbox relay and the publishers here do.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -222,6 +223,26 @@ def start_consumer_span(
         context=extract(msg.headers),
         kind=trace.SpanKind.CONSUMER,
         attributes=attributes,
+    )
+
+
+def batch_span(
+    tracer: trace.Tracer, group: str, spans: list[trace.Span]
+) -> contextlib.AbstractContextManager[object]:
+    """The span a batch's statements belong to: its one fact's; for several facts a span
+    of the batch, linked to each fact's (a statement serves them all); none untraced."""
+    if not spans:
+        return contextlib.nullcontext()
+    if len(spans) == 1:
+        return trace.use_span(spans[0], end_on_exit=False)
+    return tracer.start_as_current_span(
+        f"process {group} batch",
+        kind=trace.SpanKind.INTERNAL,
+        links=[trace.Link(span.get_span_context()) for span in spans],
+        attributes={
+            "messaging.batch.message_count": len(spans),
+            "messaging.consumer.group.name": group,
+        },
     )
 
 

@@ -120,6 +120,42 @@ class Worker:
         )
 
 
+async def apply_batch(
+    tx: Tx, worker: Worker, facts: Sequence[Fact]
+) -> tuple[list[Fact], dict[uuid.UUID, Outcome]]:
+    """A batch inside its transaction (the caller writes `tx.outbox` then commits): the
+    facts new to the worker's inbox, in stream order — a fact delivered twice, even twice
+    in one batch, is fresh once — go to the handler; a fact whose outcome keeps no inbox
+    row leaves none. Returns the fresh facts and their outcomes."""
+    fresh_ids = {
+        row["fact_id"]
+        for row in await tx.conn.fetch(
+            """
+            INSERT INTO processed_facts (consumer, fact_id)
+            SELECT $1, unnest($2::uuid[])
+            ON CONFLICT DO NOTHING
+            RETURNING fact_id
+            """,
+            worker.name,
+            [fact.fact_id for fact in facts],
+        )
+    }
+    fresh, seen = [], set()
+    for fact in facts:
+        if fact.fact_id in fresh_ids and fact.fact_id not in seen:
+            fresh.append(fact)
+        seen.add(fact.fact_id)
+    outcomes = await handle_bound(tx, worker, fresh)
+    unkept = [fid for fid in fresh_ids if not outcomes[fid].keeps_inbox_row]
+    if unkept:
+        await tx.conn.execute(
+            "DELETE FROM processed_facts WHERE consumer = $1 AND fact_id = ANY($2::uuid[])",
+            worker.name,
+            unkept,
+        )
+    return fresh, outcomes
+
+
 async def handle_bound(tx: Tx, worker: Worker, facts: Sequence[Fact]) -> dict[uuid.UUID, Outcome]:
     """`worker.handle` for the facts that come from a gateway of their node; the others are
     FOREIGN and reach no rule (`provenance`). An outcome per fact (APPLIED by default)."""

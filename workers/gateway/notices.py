@@ -1,0 +1,132 @@
+"""What a reference gateway obeys: the notices workers send it (`dispatch`, `zombie`,
+`event-ack`, on its durable consumer `gw-<id>`) and the revocations every gateway hears.
+Owned by `workers.gateway.gateway.Gateway`; a notice reaches only a live session at its
+epoch, and the gateway's sessions are the one state it touches."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from opentelemetry import trace
+
+from schemas import REGISTRY
+from schemas.events import Revocations
+from schemas.facts import CloseReason
+from schemas.notices import Dispatch, EventAck, Zombie
+from schemas.subjects import Subjects
+from workers.gateway.types import Session
+from workers.runtime import bus, tracing
+from workers.runtime.pull import ContinuousPull
+from workers.runtime.settings import ConsumerSettings
+
+log = logging.getLogger(__name__)
+
+End = Callable[[Session, CloseReason], Awaitable[None]]
+
+
+class Notices:
+    def __init__(
+        self,
+        gateway_id: str,
+        nc: NATS,
+        subjects: Subjects,
+        tracer: trace.Tracer,
+        sessions: Mapping[str, Session],
+        end: End,
+    ) -> None:
+        self.gateway_id = gateway_id
+        self.nc = nc
+        self.subjects = subjects
+        self.tracer = tracer
+        self.sessions = sessions  # the gateway's own (read here; `end` removes one)
+        self.end = end
+        self._pull: ContinuousPull | None = None
+        self._revocations: Subscription | None = None
+
+    async def start(self) -> None:
+        """The durable consumer of this gateway's notices, and the revocations."""
+        durable = f"gw-{self.gateway_id}"
+        spec = bus.ConsumerSpec(durable, (self.subjects.gateway_notices(self.gateway_id),))
+        js = self.nc.jetstream()
+        await bus.ensure_consumer(
+            js, self.subjects.gateway_stream, spec, ConsumerSettings(ack_wait=30)
+        )
+        self._pull = ContinuousPull(
+            self.nc, self.subjects.gateway_stream, durable, batch=256, window=512
+        )
+        await self._pull.start()
+        self._revocations = await self.nc.subscribe(
+            self.subjects.revocations, cb=self.on_revocation
+        )
+
+    async def stop(self) -> None:
+        if self._pull is not None:
+            await self._pull.stop()
+        if self._revocations is not None:
+            await self._revocations.unsubscribe()
+
+    async def follow(self, stopping: asyncio.Event) -> None:
+        """Obey the notices until `stopping`; each is acked once obeyed (or found stale)."""
+        assert self._pull is not None
+        while not stopping.is_set():
+            try:
+                msgs = await self._pull.next_batch(1.0)
+            except Exception as error:
+                log.debug("gateway %s notices: %s", self.gateway_id, error)
+                await asyncio.sleep(0.5)
+                continue
+            for msg in msgs:
+                try:
+                    await self.obey(msg)
+                except Exception:
+                    log.exception("gateway %s could not obey a notice", self.gateway_id)
+                await msg.ack()
+
+    async def obey(self, msg: Msg) -> None:
+        """One notice, in a CONSUMER span continuing the trace that sent it."""
+        url = self.nc.connected_url
+        span = tracing.start_consumer_span(
+            self.tracer,
+            msg,
+            (msg.headers or {}).get("Nats-Msg-Id"),
+            f"gw-{self.gateway_id}",
+            url.geturl() if url else None,
+        )
+        with trace.use_span(span, end_on_exit=True):
+            notice = REGISTRY.decode(msg.headers, msg.data)
+            session = self.sessions.get(getattr(notice, "node_id", ""))
+            if session is None or getattr(notice, "epoch", session.epoch) != session.epoch:
+                span.set_attribute("bcw.outcome", "stale")  # only to a live session at that epoch
+                return
+            if isinstance(notice, Dispatch):
+                with self.tracer.start_as_current_span(
+                    f"deliver {notice.kind}",
+                    kind=trace.SpanKind.PRODUCER,  # onto the daemon's stream
+                    attributes={
+                        "bc.node.id": notice.node_id,
+                        "bc.command.id": str(notice.command_id),
+                        "bc.command.attempt": notice.attempt,
+                    },
+                ):
+                    await session.stream.deliver(notice)
+            elif isinstance(notice, Zombie):
+                await self.end(session, "fenced")
+            elif isinstance(notice, EventAck):
+                await session.stream.event_ack(notice.journal_id, notice.seq)
+
+    async def on_revocation(self, msg: Msg) -> None:
+        """Sessions holding a revoked serial end (`revoked`)."""
+        try:
+            notice = REGISTRY.decode(msg.headers, msg.data)
+        except Exception:
+            return
+        if not isinstance(notice, Revocations):
+            return
+        serials = set(notice.serials)
+        for session in [s for s in self.sessions.values() if s.cert_serial in serials]:
+            await self.end(session, "revoked")

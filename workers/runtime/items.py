@@ -1,0 +1,86 @@
+"""One fetched fact on its way through a batch: decoded and checked against its subject,
+given its lane and its CONSUMER span. Used by the consume loop (`consumer`); no I/O."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+from nats.aio.msg import Msg
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span
+
+from schemas.facts import Fact
+from schemas.registry import REGISTRY, MessageError
+from schemas.subjects import SubjectError, Subjects
+from workers.runtime import outcome, tracing
+from workers.runtime.outcome import Outcome
+from workers.runtime.worker import Worker
+
+
+@dataclass
+class Item:
+    """One fetched message on its way through a batch."""
+
+    msg: Msg
+    fact: Fact | None = None
+    outcome: Outcome | None = None
+    span: Span | None = None
+
+    @property
+    def fact_id(self) -> str:
+        return str(self.fact.fact_id) if self.fact else "?"
+
+    def context(self) -> Context | None:
+        """What the fact's outbox rows carry on: its span, or (no tracing) the producer's."""
+        if self.span is not None:
+            return trace.set_span_in_context(self.span)
+        return tracing.extract(self.msg.headers)
+
+
+def decode(msg: Msg, subjects: Subjects, worker: Worker) -> Item:
+    """The message as an item: its fact, or already its outcome — dead (cannot be parsed,
+    or its subject disagrees with it) or ignored (no rule of `worker` wants it)."""
+    item = Item(msg)
+    try:
+        fact = REGISTRY.decode_fact(msg.headers, msg.data)
+        gateway_id, fact_type = subjects.parse_fact(msg.subject)
+    except (MessageError, SubjectError) as error:
+        item.outcome = outcome.dead(str(error), cause="invalid")
+        return item
+    if gateway_id != fact.gateway_id:
+        item.outcome = outcome.dead(
+            f"gateway mismatch: subject says {gateway_id!r}, fact says {fact.gateway_id!r}",
+            cause="invalid",
+        )
+    elif fact_type != fact.BC_TYPE:
+        item.outcome = outcome.dead(
+            f"type mismatch: subject says {fact_type!r}, Bc-Type says {fact.BC_TYPE!r}",
+            cause="invalid",
+        )
+    elif fact.BC_TYPE not in worker.fact_types or not worker.wants(fact):
+        item.outcome = outcome.IGNORED
+    item.fact = fact
+    return item
+
+
+def lane_of(item: Item, lanes: int) -> int:
+    """Same node, same lane (stable across processes: not Python's salted hash)."""
+    if lanes == 1 or item.fact is None:
+        return 0
+    key = getattr(item.fact, "node_id", None) or item.fact.gateway_id
+    return zlib.crc32(key.encode()) % lanes
+
+
+def start_span(tracer: trace.Tracer, item: Item, group: str, server_url: str | None) -> Span:
+    """The item's CONSUMER span (an invalid message's too: a trace shows it was seen)."""
+    fact = item.fact
+    return tracing.start_consumer_span(
+        tracer,
+        item.msg,
+        str(fact.fact_id) if fact else (item.msg.headers or {}).get("Nats-Msg-Id"),
+        group,
+        server_url,
+        fact.BC_TYPE if fact else None,
+    )
