@@ -187,11 +187,17 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     if args.bench == "chaos":
         from workers.bench import chaos
 
-        return asyncio.run(chaos.run(args.minutes, args.rate, args.seed))
+        return asyncio.run(chaos.run(args.minutes, args.rate or 20.0, args.seed))
     if args.bench == "storm":
         from workers.bench import storm
 
         return asyncio.run(storm.run(settings, args.nodes, args.gateways, args.embedded))
+    if args.bench == "herd":
+        from workers.bench import herd
+
+        return asyncio.run(
+            herd.run(settings, args.nodes, args.gateways, args.rate or 200.0, args.embedded)
+        )
     return 2
 
 
@@ -387,17 +393,22 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="benchmarks that print figures")
     bench.add_argument(
         "bench",
-        choices=["runtime", "labeler", "sweep", "replay", "storm", "chaos"],
+        choices=["runtime", "labeler", "sweep", "replay", "storm", "herd", "chaos"],
         help="which benchmark",
     )
     bench.add_argument("--nodes", type=int, default=100_000, help="fleet size (labeler, sweep, …)")
     bench.add_argument("--facts", type=int, default=50_000, help="facts to push through")
-    bench.add_argument("--gateways", type=int, default=20, help="gateways (storm)")
+    bench.add_argument("--gateways", type=int, default=20, help="gateways (storm, herd)")
     bench.add_argument(
         "--rounds", type=int, default=3, help="runs of each pipeline (medians shown)"
     )
     bench.add_argument("--minutes", type=float, default=10.0, help="how long faults go on (chaos)")
-    bench.add_argument("--rate", type=float, default=20.0, help="Hellos a second (chaos)")
+    bench.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="Hellos a second (chaos: 20 in all; herd: 200 per gateway)",
+    )
     bench.add_argument("--seed", type=int, default=1, help="the faults' random seed (chaos)")
     bench.add_argument(
         "--embedded",

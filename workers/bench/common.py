@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
+import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
+from nats.js import JetStreamContext
 
 from schemas import REGISTRY, Fact, Hello
 from schemas.subjects import Subjects
@@ -217,3 +220,55 @@ def wire(subjects: Subjects, fact: Fact) -> tuple[str, bytes, dict[str, str]]:
     body, headers = REGISTRY.encode(fact)
     headers["Nats-Msg-Id"] = str(fact.fact_id)
     return subjects.fact(fact.gateway_id, fact.BC_TYPE), body, headers
+
+
+# -- worker processes (storm, herd) --------------------------------------------------------
+def peak_rss_mib(pid: int) -> float:
+    """A live process's peak resident set (VmHWM), MiB; NaN once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """A live process's user + system CPU time so far, seconds; NaN once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+async def spawn_workers(target_env: dict[str, str]) -> dict[str, asyncio.subprocess.Process]:
+    """Each of the five workers in a `bcw run <worker>` process of its own."""
+    from workers.registry import WORKERS
+
+    procs = {}
+    for name in WORKERS:
+        procs[name] = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "workers.cli", "run", name, env={**os.environ, **target_env},
+            stdout=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+    return procs
+
+
+async def consumer_idle(js: JetStreamContext, stream: str, name: str) -> bool:
+    info = await js.consumer_info(stream, name)
+    return not info.num_pending and not info.num_ack_pending
+
+
+async def wait_until(what: Callable[[], Awaitable[bool]], within: float = 900) -> float:
+    """The monotonic time at which `what()` first held."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if await what():
+            return time.monotonic()
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"not settled within {within:.0f} s")

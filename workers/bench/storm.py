@@ -11,20 +11,23 @@ outbox published), and each worker's peak RSS.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 
 import asyncpg
 import nats
 
 from schemas.subjects import Subjects
-from workers.bench.common import bench_target, print_table
+from workers.bench.common import (
+    bench_target,
+    consumer_idle,
+    peak_rss_mib,
+    print_table,
+    spawn_workers,
+    wait_until,
+)
 from workers.gateway import Code, Gateway, GatewaySettings, HelloRequest, Refused
-from workers.registry import WORKERS
 from workers.runtime.settings import Settings
 
 HELLO_WORKERS = ("labeler", "liveness", "quarantine", "replay")
@@ -39,42 +42,6 @@ class _Stream:
 
     def drop(self, reason: str) -> None:
         return None
-
-
-def _peak_rss_mib(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
-
-
-async def _spawn_workers(target_env: dict[str, str]) -> dict[str, asyncio.subprocess.Process]:
-    procs = {}
-    for name in WORKERS:
-        procs[name] = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "workers.cli", "run", name, env={**os.environ, **target_env},
-            stdout=asyncio.subprocess.DEVNULL,
-        )  # fmt: skip
-    return procs
-
-
-async def _consumer_idle(js: nats.js.JetStreamContext, stream: str, name: str) -> bool:
-    info = await js.consumer_info(stream, name)
-    return not info.num_pending and not info.num_ack_pending
-
-
-async def _wait(what: Callable[[], Awaitable[bool]], within: float = 900) -> float:
-    """The monotonic time at which `what()` first held."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if await what():
-            return time.monotonic()
-        await asyncio.sleep(0.2)
-    raise TimeoutError("the storm did not settle")
 
 
 async def run(settings: Settings, nodes: int, gateways: int, embedded: bool) -> int:
@@ -97,7 +64,7 @@ async def run(settings: Settings, nodes: int, gateways: int, embedded: bool) -> 
         await conn.execute(
             "UPDATE liveness_sweeps SET last_sweep_at = compute_now(), grace_until = NULL"
         )
-        procs = await _spawn_workers(env)
+        procs = await spawn_workers(env)
         nc = await nats.connect(target.nats_url, pending_size=256 * 1024 * 1024)
         # each gateway has a pool of its own, as separate gateway processes would
         pools = [
@@ -165,9 +132,9 @@ async def run(settings: Settings, nodes: int, gateways: int, embedded: bool) -> 
             for name in HELLO_WORKERS:
 
                 async def idle(name: str = name) -> bool:
-                    return await _consumer_idle(js, subjects.facts_stream, name)
+                    return await consumer_idle(js, subjects.facts_stream, name)
 
-                done[name] = await _wait(idle)
+                done[name] = await wait_until(idle)
             labels_sql = "SELECT count(*) FROM node_labels WHERE source = 'system'"
             replay_sql = (
                 "SELECT count(*) FROM commands WHERE session_epoch = 1 AND delivery_attempt = 2"
@@ -180,8 +147,8 @@ async def run(settings: Settings, nodes: int, gateways: int, embedded: bool) -> 
                     and await conn.fetchval("SELECT count(*) FROM outbox") == 0
                 )
 
-            settled = await _wait(effects)
-            rss = {name: _peak_rss_mib(proc.pid) for name, proc in procs.items()}
+            settled = await wait_until(effects)
+            rss = {name: peak_rss_mib(proc.pid) for name, proc in procs.items()}
             beating.cancel()
         finally:
             for gateway in fleet:

@@ -1,0 +1,216 @@
+"""`bcw bench herd`: a power-on herd at the specification's admission rate, against the
+five workers each in a `bcw run` process of its own.
+
+What the gateways' side leaves behind is made directly, so the harness is never the
+bottleneck: N joined nodes (100,000), each with one command in flight from before, have
+their epochs bumped in PostgreSQL in batches (as N Hello transactions would: the
+`session_epochs` trigger records each epoch's gateway), then their Hello facts are
+published exactly as M gateways (20) would, each gateway's paced at its admission rate
+(200/s). Prints, per worker: Hellos/s, peak consumer lag, time from the last Hello to its
+consumer being idle, peak RSS and CPU seconds; and the time from the last Hello until
+every effect is applied (labels, replays, `node.connected` in the session history, the
+outbox empty).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import asyncpg
+import nats
+from nats.js import JetStreamContext
+
+from schemas.subjects import Subjects
+from workers.bench.common import (
+    bench_target,
+    consumer_idle,
+    cpu_seconds,
+    hello_fact,
+    peak_rss_mib,
+    print_table,
+    spawn_workers,
+    wait_until,
+    wire,
+)
+from workers.runtime.settings import Settings
+
+HELLO_WORKERS = ("labeler", "liveness", "quarantine", "replay")
+CAPABILITIES = ("cpu", "mem", "nvml", "ib")
+BATCH = 10_000
+
+
+async def _prepare(conn: asyncpg.Connection, nodes: int, gateways: int) -> None:
+    """Join the fleet, one command in flight each; bump every epoch to 1 on its gateway."""
+    await conn.execute(
+        "SELECT join_node('node-' || i, 'worker', 'node-serial-' || i, NULL) FROM generate_series(1, $1) i",
+        nodes,
+    )
+    await conn.execute(
+        "INSERT INTO commands (node_id, seq, kind, state, session_epoch, delivery_attempt) "
+        "SELECT node_id, 1, 'exec', 'dispatched', 0, 1 FROM nodes; UPDATE nodes SET last_command_seq = 1"
+    )
+    for start in range(1, nodes + 1, BATCH):  # as the Hello transactions would, in batches
+        await conn.execute(
+            """
+            UPDATE node_sessions s
+               SET session_epoch = 1, gateway_id = 'gw-' || (t.i % $3), session_id = 's-' || t.i,
+                   boot_id = 'boot-1', journal_id = 'journal-1', cert_serial = 'node-serial-' || t.i,
+                   connected_at = compute_now(), last_seen = compute_now()
+              FROM generate_series($1::int, $2::int) AS t(i)
+             WHERE s.node_id = 'node-' || t.i
+            """,
+            start,
+            min(nodes, start + BATCH - 1),
+            gateways,
+        )
+    await conn.execute(
+        "UPDATE liveness_sweeps SET last_sweep_at = compute_now(), grace_until = NULL"
+    )
+
+
+def _wire_of(
+    subjects: Subjects, g: int, nodes: list[int]
+) -> list[tuple[str, bytes, dict[str, str]]]:
+    """One gateway's Hello facts as it publishes them (built before the clock starts)."""
+    out = []
+    for i in nodes:
+        fact = hello_fact(
+            f"node-{i}", gateway_id=f"gw-{g}", session_id=f"s-{i}",
+            capabilities=[*CAPABILITIES, f"rack{i % 40}"],
+            cert={"serial": f"node-serial-{i}", "allowed_kinds": None, "identity_generation": 1},
+        )  # fmt: skip
+        out.append(wire(subjects, fact))
+    return out
+
+
+async def _gateway(
+    js: JetStreamContext, messages: list[tuple[str, bytes, dict[str, str]]], rate: float
+) -> None:
+    """One gateway's Hello facts, paced at `rate` per second, PubAcks awaited."""
+    started = time.monotonic()
+    pending = []
+    for k, (subject, body, headers) in enumerate(messages):
+        due = started + k / rate
+        if (delay := due - time.monotonic()) > 0:
+            await asyncio.sleep(delay)
+        pending.append(await js.publish_async(subject, body, headers=headers))
+        if len(pending) >= 200:
+            await asyncio.gather(*pending)
+            pending.clear()
+    await asyncio.gather(*pending)
+
+
+async def run(settings: Settings, nodes: int, gateways: int, rate: float, embedded: bool) -> int:
+    async with bench_target(settings, embedded) as target:
+        subjects = Subjects(target.subject_root)
+        env = {
+            "BCW_NATS_URL": target.nats_url, "BCW_DATABASE_URL": target.database_url,
+            "BCW_SUBJECT_ROOT": subjects.root, "BCW_HEALTH_PORT": "0", "BCW_LOG_LEVEL": "WARNING",
+        }  # fmt: skip
+        conn = await asyncpg.connect(target.database_url)
+        print(f"joining {nodes:,} nodes, one command in flight each, epochs bumped ...")
+        await _prepare(conn, nodes, gateways)
+        procs = await spawn_workers(env)
+        nc = await nats.connect(target.nats_url, pending_size=256 * 1024 * 1024)
+        js = nc.jetstream()
+        peak_lag = dict.fromkeys(HELLO_WORKERS, 0)
+        idle_at: dict[str, float] = {}
+        publishing = True
+
+        async def watch() -> None:
+            """Every half second: each consumer's lag, and when it went idle after the herd."""
+            while True:
+                for name in HELLO_WORKERS:
+                    try:
+                        info = await js.consumer_info(subjects.facts_stream, name)
+                    except Exception:
+                        continue
+                    lag = (info.num_pending or 0) + (info.num_ack_pending or 0)
+                    peak_lag[name] = max(peak_lag[name], lag)
+                    if not publishing and lag == 0 and name not in idle_at:
+                        idle_at[name] = time.monotonic()
+                await asyncio.sleep(0.5)
+
+        try:
+            await wait_until(lambda: _bound(js, subjects), within=60)
+            watching = asyncio.create_task(watch())
+            shares = [
+                list(range(g if g else gateways, nodes + 1, gateways)) for g in range(gateways)
+            ]
+            messages = [_wire_of(subjects, g, share) for g, share in enumerate(shares)]
+            print(f"herd: {nodes:,} Hello facts from {gateways} gateways at {rate:.0f}/s each ...")
+            first = time.monotonic()
+            await asyncio.gather(*(_gateway(js, batch, rate) for batch in messages))
+            last = time.monotonic()
+            publishing = False
+            for name in HELLO_WORKERS:
+
+                async def idle(name: str = name) -> bool:
+                    return name in idle_at or await consumer_idle(js, subjects.facts_stream, name)
+
+                await wait_until(idle)
+                idle_at.setdefault(name, time.monotonic())
+
+            async def effects() -> bool:
+                return bool(
+                    await conn.fetchval(
+                        """
+                        SELECT (SELECT count(*) FROM node_labels WHERE source = 'system') = $1 * 5
+                           AND (SELECT count(*) FROM commands WHERE session_epoch = 1
+                                   AND delivery_attempt = 2) = $1
+                           AND (SELECT count(*) FROM session_history
+                                 WHERE what = 'node.connected') = $1
+                           AND NOT EXISTS (SELECT 1 FROM outbox)
+                        """,
+                        nodes,
+                    )
+                )
+
+            settled = await wait_until(effects)
+            watching.cancel()
+            rss = {name: peak_rss_mib(proc.pid) for name, proc in procs.items()}
+            cpu = {name: cpu_seconds(proc.pid) for name, proc in procs.items()}
+        finally:
+            for proc in procs.values():
+                if proc.returncode is None:
+                    proc.send_signal(signal.SIGTERM)
+            await asyncio.gather(*(p.wait() for p in procs.values()))
+            await nc.close()
+            await conn.close()
+    publish_s = last - first
+    rows = [("Hellos published", f"{nodes / publish_s:,.0f} /s ({publish_s:.1f} s)")]
+    for name in HELLO_WORKERS:
+        done = idle_at[name]
+        rows.append(
+            (
+                name,
+                f"{nodes / (done - first):,.0f} Hellos/s · peak lag {peak_lag[name]:,} · "
+                f"idle {done - last:.1f} s after the last Hello",
+            )
+        )
+    rows.append(
+        ("last Hello → every effect applied", f"{settled - last:.1f} s (labels, replays, "
+         "node.connected, outbox empty)")
+    )  # fmt: skip
+    for name in sorted(procs):
+        rows.append((f"{name} process", f"peak RSS {rss[name]:.0f} MiB · CPU {cpu[name]:.1f} s"))
+    print_table(
+        f"bcw bench herd: {nodes:,} nodes, {gateways} gateways at {rate:.0f} Hellos/s each "
+        f"({os.cpu_count()} cores)",
+        ("measure", "value"),
+        rows,
+    )
+    return 0
+
+
+async def _bound(js: JetStreamContext, subjects: Subjects) -> bool:
+    """Every worker's durable consumer exists (so no Hello is published before it)."""
+    try:
+        for name in (*HELLO_WORKERS, "recorder"):
+            await js.consumer_info(subjects.facts_stream, name)
+    except Exception:
+        return False
+    return True
