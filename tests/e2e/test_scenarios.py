@@ -107,5 +107,10 @@ async def test_mixed_and_bcw_explain_tells_each_nodes_story(
                  ("command.replayed", "attempt 2"), ("command.completed", "attempt 2")), steps  # fmt: skip
     replayed_at = epochs(steps, "command.replayed", "attempt 2")
     assert replayed_at and replayed_at <= epochs(steps, "node.connected", ""), steps
+    dispatches = await sim.fetchval(
+        "SELECT count(*) FILTER (WHERE NOT (detail ? 'payload' OR detail ? 'signature'))"
+        "       - count(*) FROM session_history WHERE what = 'dispatch'"
+    )
+    assert dispatches == 0  # a command's payload and signature stay in `commands`
     code, table = await bcw("explain", clone, BCW_DATABASE_URL=database_url)
     assert code == 0 and "security.node.quarantined" in table and "revoked" in table

@@ -80,10 +80,16 @@ class OutboxBatch:
         self.rows.append((msg_id, subject, _headers_json(headers), body, order_key))
         node_id = getattr(message, "node_id", None)
         if message.BC_TYPE in HISTORY_TYPES and isinstance(node_id, str):
+            # a command's payload and signature stay in `commands`, not in the history
+            detail = (
+                body.decode()
+                if message.BC_TYPE != "dispatch"
+                else message.model_dump_json(by_alias=True, exclude={"payload", "signature"})
+            )
             self.history.append((
                 node_id, message.BC_TYPE, getattr(message, "epoch", None),
                 getattr(message, "gateway_id", None) or _notice_gateway(subject),
-                cause_id, tracing.trace_id(context), body.decode(),
+                cause_id, tracing.trace_id(context), detail,
             ))  # fmt: skip
         return msg_id
 
