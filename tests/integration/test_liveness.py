@@ -14,6 +14,9 @@ from typing import Any
 import asyncpg
 import pytest
 from nats.aio.client import Client as NATS
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from schemas.subjects import Subjects
 from tests.conftest import Clock, Servers
@@ -236,7 +239,10 @@ async def test_stale_after_45s_not_at_44s(
     )  # already disconnected
     await fleet.flushed(db, "gw-1")  # gw-1 keeps flushing; seen-46 is not in its flushes
     await _swept_recently(db)
-    result = await sweep_once(pool, None, subjects, Rules())
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    result = await sweep_once(pool, None, subjects, Rules(), provider.get_tracer("t"))
     assert result.stale == 1
     assert await _routing(db, "seen-46") == (1, None, "liveness-timeout")
     assert await _routing(db, "seen-44") == (1, "gw-1", None)
@@ -247,6 +253,13 @@ async def test_stale_after_45s_not_at_44s(
         "gw-1",
         1,
     )
+    # the sweep that announced it is a span, and the node's history names its trace
+    [sweep] = [s for s in exporter.get_finished_spans() if s.name == "liveness sweep"]
+    assert sweep.attributes is not None and sweep.attributes["bcw.sweep.liveness_timeout"] == 1
+    history = await db.fetchrow("SELECT what, trace_id, worker FROM session_history")
+    assert tuple(history) == ("node.disconnected", f"{sweep.context.trace_id:032x}", "liveness")
+    assert (await sweep_once(pool, None, subjects, Rules(), provider.get_tracer("t"))).stale == 0
+    assert len([s for s in exporter.get_finished_spans() if s.name == "liveness sweep"]) == 1
 
 
 async def test_a_dead_gateways_sessions_wait_for_the_gateway_loss_rule(

@@ -17,12 +17,15 @@ the sweep never waits for a flush, and no cycle can form.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
 import asyncpg
+from opentelemetry import trace
 
 from schemas.events import (
     BreakerOpen,
@@ -166,39 +169,67 @@ def rules_of(settings: LivenessSettings) -> Rules:
 
 
 async def sweep_once(
-    pool: asyncpg.Pool, lease: leases.Lease | None, subjects: Subjects, rules: Rules
+    pool: asyncpg.Pool,
+    lease: leases.Lease | None,
+    subjects: Subjects,
+    rules: Rules,
+    tracer: trace.Tracer | None = None,
 ) -> SweepResult:
-    """One sweep in one transaction; `LeaseLost` when `lease` is no longer current."""
-    async with pool.acquire() as conn, conn.transaction():
-        if lease is not None:
-            await leases.fence(conn, lease)
-        state = await conn.fetchrow(READ_STATE)
-        now: datetime = state["now"]
-        plan = plan_sweep(SweepState(state["last_sweep_at"], state["grace_until"]), now, rules)
-        await conn.execute(ENSURE_SIGHTS, plan.gateway_expired_before)
-        rows = {r["gateway_id"]: r for r in await conn.fetch(READ_SIGHTS)}
-        sights = {
-            gw: GatewaySight(gw, r["last_flush_at"], r["blind_since"], r["known_since"])
-            for gw, r in rows.items()
-        }
-        seeing = sorted(gw for gw, sight in sights.items() if sees(sight, now, rules))
-        changes = [c for sight in sights.values() if (c := sight_change(sight, now, rules))]
-        outbox = OutboxBatch("liveness")
-        lost: list[asyncpg.Record] = []
-        stale: list[asyncpg.Record] = []
-        breakers: dict[str, tuple[BreakerView, BreakerDecision]] = {}
-        if plan.age_transitions:
-            lost = await conn.fetch(GATEWAY_LOST, plan.gateway_expired_before, now)
-            breakers = await _breakers(conn, plan.stale_before, now, seeing, rows, rules)
-            held = [gw for gw, (_, decision) in breakers.items() if decision.hold]
-            stale = await conn.fetch(STALE, plan.stale_before, now, seeing, held)
-        await _write_sights(conn, rows, changes, breakers, now)
-        await conn.execute(WRITE_STATE, plan.state.last_sweep_at, plan.state.grace_until)
-        await _say_sights(conn, outbox, subjects, changes)
-        _announce(outbox, subjects, lost, "gateway-lost")
-        _announce(outbox, subjects, stale, "liveness-timeout")
-        _say_breakers(outbox, subjects, breakers, rows)
-        await outbox.write(conn)
+    """One sweep in one transaction; `LeaseLost` when `lease` is no longer current.
+
+    A sweep that announces something (a transition, a gateway seen or blind, a breaker)
+    is a span `liveness sweep`, the parent of what it publishes: the transitions nobody
+    reported have a trace too. A sweep that changes nothing makes no span."""
+    started = time.time_ns()
+    span: trace.Span | None = None
+    try:
+        async with pool.acquire() as conn, conn.transaction():
+            if lease is not None:
+                await leases.fence(conn, lease)
+            state = await conn.fetchrow(READ_STATE)
+            now: datetime = state["now"]
+            plan = plan_sweep(SweepState(state["last_sweep_at"], state["grace_until"]), now, rules)
+            await conn.execute(ENSURE_SIGHTS, plan.gateway_expired_before)
+            rows = {r["gateway_id"]: r for r in await conn.fetch(READ_SIGHTS)}
+            sights = {
+                gw: GatewaySight(gw, r["last_flush_at"], r["blind_since"], r["known_since"])
+                for gw, r in rows.items()
+            }
+            seeing = sorted(gw for gw, sight in sights.items() if sees(sight, now, rules))
+            changes = [c for sight in sights.values() if (c := sight_change(sight, now, rules))]
+            outbox = OutboxBatch("liveness")
+            lost: list[asyncpg.Record] = []
+            stale: list[asyncpg.Record] = []
+            breakers: dict[str, tuple[BreakerView, BreakerDecision]] = {}
+            if plan.age_transitions:
+                lost = await conn.fetch(GATEWAY_LOST, plan.gateway_expired_before, now)
+                breakers = await _breakers(conn, plan.stale_before, now, seeing, rows, rules)
+                held = [gw for gw, (_, decision) in breakers.items() if decision.hold]
+                stale = await conn.fetch(STALE, plan.stale_before, now, seeing, held)
+            await _write_sights(conn, rows, changes, breakers, now)
+            await conn.execute(WRITE_STATE, plan.state.last_sweep_at, plan.state.grace_until)
+            if tracer is not None and (lost or stale or changes or breakers):
+                span = tracer.start_span(
+                    "liveness sweep",
+                    start_time=started,
+                    attributes={
+                        "bcw.sweep.gateway_lost": len(lost),
+                        "bcw.sweep.liveness_timeout": len(stale),
+                        "bcw.sweep.blind_gateways": sorted(set(sights) - set(seeing)),
+                        "bcw.sweep.breakers": sorted(breakers),
+                    },
+                )
+                outbox.context = trace.set_span_in_context(span)
+            current = trace.use_span(span) if span is not None else contextlib.nullcontext()
+            with current:  # the statements that announce are the span's children
+                await _say_sights(conn, outbox, subjects, changes)
+                _announce(outbox, subjects, lost, "gateway-lost")
+                _announce(outbox, subjects, stale, "liveness-timeout")
+                _say_breakers(outbox, subjects, breakers, rows)
+                await outbox.write(conn)
+    finally:
+        if span is not None:
+            span.end()
     if lost or stale:
         log.info("sweep: %d gateway-lost, %d liveness-timeout", len(lost), len(stale))
     return SweepResult(
@@ -337,7 +368,7 @@ def sweep_loop(settings: LivenessSettings) -> Loop:
 
     async def sweep(runtime: Runtime, stopping: asyncio.Event) -> None:
         async def body(lease: leases.Lease) -> None:
-            result = await sweep_once(runtime.pool, lease, runtime.subjects, rules)
+            result = await sweep_once(runtime.pool, lease, runtime.subjects, rules, runtime.tracer)
             runtime.metrics.liveness_blind_gateways.set(float(len(result.blind)))
             runtime.metrics.liveness_breakers_open.set(float(len(result.held)))
             runtime.wake_outbox()

@@ -62,6 +62,8 @@ class OutboxBatch:
     rows: list[tuple[uuid.UUID, str, str, bytes, str | None]] = field(default_factory=list)
     #: (node_id, what, epoch, gateway_id, fact_id, trace_id, detail)
     history: list[HistoryRow] = field(default_factory=list)
+    #: the trace context of a message added without one (a loop's round, say)
+    context: Context | None = None
 
     def add(
         self,
@@ -74,6 +76,7 @@ class OutboxBatch:
         cause_id: uuid.UUID | None = None,
     ) -> uuid.UUID:
         body, headers = REGISTRY.encode(message)
+        context = context if context is not None else self.context
         if context is not None:
             tracing.inject(headers, context)
         msg_id = msg_id or uuid.uuid4()
