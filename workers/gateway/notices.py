@@ -89,13 +89,12 @@ class Notices:
 
     async def obey(self, msg: Msg) -> None:
         """One notice, in a CONSUMER span continuing the trace that sent it."""
-        url = self.nc.connected_url
         span = tracing.start_consumer_span(
             self.tracer,
             msg,
             (msg.headers or {}).get("Nats-Msg-Id"),
             f"gw-{self.gateway_id}",
-            url.geturl() if url else None,
+            self.nc,
         )
         with trace.use_span(span, end_on_exit=True):
             notice = REGISTRY.decode(msg.headers, msg.data)

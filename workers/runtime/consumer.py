@@ -79,11 +79,6 @@ class FactConsumer:
         self._foreign = ForeignLog(log, worker.name)
 
     @property
-    def _server(self) -> str | None:
-        url = self._nc.connected_url
-        return url.geturl() if url else None
-
-    @property
     def bound(self) -> bool:
         return self._pull is not None
 
@@ -201,7 +196,7 @@ class FactConsumer:
         wanted = [item for item in items if item.outcome is None]
         if self._tracing:  # ignored and invalid ones too: a trace shows they were seen
             for item in items:
-                item.span = start_span(self._tracer, item, self.worker.name, self._server)
+                item.span = start_span(self._tracer, item, self.worker.name, self._nc)
         if wanted:
             await self._apply_patiently(wanted)
         for item in items:

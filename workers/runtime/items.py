@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 from nats.aio.msg import Msg
 from opentelemetry import trace
@@ -73,7 +74,7 @@ def lane_of(item: Item, lanes: int) -> int:
     return zlib.crc32(key.encode()) % lanes
 
 
-def start_span(tracer: trace.Tracer, item: Item, group: str, server_url: str | None) -> Span:
+def start_span(tracer: trace.Tracer, item: Item, group: str, nc: Any) -> Span:
     """The item's CONSUMER span (an invalid message's too: a trace shows it was seen)."""
     fact = item.fact
     return tracing.start_consumer_span(
@@ -81,6 +82,6 @@ def start_span(tracer: trace.Tracer, item: Item, group: str, server_url: str | N
         item.msg,
         str(fact.fact_id) if fact else (item.msg.headers or {}).get("Nats-Msg-Id"),
         group,
-        server_url,
+        nc,
         fact.BC_TYPE if fact else None,
     )

@@ -303,12 +303,11 @@ class OutboxRelay:
 
     def _producer_span(self, row: asyncpg.Record, headers: dict[str, str]) -> trace.Span:
         """The message's PRODUCER span, child of the context stored with its row."""
-        url = self._js._nc.connected_url
         span = tracing.start_producer_span(
             self._tracer,
             row["subject"],
             str(row["msg_id"]),
-            url.geturl() if url else None,
+            self._js._nc,
             context=tracing.extract(headers),
         )
         span.set_attribute("bcw.message.type", headers.get(TYPE_HEADER, "message"))

@@ -14,7 +14,6 @@ import re
 import time
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 from nats.aio.msg import Msg
 from opentelemetry import propagate, trace
@@ -150,21 +149,21 @@ def destination_template(subject: str) -> str:
     return ".".join(parts)
 
 
-def server_attributes(url: str | None) -> dict[str, Any]:
-    """`server.address` and `server.port` of the NATS server a client is connected to."""
-    if not url:
-        return {}
-    parsed = urlsplit(url)
+def server_attributes(nc: Any) -> dict[str, Any]:
+    """`server.address` and `server.port` of the NATS server client `nc` is connected to."""
+    url = getattr(nc, "connected_url", None)
     found: dict[str, Any] = {}
-    if parsed.hostname:
-        found["server.address"] = parsed.hostname
-    if parsed.port:
-        found["server.port"] = parsed.port
+    if url is None:
+        return found
+    if url.hostname:
+        found["server.address"] = url.hostname
+    if url.port:
+        found["server.port"] = url.port
     return found
 
 
 def messaging_attributes(
-    operation: str, subject: str, message_id: str | None, server_url: str | None
+    operation: str, subject: str, message_id: str | None, nc: Any
 ) -> dict[str, Any]:
     """The attributes every messaging span has; `operation` is `publish` (type `send`),
     `process` or `receive`."""
@@ -174,7 +173,7 @@ def messaging_attributes(
         "messaging.operation.type": "send" if operation == "publish" else operation,
         "messaging.destination.name": subject,
         "messaging.destination.template": destination_template(subject),
-        **server_attributes(server_url),
+        **server_attributes(nc),
     }
     if message_id:
         attributes["messaging.message.id"] = message_id
@@ -185,7 +184,7 @@ def start_producer_span(
     tracer: trace.Tracer,
     subject: str,
     message_id: str | None,
-    server_url: str | None,
+    nc: Any,
     context: Context | None = None,
 ) -> trace.Span:
     """A PRODUCER span `publish <template>` for one message; its context goes in the
@@ -194,7 +193,7 @@ def start_producer_span(
         f"publish {destination_template(subject)}",
         context=context,
         kind=trace.SpanKind.PRODUCER,
-        attributes=messaging_attributes("publish", subject, message_id, server_url),
+        attributes=messaging_attributes("publish", subject, message_id, nc),
     )
 
 
@@ -203,12 +202,12 @@ def start_consumer_span(
     msg: Msg,
     message_id: str | None,
     group: str,
-    server_url: str | None = None,
+    nc: Any = None,
     fact_type: str | None = None,
 ) -> trace.Span:
     """A message's CONSUMER span `process <template>`, child of the producer's context
     carried in its headers."""
-    attributes = messaging_attributes("process", msg.subject, message_id, server_url)
+    attributes = messaging_attributes("process", msg.subject, message_id, nc)
     attributes["messaging.consumer.group.name"] = group
     if fact_type:
         attributes["bcw.fact.type"] = fact_type
