@@ -223,6 +223,30 @@ def wire(subjects: Subjects, fact: Fact) -> tuple[str, bytes, dict[str, str]]:
 
 
 # -- worker processes (storm, herd) --------------------------------------------------------
+def worker_env(target: BenchTarget) -> dict[str, str]:
+    """The environment of a `bcw run` worker process against `target`."""
+    return {
+        "BCW_NATS_URL": target.nats_url, "BCW_DATABASE_URL": target.database_url,
+        "BCW_SUBJECT_ROOT": target.subject_root, "BCW_HEALTH_PORT": "0", "BCW_LOG_LEVEL": "WARNING",
+    }  # fmt: skip
+
+
+async def join_herd(conn: asyncpg.Connection, nodes: int) -> None:
+    """`nodes` joined nodes (`node-<i>`), each with one command in flight from before
+    (dispatched at epoch 0), and a sweep history that starts now."""
+    await conn.execute(
+        "SELECT join_node('node-' || i, 'worker', 'node-serial-' || i, NULL) FROM generate_series(1, $1) i",
+        nodes,
+    )
+    await conn.execute(
+        "INSERT INTO commands (node_id, seq, kind, state, session_epoch, delivery_attempt) "
+        "SELECT node_id, 1, 'exec', 'dispatched', 0, 1 FROM nodes; UPDATE nodes SET last_command_seq = 1"
+    )
+    await conn.execute(
+        "UPDATE liveness_sweeps SET last_sweep_at = compute_now(), grace_until = NULL"
+    )
+
+
 def peak_rss_mib(pid: int) -> float:
     """A live process's peak resident set (VmHWM), MiB; NaN once it is gone."""
     try:

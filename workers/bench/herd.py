@@ -29,11 +29,13 @@ from workers.bench.common import (
     consumer_idle,
     cpu_seconds,
     hello_fact,
+    join_herd,
     peak_rss_mib,
     print_table,
     spawn_workers,
     wait_until,
     wire,
+    worker_env,
 )
 from workers.runtime.settings import Settings
 
@@ -44,14 +46,7 @@ BATCH = 10_000
 
 async def _prepare(conn: asyncpg.Connection, nodes: int, gateways: int) -> None:
     """Join the fleet, one command in flight each; bump every epoch to 1 on its gateway."""
-    await conn.execute(
-        "SELECT join_node('node-' || i, 'worker', 'node-serial-' || i, NULL) FROM generate_series(1, $1) i",
-        nodes,
-    )
-    await conn.execute(
-        "INSERT INTO commands (node_id, seq, kind, state, session_epoch, delivery_attempt) "
-        "SELECT node_id, 1, 'exec', 'dispatched', 0, 1 FROM nodes; UPDATE nodes SET last_command_seq = 1"
-    )
+    await join_herd(conn, nodes)
     for start in range(1, nodes + 1, BATCH):  # as the Hello transactions would, in batches
         await conn.execute(
             """
@@ -66,6 +61,7 @@ async def _prepare(conn: asyncpg.Connection, nodes: int, gateways: int) -> None:
             min(nodes, start + BATCH - 1),
             gateways,
         )
+    # the bumps took a while: the sweep history starts now again, not with an outage grace
     await conn.execute(
         "UPDATE liveness_sweeps SET last_sweep_at = compute_now(), grace_until = NULL"
     )
@@ -106,14 +102,10 @@ async def _gateway(
 async def run(settings: Settings, nodes: int, gateways: int, rate: float, embedded: bool) -> int:
     async with bench_target(settings, embedded) as target:
         subjects = Subjects(target.subject_root)
-        env = {
-            "BCW_NATS_URL": target.nats_url, "BCW_DATABASE_URL": target.database_url,
-            "BCW_SUBJECT_ROOT": subjects.root, "BCW_HEALTH_PORT": "0", "BCW_LOG_LEVEL": "WARNING",
-        }  # fmt: skip
         conn = await asyncpg.connect(target.database_url)
         print(f"joining {nodes:,} nodes, one command in flight each, epochs bumped ...")
         await _prepare(conn, nodes, gateways)
-        procs = await spawn_workers(env)
+        procs = await spawn_workers(worker_env(target))
         nc = await nats.connect(target.nats_url, pending_size=256 * 1024 * 1024)
         js = nc.jetstream()
         peak_lag = dict.fromkeys(HELLO_WORKERS, 0)

@@ -22,10 +22,12 @@ from schemas.subjects import Subjects
 from workers.bench.common import (
     bench_target,
     consumer_idle,
+    join_herd,
     peak_rss_mib,
     print_table,
     spawn_workers,
     wait_until,
+    worker_env,
 )
 from workers.gateway import Code, Gateway, GatewaySettings, HelloRequest, Refused
 from workers.runtime.settings import Settings
@@ -47,24 +49,10 @@ class _Stream:
 async def run(settings: Settings, nodes: int, gateways: int, embedded: bool) -> int:
     async with bench_target(settings, embedded) as target:
         subjects = Subjects(target.subject_root)
-        env = {
-            "BCW_NATS_URL": target.nats_url, "BCW_DATABASE_URL": target.database_url,
-            "BCW_SUBJECT_ROOT": subjects.root, "BCW_HEALTH_PORT": "0", "BCW_LOG_LEVEL": "WARNING",
-        }  # fmt: skip
         conn = await asyncpg.connect(target.database_url)
         print(f"joining {nodes:,} nodes, one command in flight each ...")
-        await conn.execute(
-            "SELECT join_node('node-' || i, 'worker', 'node-serial-' || i, NULL) FROM generate_series(1, $1) i",
-            nodes,
-        )
-        await conn.execute(
-            "INSERT INTO commands (node_id, seq, kind, state, session_epoch, delivery_attempt) "
-            "SELECT node_id, 1, 'exec', 'dispatched', 0, 1 FROM nodes; UPDATE nodes SET last_command_seq = 1"
-        )
-        await conn.execute(
-            "UPDATE liveness_sweeps SET last_sweep_at = compute_now(), grace_until = NULL"
-        )
-        procs = await spawn_workers(env)
+        await join_herd(conn, nodes)
+        procs = await spawn_workers(worker_env(target))
         nc = await nats.connect(target.nats_url, pending_size=256 * 1024 * 1024)
         # each gateway has a pool of its own, as separate gateway processes would
         pools = [
