@@ -17,7 +17,6 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 import asyncpg
 import nats.errors
@@ -29,6 +28,7 @@ from schemas.base import Message
 from schemas.registry import REGISTRY, SCHEMA_HEADER, TYPE_HEADER
 from schemas.subjects import Subjects
 from workers.runtime import tracing
+from workers.runtime.acked import AckedPublisher
 from workers.runtime.deadletter import TRUNCATED, dead_letter
 from workers.runtime.errors import Severity, as_setting_error, classify
 from workers.runtime.metrics import Metrics
@@ -81,7 +81,8 @@ class OutboxBatch:
             tracing.inject(headers, context)
         msg_id = msg_id or uuid.uuid4()
         self.rows.append((msg_id, subject, _headers_json(headers), body, order_key))
-        node_id = getattr(message, "node_id", None)
+        fields = message.__dict__  # not getattr: a model's missing attribute costs an exception
+        node_id = fields.get("node_id")
         if message.BC_TYPE in HISTORY_TYPES and isinstance(node_id, str):
             # a command's payload and signature stay in `commands`, not in the history
             detail = (
@@ -90,8 +91,8 @@ class OutboxBatch:
                 else message.model_dump_json(by_alias=True, exclude={"payload", "signature"})
             )
             self.history.append((
-                node_id, message.BC_TYPE, getattr(message, "epoch", None),
-                getattr(message, "gateway_id", None) or _notice_gateway(subject),
+                node_id, message.BC_TYPE, fields.get("epoch"),
+                fields.get("gateway_id") or _notice_gateway(subject),
                 cause_id, tracing.trace_id(context), detail,
             ))  # fmt: skip
         return msg_id
@@ -181,6 +182,7 @@ class OutboxRelay:
         self._pool = pool
         self._subjects = subjects
         self._js = js
+        self._publisher = AckedPublisher(js._nc)
         self._settings = settings
         self._metrics = metrics
         self._tracer = tracer
@@ -223,7 +225,7 @@ class OutboxRelay:
 
     async def _publish(self, rows: list[asyncpg.Record]) -> tuple[list[int], dict[int, str]]:
         """Publish `rows` pipelined; (ids acknowledged, {id: reason} for rows that never can be)."""
-        futures: dict[int, asyncio.Future[Any]] = {}
+        futures: dict[int, asyncio.Future[None]] = {}
         spans: dict[int, trace.Span] = {}
         dead: dict[int, str] = {}
         failed: dict[int, BaseException] = {}
@@ -241,9 +243,7 @@ class OutboxRelay:
                 dead[row["id"]] = f"{len(body)} bytes is over the bus's max payload ({limit})"
                 continue
             try:
-                futures[row["id"]] = await self._js.publish_async(
-                    row["subject"], body, headers=headers
-                )
+                futures[row["id"]] = await self._publisher.publish(row["subject"], body, headers)
             except Exception as refused:
                 failed[row["id"]] = refused
         if futures:
@@ -259,6 +259,8 @@ class OutboxRelay:
                 failed[row_id] = nacked
             else:
                 done.append(row_id)
+        if failed:
+            self._publisher.forget()
         for row_id, failure in failed.items():
             if classify(failure) is Severity.PERMANENT:
                 dead[row_id] = f"{type(failure).__name__}: {failure}"
