@@ -135,6 +135,13 @@ def test_a_traceparent_round_trips() -> None:
     assert tracing.traceparent(None) is None and tracing.from_traceparent(None) is None
 
 
+def test_no_context_names_no_trace_even_inside_a_span() -> None:
+    """A history row queued without a cause must not take the trace of the batch around it."""
+    provider = TracerProvider()
+    with provider.get_tracer("t").start_as_current_span("batch"):
+        assert tracing.trace_id(None) is None
+
+
 T0 = datetime(2026, 11, 30, tzinfo=UTC)
 SESSION = {"session_epoch": 3, "connected_at": T0, "trace_context": "00-hello-01"}
 

@@ -18,6 +18,7 @@ error (grants, credentials) stops the process.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -199,9 +200,15 @@ class FactConsumer:
                 item.span = start_span(self._tracer, item, self.worker.name, self._nc)
         if wanted:
             await self._apply_patiently(wanted)
+        settled: collections.Counter[tuple[str, str, str]] = collections.Counter()
         for item in items:
             assert item.outcome is not None
             await self._settle(item)
+            assert item.outcome is not None
+            kind = item.outcome.kind.value
+            settled[(self.worker.name, item.fact.BC_TYPE if item.fact else "invalid", kind)] += 1
+        for labels, count in settled.items():  # once per kind of fact: not per message
+            self._metrics.facts.inc(*labels, by=count)
         self._metrics.batch_seconds.observe(time.perf_counter() - started, self.worker.name)
         return [item.outcome for item in items if item.outcome is not None]
 
@@ -338,7 +345,6 @@ class FactConsumer:
                 result.kind.value,
                 error,
             )
-        self._metrics.facts.inc(self.worker.name, fact_type, result.kind.value)
         if result.kind is outcome.Kind.STALE:
             self._metrics.fencing_misses.inc(self.worker.name, fact_type)
         if result.kind is outcome.Kind.FOREIGN and item.fact is not None:

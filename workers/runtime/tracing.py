@@ -134,6 +134,8 @@ def from_traceparent(value: str | None) -> Context | None:
 
 def trace_id(context: Context | None) -> str | None:
     """32 hex digits of the trace `context` belongs to, None without a valid one."""
+    if context is None:  # not the span current here: the caller has no cause to name
+        return None
     span = trace.get_current_span(context).get_span_context()
     return trace.format_trace_id(span.trace_id) if span.is_valid else None
 
