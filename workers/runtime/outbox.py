@@ -144,13 +144,13 @@ def _plain_headers_json(bc_type: str, bc_schema: str) -> str:
 def _stored_headers(text: str) -> dict[str, str]:
     """The headers a row stored, as a dict of its own (untraced rows share one of a few)."""
     if "traceparent" in text:  # one of its own
-        return json.loads(text)  # type: ignore[no-any-return]
+        return json.loads(text)
     return dict(_parsed_headers(text))
 
 
 @functools.lru_cache(maxsize=256)
 def _parsed_headers(text: str) -> dict[str, str]:
-    return json.loads(text)  # type: ignore[no-any-return]
+    return json.loads(text)
 
 
 def _headers_json(headers: dict[str, str]) -> str:
