@@ -191,7 +191,9 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     if args.bench == "storm":
         from workers.bench import storm
 
-        return asyncio.run(storm.run(settings, args.nodes, args.gateways, args.embedded))
+        return asyncio.run(
+            storm.run(settings, args.nodes, args.gateways, args.embedded, args.processes)
+        )
     if args.bench == "herd":
         from workers.bench import herd
 
@@ -399,6 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--nodes", type=int, default=100_000, help="fleet size (labeler, sweep, …)")
     bench.add_argument("--facts", type=int, default=50_000, help="facts to push through")
     bench.add_argument("--gateways", type=int, default=20, help="gateways (storm, herd)")
+    bench.add_argument(
+        "--processes", type=int, default=4, help="processes the gateways run in (storm)"
+    )
     bench.add_argument(
         "--rounds", type=int, default=3, help="runs of each pipeline (medians shown)"
     )
