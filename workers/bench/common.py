@@ -164,7 +164,9 @@ async def consume_and_relay(
     subjects = Subjects(target.subject_root)
     settings = settings or ConsumerSettings(max_ack_pending=4096)
     nc = await nats.connect(target.nats_url, pending_size=64 * 1024 * 1024)
-    pool = await asyncpg.create_pool(target.database_url, min_size=2, max_size=4)
+    from workers.runtime import db
+
+    pool = await db.create_pool(DatabaseSettings(url=target.database_url, pool_min=2, pool_max=4))
     metrics = Metrics()
     stopping = asyncio.Event()
     try:

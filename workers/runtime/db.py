@@ -57,6 +57,16 @@ async def connect(settings: DatabaseSettings) -> asyncpg.Connection:
         raise named(error, settings) from error
 
 
+async def _nothing_to_reset(_conn: asyncpg.Connection) -> None:
+    """A released connection's reset, beyond the rollback of an open transaction that
+    asyncpg always does: none. The default reset query (`RESET ALL`, `UNLISTEN *`,
+    `CLOSE ALL`, advisory unlocks) is a round trip on every release, once per batch; the
+    pool's connections hold no session state for it to clear — server settings are given
+    at connect, LISTEN has a connection of its own (`notify`), and the migrations' advisory
+    lock is taken on a connection outside the pool. Keep it so: a `SET` or a LISTEN on a
+    pooled connection would outlive its `acquire()`."""
+
+
 async def create_pool(
     settings: DatabaseSettings,
     init: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
@@ -68,6 +78,7 @@ async def create_pool(
             min_size=settings.pool_min,
             max_size=settings.pool_max,
             init=init,
+            reset=_nothing_to_reset,
             **_options(settings),
         )
     except Exception as error:
