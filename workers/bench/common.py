@@ -272,6 +272,31 @@ def cpu_seconds(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+SERVER_NAMES = ("postgres", "nats-server")
+
+
+def servers_cpu_seconds() -> dict[str, float]:
+    """CPU seconds so far of every PostgreSQL and nats-server process on this machine (the
+    benches' servers run here): their live processes' own time, and the time of the
+    children they waited for. A backend that exits between two readings takes its time
+    with it, so a difference of two readings is a lower bound."""
+    totals = dict.fromkeys(SERVER_NAMES, 0.0)
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                text = stat.read()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        if name in totals:
+            fields = text.rsplit(")", 1)[1].split()
+            totals[name] += sum(int(f) for f in fields[11:15]) / tick  # utime … cstime
+    return totals
+
+
 async def spawn_workers(target_env: dict[str, str]) -> dict[str, asyncio.subprocess.Process]:
     """Each of the five workers in a `bcw run <worker>` process of its own."""
     from workers.registry import WORKERS

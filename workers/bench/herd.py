@@ -32,6 +32,7 @@ from workers.bench.common import (
     join_herd,
     peak_rss_mib,
     print_table,
+    servers_cpu_seconds,
     spawn_workers,
     wait_until,
     wire,
@@ -134,6 +135,7 @@ async def run(settings: Settings, nodes: int, gateways: int, rate: float, embedd
             ]
             messages = [_wire_of(subjects, g, share) for g, share in enumerate(shares)]
             print(f"herd: {nodes:,} Hello facts from {gateways} gateways at {rate:.0f}/s each ...")
+            servers_before = servers_cpu_seconds()
             first = time.monotonic()
             await asyncio.gather(*(_gateway(js, batch, rate) for batch in messages))
             last = time.monotonic()
@@ -165,6 +167,9 @@ async def run(settings: Settings, nodes: int, gateways: int, rate: float, embedd
             watching.cancel()
             rss = {name: peak_rss_mib(proc.pid) for name, proc in procs.items()}
             cpu = {name: cpu_seconds(proc.pid) for name, proc in procs.items()}
+            servers = {
+                name: spent - servers_before[name] for name, spent in servers_cpu_seconds().items()
+            }
         finally:
             for proc in procs.values():
                 if proc.returncode is None:
@@ -189,6 +194,8 @@ async def run(settings: Settings, nodes: int, gateways: int, rate: float, embedd
     )  # fmt: skip
     for name in sorted(procs):
         rows.append((f"{name} process", f"peak RSS {rss[name]:.0f} MiB · CPU {cpu[name]:.1f} s"))
+    for name, spent in servers.items():  # on this machine: what the workers waited for
+        rows.append((f"{name} (all processes)", f"CPU {spent:.1f} s"))
     print_table(
         f"bcw bench herd: {nodes:,} nodes, {gateways} gateways at {rate:.0f} Hellos/s each "
         f"({os.cpu_count()} cores)",
