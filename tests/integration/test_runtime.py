@@ -464,3 +464,30 @@ async def test_a_schema_that_does_not_fit_stops_the_process_and_dead_letters_not
             await eventually(lambda: _rows(tally_db, 1), what="the fact, applied after all")
     finally:
         await conn.close()
+
+
+async def test_a_pooled_connection_comes_back_without_its_open_transaction(
+    database_url: str,
+) -> None:
+    """The pool skips asyncpg's reset query; a connection released inside a transaction
+    (a handler that began one by hand, say) is still rolled back, and its writes are gone."""
+    from workers.runtime import db
+    from workers.runtime.settings import DatabaseSettings
+
+    pool = await db.create_pool(DatabaseSettings(url=database_url, pool_min=1, pool_max=1))
+    try:
+        async with pool.acquire() as conn:
+            await conn.execute("BEGIN")
+            await conn.execute(
+                "INSERT INTO gateways (gateway_id, lease_expires_at) VALUES ('gw-left-open', now())"
+            )
+        async with pool.acquire() as conn:  # the same connection: the pool has one
+            assert not conn.is_in_transaction()
+            assert (
+                await conn.fetchval(
+                    "SELECT count(*) FROM gateways WHERE gateway_id = 'gw-left-open'"
+                )
+                == 0
+            )
+    finally:
+        await pool.close()
