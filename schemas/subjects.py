@@ -6,6 +6,7 @@ Used by the runtime, the workers, the reference gateway and the tests. The subje
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -93,12 +94,26 @@ class Subjects:
 
     def parse_fact(self, subject: str) -> tuple[str, str]:
         """Split `<root>.facts.<gateway_id>.<type>` into (gateway_id, type)."""
-        parts = subject.split(".")
-        if (
-            len(parts) != 4
-            or parts[0] != self.root
-            or parts[1] != "facts"
-            or not GATEWAY_ID_RE.match(parts[2])
-        ):
-            raise SubjectError(f"not a fact subject under root {self.root!r}: {subject!r}")
-        return parts[2], parts[3]
+        return _parse_fact(self.root, subject)
+
+
+@functools.lru_cache(maxsize=4096)  # a consumer sees a few subjects per gateway, over and over
+def _parse_fact(root: str, subject: str) -> tuple[str, str]:
+    parts = subject.split(".")
+    if (
+        len(parts) != 4
+        or parts[0] != root
+        or parts[1] != "facts"
+        or not GATEWAY_ID_RE.match(parts[2])
+    ):
+        raise SubjectError(f"not a fact subject under root {root!r}: {subject!r}")
+    return parts[2], parts[3]
+
+
+def split_gateway_subject(subject: str) -> tuple[str, str, str] | None:
+    """(`facts` or `gw`, gateway_id, type) of `<root>.facts|gw.<gateway_id>.<type>`; None for
+    any other subject. Rootless: for names and records, never for a decision."""
+    parts = subject.split(".")
+    if len(parts) >= 4 and parts[-3] in ("facts", "gw"):
+        return parts[-3], parts[-2], parts[-1]
+    return None

@@ -18,6 +18,7 @@ from schemas import (
     Subjects,
     UnknownMessageType,
 )
+from schemas.subjects import split_gateway_subject
 from tests.factories import WIRE_SAMPLES, hello_wire
 
 # The field names of DESIGN §3, spelled out by hand so that a rename is caught here.
@@ -234,8 +235,26 @@ def test_subjects_and_streams_follow_the_root() -> None:
     "subject", ["t1.facts.gw-1", "t2.facts.gw.hello", "t1.events.gw.hello", "t1.facts.g*.x"]
 )
 def test_parse_fact_refuses_other_shapes(subject: str) -> None:
-    with pytest.raises(SubjectError):
-        Subjects("t1").parse_fact(subject)
+    for _ in range(2):  # every time: a refusal is never remembered as an answer
+        with pytest.raises(SubjectError):
+            Subjects("t1").parse_fact(subject)
+    assert Subjects("t2").parse_fact("t2.facts.gw.hello") == ("gw", "hello")  # its own root
+
+
+@pytest.mark.parametrize(
+    ("subject", "split"),
+    [
+        ("bc.facts.gw-1.hello", ("facts", "gw-1", "hello")),
+        ("t1.gw.gw-2.dispatch", ("gw", "gw-2", "dispatch")),
+        ("bc.events.node.connected", None),
+        ("bc.revocations", None),
+        ("bc.gw.x", None),
+    ],
+)
+def test_gateway_subjects_split_into_kind_gateway_and_type(
+    subject: str, split: tuple[str, str, str] | None
+) -> None:
+    assert split_gateway_subject(subject) == split
 
 
 @pytest.mark.parametrize("root", ["", "a.b", "a*", "x" * 33])

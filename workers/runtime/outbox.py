@@ -26,7 +26,7 @@ from opentelemetry.context import Context
 
 from schemas.base import Message
 from schemas.registry import REGISTRY, SCHEMA_HEADER, TYPE_HEADER
-from schemas.subjects import Subjects
+from schemas.subjects import Subjects, split_gateway_subject
 from workers.runtime import tracing
 from workers.runtime.acked import AckedPublisher
 from workers.runtime.deadletter import TRUNCATED, dead_letter
@@ -132,8 +132,8 @@ class OutboxBatch:
 
 def _notice_gateway(subject: str) -> str | None:
     """The gateway a notice subject (`<root>.gw.<gateway_id>.<type>`) is addressed to."""
-    parts = subject.split(".")
-    return parts[-2] if len(parts) >= 4 and parts[-3] == "gw" else None
+    split = split_gateway_subject(subject)
+    return split[1] if split is not None and split[0] == "gw" else None
 
 
 @functools.lru_cache(maxsize=256)

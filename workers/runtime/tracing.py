@@ -22,6 +22,7 @@ from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
+from schemas.subjects import split_gateway_subject
 from workers.runtime.errors import SettingError
 
 TRACER_NAME = "bc-workers"
@@ -145,10 +146,11 @@ def destination_template(subject: str) -> str:
     """The subject with its variable part named, for span names (low cardinality):
     `bc.facts.gw-1.hello` → `bc.facts.{gateway_id}.hello`, `bc.gw.gw-1.dispatch` →
     `bc.gw.{gateway_id}.dispatch`; events and revocations are their own template."""
-    parts = subject.split(".")
-    if len(parts) >= 4 and parts[-3] in ("facts", "gw"):
-        parts[-2] = "{gateway_id}"
-    return ".".join(parts)
+    split = split_gateway_subject(subject)
+    if split is None:
+        return subject
+    kind, _gateway, type_ = split
+    return f"{subject.rsplit('.', 3)[0]}.{kind}.{{gateway_id}}.{type_}"
 
 
 def server_attributes(nc: Any) -> dict[str, Any]:
