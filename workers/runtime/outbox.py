@@ -98,36 +98,34 @@ class OutboxBatch:
         return msg_id
 
     async def write(self, conn: asyncpg.Connection) -> int:
+        """The rows and their history, in one statement (one round trip per batch)."""
         if not self.rows:
             return 0
-        ids, subjects, headers, bodies, keys = (
-            list(column) for column in zip(*self.rows, strict=True)
-        )
-        await conn.execute(
-            """
-            INSERT INTO outbox (msg_id, subject, headers, body, order_key)
-            SELECT m, s, h::jsonb, b, k
-              FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::text[]) AS t(m, s, h, b, k)
-            """,
-            ids,
-            subjects,
-            headers,
-            bodies,
-            keys,
-        )
-        if self.history:
-            columns = list(zip(*self.history, strict=True))
-            await conn.execute(
-                """
-                INSERT INTO session_history (node_id, what, epoch, gateway_id, worker, fact_id, trace_id, detail)
-                SELECT n, w, e, g, $8, f, t, d::jsonb
-                  FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::uuid[], $6::text[], $7::text[])
-                    AS h(n, w, e, g, f, t, d)
-                """,
-                *[list(column) for column in columns],
-                self.worker,
-            )
+        outbox = [list(column) for column in zip(*self.rows, strict=True)]
+        if not self.history:
+            await conn.execute(_OUTBOX_INSERT, *outbox)
+            return len(self.rows)
+        history = [list(column) for column in zip(*self.history, strict=True)]
+        await conn.execute(_OUTBOX_AND_HISTORY_INSERT, *outbox, *history, self.worker)
         return len(self.rows)
+
+
+_OUTBOX_INSERT = """
+INSERT INTO outbox (msg_id, subject, headers, body, order_key)
+SELECT m, s, h::jsonb, b, k
+  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::text[]) AS t(m, s, h, b, k)
+"""
+
+# a data-modifying WITH runs to completion whether or not the outer statement reads it;
+# the outer one is the outbox's, so the statement's span is still `INSERT outbox`
+_OUTBOX_AND_HISTORY_INSERT = f"""
+WITH history AS (
+    INSERT INTO session_history (node_id, what, epoch, gateway_id, worker, fact_id, trace_id, detail)
+    SELECT n, w, e, g, $13, f, t, d::jsonb
+      FROM unnest($6::text[], $7::text[], $8::bigint[], $9::text[], $10::uuid[], $11::text[], $12::text[])
+        AS h(n, w, e, g, f, t, d)
+)
+{_OUTBOX_INSERT}"""
 
 
 def _notice_gateway(subject: str) -> str | None:
