@@ -28,8 +28,8 @@ SELECT s.node_id, s.journal_id, s.acked_event_seq, s.observed_generation, s.trus
 """
 
 INSERT_EVENTS = """
-INSERT INTO node_events (node_id, journal_id, seq, kind, body, at)
-SELECT n, j, s, k, b::jsonb, a
+INSERT INTO node_events (node_id, journal_id, seq, kind, body, at, recorded_at)
+SELECT n, j, s, k, b::jsonb, a, (SELECT compute_now())  -- the default, evaluated once
   FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::timestamptz[])
        AS t(n, j, s, k, b, a)
     -- an event of a node that never joined is dropped with the node (FK), not an error

@@ -202,9 +202,8 @@ class FactConsumer:
             await self._apply_patiently(wanted)
         settled: collections.Counter[tuple[str, str, str]] = collections.Counter()
         for item in items:
-            assert item.outcome is not None
             await self._settle(item)
-            assert item.outcome is not None
+            assert item.outcome is not None  # settling may have made it DEAD
             kind = item.outcome.kind.value
             settled[(self.worker.name, item.fact.BC_TYPE if item.fact else "invalid", kind)] += 1
         for labels, count in settled.items():  # once per kind of fact: not per message

@@ -117,11 +117,13 @@ SELECT m, s, h::jsonb, b, k
 """
 
 # a data-modifying WITH runs to completion whether or not the outer statement reads it;
-# the outer one is the outbox's, so the statement's span is still `INSERT outbox`
+# the outer one is the outbox's, so the statement's span is still `INSERT outbox`. `at` is
+# the column's default, evaluated once (a sub-select), not once per row: a fifth of the
+# insert's cost at 256 rows
 _OUTBOX_AND_HISTORY_INSERT = f"""
 WITH history AS (
-    INSERT INTO session_history (node_id, what, epoch, gateway_id, worker, fact_id, trace_id, detail)
-    SELECT n, w, e, g, $13, f, t, d::jsonb
+    INSERT INTO session_history (node_id, what, epoch, gateway_id, worker, fact_id, trace_id, detail, at)
+    SELECT n, w, e, g, $13, f, t, d::jsonb, (SELECT compute_now())
       FROM unnest($6::text[], $7::text[], $8::bigint[], $9::text[], $10::uuid[], $11::text[], $12::text[])
         AS h(n, w, e, g, f, t, d)
 )

@@ -131,8 +131,8 @@ async def apply_batch(
         row["fact_id"]
         for row in await tx.conn.fetch(
             """
-            INSERT INTO processed_facts (consumer, fact_id)
-            SELECT $1, unnest($2::uuid[])
+            INSERT INTO processed_facts (consumer, fact_id, processed_at)
+            SELECT $1, unnest($2::uuid[]), (SELECT compute_now())  -- the default, once
             ON CONFLICT DO NOTHING
             RETURNING fact_id
             """,
