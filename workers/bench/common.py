@@ -261,15 +261,27 @@ def peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def cpu_seconds(pid: int) -> float:
-    """A live process's user + system CPU time so far, seconds; NaN once it is gone."""
+def _proc_stat(pid: int | str) -> tuple[str, list[str]] | None:
+    """A process's name and its `/proc/<pid>/stat` fields after the name (field 3 on);
+    None once it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
+            text = stat.read()
     except OSError:
-        return float("nan")
-    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-    return ticks / os.sysconf("SC_CLK_TCK")
+        return None
+    name, _, rest = text[text.index("(") + 1 :].rpartition(")")
+    return name, rest.split()
+
+
+def _ticks(fields: list[str], count: int) -> float:
+    """Seconds of the `count` CPU-time fields from utime on (utime, stime, cutime, cstime)."""
+    return sum(int(f) for f in fields[11 : 11 + count]) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """A live process's user + system CPU time so far, seconds; NaN once it is gone."""
+    stat = _proc_stat(pid)
+    return float("nan") if stat is None else _ticks(stat[1], 2)
 
 
 SERVER_NAMES = ("postgres", "nats-server")
@@ -281,19 +293,10 @@ def servers_cpu_seconds() -> dict[str, float]:
     children they waited for. A backend that exits between two readings takes its time
     with it, so a difference of two readings is a lower bound."""
     totals = dict.fromkeys(SERVER_NAMES, 0.0)
-    tick = os.sysconf("SC_CLK_TCK")
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                text = stat.read()
-        except OSError:
-            continue
-        name = text[text.index("(") + 1 : text.rindex(")")]
-        if name in totals:
-            fields = text.rsplit(")", 1)[1].split()
-            totals[name] += sum(int(f) for f in fields[11:15]) / tick  # utime … cstime
+        stat = _proc_stat(entry) if entry.isdigit() else None
+        if stat is not None and stat[0] in totals:
+            totals[stat[0]] += _ticks(stat[1], 4)
     return totals
 
 

@@ -294,7 +294,7 @@ class OutboxRelay:
             if reason is None:
                 continue
             body = bytes(row["body"])
-            headers = {**json.loads(row["headers"]), "Nats-Msg-Id": str(row["msg_id"])}
+            headers = {**_stored_headers(row["headers"]), "Nats-Msg-Id": str(row["msg_id"])}
             fits = len(body) <= limit - 4096  # room for the dead letter's own headers
             if not fits:
                 headers[TRUNCATED] = str(len(body))
