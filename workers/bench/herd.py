@@ -9,7 +9,9 @@ published exactly as M gateways (20) would, each gateway's paced at its admissio
 (200/s). Prints, per worker: Hellos/s, peak consumer lag, time from the last Hello to its
 consumer being idle, peak RSS and CPU seconds; and the time from the last Hello until
 every effect is applied (labels, replays, `node.connected` in the session history, the
-outbox empty).
+outbox empty). Then what the herd cost: CPU seconds and milliseconds per Hello of each
+worker, of the servers and of this harness, and the cores that much CPU needs to meet
+the 30 s target at the specification's rate (`cores_for`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,15 @@ from workers.runtime.settings import Settings
 HELLO_WORKERS = ("labeler", "liveness", "quarantine", "replay")
 CAPABILITIES = ("cpu", "mem", "nvml", "ib")
 BATCH = 10_000
+#: the target: every effect applied this long after the last Hello
+WITHIN_S = 30.0
+
+
+def cores_for(cpu_seconds: float, nodes: int, gateways: int, rate: float, within: float) -> float:
+    """Cores that `cpu_seconds` of work needs to be done `within` seconds of the last of
+    `nodes` Hellos admitted by `gateways` at `rate` each: the work spread, perfectly, over
+    the herd's own duration and the time allowed after it. A lower bound."""
+    return cpu_seconds / (nodes / (gateways * rate) + within)
 
 
 async def _prepare(conn: asyncpg.Connection, nodes: int, gateways: int) -> None:
@@ -136,6 +147,8 @@ async def run(settings: Settings, nodes: int, gateways: int, rate: float, embedd
             messages = [_wire_of(subjects, g, share) for g, share in enumerate(shares)]
             print(f"herd: {nodes:,} Hello facts from {gateways} gateways at {rate:.0f}/s each ...")
             servers_before = servers_cpu_seconds()
+            workers_before = {name: cpu_seconds(proc.pid) for name, proc in procs.items()}
+            harness_before = time.process_time()
             first = time.monotonic()
             await asyncio.gather(*(_gateway(js, batch, rate) for batch in messages))
             last = time.monotonic()
@@ -166,10 +179,13 @@ async def run(settings: Settings, nodes: int, gateways: int, rate: float, embedd
             settled = await wait_until(effects)
             watching.cancel()
             rss = {name: peak_rss_mib(proc.pid) for name, proc in procs.items()}
-            cpu = {name: cpu_seconds(proc.pid) for name, proc in procs.items()}
+            cpu = {
+                name: cpu_seconds(proc.pid) - workers_before[name] for name, proc in procs.items()
+            }
             servers = {
                 name: spent - servers_before[name] for name, spent in servers_cpu_seconds().items()
             }
+            harness = time.process_time() - harness_before
         finally:
             for proc in procs.values():
                 if proc.returncode is None:
@@ -192,10 +208,22 @@ async def run(settings: Settings, nodes: int, gateways: int, rate: float, embedd
         ("last Hello → every effect applied", f"{settled - last:.1f} s (labels, replays, "
          "node.connected, outbox empty)")
     )  # fmt: skip
+
+    def cost(spent: float) -> str:
+        return f"CPU {spent:.1f} s ({1000 * spent / nodes:.2f} ms per Hello)"
+
     for name in sorted(procs):
-        rows.append((f"{name} process", f"peak RSS {rss[name]:.0f} MiB · CPU {cpu[name]:.1f} s"))
+        rows.append((f"{name} process", f"peak RSS {rss[name]:.0f} MiB · {cost(cpu[name])}"))
     for name, spent in servers.items():  # on this machine: what the workers waited for
-        rows.append((f"{name} (all processes)", f"CPU {spent:.1f} s"))
+        rows.append((f"{name} (all processes)", cost(spent)))
+    rows.append(("this harness (publisher, watcher)", cost(harness)))
+    spent = sum(cpu.values()) + sum(servers.values()) + harness
+    rows.append(("all of it", cost(spent)))
+    rows.append(
+        (f"cores for ≤ {WITHIN_S:.0f} s at {rate:.0f}/s per gateway",
+         f"≥ {cores_for(spent, nodes, gateways, rate, WITHIN_S):.1f} at this cost "
+         f"(this machine has {os.cpu_count()})")
+    )  # fmt: skip
     print_table(
         f"bcw bench herd: {nodes:,} nodes, {gateways} gateways at {rate:.0f} Hellos/s each "
         f"({os.cpu_count()} cores)",
