@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -326,3 +327,49 @@ async def wait_until(what: Callable[[], Awaitable[bool]], within: float = 900) -
             return time.monotonic()
         await asyncio.sleep(0.2)
     raise TimeoutError(f"not settled within {within:.0f} s")
+
+
+@dataclass(frozen=True)
+class CpuSpent:
+    """CPU seconds, by who spent them: this process, its children that ended and were
+    waited for (a relay process, say), and the servers. Readings subtract."""
+
+    process: float
+    children: float
+    postgres: float
+    nats: float
+
+    @classmethod
+    def now(cls) -> CpuSpent:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        servers = servers_cpu_seconds()
+        return cls(
+            time.process_time(),
+            children.ru_utime + children.ru_stime,
+            servers["postgres"],
+            servers["nats-server"],
+        )
+
+    def __sub__(self, before: CpuSpent) -> CpuSpent:
+        return CpuSpent(
+            self.process - before.process,
+            self.children - before.children,
+            self.postgres - before.postgres,
+            self.nats - before.nats,
+        )
+
+    @property
+    def total(self) -> float:
+        return self.process + self.children + self.postgres + self.nats
+
+
+def ceiling(single_threaded: Sequence[float], others: Sequence[float], cores: int) -> float:
+    """The most units a second that these CPU costs (seconds per unit) allow on `cores`:
+    each single-threaded process (a Python process) has one core at most, and everything
+    together, the others included (the servers), has `cores`. An upper bound: it assumes
+    the work spreads perfectly and nothing waits."""
+    bounds = [1.0 / cost for cost in single_threaded if cost > 0]
+    total = sum(single_threaded) + sum(others)
+    if total > 0:
+        bounds.append(cores / total)
+    return min(bounds, default=float("inf"))

@@ -6,7 +6,9 @@ Publishes N status facts once; three durable consumers read all of them:
 (b) the floor: bare nats-py fetch, one `UPDATE … FROM unnest(…)` per batch, ack — no
     inbox, no validation, no outbox;
 (c) naive: one transaction and one ack per fact.
-Prints facts/s and the ratios a/b and a/c.
+Prints facts/s and the ratios a/b and a/c; then what each pipeline's CPU cost per fact
+(this process, the relay process, PostgreSQL, nats-server) and the rate those costs allow
+on this machine's cores at most (`common.ceiling`): what the ratios can reach here.
 """
 
 from __future__ import annotations
@@ -30,8 +32,11 @@ from schemas import Fact, Status, Zombie
 from schemas.subjects import Subjects
 from workers.bench.common import (
     BenchTarget,
+    CpuSpent,
     bench_target,
+    ceiling,
     consume_and_relay,
+    cpu_seconds,
     join_fleet,
     print_table,
     publish_facts,
@@ -160,8 +165,9 @@ async def _run_naive(target: BenchTarget, subjects: Subjects, facts: int, name: 
 
 async def _run_runtime(
     target: BenchTarget, subjects: Subjects, facts: int, name: str, relay_in_process: bool
-) -> tuple[float, float]:
-    """Facts/s until the last fact is acked, and until its outbox rows are published too.
+) -> tuple[float, float, float]:
+    """Facts/s until the last fact is acked, and until its outbox rows are published too;
+    and the CPU seconds the relay process spent starting (0 for a relay in this process).
 
     The relay runs in this process (as in a default deployment) or in a `bcw run relay`
     process of its own (the deployment for the highest throughput).
@@ -169,6 +175,7 @@ async def _run_runtime(
     worker = Worker(name=name, fact_types=("status",), handle=_handle)
     settings = ConsumerSettings(batch_size=BATCH, max_ack_pending=4096)
     relay_process = None if relay_in_process else await _spawn_relay(target, subjects)
+    starting = 0.0 if relay_process is None else cpu_seconds(relay_process.pid)
     try:
         consumed, relayed = await consume_and_relay(
             target, worker, facts, settings, drain=True, relay=relay_in_process
@@ -177,7 +184,7 @@ async def _run_runtime(
         if relay_process is not None:
             relay_process.send_signal(signal.SIGTERM)
             await relay_process.wait()
-    return facts / consumed, facts / relayed
+    return facts / consumed, facts / relayed, starting
 
 
 async def _spawn_relay(target: BenchTarget, subjects: Subjects) -> asyncio.subprocess.Process:
@@ -213,32 +220,43 @@ async def run(settings: Settings, facts: int, embedded: bool, rounds: int = 3) -
     results: dict[str, list[float]] = {
         k: [] for k in ("a", "a_relayed", "a1", "a1_relayed", "b", "c")
     }
+    spent: dict[str, list[CpuSpent]] = {k: [] for k in ("a", "a1", "b", "c")}
     async with bench_target(settings, embedded) as target:
         subjects = Subjects(target.subject_root)
         print(f"publishing {facts} status facts over {NODES} nodes ...")
         await _prepare(target, subjects, facts)
 
-        async def a(i: int) -> None:
-            rate, relayed = await _run_runtime(target, subjects, facts, f"bench-a-{i}", False)
+        async def a(i: int) -> float:
+            rate, relayed, starting = await _run_runtime(
+                target, subjects, facts, f"bench-a-{i}", False
+            )
             results["a"].append(rate)
             results["a_relayed"].append(relayed)
+            return starting
 
-        async def a1(i: int) -> None:
-            rate, relayed = await _run_runtime(target, subjects, facts, f"bench-a1-{i}", True)
+        async def a1(i: int) -> float:
+            rate, relayed, _ = await _run_runtime(target, subjects, facts, f"bench-a1-{i}", True)
             results["a1"].append(rate)
             results["a1_relayed"].append(relayed)
+            return 0.0
 
-        async def b(i: int) -> None:
+        async def b(i: int) -> float:
             results["b"].append(await _run_floor(target, subjects, facts, f"bench-b-{i}"))
+            return 0.0
 
-        async def c(i: int) -> None:
+        async def c(i: int) -> float:
             results["c"].append(await _run_naive(target, subjects, facts, f"bench-c-{i}"))
+            return 0.0
 
         pipelines = [a, a1, b, c]
         for i in range(rounds):
             for pipeline in pipelines[i % 4 :] + pipelines[: i % 4]:
                 await _settle_database(target)  # each pipeline starts on a vacuumed table
-                await pipeline(i)
+                before = CpuSpent.now()
+                starting = await pipeline(i)  # a relay process's start is not its work
+                spent[pipeline.__name__].append(
+                    CpuSpent.now() - before - CpuSpent(0.0, starting, 0.0, 0.0)
+                )
             print(
                 f"round {i + 1}/{rounds}: "
                 + "  ".join(f"{k}={v[-1]:,.0f}" for k, v in results.items())
@@ -277,8 +295,35 @@ async def run(settings: Settings, facts: int, embedded: bool, rounds: int = 3) -
             ),
         ],
     )
-    print(f"a/b = {m['a'] / floor:.2f} (target >= 0.8)   a/c = {m['a'] / m['c']:.2f} (target >= 4)")
-    print(f"a'/b = {m['a1'] / floor:.2f}   a'/c = {m['a1'] / m['c']:.2f}")
+    print(
+        f"a/b = {m['a'] / floor:.2f} (target >= 1.2)   a'/b = {m['a1'] / floor:.2f} "
+        f"(target >= 1.0)   a/c = {m['a'] / m['c']:.2f} (target >= 4)"
+    )
     per_round = [a / b for a, b in zip(results["a"], results["b"], strict=True)]
     print("a/b per round (same round, same load): " + ", ".join(f"{r:.2f}" for r in per_round))
+    _print_costs(spent, facts, floor)
     return 0
+
+
+def _print_costs(spent: Mapping[str, list[CpuSpent]], facts: int, floor: float) -> None:
+    """Each pipeline's CPU per fact (medians of its rounds) and the rate it allows here."""
+    cores = os.cpu_count() or 1
+    rows = []
+    for key, label in (("a", "(a)"), ("a1", "(a')"), ("b", "(b)"), ("c", "(c)")):
+
+        def per_fact(part: str, key: str = key) -> float:
+            return statistics.median(getattr(s, part) for s in spent[key]) / facts
+
+        process, relay = per_fact("process"), per_fact("children")
+        servers = [per_fact("postgres"), per_fact("nats")]
+        most = ceiling([process, relay], servers, cores)
+        rows.append((
+            label, *(f"{1e6 * cost:,.0f}" for cost in (process, relay, *servers)),
+            f"{1e6 * (process + relay + sum(servers)):,.0f}", f"{most:,.0f}", f"{most / floor:.2f}",
+        ))  # fmt: skip
+    print_table(
+        f"CPU µs per fact (medians) and the most facts/s that allows on {cores} cores",
+        ("pipeline", "this process", "relay process", "postgres", "nats-server", "all",
+         "at most", "vs (b)"),
+        rows,
+    )  # fmt: skip
