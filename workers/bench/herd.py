@@ -27,6 +27,7 @@ from nats.js import JetStreamContext
 
 from schemas.subjects import Subjects
 from workers.bench.common import (
+    CpuSpent,
     bench_target,
     consumer_idle,
     cpu_seconds,
@@ -34,7 +35,6 @@ from workers.bench.common import (
     join_herd,
     peak_rss_mib,
     print_table,
-    servers_cpu_seconds,
     spawn_workers,
     wait_until,
     wire,
@@ -146,9 +146,8 @@ async def run(settings: Settings, nodes: int, gateways: int, rate: float, embedd
             ]
             messages = [_wire_of(subjects, g, share) for g, share in enumerate(shares)]
             print(f"herd: {nodes:,} Hello facts from {gateways} gateways at {rate:.0f}/s each ...")
-            servers_before = servers_cpu_seconds()
+            before = CpuSpent.now()  # this harness and the servers
             workers_before = {name: cpu_seconds(proc.pid) for name, proc in procs.items()}
-            harness_before = time.process_time()
             first = time.monotonic()
             await asyncio.gather(*(_gateway(js, batch, rate) for batch in messages))
             last = time.monotonic()
@@ -182,10 +181,7 @@ async def run(settings: Settings, nodes: int, gateways: int, rate: float, embedd
             cpu = {
                 name: cpu_seconds(proc.pid) - workers_before[name] for name, proc in procs.items()
             }
-            servers = {
-                name: spent - servers_before[name] for name, spent in servers_cpu_seconds().items()
-            }
-            harness = time.process_time() - harness_before
+            others = CpuSpent.now() - before
         finally:
             for proc in procs.values():
                 if proc.returncode is None:
@@ -214,10 +210,11 @@ async def run(settings: Settings, nodes: int, gateways: int, rate: float, embedd
 
     for name in sorted(procs):
         rows.append((f"{name} process", f"peak RSS {rss[name]:.0f} MiB · {cost(cpu[name])}"))
-    for name, spent in servers.items():  # on this machine: what the workers waited for
-        rows.append((f"{name} (all processes)", cost(spent)))
-    rows.append(("this harness (publisher, watcher)", cost(harness)))
-    spent = sum(cpu.values()) + sum(servers.values()) + harness
+    # on this machine: what the workers waited for
+    rows.append(("postgres (all processes)", cost(others.postgres)))
+    rows.append(("nats-server (all processes)", cost(others.nats)))
+    rows.append(("this harness (publisher, watcher)", cost(others.process)))
+    spent = sum(cpu.values()) + others.total
     rows.append(("all of it", cost(spent)))
     rows.append(
         (f"cores for ≤ {WITHIN_S:.0f} s at {rate:.0f}/s per gateway",
