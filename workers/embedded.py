@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import importlib.util
 import os
 import pwd
@@ -167,23 +168,30 @@ def _postgres_install() -> Path:
 
 
 def _ensure_system_user() -> pwd.struct_passwd:
-    """PostgreSQL refuses to run as root: as root, run it as a system user of its own."""
-    try:
-        return pwd.getpwnam(PG_SYSTEM_USER)
-    except KeyError:
-        subprocess.run(
-            [
-                "useradd",
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                PG_SYSTEM_USER,
-            ],
-            check=False,
-            capture_output=True,
-        )
-        return pwd.getpwnam(PG_SYSTEM_USER)
+    """PostgreSQL refuses to run as root: as root, run it as a system user of its own.
+
+    Several processes may start servers at once (parallel test workers): the look-up and
+    the `useradd` happen under one file lock, or two `useradd`s race on /etc/passwd.
+    """
+    lock = Path(tempfile.gettempdir()) / "bcw-embedded-user.lock"
+    with lock.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            return pwd.getpwnam(PG_SYSTEM_USER)
+        except KeyError:
+            subprocess.run(
+                [
+                    "useradd",
+                    "--system",
+                    "--no-create-home",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                    PG_SYSTEM_USER,
+                ],
+                check=False,
+                capture_output=True,
+            )
+            return pwd.getpwnam(PG_SYSTEM_USER)
 
 
 def _traversable_install(source: Path) -> Path:
