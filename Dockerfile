@@ -12,7 +12,7 @@ COPY migrations ./migrations
 RUN python -m venv /opt/bcw \
  && /opt/bcw/bin/pip install --upgrade pip \
  && /opt/bcw/bin/pip install . \
- && /opt/bcw/bin/python -c "import workers, schemas; from workers.runtime.migrate import default_directory as d; assert (d() / '0001_clock.sql').exists()"
+ && /opt/bcw/bin/python -c "import workers, schemas; from workers.runtime.store.migrate import default_directory as d; assert (d() / '0001_clock.sql').exists()"
 
 FROM python:3.11-slim
 ENV PATH=/opt/bcw/bin:$PATH \

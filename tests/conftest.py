@@ -26,7 +26,7 @@ from nats.aio.client import Client as NATS
 
 from schemas.subjects import Subjects
 from workers.embedded import EmbeddedNats, EmbeddedPostgres
-from workers.runtime import migrate
+from workers.runtime.store import migrate
 
 
 def _with_database(url: str, database: str) -> str:

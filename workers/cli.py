@@ -21,9 +21,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from workers.runtime.errors import SettingError
-from workers.runtime.settings import Settings, describe
-from workers.runtime.worker import Worker
+from workers.runtime.base.errors import SettingError
+from workers.runtime.base.settings import Settings, describe
+from workers.runtime.effects.worker import Worker
 
 EXIT_FAILED = 1
 EXIT_BAD_SETTINGS = 2
@@ -31,7 +31,7 @@ EXIT_REFUSED = 3
 
 
 def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    from workers.runtime import db, migrate, roles
+    from workers.runtime.store import db, migrate, roles
 
     if args.print_grants:  # no connection: for a DBA who runs it by hand
         print(roles.create_roles_sql() + roles.grants_sql(), end="")
@@ -69,7 +69,7 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 def run_workers(settings: Settings, workers: Sequence[Worker]) -> int:
     """Run `workers` in this process until SIGTERM/SIGINT; exit 0 after a clean drain."""
-    from workers.runtime import logs
+    from workers.runtime.observability import logs
     from workers.runtime.process import run_process
 
     logs.configure(settings.log_format, settings.log_level)
@@ -104,20 +104,20 @@ def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.subjects import Subjects
     from workers.registry import WORKERS
-    from workers.runtime import bus
+    from workers.runtime.bus import streams
 
     async def run() -> int:
         subjects = Subjects(settings.subject_root)
-        nc = await bus.connect(settings.nats, name="bcw provision")
+        nc = await streams.connect(settings.nats, name="bcw provision")
         try:
             js = nc.jetstream()
             for stream, state in (
-                await bus.provision_streams(js, subjects, settings.nats.stream_replicas)
+                await streams.provision_streams(js, subjects, settings.nats.stream_replicas)
             ).items():
                 print(f"stream   {stream:<24} {state}")
             for name, build in sorted(WORKERS.items()):
                 spec = build(settings).consumer_spec(subjects)
-                await bus.ensure_consumer(js, subjects.facts_stream, spec, settings.consumer)
+                await streams.ensure_consumer(js, subjects.facts_stream, spec, settings.consumer)
                 print(f"consumer {name:<24} ensured ({', '.join(spec.filter_subjects)})")
             return 0
         finally:
@@ -125,18 +125,18 @@ def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
 
     try:
         return asyncio.run(run())
-    except bus.ProvisionError as error:
+    except streams.ProvisionError as error:
         print(f"bcw provision: {error}", file=sys.stderr)
         return EXIT_BAD_SETTINGS
 
 
 def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.subjects import Subjects
-    from workers.runtime import bus, deadletter
+    from workers.runtime.bus import deadletter, streams
 
     async def run() -> int:
         subjects = Subjects(settings.subject_root)
-        nc = await bus.connect(settings.nats, name="bcw dead-letters")
+        nc = await streams.connect(settings.nats, name="bcw dead-letters")
         try:
             js = nc.jetstream()
             letters = await deadletter.list_dead_letters(js, subjects, args.worker, args.limit)
@@ -205,7 +205,7 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
 
 def _cmd_commands(args: argparse.Namespace, settings: Settings) -> int:
     from workers.replay.commands import list_commands
-    from workers.runtime import db
+    from workers.runtime.store import db
 
     async def run() -> int:
         conn = await db.connect(settings.database)
@@ -234,7 +234,7 @@ def _cmd_commands(args: argparse.Namespace, settings: Settings) -> int:
 
 def _cmd_explain(args: argparse.Namespace, settings: Settings) -> int:
     from workers import explain
-    from workers.runtime import db
+    from workers.runtime.store import db
 
     async def run() -> int:
         conn = await db.connect(settings.database)
@@ -266,7 +266,7 @@ def _cmd_liveness_release(args: argparse.Namespace, settings: Settings) -> int:
     import socket
 
     from workers.liveness.breaker import release
-    from workers.runtime import db
+    from workers.runtime.store import db
 
     who = args.by or f"{getpass.getuser()}@{socket.gethostname()}"
 
@@ -321,7 +321,7 @@ def _cmd_schemas_export(args: argparse.Namespace, settings: Settings) -> int:
 
 def _cmd_auth_nats(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.subjects import Subjects
-    from workers.runtime import principals
+    from workers.runtime.bus import principals
 
     gateways = [g.strip() for g in args.gateways.split(",") if g.strip()] if args.gateways else []
     try:

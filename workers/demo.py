@@ -28,9 +28,7 @@ from rich.table import Table
 from schemas.subjects import Subjects
 from workers.embedded import embedded_servers
 from workers.registry import WORKERS
-from workers.runtime import bus, migrate, tracing
-from workers.runtime.process import run_process
-from workers.runtime.settings import (
+from workers.runtime.base.settings import (
     ConsumerSettings,
     DatabaseSettings,
     LivenessSettings,
@@ -39,6 +37,10 @@ from workers.runtime.settings import (
     ReplaySettings,
     Settings,
 )
+from workers.runtime.bus import streams
+from workers.runtime.observability import tracing
+from workers.runtime.process import run_process
+from workers.runtime.store import migrate
 from workers.sim import SCENARIOS, Check, Simulator
 
 
@@ -107,7 +109,7 @@ async def main(
         ):
             with contextlib.suppress(Exception):
                 await js.delete_stream(stream)  # a demo starts from a clean bus
-        await bus.provision_streams(js, subjects)
+        await streams.provision_streams(js, subjects)
         console.print(f"workers           {', '.join(sorted(WORKERS))} (one process)")
         stopping = asyncio.Event()
         workers_task = asyncio.create_task(

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from workers import labeler, liveness, quarantine, recorder, replay
-from workers.runtime.settings import Settings
-from workers.runtime.worker import Worker
+from workers.runtime.base.settings import Settings
+from workers.runtime.effects.worker import Worker
 
 WORKERS: dict[str, Callable[[Settings], Worker]] = {
     "labeler": labeler.build,

@@ -20,8 +20,8 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from schemas.subjects import Subjects
-from workers.runtime import bus
-from workers.runtime.settings import Settings
+from workers.runtime.base.settings import Settings
+from workers.runtime.bus import streams
 
 DURATION = re.compile(r"^(\d+)([smhd])$")
 
@@ -60,7 +60,7 @@ async def follow(
     out: Callable[[str], None] = print,
 ) -> int:
     subjects = Subjects(settings.subject_root)
-    nc = await bus.connect(settings.nats, name="bcw events")
+    nc = await streams.connect(settings.nats, name="bcw events")
     shown = 0
     done = asyncio.Event()
     last = asyncio.get_running_loop().time()

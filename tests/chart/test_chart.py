@@ -281,7 +281,7 @@ def test_every_dashboard_query_names_an_exported_metric() -> None:
 def _every_metric_once() -> str:
     """The exposition with one sample of every metric (the registry shows a labeled
     metric only once it has a child)."""
-    from workers.runtime.metrics import Metrics
+    from workers.runtime.observability.metrics import Metrics
 
     m = Metrics()
     m.facts.inc("w", "hello", "applied")

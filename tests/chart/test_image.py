@@ -54,7 +54,7 @@ def test_the_image_install_succeeds_in_a_fresh_venv(tmp_path: Path) -> None:
         assert command in help_text
     packaged = subprocess.run(
         [str(venv / "bin" / "python"), "-c",
-         "from workers.runtime.migrate import default_directory as d; print(d(), len(list(d().glob('*.sql'))))"],
+         "from workers.runtime.store.migrate import default_directory as d; print(d(), len(list(d().glob('*.sql'))))"],
         check=True, capture_output=True, text=True, cwd=tmp_path,  # not this checkout's packages
     ).stdout.split()  # fmt: skip
     assert "site-packages" in packaged[0] and int(packaged[1]) == len(

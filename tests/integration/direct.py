@@ -13,8 +13,8 @@ import asyncpg
 
 from schemas import Fact
 from schemas.subjects import Subjects
-from workers.runtime.outcome import Outcome
-from workers.runtime.worker import Tx, Worker, handle_bound
+from workers.runtime.effects.outcome import Outcome
+from workers.runtime.effects.worker import Tx, Worker, handle_bound
 
 
 async def apply(

@@ -25,8 +25,8 @@ from tests.integration.support import (
     running,
     stream_messages,
 )
-from workers.runtime.settings import Settings
-from workers.runtime.worker import Runtime, Worker
+from workers.runtime.base.settings import Settings
+from workers.runtime.effects.worker import Runtime, Worker
 
 
 @dataclass

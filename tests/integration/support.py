@@ -22,18 +22,18 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from schemas import REGISTRY, Fact, NodeDisconnected, Status
 from schemas.subjects import Subjects
-from workers.runtime import outcome
-from workers.runtime.errors import PermanentError
-from workers.runtime.outcome import Outcome
-from workers.runtime.process import run_process
-from workers.runtime.settings import (
+from workers.runtime.base.errors import PermanentError
+from workers.runtime.base.settings import (
     ConsumerSettings,
     DatabaseSettings,
     NatsSettings,
     OutboxSettings,
     Settings,
 )
-from workers.runtime.worker import Runtime, Tx, Worker
+from workers.runtime.effects import outcome
+from workers.runtime.effects.outcome import Outcome
+from workers.runtime.effects.worker import Runtime, Tx, Worker
+from workers.runtime.process import run_process
 
 TALLY_DDL = """
 CREATE TABLE IF NOT EXISTS tally (

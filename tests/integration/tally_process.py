@@ -5,7 +5,7 @@ import sys
 
 from tests.integration.support import build_tally
 from workers.cli import run_workers
-from workers.runtime.settings import Settings
+from workers.runtime.base.settings import Settings
 
 if __name__ == "__main__":
     settings = Settings()

@@ -13,8 +13,8 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig
 
-from workers.runtime.acked import AckedPublisher
-from workers.runtime.errors import Severity, classify
+from workers.runtime.base.errors import Severity, classify
+from workers.runtime.bus.acked import AckedPublisher
 
 
 @pytest.fixture

@@ -34,8 +34,8 @@ from workers.gateway import Gateway, GatewaySettings, HelloRequest
 from workers.liveness.decide import Rules
 from workers.liveness.sweep import sweep_once
 from workers.proxy import Mode, TcpProxy
-from workers.runtime import bus
-from workers.runtime.settings import LivenessSettings, NatsSettings, Settings
+from workers.runtime.base.settings import LivenessSettings, NatsSettings, Settings
+from workers.runtime.bus import streams
 
 S = timedelta(seconds=1)
 GATEWAY_SETTINGS = GatewaySettings(
@@ -114,7 +114,7 @@ async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
 
 @pytest.fixture
 async def gateways(pool: asyncpg.Pool, nc: NATS, subjects: Subjects) -> AsyncIterator[Fleet]:
-    await bus.provision_streams(nc.jetstream(), subjects)
+    await streams.provision_streams(nc.jetstream(), subjects)
     made = Fleet(pool, subjects)
     yield made
     await made.stop()

@@ -30,7 +30,7 @@ from tests.integration.flow import HelloFlow, capabilities
 from tests.integration.support import bcw, count, eventually
 from workers.embedded import EmbeddedNats, free_port
 from workers.proxy import Mode, TcpProxy
-from workers.runtime import bus
+from workers.runtime.bus import streams
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -242,7 +242,7 @@ async def test_run_stops_on_sigterm_in_the_middle_of_a_database_partition(
     flow = HelloFlow(300)
     await flow.admit(database_url)
     nc = await nats.connect(servers.nats_url)
-    await bus.provision_streams(nc.jetstream(), subjects)
+    await streams.provision_streams(nc.jetstream(), subjects)
     env = {
         "BCW_NATS_URL": servers.nats_url,
         "BCW_HEALTH_PORT": "0",

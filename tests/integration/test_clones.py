@@ -22,7 +22,7 @@ from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, make_settings, running
 from workers import liveness, quarantine, replay
 from workers.gateway import Code, Gateway, HelloRequest, Refused
-from workers.runtime import bus
+from workers.runtime.bus import streams
 
 
 @pytest.mark.parametrize("serial", ["n1-serial", "unrecorded"])
@@ -35,7 +35,7 @@ async def test_the_quarantined_clone_gets_no_command(
     db: asyncpg.Connection,
     pool: asyncpg.Pool,
 ) -> None:
-    await bus.provision_streams(nc.jetstream(), subjects)
+    await streams.provision_streams(nc.jetstream(), subjects)
     await fleet.join(db, "n1")
     settings = make_settings(servers.nats_url, database_url, subjects)
     workers = [build(settings) for build in (liveness.build, quarantine.build, replay.build)]

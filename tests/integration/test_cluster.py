@@ -25,7 +25,7 @@ from tests.integration.flow import HelloFlow
 from tests.integration.support import count, eventually
 from workers.embedded import EmbeddedNatsCluster
 from workers.registry import WORKERS
-from workers.runtime import bus
+from workers.runtime.bus import streams
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsCl
 
 async def _provisioned(js: nats.js.JetStreamContext, subjects: Subjects) -> bool:
     try:  # the cluster needs a meta leader before it takes streams
-        await bus.provision_streams(js, subjects, replicas=3)
+        await streams.provision_streams(js, subjects, replicas=3)
     except Exception:
         return False
     return True

@@ -21,7 +21,8 @@ from tests.integration.streams import RecordingStream
 from tests.integration.support import bcw, eventually, make_settings, running, stream_messages
 from workers.gateway import Gateway, HelloRequest
 from workers.registry import WORKERS
-from workers.runtime import bus, migrate, retention, roles
+from workers.runtime.bus import streams
+from workers.runtime.store import migrate, retention, roles
 
 GROUPS = tuple(roles.GROUPS)
 
@@ -193,7 +194,7 @@ async def test_each_worker_does_its_job_under_its_own_role(
     database_url: str,
     db: asyncpg.Connection,
 ) -> None:
-    await bus.provision_streams(nc.jetstream(), subjects)
+    await streams.provision_streams(nc.jetstream(), subjects)
     base = make_settings(servers.nats_url, database_url, subjects)
     await fleet.join(db, "n1")
     command = await db.fetchval("SELECT enqueue_command('n1', 'noop', '{}')")

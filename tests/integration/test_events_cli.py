@@ -13,7 +13,7 @@ from nats.aio.client import Client as NATS
 from schemas import REGISTRY, NodeConnected, NodeDisconnected
 from schemas.subjects import Subjects
 from tests.conftest import Servers
-from workers.runtime import bus
+from workers.runtime.bus import streams
 from workers.tail import parse_since
 
 
@@ -21,7 +21,7 @@ async def test_events_filters_by_type_and_node(
     servers: Servers, nc: NATS, subjects: Subjects
 ) -> None:
     js = nc.jetstream()
-    await bus.provision_streams(js, subjects)
+    await streams.provision_streams(js, subjects)
     for node in ("n1", "n2"):
         for event in (
             NodeConnected(

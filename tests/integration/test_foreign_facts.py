@@ -30,8 +30,8 @@ from tests.integration.support import (
 )
 from workers.gateway import Gateway, HelloRequest
 from workers.registry import WORKERS
-from workers.runtime import bus
-from workers.runtime.worker import Runtime
+from workers.runtime.bus import streams
+from workers.runtime.effects.worker import Runtime
 
 
 def _request(**kw: Any) -> HelloRequest:
@@ -90,7 +90,7 @@ async def test_a_gateway_forging_facts_about_a_node_it_does_not_hold_changes_not
     db: asyncpg.Connection,
     pool: asyncpg.Pool,
 ) -> None:
-    await bus.provision_streams(nc.jetstream(), subjects)
+    await streams.provision_streams(nc.jetstream(), subjects)
     await fleet.join(db, "n1")
     settings = make_settings(servers.nats_url, database_url, subjects)
     workers = [WORKERS[name](settings) for name in sorted(WORKERS)]

@@ -22,7 +22,7 @@ from tests.integration import fleet
 from tests.integration.streams import RecordingStream
 from tests.integration.support import stream_messages
 from workers.gateway import Code, Gateway, GatewaySettings, HelloRequest, Refused, store
-from workers.runtime import bus
+from workers.runtime.bus import streams
 from workers.sim.daemon import FakeDaemon
 
 
@@ -35,7 +35,7 @@ async def pool(database_url: str):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 async def gateway(pool: asyncpg.Pool, nc: NATS, subjects: Subjects):  # type: ignore[no-untyped-def]
-    await bus.provision_streams(nc.jetstream(), subjects)
+    await streams.provision_streams(nc.jetstream(), subjects)
     gw = Gateway("gw-a", pool, nc, subjects)
     await gw.start()
     yield gw
@@ -313,7 +313,7 @@ async def test_the_hello_transaction_and_its_fact(
 async def test_pushback_when_too_many_hellos_are_pending(
     pool: asyncpg.Pool, nc: NATS, subjects: Subjects, db: asyncpg.Connection
 ) -> None:
-    await bus.provision_streams(nc.jetstream(), subjects)
+    await streams.provision_streams(nc.jetstream(), subjects)
     gw = Gateway(
         "gw-b",
         pool,
@@ -411,7 +411,7 @@ async def test_dispatch_is_delivered_only_to_the_live_session_at_that_epoch(
 async def test_max_streams_pushes_back(
     pool: asyncpg.Pool, nc: NATS, subjects: Subjects, db: asyncpg.Connection
 ) -> None:
-    await bus.provision_streams(nc.jetstream(), subjects)
+    await streams.provision_streams(nc.jetstream(), subjects)
     gw = Gateway("gw-c", pool, nc, subjects, settings=GatewaySettings(max_streams=1))
     await gw.start()
     try:
@@ -436,34 +436,38 @@ async def test_silent_sessions_time_out_and_revoked_ones_are_dropped(
 
     from schemas import REGISTRY, Revocations
 
-    await bus.provision_streams(nc.jetstream(), subjects)
+    await streams.provision_streams(nc.jetstream(), subjects)
     now = [time.time()]
     gw = Gateway("gw-d", pool, nc, subjects, clock=lambda: now[0])
     await gw.start()
     try:
         for node in ("quiet", "talker", "revoked"):
             await fleet.join(db, node)
-        streams = {node: RecordingStream() for node in ("quiet", "talker", "revoked")}
+        daemon_streams = {node: RecordingStream() for node in ("quiet", "talker", "revoked")}
         welcomes = {
-            node: await gw.hello(request(node_id=node, cert_serial=f"{node}-serial"), streams[node])
-            for node in streams
+            node: await gw.hello(
+                request(node_id=node, cert_serial=f"{node}-serial"), daemon_streams[node]
+            )
+            for node in daemon_streams
         }
         now[0] += 20
         gw.heartbeat("talker", welcomes["talker"].epoch)
         gw.heartbeat("revoked", welcomes["revoked"].epoch)
         now[0] += 11  # quiet: 31 s without a heartbeat, more than 3 x 10 s
         await gw.tick()
-        assert streams["quiet"].dropped == ["heartbeat-timeout"] and "quiet" not in gw.sessions
-        assert streams["talker"].dropped == [] and "talker" in gw.sessions
+        assert (
+            daemon_streams["quiet"].dropped == ["heartbeat-timeout"] and "quiet" not in gw.sessions
+        )
+        assert daemon_streams["talker"].dropped == [] and "talker" in gw.sessions
         body, headers = REGISTRY.encode(
             Revocations(node_id="revoked", serials=["revoked-serial"], reason="duplicate-identity")
         )
         await nc.publish(subjects.revocations, body, headers=headers)
         for _ in range(50):
-            if streams["revoked"].dropped:
+            if daemon_streams["revoked"].dropped:
                 break
             await asyncio.sleep(0.05)
-        assert streams["revoked"].dropped == ["revoked"]
+        assert daemon_streams["revoked"].dropped == ["revoked"]
         facts = await stream_messages(nc.jetstream(), subjects.facts_stream)
         closed = sorted(
             (json.loads(m.data)["node_id"], json.loads(m.data)["reason"])

@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 from tests.conftest import Clock
-from workers.runtime import leases
+from workers.runtime.store import leases
 
 TTL = timedelta(seconds=15)
 

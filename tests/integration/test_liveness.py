@@ -27,7 +27,7 @@ from tests.integration.support import eventually, make_settings, running, stream
 from workers import liveness
 from workers.liveness.decide import Rules
 from workers.liveness.sweep import LEASE, sweep_once
-from workers.runtime import leases
+from workers.runtime.store import leases
 
 S = timedelta(seconds=1)
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import Clock
 from tests.integration.support import bcw
-from workers.runtime import migrate
+from workers.runtime.store import migrate
 
 ALL = [m.name for m in migrate.load(migrate.default_directory())]
 

@@ -34,8 +34,8 @@ from tests.integration.support import (
 )
 from workers.proxy import Mode, TcpProxy
 from workers.registry import WORKERS
-from workers.runtime import bus
-from workers.runtime.settings import DatabaseSettings, LivenessSettings, NatsSettings
+from workers.runtime.base.settings import DatabaseSettings, LivenessSettings, NatsSettings
+from workers.runtime.bus import streams
 
 OUTAGE_SECONDS = 90.0
 NODES = 20  # of the tally's status facts
@@ -86,7 +86,7 @@ async def test_a_90_second_outage_under_a_flow_of_hellos(
     settings = settings.model_copy(update={"liveness": quiet})
     flow = HelloFlow(600)
     await flow.admit(tally_db)
-    await bus.provision_streams(nc.jetstream(), subjects)
+    await streams.provision_streams(nc.jetstream(), subjects)
     statuses = 1200
     workers = [build_tally(), *(WORKERS[name](settings) for name in sorted(WORKERS))]
     try:

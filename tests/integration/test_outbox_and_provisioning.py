@@ -19,18 +19,18 @@ from schemas import Zombie
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration.support import bcw, stream_messages
-from workers.runtime import bus
-from workers.runtime.bus import ConsumerSpec
-from workers.runtime.metrics import Metrics
-from workers.runtime.outbox import OutboxBatch, OutboxRelay
-from workers.runtime.settings import ConsumerSettings, DatabaseSettings, OutboxSettings
+from workers.runtime.base.settings import ConsumerSettings, DatabaseSettings, OutboxSettings
+from workers.runtime.bus import streams
+from workers.runtime.bus.streams import ConsumerSpec
+from workers.runtime.effects.outbox import OutboxBatch, OutboxRelay
+from workers.runtime.observability.metrics import Metrics
 
 
 async def test_concurrent_relays_publish_each_row_once_in_order_per_key(
     nc: NATS, subjects: Subjects, database_url: str
 ) -> None:
     js = nc.jetstream()
-    await bus.provision_streams(js, subjects)
+    await streams.provision_streams(js, subjects)
     conn = await asyncpg.connect(database_url)
     batch = OutboxBatch()
     for epoch in range(1, 301):
@@ -77,7 +77,7 @@ async def test_concurrent_relays_publish_each_row_once_in_order_per_key(
 
 async def test_a_relay_wakes_on_notify(nc: NATS, subjects: Subjects, database_url: str) -> None:
     js = nc.jetstream()
-    await bus.provision_streams(js, subjects)
+    await streams.provision_streams(js, subjects)
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=3)
     relay = OutboxRelay(
         pool,
@@ -113,12 +113,12 @@ async def test_a_relay_wakes_on_notify(nc: NATS, subjects: Subjects, database_ur
 
 async def test_provisioning_is_idempotent_and_corrects_drift(nc: NATS, subjects: Subjects) -> None:
     js = nc.jetstream()
-    first = await bus.provision_streams(js, subjects)
+    first = await streams.provision_streams(js, subjects)
     assert set(first.values()) == {"created"}
-    assert set((await bus.provision_streams(js, subjects)).values()) == {"unchanged"}
+    assert set((await streams.provision_streams(js, subjects)).values()) == {"unchanged"}
     info = await js.stream_info(subjects.events_stream)
     await js.update_stream(dataclasses.replace(info.config, max_age=3600.0))  # someone edits it
-    again = await bus.provision_streams(js, subjects)
+    again = await streams.provision_streams(js, subjects)
     assert again[subjects.events_stream] == "updated"
     assert (await js.stream_info(subjects.events_stream)).config.max_age == pytest.approx(7 * 86400)
     facts = await js.stream_info(subjects.facts_stream)
@@ -135,18 +135,18 @@ async def test_a_stream_with_another_storage_is_reported_not_clobbered(
             name=subjects.dead_stream, subjects=[subjects.all_dead], storage=StorageType.MEMORY
         )
     )
-    with pytest.raises(bus.ProvisionError, match="storage"):
-        await bus.provision_streams(js, subjects)
+    with pytest.raises(streams.ProvisionError, match="storage"):
+        await streams.provision_streams(js, subjects)
 
 
 async def test_consumer_settings_reach_an_existing_durable(nc: NATS, subjects: Subjects) -> None:
     js = nc.jetstream()
-    await bus.provision_streams(js, subjects)
+    await streams.provision_streams(js, subjects)
     spec = ConsumerSpec("probe", (subjects.fact_filter("hello"),))
-    await bus.ensure_consumer(
+    await streams.ensure_consumer(
         js, subjects.facts_stream, spec, ConsumerSettings(ack_wait=30, max_deliver=5)
     )
-    await bus.ensure_consumer(
+    await streams.ensure_consumer(
         js, subjects.facts_stream, spec, ConsumerSettings(ack_wait=45, max_deliver=7)
     )
     info = await js.consumer_info(subjects.facts_stream, "probe")
@@ -167,7 +167,7 @@ async def test_cli_provision_and_dead_letters(
     assert code == 0, out
     assert f"stream   {subjects.facts_stream}" in out
     js = nc.jetstream()
-    from workers.runtime.deadletter import dead_letter
+    from workers.runtime.bus.deadletter import dead_letter
 
     await dead_letter(
         js, subjects, "liveness", subject=subjects.fact("gw-1", "hello"), stream=subjects.facts_stream,
@@ -191,10 +191,10 @@ async def test_a_row_that_can_never_be_published_does_not_jam_the_relay(
     """A row over the bus's max payload between good rows: the good ones are published,
     the bad one moves to outbox_dead with a dead letter saying why (its body too large to
     travel with it, so the letter says so and cannot be re-driven); no publish slot leaks."""
-    from workers.runtime import deadletter
+    from workers.runtime.bus import deadletter
 
     js = nc.jetstream()
-    await bus.provision_streams(js, subjects)
+    await streams.provision_streams(js, subjects)
     conn = await asyncpg.connect(database_url)
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     try:

@@ -16,7 +16,7 @@ from tests.factories import make_fact
 from tests.integration import fleet
 from tests.integration.driver import Driver, driving
 from workers import recorder
-from workers.runtime import retention
+from workers.runtime.store import retention
 
 
 @pytest.fixture
@@ -158,7 +158,7 @@ async def test_pruning_removes_only_old_events_while_the_consumer_keeps_going(
 async def test_the_inbox_is_pruned_past_its_retention_under_a_lease(
     database_url: str, db: asyncpg.Connection, clock: Clock
 ) -> None:
-    from workers.runtime import leases
+    from workers.runtime.store import leases
 
     await db.execute(
         "INSERT INTO processed_facts (consumer, fact_id, processed_at) "

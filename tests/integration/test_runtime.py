@@ -34,10 +34,11 @@ from tests.integration.support import (
     status_fact,
     stream_messages,
 )
-from workers.runtime import bus, deadletter, tracing
-from workers.runtime.consumer import FactConsumer
-from workers.runtime.items import decode
-from workers.runtime.metrics import Metrics
+from workers.runtime.bus import deadletter, streams
+from workers.runtime.effects.consumer import FactConsumer
+from workers.runtime.effects.items import decode
+from workers.runtime.observability import tracing
+from workers.runtime.observability.metrics import Metrics
 
 
 async def _effects(database_url: str) -> list[int]:
@@ -78,7 +79,7 @@ async def test_a_fact_published_twice_takes_effect_once(
     stands for "after the window"); the inbox absorbs the second, in one batch or two."""
     settings = make_settings(servers.nats_url, tally_db, subjects)
     js = nc.jetstream()
-    await bus.provision_streams(js, subjects)
+    await streams.provision_streams(js, subjects)
     fact = status_fact()
     await publish_fact(js, subjects, fact, msg_id="first")
     await publish_fact(js, subjects, fact, msg_id="second")  # same fact, same batch
@@ -100,8 +101,8 @@ async def test_a_fact_redelivered_after_a_crash_before_the_ack_takes_effect_once
     settings = make_settings(servers.nats_url, tally_db, subjects, ack_wait=1.0)
     js = nc.jetstream()
     worker = build_tally()
-    await bus.provision_streams(js, subjects)
-    await bus.ensure_consumer(
+    await streams.provision_streams(js, subjects)
+    await streams.ensure_consumer(
         js, subjects.facts_stream, worker.consumer_spec(subjects), settings.consumer
     )
     facts = [status_fact(node_id=f"n{i}") for i in range(20)]
@@ -133,7 +134,7 @@ async def test_poison_messages_are_dead_lettered_and_do_not_block(
 ) -> None:
     settings = make_settings(servers.nats_url, tally_db, subjects)
     js = nc.jetstream()
-    await bus.provision_streams(js, subjects)
+    await streams.provision_streams(js, subjects)
     good_before = status_fact(node_id="before")
     await publish_fact(js, subjects, good_before)
     fact_subject = subjects.fact("gw-1", "status")
@@ -179,7 +180,7 @@ async def test_a_handler_failure_dead_letters_only_its_fact_and_redrive_applies_
     await conn.execute("INSERT INTO tally_broken VALUES ('boom')")
     settings = make_settings(servers.nats_url, tally_db, subjects)
     js = nc.jetstream()
-    await bus.provision_streams(js, subjects)
+    await streams.provision_streams(js, subjects)
     facts = [status_fact(node_id="boom" if i == 5 else f"ok-{i}") for i in range(12)]
     for fact in facts:
         await publish_fact(js, subjects, fact)
@@ -362,7 +363,7 @@ async def test_one_nodes_facts_apply_in_stream_order_across_lanes(
 ) -> None:
     settings = make_settings(servers.nats_url, tally_db, subjects, lanes=3, batch_size=16)
     js = nc.jetstream()
-    await bus.provision_streams(js, subjects)
+    await streams.provision_streams(js, subjects)
     nodes = [f"node-{i}" for i in range(9)]
     for generation in range(1, 61):
         for node in nodes:
@@ -406,13 +407,13 @@ async def test_a_fact_the_server_stopped_redelivering_is_dead_lettered_from_the_
 ) -> None:
     """A process that crashes on a fact at every delivery never settles it: JetStream stops
     after max_deliver and says so in an advisory, which the runtime turns into a dead letter."""
-    from workers.runtime.deadletter import watch_max_deliveries
-    from workers.runtime.settings import ConsumerSettings
+    from workers.runtime.base.settings import ConsumerSettings
+    from workers.runtime.bus.deadletter import watch_max_deliveries
 
     js = nc.jetstream()
-    await bus.provision_streams(js, subjects)
+    await streams.provision_streams(js, subjects)
     spec = build_tally().consumer_spec(subjects)
-    await bus.ensure_consumer(
+    await streams.ensure_consumer(
         js, subjects.facts_stream, spec, ConsumerSettings(max_deliver=2, ack_wait=1)
     )
     await watch_max_deliveries(nc, js, subjects, "tally")
@@ -438,12 +439,12 @@ async def test_a_schema_that_does_not_fit_stops_the_process_and_dead_letters_not
     the stream for a process whose database fits."""
     from opentelemetry.sdk.trace import TracerProvider
 
-    from workers.runtime.errors import RefusedError
+    from workers.runtime.base.errors import RefusedError
     from workers.runtime.process import run_process
 
     settings = make_settings(servers.nats_url, tally_db, subjects)
     js = nc.jetstream()
-    await bus.provision_streams(js, subjects)
+    await streams.provision_streams(js, subjects)
     conn = await asyncpg.connect(tally_db)
     try:
         await conn.execute("DROP TABLE tally")
@@ -471,8 +472,8 @@ async def test_a_pooled_connection_comes_back_without_its_open_transaction(
 ) -> None:
     """The pool skips asyncpg's reset query; a connection released inside a transaction
     (a handler that began one by hand, say) is still rolled back, and its writes are gone."""
-    from workers.runtime import db
-    from workers.runtime.settings import DatabaseSettings
+    from workers.runtime.base.settings import DatabaseSettings
+    from workers.runtime.store import db
 
     pool = await db.create_pool(DatabaseSettings(url=database_url, pool_min=1, pool_max=1))
     try:

@@ -31,7 +31,7 @@ from tests.integration.support import (
     status_fact,
     stream_messages,
 )
-from workers.runtime import bus
+from workers.runtime.bus import streams
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,7 +73,7 @@ async def test_kill_9_mid_batch_loses_nothing_and_duplicates_nothing(
     servers: Servers, nc: NATS, subjects: Subjects, tally_db: str
 ) -> None:
     js = nc.jetstream()
-    await bus.provision_streams(js, subjects)
+    await streams.provision_streams(js, subjects)
     total = 4000
     for i in range(total):
         await publish_fact(js, subjects, status_fact(node_id=f"node-{i % 50}"))
@@ -102,7 +102,7 @@ async def test_sigterm_drains_and_exits_zero_within_10_seconds(
     servers: Servers, nc: NATS, subjects: Subjects, tally_db: str
 ) -> None:
     js = nc.jetstream()
-    await bus.provision_streams(js, subjects)
+    await streams.provision_streams(js, subjects)
     for _ in range(2000):
         await publish_fact(js, subjects, status_fact())
     process = await _spawn(servers, tally_db, subjects)
@@ -143,7 +143,7 @@ async def test_a_server_restart_while_facts_flow(
     if restartable is None:
         pytest.skip(f"{server} given by the environment cannot be restarted here")
     settings = make_settings(servers.nats_url, tally_db, subjects)
-    await bus.provision_streams(nc.jetstream(), subjects)
+    await streams.provision_streams(nc.jetstream(), subjects)
     total = 1500
     async with running(settings, [build_tally()]):
         publisher = asyncio.create_task(_publish_steadily(nc, subjects, total, per_second=300))

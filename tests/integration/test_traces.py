@@ -29,7 +29,8 @@ from tests.integration.otlp import GrpcReceiver, HttpReceiver, Received
 from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, stream_messages
 from workers.gateway import Gateway, HelloRequest
-from workers.runtime import bus, tracing
+from workers.runtime.bus import streams
+from workers.runtime.observability import tracing
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = ("labeler", "liveness", "quarantine", "recorder", "replay")
@@ -58,7 +59,7 @@ async def test_one_hello_is_one_trace_from_the_gateway_to_the_dispatch(
 ) -> None:
     receiver = HttpReceiver() if protocol == "http/protobuf" else GrpcReceiver()
     with receiver:
-        await bus.provision_streams(nc.jetstream(), subjects)
+        await streams.provision_streams(nc.jetstream(), subjects)
         await fleet.join(db, "n1")
         command = await db.fetchval("SELECT enqueue_command('n1', 'noop', '{}')")
         otel = {

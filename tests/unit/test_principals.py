@@ -11,7 +11,7 @@ import pytest
 
 from schemas.subjects import Subjects
 from workers.registry import WORKERS
-from workers.runtime import principals
+from workers.runtime.bus import principals
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ import pytest
 
 from schemas.facts import Fact
 from tests.factories import WIRE_SAMPLES, make_fact
-from workers.runtime.provenance import Binding, ForeignLog, binding
+from workers.runtime.effects.provenance import Binding, ForeignLog, binding
 
 EXPECTED = {
     "hello": Binding.EPOCH,

@@ -13,8 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
-from workers.runtime import outcome
-from workers.runtime.errors import (
+from workers.runtime.base.errors import (
     PermanentError,
     RefusedError,
     SettingError,
@@ -23,9 +22,10 @@ from workers.runtime.errors import (
     classify,
     is_transient,
 )
-from workers.runtime.metrics import Metrics
-from workers.runtime.settings import Settings, describe
-from workers.runtime.waiting import Patience
+from workers.runtime.base.settings import Settings, describe
+from workers.runtime.base.waiting import Patience
+from workers.runtime.effects import outcome
+from workers.runtime.observability.metrics import Metrics
 
 
 def test_settings_come_from_bcw_variables_and_hide_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -198,8 +198,8 @@ def test_bad_settings_name_their_variable(
 
 
 def test_our_sessions_end_when_idle_in_a_transaction_unless_told_not_to() -> None:
-    from workers.runtime.db import server_settings
-    from workers.runtime.settings import DatabaseSettings
+    from workers.runtime.base.settings import DatabaseSettings
+    from workers.runtime.store.db import server_settings
 
     assert server_settings(DatabaseSettings()) == {"idle_in_transaction_session_timeout": "30000"}
     assert server_settings(DatabaseSettings(idle_in_transaction_timeout=0)) == {}
@@ -214,7 +214,7 @@ def test_patience_logs_an_outage_once_then_rarely_then_a_summary(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     now = [1000.0]
-    monkeypatch.setattr("workers.runtime.waiting.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("workers.runtime.base.waiting.time.monotonic", lambda: now[0])
     patience = Patience("waiting for NATS", logging.getLogger("test"), base=0.5, cap=5, every=30)
     delays = []
     with caplog.at_level(logging.INFO, logger="test"):

@@ -15,9 +15,9 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import TracerProvider
 
 from workers.replay.dispatch import Waited, dispatch_cause
-from workers.runtime import tracing
-from workers.runtime.errors import SettingError
-from workers.runtime.logs import JsonFormatter
+from workers.runtime.base.errors import SettingError
+from workers.runtime.observability import tracing
+from workers.runtime.observability.logs import JsonFormatter
 
 
 @pytest.fixture

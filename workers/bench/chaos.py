@@ -40,7 +40,8 @@ from workers.bench.common import hello_fact, print_table, wire
 from workers.embedded import EmbeddedNats, EmbeddedPostgres
 from workers.proxy import Mode, TcpProxy
 from workers.registry import WORKERS
-from workers.runtime import bus, migrate
+from workers.runtime.bus import streams
+from workers.runtime.store import migrate
 
 GATEWAY = "gw-0"
 HELLO_WORKERS = ("labeler", "liveness", "replay")
@@ -229,7 +230,7 @@ async def _prepare(chaos: Chaos, nodes: list[str]) -> None:
         await conn.close()
     nc = await nats.connect(chaos.nats.url)
     try:
-        await bus.provision_streams(nc.jetstream(), chaos.subjects)
+        await streams.provision_streams(nc.jetstream(), chaos.subjects)
     finally:
         await nc.close()
 

@@ -22,9 +22,9 @@ from nats.js import JetStreamContext
 from schemas import REGISTRY, Fact, Hello
 from schemas.subjects import Subjects
 from workers.embedded import EmbeddedNats, EmbeddedPostgres
-from workers.runtime import migrate
-from workers.runtime.settings import ConsumerSettings, Settings
-from workers.runtime.worker import Worker
+from workers.runtime.base.settings import ConsumerSettings, Settings
+from workers.runtime.effects.worker import Worker
+from workers.runtime.store import migrate
 
 
 @dataclass(frozen=True)
@@ -69,11 +69,11 @@ async def _provision(target: BenchTarget) -> None:
     import nats
 
     from schemas.subjects import Subjects
-    from workers.runtime import bus
+    from workers.runtime.bus import streams
 
     nc = await nats.connect(target.nats_url)
     try:
-        await bus.provision_streams(nc.jetstream(), Subjects(target.subject_root))
+        await streams.provision_streams(nc.jetstream(), Subjects(target.subject_root))
     finally:
         await nc.close()
 
@@ -156,23 +156,23 @@ async def consume_and_relay(
     from opentelemetry import trace
 
     from schemas.subjects import Subjects
-    from workers.runtime import bus
-    from workers.runtime.consumer import FactConsumer
-    from workers.runtime.metrics import Metrics
-    from workers.runtime.outbox import OutboxRelay
-    from workers.runtime.settings import DatabaseSettings, OutboxSettings
+    from workers.runtime.base.settings import DatabaseSettings, OutboxSettings
+    from workers.runtime.bus import streams
+    from workers.runtime.effects.consumer import FactConsumer
+    from workers.runtime.effects.outbox import OutboxRelay
+    from workers.runtime.observability.metrics import Metrics
 
     subjects = Subjects(target.subject_root)
     settings = settings or ConsumerSettings(max_ack_pending=4096)
     nc = await nats.connect(target.nats_url, pending_size=64 * 1024 * 1024)
-    from workers.runtime import db
+    from workers.runtime.store import db
 
     pool = await db.create_pool(DatabaseSettings(url=target.database_url, pool_min=2, pool_max=4))
     metrics = Metrics()
     stopping = asyncio.Event()
     try:
         js = nc.jetstream()
-        await bus.ensure_consumer(
+        await streams.ensure_consumer(
             js, subjects.facts_stream, worker.consumer_spec(subjects), settings
         )
         relayer = OutboxRelay(

@@ -40,7 +40,7 @@ from workers.bench.common import (
     wire,
     worker_env,
 )
-from workers.runtime.settings import Settings
+from workers.runtime.base.settings import Settings
 
 HELLO_WORKERS = ("labeler", "liveness", "quarantine", "replay")
 CAPABILITIES = ("cpu", "mem", "nvml", "ib")

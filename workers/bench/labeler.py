@@ -20,7 +20,7 @@ from workers.bench.common import (
     publish_facts,
     wire,
 )
-from workers.runtime.settings import Settings
+from workers.runtime.base.settings import Settings
 
 CAPABILITIES = ["cpu", "mem", "nvml", "cuda.12", "ib", "nvme", "gpu.h100", "new-cap"]
 

@@ -25,7 +25,7 @@ from workers.bench.common import (
     publish_facts,
     wire,
 )
-from workers.runtime.settings import Settings
+from workers.runtime.base.settings import Settings
 
 PER_NODE = 10
 PREVIOUS = {

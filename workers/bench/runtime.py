@@ -42,10 +42,10 @@ from workers.bench.common import (
     publish_facts,
     wire,
 )
-from workers.runtime import bus
-from workers.runtime.outcome import Outcome
-from workers.runtime.settings import ConsumerSettings, Settings
-from workers.runtime.worker import Tx, Worker
+from workers.runtime.base.settings import ConsumerSettings, Settings
+from workers.runtime.bus import streams
+from workers.runtime.effects.outcome import Outcome
+from workers.runtime.effects.worker import Tx, Worker
 
 NODES = 1000
 BATCH = 256
@@ -102,8 +102,8 @@ async def _prepare(target: BenchTarget, subjects: Subjects, facts: int) -> None:
 async def _bare_consumer(
     js: JetStreamContext, subjects: Subjects, name: str
 ) -> JetStreamContext.PullSubscription:
-    spec = bus.ConsumerSpec(name, (subjects.fact_filter("status"),))
-    await bus.ensure_consumer(
+    spec = streams.ConsumerSpec(name, (subjects.fact_filter("status"),))
+    await streams.ensure_consumer(
         js, subjects.facts_stream, spec, ConsumerSettings(max_ack_pending=4096)
     )
     return await js.pull_subscribe_bind(durable=name, stream=subjects.facts_stream)

@@ -40,7 +40,7 @@ from workers.bench.common import (
     worker_env,
 )
 from workers.gateway import Code, Gateway, GatewaySettings, HelloRequest, Refused
-from workers.runtime.settings import Settings
+from workers.runtime.base.settings import Settings
 
 HELLO_WORKERS = ("labeler", "liveness", "quarantine", "replay")
 CLIENTS_PER_GATEWAY = 64  # each gateway's pending-Hello limit

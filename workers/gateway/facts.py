@@ -29,7 +29,7 @@ from schemas.subjects import Subjects
 from workers.gateway import store
 from workers.gateway.admission import HelloRequest
 from workers.gateway.types import Session
-from workers.runtime import tracing
+from workers.runtime.observability import tracing
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ from workers.gateway.types import (
     TokenBucket,
     Welcome,
 )
-from workers.runtime import tracing
+from workers.runtime.observability import tracing
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,10 @@ from schemas.facts import CloseReason
 from schemas.notices import Dispatch, EventAck, Zombie
 from schemas.subjects import Subjects
 from workers.gateway.types import Session
-from workers.runtime import bus, tracing
-from workers.runtime.pull import ContinuousPull
-from workers.runtime.settings import ConsumerSettings
+from workers.runtime.base.settings import ConsumerSettings
+from workers.runtime.bus import streams
+from workers.runtime.bus.pull import ContinuousPull
+from workers.runtime.observability import tracing
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +52,9 @@ class Notices:
     async def start(self) -> None:
         """The durable consumer of this gateway's notices, and the revocations."""
         durable = f"gw-{self.gateway_id}"
-        spec = bus.ConsumerSpec(durable, (self.subjects.gateway_notices(self.gateway_id),))
+        spec = streams.ConsumerSpec(durable, (self.subjects.gateway_notices(self.gateway_id),))
         js = self.nc.jetstream()
-        await bus.ensure_consumer(
+        await streams.ensure_consumer(
             js, self.subjects.gateway_stream, spec, ConsumerSettings(ack_wait=30)
         )
         self._pull = ContinuousPull(

@@ -8,8 +8,8 @@ are never touched), and publishes `node.capabilities-changed` when the set chang
 from __future__ import annotations
 
 from workers.labeler.apply import handle
-from workers.runtime.settings import Settings
-from workers.runtime.worker import Worker
+from workers.runtime.base.settings import Settings
+from workers.runtime.effects.worker import Worker
 
 
 def build(settings: Settings) -> Worker:

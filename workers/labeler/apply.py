@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from schemas.events import CapabilitiesChanged
 from schemas.facts import Fact, Hello
 from workers.labeler.decide import LABEL_PREFIX, Labeling, SessionRow, decide_batch
-from workers.runtime import outcome
-from workers.runtime.outcome import Outcome
-from workers.runtime.worker import Tx
+from workers.runtime.effects import outcome
+from workers.runtime.effects.outcome import Outcome
+from workers.runtime.effects.worker import Tx
 
 # Set lookups go key by key through a LATERAL subquery on the primary key: a join with
 # `unnest($1)` or `= ANY($1)` is planned as a sequential scan of the table once the fleet

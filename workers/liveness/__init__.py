@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from workers.liveness.apply import handle, wants
 from workers.liveness.sweep import sweep_loop
-from workers.runtime.settings import Settings
-from workers.runtime.worker import Worker
+from workers.runtime.base.settings import Settings
+from workers.runtime.effects.worker import Worker
 
 
 def build(settings: Settings) -> Worker:

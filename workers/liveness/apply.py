@@ -14,9 +14,9 @@ from schemas.events import NodeDisconnected
 from schemas.facts import Closed, Fact, Hello, Liveness, newest_per_node
 from schemas.notices import Zombie
 from workers.liveness.decide import closes_its_row, connected
-from workers.runtime import outcome
-from workers.runtime.outcome import Outcome
-from workers.runtime.worker import Tx
+from workers.runtime.effects import outcome
+from workers.runtime.effects.outcome import Outcome
+from workers.runtime.effects.worker import Tx
 
 CURRENT_EPOCHS = """
 SELECT s.node_id, s.session_epoch

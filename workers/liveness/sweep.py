@@ -47,10 +47,10 @@ from workers.liveness.decide import (
     sees,
     sight_change,
 )
-from workers.runtime import leases
-from workers.runtime.outbox import OutboxBatch
-from workers.runtime.settings import LivenessSettings
-from workers.runtime.worker import Loop, Runtime
+from workers.runtime.base.settings import LivenessSettings
+from workers.runtime.effects.outbox import OutboxBatch
+from workers.runtime.effects.worker import Loop, Runtime
+from workers.runtime.store import leases
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ import asyncpg
 
 from workers.quarantine.apply import make_handler, wants
 from workers.quarantine.decide import Limits
-from workers.runtime.settings import Settings
-from workers.runtime.worker import Worker
+from workers.runtime.base.settings import Settings
+from workers.runtime.effects.worker import Worker
 
 
 def build(settings: Settings) -> Worker:

@@ -16,9 +16,9 @@ import asyncpg
 from schemas.events import DuplicateSession, Quarantined, Revocations
 from schemas.facts import Fact, Hello
 from workers.quarantine.decide import REASON, Counter, Limits, count, serials_to_revoke
-from workers.runtime import outcome
-from workers.runtime.outcome import Outcome
-from workers.runtime.worker import Handler, Tx
+from workers.runtime.effects import outcome
+from workers.runtime.effects.outcome import Outcome
+from workers.runtime.effects.worker import Handler, Tx
 
 LOCK_COUNTERS = """
 SELECT s.node_id, s.duplicate_hellos, s.duplicate_since, compute_now() AS now

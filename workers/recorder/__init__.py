@@ -12,9 +12,9 @@ import asyncio
 from datetime import timedelta
 
 from workers.recorder.apply import handle
-from workers.runtime import leases, retention
-from workers.runtime.settings import Settings
-from workers.runtime.worker import Runtime, Worker
+from workers.runtime.base.settings import Settings
+from workers.runtime.effects.worker import Runtime, Worker
+from workers.runtime.store import leases, retention
 
 LEASE = "recorder-retention"
 

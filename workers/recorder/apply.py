@@ -15,8 +15,8 @@ import asyncpg
 from schemas.facts import Events, Fact, Status
 from schemas.notices import EventAck
 from workers.recorder.decide import StoredStatus, apply_reports, highest_contiguous, unique_events
-from workers.runtime.outcome import Outcome
-from workers.runtime.worker import Tx
+from workers.runtime.effects.outcome import Outcome
+from workers.runtime.effects.worker import Tx
 
 # Key-by-key LATERAL lookups on the primary key (see workers/labeler/apply.py); the
 # caller passes the keys sorted, so rows are locked in a stable order.

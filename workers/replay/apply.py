@@ -34,10 +34,11 @@ from workers.replay.decide import (
     plan_replay,
     progress_to,
 )
-from workers.runtime import outcome, tracing
-from workers.runtime.outcome import Outcome
-from workers.runtime.settings import ReplaySettings
-from workers.runtime.worker import Handler, Tx
+from workers.runtime.base.settings import ReplaySettings
+from workers.runtime.effects import outcome
+from workers.runtime.effects.outcome import Outcome
+from workers.runtime.effects.worker import Handler, Tx
+from workers.runtime.observability import tracing
 
 DISPATCH_CHANNEL = "bcw_dispatch"
 

@@ -31,12 +31,13 @@ from schemas.events import CommandCancelled
 from schemas.subjects import Subjects
 from workers.replay.apply import DISPATCH_CHANNEL, command_event, command_from_row, dispatch_notice
 from workers.replay.decide import Command, Session, lane_limits, plan_dispatch
-from workers.runtime import leases, tracing
-from workers.runtime.notify import Listener
-from workers.runtime.outbox import OutboxBatch
-from workers.runtime.settings import ReplaySettings
-from workers.runtime.waiting import wait_any
-from workers.runtime.worker import Loop, Runtime
+from workers.runtime.base.settings import ReplaySettings
+from workers.runtime.base.waiting import wait_any
+from workers.runtime.effects.outbox import OutboxBatch
+from workers.runtime.effects.worker import Loop, Runtime
+from workers.runtime.observability import tracing
+from workers.runtime.store import leases
+from workers.runtime.store.notify import Listener
 
 log = logging.getLogger(__name__)
 

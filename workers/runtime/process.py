@@ -25,16 +25,18 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from schemas.subjects import Subjects
-from workers.runtime import bus, db, leases, retention, tracing
-from workers.runtime.consumer import FactConsumer
-from workers.runtime.deadletter import watch_max_deliveries
-from workers.runtime.errors import SettingError, Severity, classify
-from workers.runtime.health import HealthServer
-from workers.runtime.metrics import Metrics
-from workers.runtime.outbox import OutboxRelay
-from workers.runtime.settings import Settings
-from workers.runtime.waiting import Patience, sleep_or_stop
-from workers.runtime.worker import Runtime, Worker
+from workers.runtime.base.errors import SettingError, Severity, classify
+from workers.runtime.base.settings import Settings
+from workers.runtime.base.waiting import Patience, sleep_or_stop
+from workers.runtime.bus import streams
+from workers.runtime.bus.deadletter import watch_max_deliveries
+from workers.runtime.effects.consumer import FactConsumer
+from workers.runtime.effects.outbox import OutboxRelay
+from workers.runtime.effects.worker import Runtime, Worker
+from workers.runtime.observability import tracing
+from workers.runtime.observability.health import HealthServer
+from workers.runtime.observability.metrics import Metrics
+from workers.runtime.store import db, leases, retention
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -147,7 +149,7 @@ async def _serve(
     tracer = tracing.tracer(provider)
     parts.nc = await _until_up(
         "NATS",
-        lambda: bus.connect(settings.nats, name=f"bcw {names} {instance}", on_refused=refused),
+        lambda: streams.connect(settings.nats, name=f"bcw {names} {instance}", on_refused=refused),
         stopping,
     )
     if parts.nc is None:
@@ -174,10 +176,10 @@ async def _serve(
         ]  # fmt: skip
 
         async def provision() -> None:
-            await bus.provision_streams(js, subjects, settings.nats.stream_replicas)
+            await streams.provision_streams(js, subjects, settings.nats.stream_replicas)
             for consumer in parts.consumers:
                 spec = consumer.worker.consumer_spec(subjects)
-                await bus.ensure_consumer(js, subjects.facts_stream, spec, settings.consumer)
+                await streams.ensure_consumer(js, subjects.facts_stream, spec, settings.consumer)
                 await consumer.bind()
                 await watch_max_deliveries(nc, js, subjects, consumer.worker.name)
 
@@ -210,7 +212,7 @@ def _provisioning(provision: Callable[[], Awaitable[None]]) -> Callable[[], Awai
     async def attempt() -> bool:
         try:
             await provision()
-        except bus.ProvisionError as error:
+        except streams.ProvisionError as error:
             raise SettingError("BCW_SUBJECT_ROOT", str(error)) from error
         return True
 

@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from schemas.subjects import Subjects
-from workers.runtime import bus
-from workers.runtime.settings import Settings
+from workers.runtime.base.settings import Settings
+from workers.runtime.bus import streams
 from workers.sim.scenarios import SCENARIOS
 from workers.sim.simulator import Simulator
 
@@ -21,14 +21,14 @@ async def run_scenario(
 ) -> int:
     console = Console()
     subjects = Subjects(settings.subject_root)
-    nc = await bus.connect(settings.nats, name="bcw sim")
+    nc = await streams.connect(settings.nats, name="bcw sim")
     pool = await asyncpg.create_pool(
         settings.database.url.get_secret_value(), min_size=2, max_size=8
     )
     prefix = f"sim{uuid.uuid4().hex[:6]}"
     sim = Simulator(pool, nc, subjects, nodes=nodes, gateways=gateways, seed=seed, prefix=prefix)
     try:
-        await bus.provision_streams(nc.jetstream(), subjects, settings.nats.stream_replicas)
+        await streams.provision_streams(nc.jetstream(), subjects, settings.nats.stream_replicas)
         await sim.start()
         sim.progress = lambda phase: console.log(phase)
         checks = await SCENARIOS[scenario](sim)

@@ -18,9 +18,9 @@ from datetime import timedelta
 
 import asyncpg
 
-from workers.runtime.errors import Severity, as_setting_error, classify
-from workers.runtime.metrics import Gauge
-from workers.runtime.waiting import Patience, sleep_or_stop
+from workers.runtime.base.errors import Severity, as_setting_error, classify
+from workers.runtime.base.waiting import Patience, sleep_or_stop
+from workers.runtime.observability.metrics import Gauge
 
 log = logging.getLogger(__name__)
 

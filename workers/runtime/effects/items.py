@@ -15,9 +15,10 @@ from opentelemetry.trace import Span
 from schemas.facts import Fact
 from schemas.registry import REGISTRY, MessageError
 from schemas.subjects import SubjectError, Subjects
-from workers.runtime import outcome, tracing
-from workers.runtime.outcome import Outcome
-from workers.runtime.worker import Worker
+from workers.runtime.effects import outcome
+from workers.runtime.effects.outcome import Outcome
+from workers.runtime.effects.worker import Worker
+from workers.runtime.observability import tracing
 
 
 @dataclass

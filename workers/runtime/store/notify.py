@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from workers.runtime import db
-from workers.runtime.settings import DatabaseSettings
-from workers.runtime.waiting import sleep_or_stop
+from workers.runtime.base.settings import DatabaseSettings
+from workers.runtime.base.waiting import sleep_or_stop
+from workers.runtime.store import db
 
 log = logging.getLogger(__name__)
 

@@ -21,12 +21,12 @@ from opentelemetry.context import Context
 from schemas.base import Message
 from schemas.facts import Fact
 from schemas.subjects import Subjects
-from workers.runtime import outcome, provenance
-from workers.runtime.bus import ConsumerSpec
-from workers.runtime.metrics import Metrics
-from workers.runtime.outbox import OutboxBatch
-from workers.runtime.outcome import Outcome
-from workers.runtime.settings import Settings
+from workers.runtime.base.settings import Settings
+from workers.runtime.bus.streams import ConsumerSpec
+from workers.runtime.effects import outcome, provenance
+from workers.runtime.effects.outbox import OutboxBatch
+from workers.runtime.effects.outcome import Outcome
+from workers.runtime.observability.metrics import Metrics
 
 
 @dataclass(frozen=True)

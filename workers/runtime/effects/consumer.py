@@ -31,19 +31,21 @@ from nats.js import JetStreamContext
 from opentelemetry import trace
 
 from schemas.subjects import Subjects
-from workers.runtime import db, outcome, tracing
-from workers.runtime.deadletter import dead_letter_msg
-from workers.runtime.errors import Severity, as_setting_error, classify
-from workers.runtime.inhand import InHand
-from workers.runtime.items import Item, decode, lane_of, start_span
-from workers.runtime.metrics import Metrics
-from workers.runtime.outcome import Outcome
-from workers.runtime.provenance import ForeignLog
-from workers.runtime.pull import ContinuousPull
-from workers.runtime.retrying import Pinned, Waiting, patiently
-from workers.runtime.settings import ConsumerSettings
-from workers.runtime.waiting import Patience, sleep_or_stop
-from workers.runtime.worker import Tx, Worker, apply_batch
+from workers.runtime.base.errors import Severity, as_setting_error, classify
+from workers.runtime.base.retrying import Pinned, Waiting, patiently
+from workers.runtime.base.settings import ConsumerSettings
+from workers.runtime.base.waiting import Patience, sleep_or_stop
+from workers.runtime.bus.deadletter import dead_letter_msg
+from workers.runtime.bus.pull import ContinuousPull
+from workers.runtime.effects import outcome
+from workers.runtime.effects.inhand import InHand
+from workers.runtime.effects.items import Item, decode, lane_of, start_span
+from workers.runtime.effects.outcome import Outcome
+from workers.runtime.effects.provenance import ForeignLog
+from workers.runtime.effects.worker import Tx, Worker, apply_batch
+from workers.runtime.observability import tracing
+from workers.runtime.observability.metrics import Metrics
+from workers.runtime.store import db
 
 log = logging.getLogger(__name__)
 

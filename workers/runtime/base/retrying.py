@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_random_exponential
 
-from workers.runtime.waiting import Patience, sleep_or_stop
+from workers.runtime.base.waiting import Patience, sleep_or_stop
 
 
 class Waiting(Exception):

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
 from schemas.subjects import split_gateway_subject
-from workers.runtime.errors import SettingError
+from workers.runtime.base.errors import SettingError
 
 TRACER_NAME = "bc-workers"
 MESSAGING_SYSTEM = "nats"  # not a registered value yet: a custom one, as the conventions allow

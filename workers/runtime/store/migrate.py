@@ -11,6 +11,7 @@ import hashlib
 import logging
 import re
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import asyncpg
@@ -53,10 +54,11 @@ class MigrationStatus:
 
 def default_directory() -> Path:
     """The migrations shipped in the wheel, else the repository's `migrations/core`."""
-    packaged = Path(__file__).resolve().parent.parent / "_migrations" / "core"
+    package = Path(str(resources.files("workers")))  # wherever this module sits inside it
+    packaged = package / "_migrations" / "core"
     if packaged.is_dir():
         return packaged
-    return Path(__file__).resolve().parents[2] / "migrations" / "core"
+    return package.parent / "migrations" / "core"
 
 
 def load(directory: Path) -> list[Migration]:
@@ -141,7 +143,7 @@ async def status(conn: asyncpg.Connection, directory: Path | None = None) -> lis
 async def grant(conn: asyncpg.Connection) -> list[str]:
     """Create the bcw_* group roles when this role may, and (re)apply their grants, under
     the migrations' advisory lock (`roles`). Returns the groups granted to."""
-    from workers.runtime import roles
+    from workers.runtime.store import roles
 
     await conn.execute("SELECT pg_advisory_lock($1)", ADVISORY_LOCK_KEY)
     try:

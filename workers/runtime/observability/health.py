@@ -11,7 +11,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from workers.runtime.metrics import CONTENT_TYPE
+from workers.runtime.observability.metrics import CONTENT_TYPE
 
 log = logging.getLogger(__name__)
 

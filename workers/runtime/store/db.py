@@ -16,14 +16,14 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from workers.runtime.errors import (
+from workers.runtime.base.errors import (
     RefusedError,
     SettingError,
     Severity,
     UnreachableError,
     classify,
 )
-from workers.runtime.settings import DatabaseSettings
+from workers.runtime.base.settings import DatabaseSettings
 
 URL_SETTING = "BCW_DATABASE_URL"
 

@@ -27,14 +27,14 @@ from opentelemetry.context import Context
 from schemas.base import Message
 from schemas.registry import REGISTRY, SCHEMA_HEADER, TYPE_HEADER
 from schemas.subjects import Subjects, split_gateway_subject
-from workers.runtime import tracing
-from workers.runtime.acked import AckedPublisher
-from workers.runtime.deadletter import TRUNCATED, dead_letter
-from workers.runtime.errors import Severity, as_setting_error, classify
-from workers.runtime.metrics import Metrics
-from workers.runtime.notify import Listener
-from workers.runtime.settings import DatabaseSettings, OutboxSettings
-from workers.runtime.waiting import Patience, sleep_or_stop, wait_any
+from workers.runtime.base.errors import Severity, as_setting_error, classify
+from workers.runtime.base.settings import DatabaseSettings, OutboxSettings
+from workers.runtime.base.waiting import Patience, sleep_or_stop, wait_any
+from workers.runtime.bus.acked import AckedPublisher
+from workers.runtime.bus.deadletter import TRUNCATED, dead_letter
+from workers.runtime.observability import tracing
+from workers.runtime.observability.metrics import Metrics
+from workers.runtime.store.notify import Listener
 
 log = logging.getLogger(__name__)
 

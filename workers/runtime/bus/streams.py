@@ -28,10 +28,15 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError, NotFoundError
 
 from schemas.subjects import Subjects
-from workers.runtime import principals
-from workers.runtime.errors import RefusedError, SettingError, UnreachableError, is_nats_refusal
-from workers.runtime.settings import ConsumerSettings, NatsSettings
-from workers.runtime.waiting import Patience
+from workers.runtime.base.errors import (
+    RefusedError,
+    SettingError,
+    UnreachableError,
+    is_nats_refusal,
+)
+from workers.runtime.base.settings import ConsumerSettings, NatsSettings
+from workers.runtime.base.waiting import Patience
+from workers.runtime.bus import principals
 
 log = logging.getLogger(__name__)
 

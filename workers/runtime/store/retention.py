@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import asyncpg
 
-from workers.runtime import leases
+from workers.runtime.store import leases
 
 log = logging.getLogger(__name__)
 
