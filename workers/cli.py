@@ -104,11 +104,11 @@ def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.subjects import Subjects
     from workers.registry import WORKERS
-    from workers.runtime.bus import streams
+    from workers.runtime.bus import connection, streams
 
     async def run() -> int:
         subjects = Subjects(settings.subject_root)
-        nc = await streams.connect(settings.nats, name="bcw provision")
+        nc = await connection.connect(settings.nats, name="bcw provision")
         try:
             js = nc.jetstream()
             for stream, state in (
@@ -132,11 +132,11 @@ def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
 
 def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.subjects import Subjects
-    from workers.runtime.bus import deadletter, streams
+    from workers.runtime.bus import connection, deadletter
 
     async def run() -> int:
         subjects = Subjects(settings.subject_root)
-        nc = await streams.connect(settings.nats, name="bcw dead-letters")
+        nc = await connection.connect(settings.nats, name="bcw dead-letters")
         try:
             js = nc.jetstream()
             letters = await deadletter.list_dead_letters(js, subjects, args.worker, args.limit)

@@ -21,7 +21,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from schemas.subjects import Subjects
 from workers.runtime.base.settings import Settings
-from workers.runtime.bus import streams
+from workers.runtime.bus import connection
 
 DURATION = re.compile(r"^(\d+)([smhd])$")
 
@@ -60,7 +60,7 @@ async def follow(
     out: Callable[[str], None] = print,
 ) -> int:
     subjects = Subjects(settings.subject_root)
-    nc = await streams.connect(settings.nats, name="bcw events")
+    nc = await connection.connect(settings.nats, name="bcw events")
     shown = 0
     done = asyncio.Event()
     last = asyncio.get_running_loop().time()

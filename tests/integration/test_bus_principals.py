@@ -30,7 +30,7 @@ from workers.gateway import Gateway, HelloRequest
 from workers.registry import WORKERS
 from workers.runtime.base.errors import RefusedError
 from workers.runtime.base.settings import NatsSettings
-from workers.runtime.bus import principals, streams
+from workers.runtime.bus import connection, principals
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +82,7 @@ async def _client(keys: Path, url: str, principal: str) -> AsyncIterator[tuple[N
 
 async def test_nobody_unauthenticated_gets_in(secured: str) -> None:
     with pytest.raises(RefusedError) as refused:
-        await streams.connect(NatsSettings(url=secured, connect_timeout=2.0), name="anonymous")
+        await connection.connect(NatsSettings(url=secured, connect_timeout=2.0), name="anonymous")
     assert refused.value.setting == "BCW_NATS_URL"
 
 
@@ -108,7 +108,7 @@ async def test_each_principal_does_its_work_and_nothing_else(
         base.model_copy(update={"nats": _as(keys, secured, f"worker-{name}")}) for name in WORKERS
     ]
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4)
-    gateway_nc = await streams.connect(_as(keys, secured, "gateway-gw-1"), name="gw-1")
+    gateway_nc = await connection.connect(_as(keys, secured, "gateway-gw-1"), name="gw-1")
     gateway = Gateway("gw-1", pool, gateway_nc, SUBJECTS)
     async with contextlib.AsyncExitStack() as stack:
         for settings, name in zip(workers, WORKERS, strict=True):

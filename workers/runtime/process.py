@@ -28,7 +28,7 @@ from schemas.subjects import Subjects
 from workers.runtime.base.errors import SettingError, Severity, classify
 from workers.runtime.base.settings import Settings
 from workers.runtime.base.waiting import Patience, sleep_or_stop
-from workers.runtime.bus import streams
+from workers.runtime.bus import connection, streams
 from workers.runtime.bus.deadletter import watch_max_deliveries
 from workers.runtime.effects.consumer import FactConsumer
 from workers.runtime.effects.outbox import OutboxRelay
@@ -149,7 +149,9 @@ async def _serve(
     tracer = tracing.tracer(provider)
     parts.nc = await _until_up(
         "NATS",
-        lambda: streams.connect(settings.nats, name=f"bcw {names} {instance}", on_refused=refused),
+        lambda: connection.connect(
+            settings.nats, name=f"bcw {names} {instance}", on_refused=refused
+        ),
         stopping,
     )
     if parts.nc is None:

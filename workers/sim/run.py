@@ -11,7 +11,7 @@ from rich.table import Table
 
 from schemas.subjects import Subjects
 from workers.runtime.base.settings import Settings
-from workers.runtime.bus import streams
+from workers.runtime.bus import connection, streams
 from workers.sim.scenarios import SCENARIOS
 from workers.sim.simulator import Simulator
 
@@ -21,7 +21,7 @@ async def run_scenario(
 ) -> int:
     console = Console()
     subjects = Subjects(settings.subject_root)
-    nc = await streams.connect(settings.nats, name="bcw sim")
+    nc = await connection.connect(settings.nats, name="bcw sim")
     pool = await asyncpg.create_pool(
         settings.database.url.get_secret_value(), min_size=2, max_size=8
     )

@@ -10,7 +10,7 @@ shows the same table, generated from `principals()`.
 - `subscriber`: reads the events through consumers of its own on the events stream.
 
 Every principal's replies come to an inbox of its own, `_INBOX.<its public key>.>`
-(`bus.connect` sets that prefix when it logs in with an nkey seed), so no principal can
+(`connection.connect` sets that prefix when it logs in with an nkey seed), so no principal can
 read another's replies (a worker's pulled facts, say).
 """
 
