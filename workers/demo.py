@@ -28,15 +28,14 @@ from rich.table import Table
 from schemas.subjects import Subjects
 from workers.embedded import embedded_servers
 from workers.registry import WORKERS
-from workers.runtime.base.settings import (
+from workers.runtime.base.rule_settings import LivenessSettings, ReplaySettings
+from workers.runtime.base.runtime_settings import (
     ConsumerSettings,
     DatabaseSettings,
-    LivenessSettings,
     NatsSettings,
     OutboxSettings,
-    ReplaySettings,
-    Settings,
 )
+from workers.runtime.base.settings import Settings
 from workers.runtime.bus import streams
 from workers.runtime.observability import tracing
 from workers.runtime.process import run_process

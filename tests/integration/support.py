@@ -23,13 +23,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from schemas import REGISTRY, Fact, NodeDisconnected, Status
 from schemas.subjects import Subjects
 from workers.runtime.base.errors import PermanentError
-from workers.runtime.base.settings import (
+from workers.runtime.base.runtime_settings import (
     ConsumerSettings,
     DatabaseSettings,
     NatsSettings,
     OutboxSettings,
-    Settings,
 )
+from workers.runtime.base.settings import Settings
 from workers.runtime.effects import outcome
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.worker import Runtime, Tx, Worker

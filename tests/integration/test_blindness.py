@@ -34,7 +34,9 @@ from workers.gateway import Gateway, GatewaySettings, HelloRequest
 from workers.liveness.decide import Rules
 from workers.liveness.sweep import sweep_once
 from workers.proxy import Mode, TcpProxy
-from workers.runtime.base.settings import LivenessSettings, NatsSettings, Settings
+from workers.runtime.base.rule_settings import LivenessSettings
+from workers.runtime.base.runtime_settings import NatsSettings
+from workers.runtime.base.settings import Settings
 from workers.runtime.bus import streams
 
 S = timedelta(seconds=1)

@@ -29,7 +29,7 @@ from workers.embedded import EmbeddedNats
 from workers.gateway import Gateway, HelloRequest
 from workers.registry import WORKERS
 from workers.runtime.base.errors import RefusedError
-from workers.runtime.base.settings import NatsSettings
+from workers.runtime.base.runtime_settings import NatsSettings
 from workers.runtime.bus import connection, principals
 
 pytestmark = pytest.mark.slow

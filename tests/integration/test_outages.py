@@ -34,7 +34,8 @@ from tests.integration.support import (
 )
 from workers.proxy import Mode, TcpProxy
 from workers.registry import WORKERS
-from workers.runtime.base.settings import DatabaseSettings, LivenessSettings, NatsSettings
+from workers.runtime.base.rule_settings import LivenessSettings
+from workers.runtime.base.runtime_settings import DatabaseSettings, NatsSettings
 from workers.runtime.bus import streams
 
 OUTAGE_SECONDS = 90.0

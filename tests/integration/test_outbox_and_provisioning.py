@@ -19,7 +19,7 @@ from schemas import Zombie
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration.support import bcw, stream_messages
-from workers.runtime.base.settings import ConsumerSettings, DatabaseSettings, OutboxSettings
+from workers.runtime.base.runtime_settings import ConsumerSettings, DatabaseSettings, OutboxSettings
 from workers.runtime.bus import streams
 from workers.runtime.bus.streams import ConsumerSpec
 from workers.runtime.effects.outbox import OutboxBatch, OutboxRelay

@@ -22,7 +22,8 @@ from tests.integration.driver import driving
 from tests.integration.support import eventually
 from workers import replay
 from workers.replay.dispatch import dispatch_round
-from workers.runtime.base.settings import ReplaySettings, Settings
+from workers.runtime.base.rule_settings import ReplaySettings
+from workers.runtime.base.settings import Settings
 
 SETTINGS = Settings()
 WORKER = replay.build(SETTINGS)

@@ -407,7 +407,7 @@ async def test_a_fact_the_server_stopped_redelivering_is_dead_lettered_from_the_
 ) -> None:
     """A process that crashes on a fact at every delivery never settles it: JetStream stops
     after max_deliver and says so in an advisory, which the runtime turns into a dead letter."""
-    from workers.runtime.base.settings import ConsumerSettings
+    from workers.runtime.base.runtime_settings import ConsumerSettings
     from workers.runtime.bus.deadletter import watch_max_deliveries
 
     js = nc.jetstream()
@@ -472,7 +472,7 @@ async def test_a_pooled_connection_comes_back_without_its_open_transaction(
 ) -> None:
     """The pool skips asyncpg's reset query; a connection released inside a transaction
     (a handler that began one by hand, say) is still rolled back, and its writes are gone."""
-    from workers.runtime.base.settings import DatabaseSettings
+    from workers.runtime.base.runtime_settings import DatabaseSettings
     from workers.runtime.store import db
 
     pool = await db.create_pool(DatabaseSettings(url=database_url, pool_min=1, pool_max=1))

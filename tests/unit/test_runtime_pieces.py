@@ -198,7 +198,7 @@ def test_bad_settings_name_their_variable(
 
 
 def test_our_sessions_end_when_idle_in_a_transaction_unless_told_not_to() -> None:
-    from workers.runtime.base.settings import DatabaseSettings
+    from workers.runtime.base.runtime_settings import DatabaseSettings
     from workers.runtime.store.db import server_settings
 
     assert server_settings(DatabaseSettings()) == {"idle_in_transaction_session_timeout": "30000"}

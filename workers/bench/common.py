@@ -22,7 +22,8 @@ from nats.js import JetStreamContext
 from schemas import REGISTRY, Fact, Hello
 from schemas.subjects import Subjects
 from workers.embedded import EmbeddedNats, EmbeddedPostgres
-from workers.runtime.base.settings import ConsumerSettings, Settings
+from workers.runtime.base.runtime_settings import ConsumerSettings
+from workers.runtime.base.settings import Settings
 from workers.runtime.effects.worker import Worker
 from workers.runtime.store import migrate
 
@@ -156,7 +157,7 @@ async def consume_and_relay(
     from opentelemetry import trace
 
     from schemas.subjects import Subjects
-    from workers.runtime.base.settings import DatabaseSettings, OutboxSettings
+    from workers.runtime.base.runtime_settings import DatabaseSettings, OutboxSettings
     from workers.runtime.bus import streams
     from workers.runtime.effects.consumer import FactConsumer
     from workers.runtime.effects.outbox import OutboxRelay

@@ -42,7 +42,8 @@ from workers.bench.common import (
     publish_facts,
     wire,
 )
-from workers.runtime.base.settings import ConsumerSettings, Settings
+from workers.runtime.base.runtime_settings import ConsumerSettings
+from workers.runtime.base.settings import Settings
 from workers.runtime.bus import streams
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.worker import Tx, Worker

@@ -20,7 +20,7 @@ from schemas.facts import CloseReason
 from schemas.notices import Dispatch, EventAck, Zombie
 from schemas.subjects import Subjects
 from workers.gateway.types import Session
-from workers.runtime.base.settings import ConsumerSettings
+from workers.runtime.base.runtime_settings import ConsumerSettings
 from workers.runtime.bus import streams
 from workers.runtime.bus.pull import ContinuousPull
 from workers.runtime.observability import tracing

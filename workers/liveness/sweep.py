@@ -47,7 +47,7 @@ from workers.liveness.decide import (
     sees,
     sight_change,
 )
-from workers.runtime.base.settings import LivenessSettings
+from workers.runtime.base.rule_settings import LivenessSettings
 from workers.runtime.effects.outbox import OutboxBatch
 from workers.runtime.effects.worker import Loop, Runtime
 from workers.runtime.store import leases

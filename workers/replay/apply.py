@@ -34,7 +34,7 @@ from workers.replay.decide import (
     plan_replay,
     progress_to,
 )
-from workers.runtime.base.settings import ReplaySettings
+from workers.runtime.base.rule_settings import ReplaySettings
 from workers.runtime.effects import outcome
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.worker import Handler, Tx

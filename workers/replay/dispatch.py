@@ -31,7 +31,7 @@ from schemas.events import CommandCancelled
 from schemas.subjects import Subjects
 from workers.replay.apply import DISPATCH_CHANNEL, command_event, command_from_row, dispatch_notice
 from workers.replay.decide import Command, Session, lane_limits, plan_dispatch
-from workers.runtime.base.settings import ReplaySettings
+from workers.runtime.base.rule_settings import ReplaySettings
 from workers.runtime.base.waiting import wait_any
 from workers.runtime.effects.outbox import OutboxBatch
 from workers.runtime.effects.worker import Loop, Runtime

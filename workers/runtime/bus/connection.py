@@ -21,7 +21,7 @@ from workers.runtime.base.errors import (
     UnreachableError,
     is_nats_refusal,
 )
-from workers.runtime.base.settings import NatsSettings
+from workers.runtime.base.runtime_settings import NatsSettings
 from workers.runtime.base.waiting import Patience
 from workers.runtime.bus import principals
 

@@ -23,7 +23,7 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError, NotFoundError
 
 from schemas.subjects import Subjects
-from workers.runtime.base.settings import ConsumerSettings
+from workers.runtime.base.runtime_settings import ConsumerSettings
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from opentelemetry import trace
 from schemas.subjects import Subjects
 from workers.runtime.base.errors import Severity, as_setting_error, classify
 from workers.runtime.base.retrying import Pinned, Waiting, patiently
-from workers.runtime.base.settings import ConsumerSettings
+from workers.runtime.base.runtime_settings import ConsumerSettings
 from workers.runtime.base.waiting import Patience, sleep_or_stop
 from workers.runtime.bus.deadletter import dead_letter_msg
 from workers.runtime.bus.pull import ContinuousPull

@@ -28,7 +28,7 @@ from schemas.base import Message
 from schemas.registry import REGISTRY, SCHEMA_HEADER, TYPE_HEADER
 from schemas.subjects import Subjects, split_gateway_subject
 from workers.runtime.base.errors import Severity, as_setting_error, classify
-from workers.runtime.base.settings import DatabaseSettings, OutboxSettings
+from workers.runtime.base.runtime_settings import DatabaseSettings, OutboxSettings
 from workers.runtime.base.waiting import Patience, sleep_or_stop, wait_any
 from workers.runtime.bus.acked import AckedPublisher
 from workers.runtime.bus.deadletter import TRUNCATED, dead_letter

@@ -23,7 +23,7 @@ from workers.runtime.base.errors import (
     UnreachableError,
     classify,
 )
-from workers.runtime.base.settings import DatabaseSettings
+from workers.runtime.base.runtime_settings import DatabaseSettings
 
 URL_SETTING = "BCW_DATABASE_URL"
 

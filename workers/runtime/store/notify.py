@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from workers.runtime.base.settings import DatabaseSettings
+from workers.runtime.base.runtime_settings import DatabaseSettings
 from workers.runtime.base.waiting import sleep_or_stop
 from workers.runtime.store import db
 

@@ -1,0 +1,98 @@
+"""The settings groups of the workers' rules: the liveness controller, the replay dispatcher
+and the quarantine enforcer (`BCW_LIVENESS_*`, `BCW_REPLAY_*`, `BCW_QUARANTINE_*`).
+Gathered by `settings.Settings`; the runtime only carries them to the workers.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pydantic import Field
+from pydantic_settings import BaseSettings
+
+from workers.runtime.base.setting_types import Seconds, env_group
+
+
+class LivenessSettings(BaseSettings):
+    """The liveness controller's periods and thresholds."""
+
+    model_config = env_group("BCW_LIVENESS_")
+
+    sweep_interval: float = Field(default=5.0, gt=0, description="seconds between sweeps")
+    heartbeat_interval: Seconds = Field(
+        default=timedelta(seconds=10), description="daemon heartbeat"
+    )
+    missed_heartbeats: int = Field(
+        default=3, ge=1, description="heartbeats missed before a session is stale"
+    )
+    flush_period: Seconds = Field(
+        default=timedelta(seconds=15), description="gateway liveness flush period"
+    )
+    gateway_grace: Seconds = Field(
+        default=timedelta(seconds=120),
+        description="after a gateway's lease expired, before its sessions go",
+    )
+    outage_threshold: Seconds = Field(
+        default=timedelta(seconds=20),
+        description="a gap between sweeps longer than this is an outage",
+    )
+    outage_grace: Seconds = Field(
+        default=timedelta(minutes=5),
+        description="age-based transitions wait this long after an outage",
+    )
+    lease_ttl: Seconds = Field(
+        default=timedelta(seconds=15), description="the sweep lease; a standby takes over after it"
+    )
+    blind_after: Seconds | None = Field(
+        default=None,
+        description="a gateway none of whose flushes was applied for this long is blind "
+        "(its sessions are held); default two flush periods",
+    )
+    breaker_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="a sweep that would disconnect more than this share of one gateway's "
+        "connected sessions disconnects none of them (the fleet breaker)",
+    )
+    breaker_minimum: int = Field(
+        default=20, ge=1, description="the breaker holds only this many stale sessions or more"
+    )
+
+    @property
+    def stale_after(self) -> timedelta:
+        """3 heartbeat intervals plus one flush period: 45 s by default."""
+        return self.heartbeat_interval * self.missed_heartbeats + self.flush_period
+
+    @property
+    def blind_after_or_default(self) -> timedelta:
+        """`blind_after`, or two flush periods (30 s by default)."""
+        return self.blind_after or 2 * self.flush_period
+
+
+class ReplaySettings(BaseSettings):
+    """The replay dispatcher's credits, back-off and dispatch loop."""
+
+    model_config = env_group("BCW_REPLAY_")
+
+    credits: int = Field(default=8, ge=1, description="commands in flight per node and lane")
+    busy_base: Seconds = Field(default=timedelta(seconds=1), description="first BUSY back-off")
+    busy_cap: Seconds = Field(default=timedelta(seconds=30), description="largest BUSY back-off")
+    dispatch_interval: float = Field(
+        default=1.0, gt=0, description="seconds between dispatch rounds when nothing wakes the loop"
+    )
+    nodes_per_round: int = Field(
+        default=500, ge=1, description="nodes a dispatch round serves at most"
+    )
+    lease_ttl: Seconds = Field(default=timedelta(seconds=10), description="the dispatch lease")
+
+
+class QuarantineSettings(BaseSettings):
+    """The quarantine enforcer's limits."""
+
+    model_config = env_group("BCW_QUARANTINE_")
+
+    max_alternations: int = Field(
+        default=3, ge=1, description="alternations allowed in the window; one more quarantines"
+    )
+    window: Seconds = Field(default=timedelta(minutes=10), description="the counting window")

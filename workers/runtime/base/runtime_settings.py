@@ -1,0 +1,183 @@
+"""The settings groups of the runtime: PostgreSQL, NATS, the consumer, the outbox relay and
+retention (`BCW_DATABASE_*`, `BCW_NATS_*`, `BCW_CONSUMER_*`, `BCW_OUTBOX_*`,
+`BCW_RETENTION_*`). Gathered by `settings.Settings`; nothing here reads the environment
+by itself.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from urllib.parse import urlsplit
+
+from pydantic import Field, FilePath, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings
+
+from workers.runtime.base.setting_types import Seconds, env_group
+
+
+class DatabaseSettings(BaseSettings):
+    """PostgreSQL. `BCW_DATABASE_URL` is a libpq URL; it may carry a password."""
+
+    model_config = env_group("BCW_DATABASE_")
+
+    url: SecretStr = Field(
+        default=SecretStr("postgresql://postgres@127.0.0.1:5432/postgres"),
+        description="libpq connection URL",
+    )
+    pool_min: int = Field(default=1, ge=0, description="connections kept open")
+    pool_max: int = Field(default=8, ge=1, description="at most this many connections per process")
+    command_timeout: float = Field(
+        default=20.0, gt=0, description="seconds; keep below the consumer's ack_wait"
+    )
+    connect_timeout: float = Field(
+        default=10.0, gt=0, description="seconds one connection attempt may take"
+    )
+    idle_in_transaction_timeout: float = Field(
+        default=30.0,
+        ge=0,
+        description="seconds PostgreSQL keeps one of our sessions idle in a transaction before "
+        "ending it: a worker cut off by a partition must not hold its row locks for hours; "
+        "0 sends nothing (e.g. behind a PgBouncer that refuses the startup parameter)",
+    )
+    statement_cache_size: int = Field(
+        default=100, ge=0, description="0 behind PgBouncer (transaction mode) older than 1.21"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url_is_postgres(cls, value: SecretStr) -> SecretStr:
+        # never echo the URL: it may carry a password
+        try:
+            parts = urlsplit(value.get_secret_value())
+            parts.port  # noqa: B018 - parses the port
+        except ValueError as error:
+            raise ValueError(f"not a valid URL ({error})") from None
+        if parts.scheme not in ("postgresql", "postgres"):
+            raise ValueError("must be a postgresql:// URL")
+        return value
+
+    @model_validator(mode="after")
+    def _pool_bounds(self) -> DatabaseSettings:
+        if self.pool_min > self.pool_max:
+            raise ValueError(
+                f"BCW_DATABASE_POOL_MIN ({self.pool_min}) is above BCW_DATABASE_POOL_MAX ({self.pool_max})"
+            )
+        return self
+
+
+class NatsSettings(BaseSettings):
+    """NATS and JetStream."""
+
+    model_config = env_group("BCW_NATS_")
+
+    url: str = Field(default="nats://127.0.0.1:4222", description="comma-separated server URLs")
+    connect_timeout: float = Field(
+        default=5.0, gt=0, description="seconds one connection attempt may take"
+    )
+    creds_file: FilePath | None = Field(default=None, description="NATS credentials (.creds) file")
+    nkey_seed_file: FilePath | None = Field(
+        default=None,
+        description="nkey seed file (`bcw auth nats`); replies then come to `_INBOX.<key>.>`",
+    )
+    user: str | None = Field(default=None, description="user name, if not using creds")
+    password: SecretStr | None = Field(default=None, description="password for `user`")
+    token: SecretStr | None = Field(default=None, description="auth token")
+    tls_ca_file: FilePath | None = Field(default=None, description="CA bundle for TLS")
+    tls_cert_file: FilePath | None = Field(default=None, description="client certificate (mTLS)")
+    tls_key_file: FilePath | None = Field(default=None, description="client key (mTLS)")
+    stream_replicas: int = Field(default=1, ge=1, le=5, description="3 on a clustered JetStream")
+
+    @field_validator("url")
+    @classmethod
+    def _urls_are_nats(cls, value: str) -> str:
+        servers = [part.strip() for part in value.split(",") if part.strip()]
+        if not servers:
+            raise ValueError("names no server")
+        for server in servers:
+            try:
+                parts = urlsplit(server if "://" in server else f"nats://{server}")
+                port = parts.port
+            except ValueError as error:
+                raise ValueError(f"{server!r} is not a valid URL ({error})") from None
+            if parts.scheme not in ("nats", "tls", "ws", "wss") or not parts.hostname:
+                raise ValueError(f"{server!r} is not a nats://host:port URL")
+            del port
+        return value
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> NatsSettings:
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("BCW_NATS_TLS_CERT_FILE and BCW_NATS_TLS_KEY_FILE go together")
+        return self
+
+    @property
+    def servers(self) -> list[str]:
+        return [part.strip() for part in self.url.split(",") if part.strip()]
+
+
+class ConsumerSettings(BaseSettings):
+    """How a worker consumes its facts."""
+
+    model_config = env_group("BCW_CONSUMER_")
+
+    batch_size: int = Field(
+        default=256, ge=1, le=1000, description="facts fetched and applied at once"
+    )
+    lanes: int = Field(
+        default=2,
+        ge=1,
+        le=16,
+        description="batches applied at once; one node's facts keep one lane",
+    )
+    fetch_timeout: float = Field(default=1.0, gt=0, description="seconds a fetch waits for facts")
+    ack_wait: float = Field(default=60.0, gt=0, description="seconds before JetStream redelivers")
+    max_deliver: int = Field(
+        default=10, ge=2, description="deliveries before a fact is dead-lettered"
+    )
+    max_ack_pending: int = Field(default=4096, ge=1, description="unacked facts per consumer")
+    retry_attempts: int = Field(
+        default=5, ge=1, description="tries of a transient failure per batch"
+    )
+    retry_max_seconds: float = Field(
+        default=5.0, gt=0, description="largest back-off between tries"
+    )
+    nak_delay: float = Field(
+        default=2.0, ge=0, description="seconds before a failed fact is redelivered"
+    )
+    drain_seconds: float = Field(default=8.0, gt=0, description="bound on the SIGTERM drain")
+
+
+class OutboxSettings(BaseSettings):
+    """The outbox relay."""
+
+    model_config = env_group("BCW_OUTBOX_")
+
+    relay: bool = Field(
+        default=True,
+        description="run the relay in this process; off where dedicated `bcw run relay` processes relay",
+    )
+    batch_size: int = Field(default=500, ge=1, description="rows claimed per round")
+    poll_seconds: float = Field(default=1.0, gt=0, description="fallback poll when no NOTIFY comes")
+    publish_timeout: float = Field(default=5.0, gt=0, description="seconds to wait for a PubAck")
+
+
+class RetentionSettings(BaseSettings):
+    """Pruning of old rows, in bounded batches, by one leased replica."""
+
+    model_config = env_group("BCW_RETENTION_")
+
+    node_events: Seconds = Field(
+        default=timedelta(days=30), description="keep node events this long"
+    )
+    processed_facts: Seconds = Field(
+        default=timedelta(hours=25),
+        description="keep inbox rows this long: longer than the facts stream's max age (24 h)",
+    )
+    session_history: Seconds = Field(
+        default=timedelta(days=7), description="keep session history (bcw explain) this long"
+    )
+    interval: float = Field(default=60.0, gt=0, description="seconds between pruning passes")
+    batch: int = Field(default=5000, ge=1, description="rows deleted per statement")
+    lease_ttl: Seconds = Field(
+        default=timedelta(seconds=30), description="lease of the pruning loop"
+    )
