@@ -1,0 +1,7 @@
+"""`python -m workers.cli …` is `bcw …` (the tests and benchmarks start workers this way)."""
+
+import sys
+
+from workers.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,81 @@
+"""`bcw bench …`: the benchmarks that print figures (docs/benchmarks.md records them).
+Each benchmark lives in `workers.bench`; this module only picks one and passes its
+arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from workers.cli.common import Commands
+from workers.runtime.base.settings import Settings
+
+
+def add(commands: Commands) -> None:
+    """Register this group's commands."""
+    bench = commands.add_parser("bench", help="benchmarks that print figures")
+    bench.add_argument(
+        "bench",
+        choices=["runtime", "labeler", "sweep", "replay", "storm", "herd", "chaos"],
+        help="which benchmark",
+    )
+    bench.add_argument("--nodes", type=int, default=100_000, help="fleet size (labeler, sweep, …)")
+    bench.add_argument("--facts", type=int, default=50_000, help="facts to push through")
+    bench.add_argument("--gateways", type=int, default=20, help="gateways (storm, herd)")
+    bench.add_argument(
+        "--processes", type=int, default=4, help="processes the gateways run in (storm)"
+    )
+    bench.add_argument(
+        "--rounds", type=int, default=3, help="runs of each pipeline (medians shown)"
+    )
+    bench.add_argument("--minutes", type=float, default=10.0, help="how long faults go on (chaos)")
+    bench.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="Hellos a second (chaos: 20 in all; herd: 200 per gateway)",
+    )
+    bench.add_argument("--seed", type=int, default=1, help="the faults' random seed (chaos)")
+    bench.add_argument(
+        "--embedded",
+        action="store_true",
+        help="start embedded servers for the run (else BCW_*_URL)",
+    )
+    bench.set_defaults(handler=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    if args.bench == "runtime":
+        from workers.bench import runtime
+
+        return asyncio.run(runtime.run(settings, args.facts, args.embedded, args.rounds))
+    if args.bench == "labeler":
+        from workers.bench import labeler
+
+        return asyncio.run(labeler.run(settings, args.nodes, args.embedded))
+    if args.bench == "sweep":
+        from workers.bench import sweep
+
+        return asyncio.run(sweep.run(settings, args.nodes, args.embedded, args.rounds))
+    if args.bench == "replay":
+        from workers.bench import replay
+
+        return asyncio.run(replay.run(settings, args.nodes, args.embedded))
+    if args.bench == "chaos":
+        from workers.bench import chaos
+
+        return asyncio.run(chaos.run(args.minutes, args.rate or 20.0, args.seed))
+    if args.bench == "storm":
+        from workers.bench import storm
+
+        return asyncio.run(
+            storm.run(settings, args.nodes, args.gateways, args.embedded, args.processes)
+        )
+    if args.bench == "herd":
+        from workers.bench import herd
+
+        return asyncio.run(
+            herd.run(settings, args.nodes, args.gateways, args.rate or 200.0, args.embedded)
+        )
+    return 2

@@ -1,0 +1,58 @@
+"""`bcw`: the one entry point of bc-workers (migrate, provision, run, demo, bench, …).
+
+Parses arguments, reads settings, and hands over to the command group's handler. The
+one place that turns errors into what an operator reads: one line naming the setting,
+and an exit code (0 done; 1 failed, e.g. a server out of reach; 2 a bad setting or
+usage; 3 credentials or permissions refused). A traceback only with
+`BCW_LOG_LEVEL=DEBUG`. Signal handlers are installed by `running.run_workers` alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from workers.cli import bench, operating, provisioning, running
+from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED
+from workers.runtime.base.errors import SettingError
+from workers.runtime.base.settings import Settings, describe
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bcw", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for group in (provisioning, running, operating, bench):
+        group.add(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings()
+    except ValidationError as error:
+        for line in describe(error):
+            print(f"bcw: {line}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+    try:
+        code: int = args.handler(args, settings)
+    except SettingError as error:
+        _explain(args.command, str(error))
+        return error.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:  # a bug, or a failure nothing above names: still one line
+        _explain(args.command, f"{type(error).__name__}: {error}")
+        return EXIT_FAILED
+    return code
+
+
+def _explain(command: str, line: str) -> None:
+    if os.environ.get("BCW_LOG_LEVEL", "").upper() == "DEBUG":
+        traceback.print_exc()
+    print(f"bcw {command}: {line}", file=sys.stderr)

@@ -1,0 +1,201 @@
+"""Daily operations: `bcw dead-letters`, `bcw commands`, `bcw explain`, `bcw liveness
+release` and `bcw events` — reading what the system did and the few actions an
+operator takes on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from datetime import timedelta
+
+from workers.cli.common import EXIT_FAILED, Commands
+from workers.runtime.base.settings import Settings
+
+
+def add(commands: Commands) -> None:
+    """Register this group's commands."""
+    dead = commands.add_parser("dead-letters", help="list or re-drive dead-lettered messages")
+    dead.add_argument("action", choices=["list", "redrive"])
+    dead.add_argument("--worker", help="only this worker's dead letters")
+    dead.add_argument(
+        "--seq", type=int, action="append", help="only this dead-letter sequence (repeatable)"
+    )
+    dead.add_argument("--limit", type=int, default=1000, help="at most this many")
+    dead.set_defaults(handler=_cmd_dead_letters)
+
+    listing = commands.add_parser("commands", help="a node's commands: state, epoch, attempts")
+    listing.add_argument("node")
+    listing.add_argument("--limit", type=int, default=100, help="the latest this many")
+    listing.set_defaults(handler=_cmd_commands)
+
+    why = commands.add_parser(
+        "explain", help="why a node is where it is: its session and its timeline, with trace ids"
+    )
+    why.add_argument("node")
+    why.add_argument(
+        "--since", type=_since, default="24h", help="how far back (30m, 1h, 2d; default 24h)"
+    )
+    why.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    why.set_defaults(handler=_cmd_explain)
+
+    live = commands.add_parser("liveness", help="the liveness controller's fleet breaker")
+    live_commands = live.add_subparsers(dest="liveness_command", required=True)
+    release = live_commands.add_parser(
+        "release", help="let the next sweep disconnect the stale sessions an open breaker holds"
+    )
+    release.add_argument("--gateway", required=True, help="the gateway whose breaker is open")
+    release.add_argument("--by", help="who releases it (for the log); default user@host")
+    release.set_defaults(handler=_cmd_liveness_release)
+
+    events = commands.add_parser("events", help="follow the session events workers publish")
+    events.add_argument(
+        "--type", default=">", help="event type, NATS wildcards allowed: node.*, command.>"
+    )
+    events.add_argument("--node", help="only this node's events")
+    events.add_argument("--since", help="from this long ago (10m, 2h, 1d) or this ISO 8601 time")
+    events.add_argument("--all", action="store_true", help="from the start of the stream")
+    events.add_argument("--json", action="store_true", help="one JSON object per line")
+    events.add_argument("--count", type=int, help="exit after this many events")
+    events.add_argument("--idle-exit", type=float, help="exit after this many quiet seconds")
+    events.set_defaults(handler=_cmd_events)
+
+
+def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
+    from schemas.subjects import Subjects
+    from workers.runtime.bus import connection, deadletter
+
+    async def run() -> int:
+        subjects = Subjects(settings.subject_root)
+        nc = await connection.connect(settings.nats, name="bcw dead-letters")
+        try:
+            js = nc.jetstream()
+            letters = await deadletter.list_dead_letters(js, subjects, args.worker, args.limit)
+            if args.seq:
+                letters = [letter for letter in letters if letter.seq in set(args.seq)]
+            if args.action == "list":
+                for letter in letters:
+                    when = letter.time.isoformat(timespec="seconds") if letter.time else "-"
+                    print(
+                        f"{letter.seq:>8} {when} {letter.worker:<12} {letter.cause:<15} {letter.subject}  {letter.reason}"
+                    )
+                print(f"{len(letters)} dead letter(s)")
+                return 0
+            refused = 0
+            for letter in letters:
+                try:
+                    await deadletter.redrive(js, subjects, letter)
+                except deadletter.RedriveError as error:
+                    print(f"not re-driven: {error}", file=sys.stderr)
+                    refused += 1
+                    continue
+                print(f"re-drove {letter.seq} to {letter.subject}")
+            print(f"{len(letters) - refused} re-driven")
+            return EXIT_FAILED if refused else 0
+        finally:
+            await nc.close()
+
+    return asyncio.run(run())
+
+
+def _cmd_commands(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.replay.commands import list_commands
+    from workers.runtime.store import db
+
+    async def run() -> int:
+        conn = await db.connect(settings.database)
+        try:
+            rows = await list_commands(conn, args.node, args.limit)
+        finally:
+            await conn.close()
+        print(
+            f"{'seq':>5} {'state':<10} {'epoch':>5} {'tries':>5} {'busy':>4} {'lane':<10} {'kind':<20} command_id / reason"
+        )
+        for r in rows:
+            epoch = "-" if r["session_epoch"] is None else r["session_epoch"]
+            extra = r["failure_reason"] or (
+                f"not before {r['not_before']:%H:%M:%S}" if r["not_before"] else ""
+            )
+            print(
+                f"{r['seq']:>5} {r['state']:<10} {epoch:>5} {r['delivery_attempt']:>5} {r['busy_attempts']:>4} "
+                f"{r['lane']:<10} {r['kind']:<20} {r['command_id']} {extra}".rstrip()
+            )
+        if not rows:
+            print(f"no commands for node {args.node!r}")
+        return 0
+
+    return asyncio.run(run())
+
+
+def _cmd_explain(args: argparse.Namespace, settings: Settings) -> int:
+    from workers import explain
+    from workers.runtime.store import db
+
+    async def run() -> int:
+        conn = await db.connect(settings.database)
+        try:
+            row = await explain.session(conn, args.node)
+            steps = await explain.timeline(conn, args.node, args.since)
+        finally:
+            await conn.close()
+        if args.json:
+            print(explain.as_json(args.node, row, steps))
+        else:
+            explain.render(args.node, row, steps, str(args.since))
+        return 0 if row is not None else 1
+
+    return asyncio.run(run())
+
+
+def _since(text: str) -> timedelta:
+    from workers.explain import parse_since
+
+    try:
+        return parse_since(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _cmd_liveness_release(args: argparse.Namespace, settings: Settings) -> int:
+    import getpass
+    import socket
+
+    from workers.liveness.breaker import release
+    from workers.runtime.store import db
+
+    who = args.by or f"{getpass.getuser()}@{socket.gethostname()}"
+
+    async def run() -> int:
+        conn = await db.connect(settings.database)
+        try:
+            released = await release(conn, args.gateway, who)
+        finally:
+            await conn.close()
+        if released is None:
+            print(
+                f"bcw liveness release: no open breaker for gateway {args.gateway!r}",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
+        print(
+            f"breaker of gateway {args.gateway} released by {who} at {released:%Y-%m-%d %H:%M:%S%z}; "
+            "the next sweep disconnects its stale sessions"
+        )
+        return 0
+
+    return asyncio.run(run())
+
+
+def _cmd_events(args: argparse.Namespace, settings: Settings) -> int:
+    from workers import tail
+
+    try:
+        return asyncio.run(
+            tail.follow(
+                settings, event_type=args.type, node=args.node, since=args.since, everything=args.all,
+                as_json=args.json, count=args.count, idle_exit=args.idle_exit,
+            )
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        return 0

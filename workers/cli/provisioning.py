@@ -1,0 +1,141 @@
+"""Setting a system up: `bcw migrate`, `bcw provision`, `bcw schemas export` and
+`bcw auth nats` — the database schema and roles, the streams and consumers, the
+contract's JSON Schemas, the bus principals' keys and permissions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, Commands
+from workers.runtime.base.settings import Settings
+
+
+def add(commands: Commands) -> None:
+    """Register this group's commands."""
+    migrate = commands.add_parser("migrate", help="apply the database migrations")
+    migrate.add_argument(
+        "--status", action="store_true", help="list applied and pending migrations"
+    )
+    migrate.add_argument(
+        "--print-grants",
+        action="store_true",
+        help="print the SQL that creates the bcw_* roles and grants them least privilege",
+    )
+    migrate.set_defaults(handler=_cmd_migrate)
+
+    schemas = commands.add_parser("schemas", help="the bus contract's JSON Schemas")
+    schemas_commands = schemas.add_subparsers(dest="schemas_command", required=True)
+    export = schemas_commands.add_parser("export", help="write every message's JSON Schema to DIR")
+    export.add_argument("directory")
+    export.set_defaults(handler=_cmd_schemas_export)
+
+    provision = commands.add_parser("provision", help="create or update the streams and consumers")
+    provision.set_defaults(handler=_cmd_provision)
+
+    auth = commands.add_parser("auth", help="credentials of the bus principals")
+    auth_commands = auth.add_subparsers(dest="auth_command", required=True)
+    auth_nats = auth_commands.add_parser(
+        "nats",
+        help="write DIR/auth.conf (nkey users and permissions) and DIR/<principal>.nk seeds",
+    )
+    auth_nats.add_argument("--gateways", default="", help="gateway ids, comma-separated")
+    auth_nats.add_argument("--out", required=True, help="the directory to write to")
+    auth_nats.set_defaults(handler=_cmd_auth_nats)
+
+
+def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.runtime.store import db, migrate, roles
+
+    if args.print_grants:  # no connection: for a DBA who runs it by hand
+        print(roles.create_roles_sql() + roles.grants_sql(), end="")
+        return 0
+
+    async def run() -> int:
+        conn = await db.connect(settings.database)
+        try:
+            if args.status:
+                rows = await migrate.status(conn)
+                for row in rows:
+                    print(f"{row.state:<8} {row.name}  {row.applied_at or ''}".rstrip())
+                return 1 if any(row.state == "changed" for row in rows) else 0
+            applied = await migrate.migrate(conn)
+            print(
+                f"applied {len(applied)} migration(s)"
+                + (": " + ", ".join(applied) if applied else "")
+            )
+            granted = await migrate.grant(conn)
+            print(
+                "granted to " + ", ".join(granted)
+                if granted
+                else "no bcw_* role exists and this role may not create roles: no grants"
+            )
+            return 0
+        finally:
+            await conn.close()
+
+    try:
+        return asyncio.run(run())
+    except migrate.MigrationError as error:
+        print(f"bcw migrate: {error}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+
+
+def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
+    from schemas.subjects import Subjects
+    from workers.registry import WORKERS
+    from workers.runtime.bus import connection, streams
+
+    async def run() -> int:
+        subjects = Subjects(settings.subject_root)
+        nc = await connection.connect(settings.nats, name="bcw provision")
+        try:
+            js = nc.jetstream()
+            for stream, state in (
+                await streams.provision_streams(js, subjects, settings.nats.stream_replicas)
+            ).items():
+                print(f"stream   {stream:<24} {state}")
+            for name, build in sorted(WORKERS.items()):
+                spec = build(settings).consumer_spec(subjects)
+                await streams.ensure_consumer(js, subjects.facts_stream, spec, settings.consumer)
+                print(f"consumer {name:<24} ensured ({', '.join(spec.filter_subjects)})")
+            return 0
+        finally:
+            await nc.close()
+
+    try:
+        return asyncio.run(run())
+    except streams.ProvisionError as error:
+        print(f"bcw provision: {error}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+
+
+def _cmd_schemas_export(args: argparse.Namespace, settings: Settings) -> int:
+    from schemas.export import export
+
+    for path in export(Path(args.directory)):
+        print(path)
+    return 0
+
+
+def _cmd_auth_nats(args: argparse.Namespace, settings: Settings) -> int:
+    from schemas.subjects import Subjects
+    from workers.runtime.bus import principals
+
+    gateways = [g.strip() for g in args.gateways.split(",") if g.strip()] if args.gateways else []
+    try:
+        written = principals.write(
+            Path(args.out), Subjects(settings.subject_root), principals.check_gateways(gateways)
+        )
+    except ValueError as error:
+        print(f"bcw auth nats: --gateways: {error}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+    except OSError as error:
+        print(f"bcw auth nats: --out {args.out}: {error.strerror or error}", file=sys.stderr)
+        return EXIT_FAILED
+    for path in written:
+        print(path)
+    return 0

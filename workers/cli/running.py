@@ -1,0 +1,104 @@
+"""Running workers: `bcw run` (one worker, all of them, or a relay), `bcw demo` (the
+whole flow on embedded servers) and `bcw sim` (a simulated fleet against running
+workers). `run_workers` is the only place that installs signal handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from workers.cli.common import Commands
+from workers.runtime.base.settings import Settings
+from workers.runtime.effects.worker import Worker
+
+
+def add(commands: Commands) -> None:
+    """Register this group's commands."""
+    run = commands.add_parser("run", help="run a worker (or `all` of them) in this process")
+    run.add_argument(
+        "worker", help="liveness, labeler, quarantine, replay, recorder; all of them; or relay"
+    )
+    run.set_defaults(handler=_cmd_run)
+
+    sim = commands.add_parser("sim", help="simulate a fleet against the given NATS and PostgreSQL")
+    sim.add_argument(
+        "--scenario",
+        default="mixed",
+        choices=["power-on", "gateway-loss", "clone", "journal-loss", "busy", "mixed"],
+    )
+    sim.add_argument("--nodes", type=int, default=1000)
+    sim.add_argument("--gateways", type=int, default=3)
+    sim.add_argument("--seed", type=int, default=1)
+    sim.set_defaults(handler=_cmd_sim)
+
+    demo = commands.add_parser("demo", help="run the whole flow on embedded NATS and PostgreSQL")
+    demo.add_argument("--directory", default=".bcw/demo", help="where the servers keep their data")
+    demo.add_argument("--keep", action="store_true", help="keep the servers up until Ctrl-C")
+    demo.add_argument("--nodes", type=int, default=1000, help="fleet size")
+    demo.add_argument("--gateways", type=int, default=3, help="gateways")
+    demo.add_argument(
+        "--otlp",
+        metavar="URL",
+        help="export traces to this OTLP endpoint (http://localhost:4318; "
+        "OTEL_EXPORTER_OTLP_PROTOCOL=grpc with :4317)",
+    )
+    demo.set_defaults(handler=_cmd_demo)
+
+
+def run_workers(settings: Settings, workers: Sequence[Worker]) -> int:
+    """Run `workers` in this process until SIGTERM/SIGINT; exit 0 after a clean drain."""
+    from workers.runtime.observability import logs
+    from workers.runtime.process import run_process
+
+    logs.configure(settings.log_format, settings.log_level)
+
+    async def main() -> None:
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+        await run_process(settings, workers, stopping=stopping)
+
+    asyncio.run(main())
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.registry import WORKERS
+
+    if args.worker == "relay":  # an outbox relay and nothing else
+        return run_workers(settings, [])
+    names = sorted(WORKERS) if args.worker == "all" else [args.worker]
+    unknown = [name for name in names if name not in WORKERS]
+    if unknown or not names:
+        print(
+            f"bcw run: unknown worker {args.worker!r}; known: {', '.join(sorted(WORKERS)) or 'none'}",
+            file=sys.stderr,
+        )
+        return 2
+    return run_workers(settings, [WORKERS[name](settings) for name in names])
+
+
+def _cmd_sim(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.sim.run import run_scenario
+
+    return asyncio.run(run_scenario(settings, args.scenario, args.nodes, args.gateways, args.seed))
+
+
+def _cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from workers import demo
+
+    return asyncio.run(
+        demo.main(
+            Path(args.directory).resolve(),
+            hold=args.keep,
+            nodes=args.nodes,
+            gateways=args.gateways,
+            otlp=args.otlp,
+        )
+    )
