@@ -29,11 +29,11 @@ from tests.integration import fleet
 from tests.integration.streams import RecordingStream
 from tests.integration.support import bcw, eventually, make_settings, running, stream_messages
 from workers import liveness
+from workers.bench.proxy import Mode, TcpProxy
 from workers.demo import fresh_sweep_history
 from workers.gateway import Gateway, GatewaySettings, HelloRequest
 from workers.liveness.decide import Rules
 from workers.liveness.sweep import sweep_once
-from workers.proxy import Mode, TcpProxy
 from workers.runtime.base.rule_settings import LivenessSettings
 from workers.runtime.base.runtime_settings import NatsSettings
 from workers.runtime.base.settings import Settings

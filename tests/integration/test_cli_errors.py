@@ -28,8 +28,8 @@ from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration.flow import HelloFlow, capabilities
 from tests.integration.support import bcw, count, eventually
+from workers.bench.proxy import Mode, TcpProxy
 from workers.embedded import EmbeddedNats, free_port
-from workers.proxy import Mode, TcpProxy
 from workers.runtime.bus import streams
 
 ROOT = Path(__file__).resolve().parents[2]

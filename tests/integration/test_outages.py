@@ -32,7 +32,7 @@ from tests.integration.support import (
     running,
     status_fact,
 )
-from workers.proxy import Mode, TcpProxy
+from workers.bench.proxy import Mode, TcpProxy
 from workers.registry import WORKERS
 from workers.runtime.base.rule_settings import LivenessSettings
 from workers.runtime.base.runtime_settings import DatabaseSettings, NatsSettings

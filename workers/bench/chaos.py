@@ -37,8 +37,8 @@ from nats.aio.client import Client as NATS
 
 from schemas.subjects import Subjects
 from workers.bench.common import hello_fact, print_table, wire
+from workers.bench.proxy import Mode, TcpProxy
 from workers.embedded import EmbeddedNats, EmbeddedPostgres
-from workers.proxy import Mode, TcpProxy
 from workers.registry import WORKERS
 from workers.runtime.bus import streams
 from workers.runtime.store import migrate
