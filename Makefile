@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: test demo lint unit install clean
+.PHONY: test test-fast demo lint unit install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,11 +21,18 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint
-	$(BIN)/pytest
+# The tests mostly wait on servers, so more run at once than there are cores; each test
+# process starts its own nats-server and PostgreSQL. One test per step: the long fault
+# tests (sorted first) each start on a process of their own.
+JOBS ?= 8
 
-unit: $(STAMP)
+test: lint
+	$(BIN)/pytest -n $(JOBS) --maxschedchunk 1
+
+test-fast: $(STAMP)
 	$(BIN)/pytest tests/unit
+
+unit: test-fast
 
 demo: $(STAMP)
 	$(BIN)/bcw demo

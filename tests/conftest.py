@@ -173,3 +173,16 @@ async def clock(db: asyncpg.Connection) -> AsyncIterator[Clock]:
     moved = Clock(db)
     yield moved
     await moved.reset()
+
+
+def _expected_length(item: pytest.Item) -> tuple[float, bool]:
+    """Longest first: a test's own timeout says how long it may take, `slow` that it waits."""
+    timeout = item.get_closest_marker("timeout")
+    allowed = float(timeout.args[0]) if timeout and timeout.args else 0.0
+    return (-allowed, item.get_closest_marker("slow") is None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the long tests first: in parallel runs they then wait beside the short ones
+    instead of after them (the suite's length is its longest chain, not its sum)."""
+    items.sort(key=_expected_length)
