@@ -1,0 +1,64 @@
+"""docs/architecture.md against the tree: every file and folder it names exists, every
+function or class it names is defined where it says, and every room of the runtime and
+every package of `workers/` is on the map. Reads files only."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "architecture.md"
+
+# `workers/x/y.py`, `workers/x/`, `migrations/core/0001_clock.sql`, optionally `: name, name`
+NAMED = re.compile(r"`((?:workers|schemas|migrations|tests)/[\w./]*)(?::\s*([\w., ]+))?`")
+
+
+def _named() -> list[tuple[str, tuple[str, ...]]]:
+    found = []
+    for path, names in NAMED.findall(PAGE.read_text()):
+        wanted = tuple(n.strip() for n in names.split(",") if n.strip()) if names else ()
+        found.append((path, wanted))
+    return found
+
+
+def _defined(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+    return names
+
+
+def test_the_page_names_paths() -> None:
+    assert len(_named()) > 40
+
+
+@pytest.mark.parametrize(("path", "names"), _named(), ids=lambda value: str(value))
+def test_every_named_path_exists_with_its_names(path: str, names: tuple[str, ...]) -> None:
+    target = ROOT / path
+    assert target.exists(), f"docs/architecture.md names {path}, which does not exist"
+    if path.endswith("/"):
+        assert target.is_dir()
+    if names:
+        missing = set(names) - _defined(target)
+        assert not missing, f"{path} defines no {sorted(missing)}"
+
+
+def test_every_room_is_on_the_map() -> None:
+    page = PAGE.read_text()
+    rooms = [p for p in (ROOT / "workers" / "runtime").iterdir() if (p / "__init__.py").exists()]
+    packages = [p for p in (ROOT / "workers").iterdir() if (p / "__init__.py").exists()]
+    assert len(rooms) >= 5
+    for room in rooms + packages:
+        assert f"{room.relative_to(ROOT)}/" in page, f"{room.relative_to(ROOT)}/ is not on the map"
+
+
+def test_every_room_says_what_it_is_for() -> None:
+    for init in (ROOT / "workers" / "runtime").glob("*/__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and "use" in doc, f"{init.relative_to(ROOT)} says nothing of what it may use"
