@@ -183,6 +183,16 @@ def _expected_length(item: pytest.Item) -> tuple[float, bool]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the long tests first: in parallel runs they then wait beside the short ones
-    instead of after them (the suite's length is its longest chain, not its sum)."""
-    items.sort(key=_expected_length)
+    """Start the long tests first, each beside short ones: in a parallel run they then wait
+    beside the rest instead of after it (the suite lasts as long as its longest chain).
+    The scheduler hands out tests in pairs at first, so slow and quick tests alternate."""
+    ordered = sorted(items, key=_expected_length)
+    slow = [item for item in ordered if item.get_closest_marker("slow")]
+    quick = [item for item in ordered if not item.get_closest_marker("slow")]
+    interleaved: list[pytest.Item] = []
+    for index, item in enumerate(slow):
+        interleaved.append(item)
+        if index < len(quick):
+            interleaved.append(quick[index])
+    interleaved.extend(quick[len(slow) :])
+    items[:] = interleaved

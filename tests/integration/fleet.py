@@ -5,6 +5,7 @@ database; the reference gateway does the same through its Hello transaction."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import asyncpg
 
@@ -119,3 +120,12 @@ async def flushed(conn: asyncpg.Connection, gateway_id: str = "gw-1") -> None:
         """,
         gateway_id,
     )
+
+
+async def routing(db: asyncpg.Connection, node: str) -> tuple[Any, ...]:
+    """Where a node's session is routed: (epoch, gateway, disconnect reason)."""
+    row = await db.fetchrow(
+        "SELECT session_epoch, gateway_id, disconnect_reason FROM node_sessions WHERE node_id = $1",
+        node,
+    )
+    return tuple(row)

@@ -30,6 +30,7 @@ from workers.runtime.base.runtime_settings import (
     OutboxSettings,
 )
 from workers.runtime.base.settings import Settings
+from workers.runtime.bus import deadletter
 from workers.runtime.effects import outcome
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.worker import Runtime, Tx, Worker
@@ -226,3 +227,20 @@ async def bcw(*args: str, **env: str) -> tuple[int, str]:
     )  # fmt: skip
     out, _ = await proc.communicate()
     return proc.returncode or 0, out.decode()
+
+
+async def already(value: bool) -> bool:
+    """A value already known, for `eventually` (which awaits what it is given)."""
+    return value
+
+
+async def tally_rows(database_url: str, n: int) -> bool:
+    return await count(database_url, "SELECT count(*) FROM tally") == n
+
+
+async def outbox_empty(database_url: str) -> bool:
+    return await count(database_url, "SELECT count(*) FROM outbox") == 0
+
+
+async def dead_letters_at_least(js: object, subjects: Subjects, n: int) -> bool:
+    return len(await deadletter.list_dead_letters(js, subjects)) >= n  # type: ignore[arg-type]

@@ -1,6 +1,6 @@
 """The bus principals: the generated configuration and the documentation agree with the
 code, and every principal's grants are what DESIGN §9 says (the server enforces them in
-tests/integration/test_bus_principals.py)."""
+tests/integration/security/test_bus_principals.py)."""
 
 from __future__ import annotations
 

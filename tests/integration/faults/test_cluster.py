@@ -27,7 +27,7 @@ from workers.embedded import EmbeddedNatsCluster
 from workers.registry import WORKERS
 from workers.runtime.bus import streams
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

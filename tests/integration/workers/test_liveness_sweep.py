@@ -1,4 +1,6 @@
-"""The liveness controller on real servers, time moved with compute_now()."""
+"""The liveness controller's sweep on real servers: gateway loss after its grace, stale
+sessions, the outage grace, what no transition touches, fencing of a paused ex-leader,
+and two replicas of which one sweeps. Time moves with compute_now(), not with sleeps."""
 
 from __future__ import annotations
 
@@ -20,9 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from schemas.subjects import Subjects
 from tests.conftest import Clock, Servers
-from tests.factories import make_fact
 from tests.integration import fleet
-from tests.integration.driver import Driver, driving
 from tests.integration.support import eventually, make_settings, running, stream_messages
 from workers import liveness
 from workers.liveness.decide import Rules
@@ -30,13 +30,9 @@ from workers.liveness.sweep import LEASE, sweep_once
 from workers.runtime.store import leases
 
 S = timedelta(seconds=1)
-ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-async def drive(servers: Servers, nc: NATS, subjects: Subjects, database_url: str):  # type: ignore[no-untyped-def]
-    async with driving(servers, nc, subjects, database_url, liveness.build) as driver:
-        yield driver
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
@@ -44,14 +40,6 @@ async def pool(database_url: str):  # type: ignore[no-untyped-def]
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=3)
     yield pool
     await pool.close()
-
-
-async def _routing(db: asyncpg.Connection, node: str) -> tuple[Any, ...]:
-    row = await db.fetchrow(
-        "SELECT session_epoch, gateway_id, disconnect_reason FROM node_sessions WHERE node_id = $1",
-        node,
-    )
-    return tuple(row)
 
 
 async def _swept_recently(db: asyncpg.Connection, ago: timedelta = timedelta(0)) -> None:
@@ -69,155 +57,6 @@ async def _outbox_bodies(db: asyncpg.Connection) -> list[Any]:
     ]
 
 
-# -- facts -----------------------------------------------------------------------------
-async def test_hello_announces_connected_and_a_late_hello_says_nothing(
-    drive: Driver, db: asyncpg.Connection
-) -> None:
-    await fleet.session(db, "n1", epoch=3, gateway_id="gw-1")
-    await drive.send(
-        fleet.hello(
-            "n1", 3, boot_id="b2", journal_id="journal-1",
-            previous={"epoch": 2, "gateway_id": "gw-0", "boot_id": "b1", "journal_id": "journal-1", "live": True},
-        )
-    )  # fmt: skip
-    await drive.send(fleet.hello("n1", 2))  # late: the row is at epoch 3
-    [event] = await drive.published("node.connected")
-    assert event == {
-        **event,
-        "nodeId": "n1", "epoch": 3, "gatewayId": "gw-1", "bootId": "b2",
-        "journalChanged": False, "bootChanged": True, "duplicateIdentity": True,
-    }  # fmt: skip
-    assert drive.settled("stale") == 1
-
-
-def flush(gateway: str, *entries: tuple[str, int, int]) -> Any:
-    return make_fact(
-        "liveness",
-        gateway_id=gateway,
-        entries=[{"node_id": n, "epoch": e, "age_ms": a} for n, e, a in entries],
-    )
-
-
-async def test_a_flush_moves_last_seen_forward_and_names_the_zombies(
-    drive: Driver, db: asyncpg.Connection
-) -> None:
-    await fleet.session(db, "ok", epoch=2, gateway_id="gw-1", seen_ago=60 * S)
-    await fleet.session(db, "stale-epoch", epoch=5, gateway_id="gw-1", seen_ago=60 * S)
-    await fleet.session(db, "other-gw", epoch=1, gateway_id="gw-2", seen_ago=60 * S)
-    await fleet.session(db, "rehomed", epoch=4, gateway_id="gw-3", seen_ago=60 * S)
-    before = {
-        r["node_id"]: r["last_seen"]
-        for r in await db.fetch("SELECT node_id, last_seen FROM node_sessions")
-    }
-    await drive.send(
-        flush(
-            "gw-1",
-            ("ok", 2, 1000),
-            ("stale-epoch", 4, 1000),
-            ("other-gw", 1, 1000),
-            ("rehomed", 3, 500),
-            ("ghost", 1, 0),
-        )
-    )
-    after = {
-        r["node_id"]: r["last_seen"]
-        for r in await db.fetch("SELECT node_id, last_seen FROM node_sessions")
-    }
-    assert after["ok"] > before["ok"]
-    assert {n: after[n] for n in ("stale-epoch", "other-gw", "rehomed")} == {
-        n: before[n] for n in ("stale-epoch", "other-gw", "rehomed")
-    }
-    zombies = await drive.published("zombie", stream="notices")
-    assert sorted((z["node_id"], z["epoch"], z["_subject"]) for z in zombies) == [
-        ("ghost", 1, drive.subjects.notice("gw-1", "zombie")),
-        ("other-gw", 1, drive.subjects.notice("gw-1", "zombie")),
-        ("rehomed", 3, drive.subjects.notice("gw-1", "zombie")),
-        ("stale-epoch", 4, drive.subjects.notice("gw-1", "zombie")),
-    ]
-
-
-async def test_a_flush_never_moves_last_seen_backwards(
-    drive: Driver, db: asyncpg.Connection
-) -> None:
-    await fleet.session(db, "n1", epoch=1, gateway_id="gw-1")
-    await drive.send(flush("gw-1", ("n1", 1, 0)))
-    fresh = await db.fetchval("SELECT last_seen FROM node_sessions WHERE node_id = 'n1'")
-    await drive.send(flush("gw-1", ("n1", 1, 30_000)))  # an older observation, delivered later
-    assert await db.fetchval("SELECT last_seen FROM node_sessions WHERE node_id = 'n1'") == fresh
-
-
-async def test_a_flush_keeps_the_daemons_credits_and_load_and_one_without_them_the_last(
-    drive: Driver, db: asyncpg.Connection
-) -> None:
-    await fleet.session(db, "n1", epoch=2, gateway_id="gw-1")
-    await fleet.session(db, "n2", epoch=1, gateway_id="gw-1")
-
-    def entry(
-        node: str, epoch: int, credits: dict[str, int] | None, load: float | None = None
-    ) -> dict[str, Any]:
-        return {"node_id": node, "epoch": epoch, "age_ms": 0, "credits": credits, "load": load}
-
-    async def credits() -> dict[str, Any]:
-        rows = await db.fetch("SELECT node_id, lane_credits::text AS c, load FROM node_sessions")
-        return {r["node_id"]: (json.loads(r["c"]) if r["c"] else None, r["load"]) for r in rows}
-
-    reported = {"default": 1, "system": 4}
-    await drive.send(make_fact("liveness", gateway_id="gw-1",
-                               entries=[entry("n1", 2, reported, 2.5), entry("n2", 1, None)]))  # fmt: skip
-    assert await credits() == {"n1": (reported, 2.5), "n2": (None, None)}
-    await drive.send(make_fact("liveness", gateway_id="gw-1", entries=[entry("n1", 2, None)]))
-    assert await credits() == {"n1": (reported, 2.5), "n2": (None, None)}  # an older gateway's
-    await drive.send(make_fact("liveness", gateway_id="gw-1",
-                               entries=[entry("n1", 1, {"default": 0}, 9.0)]))  # fmt: skip
-    assert (await credits())["n1"] == (reported, 2.5)  # fenced: another session's report
-
-
-async def test_a_flush_of_10000_entries(
-    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection
-) -> None:
-    await db.execute(
-        "SELECT join_node('f' || i, 'worker', 'f-serial-' || i, NULL) FROM generate_series(1, 10000) i"
-    )
-    await db.execute(
-        "UPDATE node_sessions SET session_epoch = 1, gateway_id = 'gw-1', last_seen = compute_now() - interval '1 minute'"
-    )
-    # the largest flush a gateway may send takes seconds on a loaded 2-core machine: the
-    # statement timeout is the production order of magnitude (24 s, the default is 20 s),
-    # not the 4 s the other tests use to make their retries quick
-    async with driving(servers, nc, subjects, database_url, liveness.build, ack_wait=30.0) as drive:
-        await drive.send(
-            flush("gw-1", *((f"f{i}", 1 if i % 100 else 2, 10) for i in range(1, 10_001)))
-        )
-        fresh = await db.fetchval(
-            "SELECT count(*) FROM node_sessions WHERE last_seen > compute_now() - interval '10 seconds'"
-        )
-        assert fresh == 9900
-        assert len(await drive.published("zombie", stream="notices")) == 100
-        assert drive.settled("dead") == 0
-
-
-async def test_closed_writes_the_fenced_disconnect(drive: Driver, db: asyncpg.Connection) -> None:
-    await fleet.session(db, "n1", epoch=3, gateway_id="gw-1")
-    await fleet.session(db, "n2", epoch=3, gateway_id="gw-1")
-    await fleet.session(db, "n3", epoch=3, gateway_id="gw-1")
-    await drive.send(make_fact("closed", node_id="n1", epoch=3, reason="heartbeat-timeout"))
-    await drive.send(
-        make_fact("closed", node_id="n2", epoch=2, reason="stream-closed")
-    )  # an old epoch
-    await drive.send(make_fact("closed", node_id="n3", epoch=3, reason="superseded"))
-    assert await _routing(db, "n1") == (3, None, "heartbeat-timeout")
-    assert await _routing(db, "n2") == (3, "gw-1", None)
-    assert await _routing(db, "n3") == (3, "gw-1", None)
-    [event] = await drive.published("node.disconnected")
-    assert (event["nodeId"], event["epoch"], event["reason"], event["gatewayId"]) == (
-        "n1",
-        3,
-        "heartbeat-timeout",
-        "gw-1",
-    )
-    assert (drive.settled("stale"), drive.settled("ignored")) == (1, 1)
-
-
 # -- the sweep ---------------------------------------------------------------------------
 async def test_gateway_loss_after_120s_not_before_and_not_for_a_moved_session(
     pool: asyncpg.Pool, db: asyncpg.Connection, subjects: Subjects
@@ -233,9 +72,9 @@ async def test_gateway_loss_after_120s_not_before_and_not_for_a_moved_session(
     await _swept_recently(db)
     result = await sweep_once(pool, None, subjects, Rules())
     assert (result.gateway_lost, result.stale) == (1, 0)
-    assert await _routing(db, "on-121") == (1, None, "gateway-lost")
-    assert await _routing(db, "on-119") == (1, "gw-119", None)
-    assert await _routing(db, "moved") == (2, "gw-live", None)
+    assert await fleet.routing(db, "on-121") == (1, None, "gateway-lost")
+    assert await fleet.routing(db, "on-119") == (1, "gw-119", None)
+    assert await fleet.routing(db, "moved") == (2, "gw-live", None)
 
 
 async def test_stale_after_45s_not_at_44s(
@@ -253,8 +92,8 @@ async def test_stale_after_45s_not_at_44s(
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     result = await sweep_once(pool, None, subjects, Rules(), provider.get_tracer("t"))
     assert result.stale == 1
-    assert await _routing(db, "seen-46") == (1, None, "liveness-timeout")
-    assert await _routing(db, "seen-44") == (1, "gw-1", None)
+    assert await fleet.routing(db, "seen-46") == (1, None, "liveness-timeout")
+    assert await fleet.routing(db, "seen-44") == (1, "gw-1", None)
     [body] = await _outbox_bodies(db)
     assert (body["nodeId"], body["reason"], body["gatewayId"], body["epoch"]) == (
         "seen-46",
@@ -284,7 +123,7 @@ async def test_a_dead_gateways_sessions_wait_for_the_gateway_loss_rule(
     )
     await _swept_recently(db)
     assert (await sweep_once(pool, None, subjects, Rules())).gateway_lost == 1
-    assert await _routing(db, "n1") == (1, None, "gateway-lost")
+    assert await fleet.routing(db, "n1") == (1, None, "gateway-lost")
 
 
 @pytest.mark.parametrize(("outage", "transitions"), [(19, True), (21, False)])
@@ -296,7 +135,7 @@ async def test_an_outage_over_20s_holds_age_transitions(
     await _swept_recently(db, ago=outage * S)
     result = await sweep_once(pool, None, subjects, Rules())
     assert result.age_transitions is transitions
-    assert (await _routing(db, "n1"))[1] == (None if transitions else "gw-1")
+    assert (await fleet.routing(db, "n1"))[1] == (None if transitions else "gw-1")
 
 
 async def test_the_five_minute_grace_holds_and_then_ends(
@@ -357,10 +196,10 @@ async def test_a_paused_ex_leaders_sweep_is_fenced_out(
     await fleet.flushed(db, "gw-1")
     with pytest.raises(leases.LeaseLost):
         await sweep_once(pool, old, subjects, Rules())
-    assert (await _routing(db, "n1"))[1] == "gw-1"  # a's writes matched nothing
+    assert (await fleet.routing(db, "n1"))[1] == "gw-1"  # a's writes matched nothing
     assert await db.fetchval("SELECT count(*) FROM outbox") == 0
     await sweep_once(pool, new, subjects, Rules())
-    assert (await _routing(db, "n1"))[1] is None
+    assert (await fleet.routing(db, "n1"))[1] is None
 
 
 async def test_two_replicas_sweep_once_and_the_standby_takes_over_when_the_leader_is_killed(

@@ -32,7 +32,7 @@ from workers.gateway import Gateway, HelloRequest
 from workers.runtime.bus import streams
 from workers.runtime.observability import tracing
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WORKERS = ("labeler", "liveness", "quarantine", "recorder", "replay")
 #: the workers a Hello goes through (the recorder reads events and status only)
 HELLO_WORKERS = {"labeler", "liveness", "quarantine", "replay"}

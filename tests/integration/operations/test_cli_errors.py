@@ -32,7 +32,7 @@ from workers.bench.proxy import Mode, TcpProxy
 from workers.embedded import EmbeddedNats, free_port
 from workers.runtime.bus import streams
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _closed_port() -> int:

@@ -33,7 +33,7 @@ from tests.integration.support import (
 )
 from workers.runtime.bus import streams
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _spawn(servers: Servers, database_url: str, subjects: Subjects) -> asyncio.subprocess.Process:

@@ -1,0 +1,1 @@
+"""The reference gateway on real servers: admission, the Hello transaction, sessions."""

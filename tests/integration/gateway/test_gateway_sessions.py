@@ -1,0 +1,287 @@
+"""The reference gateway's sessions on real servers: pushback, the lease (a gateway whose
+lease was taken refuses Hellos and its stale writes match nothing), dispatch to the live
+session only, silent and revoked sessions, heartbeats and inventory sections."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+import uuid
+from typing import Any
+
+import asyncpg
+import pytest
+from nats.aio.client import Client as NATS
+
+from schemas import REGISTRY
+from schemas.notices import Dispatch
+from schemas.subjects import Subjects
+from tests.integration import fleet
+from tests.integration.gateway.hellos import request
+from tests.integration.streams import RecordingStream
+from tests.integration.support import stream_messages
+from workers.gateway import Code, Gateway, GatewaySettings, Refused, store
+from workers.runtime.bus import streams
+from workers.sim.daemon import FakeDaemon
+
+
+async def test_pushback_when_too_many_hellos_are_pending(
+    pool: asyncpg.Pool, nc: NATS, subjects: Subjects, db: asyncpg.Connection
+) -> None:
+    await streams.provision_streams(nc.jetstream(), subjects)
+    gw = Gateway(
+        "gw-b",
+        pool,
+        nc,
+        subjects,
+        settings=GatewaySettings(max_pending_hellos=2, handshakes_per_second=1000),
+    )
+    await gw.start()
+    try:
+        for i in range(20):
+            await fleet.join(db, f"p{i}")
+        results = await asyncio.gather(
+            *(
+                gw.hello(request(node_id=f"p{i}", cert_serial=f"p{i}-serial"), RecordingStream())
+                for i in range(20)
+            ),
+            return_exceptions=True,
+        )
+        pushed = [r for r in results if isinstance(r, Refused)]
+        assert pushed and all(r.code is Code.RESOURCE_EXHAUSTED and r.retry_after for r in pushed)
+        assert len(pushed) < 20
+    finally:
+        await gw.stop(graceful=False)
+
+
+async def test_a_gateway_whose_lease_was_taken_refuses_and_writes_nothing(
+    pool: asyncpg.Pool, nc: NATS, subjects: Subjects, db: asyncpg.Connection, gateway: Gateway
+) -> None:
+    await fleet.join(db, "n1")
+    await fleet.join(db, "n2")
+    await gateway.hello(request(), RecordingStream())
+    usurper = Gateway("gw-a", pool, nc, subjects)  # a new incarnation of the same gateway id
+    await usurper.start()
+    try:
+        with pytest.raises(Refused) as refused:
+            await gateway.hello(request(node_id="n2", cert_serial="n2-serial"), RecordingStream())
+        assert refused.value.code is Code.UNAVAILABLE
+        assert (
+            await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n2'") == 0
+        )
+        with pytest.raises(store.LeaseGone):
+            async with pool.acquire() as conn:
+                await store.open_session(
+                    conn,
+                    "gw-a",
+                    1,
+                    request(node_id="n2", cert_serial="n2-serial"),
+                    False,
+                    GatewaySettings().live_window,
+                )
+        assert (
+            await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n2'") == 0
+        )
+        assert not gateway.alive
+        await usurper.hello(request(node_id="n2", cert_serial="n2-serial"), RecordingStream())
+        assert (
+            await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n2'") == 1
+        )
+    finally:
+        await usurper.stop(graceful=False)
+
+
+async def test_dispatch_is_delivered_only_to_the_live_session_at_that_epoch(
+    gateway: Gateway, db: asyncpg.Connection, nc: NATS, subjects: Subjects
+) -> None:
+
+    from schemas import REGISTRY
+
+    await fleet.join(db, "n1")
+    stream = RecordingStream()
+    welcome = await gateway.hello(request(), stream)
+    js = nc.jetstream()
+    for epoch in (welcome.epoch + 1, welcome.epoch):
+        notice = Dispatch(
+            node_id="n1",
+            epoch=epoch,
+            command_id=uuid.uuid4(),
+            seq=epoch,
+            kind="exec",
+            lane="default",
+            attempt=1,
+            payload={},
+        )
+        body, headers = REGISTRY.encode(notice)
+        await js.publish(subjects.notice("gw-a", "dispatch"), body, headers=headers)
+    for _ in range(50):
+        if stream.delivered:
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.3)
+    assert [d.epoch for d in stream.delivered] == [welcome.epoch]
+
+
+async def test_max_streams_pushes_back(
+    pool: asyncpg.Pool, nc: NATS, subjects: Subjects, db: asyncpg.Connection
+) -> None:
+    await streams.provision_streams(nc.jetstream(), subjects)
+    gw = Gateway("gw-c", pool, nc, subjects, settings=GatewaySettings(max_streams=1))
+    await gw.start()
+    try:
+        await fleet.join(db, "n1")
+        await fleet.join(db, "n2")
+        await gw.hello(request(), RecordingStream())
+        with pytest.raises(Refused) as refused:
+            await gw.hello(request(node_id="n2", cert_serial="n2-serial"), RecordingStream())
+        assert refused.value.code is Code.RESOURCE_EXHAUSTED and refused.value.retry_after
+        await gw.hello(
+            request(boot_id="b2"), RecordingStream()
+        )  # the same node again is not a new stream
+    finally:
+        await gw.stop(graceful=False)
+
+
+async def test_silent_sessions_time_out_and_revoked_ones_are_dropped(
+    pool: asyncpg.Pool, nc: NATS, subjects: Subjects, db: asyncpg.Connection
+) -> None:
+    import json
+    import time
+
+    from schemas import Revocations
+
+    await streams.provision_streams(nc.jetstream(), subjects)
+    now = [time.time()]
+    gw = Gateway("gw-d", pool, nc, subjects, clock=lambda: now[0])
+    await gw.start()
+    try:
+        for node in ("quiet", "talker", "revoked"):
+            await fleet.join(db, node)
+        daemon_streams = {node: RecordingStream() for node in ("quiet", "talker", "revoked")}
+        welcomes = {
+            node: await gw.hello(
+                request(node_id=node, cert_serial=f"{node}-serial"), daemon_streams[node]
+            )
+            for node in daemon_streams
+        }
+        now[0] += 20
+        gw.heartbeat("talker", welcomes["talker"].epoch)
+        gw.heartbeat("revoked", welcomes["revoked"].epoch)
+        now[0] += 11  # quiet: 31 s without a heartbeat, more than 3 x 10 s
+        await gw.tick()
+        assert (
+            daemon_streams["quiet"].dropped == ["heartbeat-timeout"] and "quiet" not in gw.sessions
+        )
+        assert daemon_streams["talker"].dropped == [] and "talker" in gw.sessions
+        body, headers = REGISTRY.encode(
+            Revocations(node_id="revoked", serials=["revoked-serial"], reason="duplicate-identity")
+        )
+        await nc.publish(subjects.revocations, body, headers=headers)
+        for _ in range(50):
+            if daemon_streams["revoked"].dropped:
+                break
+            await asyncio.sleep(0.05)
+        assert daemon_streams["revoked"].dropped == ["revoked"]
+        facts = await stream_messages(nc.jetstream(), subjects.facts_stream)
+        closed = sorted(
+            (json.loads(m.data)["node_id"], json.loads(m.data)["reason"])
+            for m in facts
+            if m.headers["Bc-Type"] == "closed"
+        )
+        assert closed == [("quiet", "heartbeat-timeout"), ("revoked", "revoked")]
+        flushes = [json.loads(m.data) for m in facts if m.headers["Bc-Type"] == "liveness"]
+        assert flushes and {e["node_id"] for e in flushes[-1]["entries"]} == {
+            "talker",
+            "revoked",
+        }  # before the revocation
+    finally:
+        await gw.stop(graceful=False)
+
+
+async def test_the_welcome_and_every_10th_heartbeat_ask_for_the_sections_not_held(
+    gateway: Gateway, db: asyncpg.Connection
+) -> None:
+    await fleet.join(db, "n1")
+    first = await gateway.hello(
+        request(inventory_hashes={"cpu": "c1", "gpu": "g1"}), RecordingStream()
+    )
+    assert first.request_sections == ("cpu", "gpu")  # nothing held yet
+    await gateway.inventory("n1", first.epoch, "cpu", "c1", {"cores": 8})
+    await gateway.inventory("n1", first.epoch, "gpu", "g1", {"count": 2})
+    again = await gateway.hello(
+        request(boot_id="b2", inventory_hashes={"cpu": "c1", "gpu": "g2", "disk": "d1"}),
+        RecordingStream(),
+    )
+    assert again.request_sections == ("disk", "gpu")  # cpu is held as it is
+    await gateway.inventory("n1", again.epoch, "gpu", "g2", {"count": 4})
+    assert gateway.heartbeat("n1", again.epoch, inventory_hashes={"cpu": "c1", "gpu": "g2"}) == ()
+    assert gateway.heartbeat("n1", again.epoch, inventory_hashes={"cpu": "c9", "gpu": "g2"}) == (
+        "cpu",
+    )
+    assert gateway.heartbeat("n1", again.epoch) == ()  # the other nine carry no hashes
+    with pytest.raises(Refused) as refused:  # not this stream's epoch
+        await gateway.inventory("n1", first.epoch, "cpu", "c0", {"cores": 1})
+    assert refused.value.code is Code.INVALID_ARGUMENT
+    with pytest.raises(Refused) as refused:
+        await gateway.inventory("n1", again.epoch, "cpu", "c9", ["not", "an", "object"])  # type: ignore[arg-type]
+    assert refused.value.code is Code.INVALID_ARGUMENT
+    # the node moved to another session behind this gateway's back: its frame writes nothing
+    await db.execute("UPDATE node_sessions SET session_epoch = session_epoch + 1")
+    await gateway.inventory("n1", again.epoch, "cpu", "c9", {"cores": 1})
+    rows = await db.fetch(
+        "SELECT section, hash, body::text, session_epoch FROM node_inventory ORDER BY 1"
+    )
+    assert [tuple(r) for r in rows] == [
+        ("cpu", "c1", '{"cores": 8}', 1),
+        ("gpu", "g2", '{"count": 4}', 2),
+    ]
+
+
+async def test_heartbeats_carry_load_and_the_applied_generation_to_the_flush(
+    gateway: Gateway, db: asyncpg.Connection, nc: NATS, subjects: Subjects
+) -> None:
+    await fleet.join(db, "n1")
+    await fleet.join(db, "n2")
+    one = await gateway.hello(request(), RecordingStream())
+    two = await gateway.hello(request(node_id="n2", cert_serial="n2-serial"), RecordingStream())
+    gateway.heartbeat("n1", one.epoch, {"default": 3}, load=1.5, applied_generation=4)
+    gateway.heartbeat("n1", one.epoch, applied_generation=2)  # older: the highest stays
+    gateway.heartbeat("n2", two.epoch)  # an older daemon: nothing but the heartbeat
+    await gateway.flush()
+    await gateway.flush()  # the generation was reported once
+
+    def body(m: Any) -> dict[str, Any]:
+        return dict(json.loads(m.data))
+
+    facts = await stream_messages(nc.jetstream(), subjects.facts_stream)
+    [flush, _] = [body(m) for m in facts if m.headers["Bc-Type"] == "liveness"]
+    entries = {e["node_id"]: (e["credits"], e["load"]) for e in flush["entries"]}
+    assert entries == {"n1": ({"default": 3}, 1.5), "n2": (None, None)}
+    [status] = [body(m) for m in facts if m.headers["Bc-Type"] == "status"]
+    assert (status["node_id"], status["epoch"], status["observed_generation"]) == ("n1", 1, 4)
+    assert status["trust_version"] == 0  # unchanged
+
+
+async def test_the_fake_daemon_sends_what_is_asked_and_its_10th_heartbeat_tells_a_change(
+    gateway: Gateway, db: asyncpg.Connection
+) -> None:
+    await fleet.join(db, "n1")
+    now = [time.time()]
+    gateway.clock = lambda: now[0]
+    daemon = FakeDaemon("n1", "n1-serial", lambda: now[0], random.Random(1))
+    await daemon.tick([gateway])
+    assert daemon.connected and daemon.sections_sent == 2
+
+    async def stored() -> dict[str, Any]:
+        rows = await db.fetch("SELECT section, body FROM node_inventory")
+        return {r["section"]: json.loads(r["body"]) for r in rows}
+
+    assert await stored() == daemon.inventory
+    daemon.inventory["hardware"] = {"cpus": 16, "memory_gib": 64}
+    for beat in range(1, 11):
+        now[0] += 10
+        await daemon.tick([gateway])
+        assert daemon.sections_sent == (2 if beat < 10 else 3), beat
+    assert (await stored())["hardware"] == {"cpus": 16, "memory_gib": 64}

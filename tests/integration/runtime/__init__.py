@@ -1,0 +1,2 @@
+"""The runtime on real servers: exactly-once effects, the outbox, PubAcks, leases,
+migrations and provisioning."""

@@ -1,0 +1,177 @@
+"""The liveness controller's facts on real servers: Hello announcements, flushes (zombies,
+credits, a 10,000-entry flush) and fenced disconnects; the sweep is in
+test_liveness_sweep.py."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+from nats.aio.client import Client as NATS
+
+from schemas.subjects import Subjects
+from tests.conftest import Servers
+from tests.factories import make_fact
+from tests.integration import fleet
+from tests.integration.driver import Driver, driving
+from workers import liveness
+
+S = timedelta(seconds=1)
+
+
+@pytest.fixture
+async def drive(servers: Servers, nc: NATS, subjects: Subjects, database_url: str):  # type: ignore[no-untyped-def]
+    async with driving(servers, nc, subjects, database_url, liveness.build) as driver:
+        yield driver
+
+
+# -- facts -----------------------------------------------------------------------------
+async def test_hello_announces_connected_and_a_late_hello_says_nothing(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=3, gateway_id="gw-1")
+    await drive.send(
+        fleet.hello(
+            "n1", 3, boot_id="b2", journal_id="journal-1",
+            previous={"epoch": 2, "gateway_id": "gw-0", "boot_id": "b1", "journal_id": "journal-1", "live": True},
+        )
+    )  # fmt: skip
+    await drive.send(fleet.hello("n1", 2))  # late: the row is at epoch 3
+    [event] = await drive.published("node.connected")
+    assert event == {
+        **event,
+        "nodeId": "n1", "epoch": 3, "gatewayId": "gw-1", "bootId": "b2",
+        "journalChanged": False, "bootChanged": True, "duplicateIdentity": True,
+    }  # fmt: skip
+    assert drive.settled("stale") == 1
+
+
+def flush(gateway: str, *entries: tuple[str, int, int]) -> Any:
+    return make_fact(
+        "liveness",
+        gateway_id=gateway,
+        entries=[{"node_id": n, "epoch": e, "age_ms": a} for n, e, a in entries],
+    )
+
+
+async def test_a_flush_moves_last_seen_forward_and_names_the_zombies(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "ok", epoch=2, gateway_id="gw-1", seen_ago=60 * S)
+    await fleet.session(db, "stale-epoch", epoch=5, gateway_id="gw-1", seen_ago=60 * S)
+    await fleet.session(db, "other-gw", epoch=1, gateway_id="gw-2", seen_ago=60 * S)
+    await fleet.session(db, "rehomed", epoch=4, gateway_id="gw-3", seen_ago=60 * S)
+    before = {
+        r["node_id"]: r["last_seen"]
+        for r in await db.fetch("SELECT node_id, last_seen FROM node_sessions")
+    }
+    await drive.send(
+        flush(
+            "gw-1",
+            ("ok", 2, 1000),
+            ("stale-epoch", 4, 1000),
+            ("other-gw", 1, 1000),
+            ("rehomed", 3, 500),
+            ("ghost", 1, 0),
+        )
+    )
+    after = {
+        r["node_id"]: r["last_seen"]
+        for r in await db.fetch("SELECT node_id, last_seen FROM node_sessions")
+    }
+    assert after["ok"] > before["ok"]
+    assert {n: after[n] for n in ("stale-epoch", "other-gw", "rehomed")} == {
+        n: before[n] for n in ("stale-epoch", "other-gw", "rehomed")
+    }
+    zombies = await drive.published("zombie", stream="notices")
+    assert sorted((z["node_id"], z["epoch"], z["_subject"]) for z in zombies) == [
+        ("ghost", 1, drive.subjects.notice("gw-1", "zombie")),
+        ("other-gw", 1, drive.subjects.notice("gw-1", "zombie")),
+        ("rehomed", 3, drive.subjects.notice("gw-1", "zombie")),
+        ("stale-epoch", 4, drive.subjects.notice("gw-1", "zombie")),
+    ]
+
+
+async def test_a_flush_never_moves_last_seen_backwards(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=1, gateway_id="gw-1")
+    await drive.send(flush("gw-1", ("n1", 1, 0)))
+    fresh = await db.fetchval("SELECT last_seen FROM node_sessions WHERE node_id = 'n1'")
+    await drive.send(flush("gw-1", ("n1", 1, 30_000)))  # an older observation, delivered later
+    assert await db.fetchval("SELECT last_seen FROM node_sessions WHERE node_id = 'n1'") == fresh
+
+
+async def test_a_flush_keeps_the_daemons_credits_and_load_and_one_without_them_the_last(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=2, gateway_id="gw-1")
+    await fleet.session(db, "n2", epoch=1, gateway_id="gw-1")
+
+    def entry(
+        node: str, epoch: int, credits: dict[str, int] | None, load: float | None = None
+    ) -> dict[str, Any]:
+        return {"node_id": node, "epoch": epoch, "age_ms": 0, "credits": credits, "load": load}
+
+    async def credits() -> dict[str, Any]:
+        rows = await db.fetch("SELECT node_id, lane_credits::text AS c, load FROM node_sessions")
+        return {r["node_id"]: (json.loads(r["c"]) if r["c"] else None, r["load"]) for r in rows}
+
+    reported = {"default": 1, "system": 4}
+    await drive.send(make_fact("liveness", gateway_id="gw-1",
+                               entries=[entry("n1", 2, reported, 2.5), entry("n2", 1, None)]))  # fmt: skip
+    assert await credits() == {"n1": (reported, 2.5), "n2": (None, None)}
+    await drive.send(make_fact("liveness", gateway_id="gw-1", entries=[entry("n1", 2, None)]))
+    assert await credits() == {"n1": (reported, 2.5), "n2": (None, None)}  # an older gateway's
+    await drive.send(make_fact("liveness", gateway_id="gw-1",
+                               entries=[entry("n1", 1, {"default": 0}, 9.0)]))  # fmt: skip
+    assert (await credits())["n1"] == (reported, 2.5)  # fenced: another session's report
+
+
+async def test_a_flush_of_10000_entries(
+    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection
+) -> None:
+    await db.execute(
+        "SELECT join_node('f' || i, 'worker', 'f-serial-' || i, NULL) FROM generate_series(1, 10000) i"
+    )
+    await db.execute(
+        "UPDATE node_sessions SET session_epoch = 1, gateway_id = 'gw-1', last_seen = compute_now() - interval '1 minute'"
+    )
+    # the largest flush a gateway may send takes seconds on a loaded 2-core machine: the
+    # statement timeout is the production order of magnitude (24 s, the default is 20 s),
+    # not the 4 s the other tests use to make their retries quick
+    async with driving(servers, nc, subjects, database_url, liveness.build, ack_wait=30.0) as drive:
+        await drive.send(
+            flush("gw-1", *((f"f{i}", 1 if i % 100 else 2, 10) for i in range(1, 10_001)))
+        )
+        fresh = await db.fetchval(
+            "SELECT count(*) FROM node_sessions WHERE last_seen > compute_now() - interval '10 seconds'"
+        )
+        assert fresh == 9900
+        assert len(await drive.published("zombie", stream="notices")) == 100
+        assert drive.settled("dead") == 0
+
+
+async def test_closed_writes_the_fenced_disconnect(drive: Driver, db: asyncpg.Connection) -> None:
+    await fleet.session(db, "n1", epoch=3, gateway_id="gw-1")
+    await fleet.session(db, "n2", epoch=3, gateway_id="gw-1")
+    await fleet.session(db, "n3", epoch=3, gateway_id="gw-1")
+    await drive.send(make_fact("closed", node_id="n1", epoch=3, reason="heartbeat-timeout"))
+    await drive.send(
+        make_fact("closed", node_id="n2", epoch=2, reason="stream-closed")
+    )  # an old epoch
+    await drive.send(make_fact("closed", node_id="n3", epoch=3, reason="superseded"))
+    assert await fleet.routing(db, "n1") == (3, None, "heartbeat-timeout")
+    assert await fleet.routing(db, "n2") == (3, "gw-1", None)
+    assert await fleet.routing(db, "n3") == (3, "gw-1", None)
+    [event] = await drive.published("node.disconnected")
+    assert (event["nodeId"], event["epoch"], event["reason"], event["gatewayId"]) == (
+        "n1",
+        3,
+        "heartbeat-timeout",
+        "gw-1",
+    )
+    assert (drive.settled("stale"), drive.settled("ignored")) == (1, 1)
