@@ -279,8 +279,11 @@ async def test_run_stops_on_sigterm_in_the_middle_of_a_database_partition(
             await eventually(
                 lambda: _equal(database_url, labeled, flow.size), within=60, what="every Hello"
             )
-        finally:
-            code, out = await _stop_within(second, 10)
+        except AssertionError as error:  # say what the new process was doing meanwhile
+            _, out = await _stop_within(second, 10)
+            applied = await count(database_url, labeled)
+            raise AssertionError(f"{error} ({applied} of {flow.size}); it logged:\n{out}") from None
+        code, out = await _stop_within(second, 10)
         assert code == 0, out
         assert await count(database_url, "SELECT count(*) FROM node_labels") == sum(
             len(capabilities(i)) for i in range(flow.size)
