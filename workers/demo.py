@@ -26,7 +26,7 @@ from rich.live import Live
 from rich.table import Table
 
 from schemas.subjects import Subjects
-from workers.embedded import embedded_servers
+from workers.embedded import EmbeddedNats, EmbeddedPostgres, embedded_servers
 from workers.registry import WORKERS
 from workers.runtime.base.rule_settings import LivenessSettings, ReplaySettings
 from workers.runtime.base.runtime_settings import (
@@ -135,10 +135,8 @@ async def main(
                 checks = await SCENARIOS["mixed"](sim)
             console.print(_table(checks, time.monotonic() - started))
             if hold:
-                console.print(
-                    f"servers up; export BCW_NATS_URL={nats_server.url} BCW_DATABASE_URL={postgres.url}"
-                )
-                console.print("Ctrl-C stops them")
+                await sim.stop(graceful=True)  # its fleet ends; servers and workers stay
+                console.print(kept_up(nats_server, postgres, os.getpid()))
                 await _wait_for_signal()
         finally:
             await sim.stop()
@@ -156,6 +154,21 @@ async def main(
     ok = bool(checks) and all(c.ok for c in checks)
     console.print("[green]all checks hold[/]" if ok else "[red]some checks failed[/]")
     return 0 if ok else 1
+
+
+def kept_up(nats_server: EmbeddedNats, postgres: EmbeddedPostgres, workers_pid: int) -> str:
+    """What `bcw demo --keep` leaves running, and how to reach it."""
+    nats_pid = nats_server.process.pid if nats_server.process else "?"
+    postgres_pid = postgres.process.pid if postgres.process else "?"
+    return "\n".join(
+        [
+            "kept up until Ctrl-C (the simulated fleet has stopped; its history stays):",
+            f"  NATS (JetStream)  {nats_server.url}  pid {nats_pid}",
+            f"  PostgreSQL        {postgres.url}  pid {postgres_pid}",
+            f"  workers           {', '.join(sorted(WORKERS))}, in this process, pid {workers_pid}",
+            f"export BCW_NATS_URL={nats_server.url} BCW_DATABASE_URL={postgres.url}",
+        ]
+    )
 
 
 async def fresh_sweep_history(pool: asyncpg.Pool) -> None:

@@ -39,8 +39,10 @@ async def simulator(
     """Makes started simulators (fake daemons over reference gateways); stops them after."""
     made: list[Simulator] = []
 
-    async def make(nodes: int, gateways: int) -> Simulator:
-        sim = Simulator(workers_running, nc, subjects, nodes=nodes, gateways=gateways)
+    async def make(nodes: int, gateways: int, prefix: str = "sim") -> Simulator:
+        sim = Simulator(
+            workers_running, nc, subjects, nodes=nodes, gateways=gateways, prefix=prefix
+        )
         await sim.start()
         made.append(sim)
         return sim

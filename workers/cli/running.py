@@ -34,11 +34,22 @@ def add(commands: Commands) -> None:
     sim.add_argument("--nodes", type=int, default=1000)
     sim.add_argument("--gateways", type=int, default=3)
     sim.add_argument("--seed", type=int, default=1)
+    sim.add_argument(
+        "--own-clock",
+        action="store_true",
+        help="this is a simulation database: move compute_now() to run minutes in seconds "
+        "(refused while it holds sessions no simulator created); without it, real time",
+    )
     sim.set_defaults(handler=_cmd_sim)
 
     demo = commands.add_parser("demo", help="run the whole flow on embedded NATS and PostgreSQL")
     demo.add_argument("--directory", default=".bcw/demo", help="where the servers keep their data")
-    demo.add_argument("--keep", action="store_true", help="keep the servers up until Ctrl-C")
+    demo.add_argument(
+        "--keep",
+        action="store_true",
+        help="after the checks, keep the servers and the workers up until Ctrl-C "
+        "(their URLs and pids are printed; the simulated fleet stops)",
+    )
     demo.add_argument("--nodes", type=int, default=1000, help="fleet size")
     demo.add_argument("--gateways", type=int, default=3, help="gateways")
     demo.add_argument(
@@ -87,7 +98,9 @@ def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 def _cmd_sim(args: argparse.Namespace, settings: Settings) -> int:
     from workers.sim.run import run_scenario
 
-    return asyncio.run(run_scenario(settings, args.scenario, args.nodes, args.gateways, args.seed))
+    return asyncio.run(
+        run_scenario(settings, args.scenario, args.nodes, args.gateways, args.seed, args.own_clock)
+    )
 
 
 def _cmd_demo(args: argparse.Namespace, settings: Settings) -> int:

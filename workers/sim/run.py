@@ -1,5 +1,10 @@
 """`bcw sim`: one scenario against the NATS and PostgreSQL of the environment (the
-workers run elsewhere: `bcw run all`, or the chart). Prints the checks; exit 0 if all hold."""
+workers run elsewhere: `bcw run all`, or the chart). Prints the checks; exit 0 if all hold.
+
+It moves `compute_now()` only when told the database is a simulation database
+(`--own-clock`), and refuses that (exit 2) while the database holds a session no
+simulator created: moving the clock would age it, expire every lease and sweep real
+nodes as silent. Otherwise the scenario runs in real time: longer, and harmless."""
 
 from __future__ import annotations
 
@@ -10,30 +15,49 @@ from rich.console import Console
 from rich.table import Table
 
 from schemas.subjects import Subjects
+from workers.runtime.base.errors import SettingError
 from workers.runtime.base.settings import Settings
 from workers.runtime.bus import connection, streams
 from workers.sim.scenarios import SCENARIOS
-from workers.sim.simulator import Simulator
+from workers.sim.simulator import Simulator, foreign_sessions
 
 
 async def run_scenario(
-    settings: Settings, scenario: str, nodes: int, gateways: int, seed: int
+    settings: Settings, scenario: str, nodes: int, gateways: int, seed: int, own_clock: bool
 ) -> int:
     console = Console()
     subjects = Subjects(settings.subject_root)
-    nc = await connection.connect(settings.nats, name="bcw sim")
     pool = await asyncpg.create_pool(
         settings.database.url.get_secret_value(), min_size=2, max_size=8
     )
+    async with pool.acquire() as conn:
+        foreign, example = await foreign_sessions(conn)
+    if own_clock and foreign:
+        await pool.close()
+        raise SettingError(
+            "--own-clock",
+            f"refused: the database holds {foreign} session(s) no simulator created "
+            f"(e.g. {example}), which moving compute_now() would age; run without it (real "
+            "time) or on a database of its own",
+        )
+    if not own_clock:
+        console.print(
+            "running in real time: compute_now() is not moved on a database the simulator "
+            "does not own (--own-clock on a simulation database makes it faster)"
+        )
+    nc = await connection.connect(settings.nats, name="bcw sim")
     prefix = f"sim{uuid.uuid4().hex[:6]}"
-    sim = Simulator(pool, nc, subjects, nodes=nodes, gateways=gateways, seed=seed, prefix=prefix)
+    sim = Simulator(
+        pool, nc, subjects, nodes=nodes, gateways=gateways, seed=seed, prefix=prefix,
+        owns_clock=own_clock,
+    )  # fmt: skip
     try:
         await streams.provision_streams(nc.jetstream(), subjects, settings.nats.stream_replicas)
         await sim.start()
         sim.progress = lambda phase: console.log(phase)
         checks = await SCENARIOS[scenario](sim)
     finally:
-        await sim.stop()
+        await sim.stop(graceful=True)  # the run's sessions end now, not by gateway loss
         await pool.close()
         await nc.close()
     table = Table(title=f"bcw sim {scenario}: {nodes} nodes ({prefix}-*) over {gateways} gateways")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+from workers.sim.daemon import FakeDaemon
 from workers.sim.simulator import Check, Simulator
 
 Scenario = Callable[[Simulator], Awaitable[list[Check]]]
@@ -137,10 +138,10 @@ async def journal_loss(sim: Simulator, nodes: int = 10) -> list[Check]:
     ]
 
 
-async def clone(sim: Simulator) -> list[Check]:
-    """One identity on two machines: they alternate until the node is quarantined and
-    both are refused."""
-    original = sim.daemons[0]
+async def clone(sim: Simulator, original: FakeDaemon | None = None) -> list[Check]:
+    """One identity on two machines (the first daemon's, unless told): they alternate
+    until the node is quarantined and both are refused."""
+    original = original or sim.daemons[0]
     twin = original.clone(home=original.home + 1)
     sim.daemons.append(twin)
 
@@ -216,7 +217,7 @@ async def mixed(sim: Simulator) -> list[Check]:
     events = await sim.events()
     replayed = events[("command.replayed", "")]
     gateway_lost = events[("node.disconnected", "gateway-lost")]
-    dead = await _dead_letters(sim)
+    dead = await sim.dead_letters()
     checks += [
         check("every command finished (but the quarantined node's)", True, converged),
         check("commands replayed on reconnect", "> 0", replayed, ok=replayed > 0),
@@ -230,14 +231,6 @@ async def mixed(sim: Simulator) -> list[Check]:
         check("dead letters", 0, dead),
     ]
     return checks
-
-
-async def _dead_letters(sim: Simulator) -> int:
-    try:
-        info = await sim.nc.jetstream().stream_info(sim.subjects.dead_stream)
-    except Exception:
-        return 0
-    return int(info.state.messages)
 
 
 SCENARIOS: dict[str, Scenario] = {

@@ -1,10 +1,13 @@
 """The fleet simulator (`bcw sim`, and a library for tests and the demo).
 
 N fake daemons over M reference gateways in one process, against given NATS and
-PostgreSQL; the workers run elsewhere (or in the same event loop). Simulated time runs
-`speed` times faster than the wall clock through `compute_now()`'s offset, so scenarios
-that need minutes (a gateway's 120 s grace, back-offs, the quarantine window) take
-seconds. Each scenario returns checks of the database and of the published events.
+PostgreSQL; the workers run elsewhere (or in the same event loop). On a database of its
+own (`owns_clock`), simulated time runs `speed` times faster than the wall clock through
+`compute_now()`'s offset, so scenarios that need minutes (a gateway's 120 s grace,
+back-offs, the quarantine window) take seconds; on any other it runs in real time, with
+its waits stretched to match, and never touches the clock. Each scenario returns checks
+of the database and of the events about its own nodes and gateways (its `prefix`), so
+runs against one system each report what they did.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import asyncpg
 from nats.aio.client import Client as NATS
@@ -24,12 +28,42 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from schemas.subjects import Subjects
 from workers.gateway import Gateway, GatewaySettings
+from workers.runtime.bus import deadletter
 from workers.sim.clock import SimClock
 from workers.sim.daemon import FakeDaemon
 
 log = logging.getLogger(__name__)
 
 CAPABILITY_POOL = ["cpu", "mem", "nvml", "cuda.12", "ib", "nvme", "gpu.h100", "gpu.a100", "fpga"]
+
+#: An operator label on every node a simulator joined (its value: the run's prefix). Only
+#: a database whose sessions all carry it may have its clock moved by `bcw sim`.
+SIMULATED_LABEL = "bc.dev/simulated"
+
+_FOREIGN_SESSIONS = """
+SELECT count(*) AS n, min(s.node_id) AS example FROM node_sessions s
+WHERE NOT EXISTS (SELECT 1 FROM node_labels l
+                  WHERE l.node_id = s.node_id AND l.source = 'operator' AND l.key = $1)
+"""
+
+
+async def foreign_sessions(conn: asyncpg.Connection) -> tuple[int, str | None]:
+    """How many sessions no simulator created (and one of them): the sessions that moving
+    `compute_now()` would age."""
+    row = await conn.fetchrow(_FOREIGN_SESSIONS, SIMULATED_LABEL)
+    return int(row["n"]), row["example"]
+
+
+def about(body: Mapping[str, object], prefix: str) -> bool:
+    """Whether an event (or a dead-lettered message) is about one of a run's nodes or
+    gateways: node ids are `<prefix>-<i>`, gateway ids `<prefix>-gw-<g>`. Pure."""
+    own = prefix + "-"
+    return any(
+        isinstance(value, str) and value.startswith(own)
+        for value in (
+            body.get("nodeId"), body.get("gatewayId"), body.get("node_id"), body.get("gateway_id"),
+        )
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -52,6 +86,7 @@ class Simulator:
         seed: int = 1,
         prefix: str = "sim",
         gateway_settings: GatewaySettings | None = None,
+        owns_clock: bool = True,
     ) -> None:
         self.pool = pool
         self.nc = nc
@@ -59,6 +94,8 @@ class Simulator:
         self.n_nodes = nodes
         self.n_gateways = gateways
         self.prefix = prefix
+        self.owns_clock = owns_clock
+        self.started_at = datetime.now(UTC)
         self.rng = random.Random(seed)
         self.clock = SimClock()
         self.gateway_settings = gateway_settings or GatewaySettings()
@@ -68,12 +105,22 @@ class Simulator:
 
     # -- life ------------------------------------------------------------------------------
     async def start(self) -> None:
+        self.started_at = datetime.now(UTC)
         async with self.pool.acquire() as conn:
-            await self.clock.reset(conn)
+            if self.owns_clock:
+                await self.clock.reset(conn)
             await conn.execute(
                 "SELECT join_node($1 || '-' || i, 'worker', $1 || '-serial-' || i, NULL) FROM generate_series(1, $2) i",
                 self.prefix,
                 self.n_nodes,
+            )
+            await conn.execute(
+                "INSERT INTO node_labels (node_id, key, value, source) "
+                "SELECT $1 || '-' || i, $3, $1, 'operator' FROM generate_series(1, $2) i "
+                "ON CONFLICT DO NOTHING",
+                self.prefix,
+                self.n_nodes,
+                SIMULATED_LABEL,
             )
         for g in range(self.n_gateways):
             gateway = Gateway(
@@ -99,12 +146,23 @@ class Simulator:
                 )
             )
 
-    async def stop(self) -> None:
+    async def revive(self, gateway: Gateway) -> Gateway:
+        """A new incarnation of a stopped gateway, in its place (a rack back after a loss)."""
+        again = Gateway(
+            gateway.gateway_id, self.pool, self.nc, self.subjects, self.clock,
+            self.gateway_settings,
+        )  # fmt: skip
+        await again.start()
+        self.gateways[self.gateways.index(gateway)] = again
+        return again
+
+    async def stop(self, graceful: bool = False) -> None:
         for gateway in self.gateways:
             if gateway.alive:
-                await gateway.stop(graceful=False)
-        async with self.pool.acquire() as conn:
-            await self.clock.reset(conn)
+                await gateway.stop(graceful=graceful)
+        if self.owns_clock:
+            async with self.pool.acquire() as conn:
+                await self.clock.reset(conn)
 
     # -- time ------------------------------------------------------------------------------
     async def tick(self) -> None:
@@ -127,7 +185,11 @@ class Simulator:
         what: str = "",
         interval: float = 0.1,
     ) -> bool:
-        """Tick until `until()` holds (checked every second) or `within` wall seconds pass."""
+        """Tick until `until()` holds (checked every second) or `within` wall seconds pass,
+        with time `speed` times faster. In real time (not `owns_clock`) the same simulated
+        span takes `within * speed` wall seconds."""
+        if not self.owns_clock:
+            within, speed = within * speed, 1.0
         deadline = time.monotonic() + within
         checked = 0.0
         async with self.pool.acquire() as conn:
@@ -143,7 +205,8 @@ class Simulator:
                 elapsed = time.monotonic() - started
                 pause = max(0.0, interval - elapsed)
                 await asyncio.sleep(pause)
-                await self.clock.advance(conn, (pause + elapsed) * (speed - 1))
+                if speed != 1.0:
+                    await self.clock.advance(conn, (pause + elapsed) * (speed - 1))
         return await until()
 
     # -- looking ---------------------------------------------------------------------------
@@ -175,22 +238,23 @@ class Simulator:
             )
 
     async def events(self) -> Counter[tuple[str, str]]:
-        """(type, reason) of every event published under this subject root."""
+        """(type, reason) of every event about this run's nodes and gateways published
+        since it started."""
         js = self.nc.jetstream()
-        info = await js.stream_info(self.subjects.events_stream)
-        total = info.state.messages
         counts: Counter[tuple[str, str]] = Counter()
-        if not total:
-            return counts
         sub = await js.pull_subscribe(
             self.subjects.all_events,
             durable=None,
             stream=self.subjects.events_stream,
             config=ConsumerConfig(
-                deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE, inactive_threshold=30
+                deliver_policy=DeliverPolicy.BY_START_TIME,
+                opt_start_time=self.started_at,
+                ack_policy=AckPolicy.NONE,
+                inactive_threshold=30,
             ),
         )
         try:
+            total = (await sub.consumer_info()).num_pending or 0
             seen = 0
             while seen < total:
                 try:
@@ -199,13 +263,26 @@ class Simulator:
                     break
                 for msg in msgs:
                     body = json.loads(msg.data)
-                    counts[
-                        (
-                            msg.headers.get("Bc-Type", "?") if msg.headers else "?",
-                            body.get("reason") or "",
-                        )
-                    ] += 1
+                    if about(body, self.prefix):
+                        kind = msg.headers.get("Bc-Type", "?") if msg.headers else "?"
+                        counts[(kind, body.get("reason") or "")] += 1
                 seen += len(msgs)
         finally:
             await sub.unsubscribe()
         return counts
+
+    async def dead_letters(self) -> int:
+        """Dead letters about this run's nodes and gateways (since it started)."""
+        letters = await deadletter.list_dead_letters(self.nc.jetstream(), self.subjects)
+        count = 0
+        for letter in letters:
+            if letter.time is not None and letter.time < self.started_at:
+                continue
+            try:
+                body = json.loads(letter.data)
+            except ValueError:
+                body = {}
+            on_subject = f".{self.prefix}-gw-" in letter.subject
+            if on_subject or (isinstance(body, dict) and about(body, self.prefix)):
+                count += 1
+        return count
