@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from pathlib import Path
+
 import pytest
 
 from workers.bench.common import CpuSpent, ceiling
 from workers.bench.herd import cores_for
+from workers.bench.soak import Sample, figures_of, levels, problems, slope_per_hour
 
 
 def test_cores_for_spreads_the_work_over_the_herd_and_the_time_after_it() -> None:
@@ -37,3 +41,51 @@ def test_cpu_readings_subtract_part_by_part() -> None:
     assert spent.total == pytest.approx(11.0)
     now = CpuSpent.now()  # this process has run: its own time is there
     assert now.process > 0
+
+
+def test_the_soak_slope_is_least_squares_in_mib_per_hour() -> None:
+    # 1 MiB more every 10 minutes is 6 MiB an hour, wherever it starts
+    assert slope_per_hour([(600.0 * i, 70.0 + i) for i in range(5)]) == pytest.approx(6.0)
+    # up and back down again: no slope
+    assert slope_per_hour([(0.0, 71.0), (60.0, 71.4), (120.0, 71.4), (180.0, 71.0)]) == 0.0
+    # shrinking is negative
+    assert slope_per_hour([(0.0, 80.0), (3600.0, 78.0)]) == pytest.approx(-2.0)
+    # one time, or none, says nothing
+    assert slope_per_hour([(5.0, 70.0), (5.0, 90.0)]) == 0.0
+    assert slope_per_hour([]) == 0.0
+
+
+def _sample(at: float, rss: float, fds: int = 12) -> Sample:
+    return Sample(at=at, rss_mib=rss, fds=fds, postgres=4, nats=1)
+
+
+def test_a_soaked_process_figures_measure_the_slope_after_the_warm_up_only() -> None:
+    samples = [_sample(0, 50.0), _sample(300, 60.0), _sample(600, 70.0), _sample(1800, 70.0, 13)]
+    logged = Counter({"warning": 3, "error": 1, "critical": 1, "unparsed": 2, "info": 9})
+    figures = figures_of("replay", samples, warmup=600, logged=logged)
+    assert (figures.rss_start, figures.rss_warm, figures.rss_end) == (50.0, 70.0, 70.0)
+    assert figures.slope == 0.0  # the growth before the warm-up does not count
+    assert figures.fds == (12, 13) and figures.postgres == (4, 4) and figures.nats == (1, 1)
+    assert (figures.warnings, figures.errors) == (3, 4)
+    # a warm-up longer than the run: the last reading stands for it
+    assert figures_of("replay", samples, warmup=3600, logged=Counter()).rss_warm == 70.0
+
+
+def test_a_soak_fails_on_a_slope_above_the_bound_or_any_dead_letter() -> None:
+    flat = figures_of("labeler", [_sample(0, 50), _sample(3600, 52)], 0, Counter())
+    growing = figures_of("liveness", [_sample(0, 50), _sample(3600, 60)], 0, Counter())
+    assert problems([flat], dead_letters=0, max_slope=5) == []
+    assert problems([flat, growing], dead_letters=0, max_slope=5) == [
+        "liveness: memory grew +10.0 MiB/h after the warm-up (bound 5)"
+    ]
+    assert problems([flat], dead_letters=2, max_slope=5) == ["2 message(s) dead-lettered"]
+
+
+def test_a_worker_log_is_counted_by_level(tmp_path: Path) -> None:
+    log = tmp_path / "quarantine.log"
+    log.write_text(
+        '{"level": "warning", "message": "a"}\n{"level": "error", "message": "b"}\n'
+        '{"level": "warning", "message": "c"}\nTraceback (most recent call last):\n\n'
+    )
+    assert levels(log) == Counter({"warning": 2, "error": 1, "unparsed": 1})
+    assert levels(tmp_path / "missing.log") == Counter()

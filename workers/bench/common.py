@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import asyncpg
 from nats.js import JetStreamContext
@@ -302,17 +303,37 @@ def servers_cpu_seconds() -> dict[str, float]:
     return totals
 
 
-async def spawn_workers(target_env: dict[str, str]) -> dict[str, asyncio.subprocess.Process]:
-    """Each of the five workers in a `bcw run <worker>` process of its own."""
+async def spawn_workers(
+    target_env: dict[str, str], logs: Path | None = None
+) -> dict[str, asyncio.subprocess.Process]:
+    """Each of the five workers in a `bcw run <worker>` process of its own; with `logs`, what
+    each one writes goes to `<logs>/<worker>.log`."""
     from workers.registry import WORKERS
 
     procs = {}
     for name in WORKERS:
+        out: int | TextIO = asyncio.subprocess.DEVNULL
+        if logs is not None:
+            out = (logs / f"{name}.log").open("w")
         procs[name] = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "workers.cli", "run", name, env={**os.environ, **target_env},
-            stdout=asyncio.subprocess.DEVNULL,
+            stdout=out, stderr=None if logs is None else asyncio.subprocess.STDOUT,
         )  # fmt: skip
+        if logs is not None:
+            out.close()  # type: ignore[union-attr]  # the child holds its own descriptor
     return procs
+
+
+async def workers_bound(js: JetStreamContext, subjects: Subjects) -> bool:
+    """Every worker's durable consumer exists (so no fact is published before it)."""
+    from workers.registry import WORKERS
+
+    try:
+        for name in WORKERS:
+            await js.consumer_info(subjects.facts_stream, name)
+    except Exception:
+        return False
+    return True
 
 
 async def consumer_idle(js: JetStreamContext, stream: str, name: str) -> bool:

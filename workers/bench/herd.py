@@ -39,6 +39,7 @@ from workers.bench.common import (
     wait_until,
     wire,
     worker_env,
+    workers_bound,
 )
 from workers.runtime.base.settings import Settings
 
@@ -139,7 +140,7 @@ async def run(settings: Settings, nodes: int, gateways: int, rate: float, embedd
                 await asyncio.sleep(0.5)
 
         try:
-            await wait_until(lambda: _bound(js, subjects), within=60)
+            await wait_until(lambda: workers_bound(js, subjects), within=60)
             watching = asyncio.create_task(watch())
             shares = [
                 list(range(g if g else gateways, nodes + 1, gateways)) for g in range(gateways)
@@ -228,13 +229,3 @@ async def run(settings: Settings, nodes: int, gateways: int, rate: float, embedd
         rows,
     )
     return 0
-
-
-async def _bound(js: JetStreamContext, subjects: Subjects) -> bool:
-    """Every worker's durable consumer exists (so no Hello is published before it)."""
-    try:
-        for name in (*HELLO_WORKERS, "recorder"):
-            await js.consumer_info(subjects.facts_stream, name)
-    except Exception:
-        return False
-    return True

@@ -17,19 +17,35 @@ def add(commands: Commands) -> None:
     bench = commands.add_parser("bench", help="benchmarks that print figures")
     bench.add_argument(
         "bench",
-        choices=["runtime", "labeler", "sweep", "replay", "storm", "herd", "chaos"],
+        choices=["runtime", "labeler", "sweep", "replay", "storm", "herd", "chaos", "soak"],
         help="which benchmark",
     )
-    bench.add_argument("--nodes", type=int, default=100_000, help="fleet size (labeler, sweep, …)")
+    bench.add_argument("--nodes", type=int, default=None, help="fleet size (100,000; soak: 300)")
     bench.add_argument("--facts", type=int, default=50_000, help="facts to push through")
-    bench.add_argument("--gateways", type=int, default=20, help="gateways (storm, herd)")
+    bench.add_argument(
+        "--gateways", type=int, default=None, help="gateways (storm, herd: 20; soak: 3)"
+    )
     bench.add_argument(
         "--processes", type=int, default=4, help="processes the gateways run in (storm)"
     )
     bench.add_argument(
         "--rounds", type=int, default=3, help="runs of each pipeline (medians shown)"
     )
-    bench.add_argument("--minutes", type=float, default=10.0, help="how long faults go on (chaos)")
+    bench.add_argument(
+        "--minutes", type=float, default=10.0, help="how long faults (chaos) or churn (soak) go on"
+    )
+    bench.add_argument(
+        "--warmup",
+        type=float,
+        default=None,
+        help="minutes of the soak before its memory slope is measured (a third of it)",
+    )
+    bench.add_argument(
+        "--max-slope",
+        type=float,
+        default=5.0,
+        help="MiB per hour a soaked process may grow after its warm-up (5)",
+    )
     bench.add_argument(
         "--rate",
         type=float,
@@ -46,6 +62,17 @@ def add(commands: Commands) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    soak = args.bench == "soak"
+    nodes = args.nodes if args.nodes is not None else 300 if soak else 100_000
+    gateways = args.gateways if args.gateways is not None else 3 if soak else 20
+    if soak:
+        from workers.bench import soak as soaking
+
+        return asyncio.run(
+            soaking.run(
+                settings, args.minutes, nodes, gateways, args.embedded, args.max_slope, args.warmup
+            )
+        )
     if args.bench == "runtime":
         from workers.bench import runtime
 
@@ -53,15 +80,15 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     if args.bench == "labeler":
         from workers.bench import labeler
 
-        return asyncio.run(labeler.run(settings, args.nodes, args.embedded))
+        return asyncio.run(labeler.run(settings, nodes, args.embedded))
     if args.bench == "sweep":
         from workers.bench import sweep
 
-        return asyncio.run(sweep.run(settings, args.nodes, args.embedded, args.rounds))
+        return asyncio.run(sweep.run(settings, nodes, args.embedded, args.rounds))
     if args.bench == "replay":
         from workers.bench import replay
 
-        return asyncio.run(replay.run(settings, args.nodes, args.embedded))
+        return asyncio.run(replay.run(settings, nodes, args.embedded))
     if args.bench == "chaos":
         from workers.bench import chaos
 
@@ -69,13 +96,9 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     if args.bench == "storm":
         from workers.bench import storm
 
-        return asyncio.run(
-            storm.run(settings, args.nodes, args.gateways, args.embedded, args.processes)
-        )
+        return asyncio.run(storm.run(settings, nodes, gateways, args.embedded, args.processes))
     if args.bench == "herd":
         from workers.bench import herd
 
-        return asyncio.run(
-            herd.run(settings, args.nodes, args.gateways, args.rate or 200.0, args.embedded)
-        )
+        return asyncio.run(herd.run(settings, nodes, gateways, args.rate or 200.0, args.embedded))
     return 2

@@ -1,0 +1,286 @@
+"""`bcw bench soak --minutes N`: the five workers, each in a process of its own, under
+continuous churn, watched for what grows with time.
+
+The churn is the simulator's, round after round on a fleet of its own (its clock moved,
+on the bench's own database): commands for every node, BUSY daemons, lost journals, a
+clone quarantined, a gateway lost and back. Every few seconds each worker process is
+sampled: resident memory, open file descriptors, its connections to PostgreSQL and to
+NATS. The figures: per process, memory at start, after the warm-up and at the end, its
+slope after the warm-up (least squares, MiB per hour), descriptors and connections at
+start and end, and the warnings and errors it logged. Exit 1 when a slope after the
+warm-up exceeds the bound, or anything was dead-lettered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import asyncpg
+import nats
+
+from schemas.subjects import Subjects
+from workers.bench.common import (
+    bench_target,
+    print_table,
+    spawn_workers,
+    wait_until,
+    worker_env,
+    workers_bound,
+)
+from workers.demo import fresh_sweep_history
+from workers.runtime.base.settings import Settings
+from workers.sim import Simulator
+from workers.sim.scenarios import busy, clone, commands_done, gateway_loss, journal_loss, power_on
+
+SAMPLE_SECONDS = 5.0
+
+#: The workers' settings for a fleet whose time runs up to 10x faster (as `bcw demo`'s).
+FAST_FLEET = {
+    "BCW_LOG_FORMAT": "json",
+    "BCW_DATABASE_POOL_MAX": "10",
+    "BCW_CONSUMER_ACK_WAIT": "30",
+    "BCW_OUTBOX_POLL_SECONDS": "0.5",
+    "BCW_LIVENESS_SWEEP_INTERVAL": "0.5",
+    "BCW_REPLAY_DISPATCH_INTERVAL": "0.2",
+    "BCW_REPLAY_LEASE_TTL": "15",
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: float  # seconds since the workers were ready
+    rss_mib: float
+    fds: int
+    postgres: int  # connections to PostgreSQL
+    nats: int
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What one process did over the run. Built by `figures_of`; pure data."""
+
+    name: str
+    rss_start: float
+    rss_warm: float
+    rss_end: float
+    slope: float  # MiB per hour after the warm-up
+    fds: tuple[int, int]
+    postgres: tuple[int, int]
+    nats: tuple[int, int]
+    warnings: int
+    errors: int
+
+
+def slope_per_hour(points: Sequence[tuple[float, float]]) -> float:
+    """The least-squares slope of (seconds, MiB) points, in MiB per hour; 0 with fewer
+    than two distinct times. Pure."""
+    if len({t for t, _ in points}) < 2:
+        return 0.0
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    spread = sum((t - mean_t) ** 2 for t, _ in points)
+    return sum((t - mean_t) * (v - mean_v) for t, v in points) / spread * 3600
+
+
+def figures_of(
+    name: str, samples: Sequence[Sample], warmup: float, logged: Counter[str]
+) -> Figures:
+    """One process's figures from its samples (in time order) and its log levels. Pure."""
+    warm = [s for s in samples if s.at >= warmup] or list(samples[-1:])
+    first, last = samples[0], samples[-1]
+    return Figures(
+        name=name,
+        rss_start=first.rss_mib,
+        rss_warm=warm[0].rss_mib,
+        rss_end=last.rss_mib,
+        slope=slope_per_hour([(s.at, s.rss_mib) for s in warm]),
+        fds=(first.fds, last.fds),
+        postgres=(first.postgres, last.postgres),
+        nats=(first.nats, last.nats),
+        warnings=logged["warning"],
+        errors=logged["error"] + logged["critical"] + logged["unparsed"],
+    )
+
+
+def problems(figures: Sequence[Figures], dead_letters: int, max_slope: float) -> list[str]:
+    """Why the run fails, one line each; empty when it passes. Pure."""
+    found = [
+        f"{f.name}: memory grew {f.slope:+.1f} MiB/h after the warm-up (bound {max_slope:g})"
+        for f in figures
+        if f.slope > max_slope
+    ]
+    if dead_letters:
+        found.append(f"{dead_letters} message(s) dead-lettered")
+    return found
+
+
+def levels(log: Path) -> Counter[str]:
+    """How many lines of each level a worker's JSON log holds (`unparsed`: not JSON, such
+    as a traceback written before logging was set up)."""
+    counted: Counter[str] = Counter()
+    with contextlib.suppress(OSError), log.open() as lines:
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                counted[str(json.loads(line).get("level", "unparsed"))] += 1
+            except (ValueError, AttributeError):
+                counted["unparsed"] += 1
+    return counted
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    return inodes
+
+
+def _remote_ports(inodes: set[str]) -> Counter[int]:
+    """Remote ports of the established TCP connections among `inodes`."""
+    ports: Counter[int] = Counter()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as rows:
+            next(rows, None)
+            for row in rows:
+                fields = row.split()
+                if len(fields) > 9 and fields[9] in inodes and fields[3] == "01":
+                    ports[int(fields[2].rsplit(":", 1)[1], 16)] += 1
+    return ports
+
+
+def sample(pid: int, at: float, postgres_port: int, nats_port: int) -> Sample | None:
+    """One reading of a live process from /proc; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            rss = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except (OSError, StopIteration):
+        return None
+    ports = _remote_ports(_socket_inodes(pid))
+    return Sample(at, rss / 1024, fds, ports[postgres_port], ports[nats_port])
+
+
+async def _churn(sim: Simulator, until: float) -> tuple[int, int]:
+    """Rounds of what fleets do, until the monotonic time `until`: (rounds, failed checks)."""
+    rounds = failed = 0
+    nodes = len(sim.daemons)
+    while time.monotonic() < until:
+        await sim.enqueue(sim.daemons, 1)
+        checks = await busy(sim, nodes=max(1, nodes // 50))
+        checks += await journal_loss(sim, nodes=max(1, nodes // 100))
+        checks += await clone(sim, sim.daemons[1 + rounds % (nodes - 1)])  # another each round
+        victim = sim.gateways[-1]
+        checks += await gateway_loss(sim)
+        await sim.revive(victim)
+        await commands_done(sim, within=60)
+        rounds += 1
+        failed += sum(not c.ok for c in checks)
+    return rounds, failed
+
+
+async def run(
+    settings: Settings,
+    minutes: float,
+    nodes: int,
+    gateways: int,
+    embedded: bool,
+    max_slope: float,
+    warmup_minutes: float | None,
+) -> int:
+    warmup = 60 * (minutes / 3 if warmup_minutes is None else warmup_minutes)
+    logs = Path(tempfile.mkdtemp(prefix="bcw-soak-"))
+    async with bench_target(settings, embedded) as target:
+        subjects = Subjects(target.subject_root)
+        ports = (urlsplit(target.database_url).port or 5432, urlsplit(target.nats_url).port or 4222)
+        procs = await spawn_workers({**worker_env(target), **FAST_FLEET}, logs)
+        nc = await nats.connect(target.nats_url)
+        pool = await asyncpg.create_pool(target.database_url, min_size=2, max_size=8)
+        samples: dict[str, list[Sample]] = {name: [] for name in procs}
+        sim = Simulator(pool, nc, subjects, nodes=nodes, gateways=gateways, prefix="soak")
+        try:
+            await wait_until(lambda: workers_bound(nc.jetstream(), subjects), within=60)
+            ready = time.monotonic()
+
+            async def watch() -> None:
+                while True:
+                    for name, proc in procs.items():
+                        reading = sample(proc.pid, time.monotonic() - ready, *ports)
+                        if reading is not None:
+                            samples[name].append(reading)
+                    await asyncio.sleep(SAMPLE_SECONDS)
+
+            watching = asyncio.create_task(watch())
+            await fresh_sweep_history(pool)
+            await sim.start()
+            print(f"soak: {nodes} nodes over {gateways} gateways for {minutes:g} min ...")
+            power_checks = await power_on(sim)
+            rounds, failed = await _churn(sim, ready + 60 * minutes)
+            failed += sum(not c.ok for c in power_checks)
+            await asyncio.sleep(SAMPLE_SECONDS)  # a last reading after the churn
+            watching.cancel()
+            dead = await sim.dead_letters()
+        finally:
+            await sim.stop()
+            for proc in procs.values():
+                if proc.returncode is None:
+                    proc.send_signal(signal.SIGTERM)
+            await asyncio.gather(*(p.wait() for p in procs.values()))
+            await pool.close()
+            await nc.close()
+    figures = [
+        figures_of(name, samples[name], warmup, levels(logs / f"{name}.log"))
+        for name in sorted(procs)
+        if samples[name]
+    ]
+    _print(figures, minutes, warmup, rounds, failed, dead, logs)
+    found = problems(figures, dead, max_slope)
+    for line in found:
+        print(f"FAIL {line}")
+    return 1 if found else 0
+
+
+def _print(
+    figures: Sequence[Figures],
+    minutes: float,
+    warmup: float,
+    rounds: int,
+    failed: int,
+    dead: int,
+    logs: Path,
+) -> None:
+    rows = [
+        (
+            f.name,
+            f"{f.rss_start:.1f} / {f.rss_warm:.1f} / {f.rss_end:.1f}",
+            f"{f.slope:+.1f}",
+            f"{f.fds[0]} -> {f.fds[1]}",
+            f"{f.postgres[0]} -> {f.postgres[1]}",
+            f"{f.nats[0]} -> {f.nats[1]}",
+            f"{f.warnings} / {f.errors}",
+        )
+        for f in figures
+    ]
+    print_table(
+        f"bcw bench soak: {minutes:g} min, warm-up {warmup / 60:.1f} min, {rounds} churn rounds "
+        f"({failed} failed checks), {dead} dead-lettered; logs in {logs}",
+        ("process", "RSS MiB start / warm / end", "MiB/h after warm-up", "fds",
+         "PostgreSQL conns", "NATS conns", "warnings / errors"),
+        rows,
+    )  # fmt: skip
