@@ -74,6 +74,7 @@ async def main(
     nodes: int = 1000,
     gateways: int = 3,
     otlp: str | None = None,
+    durable: bool = False,
 ) -> int:
     console = Console()
     logging.basicConfig(level=logging.WARNING)
@@ -82,9 +83,10 @@ async def main(
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp
     gateway_provider = tracing.build_provider("bcw-gateway")
     trace.set_tracer_provider(gateway_provider)  # the simulator's gateways trace with it
-    with embedded_servers(directory) as (nats_server, postgres):
-        console.print(f"NATS (JetStream)  {nats_server.url}")
-        console.print(f"PostgreSQL        {postgres.url}")
+    with embedded_servers(directory, durable=durable) as (nats_server, postgres):
+        synced = "sync_interval: always" if durable else "flushed every 2 min (--durable: always)"
+        console.print(f"NATS (JetStream)  {nats_server.url}  ({synced})")
+        console.print(f"PostgreSQL        {postgres.url}  (fsync {'on' if durable else 'off'})")
         conn = await asyncpg.connect(postgres.url)
         try:
             await migrate.migrate(conn)

@@ -84,12 +84,16 @@ class EmbeddedNats:
     """A `nats-server -js` child process; `restart()` keeps its port and its store.
 
     `extra` is added to the command line (cluster routes, users for an auth test).
+    `sync_always`: JetStream writes every message to disk before it acknowledges it
+    (`sync_interval: always`, from a configuration file of its own), where the default
+    flushes every two minutes and acknowledges at once.
     """
 
     directory: Path
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
     extra: list[str] = field(default_factory=list)
+    sync_always: bool = False
 
     @property
     def url(self) -> str:
@@ -105,6 +109,7 @@ class EmbeddedNats:
             "-p", str(self.port),
             "-sd", str(self.directory / "jetstream"),
             "-l", str(log),
+            *self._config(),
             *self.extra,
         ]  # fmt: skip
         self.process = subprocess.Popen(
@@ -112,6 +117,14 @@ class EmbeddedNats:
         )
         _wait_for_port(self.port, self.process, "nats-server", log)
         return self
+
+    def _config(self) -> list[str]:
+        """`-c FILE` with what the command line cannot say (the store dir stays `-sd`)."""
+        if not self.sync_always:
+            return []
+        config = self.directory / "nats-server.conf"
+        config.write_text("jetstream { sync_interval: always }\n")
+        return ["-c", str(config)]
 
     def stop(self) -> None:
         _stop(self.process, signal.SIGTERM)
@@ -356,12 +369,14 @@ class EmbeddedPostgres:
 
 @contextlib.contextmanager
 def embedded_servers(
-    directory: Path | None = None,
+    directory: Path | None = None, durable: bool = False
 ) -> Iterator[tuple[EmbeddedNats, EmbeddedPostgres]]:
-    """Both servers for the life of the block; stopped on the way out, whatever happened."""
+    """Both servers for the life of the block; stopped on the way out, whatever happened.
+    `durable`: each writes to disk before it acknowledges (JetStream `sync_interval:
+    always`, PostgreSQL fsync and synchronous commit)."""
     base = directory or Path(tempfile.mkdtemp(prefix="bcw-embedded-"))
-    nats = EmbeddedNats(base / "nats")
-    postgres = EmbeddedPostgres(base / "postgres")
+    nats = EmbeddedNats(base / "nats", sync_always=durable)
+    postgres = EmbeddedPostgres(base / "postgres", durable=durable)
     try:
         nats.start()
         postgres.start()

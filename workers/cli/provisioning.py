@@ -40,7 +40,8 @@ def add(commands: Commands) -> None:
     auth_commands = auth.add_subparsers(dest="auth_command", required=True)
     auth_nats = auth_commands.add_parser(
         "nats",
-        help="write DIR/auth.conf (nkey users and permissions) and DIR/<principal>.nk seeds",
+        help="write DIR/auth.conf (nkey users and permissions), DIR/jetstream.conf "
+        "(sync_interval: always) and DIR/<principal>.nk seeds",
     )
     auth_nats.add_argument("--gateways", default="", help="gateway ids, comma-separated")
     auth_nats.add_argument("--out", required=True, help="the directory to write to")
@@ -123,13 +124,14 @@ def _cmd_schemas_export(args: argparse.Namespace, settings: Settings) -> int:
 
 def _cmd_auth_nats(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.subjects import Subjects
-    from workers.runtime.bus import principals
+    from workers.runtime.bus import principals, streams
 
     gateways = [g.strip() for g in args.gateways.split(",") if g.strip()] if args.gateways else []
     try:
         written = principals.write(
             Path(args.out), Subjects(settings.subject_root), principals.check_gateways(gateways)
         )
+        written.insert(1, streams.write_jetstream_fragment(Path(args.out)))
     except ValueError as error:
         print(f"bcw auth nats: --gateways: {error}", file=sys.stderr)
         return EXIT_BAD_SETTINGS

@@ -53,6 +53,12 @@ def add(commands: Commands) -> None:
     demo.add_argument("--nodes", type=int, default=1000, help="fleet size")
     demo.add_argument("--gateways", type=int, default=3, help="gateways")
     demo.add_argument(
+        "--durable",
+        action="store_true",
+        help="servers that write to disk before they acknowledge (JetStream sync_interval: "
+        "always, PostgreSQL fsync): slower, and what production should run",
+    )
+    demo.add_argument(
         "--otlp",
         metavar="URL",
         help="export traces to this OTLP endpoint (http://localhost:4318; "
@@ -113,5 +119,6 @@ def _cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
             nodes=args.nodes,
             gateways=args.gateways,
             otlp=args.otlp,
+            durable=args.durable,
         )
     )

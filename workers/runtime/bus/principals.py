@@ -148,7 +148,8 @@ def render(users: Sequence[tuple[Principal, str]]) -> str:
     """The configuration fragment: one nkey user per (principal, public key)."""
     lines = [
         "# Written by `bcw auth nats`: nkey users of bc-workers with their permissions.",
-        "# Include it from the nats-server configuration (`include auth.conf`).",
+        "# Include it from the nats-server configuration (`include auth.conf`); for",
+        "# JetStream's durability, see jetstream.conf beside it (sync_interval: always).",
         "authorization {",
         "  users = [",
     ]

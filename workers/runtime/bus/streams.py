@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -145,3 +146,31 @@ async def ensure_consumer(
             f"consumer {spec.durable} on {stream} cannot take the configured settings: {error}; "
             "delete it (`nats consumer rm`) to recreate it"
         ) from error
+
+
+#: The nats-server configuration bc-workers needs of JetStream (`bcw auth nats` writes it
+#: beside `auth.conf`; docs/durability.md says why).
+JETSTREAM_FRAGMENT = """\
+# Written by `bcw auth nats`: JetStream as bc-workers needs it.
+#
+# sync_interval: always -- JetStream writes each message to disk before it acknowledges
+# it. With the default (a flush every 2 minutes, acknowledged at once) a power loss of a
+# majority of an R3 cluster's servers, or one server's OS crash with a pause or a
+# partition, can lose messages JetStream had acknowledged (Jepsen, NATS 2.12.1;
+# nats-server issue 7564): a lost fact is a lost effect until something repeats it, a
+# lost event is lost for its subscribers. It costs throughput: docs/benchmarks.md.
+#
+# Include this file only if your configuration has no `jetstream { }` block of its own:
+# a second block replaces the first whole (its store_dir and limits fall back to their
+# defaults). If it has one, add `sync_interval: always` to it instead.
+jetstream {
+  sync_interval: always
+}
+"""
+
+
+def write_jetstream_fragment(directory: Path) -> Path:
+    """`DIR/jetstream.conf`: the JetStream settings above; the path written."""
+    path = directory / "jetstream.conf"
+    path.write_text(JETSTREAM_FRAGMENT)
+    return path
