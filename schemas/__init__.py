@@ -36,7 +36,7 @@ from schemas.facts import (
     Result,
     Status,
 )
-from schemas.notices import Dispatch, EventAck, Zombie
+from schemas.notices import Dispatch, EventAck, HelloAgain, Zombie
 from schemas.registry import (
     REGISTRY,
     SCHEMA_HEADER,
@@ -70,6 +70,7 @@ __all__ = [
     "GatewayId",
     "GatewaySeeing",
     "Hello",
+    "HelloAgain",
     "InvalidMessage",
     "Liveness",
     "LivenessEntry",

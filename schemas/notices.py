@@ -48,4 +48,14 @@ class EventAck(SnakeMessage):
     seq: NonNegative
 
 
-NOTICE_TYPES: tuple[type[SnakeMessage], ...] = (Dispatch, Zombie, EventAck)
+class HelloAgain(SnakeMessage):
+    """The Hello fact of the session at `epoch` never reached the workers (JetStream lost
+    it): publish it again, as it was (same fact id)."""
+
+    BC_TYPE = "hello-again"
+
+    node_id: NodeId
+    epoch: Positive
+
+
+NOTICE_TYPES: tuple[type[SnakeMessage], ...] = (Dispatch, Zombie, EventAck, HelloAgain)

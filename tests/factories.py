@@ -152,6 +152,7 @@ WIRE_SAMPLES: dict[str, dict[str, Any]] = {
     },
     "zombie": {"node_id": "node-1", "epoch": 2},
     "event-ack": {"node_id": "node-1", "journal_id": "journal-1", "seq": 41},
+    "hello-again": {"node_id": "node-1", "epoch": 7},
 }
 
 

@@ -68,6 +68,7 @@ DESIGN_FIELDS: dict[str, set[str]] = {
     },
     "zombie": {"node_id", "epoch"},
     "event-ack": {"node_id", "journal_id", "seq"},
+    "hello-again": {"node_id", "epoch"},
 }  # fmt: skip
 
 

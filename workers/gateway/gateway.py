@@ -15,7 +15,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -77,7 +77,7 @@ class Gateway:
         self._flushing: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self.notices = Notices(
-            self.gateway_id, self.nc, self.subjects, self.tracer, self.sessions, self._end
+            self.gateway_id, self.nc, self.subjects, self.facts, self.sessions, self._end
         )
 
     # -- life ------------------------------------------------------------------------------
@@ -90,15 +90,12 @@ class Gateway:
             )
         self._renewed_at = self._flushed_at = self.clock()
         await self.notices.start()
-        self._tasks.append(
-            asyncio.create_task(
-                self.notices.follow(self._stopping), name=f"{self.gateway_id}-notices"
-            )
-        )
+        self._spawn(self.notices.follow(self._stopping), "notices")
         if autotick is not None:
-            self._tasks.append(
-                asyncio.create_task(self._ticking(autotick), name=f"{self.gateway_id}-tick")
-            )
+            self._spawn(self._ticking(autotick), "tick")
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        self._tasks.append(asyncio.create_task(work, name=f"{self.gateway_id}-{name}"))
 
     async def _ticking(self, every: float) -> None:
         while not self._stopping.is_set():
@@ -206,6 +203,7 @@ class Gateway:
                 raise Refused(Code.PERMISSION_DENIED, str(missing)) from missing
             except store.Revoked as revoked:
                 raise Refused(Code.UNAUTHENTICATED, str(revoked)) from revoked
+        hello = self.facts.hello(request, opened, upgrade, kinds, generation)
         older = self.sessions.get(request.node_id)
         if older is not None:  # the same node again on this gateway: the old stream is superseded
             await self._end(older, "superseded")
@@ -218,8 +216,9 @@ class Gateway:
             self.clock(),
             cert.not_after.timestamp() if cert is not None else float("inf"),
             inventory=dict(opened.inventory),
+            hello=hello,
         )
-        await self.facts.publish(self.facts.hello(request, opened, upgrade, kinds, generation))
+        await self.facts.publish(hello)
         return Welcome(
             opened.epoch,
             opened.session_id,

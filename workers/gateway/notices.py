@@ -17,8 +17,9 @@ from opentelemetry import trace
 from schemas import REGISTRY
 from schemas.events import Revocations
 from schemas.facts import CloseReason
-from schemas.notices import Dispatch, EventAck, Zombie
+from schemas.notices import Dispatch, EventAck, HelloAgain, Zombie
 from schemas.subjects import Subjects
+from workers.gateway.facts import FactPublisher
 from workers.gateway.types import Session
 from workers.runtime.base.runtime_settings import ConsumerSettings
 from workers.runtime.bus import streams
@@ -36,14 +37,15 @@ class Notices:
         gateway_id: str,
         nc: NATS,
         subjects: Subjects,
-        tracer: trace.Tracer,
+        facts: FactPublisher,
         sessions: Mapping[str, Session],
         end: End,
     ) -> None:
         self.gateway_id = gateway_id
         self.nc = nc
         self.subjects = subjects
-        self.tracer = tracer
+        self.tracer = facts.tracer
+        self.facts = facts  # the gateway's publisher: a Hello asked again goes out as it went
         self.sessions = sessions  # the gateway's own (read here; `end` removes one)
         self.end = end
         self._pull: ContinuousPull | None = None
@@ -118,6 +120,8 @@ class Notices:
                 await self.end(session, "fenced")
             elif isinstance(notice, EventAck):
                 await session.stream.event_ack(notice.journal_id, notice.seq)
+            elif isinstance(notice, HelloAgain) and session.hello is not None:
+                await self.facts.publish(session.hello)  # the same fact: inboxes know its id
 
     async def on_revocation(self, msg: Msg) -> None:
         """Sessions holding a revoked serial end (`revoked`)."""

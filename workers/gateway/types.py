@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Protocol
 
+from schemas.facts import Hello
 from schemas.notices import Dispatch
 from workers.gateway.admission import Code
 
@@ -49,6 +50,7 @@ class Session:
     inventory: dict[str, str] = field(default_factory=dict)  # section → hash the store holds
     applied_generation: int = 0  # the highest its heartbeats reported
     reported_generation: int = 0  # the highest published in a status fact
+    hello: Hello | None = None  # the fact published for it, kept to publish again if asked
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from workers.replay.decide import (
     plan_replay,
     progress_to,
 )
+from workers.replay.lost import RECORD_SEEN
 from workers.runtime.base.rule_settings import ReplaySettings
 from workers.runtime.effects import outcome
 from workers.runtime.effects.outcome import Outcome
@@ -247,6 +248,7 @@ async def _replay(tx: Tx, hellos: list[Hello]) -> dict[uuid.UUID, Outcome]:
                     notice, tx.subjects.notice(gateway, notice.BC_TYPE), cause=hello, order_key=node
                 )
     await _write(tx.conn, rows)
+    await tx.conn.execute(RECORD_SEEN, sorted(current), [current[n].epoch for n in sorted(current)])
     await _poke(tx.conn)  # the node's pending commands may go now
     return outcomes
 

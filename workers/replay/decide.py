@@ -235,3 +235,30 @@ def progress_to(state: str, reported: str) -> str | None:
 def finishes(state: str) -> bool:
     """A result finishes a command once; a terminal state never changes. Pure."""
     return state not in TERMINAL
+
+
+#: once asked, a session whose Hello still has not come is asked again after this many
+#: times `lost_after` (the notice, or the re-published fact, may have been lost too)
+ASK_AGAIN_FACTOR = 5
+
+
+def hello_lost(
+    epoch: int,
+    seen_epoch: int | None,
+    connected_at: datetime,
+    asked_epoch: int | None,
+    asked_at: datetime | None,
+    now: datetime,
+    lost_after: timedelta,
+) -> bool:
+    """Whether to ask a session's gateway for its Hello again: the replay worker has
+    applied no Hello of this epoch (with nothing left to consume), the session has been
+    connected for `lost_after`, and it was not asked for this epoch lately. Pure; the
+    dispatch loop asks (`workers/replay/lost.py`)."""
+    if seen_epoch is not None and seen_epoch >= epoch:
+        return False
+    if now - connected_at < lost_after:
+        return False
+    if asked_epoch == epoch and asked_at is not None:
+        return now - asked_at >= ASK_AGAIN_FACTOR * lost_after
+    return True

@@ -31,6 +31,7 @@ from schemas.events import CommandCancelled
 from schemas.subjects import Subjects
 from workers.replay.apply import DISPATCH_CHANNEL, command_event, command_from_row, dispatch_notice
 from workers.replay.decide import Command, Session, lane_limits, plan_dispatch
+from workers.replay.lost import ask_for_lost_hellos
 from workers.runtime.base.rule_settings import ReplaySettings
 from workers.runtime.base.waiting import wait_any
 from workers.runtime.effects.outbox import OutboxBatch
@@ -270,11 +271,21 @@ def dispatch_loop(settings: ReplaySettings) -> Loop:
 
         cursor = ""
 
+        next_look = time.monotonic() + settings.hello_check_interval
+
         async def body(lease: leases.Lease) -> None:
-            """Dispatch while woken, for a third of the lease; then the lease is renewed."""
-            nonlocal cursor
+            """Dispatch while woken, for a third of the lease; then the lease is renewed.
+            Now and then, look for sessions whose Hello never came (`lost.py`)."""
+            nonlocal cursor, next_look
             until = time.monotonic() + hold
             while time.monotonic() < until and not stopping.is_set():
+                if time.monotonic() >= next_look:
+                    next_look = time.monotonic() + settings.hello_check_interval
+                    asked = await ask_for_lost_hellos(
+                        runtime.pool, runtime.js, lease, runtime.subjects, settings
+                    )
+                    if asked:
+                        runtime.wake_outbox()
                 wake.clear()
                 result = await dispatch_round(
                     runtime.pool, lease, runtime.subjects, settings, cursor

@@ -18,6 +18,7 @@ from workers.replay.decide import (
     busy_count,
     busy_delay,
     finishes,
+    hello_lost,
     lane_limits,
     plan_dispatch,
     plan_replay,
@@ -238,3 +239,28 @@ def test_progress_moves_forward_only(state: str, reported: str, expected: str | 
 )
 def test_a_result_finishes_once(state: str, finishes_it: bool) -> None:
     assert finishes(state) is finishes_it
+
+
+_T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+_LOST_AFTER = timedelta(seconds=60)
+
+
+@pytest.mark.parametrize(
+    ("seen", "connected_ago", "asked_epoch", "asked_ago", "ask"),
+    [
+        pytest.param(5, 600, None, None, False, id="its-hello-applied"),
+        pytest.param(6, 600, None, None, False, id="a-newer-hello-applied"),
+        pytest.param(4, 59, None, None, False, id="connected-under-the-bound"),
+        pytest.param(4, 60, None, None, True, id="connected-for-the-bound"),
+        pytest.param(None, 600, None, None, True, id="never-any-hello"),
+        pytest.param(4, 600, 5, 299, False, id="asked-lately"),
+        pytest.param(4, 600, 5, 300, True, id="asked-five-bounds-ago"),
+        pytest.param(4, 600, 4, 1, True, id="asked-for-an-older-epoch"),
+    ],
+)
+def test_a_session_is_asked_for_its_hello_once_it_is_lost(
+    seen: int | None, connected_ago: int, asked_epoch: int | None, asked_ago: int | None, ask: bool
+) -> None:
+    asked_at = None if asked_ago is None else _T0 - timedelta(seconds=asked_ago)
+    connected_at = _T0 - timedelta(seconds=connected_ago)
+    assert hello_lost(5, seen, connected_at, asked_epoch, asked_at, _T0, _LOST_AFTER) is ask

@@ -85,6 +85,14 @@ class ReplaySettings(BaseSettings):
         default=500, ge=1, description="nodes a dispatch round serves at most"
     )
     lease_ttl: Seconds = Field(default=timedelta(seconds=10), description="the dispatch lease")
+    hello_lost_after: Seconds = Field(
+        default=timedelta(seconds=60),
+        description="a connected session whose Hello the replay worker has not applied this "
+        "long after it connected, with nothing left to consume, is asked of its gateway again",
+    )
+    hello_check_interval: float = Field(
+        default=10.0, gt=0, description="seconds between the dispatch loop's looks for lost Hellos"
+    )
 
 
 class QuarantineSettings(BaseSettings):

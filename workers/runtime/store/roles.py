@@ -31,7 +31,7 @@ class Grant:
 
 #: every table of the schema (a test keeps this equal to the migrated database's tables)
 TABLES = (
-    "clock_offset", "commands", "controller_leases", "gateways", "liveness_gateways",
+    "clock_offset", "commands", "controller_leases", "gateways", "hello_seen", "liveness_gateways",
     "liveness_sweeps", "node_certs", "node_events", "node_inventory", "node_labels",
     "node_sessions", "nodes", "session_history",
     "outbox", "outbox_dead", "processed_facts", "schema_migrations", "session_epochs",
@@ -86,6 +86,7 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         Grant("UPDATE (node_id)", "node_sessions"),  # FOR SHARE only (see above)
         Grant("SELECT", "node_certs"),
         Grant("SELECT", "gateways"),  # no dispatch to a gateway whose lease expired
+        Grant("SELECT, INSERT, UPDATE", "hello_seen"),  # the Hellos it applied, and asked for
         Grant("SELECT", "commands"),
         Grant(
             "UPDATE (state, session_epoch, delivery_attempt, busy_attempts, busy_epoch, "

@@ -1,0 +1,201 @@
+"""Facts JetStream lost after acknowledging them, as a power loss loses them: the message
+is removed from the stream after its PubAck and the server restarted, so it forgets the
+message and its id together (a removal alone keeps the id in the duplicate window). Each
+repair that docs/durability.md claims is checked here.
+
+What is real: nats-server (restarted), PostgreSQL, the reference gateway, the five
+workers in this event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+
+from schemas.subjects import Subjects
+from tests.conftest import Clock, Servers
+from tests.integration import fleet
+from tests.integration.gateway.hellos import request
+from tests.integration.streams import RecordingStream
+from tests.integration.support import eventually, make_settings, running, stream_messages
+from workers.demo import fresh_sweep_history
+from workers.gateway import Gateway
+from workers.registry import WORKERS
+from workers.runtime.base.rule_settings import LivenessSettings, ReplaySettings
+from workers.runtime.bus import streams
+
+pytestmark = pytest.mark.slow
+
+
+async def _lose_last(js: JetStreamContext, servers: Servers, stream: str, subject: str) -> str:
+    """Remove the last message on `subject` and restart the server; its Nats-Msg-Id."""
+    msg = await js.get_last_msg(stream, subject)
+    await js.delete_msg(stream, msg.seq)
+    assert servers.nats is not None
+    await asyncio.to_thread(servers.nats.restart)
+    return str((msg.headers or {})["Nats-Msg-Id"])
+
+
+async def _commands(db: asyncpg.Connection) -> list[tuple[Any, ...]]:
+    rows = await db.fetch(
+        "SELECT state, session_epoch, delivery_attempt FROM commands WHERE node_id = 'n1'"
+    )
+    return [tuple(r) for r in rows]
+
+
+async def test_a_lost_hello_is_asked_of_its_gateway_and_everything_it_owes_follows(
+    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection
+) -> None:
+    if servers.nats is None:
+        pytest.skip("the NATS server is given (BCW_TEST_NATS_URL): it cannot be restarted")
+    js = nc.jetstream()
+    await streams.provision_streams(js, subjects)
+    await fleet.join(db, "n1", serial="n1-serial")
+    await fleet.session(db, "n1", epoch=1, gateway_id="gw-a", boot_id="b1", journal_id="j1")
+    command = await db.fetchval("SELECT enqueue_command('n1', 'exec', '{}')")
+    await db.execute(  # in flight on the previous session
+        "UPDATE commands SET state = 'dispatched', session_epoch = 1, delivery_attempt = 1"
+    )
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4)
+    gateway = Gateway("gw-a", pool, nc, subjects)
+    await gateway.start(autotick=0.5)
+    daemon = RecordingStream()
+    try:
+        welcome = await gateway.hello(
+            request(boot_id="b1", journal_id="j1", capabilities=["cpu", "nvml"]), daemon
+        )
+        assert welcome.epoch == 2
+        lost = await _lose_last(js, servers, subjects.facts_stream, subjects.fact("gw-a", "hello"))
+        assert lost == str(gateway.sessions["n1"].hello.fact_id)  # type: ignore[union-attr]
+
+        settings = make_settings(servers.nats_url, database_url, subjects)
+        settings = settings.model_copy(
+            update={
+                "replay": ReplaySettings(
+                    hello_lost_after=timedelta(seconds=2), hello_check_interval=0.5
+                )
+            }
+        )
+        async with running(settings, [build(settings) for build in WORKERS.values()]):
+
+            async def replayed() -> bool:
+                return await _commands(db) == [("dispatched", 2, 2)] and len(daemon.delivered) == 1
+
+            await eventually(replayed, within=45, what="the in-flight command replayed")
+            labels = await db.fetchval(
+                "SELECT array_agg(key ORDER BY key) FROM node_labels "
+                "WHERE node_id = 'n1' AND source = 'system'"
+            )
+            assert labels == ["bc.dev/cap.cpu", "bc.dev/cap.nvml"]
+            asked = await db.fetchrow("SELECT * FROM hello_seen WHERE node_id = 'n1'")
+            assert (asked["seen_epoch"], asked["asked_epoch"]) == (2, 2)
+
+            async def announced() -> bool:
+                return len(await _events(js, subjects, "node.connected")) == 1
+
+            await eventually(announced, what="node.connected")
+            await asyncio.sleep(1.5)  # three more looks: nothing is asked twice
+        hellos = await stream_messages(js, subjects.facts_stream, subjects.fact("gw-a", "hello"))
+        assert [m.headers["Nats-Msg-Id"] for m in hellos] == [lost]  # the same fact, once
+        [replay] = await _events(js, subjects, "command.replayed")
+        assert replay["commandId"] == str(command) and replay["attempt"] == 2
+        notices = await stream_messages(js, subjects.gateway_stream, None)
+        assert [m.subject.rsplit(".", 1)[1] for m in notices] == ["hello-again", "dispatch"]
+        assert await stream_messages(js, subjects.dead_stream, None) == []
+    finally:
+        await gateway.stop(graceful=False)
+        await pool.close()
+
+
+async def _events(js: JetStreamContext, subjects: Subjects, kind: str) -> list[Any]:
+    import json
+
+    messages = await stream_messages(js, subjects.events_stream, subjects.event(kind))
+    return [json.loads(m.data) for m in messages]
+
+
+async def test_a_lost_flush_is_made_good_by_the_next(
+    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection,
+    clock: Clock,
+) -> None:  # fmt: skip
+    if servers.nats is None:
+        pytest.skip("the NATS server is given (BCW_TEST_NATS_URL): it cannot be restarted")
+    js = nc.jetstream()
+    await streams.provision_streams(js, subjects)
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4)
+    gateway = Gateway("gw-a", pool, nc, subjects)
+    await gateway.start()
+    try:
+        await fleet.join(db, "n1", serial="n1-serial")
+        await gateway.hello(request(), RecordingStream())
+        # 30 s pass in the database; the gateway has just heard the daemon (age about 0)
+        await clock.advance(timedelta(seconds=30))
+        await gateway.flush()
+        await _lose_last(js, servers, subjects.facts_stream, subjects.fact("gw-a", "liveness"))
+        settings = make_settings(servers.nats_url, database_url, subjects)
+        async with running(settings, [WORKERS["liveness"](settings)]):
+            await asyncio.sleep(1.0)
+            stale = await db.fetchval(
+                "SELECT compute_now() - last_seen FROM node_sessions WHERE node_id = 'n1'"
+            )
+            assert stale >= timedelta(seconds=30)  # the lost flush moved nothing
+            await gateway.flush()  # the next period's flush carries the age again
+
+            async def fresh() -> bool:
+                age = await db.fetchval(
+                    "SELECT compute_now() - last_seen FROM node_sessions WHERE node_id = 'n1'"
+                )
+                return bool(age < timedelta(seconds=10))
+
+            await eventually(fresh, what="last_seen moved by the next flush")
+    finally:
+        await gateway.stop(graceful=False)
+        await pool.close()
+
+
+async def test_a_lost_close_ends_its_session_when_the_silence_is_swept(
+    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection,
+    clock: Clock,
+) -> None:  # fmt: skip
+    if servers.nats is None:
+        pytest.skip("the NATS server is given (BCW_TEST_NATS_URL): it cannot be restarted")
+    js = nc.jetstream()
+    await streams.provision_streams(js, subjects)
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4)
+    now = [time.time()]
+    gateway = Gateway("gw-a", pool, nc, subjects, clock=lambda: now[0])
+    await gateway.start()
+    try:
+        await fleet.join(db, "n1", serial="n1-serial")
+        await gateway.hello(request(), RecordingStream())
+        await gateway.disconnect("n1", 1)  # the stream closed; its `closed` fact is lost
+        await _lose_last(js, servers, subjects.facts_stream, subjects.fact("gw-a", "closed"))
+        settings = make_settings(servers.nats_url, database_url, subjects)
+        settings = settings.model_copy(update={"liveness": LivenessSettings(sweep_interval=0.2)})
+        await fresh_sweep_history(pool)
+        async with running(settings, [WORKERS["liveness"](settings)]):
+            await asyncio.sleep(1.0)
+            assert await fleet.routing(db, "n1") == (1, "gw-a", None)  # still connected
+            # 46 s of silence from the node; its gateway renews its lease and flushes (the
+            # liveness controller sees it) all along
+            for step in (5,) * 9 + (1,):
+                await clock.advance(timedelta(seconds=step))
+                now[0] += step
+                await gateway.tick()
+                await gateway.flush()
+                await asyncio.sleep(0.3)
+
+            async def swept() -> bool:
+                return await fleet.routing(db, "n1") == (1, None, "liveness-timeout")
+
+            await eventually(swept, what="the silent session swept")
+    finally:
+        await gateway.stop(graceful=False)
+        await pool.close()
