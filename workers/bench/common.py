@@ -37,13 +37,16 @@ class BenchTarget:
 
 
 @contextlib.asynccontextmanager
-async def bench_target(settings: Settings, embedded: bool) -> AsyncIterator[BenchTarget]:
-    """Servers for one benchmark run, and a scratch database dropped afterwards."""
+async def bench_target(
+    settings: Settings, embedded: bool, sync_always: bool = False
+) -> AsyncIterator[BenchTarget]:
+    """Servers for one benchmark run, and a scratch database dropped afterwards.
+    `sync_always`: the embedded nats-server syncs each message before its PubAck."""
     stack = contextlib.ExitStack()
     if embedded:
         base = Path(tempfile.mkdtemp(prefix="bcw-bench-"))
         stack.callback(shutil.rmtree, base, True)  # runs last: after the servers stopped
-        nats = stack.enter_context(_started(EmbeddedNats(base / "nats")))
+        nats = stack.enter_context(_started(EmbeddedNats(base / "nats", sync_always=sync_always)))
         postgres = stack.enter_context(_started(EmbeddedPostgres(base / "postgres")))
         nats_url, admin_url = nats.url, postgres.url
     else:

@@ -112,8 +112,15 @@ async def _gateway(
     await asyncio.gather(*pending)
 
 
-async def run(settings: Settings, nodes: int, gateways: int, rate: float, embedded: bool) -> int:
-    async with bench_target(settings, embedded) as target:
+async def run(
+    settings: Settings,
+    nodes: int,
+    gateways: int,
+    rate: float,
+    embedded: bool,
+    sync_always: bool = False,
+) -> int:
+    async with bench_target(settings, embedded, sync_always) as target:
         subjects = Subjects(target.subject_root)
         conn = await asyncpg.connect(target.database_url)
         print(f"joining {nodes:,} nodes, one command in flight each, epochs bumped ...")
@@ -224,7 +231,7 @@ async def run(settings: Settings, nodes: int, gateways: int, rate: float, embedd
     )  # fmt: skip
     print_table(
         f"bcw bench herd: {nodes:,} nodes, {gateways} gateways at {rate:.0f} Hellos/s each "
-        f"({os.cpu_count()} cores)",
+        f"({os.cpu_count()} cores){', JetStream sync_interval: always' if sync_always else ''}",
         ("measure", "value"),
         rows,
     )

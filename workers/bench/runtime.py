@@ -214,7 +214,9 @@ async def _settle_database(target: BenchTarget) -> None:
         await conn.close()
 
 
-async def run(settings: Settings, facts: int, embedded: bool, rounds: int = 3) -> int:
+async def run(
+    settings: Settings, facts: int, embedded: bool, rounds: int = 3, sync_always: bool = False
+) -> int:
     """Each pipeline `rounds` times (each round a fresh durable consumer over the same
     facts, the pipelines' order rotated, the table vacuumed before each); medians are
     printed, so one noisy round on a shared machine does not decide."""
@@ -222,7 +224,7 @@ async def run(settings: Settings, facts: int, embedded: bool, rounds: int = 3) -
         k: [] for k in ("a", "a_relayed", "a1", "a1_relayed", "b", "c")
     }
     spent: dict[str, list[CpuSpent]] = {k: [] for k in ("a", "a1", "b", "c")}
-    async with bench_target(settings, embedded) as target:
+    async with bench_target(settings, embedded, sync_always) as target:
         subjects = Subjects(target.subject_root)
         print(f"publishing {facts} status facts over {NODES} nodes ...")
         await _prepare(target, subjects, facts)
@@ -265,7 +267,8 @@ async def run(settings: Settings, facts: int, embedded: bool, rounds: int = 3) -
     m = {k: statistics.median(v) for k, v in results.items()}
     floor = m["b"]
     print_table(
-        f"bcw bench runtime: {facts} facts, fetch batch {BATCH}, median of {rounds} rounds",
+        f"bcw bench runtime: {facts} facts, fetch batch {BATCH}, median of {rounds} rounds"
+        + (", JetStream sync_interval: always" if sync_always else ""),
         ("pipeline", "facts/s", "vs (b)"),
         [
             (

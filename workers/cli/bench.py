@@ -54,6 +54,12 @@ def add(commands: Commands) -> None:
     )
     bench.add_argument("--seed", type=int, default=1, help="the faults' random seed (chaos)")
     bench.add_argument(
+        "--sync-always",
+        action="store_true",
+        help="the embedded nats-server syncs each message to disk before its PubAck "
+        "(sync_interval: always; runtime, herd)",
+    )
+    bench.add_argument(
         "--embedded",
         action="store_true",
         help="start embedded servers for the run (else BCW_*_URL)",
@@ -76,7 +82,9 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     if args.bench == "runtime":
         from workers.bench import runtime
 
-        return asyncio.run(runtime.run(settings, args.facts, args.embedded, args.rounds))
+        return asyncio.run(
+            runtime.run(settings, args.facts, args.embedded, args.rounds, args.sync_always)
+        )
     if args.bench == "labeler":
         from workers.bench import labeler
 
@@ -100,5 +108,7 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     if args.bench == "herd":
         from workers.bench import herd
 
-        return asyncio.run(herd.run(settings, nodes, gateways, args.rate or 200.0, args.embedded))
+        return asyncio.run(
+            herd.run(settings, nodes, gateways, args.rate or 200.0, args.embedded, args.sync_always)
+        )
     return 2
