@@ -62,3 +62,13 @@ def test_every_room_says_what_it_is_for() -> None:
     for init in (ROOT / "workers" / "runtime").glob("*/__init__.py"):
         doc = ast.get_docstring(ast.parse(init.read_text()))
         assert doc and "use" in doc, f"{init.relative_to(ROOT)} says nothing of what it may use"
+
+
+def test_every_test_docs_durability_names_exists() -> None:
+    """docs/durability.md backs each repair it claims with a test, named there."""
+    page = (ROOT / "docs" / "durability.md").read_text()
+    named = set(re.findall(r"`(test_\w+)`", page))
+    module = ROOT / "tests" / "integration" / "faults" / "test_lost_facts.py"
+    assert len(named) >= 3
+    assert named <= _defined(module), named - _defined(module)
+    assert page.count("**Repaired") == len(named)  # one test for each repair claimed

@@ -10,6 +10,8 @@ import pytest
 from workers.bench.common import CpuSpent, ceiling
 from workers.bench.herd import cores_for
 from workers.bench.soak import Sample, figures_of, levels, problems, slope_per_hour
+from workers.demo import kept_up
+from workers.embedded import EmbeddedNats, EmbeddedPostgres
 
 
 def test_cores_for_spreads_the_work_over_the_herd_and_the_time_after_it() -> None:
@@ -89,3 +91,18 @@ def test_a_worker_log_is_counted_by_level(tmp_path: Path) -> None:
     )
     assert levels(log) == Counter({"warning": 2, "error": 1, "unparsed": 1})
     assert levels(tmp_path / "missing.log") == Counter()
+
+
+def test_the_demo_says_what_it_keeps_up(tmp_path: Path) -> None:
+    nats, postgres = (
+        EmbeddedNats(tmp_path / "n", port=4222),
+        EmbeddedPostgres(tmp_path / "p", port=5432),
+    )
+    lines = kept_up(nats, postgres, 4711).splitlines()
+    assert lines[1].split() == ["NATS", "(JetStream)", "nats://127.0.0.1:4222", "pid", "?"]
+    assert lines[2].split()[:2] == ["PostgreSQL", "postgresql://postgres@127.0.0.1:5432/postgres"]
+    assert "labeler, liveness, quarantine, recorder, replay, in this process, pid 4711" in lines[3]
+    assert lines[4] == (
+        "export BCW_NATS_URL=nats://127.0.0.1:4222 "
+        "BCW_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres"
+    )
