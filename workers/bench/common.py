@@ -8,6 +8,7 @@ import contextlib
 import os
 import resource
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -325,6 +326,14 @@ async def spawn_workers(
         if logs is not None:
             out.close()  # type: ignore[union-attr]  # the child holds its own descriptor
     return procs
+
+
+async def stop_workers(procs: dict[str, asyncio.subprocess.Process]) -> None:
+    """SIGTERM to each worker process still running, and wait for them all."""
+    for proc in procs.values():
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+    await asyncio.gather(*(p.wait() for p in procs.values()))
 
 
 async def workers_bound(js: JetStreamContext, subjects: Subjects) -> bool:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import time
 
 import asyncpg
@@ -36,6 +35,7 @@ from workers.bench.common import (
     peak_rss_mib,
     print_table,
     spawn_workers,
+    stop_workers,
     wait_until,
     wire,
     worker_env,
@@ -191,10 +191,7 @@ async def run(
             }
             others = CpuSpent.now() - before
         finally:
-            for proc in procs.values():
-                if proc.returncode is None:
-                    proc.send_signal(signal.SIGTERM)
-            await asyncio.gather(*(p.wait() for p in procs.values()))
+            await stop_workers(procs)
             await nc.close()
             await conn.close()
     publish_s = last - first

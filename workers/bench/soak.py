@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import tempfile
 import time
 from collections import Counter
@@ -34,6 +33,7 @@ from workers.bench.common import (
     bench_target,
     print_table,
     spawn_workers,
+    stop_workers,
     wait_until,
     worker_env,
     workers_bound,
@@ -238,10 +238,7 @@ async def run(
             dead = await sim.dead_letters()
         finally:
             await sim.stop()
-            for proc in procs.values():
-                if proc.returncode is None:
-                    proc.send_signal(signal.SIGTERM)
-            await asyncio.gather(*(p.wait() for p in procs.values()))
+            await stop_workers(procs)
             await pool.close()
             await nc.close()
     figures = [

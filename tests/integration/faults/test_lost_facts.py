@@ -34,6 +34,16 @@ from workers.runtime.bus import streams
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture
+async def js(servers: Servers, nc: NATS, subjects: Subjects) -> JetStreamContext:
+    """This test's streams on a server it may restart."""
+    if servers.nats is None:
+        pytest.skip("the NATS server is given (BCW_TEST_NATS_URL): it cannot be restarted")
+    context = nc.jetstream()
+    await streams.provision_streams(context, subjects)
+    return context
+
+
 async def _lose_last(js: JetStreamContext, servers: Servers, stream: str, subject: str) -> str:
     """Remove the last message on `subject` and restart the server; its Nats-Msg-Id."""
     msg = await js.get_last_msg(stream, subject)
@@ -51,19 +61,15 @@ async def _commands(db: asyncpg.Connection) -> list[tuple[Any, ...]]:
 
 
 async def test_a_lost_hello_is_asked_of_its_gateway_and_everything_it_owes_follows(
-    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection
-) -> None:
-    if servers.nats is None:
-        pytest.skip("the NATS server is given (BCW_TEST_NATS_URL): it cannot be restarted")
-    js = nc.jetstream()
-    await streams.provision_streams(js, subjects)
+    servers: Servers, nc: NATS, js: JetStreamContext, pool: asyncpg.Pool, subjects: Subjects,
+    database_url: str, db: asyncpg.Connection,
+) -> None:  # fmt: skip
     await fleet.join(db, "n1", serial="n1-serial")
     await fleet.session(db, "n1", epoch=1, gateway_id="gw-a", boot_id="b1", journal_id="j1")
     command = await db.fetchval("SELECT enqueue_command('n1', 'exec', '{}')")
     await db.execute(  # in flight on the previous session
         "UPDATE commands SET state = 'dispatched', session_epoch = 1, delivery_attempt = 1"
     )
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4)
     gateway = Gateway("gw-a", pool, nc, subjects)
     await gateway.start(autotick=0.5)
     daemon = RecordingStream()
@@ -111,7 +117,6 @@ async def test_a_lost_hello_is_asked_of_its_gateway_and_everything_it_owes_follo
         assert await stream_messages(js, subjects.dead_stream, None) == []
     finally:
         await gateway.stop(graceful=False)
-        await pool.close()
 
 
 async def _events(js: JetStreamContext, subjects: Subjects, kind: str) -> list[Any]:
@@ -122,14 +127,9 @@ async def _events(js: JetStreamContext, subjects: Subjects, kind: str) -> list[A
 
 
 async def test_a_lost_flush_is_made_good_by_the_next(
-    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection,
-    clock: Clock,
+    servers: Servers, nc: NATS, js: JetStreamContext, pool: asyncpg.Pool, subjects: Subjects,
+    database_url: str, db: asyncpg.Connection, clock: Clock,
 ) -> None:  # fmt: skip
-    if servers.nats is None:
-        pytest.skip("the NATS server is given (BCW_TEST_NATS_URL): it cannot be restarted")
-    js = nc.jetstream()
-    await streams.provision_streams(js, subjects)
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4)
     gateway = Gateway("gw-a", pool, nc, subjects)
     await gateway.start()
     try:
@@ -157,18 +157,12 @@ async def test_a_lost_flush_is_made_good_by_the_next(
             await eventually(fresh, what="last_seen moved by the next flush")
     finally:
         await gateway.stop(graceful=False)
-        await pool.close()
 
 
 async def test_a_lost_close_ends_its_session_when_the_silence_is_swept(
-    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection,
-    clock: Clock,
+    servers: Servers, nc: NATS, js: JetStreamContext, pool: asyncpg.Pool, subjects: Subjects,
+    database_url: str, db: asyncpg.Connection, clock: Clock,
 ) -> None:  # fmt: skip
-    if servers.nats is None:
-        pytest.skip("the NATS server is given (BCW_TEST_NATS_URL): it cannot be restarted")
-    js = nc.jetstream()
-    await streams.provision_streams(js, subjects)
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4)
     now = [time.time()]
     gateway = Gateway("gw-a", pool, nc, subjects, clock=lambda: now[0])
     await gateway.start()
@@ -198,4 +192,3 @@ async def test_a_lost_close_ends_its_session_when_the_silence_is_swept(
             await eventually(swept, what="the silent session swept")
     finally:
         await gateway.stop(graceful=False)
-        await pool.close()
