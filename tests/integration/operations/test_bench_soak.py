@@ -5,6 +5,7 @@ fails the run (here a bound no process can meet, to see it fail)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -15,12 +16,13 @@ from tests.integration.support import bcw
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_a_short_soak_prints_each_process_and_fails_above_the_bound(
-    servers: Servers,
+    servers: Servers, tmp_path: Path
 ) -> None:
     code, out = await bcw(
         "bench", "soak", "--minutes", "0.3", "--nodes", "20", "--gateways", "2",
         "--max-slope=-1000000",
         BCW_NATS_URL=servers.nats_url, BCW_DATABASE_URL=servers.postgres_url,
+        TMPDIR=str(tmp_path),  # the workers' logs stay with the test
     )  # fmt: skip
     assert code == 1, out
     assert re.search(r"\d+ churn rounds \(0 failed checks\), 0 dead-lettered", out), out
@@ -36,3 +38,11 @@ async def test_a_short_soak_prints_each_process_and_fails_above_the_bound(
         assert 20 < rss < 500 and fds > 3 and postgres >= 1 and nats == 1, row[0]
         assert f"FAIL {worker}: memory grew" in out
     assert "Traceback" not in out
+    assert _logs(tmp_path) == [
+        f"{worker}.log" for worker in ("labeler", "liveness", "quarantine", "recorder", "replay")
+    ]
+
+
+def _logs(tmp_path: Path) -> list[str]:
+    [logs] = tmp_path.glob("bcw-soak-*")
+    return sorted(log.name for log in logs.iterdir())
