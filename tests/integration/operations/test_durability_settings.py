@@ -10,6 +10,7 @@ import urllib.request
 from pathlib import Path
 
 import asyncpg
+import pytest
 
 from tests.integration.support import bcw
 from workers.embedded import (
@@ -65,3 +66,15 @@ async def test_durable_embedded_servers_write_before_they_acknowledge(tmp_path: 
         assert demo_nats.sync_always and demo_postgres.durable  # what `bcw demo --durable` runs
     code, out = await bcw("demo", "--help")
     assert code == 0 and "--durable" in out and "sync_interval" in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_bcw_demo_durable_runs_its_nats_server_syncing_always(tmp_path: Path) -> None:
+    code, out = await bcw(
+        "demo", "--durable", "--nodes", "20", "--gateways", "2", "--directory", str(tmp_path)
+    )
+    assert code == 0, out
+    assert "sync_interval: always" in out and "fsync on" in out
+    # the configuration file its nats-server was started with (`-c`)
+    assert "sync_interval: always" in (tmp_path / "nats" / "nats-server.conf").read_text()
