@@ -138,7 +138,7 @@ async def main(
             console.print(_table(checks, time.monotonic() - started))
             if hold:
                 await sim.stop(graceful=True)  # its fleet ends; servers and workers stay
-                console.print(kept_up(nats_server, postgres, os.getpid()))
+                print(kept_up(nats_server, postgres, os.getpid()), flush=True)  # unwrapped
                 await _wait_for_signal()
         finally:
             await sim.stop()

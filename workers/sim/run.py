@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import uuid
 
-import asyncpg
 from rich.console import Console
 from rich.table import Table
 
@@ -18,6 +17,7 @@ from schemas.subjects import Subjects
 from workers.runtime.base.errors import SettingError
 from workers.runtime.base.settings import Settings
 from workers.runtime.bus import connection, streams
+from workers.runtime.store import db
 from workers.sim.scenarios import SCENARIOS
 from workers.sim.simulator import Simulator, foreign_sessions
 
@@ -27,9 +27,9 @@ async def run_scenario(
 ) -> int:
     console = Console()
     subjects = Subjects(settings.subject_root)
-    pool = await asyncpg.create_pool(
-        settings.database.url.get_secret_value(), min_size=2, max_size=8
-    )
+    pool = await db.create_pool(
+        settings.database.model_copy(update={"pool_min": 2, "pool_max": 8})
+    )  # a failure names BCW_DATABASE_URL
     async with pool.acquire() as conn:
         foreign, example = await foreign_sessions(conn)
     if own_clock and foreign:
