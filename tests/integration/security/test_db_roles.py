@@ -80,6 +80,7 @@ FORBIDDEN = {
         "UPDATE node_certs SET revoked_at = now(), revocation_reason = 'x'",
         "UPDATE node_sessions SET session_epoch = 99",
         "UPDATE node_sessions SET gateway_id = NULL",
+        "INSERT INTO hello_seen (node_id, seen_epoch) VALUES ('n1', 9)",
     ],
     "bcw_quarantine": [
         "UPDATE commands SET state = 'done'",
@@ -92,6 +93,7 @@ FORBIDDEN = {
         "UPDATE node_certs SET revoked_at = now(), revocation_reason = 'x'",
         "DELETE FROM commands",
         "UPDATE commands SET payload = '{}'",
+        "DELETE FROM hello_seen",
     ],
     "bcw_recorder": [
         "UPDATE node_certs SET revoked_at = now(), revocation_reason = 'x'",
