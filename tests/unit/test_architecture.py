@@ -72,3 +72,19 @@ def test_every_test_docs_durability_names_exists() -> None:
     assert len(named) >= 3
     assert named <= _defined(module), named - _defined(module)
     assert page.count("**Repaired") == len(named)  # one test for each repair claimed
+
+
+def test_no_module_over_400_lines_and_no_folder_over_12_modules() -> None:
+    """The house's size limits, for the product and the tests alike."""
+    long, crowded = [], []
+    for top in ("workers", "schemas", "tests"):
+        for folder in [ROOT / top, *(p for p in (ROOT / top).rglob("*") if p.is_dir())]:
+            modules = list(folder.glob("*.py"))
+            if len(modules) > 12:
+                crowded.append(f"{folder.relative_to(ROOT)} ({len(modules)})")
+            long += [
+                f"{m.relative_to(ROOT)} ({n})"
+                for m in modules
+                if (n := len(m.read_text().splitlines())) > 400
+            ]
+    assert not long and not crowded, (long, crowded)

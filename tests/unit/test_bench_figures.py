@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.bench.common import CpuSpent, ceiling
+from workers.bench.costs import CpuSpent, ceiling
 from workers.bench.herd import cores_for
 from workers.bench.soak import Sample, figures_of, levels, problems, slope_per_hour
 from workers.demo import kept_up

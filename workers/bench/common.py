@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import resource
 import shutil
 import signal
 import sys
@@ -256,57 +255,6 @@ async def join_herd(conn: asyncpg.Connection, nodes: int) -> None:
     )
 
 
-def peak_rss_mib(pid: int) -> float:
-    """A live process's peak resident set (VmHWM), MiB; NaN once it is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
-
-
-def _proc_stat(pid: int | str) -> tuple[str, list[str]] | None:
-    """A process's name and its `/proc/<pid>/stat` fields after the name (field 3 on);
-    None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            text = stat.read()
-    except OSError:
-        return None
-    name, _, rest = text[text.index("(") + 1 :].rpartition(")")
-    return name, rest.split()
-
-
-def _ticks(fields: list[str], count: int) -> float:
-    """Seconds of the `count` CPU-time fields from utime on (utime, stime, cutime, cstime)."""
-    return sum(int(f) for f in fields[11 : 11 + count]) / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """A live process's user + system CPU time so far, seconds; NaN once it is gone."""
-    stat = _proc_stat(pid)
-    return float("nan") if stat is None else _ticks(stat[1], 2)
-
-
-SERVER_NAMES = ("postgres", "nats-server")
-
-
-def servers_cpu_seconds() -> dict[str, float]:
-    """CPU seconds so far of every PostgreSQL and nats-server process on this machine (the
-    benches' servers run here): their live processes' own time, and the time of the
-    children they waited for. A backend that exits between two readings takes its time
-    with it, so a difference of two readings is a lower bound."""
-    totals = dict.fromkeys(SERVER_NAMES, 0.0)
-    for entry in os.listdir("/proc"):
-        stat = _proc_stat(entry) if entry.isdigit() else None
-        if stat is not None and stat[0] in totals:
-            totals[stat[0]] += _ticks(stat[1], 4)
-    return totals
-
-
 async def spawn_workers(
     target_env: dict[str, str], logs: Path | None = None
 ) -> dict[str, asyncio.subprocess.Process]:
@@ -361,49 +309,3 @@ async def wait_until(what: Callable[[], Awaitable[bool]], within: float = 900) -
             return time.monotonic()
         await asyncio.sleep(0.2)
     raise TimeoutError(f"not settled within {within:.0f} s")
-
-
-@dataclass(frozen=True)
-class CpuSpent:
-    """CPU seconds, by who spent them: this process, its children that ended and were
-    waited for (a relay process, say), and the servers. Readings subtract."""
-
-    process: float
-    children: float
-    postgres: float
-    nats: float
-
-    @classmethod
-    def now(cls) -> CpuSpent:
-        children = resource.getrusage(resource.RUSAGE_CHILDREN)
-        servers = servers_cpu_seconds()
-        return cls(
-            time.process_time(),
-            children.ru_utime + children.ru_stime,
-            servers["postgres"],
-            servers["nats-server"],
-        )
-
-    def __sub__(self, before: CpuSpent) -> CpuSpent:
-        return CpuSpent(
-            self.process - before.process,
-            self.children - before.children,
-            self.postgres - before.postgres,
-            self.nats - before.nats,
-        )
-
-    @property
-    def total(self) -> float:
-        return self.process + self.children + self.postgres + self.nats
-
-
-def ceiling(single_threaded: Sequence[float], others: Sequence[float], cores: int) -> float:
-    """The most units a second that these CPU costs (seconds per unit) allow on `cores`:
-    each single-threaded process (a Python process) has one core at most, and everything
-    together, the others included (the servers), has `cores`. An upper bound: it assumes
-    the work spreads perfectly and nothing waits."""
-    bounds = [1.0 / cost for cost in single_threaded if cost > 0]
-    total = sum(single_threaded) + sum(others)
-    if total > 0:
-        bounds.append(cores / total)
-    return min(bounds, default=float("inf"))

@@ -26,13 +26,10 @@ from nats.js import JetStreamContext
 
 from schemas.subjects import Subjects
 from workers.bench.common import (
-    CpuSpent,
     bench_target,
     consumer_idle,
-    cpu_seconds,
     hello_fact,
     join_herd,
-    peak_rss_mib,
     print_table,
     spawn_workers,
     stop_workers,
@@ -41,6 +38,7 @@ from workers.bench.common import (
     worker_env,
     workers_bound,
 )
+from workers.bench.costs import CpuSpent, cpu_seconds, peak_rss_mib
 from workers.runtime.base.settings import Settings
 
 HELLO_WORKERS = ("labeler", "liveness", "quarantine", "replay")

@@ -32,16 +32,14 @@ from schemas import Fact, Status, Zombie
 from schemas.subjects import Subjects
 from workers.bench.common import (
     BenchTarget,
-    CpuSpent,
     bench_target,
-    ceiling,
     consume_and_relay,
-    cpu_seconds,
     join_fleet,
     print_table,
     publish_facts,
     wire,
 )
+from workers.bench.costs import CpuSpent, ceiling, cpu_seconds
 from workers.runtime.base.runtime_settings import ConsumerSettings
 from workers.runtime.base.settings import Settings
 from workers.runtime.bus import streams

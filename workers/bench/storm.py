@@ -33,12 +33,12 @@ from workers.bench.common import (
     bench_target,
     consumer_idle,
     join_herd,
-    peak_rss_mib,
     print_table,
     spawn_workers,
     wait_until,
     worker_env,
 )
+from workers.bench.costs import peak_rss_mib
 from workers.gateway import Code, Gateway, GatewaySettings, HelloRequest, Refused
 from workers.runtime.base.settings import Settings
 
