@@ -304,16 +304,15 @@ class EmbeddedPostgres:
         if self._install is None:
             self._prepare()
         assert self._install is not None
-        sockets = self.directory / "sockets"
-        sockets.mkdir(exist_ok=True)
-        self._chown(sockets)
         log = self.directory / "postgres.log"
         log.touch()
         self._chown(log)
         settings = {
             "listen_addresses": "127.0.0.1",
             "port": str(self.port),
-            "unix_socket_directories": str(sockets),
+            # TCP only: a socket path under a deep data directory can exceed the 107 bytes
+            # a Unix socket's name may have, and every client here uses 127.0.0.1 anyway
+            "unix_socket_directories": "",
             "max_connections": "300",
             "shared_buffers": "256MB",
             "fsync": "on" if self.durable else "off",
