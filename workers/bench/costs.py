@@ -13,16 +13,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 
-def peak_rss_mib(pid: int) -> float:
-    """A live process's peak resident set (VmHWM), MiB; NaN once it is gone."""
+def memory_mib(pid: int, field: str) -> float:
+    """A memory figure of a live process from /proc/<pid>/status (`VmRSS`, `VmHWM`, …),
+    MiB; NaN once it is gone."""
     try:
         with open(f"/proc/{pid}/status") as status:
             for line in status:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
     return float("nan")
+
+
+def peak_rss_mib(pid: int) -> float:
+    """A live process's peak resident set (VmHWM), MiB; NaN once it is gone."""
+    return memory_mib(pid, "VmHWM")
 
 
 def _proc_stat(pid: int | str) -> tuple[str, list[str]] | None:

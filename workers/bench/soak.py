@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import tempfile
 import time
@@ -38,6 +39,7 @@ from workers.bench.common import (
     worker_env,
     workers_bound,
 )
+from workers.bench.costs import memory_mib
 from workers.demo import fresh_sweep_history
 from workers.runtime.base.settings import Settings
 from workers.sim import Simulator
@@ -167,14 +169,15 @@ def _remote_ports(inodes: set[str]) -> Counter[int]:
 
 def sample(pid: int, at: float, postgres_port: int, nats_port: int) -> Sample | None:
     """One reading of a live process from /proc; None once it is gone."""
+    rss = memory_mib(pid, "VmRSS")
     try:
-        with open(f"/proc/{pid}/status") as status:
-            rss = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
         fds = len(os.listdir(f"/proc/{pid}/fd"))
-    except (OSError, StopIteration):
+    except OSError:
+        return None
+    if math.isnan(rss):
         return None
     ports = _remote_ports(_socket_inodes(pid))
-    return Sample(at, rss / 1024, fds, ports[postgres_port], ports[nats_port])
+    return Sample(at, rss, fds, ports[postgres_port], ports[nats_port])
 
 
 async def _churn(sim: Simulator, until: float) -> tuple[int, Counter[str]]:
