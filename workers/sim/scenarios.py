@@ -110,12 +110,11 @@ async def journal_loss(sim: Simulator, nodes: int = 10) -> list[Check]:
         daemon.work_seconds = (600.0, 900.0)  # still running when the disk goes
     # each node's own next seq: nodes' counters differ (a lost gateway gave some of them
     # a command more), so one number for all would miscount
-    firsts = [
-        int(await sim.fetchval(  # type: ignore[call-overload]
-            "SELECT coalesce(max(seq), 0) + 1 FROM commands WHERE node_id = $1", node
-        ))
-        for node in ids
-    ]  # fmt: skip
+    firsts: list[int] = await sim.fetchval(  # type: ignore[assignment]
+        "SELECT array_agg((SELECT coalesce(max(seq), 0) + 1 FROM commands WHERE node_id = n)"
+        " ORDER BY i) FROM unnest($1::text[]) WITH ORDINALITY AS t(n, i)",
+        ids,
+    )
     await sim.enqueue(chosen, 2)
     in_state = (
         "SELECT count(*) FROM commands c JOIN unnest($1::text[], $2::bigint[]) AS f(node_id, first)"

@@ -123,16 +123,7 @@ class Simulator:
                 SIMULATED_LABEL,
             )
         for g in range(self.n_gateways):
-            gateway = Gateway(
-                f"{self.prefix}-gw-{g}",
-                self.pool,
-                self.nc,
-                self.subjects,
-                self.clock,
-                self.gateway_settings,
-            )
-            await gateway.start()
-            self.gateways.append(gateway)
+            self.gateways.append(await self._started_gateway(f"{self.prefix}-gw-{g}"))
         for i in range(1, self.n_nodes + 1):
             caps = sorted(self.rng.sample(CAPABILITY_POOL, self.rng.randint(2, 5)))
             self.daemons.append(
@@ -146,13 +137,16 @@ class Simulator:
                 )
             )
 
+    async def _started_gateway(self, gateway_id: str) -> Gateway:
+        gateway = Gateway(
+            gateway_id, self.pool, self.nc, self.subjects, self.clock, self.gateway_settings
+        )
+        await gateway.start()
+        return gateway
+
     async def revive(self, gateway: Gateway) -> Gateway:
         """A new incarnation of a stopped gateway, in its place (a rack back after a loss)."""
-        again = Gateway(
-            gateway.gateway_id, self.pool, self.nc, self.subjects, self.clock,
-            self.gateway_settings,
-        )  # fmt: skip
-        await again.start()
+        again = await self._started_gateway(gateway.gateway_id)
         self.gateways[self.gateways.index(gateway)] = again
         return again
 
