@@ -10,6 +10,7 @@ workers in this event loop.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from datetime import timedelta
 from typing import Any
@@ -120,8 +121,6 @@ async def test_a_lost_hello_is_asked_of_its_gateway_and_everything_it_owes_follo
 
 
 async def _events(js: JetStreamContext, subjects: Subjects, kind: str) -> list[Any]:
-    import json
-
     messages = await stream_messages(js, subjects.events_stream, subjects.event(kind))
     return [json.loads(m.data) for m in messages]
 
