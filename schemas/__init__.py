@@ -45,6 +45,7 @@ from schemas.registry import (
     MessageError,
     Registry,
     UnknownMessageType,
+    UnsupportedMajor,
 )
 from schemas.subjects import SubjectError, Subjects
 
@@ -91,5 +92,6 @@ __all__ = [
     "SubjectError",
     "Subjects",
     "UnknownMessageType",
+    "UnsupportedMajor",
     "Zombie",
 ]

@@ -1,7 +1,9 @@
 """Base models and field types shared by every message on the bus.
 
 Imported by the fact, event and notice modules; imports no I/O library. Every message
-is a frozen pydantic model that forbids unknown fields and validates strictly.
+is a frozen pydantic model that validates strictly and ignores fields it does not know
+(a tolerant reader: a newer producer's optional field takes no effect here and is not an
+error; `docs/contract.md`, "Compatibility").
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ Sha256Hex = Annotated[str, StringConstraints(pattern=r"^([0-9a-f]{64})?$")]
 
 
 class Message(BaseModel):
-    """Base of every bus message. Subclasses set `BC_TYPE` and `BC_SCHEMA`."""
+    """Base of every bus message. Subclasses set `BC_TYPE` and `BC_SCHEMA`, the major
+    version of the type's schema: a minor version only adds optional fields, so it is not
+    on the wire; a reader that does not know a field drops it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
 
     BC_TYPE: ClassVar[str]
     BC_SCHEMA: ClassVar[int] = 1
@@ -45,7 +49,7 @@ class CamelMessage(Message):
 
     model_config = ConfigDict(
         frozen=True,
-        extra="forbid",
+        extra="ignore",
         strict=True,
         alias_generator=to_camel,
         validate_by_name=True,

@@ -6,6 +6,7 @@ the tests. It never raises anything but `MessageError` on bad input.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
@@ -32,6 +33,32 @@ class MessageError(ValueError):
 
 class UnknownMessageType(MessageError):
     pass
+
+
+class UnsupportedMajor(UnknownMessageType):
+    """A known type at a major version this code does not speak: not invalid, only newer
+    (or older) than this reader. A worker parks it for redrive after an upgrade."""
+
+    def __init__(self, bc_type: str, major: int, spoken: tuple[int, ...]) -> None:
+        versions = ", ".join(str(v) for v in spoken)
+        super().__init__(
+            f"{bc_type} schema major {major} is not spoken here (this release speaks {versions})"
+        )
+        self.bc_type = bc_type
+        self.major = major
+        self.spoken = spoken
+
+
+def parse_major(raw: str) -> int:
+    """The major of a `Bc-Schema` value: `N`, or `N.M` from a producer that also says its
+    minor (tolerated: the minor only adds fields)."""
+    match = _SCHEMA_RE.fullmatch(raw.strip())
+    if match is None:
+        raise UnknownMessageType(f"{SCHEMA_HEADER} is not a version: {raw!r}")
+    return int(match.group(1))
+
+
+_SCHEMA_RE = re.compile(r"([1-9][0-9]{0,5})(?:\.[0-9]{1,6})?")
 
 
 class InvalidMessage(MessageError):
@@ -80,16 +107,13 @@ class Registry:
         bc_type = headers.get(TYPE_HEADER)
         if not bc_type:
             raise UnknownMessageType(f"missing {TYPE_HEADER} header")
-        raw_version = headers.get(SCHEMA_HEADER, "1")
-        try:
-            version = int(raw_version)
-        except ValueError:
-            raise UnknownMessageType(
-                f"{SCHEMA_HEADER} is not an integer: {raw_version!r}"
-            ) from None
-        model = self._models.get((bc_type, version))
+        major = parse_major(headers.get(SCHEMA_HEADER, "1"))
+        model = self._models.get((bc_type, major))
         if model is None:
-            raise UnknownMessageType(f"unknown message type {bc_type!r} schema {version}")
+            spoken = tuple(sorted(v for (t, v) in self._models if t == bc_type))
+            if spoken:
+                raise UnsupportedMajor(bc_type, major, spoken)
+            raise UnknownMessageType(f"unknown message type {bc_type!r}")
         return model
 
     def decode(self, headers: Mapping[str, str] | None, body: bytes) -> Message:

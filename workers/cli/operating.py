@@ -20,6 +20,10 @@ def add(commands: Commands) -> None:
     dead.add_argument("action", choices=["list", "redrive"])
     dead.add_argument("--worker", help="only this worker's dead letters")
     dead.add_argument(
+        "--cause",
+        help="only dead letters of this cause (invalid, handler, max-deliveries, unsupported-major)",
+    )
+    dead.add_argument(
         "--seq", type=int, action="append", help="only this dead-letter sequence (repeatable)"
     )
     dead.add_argument("--limit", type=int, default=1000, help="at most this many")
@@ -71,7 +75,9 @@ def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
         nc = await connection.connect(settings.nats, name="bcw dead-letters")
         try:
             js = nc.jetstream()
-            letters = await deadletter.list_dead_letters(js, subjects, args.worker, args.limit)
+            letters = await deadletter.list_dead_letters(
+                js, subjects, args.worker, args.limit, args.cause
+            )
             if args.seq:
                 letters = [letter for letter in letters if letter.seq in set(args.seq)]
             if args.action == "list":

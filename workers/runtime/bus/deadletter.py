@@ -146,7 +146,11 @@ class DeadLetter:
 
 
 async def list_dead_letters(
-    js: JetStreamContext, subjects: Subjects, worker: str | None = None, limit: int = 1000
+    js: JetStreamContext,
+    subjects: Subjects,
+    worker: str | None = None,
+    limit: int = 1000,
+    cause: str | None = None,
 ) -> list[DeadLetter]:
     try:
         info = await js.stream_info(subjects.dead_stream)
@@ -161,7 +165,9 @@ async def list_dead_letters(
             seq += 1
             continue
         headers = dict(raw.headers or {})
-        if worker is None or headers.get(WORKER) == worker:
+        if (worker is None or headers.get(WORKER) == worker) and (
+            cause is None or headers.get(CAUSE) == cause
+        ):
             out.append(
                 DeadLetter(
                     seq=seq,

@@ -13,12 +13,16 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span
 
 from schemas.facts import Fact
-from schemas.registry import REGISTRY, MessageError
+from schemas.registry import REGISTRY, MessageError, UnsupportedMajor
 from schemas.subjects import SubjectError, Subjects
 from workers.runtime.effects import outcome
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.worker import Worker
 from workers.runtime.observability import tracing
+
+
+#: The dead-letter cause of a fact parked for its schema major (a metric label, a filter).
+UNSUPPORTED_MAJOR = "unsupported-major"
 
 
 @dataclass
@@ -43,11 +47,18 @@ class Item:
 
 def decode(msg: Msg, subjects: Subjects, worker: Worker) -> Item:
     """The message as an item: its fact, or already its outcome — dead (cannot be parsed,
-    or its subject disagrees with it) or ignored (no rule of `worker` wants it)."""
+    or its subject disagrees with it), parked (a schema major this release does not speak:
+    not applied, kept in the dead letters for a redrive once the workers speak it) or
+    ignored (no rule of `worker` wants it)."""
     item = Item(msg)
     try:
         fact = REGISTRY.decode_fact(msg.headers, msg.data)
         gateway_id, fact_type = subjects.parse_fact(msg.subject)
+    except UnsupportedMajor as error:
+        item.outcome = outcome.dead(
+            f"{error}: upgrade the workers, then redrive", cause=UNSUPPORTED_MAJOR
+        )
+        return item
     except (MessageError, SubjectError) as error:
         item.outcome = outcome.dead(str(error), cause="invalid")
         return item
