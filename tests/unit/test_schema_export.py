@@ -34,3 +34,33 @@ def test_cli_export(tmp_path: Path, capsys: object) -> None:
     assert (tmp_path / "out" / "node.connected.v1.json").exists()
     connected = json.loads((tmp_path / "out" / "node.connected.v1.json").read_text())
     assert "nodeId" in connected["properties"]
+
+
+def test_cli_export_asyncapi(tmp_path: Path) -> None:
+    from schemas.asyncapi import ASYNCAPI_FILE, document
+
+    assert main(["schemas", "export", "--asyncapi", str(tmp_path / "bus.json")]) == 0
+    written = json.loads((tmp_path / "bus.json").read_text())
+    assert written == document() == json.loads(ASYNCAPI_FILE.read_text())
+    assert written["channels"]["facts.hello"]["address"] == "{root}.facts.{gatewayId}.hello"
+    assert written["operations"]["send.events.node.connected"]["action"] == "send"
+    # every $ref resolves inside the document
+    refs: list[str] = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("$ref"), str):
+                refs.append(node["$ref"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(written)
+    for ref in refs:
+        target: object = written
+        for part in ref.removeprefix("#/").split("/"):
+            assert isinstance(target, dict) and part in target, ref
+            target = target[part]
+    assert main(["schemas", "export"]) == 2

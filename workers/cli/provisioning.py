@@ -29,8 +29,14 @@ def add(commands: Commands) -> None:
 
     schemas = commands.add_parser("schemas", help="the bus contract's JSON Schemas")
     schemas_commands = schemas.add_subparsers(dest="schemas_command", required=True)
-    export = schemas_commands.add_parser("export", help="write every message's JSON Schema to DIR")
-    export.add_argument("directory")
+    export = schemas_commands.add_parser(
+        "export",
+        help="write every message's JSON Schema to DIR, and/or the bus's AsyncAPI 3 document",
+    )
+    export.add_argument("directory", nargs="?", help="where to write the JSON Schemas")
+    export.add_argument(
+        "--asyncapi", metavar="FILE", help="write the AsyncAPI 3 document of the bus to FILE"
+    )
     export.set_defaults(handler=_cmd_schemas_export)
 
     provision = commands.add_parser("provision", help="create or update the streams and consumers")
@@ -115,10 +121,17 @@ def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_schemas_export(args: argparse.Namespace, settings: Settings) -> int:
+    from schemas import asyncapi
     from schemas.export import export
 
-    for path in export(Path(args.directory)):
-        print(path)
+    if not args.directory and not args.asyncapi:
+        print("bcw schemas export: give DIR, --asyncapi FILE, or both", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+    if args.directory:
+        for path in export(Path(args.directory)):
+            print(path)
+    if args.asyncapi:
+        print(asyncapi.write(Path(args.asyncapi)))
     return 0
 
 
