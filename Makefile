@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: test test-fast demo lint unit install clean
+.PHONY: test test-fast test-upgrade demo lint unit install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ test-fast: $(STAMP)
 	$(BIN)/pytest tests/unit
 
 unit: test-fast
+
+# The previous release's workers beside this checkout's (docs/contract.md, Compatibility);
+# `make test` runs it too, once CHANGELOG.md lists a release before this version.
+test-upgrade: $(STAMP)
+	$(BIN)/pytest tests/upgrade -s
 
 demo: $(STAMP)
 	$(BIN)/bcw demo

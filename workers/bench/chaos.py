@@ -176,12 +176,12 @@ async def _soak(
     started = time.monotonic()
     print(f"chaos: {len(nodes)} Hellos at {rate:g}/s for {minutes:g} min, faults every 8-20 s")
     try:
-        publishing = asyncio.create_task(_publish(nc, chaos.subjects, nodes, rate))
+        publishing = asyncio.create_task(publish_hellos(nc, chaos.subjects, nodes, rate))
         await chaos.rampage(started + minutes * 60)
         await publishing
         print(f"chaos: faults over after {time.monotonic() - started:.0f} s; waiting for the flow")
-        settled = await _wait_settled(chaos, len(nodes), within=300)
-        figures = await _figures(chaos, nc, nodes)
+        settled = await wait_settled(chaos.database_url, len(nodes), within=300)
+        figures = await count_effects(chaos.database_url, chaos.subjects, nc, nodes)
     finally:
         for process in chaos.processes.values():
             with contextlib.suppress(ProcessLookupError):
@@ -210,6 +210,21 @@ async def _prepare(chaos: Chaos, nodes: list[str]) -> None:
     conn = await asyncpg.connect(chaos.database_url)
     try:
         await migrate.migrate(conn)
+    finally:
+        await conn.close()
+    await join_fleet(chaos.database_url, nodes)
+    nc = await nats.connect(chaos.nats.url)
+    try:
+        await streams.provision_streams(nc.jetstream(), chaos.subjects)
+    finally:
+        await nc.close()
+
+
+async def join_fleet(database_url: str, nodes: list[str]) -> None:
+    """`nodes` joined, each with a session at epoch 1 on `GATEWAY` (as its Hello transaction
+    leaves it), and the gateway's lease for a day."""
+    conn = await asyncpg.connect(database_url)
+    try:
         await conn.execute(
             "INSERT INTO gateways (gateway_id, lease_epoch, lease_expires_at) "
             "VALUES ($1, 1, compute_now() + interval '1 day')",
@@ -228,18 +243,15 @@ async def _prepare(chaos: Chaos, nodes: list[str]) -> None:
         )
     finally:
         await conn.close()
-    nc = await nats.connect(chaos.nats.url)
-    try:
-        await streams.provision_streams(nc.jetstream(), chaos.subjects)
-    finally:
-        await nc.close()
 
 
 def capabilities(node: str) -> list[str]:
     return sorted({"gpu", f"rack-{int(node.rsplit('-', 1)[1]) % 7}"})
 
 
-async def _publish(nc: NATS, subjects: Subjects, nodes: list[str], rate: float) -> None:
+async def publish_hellos(nc: NATS, subjects: Subjects, nodes: list[str], rate: float) -> None:
+    """A Hello per node at `rate` per second, each through any outage with the same
+    `Nats-Msg-Id`."""
     js = nc.jetstream()
     started = time.monotonic()
     for i, node in enumerate(nodes):
@@ -254,12 +266,13 @@ async def _publish(nc: NATS, subjects: Subjects, nodes: list[str], rate: float) 
         await asyncio.sleep(max(0.0, started + (i + 1) / rate - time.monotonic()))
 
 
-async def _wait_settled(chaos: Chaos, hellos: int, within: float) -> float:
-    """Seconds until every Hello was handled by its three workers and the outbox is empty."""
+async def wait_settled(database_url: str, hellos: int, within: float) -> float:
+    """Seconds until every Hello was handled by its three workers and the outbox is empty
+    (-1 when not within `within`)."""
     started = time.monotonic()
     while time.monotonic() - started < within:
         with contextlib.suppress(Exception):
-            conn = await asyncpg.connect(chaos.database_url)
+            conn = await asyncpg.connect(database_url)
             try:
                 handled = await conn.fetchval(
                     "SELECT count(*) FROM processed_facts WHERE consumer = ANY($1::text[])",
@@ -274,8 +287,12 @@ async def _wait_settled(chaos: Chaos, hellos: int, within: float) -> float:
     return -1.0
 
 
-async def _figures(chaos: Chaos, nc: NATS, nodes: list[str]) -> dict[str, int]:
-    conn = await asyncpg.connect(chaos.database_url)
+async def count_effects(
+    database_url: str, subjects: Subjects, nc: NATS, nodes: list[str]
+) -> dict[str, int]:
+    """Facts published, effects applied (each node's two events and its capabilities row),
+    duplicates, lost, dead-lettered, and the inbox rows of the Hello workers."""
+    conn = await asyncpg.connect(database_url)
     try:
         stored = {
             r["node_id"]: list(r["capabilities"] or [])
@@ -286,7 +303,7 @@ async def _figures(chaos: Chaos, nc: NATS, nodes: list[str]) -> dict[str, int]:
         )
     finally:
         await conn.close()
-    events = await _events(nc, chaos.subjects)
+    events = await _events(nc, subjects)
     connected = events.get("node.connected", Counter())
     changed = events.get("node.capabilities-changed", Counter())
     applied = sum(
@@ -296,7 +313,7 @@ async def _figures(chaos: Chaos, nc: NATS, nodes: list[str]) -> dict[str, int]:
     )
     duplicates = sum(n - 1 for n in connected.values() if n > 1)
     duplicates += sum(n - 1 for n in changed.values() if n > 1)
-    dead = await _count_dead(nc, chaos.subjects)
+    dead = await _count_dead(nc, subjects)
     return {
         "facts published": len(nodes),
         "effects applied": applied,

@@ -1,0 +1,160 @@
+"""A rolling upgrade from the previous release, on real servers (docs/contract.md,
+"Compatibility"): the previous release, installed in a virtualenv of its own, sets the
+system up and runs its five workers while Hellos flow; this release's `bcw migrate` runs
+under them; this release's workers start beside them; the old ones stop. Every effect is
+applied exactly once, nothing is dead-lettered, no event is lost or duplicated.
+
+`make test-upgrade` runs this alone; `make test` runs it with the rest."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import asyncpg
+import pytest
+from nats.aio.client import Client as NATS
+
+from schemas.subjects import Subjects
+from tests.conftest import Servers
+from tests.integration.support import eventually
+from tests.upgrade.release import Release, install, previous_release
+from workers.bench.chaos import (
+    HELLO_WORKERS,
+    count_effects,
+    join_fleet,
+    publish_hellos,
+    wait_settled,
+)
+from workers.bench.common import print_table, workers_bound
+from workers.registry import WORKERS
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+NODES = 900
+RATE = 30.0  # Hellos per second: 30 s of them, through every step of the upgrade
+
+
+@pytest.fixture(scope="module")
+def old() -> Release:
+    release = previous_release()
+    if release is None:
+        pytest.skip("CHANGELOG.md lists no release before this version yet")
+    install(release)
+    return release
+
+
+async def _bcw(command: list[str], env: dict[str, str], *args: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *command, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode()
+
+
+async def _spawn(
+    command: list[str], env: dict[str, str], logs: Path, tag: str
+) -> dict[str, asyncio.subprocess.Process]:
+    procs = {}
+    for name in WORKERS:
+        with (logs / f"{tag}-{name}.log").open("w") as log:
+            procs[name] = await asyncio.create_subprocess_exec(
+                *command, "run", name, env=env, stdout=log, stderr=asyncio.subprocess.STDOUT
+            )
+    return procs
+
+
+async def _handled(database_url: str) -> int:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FROM processed_facts WHERE consumer = ANY($1::text[])",
+                list(HELLO_WORKERS),
+            )
+        )
+    finally:
+        await conn.close()
+
+
+async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_once(
+    old: Release,
+    servers: Servers,
+    empty_database_url: str,
+    subjects: Subjects,
+    nc: NATS,
+    tmp_path: Path,
+) -> None:
+    database_url = empty_database_url
+    env = {
+        **os.environ,
+        "BCW_NATS_URL": servers.nats_url, "BCW_DATABASE_URL": database_url,
+        "BCW_SUBJECT_ROOT": subjects.root, "BCW_HEALTH_PORT": "0", "BCW_LOG_LEVEL": "WARNING",
+        # no daemon flushes liveness here: no session may age out meanwhile
+        "BCW_LIVENESS_HEARTBEAT_INTERVAL": "3600",
+    }  # fmt: skip
+    old_bcw, new_bcw = [str(old.bcw)], [sys.executable, "-m", "workers.cli"]
+    nodes = [f"up-{i:05d}" for i in range(NODES)]
+    total = NODES * len(HELLO_WORKERS)
+
+    # 1. the previous release sets the system up and runs
+    for step in ("migrate", "provision"):
+        code, out = await _bcw(old_bcw, env, step)
+        assert code == 0, f"{old.version} bcw {step}: {out}"
+    await join_fleet(database_url, nodes)
+    olds = await _spawn(old_bcw, env, tmp_path, f"v{old.version}")
+    await eventually(lambda: workers_bound(nc.jetstream(), subjects), what="old workers bound")
+    news: dict[str, asyncio.subprocess.Process] = {}
+    publishing = asyncio.create_task(publish_hellos(nc, subjects, nodes, RATE))
+    try:
+        await eventually(
+            lambda: _at_least(database_url, total // 5), within=120, what="old workers applying"
+        )
+        # 2. this release's migrations, under the running old workers
+        code, out = await _bcw(new_bcw, env, "migrate")
+        assert code == 0, f"bcw migrate: {out}"
+        news = await _spawn(new_bcw, env, tmp_path, "new")
+        await eventually(
+            lambda: _at_least(database_url, total // 2), within=120, what="both applying"
+        )
+        # 3. the old ones stop, as a Deployment's rollout stops them: SIGTERM
+        for proc in olds.values():
+            proc.send_signal(signal.SIGTERM)
+        codes = await asyncio.wait_for(asyncio.gather(*(p.wait() for p in olds.values())), 60)
+        at_stop = await _handled(database_url)
+        await publishing
+        settled = await wait_settled(database_url, NODES, within=180)
+        figures = await count_effects(database_url, subjects, nc, nodes)
+    finally:
+        publishing.cancel()
+        for proc in [*olds.values(), *news.values()]:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+        await asyncio.gather(*(p.wait() for p in [*olds.values(), *news.values()]))
+        _print_logs(tmp_path)
+    print_table(
+        f"rolling upgrade {old.version} ({old.commit[:12]}) → this checkout",
+        ("figure", "value"),
+        [(k, str(v)) for k, v in figures.items()],
+    )
+    assert codes == [0] * len(WORKERS), "every old worker stops cleanly on SIGTERM"
+    assert settled >= 0, "every Hello handled by its three workers, the outbox empty"
+    assert at_stop < total, "the new workers handled facts after the old ones stopped"
+    assert (figures["effects applied"], figures["duplicates"], figures["lost"]) == (NODES, 0, 0)
+    assert figures["dead-lettered"] == 0
+    assert [figures[f"inbox rows ({w})"] for w in HELLO_WORKERS] == [NODES] * len(HELLO_WORKERS)
+
+
+def _print_logs(directory: Path) -> None:
+    """What the workers said (shown by pytest when the test fails)."""
+    for log in sorted(directory.glob("*.log")):
+        text = log.read_text()
+        if text.strip():
+            print(f"--- {log.name}\n{text[-3000:]}")
+
+
+async def _at_least(database_url: str, n: int) -> bool:
+    return await _handled(database_url) >= n
