@@ -237,11 +237,19 @@ def _traversable_install(source: Path) -> Path:
 
 @dataclass
 class EmbeddedPostgres:
-    """A PostgreSQL child process on a loopback TCP port; `restart()` keeps port and data."""
+    """A PostgreSQL child process on a loopback TCP port; `restart()` keeps port and data.
+
+    `standby_of`: a streaming-replication standby of that (running) server, cloned from it
+    with `pg_basebackup`, named `name` (its `application_name` on the primary: what the
+    primary's `synchronous_standby_names` lists). `settings` are added to the command line.
+    `promote()` makes a standby the primary; `kill()` is a crash (SIGKILL)."""
 
     directory: Path
     port: int = field(default_factory=free_port)
     durable: bool = False
+    standby_of: EmbeddedPostgres | None = None
+    name: str = "bcw"
+    settings: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
     _install: Path | None = None
     _user: pwd.struct_passwd | None = None
@@ -267,7 +275,16 @@ class EmbeddedPostgres:
                 if not mode & 0o001:
                     parent.chmod(mode | 0o001)
         data = self.directory / "data"
-        if not (data / "PG_VERSION").exists():
+        if not (data / "PG_VERSION").exists() and self.standby_of is not None:
+            data.mkdir(mode=0o700, exist_ok=True)
+            self._chown(data)
+            self._run(
+                "pg_basebackup", "-h", "127.0.0.1", "-p", str(self.standby_of.port),
+                "-U", "postgres", "-D", str(data), "-X", "stream", "--no-sync",
+            )  # fmt: skip
+            (data / "standby.signal").touch()
+            self._chown(data / "standby.signal")
+        elif not (data / "PG_VERSION").exists():
             data.mkdir(exist_ok=True)
             self._chown(data)
             self._run(
@@ -318,7 +335,14 @@ class EmbeddedPostgres:
             "fsync": "on" if self.durable else "off",
             "synchronous_commit": "on" if self.durable else "off",
             "full_page_writes": "on" if self.durable else "off",
+            "cluster_name": self.name,
+            **self.settings,
         }
+        if self.standby_of is not None:
+            settings["primary_conninfo"] = (
+                f"host=127.0.0.1 port={self.standby_of.port} user=postgres "
+                f"application_name={self.name}"
+            )
         args = [str(self._install / "bin" / "postgres"), "-D", str(self.directory / "data")]
         for key, value in settings.items():
             args += ["-c", f"{key}={value}"]
@@ -364,6 +388,17 @@ class EmbeddedPostgres:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+    def kill(self) -> None:
+        """A crash: SIGKILL, no checkpoint, no goodbye to clients or standbys."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self.process = None
+
+    def promote(self) -> None:
+        """A standby becomes a primary (and takes writes) once this returns."""
+        self._run("pg_ctl", "promote", "-w", "-t", "30", "-D", str(self.directory / "data"))
 
 
 @contextlib.contextmanager

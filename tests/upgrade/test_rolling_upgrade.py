@@ -29,7 +29,7 @@ from workers.bench.chaos import (
     publish_hellos,
     wait_settled,
 )
-from workers.bench.common import print_table, workers_bound
+from workers.bench.common import print_table, spawn_workers, workers_bound
 from workers.registry import WORKERS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -49,22 +49,14 @@ def old() -> Release:
 
 async def _bcw(command: list[str], env: dict[str, str], *args: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        *command, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        *command,
+        *args,
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
     )
     out, _ = await proc.communicate()
     return proc.returncode or 0, out.decode()
-
-
-async def _spawn(
-    command: list[str], env: dict[str, str], logs: Path, tag: str
-) -> dict[str, asyncio.subprocess.Process]:
-    procs = {}
-    for name in WORKERS:
-        with (logs / f"{tag}-{name}.log").open("w") as log:
-            procs[name] = await asyncio.create_subprocess_exec(
-                *command, "run", name, env=env, stdout=log, stderr=asyncio.subprocess.STDOUT
-            )
-    return procs
 
 
 async def _handled(database_url: str) -> int:
@@ -90,7 +82,6 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
 ) -> None:
     database_url = empty_database_url
     env = {
-        **os.environ,
         "BCW_NATS_URL": servers.nats_url, "BCW_DATABASE_URL": database_url,
         "BCW_SUBJECT_ROOT": subjects.root, "BCW_HEALTH_PORT": "0", "BCW_LOG_LEVEL": "WARNING",
         # no daemon flushes liveness here: no session may age out meanwhile
@@ -105,7 +96,7 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
         code, out = await _bcw(old_bcw, env, step)
         assert code == 0, f"{old.version} bcw {step}: {out}"
     await join_fleet(database_url, nodes)
-    olds = await _spawn(old_bcw, env, tmp_path, f"v{old.version}")
+    olds = await spawn_workers(env, tmp_path, old_bcw, f"v{old.version}-")
     await eventually(lambda: workers_bound(nc.jetstream(), subjects), what="old workers bound")
     news: dict[str, asyncio.subprocess.Process] = {}
     publishing = asyncio.create_task(publish_hellos(nc, subjects, nodes, RATE))
@@ -116,7 +107,7 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
         # 2. this release's migrations, under the running old workers
         code, out = await _bcw(new_bcw, env, "migrate")
         assert code == 0, f"bcw migrate: {out}"
-        news = await _spawn(new_bcw, env, tmp_path, "new")
+        news = await spawn_workers(env, tmp_path, new_bcw, "new-")
         await eventually(
             lambda: _at_least(database_url, total // 2), within=120, what="both applying"
         )

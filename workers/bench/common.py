@@ -256,19 +256,23 @@ async def join_herd(conn: asyncpg.Connection, nodes: int) -> None:
 
 
 async def spawn_workers(
-    target_env: dict[str, str], logs: Path | None = None
+    target_env: dict[str, str],
+    logs: Path | None = None,
+    command: Sequence[str] = (sys.executable, "-m", "workers.cli"),
+    tag: str = "",
 ) -> dict[str, asyncio.subprocess.Process]:
-    """Each of the five workers in a `bcw run <worker>` process of its own; with `logs`, what
-    each one writes goes to `<logs>/<worker>.log`."""
+    """Each of the five workers in a `bcw run <worker>` process of its own (`command` is
+    the `bcw` to run: another release's, say); with `logs`, what each one writes goes to
+    `<logs>/<tag><worker>.log`."""
     from workers.registry import WORKERS
 
     procs = {}
     for name in WORKERS:
         out: int | TextIO = asyncio.subprocess.DEVNULL
         if logs is not None:
-            out = (logs / f"{name}.log").open("w")
+            out = (logs / f"{tag}{name}.log").open("w")
         procs[name] = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "workers.cli", "run", name, env={**os.environ, **target_env},
+            *command, "run", name, env={**os.environ, **target_env},
             stdout=out, stderr=None if logs is None else asyncio.subprocess.STDOUT,
         )  # fmt: skip
         if logs is not None:

@@ -20,7 +20,6 @@ from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.worker import Worker
 from workers.runtime.observability import tracing
 
-
 #: The dead-letter cause of a fact parked for its schema major (a metric label, a filter).
 UNSUPPORTED_MAJOR = "unsupported-major"
 

@@ -23,7 +23,7 @@ from workers.runtime.base.errors import (
     UnreachableError,
     classify,
 )
-from workers.runtime.base.runtime_settings import DatabaseSettings
+from workers.runtime.base.runtime_settings import DatabaseSettings, database_hosts
 
 URL_SETTING = "BCW_DATABASE_URL"
 
@@ -98,10 +98,11 @@ async def usable(pool: asyncpg.Pool, within: float = 1.0) -> bool:
 
 
 def where(settings: DatabaseSettings) -> str:
-    """host:port/database of the URL, without user or password."""
-    parts = urlsplit(settings.url.get_secret_value())
-    host = parts.hostname or "localhost"
-    return f"{host}:{parts.port or 5432}{parts.path or '/'}"
+    """host:port/database of the URL (each host of a multi-host one), without user or
+    password."""
+    url = settings.url.get_secret_value()
+    servers = ",".join(f"{host}:{port}" for host, port in database_hosts(url))
+    return f"{servers}{urlsplit(url).path or '/'}"
 
 
 def named(error: BaseException, settings: DatabaseSettings) -> Exception:
