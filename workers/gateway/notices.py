@@ -14,7 +14,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from opentelemetry import trace
 
-from schemas import REGISTRY
+from schemas import REGISTRY, MessageError
 from schemas.events import Revocations
 from schemas.facts import CloseReason
 from schemas.notices import Dispatch, EventAck, HelloAgain, Zombie
@@ -100,7 +100,12 @@ class Notices:
             self.nc,
         )
         with trace.use_span(span, end_on_exit=True):
-            notice = REGISTRY.decode(msg.headers, msg.data)
+            try:
+                notice = REGISTRY.decode(msg.headers, msg.data)
+            except MessageError as error:  # a newer worker's notice type: not ours to obey
+                span.set_attribute("bcw.outcome", "unreadable")
+                log.warning("gateway %s skips a notice: %s", self.gateway_id, error.reason)
+                return
             session = self.sessions.get(getattr(notice, "node_id", ""))
             if session is None or getattr(notice, "epoch", session.epoch) != session.epoch:
                 span.set_attribute("bcw.outcome", "stale")  # only to a live session at that epoch

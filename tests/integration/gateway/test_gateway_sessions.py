@@ -124,6 +124,42 @@ async def test_dispatch_is_delivered_only_to_the_live_session_at_that_epoch(
     assert [d.epoch for d in stream.delivered] == [welcome.epoch]
 
 
+async def test_a_notice_from_a_newer_worker_is_read_tolerantly(
+    gateway: Gateway,
+    db: asyncpg.Connection,
+    nc: NATS,
+    subjects: Subjects,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A notice type this gateway does not know is skipped; a known one with a field added
+    later is obeyed (docs/contract.md, Compatibility)."""
+    import json
+
+    from schemas import REGISTRY
+
+    await fleet.join(db, "n1")
+    stream = RecordingStream()
+    welcome = await gateway.hello(request(), stream)
+    js = nc.jetstream()
+    unknown = {"Bc-Type": "drain", "Bc-Schema": "1", "Nats-Msg-Id": str(uuid.uuid4())}
+    await js.publish(subjects.notice("gw-a", "drain"), b'{"node_id": "n1"}', headers=unknown)
+    notice = Dispatch(
+        node_id="n1", epoch=welcome.epoch, command_id=uuid.uuid4(), seq=1, kind="exec",
+        lane="default", attempt=1, payload={},
+    )  # fmt: skip
+    body, headers = REGISTRY.encode(notice)
+    later = json.dumps({**json.loads(body), "deadline_ms": 5000}).encode()
+    await js.publish(subjects.notice("gw-a", "dispatch"), later, headers=headers)
+    for _ in range(50):
+        if stream.delivered:
+            break
+        await asyncio.sleep(0.1)
+    assert [d.command_id for d in stream.delivered] == [notice.command_id]
+    gateway_records = [r for r in caplog.records if r.name.startswith("workers.gateway")]
+    assert [r.levelname for r in gateway_records if r.levelname != "INFO"] == ["WARNING"]
+    assert "skips a notice: unknown message type 'drain'" in caplog.text
+
+
 async def test_max_streams_pushes_back(
     pool: asyncpg.Pool, nc: NATS, subjects: Subjects, db: asyncpg.Connection
 ) -> None:
