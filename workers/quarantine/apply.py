@@ -9,19 +9,25 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 
 import asyncpg
 
 from schemas.events import DuplicateSession, Quarantined, Revocations
 from schemas.facts import Fact, Hello
-from workers.quarantine.decide import REASON, Counter, Limits, count, serials_to_revoke
+from workers.quarantine.decide import (
+    REASON,
+    Alternation,
+    Counter,
+    Limits,
+    judge,
+    serials_to_revoke,
+)
 from workers.runtime.effects import outcome
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.worker import Handler, Tx
 
 LOCK_COUNTERS = """
-SELECT s.node_id, s.duplicate_hellos, s.duplicate_since, compute_now() AS now
+SELECT s.node_id, coalesce(s.alternations_judged_epoch, 0) AS judged
   FROM unnest($1::text[]) AS n(node_id)
  CROSS JOIN LATERAL (SELECT * FROM node_sessions WHERE node_id = n.node_id FOR UPDATE) AS s
 """
@@ -32,9 +38,31 @@ SELECT c.node_id, c.serial
   JOIN node_certs c ON c.node_id = n.node_id AND c.revoked_at IS NULL
 """
 
+# Each alternation at the time its Hello transaction issued the epoch; one per epoch.
+RECORD_ALTERNATIONS = """
+INSERT INTO node_alternations (node_id, epoch, issued_at)
+SELECT t.node_id, t.epoch, coalesce(e.issued_at, compute_now())
+  FROM unnest($1::text[], $2::bigint[]) AS t(node_id, epoch)
+  LEFT JOIN session_epochs e ON e.node_id = t.node_id AND e.epoch = t.epoch
+    ON CONFLICT (node_id, epoch) DO NOTHING
+RETURNING node_id, epoch
+"""
+
+READ_ALTERNATIONS = """
+SELECT a.node_id, a.epoch, a.issued_at FROM node_alternations a WHERE a.node_id = ANY($1::text[])
+"""
+
+# Older than any fact that can still arrive (a day on the bus), so never counted again.
+PRUNE_ALTERNATIONS = """
+DELETE FROM node_alternations
+ WHERE node_id = ANY($1::text[]) AND issued_at < compute_now() - interval '1 day'
+"""
+
 WRITE_COUNTERS = """
-UPDATE node_sessions s SET duplicate_hellos = t.alternations, duplicate_since = t.since
-  FROM unnest($1::text[], $2::int[], $3::timestamptz[]) AS t(node_id, alternations, since)
+UPDATE node_sessions s SET duplicate_hellos = t.alternations, duplicate_since = t.since,
+       alternations_judged_epoch = nullif(t.judged, 0)
+  FROM unnest($1::text[], $2::int[], $3::timestamptz[], $4::bigint[])
+       AS t(node_id, alternations, since, judged)
  WHERE s.node_id = t.node_id
 """
 
@@ -72,54 +100,116 @@ def make_handler(limits: Limits) -> Handler:
     async def handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
         hellos = [fact for fact in facts if isinstance(fact, Hello) and fact.duplicate_identity]
         nodes = sorted({hello.node_id for hello in hellos})
-        rows = {row["node_id"]: row for row in await tx.conn.fetch(LOCK_COUNTERS, nodes)}
-        live: dict[str, set[str]] = {}
-        for row in await tx.conn.fetch(LIVE_CERTS, nodes):
-            live.setdefault(row["node_id"], set()).add(row["serial"])
-        presented = sorted({h.cert.serial for h in hellos if h.cert.serial is not None})
-        recorded = {row["serial"] for row in await tx.conn.fetch(RECORDED, presented)}
-        counters = {
-            node: Counter(row["duplicate_hellos"], row["duplicate_since"])
-            for node, row in rows.items()
+        judged_up_to = {
+            row["node_id"]: int(row["judged"]) for row in await tx.conn.fetch(LOCK_COUNTERS, nodes)
         }
-        revoked: list[tuple[str, str]] = []  # (serial, node)
-        released: dict[str, int] = {}  # node → the epoch whose hold ends
         outcomes: dict[uuid.UUID, Outcome] = {}
-        for hello in hellos:  # in stream order: each counts
-            if hello.node_id not in rows:
-                outcomes[hello.fact_id] = outcome.STALE  # never joined, or gone
-                continue
-            now: datetime = rows[hello.node_id]["now"]
-            verdict = count(counters[hello.node_id], now, limits)
-            counters[hello.node_id] = verdict.counter
-            _publish_duplicate(tx, hello, verdict.alternations, verdict.quarantined, limits)
-            if not verdict.quarantined:
-                released[hello.node_id] = max(hello.epoch, released.get(hello.node_id, 0))
-            else:  # held for good: the clone gets nothing, its revocation closes it
-                released.pop(hello.node_id, None)
-                serials = serials_to_revoke(
-                    hello.cert.serial,
-                    live.get(hello.node_id, set()),
-                    recorded=hello.cert.serial in recorded,
-                )
-                live[hello.node_id] = live.get(hello.node_id, set()) - set(serials)
-                recorded.update(serials)
-                revoked += [(serial, hello.node_id) for serial in serials]
-                _publish_quarantine(tx, hello, verdict.alternations, serials)
-        await _write(tx.conn, counters, revoked)
-        if released:
-            nodes_released = sorted(released)
-            await tx.conn.execute(
-                RELEASE_HOLDS, nodes_released, [released[n] for n in nodes_released]
+        fresh = _fresh(hellos, judged_up_to, outcomes)
+        inserted = {
+            (row["node_id"], row["epoch"])
+            for row in await tx.conn.fetch(
+                RECORD_ALTERNATIONS, [h.node_id for h in fresh], [h.epoch for h in fresh]
             )
-            await tx.conn.execute("SELECT pg_notify('bcw_dispatch', '')")  # what waits may go
+        }
+        counted = []
+        for hello in fresh:
+            if (hello.node_id, hello.epoch) in inserted:
+                counted.append(hello)
+            else:  # its epoch was counted already: a second Hello fact of one epoch
+                outcomes[hello.fact_id] = outcome.FOREIGN
+        if counted:
+            await _judge(tx, counted, judged_up_to, limits)
         return outcomes
 
     return handle
 
 
+def _fresh(
+    hellos: Sequence[Hello], judged_up_to: Mapping[str, int], outcomes: dict[uuid.UUID, Outcome]
+) -> list[Hello]:
+    """The first Hello of each (node, epoch) of a joined node, in stream order."""
+    fresh: list[Hello] = []
+    seen: set[tuple[str, int]] = set()
+    for hello in hellos:
+        key = (hello.node_id, hello.epoch)
+        if hello.node_id not in judged_up_to:
+            outcomes[hello.fact_id] = outcome.STALE  # never joined, or gone
+        elif key in seen:
+            outcomes[hello.fact_id] = outcome.FOREIGN  # one epoch, one alternation
+        else:
+            seen.add(key)
+            fresh.append(hello)
+    return fresh
+
+
+async def _judge(
+    tx: Tx, counted: Sequence[Hello], judged_up_to: dict[str, int], limits: Limits
+) -> None:
+    """Count the batch's new alternations among each node's others, as of their Hellos;
+    publish each one's event; quarantine where the count says so."""
+    nodes = sorted({hello.node_id for hello in counted})
+    alternations: dict[str, list[Alternation]] = {}
+    for row in await tx.conn.fetch(READ_ALTERNATIONS, nodes):
+        alternations.setdefault(row["node_id"], []).append(
+            Alternation(row["epoch"], row["issued_at"])
+        )
+    live: dict[str, set[str]] = {}
+    for row in await tx.conn.fetch(LIVE_CERTS, nodes):
+        live.setdefault(row["node_id"], set()).add(row["serial"])
+    presented = sorted({h.cert.serial for h in counted if h.cert.serial is not None})
+    recorded = {row["serial"] for row in await tx.conn.fetch(RECORDED, presented)}
+    counters: dict[str, Counter] = {}
+    revoked: list[tuple[str, str]] = []  # (serial, node)
+    released: dict[str, int] = {}  # node → the epoch whose hold ends
+    for node in nodes:
+        judged, counters[node] = judge(alternations.get(node, []), limits)
+        mine = [hello for hello in counted if hello.node_id == node]  # stream order
+        # the first quarantine the count holds that nobody acted on yet; the Hello that
+        # decides it: that epoch's, or the late one that completed the count
+        first = next(
+            (
+                j
+                for j in sorted(judged.values(), key=lambda j: j.epoch)
+                if j.quarantined and j.epoch > judged_up_to[node]
+            ),
+            None,
+        )
+        decider = None
+        if first is not None:
+            decider = next((h for h in mine if h.epoch == first.epoch), max(mine, key=_epoch))
+        for hello in mine:
+            if hello is not decider:  # (a late one of a quarantined window: it was acted on)
+                _publish_duplicate(tx, hello, judged[hello.epoch].number, False, limits)
+                released[node] = max(hello.epoch, released.get(node, 0))
+                continue
+            assert first is not None
+            _publish_duplicate(tx, hello, first.number, True, limits)
+            serials = serials_to_revoke(
+                hello.cert.serial, live.get(node, set()), recorded=hello.cert.serial in recorded
+            )
+            live[node] = live.get(node, set()) - set(serials)
+            recorded.update(serials)
+            revoked += [(serial, node) for serial in serials]
+            _publish_quarantine(tx, hello, first.number, serials)
+            judged_up_to[node] = max(first.epoch, hello.epoch)
+        if decider is not None:  # held for good: the clone gets nothing, its revocation closes it
+            released.pop(node, None)
+    await _write(tx.conn, counters, {n: judged_up_to[n] for n in nodes}, revoked)
+    if released:
+        nodes_released = sorted(released)
+        await tx.conn.execute(RELEASE_HOLDS, nodes_released, [released[n] for n in nodes_released])
+        await tx.conn.execute("SELECT pg_notify('bcw_dispatch', '')")  # what waits may go
+
+
+def _epoch(hello: Hello) -> int:
+    return hello.epoch
+
+
 async def _write(
-    conn: asyncpg.Connection, counters: Mapping[str, Counter], revoked: list[tuple[str, str]]
+    conn: asyncpg.Connection,
+    counters: Mapping[str, Counter],
+    judged_up_to: Mapping[str, int],
+    revoked: list[tuple[str, str]],
 ) -> None:
     if counters:
         nodes = sorted(counters)
@@ -128,7 +218,9 @@ async def _write(
             nodes,
             [counters[n].alternations for n in nodes],
             [counters[n].since for n in nodes],
+            [judged_up_to[n] for n in nodes],
         )
+        await conn.execute(PRUNE_ALTERNATIONS, nodes)
     if revoked:
         await conn.execute(REVOKE, [s for s, _ in revoked], [n for _, n in revoked], REASON)
 

@@ -7,7 +7,7 @@ quarantines the node. Applied by `workers.quarantine.apply`.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -49,6 +49,40 @@ def count(counter: Counter, now: datetime, limits: Limits) -> Verdict:
     if counted.alternations > limits.max_alternations:
         return Verdict(counted.alternations, True, Counter())
     return Verdict(counted.alternations, False, counted)
+
+
+@dataclass(frozen=True)
+class Alternation:
+    """One alternation: a duplicate-identity Hello's epoch and when its Hello transaction
+    issued that epoch (`session_epochs.issued_at`)."""
+
+    epoch: int
+    at: datetime
+
+
+@dataclass(frozen=True)
+class Judged:
+    epoch: int
+    number: int  # its number in its window
+    quarantined: bool
+
+
+def judge(alternations: Iterable[Alternation], limits: Limits) -> tuple[dict[int, Judged], Counter]:
+    """Every alternation of a node (its last day), counted as of its Hello: in
+    epoch order, each at its epoch's issue time, whatever order or delay they were applied
+    in. One per epoch (a second one of an epoch is dropped). Returns the verdict of each
+    epoch and the counter left afterwards. Pure."""
+    counter = Counter()
+    judged: dict[int, Judged] = {}
+    for alternation in sorted(alternations, key=lambda a: a.epoch):
+        if alternation.epoch in judged:
+            continue
+        verdict = count(counter, alternation.at, limits)
+        counter = verdict.counter
+        judged[alternation.epoch] = Judged(
+            alternation.epoch, verdict.alternations, verdict.quarantined
+        )
+    return judged, counter
 
 
 def serials_to_revoke(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
+from tests.integration import fleet
+
 
 async def test_join_node_leaves_node_session_and_certificate(db: asyncpg.Connection) -> None:
     await db.execute("SELECT join_node('node-1', 'worker', 'serial-1', ARRAY['exec'])")
@@ -47,11 +49,30 @@ async def test_enqueue_command_for_an_unknown_node_fails(db: asyncpg.Connection)
         await db.execute("SELECT enqueue_command('ghost', 'exec', '{}')")
 
 
-async def test_nodes_with_capability_counts_system_labels_only(db: asyncpg.Connection) -> None:
-    for node in ("node-1", "node-2"):
-        await db.execute("SELECT join_node($1, 'worker', $1 || '-serial', NULL)", node)
+async def test_nodes_with_capability_counts_system_labels_of_connected_labeled_sessions(
+    db: asyncpg.Connection,
+) -> None:
+    for node in ("node-1", "node-2", "node-3"):
+        await fleet.session(db, node, epoch=1)
+        # as the labeler writes a session's capabilities (its labels in the same transaction)
+        await db.execute(
+            "UPDATE node_sessions SET capabilities = '{nvml}' WHERE node_id = $1", node
+        )
     await db.execute(
         "INSERT INTO node_labels (node_id, key, value, source) VALUES "
-        "('node-1', 'bc.dev/cap.nvml', '1', 'system'), ('node-2', 'bc.dev/cap.nvml', '1', 'operator')"
+        "('node-1', 'bc.dev/cap.nvml', '1', 'system'), ('node-2', 'bc.dev/cap.nvml', '1', 'operator'), "
+        "('node-3', 'bc.dev/cap.nvml', '1', 'system')"
     )
-    assert await db.fetch("SELECT * FROM nodes_with_capability('nvml')") == [("node-1",)]
+
+    async def offered() -> list[str]:
+        return [r["n"] for r in await db.fetch("SELECT n FROM nodes_with_capability('nvml') n")]
+
+    assert await offered() == ["node-1", "node-3"]  # an operator label never counts
+    # node-3 says Hello again; its new session is not labeled yet: offered for nothing
+    await fleet.session(db, "node-3", epoch=2)
+    assert await offered() == ["node-1"]
+    await db.execute("UPDATE node_sessions SET capabilities = '{nvml}' WHERE node_id = 'node-3'")
+    assert await offered() == ["node-1", "node-3"]
+    # a disconnected session is not offered either
+    await db.execute("UPDATE node_sessions SET disconnected_at = now() WHERE node_id = 'node-1'")
+    assert await offered() == ["node-3"]

@@ -10,6 +10,7 @@ from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration import fleet
 from tests.integration.driver import Driver, driving, fetch
+from tests.integration.support import eventually, publish_fact
 from workers import labeler
 
 
@@ -137,3 +138,32 @@ async def test_a_batch_of_many_nodes_is_labeled(drive: Driver, db: asyncpg.Conne
     )
     assert rows[0]["n"] == 600
     assert len(await db.fetch("SELECT * FROM nodes_with_capability('only0')")) == 100
+
+
+async def _offered(db: asyncpg.Connection, *capabilities: str) -> dict[str, list[str]]:
+    return {
+        cap: [r["n"] for r in await db.fetch("SELECT n FROM nodes_with_capability($1) n", cap)]
+        for cap in capabilities
+    }
+
+
+async def test_a_reconnect_is_offered_only_for_what_its_own_session_advertises(
+    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection
+) -> None:
+    """Placement as of the Hello (docs/contract.md): the labeler stops between two Hellos
+    of a node, the second without `nvml`; until it is back the node is offered for
+    nothing, then for what its current session advertises."""
+    await fleet.session(db, "n1", epoch=1)
+    async with driving(servers, nc, subjects, database_url, labeler.build) as drive:
+        await drive.send(fleet.hello("n1", 1, capabilities=["nvml", "cuda.12"]))
+        assert await _offered(db, "nvml", "cuda.12") == {"nvml": ["n1"], "cuda.12": ["n1"]}
+    # the labeler is down (or behind) when the node reconnects without nvml
+    await fleet.session(db, "n1", epoch=2)
+    await publish_fact(nc.jetstream(), subjects, fleet.hello("n1", 2, capabilities=["cuda.12"]))
+    assert await _offered(db, "nvml", "cuda.12") == {"nvml": [], "cuda.12": []}
+    async with driving(servers, nc, subjects, database_url, labeler.build):
+
+        async def labeled() -> bool:
+            return await _offered(db, "nvml", "cuda.12") == {"nvml": [], "cuda.12": ["n1"]}
+
+        await eventually(labeled, what="the restarted labeler's labels of session 2")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -195,7 +196,9 @@ async def test_two_replicas_count_each_hello_once(
 
         await eventually(all_settled, what="7 Hellos settled by two replicas")
         dups = await driver.published("security.node.duplicate-session")
-    assert sorted(d["alternations"] for d in dups) == [1, 1, 2, 2, 3, 3, 4]
+    # one event per Hello, one quarantine; the numbers are the Hellos' own in epoch order
+    # (two replicas may apply them out of order: a late one reads as of its Hello)
+    assert len(dups) == 7
     assert sum(d["quarantined"] for d in dups) == 1
     assert (await _counter(db))[0] == 3
 
@@ -219,3 +222,55 @@ async def test_a_counted_hello_releases_its_session_a_quarantining_one_keeps_it_
     await db.execute("UPDATE node_sessions SET session_epoch = $1, held_epoch = $1", hello.epoch)
     await drive.send(hello)  # the fourth: quarantined
     assert await _held(db) == hello.epoch  # the clone's session never gets a command
+
+
+async def test_a_backlog_counts_each_alternation_as_of_its_hello(
+    drive: Driver, db: asyncpg.Connection, clock: Clock
+) -> None:
+    """Alternations timed by the Hellos (docs/contract.md): five alternating Hellos whose
+    epochs were issued 4 minutes apart (never more than 3 within 10 minutes), applied in
+    one backlog 16 minutes after the first, quarantine nothing; the same five issued a
+    minute apart do, at the 4th, as before."""
+    await fleet.session(db, "n1", epoch=1)
+    await fleet.session(db, "n2", epoch=1)
+    spread, close = [], []
+    for _ in range(5):
+        spread.append(await clone_hello(db, "n1", "n1-serial"))
+        close.append(await clone_hello(db, "n2", "n2-serial"))
+        await clock.advance(timedelta(minutes=4) if len(close) > 4 else timedelta(minutes=1))
+    # n1's epochs 4 minutes apart: issue them again at those times
+    for i, hello in enumerate(spread):
+        await db.execute(
+            "UPDATE session_epochs SET issued_at = compute_now() - $3::interval "
+            "WHERE node_id = $1 AND epoch = $2",
+            "n1", hello.epoch, timedelta(minutes=4 * (4 - i)),
+        )  # fmt: skip
+    await drive.send(*spread, *close)
+    dups = await drive.published("security.node.duplicate-session")
+    assert [(d["alternations"], d["quarantined"]) for d in dups if d["nodeId"] == "n1"] == [
+        (1, False), (2, False), (3, False), (1, False), (2, False),
+    ]  # fmt: skip
+    assert [(d["alternations"], d["quarantined"]) for d in dups if d["nodeId"] == "n2"] == [
+        (1, False), (2, False), (3, False), (4, True), (1, False),
+    ]  # fmt: skip
+    assert await _revoked(db) == {"n1-serial": None, "n2-serial": "duplicate-identity"}
+
+
+async def test_alternations_applied_out_of_order_count_in_epoch_order(
+    drive: Driver, db: asyncpg.Connection, clock: Clock
+) -> None:
+    """The 4th alternation within the window quarantines even when the facts arrive in
+    reverse order; a second Hello fact of an epoch already counted counts nothing."""
+    await fleet.session(db, "n1", epoch=1)
+    hellos = []
+    for _ in range(4):
+        hellos.append(await clone_hello(db))
+        await clock.advance(timedelta(minutes=2))
+    await drive.send(hellos[3], hellos[2])
+    other = hellos[2].model_copy(update={"fact_id": uuid.uuid4(), "boot_id": "boot-c"})
+    await drive.send(other)  # another Hello fact of an epoch counted: foreign, not counted
+    assert drive.settled("foreign") == 1
+    await drive.send(hellos[1], hellos[0])
+    assert (await _revoked(db))["n1-serial"] == "duplicate-identity"
+    dups = await drive.published("security.node.duplicate-session")
+    assert len(dups) == 4 and sum(d["quarantined"] for d in dups) == 1

@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workers.quarantine.decide import Counter, Limits, count, serials_to_revoke
+from workers.quarantine.decide import (
+    Alternation,
+    Counter,
+    Limits,
+    count,
+    judge,
+    serials_to_revoke,
+)
 
 T0 = datetime(2026, 11, 30, tzinfo=UTC)
 LIMITS = Limits(max_alternations=3, window=timedelta(minutes=10))
@@ -92,3 +99,54 @@ def test_serials_to_revoke(presented: str | None, live: set[str], expected: list
 def test_a_serial_with_no_record_is_revoked_alone() -> None:
     assert serials_to_revoke("clone", {"s1"}, recorded=False) == ["clone"]
     assert serials_to_revoke(None, {"s1"}, recorded=False) == ["s1"]
+
+
+# -- as of the Hello: alternations judged in epoch order at their issue times ----------------
+GAPS = st.lists(st.integers(min_value=0, max_value=900), min_size=1, max_size=12)
+
+
+def alternations(gaps: list[int]) -> list[Alternation]:
+    """Epochs 1, 2, … issued `gaps` seconds apart (epoch order is issue order)."""
+    out, at = [], T0
+    for epoch, gap in enumerate(gaps, start=1):
+        at += timedelta(seconds=gap)
+        out.append(Alternation(epoch, at))
+    return out
+
+
+@given(gaps=GAPS, data=st.data())
+def test_judging_ignores_the_order_and_repeats_of_application(
+    gaps: list[int], data: st.DataObject
+) -> None:
+    alts = alternations(gaps)
+    applied = data.draw(st.permutations(alts + data.draw(st.lists(st.sampled_from(alts)))))
+    assert judge(applied, LIMITS) == judge(alts, LIMITS)
+
+
+@given(gaps=GAPS)
+def test_judging_is_counting_each_at_its_issue_time_in_epoch_order(gaps: list[int]) -> None:
+    alts = alternations(gaps)
+    judged, _ = judge(alts, LIMITS)
+    assert [(judged[a.epoch].number, judged[a.epoch].quarantined) for a in alts] == run(
+        [(a.at - T0).total_seconds() for a in alts]
+    )
+
+
+@given(gaps=GAPS)
+def test_never_more_than_the_limit_within_a_window_never_quarantines(gaps: list[int]) -> None:
+    alts = alternations(gaps)
+    crowded = any(
+        sum(1 for b in alts if a.at <= b.at <= a.at + LIMITS.window) > LIMITS.max_alternations
+        for a in alts
+    )
+    judged, _ = judge(alts, LIMITS)
+    if not crowded:
+        assert not any(j.quarantined for j in judged.values())
+
+
+def test_a_backlog_four_minutes_apart_is_no_burst() -> None:
+    judged, counter = judge(alternations([0, 240, 240, 240, 240]), LIMITS)
+    assert [(j.number, j.quarantined) for j in judged.values()] == [
+        (1, False), (2, False), (3, False), (1, False), (2, False),
+    ]  # fmt: skip
+    assert counter == Counter(2, T0 + timedelta(minutes=12))

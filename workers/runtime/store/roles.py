@@ -32,7 +32,8 @@ class Grant:
 #: every table of the schema (a test keeps this equal to the migrated database's tables)
 TABLES = (
     "clock_offset", "commands", "controller_leases", "gateways", "hello_seen", "liveness_gateways",
-    "liveness_sweeps", "node_certs", "node_events", "node_inventory", "node_labels",
+    "liveness_sweeps", "node_alternations", "node_certs", "node_events", "node_inventory",
+    "node_labels",
     "node_sessions", "nodes", "session_history",
     "outbox", "outbox_dead", "processed_facts", "schema_migrations", "session_epochs",
 )  # fmt: skip
@@ -75,7 +76,11 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
     "bcw_quarantine": (
         *RUNTIME,
         Grant("SELECT", "node_sessions"),
-        Grant("UPDATE (duplicate_hellos, duplicate_since, held_epoch)", "node_sessions"),
+        Grant(
+            "UPDATE (duplicate_hellos, duplicate_since, held_epoch, alternations_judged_epoch)",
+            "node_sessions",
+        ),
+        Grant("SELECT, INSERT, DELETE", "node_alternations"),
         Grant("SELECT", "nodes"),
         Grant("SELECT, INSERT", "node_certs"),  # an unrecorded serial is recorded revoked
         Grant("UPDATE (revoked_at, revocation_reason)", "node_certs"),
