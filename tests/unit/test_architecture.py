@@ -88,3 +88,14 @@ def test_no_module_over_400_lines_and_no_folder_over_12_modules() -> None:
                 if (n := len(m.read_text().splitlines())) > 400
             ]
     assert not long and not crowded, (long, crowded)
+
+
+def test_every_test_the_contract_names_exists() -> None:
+    """docs/contract.md states its rules with the names of the tests that prove them."""
+    page = (ROOT / "docs" / "contract.md").read_text()
+    named = set(re.findall(r"`(test_\w+)`", page))
+    defined: set[str] = set()
+    for module in (ROOT / "tests").rglob("test_*.py"):
+        defined |= _defined(module)
+    assert len(named) >= 6
+    assert named <= defined, named - defined
