@@ -68,6 +68,18 @@ class Quarantined(CamelMessage):
     revoked_serials: list[Ident] = Field(max_length=1024)
 
 
+class HoldExpired(CamelMessage):
+    """A session held for the quarantine (its Hello a duplicate identity, not yet counted)
+    was released after `BCW_QUARANTINE_HOLD_MAX`: it gets its commands from now on."""
+
+    BC_TYPE = "security.node.hold-expired"
+
+    node_id: NodeId
+    epoch: NonNegative
+    gateway_id: GatewayId | None
+    held_seconds: Annotated[float, Field(ge=0)]
+
+
 class CommandEvent(CamelMessage):
     """Fields shared by the four command events."""
 
@@ -138,6 +150,7 @@ class Revocations(CamelMessage):
 
 EVENT_TYPES: tuple[type[CamelMessage], ...] = (
     NodeConnected,
+    HoldExpired,
     NodeDisconnected,
     CapabilitiesChanged,
     DuplicateSession,

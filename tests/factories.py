@@ -123,6 +123,12 @@ WIRE_SAMPLES: dict[str, dict[str, Any]] = {
         "alternations": 4,
         "revokedSerials": ["serial-1"],
     },
+    "security.node.hold-expired": {
+        "nodeId": "node-1",
+        "epoch": 2,
+        "gatewayId": "gw-1",
+        "heldSeconds": 300.5,
+    },
     **{
         name: {
             "commandId": CMD,

@@ -263,6 +263,6 @@ def test_metrics_are_the_librarys_exposition_and_parse() -> None:
         "bcw_consumer_pending", "bcw_consumer_ack_pending", "bcw_outbox_backlog",
         "bcw_outbox_oldest_seconds", "bcw_lease_held", "bcw_liveness_blind_gateways",
         "bcw_liveness_breakers_open", "bcw_outbox_published", "bcw_outbox_failures",
-        "bcw_dead_letters",
+        "bcw_dead_letters", "bcw_quarantine_holds_expired",
     }  # fmt: skip
     assert set(families) == expected

@@ -54,6 +54,7 @@ DESIGN_FIELDS: dict[str, set[str]] = {
         "quarantined",
     },
     "security.node.quarantined": {"nodeId", "reason", "alternations", "revokedSerials"},
+    "security.node.hold-expired": {"nodeId", "epoch", "gatewayId", "heldSeconds"},
     **{
         name: {"commandId", "nodeId", "epoch", "seq", "kind", "attempt", "reason"}
         for name in ("command.replayed", "command.cancelled", "command.failed", "command.completed")

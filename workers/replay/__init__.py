@@ -20,5 +20,5 @@ def build(settings: Settings) -> Worker:
         name="replay",
         fact_types=("hello", "progress", "result", "rejected"),
         handle=make_handler(settings.replay),
-        loops=(dispatch_loop(settings.replay),),
+        loops=(dispatch_loop(settings.replay, settings.quarantine.hold_max),),
     )

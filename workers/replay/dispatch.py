@@ -31,6 +31,7 @@ from schemas.events import CommandCancelled
 from schemas.subjects import Subjects
 from workers.replay.apply import DISPATCH_CHANNEL, command_event, command_from_row, dispatch_notice
 from workers.replay.decide import Command, Session, lane_limits, plan_dispatch
+from workers.replay.holds import release_expired_holds
 from workers.replay.lost import ask_for_lost_hellos
 from workers.runtime.base.rule_settings import ReplaySettings
 from workers.runtime.base.waiting import wait_any
@@ -262,7 +263,7 @@ async def next_due(pool: asyncpg.Pool) -> float | None:
     return due.total_seconds() if due is not None else None
 
 
-def dispatch_loop(settings: ReplaySettings) -> Loop:
+def dispatch_loop(settings: ReplaySettings, hold_max: timedelta) -> Loop:
     async def dispatch(runtime: Runtime, stopping: asyncio.Event) -> None:
         wake = asyncio.Event()
         listener = Listener(runtime.settings.database, [DISPATCH_CHANNEL, ENQUEUE_CHANNEL], wake)
@@ -275,7 +276,8 @@ def dispatch_loop(settings: ReplaySettings) -> Loop:
 
         async def body(lease: leases.Lease) -> None:
             """Dispatch while woken, for a third of the lease; then the lease is renewed.
-            Now and then, look for sessions whose Hello never came (`lost.py`)."""
+            Now and then, look for sessions whose Hello never came (`lost.py`) and for
+            holds over their bound (`holds.py`)."""
             nonlocal cursor, next_look
             until = time.monotonic() + hold
             while time.monotonic() < until and not stopping.is_set():
@@ -284,7 +286,12 @@ def dispatch_loop(settings: ReplaySettings) -> Loop:
                     asked = await ask_for_lost_hellos(
                         runtime.pool, runtime.js, lease, runtime.subjects, settings
                     )
-                    if asked:
+                    released = await release_expired_holds(
+                        runtime.pool, lease, runtime.subjects, hold_max, settings.nodes_per_round
+                    )
+                    if released:
+                        runtime.metrics.holds_expired.inc(by=len(released))
+                    if asked or released:
                         runtime.wake_outbox()
                 wake.clear()
                 result = await dispatch_round(

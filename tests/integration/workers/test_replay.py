@@ -10,15 +10,16 @@ from datetime import timedelta
 from typing import Any
 
 import asyncpg
+import pytest
 from nats.aio.client import Client as NATS
 
 from schemas.subjects import Subjects
-from tests.conftest import Servers
+from tests.conftest import Clock, Servers
 from tests.factories import make_fact
 from tests.integration import fleet
 from tests.integration.direct import apply, of_type, take_outbox
-from tests.integration.driver import driving
-from tests.integration.support import eventually
+from tests.integration.driver import Driver, driving
+from tests.integration.support import eventually, make_settings, running
 from tests.integration.workers.replay_steps import (
     WORKER,
     dispatch,
@@ -27,6 +28,7 @@ from tests.integration.workers.replay_steps import (
     states,
 )
 from workers import replay
+from workers.runtime.base.rule_settings import QuarantineSettings, ReplaySettings
 
 
 async def test_dispatch_in_seq_order_within_credits_to_the_current_route(
@@ -258,3 +260,43 @@ async def test_enqueue_is_safe_under_concurrent_callers_and_listed_by_bcw_comman
     lines = out.decode().splitlines()
     assert proc.returncode == 0 and len(lines) == 4
     assert lines[1].split()[:3] == ["38", "pending", "-"]
+
+
+async def test_a_hold_the_quarantine_never_counts_is_released_after_its_bound(
+    servers: Servers,
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
+    clock: Clock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As of the Hello (docs/contract.md): with the quarantine worker down, a session held
+    for it gets its commands once BCW_QUARANTINE_HOLD_MAX has passed since it connected,
+    with a WARNING, a security.node.hold-expired event and a counter."""
+    await fleet.session(db, "n1", epoch=1, gateway_id="gw-9")
+    await db.execute("UPDATE node_sessions SET held_epoch = 1")  # the Hello transaction held it
+    settings = make_settings(servers.nats_url, database_url, subjects).model_copy(
+        update={
+            "replay": ReplaySettings(hello_check_interval=0.2),
+            "quarantine": QuarantineSettings(hold_max=timedelta(minutes=5)),
+        }
+    )
+    async with running(settings, [replay.build(settings)]) as (runtime, _port):
+        drive = Driver(nc, subjects, runtime, "replay", database_url)
+        command = await enqueue(db, "n1")
+        await asyncio.sleep(1)  # several looks: held, and under its bound
+        assert await db.fetchval("SELECT state FROM commands") == "pending"
+        await clock.advance(timedelta(minutes=5, seconds=1))
+        await eventually(lambda: _dispatched(db, 1), what="the released session's command")
+        [expired] = await drive.published("security.node.hold-expired")
+        assert expired == {
+            **expired, "nodeId": "n1", "epoch": 1, "gatewayId": "gw-9",
+        }  # fmt: skip
+        assert expired["heldSeconds"] >= 300
+        [sent] = await drive.published("dispatch", stream="notices")
+        assert sent["command_id"] == str(command)
+        assert runtime.metrics.holds_expired.value() == 1
+    assert await db.fetchval("SELECT held_epoch FROM node_sessions") is None
+    [warning] = [r for r in caplog.records if "BCW_QUARANTINE_HOLD_MAX" in r.getMessage()]
+    assert warning.levelname == "WARNING" and "released n1 (epoch 1)" in warning.getMessage()

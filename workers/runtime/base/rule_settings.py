@@ -104,3 +104,10 @@ class QuarantineSettings(BaseSettings):
         default=3, ge=1, description="alternations allowed in the window; one more quarantines"
     )
     window: Seconds = Field(default=timedelta(minutes=10), description="the counting window")
+    hold_max: Seconds = Field(
+        default=timedelta(minutes=5),
+        description="a session held for the quarantine (its Hello was a duplicate identity) "
+        "this long after it connected is released by the replay worker's dispatch loop, with "
+        "a WARNING and a security.node.hold-expired event: a quarantine worker that is down "
+        "or behind never keeps a node from its commands for longer",
+    )

@@ -148,6 +148,10 @@ class Metrics:
             r, "bcw_liveness_breakers_open",
             "Gateways whose stale sessions the fleet breaker holds; set by the replica that sweeps.",
         )  # fmt: skip
+        self.holds_expired = Counter(
+            r, "bcw_quarantine_holds_expired_total",
+            "Sessions held for the quarantine that were released after BCW_QUARANTINE_HOLD_MAX.",
+        )  # fmt: skip
         self.outbox_published = Counter(
             r, "bcw_outbox_published_total", "Outbox rows published and acknowledged by JetStream."
         )

@@ -88,7 +88,8 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
     "bcw_replay": (
         *RUNTIME,
         Grant("SELECT", "node_sessions"),
-        Grant("UPDATE (node_id)", "node_sessions"),  # FOR SHARE only (see above)
+        # FOR SHARE only (see above); held_epoch: a hold over its bound is released (holds.py)
+        Grant("UPDATE (node_id, held_epoch)", "node_sessions"),
         Grant("SELECT", "node_certs"),
         Grant("SELECT", "gateways"),  # no dispatch to a gateway whose lease expired
         Grant("SELECT, INSERT, UPDATE", "hello_seen"),  # the Hellos it applied, and asked for

@@ -1,0 +1,90 @@
+"""The bound on a duplicate-identity hold. Called by the dispatch loop, in the replica
+holding its lease.
+
+A Hello whose previous session was live from another boot is held by the Hello
+transaction (`held_epoch`): its session gets no command until the quarantine has counted
+it. With the quarantine worker down or far behind, that would last without bound. Here a
+session held `BCW_QUARANTINE_HOLD_MAX` (5 min) after it connected is released — with a
+WARNING, a `security.node.hold-expired` event and `bcw_quarantine_holds_expired_total` —
+and gets what waits for it. The quarantine still counts its Hello when it gets to it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+import asyncpg
+
+from schemas.events import HoldExpired
+from schemas.subjects import Subjects
+from workers.runtime.effects.outbox import OutboxBatch
+from workers.runtime.store import leases
+
+log = logging.getLogger(__name__)
+
+CONSUMER = "replay"
+
+# Rows locked in node order, skipping those a Hello or a dispatch round holds right now
+# (the next look gets them).
+RELEASE = """
+WITH expired AS (
+    SELECT node_id FROM node_sessions
+     WHERE held_epoch IS NOT NULL AND connected_at <= compute_now() - $1::interval
+     ORDER BY node_id
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE node_sessions s SET held_epoch = NULL
+  FROM expired e
+ WHERE s.node_id = e.node_id
+RETURNING s.node_id, s.session_epoch, s.gateway_id,
+          extract(epoch FROM compute_now() - s.connected_at)::float8 AS held_seconds
+"""
+
+
+@dataclass(frozen=True)
+class Released:
+    node_id: str
+    epoch: int
+    gateway_id: str | None
+    held_seconds: float
+
+
+async def release_expired_holds(
+    pool: asyncpg.Pool,
+    lease: leases.Lease | None,
+    subjects: Subjects,
+    hold_max: timedelta,
+    limit: int,
+) -> list[Released]:
+    """Release the sessions held longer than `hold_max`, each with its event."""
+    async with pool.acquire() as conn, conn.transaction():
+        if lease is not None:
+            await leases.fence(conn, lease)
+        released = [
+            Released(r["node_id"], r["session_epoch"], r["gateway_id"], max(0.0, r["held_seconds"]))
+            for r in await conn.fetch(RELEASE, hold_max, limit)
+        ]
+        if not released:
+            return []
+        outbox = OutboxBatch(CONSUMER)
+        for one in released:
+            event = HoldExpired(
+                node_id=one.node_id,
+                epoch=one.epoch,
+                gateway_id=one.gateway_id,
+                held_seconds=round(one.held_seconds, 3),
+            )
+            outbox.add(event, subjects.event(event.BC_TYPE))
+        await outbox.write(conn)
+    for one in released:
+        log.warning(
+            "released %s (epoch %d) held %.0f s for the quarantine, over BCW_QUARANTINE_HOLD_MAX: "
+            "is the quarantine worker running?",
+            one.node_id,
+            one.epoch,
+            one.held_seconds,
+        )
+    return released
