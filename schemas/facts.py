@@ -42,6 +42,9 @@ CloseReason = Literal[
     "superseded",
     "fenced",
 ]
+#: close reasons of a session that no longer owns its row (a newer session does): its close
+#: writes nothing; every other close is written, fenced, by its gateway and the liveness worker
+ROW_OF_ANOTHER: frozenset[str] = frozenset({"superseded", "fenced"})
 
 
 class Fact(SnakeMessage):

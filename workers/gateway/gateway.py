@@ -26,14 +26,7 @@ from nats.js import JetStreamContext
 from opentelemetry import context, trace
 from pydantic import ValidationError
 
-from schemas.facts import (
-    CloseReason,
-    Events,
-    Progress,
-    Rejected,
-    Result,
-    Status,
-)
+from schemas.facts import ROW_OF_ANOTHER, CloseReason, Events, Progress, Rejected, Result, Status
 from schemas.subjects import Subjects
 from workers.gateway import store
 from workers.gateway.admission import Code, HelloRequest, admit, upgrade_required
@@ -280,7 +273,7 @@ class Gateway:
         session = self.sessions.get(node_id)
         if session is not None and session.epoch == epoch:
             del self.sessions[node_id]
-            await self.facts.publish(self.facts.closed(session.node_id, session.epoch, reason))
+            await self._closed(session, reason)
 
     def _frame(self, node_id: str, epoch: int | None = None) -> Session:
         """A frame of an open stream (not the first): its session, seen now. A frame
@@ -394,4 +387,14 @@ class Gateway:
         if self.sessions.get(session.node_id) is session:
             del self.sessions[session.node_id]
         session.stream.drop(reason)
+        await self._closed(session, reason)
+
+    async def _closed(self, session: Session, reason: CloseReason) -> None:
+        """Its fenced disconnect at once (unless a newer session owns the row), then the
+        `closed` fact: the next Hello anywhere reads the session as not live."""
+        if reason not in ROW_OF_ANOTHER:
+            lease = self.lease_epoch or 0
+            await store.close_session(
+                self.pool, self.gateway_id, lease, session.node_id, session.epoch, reason
+            )
         await self.facts.publish(self.facts.closed(session.node_id, session.epoch, reason))

@@ -1,4 +1,5 @@
-"""The reference gateway's SQL: its lease, what admission reads, the Hello transaction.
+"""The reference gateway's SQL: its lease, what admission reads, the Hello transaction,
+a session's close.
 
 Every write is fenced on the gateway's lease epoch: a gateway whose lease was taken
 writes nothing.
@@ -7,6 +8,7 @@ writes nothing.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,6 +19,8 @@ import asyncpg
 
 from schemas.facts import is_duplicate_identity
 from workers.gateway.admission import CertRow, HelloRequest
+
+log = logging.getLogger(__name__)
 
 
 class LeaseGone(Exception):
@@ -102,6 +106,32 @@ ON CONFLICT (node_id, section) DO UPDATE
        reported_at = EXCLUDED.reported_at
  WHERE i.session_epoch <= EXCLUDED.session_epoch
 """
+
+
+# A normal close, written by the session's gateway at once (fenced on the node's epoch,
+# this gateway and its lease): the next Hello on any gateway reads the session as not live.
+CLOSE = """
+UPDATE node_sessions s
+   SET gateway_id = NULL, disconnected_at = compute_now(), disconnect_reason = $4
+  FROM gateways g
+ WHERE s.node_id = $1 AND s.session_epoch = $2 AND s.gateway_id = $3
+   AND g.gateway_id = $3 AND g.lease_epoch = $5 AND g.lease_expires_at > compute_now()
+"""
+
+
+async def close_session(
+    pool: asyncpg.Pool, gateway_id: str, lease: int, node_id: str, epoch: int, reason: str
+) -> bool:
+    """Write a session's close in a transaction of its own; whether it did. A failure is
+    logged, not raised: the `closed` fact still goes out, and the liveness worker writes it."""
+    try:
+        async with pool.acquire() as conn:
+            return bool(
+                await conn.execute(CLOSE, node_id, epoch, gateway_id, reason, lease) == "UPDATE 1"
+            )
+    except Exception as error:  # the database away: the fact is the fallback
+        log.warning("gateway %s: close of %s not written (%r)", gateway_id, node_id, error)
+        return False
 
 
 async def acquire(conn: asyncpg.Connection, gateway_id: str, ttl: timedelta) -> int:

@@ -61,21 +61,28 @@ SELECT DISTINCT e.node_id, e.epoch, e.gateway_id
  ORDER BY e.gateway_id, e.node_id, e.epoch
 """
 
-# Fenced on node, epoch and gateway; rows locked in node order (see FLUSH).
+# Fenced on node, epoch and gateway; rows locked in node order (see FLUSH). A session
+# its gateway already closed (it writes a normal close at once, `gateway/store.py`: the
+# row is at that epoch, routed nowhere, with that reason) is matched too, and left as
+# written: the event is still this worker's to publish.
 DISCONNECT = """
 WITH locked AS (
-    SELECT s.node_id, f.reason
+    SELECT s.node_id, f.reason, s.gateway_id IS NULL AS written
       FROM node_sessions s
       JOIN unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS f(node_id, epoch, gateway_id, reason)
-        ON s.node_id = f.node_id AND s.session_epoch = f.epoch AND s.gateway_id = f.gateway_id
+        ON s.node_id = f.node_id AND s.session_epoch = f.epoch
+       AND (s.gateway_id = f.gateway_id
+            OR (s.gateway_id IS NULL AND s.disconnected_at IS NOT NULL
+                AND s.disconnect_reason = f.reason))
      ORDER BY s.node_id
        FOR UPDATE OF s
+), closing AS (
+    UPDATE node_sessions s
+       SET gateway_id = NULL, disconnected_at = compute_now(), disconnect_reason = l.reason
+      FROM locked l
+     WHERE s.node_id = l.node_id AND NOT l.written
 )
-UPDATE node_sessions s
-   SET gateway_id = NULL, disconnected_at = compute_now(), disconnect_reason = l.reason
-  FROM locked l
- WHERE s.node_id = l.node_id
-RETURNING s.node_id
+SELECT node_id FROM locked
 """
 
 

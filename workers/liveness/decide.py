@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from schemas.events import NodeConnected
-from schemas.facts import Closed, Hello
+from schemas.facts import ROW_OF_ANOTHER, Closed, Hello
 
 #: `closed` reasons whose session no longer owns its row: nothing to write, nothing to say.
-NOT_OURS = frozenset({"superseded", "fenced"})
+NOT_OURS = ROW_OF_ANOTHER
 
 
 @dataclass(frozen=True)

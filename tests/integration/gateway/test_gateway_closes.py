@@ -1,0 +1,84 @@
+"""A close is known at once (docs/contract.md, "As of the Hello"): the reference gateway
+writes a normal close, fenced, in its own transaction, so the node's next Hello on any
+gateway reads the previous session as not live — whether or not the liveness worker has
+got to the `closed` fact yet. The liveness worker still publishes `node.disconnected`."""
+
+from __future__ import annotations
+
+import json
+
+import asyncpg
+from nats.aio.client import Client as NATS
+
+from schemas.subjects import Subjects
+from tests.conftest import Servers
+from tests.integration import fleet
+from tests.integration.driver import driving
+from tests.integration.gateway.hellos import request
+from tests.integration.streams import RecordingStream
+from tests.integration.support import eventually, stream_messages
+from workers import liveness, quarantine
+from workers.gateway import Gateway
+
+
+async def _row(db: asyncpg.Connection) -> tuple[object, ...]:
+    row = await db.fetchrow(
+        "SELECT session_epoch, gateway_id, disconnect_reason, disconnected_at IS NOT NULL AS gone,"
+        " held_epoch FROM node_sessions WHERE node_id = 'n1'"
+    )
+    return tuple(row)
+
+
+async def test_a_clean_close_is_written_by_its_gateway_and_announced_by_the_liveness_worker(
+    gateway: Gateway,
+    db: asyncpg.Connection,
+    servers: Servers,
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+) -> None:
+    await fleet.join(db, "n1")
+    welcome = await gateway.hello(request(), RecordingStream())
+    await gateway.disconnect("n1", welcome.epoch, "stream-closed")
+    assert await _row(db) == (welcome.epoch, None, "stream-closed", True, None)
+    async with driving(servers, nc, subjects, database_url, liveness.build) as drive:
+        await eventually(lambda: _settled(drive, 2), what="the Hello and the close applied")
+        [event] = await drive.published("node.disconnected")
+    assert (event["nodeId"], event["epoch"], event["reason"]) == (
+        "n1",
+        welcome.epoch,
+        "stream-closed",
+    )
+    assert await _row(db) == (welcome.epoch, None, "stream-closed", True, None)  # as written
+
+
+async def test_three_quick_reboots_with_clean_closes_count_nothing(
+    gateway: Gateway,
+    db: asyncpg.Connection,
+    servers: Servers,
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+) -> None:
+    """No liveness worker runs: only the gateways' own writes say the sessions ended."""
+    await fleet.join(db, "n1")
+    for boot in ("boot-1", "boot-2", "boot-3", "boot-4"):
+        welcome = await gateway.hello(request(boot_id=boot), RecordingStream())
+        if boot != "boot-4":
+            await gateway.disconnect("n1", welcome.epoch, "stream-closed")
+    assert (await _row(db))[4] is None  # never held for the quarantine
+    hellos = [
+        json.loads(m.data)
+        for m in await stream_messages(nc.jetstream(), subjects.facts_stream)
+        if m.headers.get("Bc-Type") == "hello"
+    ]
+    assert [h["previous"]["live"] for h in hellos] == [False] * 4
+    async with driving(servers, nc, subjects, database_url, quarantine.build) as drive:
+        await eventually(lambda: _settled(drive, 4), what="four Hellos seen")
+        assert drive.settled("ignored") == 4  # no duplicate identity: nothing to count
+        assert await drive.published("security.node.duplicate-session") == []
+    assert await db.fetchval("SELECT duplicate_hellos FROM node_sessions") == 0
+
+
+async def _settled(drive: object, n: int) -> bool:
+    return drive.settled() >= n  # type: ignore[attr-defined, no-any-return]
