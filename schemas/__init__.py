@@ -25,6 +25,7 @@ from schemas.events import (
 from schemas.facts import (
     CertInfo,
     Closed,
+    DoneResult,
     Events,
     Fact,
     Hello,
@@ -64,6 +65,7 @@ __all__ = [
     "CommandFailed",
     "CommandReplayed",
     "Dispatch",
+    "DoneResult",
     "DuplicateSession",
     "EventAck",
     "Events",

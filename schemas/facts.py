@@ -31,6 +31,7 @@ MAX_LIVENESS_ENTRIES = 10_000
 MAX_RUNNING_COMMANDS = 4_096
 MAX_EVENTS_PER_FACT = 1_000
 MAX_INVENTORY_SECTIONS = 256
+MAX_HELLO_RESULTS = 1_024
 
 CloseReason = Literal[
     "stream-closed",
@@ -75,6 +76,16 @@ class PreviousSession(SnakeMessage):
     live: bool = False
 
 
+class DoneResult(SnakeMessage):
+    """A result the daemon holds and the control plane has not acked yet (it finished
+    while the node was away), carried by the Hello: as in a `result` fact."""
+
+    command_id: UUID
+    outcome: Literal["done", "failed"]
+    result: dict[str, Any] | None = None
+    error: Annotated[str, Field(max_length=4096)] | None = None
+
+
 class Hello(NodeFact):
     BC_TYPE = "hello"
 
@@ -99,6 +110,8 @@ class Hello(NodeFact):
     previous: PreviousSession
     #: when the daemon's process started (optional): the proof that a restart happened
     process_started_at: datetime | None = None
+    #: the daemon's done results not acked yet (optional): they settle before the replay
+    results: list[DoneResult] = Field(default_factory=list, max_length=MAX_HELLO_RESULTS)
 
     @property
     def journal_changed(self) -> bool:

@@ -3,7 +3,11 @@ what the gateway sent it, so a test can assert on deliveries and on how the stre
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from uuid import UUID
+
 from schemas.notices import Dispatch
+from workers.gateway.admission import DesiredState
 
 
 class RecordingStream:
@@ -11,12 +15,20 @@ class RecordingStream:
         self.delivered: list[Dispatch] = []
         self.dropped: list[str] = []
         self.acked: list[tuple[str, int]] = []
+        #: what followed the Welcome, in order: ("ack", ids) and ("desired", state)
+        self.followed: list[tuple[str, object]] = []
 
     async def deliver(self, dispatch: Dispatch) -> None:
         self.delivered.append(dispatch)
 
     async def event_ack(self, journal_id: str, seq: int) -> None:
         self.acked.append((journal_id, seq))
+
+    async def ack_results(self, command_ids: Sequence[UUID]) -> None:
+        self.followed.append(("ack", tuple(command_ids)))
+
+    async def desired_state(self, desired: DesiredState) -> None:
+        self.followed.append(("desired", desired))
 
     def drop(self, reason: str) -> None:
         self.dropped.append(reason)

@@ -77,6 +77,12 @@ class _Stream:
     async def event_ack(self, journal_id: str, seq: int) -> None:
         return None
 
+    async def ack_results(self, command_ids: object) -> None:
+        return None
+
+    async def desired_state(self, desired: object) -> None:
+        return None
+
     def drop(self, reason: str) -> None:
         return None
 

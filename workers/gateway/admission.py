@@ -8,9 +8,10 @@ Applied by `workers.gateway.gateway.Gateway.hello`.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 
 class Code(enum.Enum):
@@ -40,6 +41,34 @@ class HelloRequest:
     inventory_hashes: dict[str, str] = field(default_factory=dict)
     transport: str = "grpc"
     process_started_at: datetime | None = None  # the daemon process's start (optional)
+    #: its done results not acked yet: `{command_id, outcome, result, error}` each
+    results: Sequence[Mapping[str, Any]] = ()
+    applied_generation: int = 0  # the desired-state generation it applied
+    spec_hash: str | None = None  # the hash of the spec it applied (None: it has none)
+
+
+@dataclass(frozen=True)
+class DesiredState:
+    """The node's spec as the control plane wants it, sent whole (`nodes.spec`)."""
+
+    generation: int
+    spec: Mapping[str, Any]
+    signature: str | None = None
+
+
+def desired_state_due(
+    desired: DesiredState | None, request: HelloRequest, upgrade_only: bool
+) -> DesiredState | None:
+    """What follows the Welcome: the full desired state when the daemon is behind it (its
+    applied generation is lower, or it reports no spec hash while the node has a spec);
+    never to an upgrade-only session; to a WebSocket session only when signed. Pure."""
+    if desired is None or upgrade_only:
+        return None
+    if request.transport == "websocket" and not desired.signature:
+        return None
+    if desired.generation > request.applied_generation or request.spec_hash is None:
+        return desired
+    return None
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ class FactPublisher:
                 "inventory_hashes": dict(request.inventory_hashes),
                 "cert": CertInfo(serial=request.cert_serial, allowed_kinds=list(kinds) if kinds is not None else None, identity_generation=generation),
                 "upgrade_required": upgrade, "transport": request.transport,
-                "process_started_at": request.process_started_at,
+                "process_started_at": request.process_started_at, "results": list(request.results),
                 "previous": PreviousSession(
                     epoch=opened.previous_epoch, gateway_id=opened.previous_gateway_id,
                     boot_id=opened.previous_boot_id, journal_id=opened.previous_journal_id,

@@ -29,7 +29,13 @@ from pydantic import ValidationError
 from schemas.facts import ROW_OF_ANOTHER, CloseReason, Events, Progress, Rejected, Result, Status
 from schemas.subjects import Subjects
 from workers.gateway import store
-from workers.gateway.admission import Code, HelloRequest, admit, upgrade_required
+from workers.gateway.admission import (
+    Code,
+    HelloRequest,
+    admit,
+    desired_state_due,
+    upgrade_required,
+)
 from workers.gateway.facts import FactPublisher
 from workers.gateway.inventory import section_problem, sections_to_request
 from workers.gateway.notices import Notices
@@ -41,6 +47,7 @@ from workers.gateway.types import (
     TokenBucket,
     Welcome,
 )
+from workers.gateway.welcome import follow as follow_welcome
 from workers.runtime.observability import tracing
 
 log = logging.getLogger(__name__)
@@ -212,6 +219,7 @@ class Gateway:
             hello=hello,
         )
         await self.facts.publish(hello)
+        follow_welcome(stream, [r.command_id for r in hello.results], desired_state_due(rows.desired, request, upgrade))  # fmt: skip
         return Welcome(
             opened.epoch,
             opened.session_id,
@@ -301,14 +309,9 @@ class Gateway:
     ) -> None:
         self._frame(node_id, epoch)
         await self.facts.fact(
-            Result,
-            node_id=node_id,
-            epoch=epoch,
-            command_id=command_id,
-            outcome=outcome,
-            result=result,
-            error=error,
-        )
+            Result, node_id=node_id, epoch=epoch, command_id=command_id, outcome=outcome,
+            result=result, error=error,
+        )  # fmt: skip
 
     async def busy(self, node_id: str, epoch: int, command_id: uuid.UUID) -> None:
         self._frame(node_id, epoch)
@@ -325,12 +328,9 @@ class Gateway:
     ) -> None:
         self._frame(node_id, epoch)
         await self.facts.fact(
-            Status,
-            node_id=node_id,
-            epoch=epoch,
-            observed_generation=observed_generation,
+            Status, node_id=node_id, epoch=epoch, observed_generation=observed_generation,
             trust_version=trust_version,
-        )
+        )  # fmt: skip
 
     # -- periodic work -------------------------------------------------------------------
     async def tick(self) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 
 from schemas.facts import is_duplicate_identity
-from workers.gateway.admission import CertRow, HelloRequest
+from workers.gateway.admission import CertRow, DesiredState, HelloRequest
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,7 @@ SELECT draining FROM gateways
 READ_FOR_ADMISSION = """
 SELECT compute_now() AS now,
        n.identity_generation AS node_generation, n.role AS node_role,
+       n.spec::text AS spec, n.spec_generation, n.spec_signature,
        c.serial, c.node_id, c.identity_generation, c.role, c.not_after, c.revoked_at IS NOT NULL AS revoked,
        c.allowed_kinds
   FROM (SELECT 1) one
@@ -161,6 +162,7 @@ class AdmissionRows:
     node_generation: int | None
     node_role: str | None
     cert: CertRow | None
+    desired: DesiredState | None = None  # the node's spec (None: it has none)
 
 
 async def read_for_admission(conn: asyncpg.Connection, request: HelloRequest) -> AdmissionRows:
@@ -177,7 +179,12 @@ async def read_for_admission(conn: asyncpg.Connection, request: HelloRequest) ->
             revoked=row["revoked"],
             allowed_kinds=tuple(kinds) if kinds is not None else None,
         )
-    return AdmissionRows(row["now"], row["node_generation"], row["node_role"], cert)
+    desired = None
+    if row["spec"] is not None:
+        desired = DesiredState(
+            row["spec_generation"], json.loads(row["spec"]), row["spec_signature"]
+        )
+    return AdmissionRows(row["now"], row["node_generation"], row["node_role"], cert, desired)
 
 
 @dataclass(frozen=True)

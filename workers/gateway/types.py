@@ -4,14 +4,15 @@ stream protocol a daemon implements, the settings, and the handshake token bucke
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Protocol
+from uuid import UUID
 
 from schemas.facts import Hello
 from schemas.notices import Dispatch
-from workers.gateway.admission import Code
+from workers.gateway.admission import Code, DesiredState
 
 
 class Refused(Exception):
@@ -30,6 +31,12 @@ class DaemonStream(Protocol):
     async def deliver(self, dispatch: Dispatch) -> None: ...
 
     async def event_ack(self, journal_id: str, seq: int) -> None: ...
+
+    async def ack_results(self, command_ids: Sequence[UUID]) -> None:
+        """The results the Hello carried are stored: the daemon may forget them."""
+
+    async def desired_state(self, desired: DesiredState) -> None:
+        """The node's full desired state (right after the Welcome, before the replay)."""
 
     def drop(self, reason: str) -> None: ...
 

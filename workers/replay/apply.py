@@ -42,6 +42,8 @@ from workers.runtime.effects.worker import Handler, Tx
 from workers.runtime.observability import tracing
 
 DISPATCH_CHANNEL = "bcw_dispatch"
+#: an event's reason is at most this long (a failed result's error may be 4,096)
+REASON_MAX = 1024
 
 COMMAND_COLUMNS = """
 command_id, node_id, seq, kind, lane, state, session_epoch, delivery_attempt, busy_attempts,
@@ -157,7 +159,7 @@ def command_event(
         seq=command.seq,
         kind=command.kind,
         attempt=command.delivery_attempt,
-        reason=reason,
+        reason=reason[:REASON_MAX] if reason is not None else None,  # the row keeps it whole
     )
 
 
@@ -184,6 +186,12 @@ def make_handler(settings: ReplaySettings) -> Handler:
         outcomes: dict[uuid.UUID, Outcome] = {}
         hellos = [f for f in facts if isinstance(f, Hello)]
         if hellos:
+            # what finished while the node was away settles first: not replayed, not re-sent
+            settled = [result for hello in hellos for result in results_of(hello)]
+            if settled:
+                await _answers(
+                    tx, settled, settings, causes={r.fact_id: h for h, r in _pairs(hellos)}
+                )
             outcomes.update(await _replay(tx, hellos))
         answers = [f for f in facts if isinstance(f, Progress | Result | Rejected)]
         if answers:
@@ -191,6 +199,29 @@ def make_handler(settings: ReplaySettings) -> Handler:
         return outcomes
 
     return handle
+
+
+def results_of(hello: Hello) -> list[Result]:
+    """The done results a Hello carries, as the `result` facts they stand for (each with
+    an id of its own, derived from the Hello's: the same Hello gives the same ids)."""
+    return [
+        Result(
+            fact_id=uuid.uuid5(hello.fact_id, str(done.command_id)),
+            gateway_id=hello.gateway_id,
+            observed_at=hello.observed_at,
+            node_id=hello.node_id,
+            epoch=hello.epoch,
+            command_id=done.command_id,
+            outcome=done.outcome,
+            result=done.result,
+            error=done.error,
+        )
+        for done in hello.results
+    ]
+
+
+def _pairs(hellos: Sequence[Hello]) -> list[tuple[Hello, Result]]:
+    return [(hello, result) for hello in hellos for result in results_of(hello)]
 
 
 async def _replay(tx: Tx, hellos: list[Hello]) -> dict[uuid.UUID, Outcome]:
@@ -254,8 +285,13 @@ async def _replay(tx: Tx, hellos: list[Hello]) -> dict[uuid.UUID, Outcome]:
 
 
 async def _answers(
-    tx: Tx, facts: list[Progress | Result | Rejected], settings: ReplaySettings
+    tx: Tx,
+    facts: Sequence[Progress | Result | Rejected],
+    settings: ReplaySettings,
+    causes: Mapping[uuid.UUID, Fact] | None = None,
 ) -> dict[uuid.UUID, Outcome]:
+    """Apply answers in stream order; `causes`: the fact each answer's events continue
+    (a Hello's results continue the Hello's trace), when it is not the answer itself."""
     ids = sorted({f.command_id for f in facts}, key=str)
     now: datetime = await tx.conn.fetchval("SELECT compute_now()")
     rows = {r["command_id"]: _row(r) for r in await tx.conn.fetch(LOCK_COMMANDS, ids)}
@@ -265,7 +301,7 @@ async def _answers(
         if row is None or row.command.node_id != fact.node_id:
             outcomes[fact.fact_id] = outcome.STALE  # unknown command, or not this node's
             continue
-        applied = _answer(tx, row, fact, now, settings)
+        applied = _answer(tx, row, fact, now, settings, (causes or {}).get(fact.fact_id, fact))
         if not applied:
             outcomes[fact.fact_id] = outcome.STALE
     await _write(tx.conn, list(rows.values()))
@@ -273,7 +309,12 @@ async def _answers(
 
 
 def _answer(
-    tx: Tx, row: Row, fact: Progress | Result | Rejected, now: datetime, settings: ReplaySettings
+    tx: Tx,
+    row: Row,
+    fact: Progress | Result | Rejected,
+    now: datetime,
+    settings: ReplaySettings,
+    cause: Fact,
 ) -> bool:
     command = row.command
     if isinstance(fact, Progress):
@@ -289,9 +330,9 @@ def _answer(
         row.result = json.dumps(fact.result) if fact.result is not None else None
         if fact.outcome == "failed":
             row.reason = fact.error or "failed"
-            publish_event(tx, command_event(CommandFailed, command, fact.epoch, row.reason), fact)
+            publish_event(tx, command_event(CommandFailed, command, fact.epoch, row.reason), cause)
         else:
-            publish_event(tx, command_event(CommandCompleted, command, fact.epoch), fact)
+            publish_event(tx, command_event(CommandCompleted, command, fact.epoch), cause)
         return True
     # BUSY: only while still dispatched at that epoch; back to pending with a back-off
     if command.state != "dispatched" or command.session_epoch != fact.epoch:

@@ -24,6 +24,7 @@ from typing import Any
 
 from schemas.notices import Dispatch
 from workers.gateway import Gateway, HelloRequest, Refused
+from workers.gateway.admission import DesiredState
 from workers.gateway.inventory import INVENTORY_EVERY
 
 HEARTBEAT = 10.0
@@ -61,7 +62,11 @@ class FakeDaemon:
         self.next_try = 0.0
         self.partitioned = False  # cannot reach any gateway
         self.running: dict[uuid.UUID, _Running] = {}
-        self.unreported: list[tuple[uuid.UUID, str]] = []  # finished while disconnected
+        #: done results the control plane has not acked: sent as result frames while
+        #: connected, carried by the next Hello otherwise, forgotten once acked
+        self.results: dict[uuid.UUID, dict[str, Any]] = {}
+        self.in_hello: set[uuid.UUID] = set()  # results this session's Hello carried
+        self.spec_hash: str | None = None  # of the desired state it applied
         self.journal: list[dict[str, Any]] = []
         self.next_seq = 1
         self.sent_seq = 0
@@ -106,6 +111,22 @@ class FakeDaemon:
         if journal_id == self.journal_id:
             self.journal = [e for e in self.journal if e["seq"] > seq]
 
+    async def ack_results(self, command_ids: Sequence[uuid.UUID]) -> None:
+        """The results its Hello carried are stored: forget them."""
+        acked = [c for c in command_ids if self.results.pop(c, None) is not None]
+        if acked:
+            self._journal("results.acked", {"command_ids": [str(c) for c in acked]})
+
+    async def desired_state(self, desired: DesiredState) -> None:
+        """Apply the node's desired state (its heartbeats then report the generation)."""
+        if self.gateway is None:
+            return
+        self.generation = desired.generation
+        self.spec_hash = hashlib.sha256(
+            json.dumps(dict(desired.spec), sort_keys=True).encode()
+        ).hexdigest()
+        self._journal("desired-state.applied", {"generation": desired.generation})
+
     def drop(self, reason: str) -> None:
         self.gateway = None
         self.epoch = 0
@@ -124,7 +145,7 @@ class FakeDaemon:
         self.journal.clear()
         self.next_seq, self.sent_seq = 1, 0
         self.running.clear()
-        self.unreported.clear()
+        self.results.clear()
         self.boot_id = uuid.uuid4().hex[:12]
         self._restart()
 
@@ -206,8 +227,10 @@ class FakeDaemon:
             journal_id=self.journal_id, daemon_version=self.version, capabilities=list(self.capabilities),
             running_command_ids=[str(c) for c in self.running], transport=self.transport, trust_version=1,
             process_started_at=datetime.fromtimestamp(self.process_started, UTC),
-            inventory_hashes=self.inventory_hashes(),
+            inventory_hashes=self.inventory_hashes(), results=list(self.results.values()),
+            applied_generation=self.generation, spec_hash=self.spec_hash,
         )  # fmt: skip
+        self.in_hello = set(self.results)
         try:
             welcome = await gateway.hello(request, self)
         except Refused as refused:
@@ -270,7 +293,10 @@ class FakeDaemon:
                 self._restart()
                 return
             self._journal("command.finished", {"command_id": str(command_id), "kind": kind})
-            self.unreported.append((command_id, "done"))
+            self.results[command_id] = {
+                "command_id": str(command_id), "outcome": "done", "result": {"exit": 0},
+                "error": None,
+            }  # fmt: skip
 
     def _journal(self, kind: str, body: dict[str, Any]) -> None:
         self.journal.append({"seq": self.next_seq, "kind": kind, "body": body, "at": self.clock()})
@@ -281,12 +307,14 @@ class FakeDaemon:
         if gateway is None:
             return
         try:
-            while self.unreported:
-                command_id, outcome = self.unreported[0]
+            for command_id, done in list(self.results.items()):
+                if command_id in self.in_hello:
+                    continue  # its Hello carried it: the Ack that follows the Welcome settles it
                 await gateway.result(
-                    self.node_id, self.epoch, command_id, outcome, {"exit": 0}, None
-                )
-                self.unreported.pop(0)
+                    self.node_id, self.epoch, command_id, done["outcome"], done["result"],
+                    done["error"],
+                )  # fmt: skip
+                self.results.pop(command_id, None)  # the gateway stored it
             unsent = [e for e in self.journal if e["seq"] > self.sent_seq]
             if unsent:
                 events = [{**e, "at": datetime.fromtimestamp(e["at"], UTC)} for e in unsent[:1000]]

@@ -241,3 +241,46 @@ async def test_a_result_frees_a_credit_for_the_next_command(
         ),
     )
     assert await dispatch(pool, subjects, credits=1) == 1
+
+
+async def test_results_a_hello_carries_settle_before_its_replay(
+    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+) -> None:
+    """As of the Hello (docs/contract.md): a command that finished while the node was away
+    is done once, by the result its Hello carries; it is neither re-sent nor announced
+    replayed. A failed one keeps its whole error; its event's reason is cut to 1,024."""
+    await fleet.session(db, "n1", epoch=1)
+    done, failed, lost = [await enqueue(db, "n1") for _ in range(3)]
+    await dispatch(pool, subjects)
+    await take_outbox(db)
+    await fleet.session(db, "n1", epoch=2)
+    error = "x" * 4096
+    reconnect = hello(
+        2,
+        results=[
+            {"command_id": str(done), "outcome": "done", "result": {"exit": 0}},
+            {"command_id": str(failed), "outcome": "failed", "error": error},
+        ],
+    )
+    await apply(db, WORKER, subjects, reconnect)
+    rows = await db.fetch(
+        "SELECT command_id, state, delivery_attempt, failure_reason FROM commands ORDER BY seq"
+    )
+    assert [(r["command_id"], r["state"], r["delivery_attempt"]) for r in rows] == [
+        (done, "done", 1), (failed, "failed", 1), (lost, "dispatched", 2),
+    ]  # fmt: skip
+    assert rows[1]["failure_reason"] == error
+    out = await take_outbox(db)
+    assert [(e["_type"], e["commandId"]) for e in out if e["_type"].startswith("command.")] == [
+        ("command.completed", str(done)),
+        ("command.failed", str(failed)),
+        ("command.replayed", str(lost)),
+    ]
+    assert [e["reason"] for e in of_type(out, "command.failed")] == ["x" * 1024]
+    assert [n["command_id"] for n in of_type(out, "dispatch")] == [str(lost)]
+    # the same result again, as a fact of its own (a redelivery, a late copy): nothing
+    late = make_fact(
+        "result", node_id="n1", epoch=2, command_id=str(done), outcome="done", result={}
+    )
+    await apply(db, WORKER, subjects, late, reconnect)
+    assert [e for e in await take_outbox(db) if e["_type"].startswith("command.")] == []

@@ -10,8 +10,10 @@ import pytest
 from workers.gateway.admission import (
     CertRow,
     Code,
+    DesiredState,
     HelloRequest,
     admit,
+    desired_state_due,
     upgrade_required,
     version_tuple,
 )
@@ -87,3 +89,36 @@ def test_the_handshake_bucket_is_shared_and_refills() -> None:
     assert 0 < wait <= 1 / 200
     now[0] += 0.5
     assert sum(1 for _ in range(200) if bucket.take() == 0) == 100  # 200/s refill
+
+
+# -- what follows the Welcome: the desired state, when the daemon is behind it -------------
+SIGNED = DesiredState(3, {"sysctl": {}}, signature="sig")
+UNSIGNED = DesiredState(3, {"sysctl": {}})
+
+
+@pytest.mark.parametrize(
+    ("desired", "applied", "spec_hash", "transport", "upgrade_only", "sent"),
+    [
+        pytest.param(UNSIGNED, 2, "h", "grpc", False, True, id="generation-ahead"),
+        pytest.param(UNSIGNED, 3, "h", "grpc", False, False, id="up-to-date"),
+        pytest.param(UNSIGNED, 3, None, "grpc", False, True, id="no-spec-hash"),
+        pytest.param(UNSIGNED, 4, "h", "grpc", False, False, id="daemon-ahead"),
+        pytest.param(None, 0, None, "grpc", False, False, id="node-has-no-spec"),
+        pytest.param(UNSIGNED, 0, None, "grpc", True, False, id="upgrade-only"),
+        pytest.param(UNSIGNED, 0, None, "websocket", False, False, id="websocket-unsigned"),
+        pytest.param(SIGNED, 0, None, "websocket", False, True, id="websocket-signed"),
+    ],
+)  # fmt: skip
+def test_the_desired_state_follows_the_welcome_when_the_daemon_is_behind(
+    desired: DesiredState | None,
+    applied: int,
+    spec_hash: str | None,
+    transport: str,
+    upgrade_only: bool,
+    sent: bool,
+) -> None:
+    request = HelloRequest(
+        node_id="n1", cert_serial="s", role="worker", boot_id="b", journal_id="j",
+        transport=transport, applied_generation=applied, spec_hash=spec_hash,
+    )  # fmt: skip
+    assert desired_state_due(desired, request, upgrade_only) == (desired if sent else None)
