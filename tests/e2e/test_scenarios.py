@@ -10,7 +10,15 @@ import pytest
 
 from tests.integration.support import bcw
 from workers.sim import Check, Simulator
-from workers.sim.scenarios import busy, clone, gateway_loss, journal_loss, mixed, power_on
+from workers.sim.scenarios import (
+    busy,
+    clone,
+    gateway_loss,
+    journal_loss,
+    mixed,
+    power_on,
+    restart,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -40,6 +48,18 @@ async def test_journal_loss_fails_in_flight_commands(simulator: Make) -> None:
     sim = await simulator(20, 2)
     assert_all_hold(await power_on(sim))
     assert_all_hold(await journal_loss(sim, nodes=5))
+
+
+async def test_restarted_daemons_get_the_commands_their_old_process_held(
+    simulator: Make,
+) -> None:
+    """The seed's crash rules: a new process holds none of the old one's commands, so the
+    replay re-sends them (announced command.replayed) and they complete."""
+    sim = await simulator(20, 2)
+    assert_all_hold(await power_on(sim))
+    assert_all_hold(await restart(sim, nodes=5))
+    events = await sim.events()
+    assert events[("command.replayed", "")] >= 10
 
 
 async def test_a_clone_is_quarantined(simulator: Make) -> None:

@@ -29,7 +29,7 @@ def add(commands: Commands) -> None:
     sim.add_argument(
         "--scenario",
         default="mixed",
-        choices=["power-on", "gateway-loss", "clone", "journal-loss", "busy", "mixed"],
+        choices=["power-on", "gateway-loss", "clone", "journal-loss", "restart", "busy", "mixed"],
     )
     sim.add_argument("--nodes", type=int, default=1000)
     sim.add_argument("--gateways", type=int, default=3)

@@ -1,19 +1,25 @@
 """A fake daemon (`bcd`): what a node does on its side of the stream, in memory.
 
-Says Hello with its capabilities and running commands; heartbeats; runs dispatched
-commands within its own credits per lane and answers BUSY when a lane is full; acks,
-runs and completes them (a `node.reboot` reboots it, a `daemon.upgrade` upgrades it);
-journals events and trims them when acked; reconnects with full-jitter back-off
-`min(60 s, 1 s * 2^n)`, reset by a Welcome. Its heartbeats carry its free credits, its
-load and the generation it applied, and every 10th its inventory hashes; it sends the
-inventory sections the gateway asks for. It can reboot, lose its journal, be cloned onto
-a second machine and be upgraded. Driven by `tick()` from the simulator.
+Says Hello with its capabilities, running commands and the done results not acked yet;
+heartbeats; runs dispatched commands within its own credits per lane and answers BUSY
+when a lane (or its journal) is full; acks, runs and completes them (a `node.reboot`
+reboots it, a `daemon.upgrade` upgrades it); keeps each result until it is stored (sent
+on the stream, or acked after the Welcome of a Hello that carried it); applies the
+desired state the gateway sends; journals events and trims them when acked; reconnects
+with full-jitter back-off `min(60 s, 1 s * 2^n)`, reset by a Welcome, and honours a
+gateway's pushback (a negative or malformed one is ignored; its doubling restarts after
+one). A new process (restart, upgrade, reboot, crash) holds no command of the old one.
+Its working clock never moves back. Its heartbeats carry its free credits, its load and
+the generation it applied, and every 10th its inventory hashes; it sends the inventory
+sections the gateway asks for. It can reboot, crash, lose its journal, be cloned onto a
+second machine and be upgraded. Driven by `tick()` from the simulator.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import uuid
 from collections import Counter
@@ -32,6 +38,10 @@ HEARTBEAT = 10.0
 MAX_PUSHBACK = 900.0
 #: a Welcome further behind the daemon's server-time mark than this ends the session
 MAX_CLOCK_BACK = 300.0
+#: a journal this full takes no new command: it answers BUSY until events are acked
+JOURNAL_MAX = 10_000
+#: the reconnect back-off's cap: min(60 s, 1 s * 2^n), full jitter
+MAX_BACK_OFF = 60.0
 
 
 @dataclass
@@ -56,6 +66,7 @@ class FakeDaemon:
     home: int = 0  # index of the gateway it prefers
 
     def __post_init__(self) -> None:
+        self._now = float("-inf")  # its working clock: never moves back
         self.gateway: Gateway | None = None
         self.epoch = 0
         self.failures = 0  # reconnect attempts since the last Welcome
@@ -81,10 +92,16 @@ class FakeDaemon:
         }
         self.heartbeats = 0
         self.sections_sent = 0
-        self.process_started = self.clock()  # its Hello's proof of a restart
+        self.process_started = self.now()  # its Hello's proof of a restart
         self.server_time_mark = 0.0  # the latest server time a Welcome told it; never back
         self.behind_welcomes = 0  # Welcomes refused for being behind the mark
         self.distrusted: Gateway | None = None  # the gateway of the last such Welcome
+
+    def now(self) -> float:
+        """Its working clock: the clock it is given, but never back (a step back of the
+        host's clock would otherwise stretch every timer it holds)."""
+        self._now = max(self._now, self.clock())
+        return self._now
 
     # -- the stream, as the gateway sees it --------------------------------------------
     async def deliver(self, dispatch: Dispatch) -> None:
@@ -95,12 +112,12 @@ class FakeDaemon:
             return  # a replay of what runs already
         in_lane = sum(1 for r in self.running.values() if r.dispatch.lane == dispatch.lane)
         try:
-            if in_lane >= self.lane_credits:
+            if in_lane >= self.lane_credits or len(self.journal) >= JOURNAL_MAX:
                 self.busy_answers += 1
                 await gateway.busy(self.node_id, self.epoch, dispatch.command_id)
                 return
             self.running[dispatch.command_id] = _Running(
-                dispatch, self.clock() + self.rng.uniform(*self.work_seconds)
+                dispatch, self.now() + self.rng.uniform(*self.work_seconds)
             )
             await gateway.progress(self.node_id, self.epoch, dispatch.command_id, "acked")
             await gateway.progress(self.node_id, self.epoch, dispatch.command_id, "running")
@@ -160,18 +177,24 @@ class FakeDaemon:
             self.lane_credits, self.work_seconds, home=home,
         )  # fmt: skip
 
+    def crash(self) -> None:
+        """Its process dies and starts again (same boot, same journal)."""
+        self._restart()
+
     def _restart(self) -> None:
-        """A new daemon process (reboot, upgrade, restart): reconnect at once."""
-        self.process_started = self.clock()
+        """A new daemon process (reboot, upgrade, restart, crash): it holds no command of
+        the old one (their replay re-sends what did not finish); reconnect at once."""
+        self.running.clear()
+        self.process_started = self.now()
         self.gateway = None
         self.epoch = 0
         self.failures = 0
-        self.next_try = self.clock()
+        self.next_try = self.now()
 
     def _back_off(self) -> None:
         self.failures += 1
-        self.next_try = self.clock() + self.rng.uniform(
-            0, min(60.0, 2.0**self.failures)
+        self.next_try = self.now() + self.rng.uniform(
+            0, min(MAX_BACK_OFF, 2.0 ** min(self.failures, 32))
         )  # full jitter
 
     def free_credits(self) -> dict[str, int]:
@@ -186,7 +209,7 @@ class FakeDaemon:
 
     # -- time passes ---------------------------------------------------------------------
     async def tick(self, gateways: Sequence[Gateway]) -> None:
-        now = self.clock()
+        now = self.now()
         if self.gateway is not None and not self.gateway.alive:
             self.drop("gateway gone")
         if self.gateway is None:
@@ -235,9 +258,12 @@ class FakeDaemon:
             welcome = await gateway.hello(request, self)
         except Refused as refused:
             self.refusals[refused.code.value] += 1
-            if refused.retry_after is not None:  # pushback, capped at 15 minutes
-                self.next_try = self.clock() + min(refused.retry_after, MAX_PUSHBACK)
-            else:
+            pushback = refused.retry_after
+            if pushback is not None and math.isfinite(pushback) and pushback >= 0:
+                # honoured (capped at 15 minutes); its own doubling starts afresh after it
+                self.next_try = self.now() + min(pushback, MAX_PUSHBACK)
+                self.failures = 0
+            else:  # none, negative or malformed: its own back-off
                 self._back_off()
             return
         if welcome.server_time < self.server_time_mark - MAX_CLOCK_BACK:
@@ -251,7 +277,7 @@ class FakeDaemon:
         self.gateway, self.epoch = gateway, welcome.epoch
         self.failures = 0
         self.welcomes += 1
-        self.last_heartbeat = self.clock()
+        self.last_heartbeat = self.now()
         self.heartbeats = 0
         self.sent_seq = 0  # re-send what was not acked to the new session
         await self._send_sections(welcome.request_sections)
@@ -299,7 +325,7 @@ class FakeDaemon:
             }  # fmt: skip
 
     def _journal(self, kind: str, body: dict[str, Any]) -> None:
-        self.journal.append({"seq": self.next_seq, "kind": kind, "body": body, "at": self.clock()})
+        self.journal.append({"seq": self.next_seq, "kind": kind, "body": body, "at": self.now()})
         self.next_seq += 1
 
     async def _report(self) -> None:

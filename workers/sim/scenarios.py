@@ -146,6 +146,42 @@ async def journal_loss(sim: Simulator, nodes: int = 10) -> list[Check]:
     ]
 
 
+async def restart(sim: Simulator, nodes: int = 10) -> list[Check]:
+    """Daemon processes crash and start again (same boot, same journal) while commands
+    run: a new process holds none of the old one's commands, so its Hello lists none and
+    the replay re-sends each of them (the seed's crash rules); they complete."""
+    chosen = sim.daemons[1 : nodes + 1]  # not the clone scenario's first daemon
+    ids = [d.node_id for d in chosen]
+    for daemon in chosen:
+        daemon.work_seconds = (600.0, 900.0)  # still running when the process goes
+    firsts: list[int] = await sim.fetchval(  # type: ignore[assignment]
+        "SELECT array_agg((SELECT coalesce(max(seq), 0) + 1 FROM commands WHERE node_id = n)"
+        " ORDER BY i) FROM unnest($1::text[]) WITH ORDINALITY AS t(n, i)",
+        ids,
+    )
+    await sim.enqueue(chosen, 2)
+    mine = (
+        "SELECT count(*) FROM commands c JOIN unnest($1::text[], $2::bigint[]) AS f(node_id, first)"
+        " ON c.node_id = f.node_id WHERE c.seq >= f.first AND "
+    )
+
+    async def running() -> bool:
+        return await _count(sim, mine + "state = 'running'", ids, firsts) == 2 * len(chosen)
+
+    await sim.run(running, within=30, speed=2)
+    for daemon in chosen:
+        daemon.work_seconds = (0.2, 1.0)
+        daemon.crash()
+
+    async def resent_and_done() -> bool:
+        done = mine + "state = 'done' AND delivery_attempt >= 2"
+        return await _count(sim, done, ids, firsts) == 2 * len(chosen)
+
+    await sim.run(resent_and_done, within=60, speed=5, what="restart")
+    resent = await _count(sim, mine + "state = 'done' AND delivery_attempt >= 2", ids, firsts)
+    return [check("commands re-sent after a daemon restart, then done", 2 * len(chosen), resent)]
+
+
 async def clone(sim: Simulator, original: FakeDaemon | None = None) -> list[Check]:
     """One identity on two machines (the first daemon's, unless told): they alternate
     until the node is quarantined and both are refused."""
@@ -213,12 +249,13 @@ async def gateway_loss(sim: Simulator) -> list[Check]:
 
 
 async def mixed(sim: Simulator) -> list[Check]:
-    """What the demo shows: power-on, commands, BUSY, lost journals, a clone, a lost
+    """What the demo shows: power-on, commands, BUSY, lost journals, restarted daemons, a clone, a lost
     gateway (its undelivered commands replayed on reconnect), then convergence."""
     checks = await power_on(sim)
     await sim.enqueue(sim.daemons, 2)
     checks += await busy(sim, nodes=max(1, len(sim.daemons) // 50))
     checks += await journal_loss(sim, nodes=max(1, len(sim.daemons) // 100))
+    checks += await restart(sim, nodes=max(1, min(10, len(sim.daemons) // 100)))
     checks += await clone(sim)
     checks += await gateway_loss(sim)
     converged = await commands_done(sim, within=90)
@@ -246,6 +283,7 @@ SCENARIOS: dict[str, Scenario] = {
     "gateway-loss": gateway_loss,
     "clone": clone,
     "journal-loss": journal_loss,
+    "restart": restart,
     "busy": busy,
     "mixed": mixed,
 }

@@ -4,10 +4,14 @@ is under test is the daemon's arithmetic, not the gateway)."""
 from __future__ import annotations
 
 import random
+import uuid
 from typing import Any
 
+import pytest
+
+from schemas.notices import Dispatch
 from workers.gateway import Code, HelloRequest, Refused, Welcome
-from workers.sim.daemon import MAX_PUSHBACK, FakeDaemon
+from workers.sim.daemon import JOURNAL_MAX, MAX_BACK_OFF, MAX_PUSHBACK, FakeDaemon
 
 
 class Scripted:
@@ -58,3 +62,84 @@ async def test_the_back_off_grows_with_failures_and_a_welcome_resets_it() -> Non
     await fake.tick([gateway])  # type: ignore[list-item]
     assert fake.gateway is gateway and fake.epoch == 1  # type: ignore[comparison-overlap]
     assert fake.failures == 0  # the next loss starts from 1 s again
+
+
+async def test_the_back_off_never_exceeds_its_60_second_cap() -> None:
+    now = [1000.0]
+    fake = daemon(now)
+    waits = []
+    gateway = Scripted(*[Refused(Code.UNAVAILABLE, "gone")] * 40)
+    for _ in range(40):
+        await fake.tick([gateway])  # type: ignore[list-item]
+        waits.append(fake.next_try - now[0])
+        now[0] = fake.next_try
+    assert fake.failures == 40
+    assert all(0 <= wait <= MAX_BACK_OFF == 60.0 for wait in waits)
+    assert max(waits[10:]) > 30  # the cap, not the doubling, bounds it
+
+
+@pytest.mark.parametrize("pushback", [-5.0, float("nan"), float("inf"), float("-inf")])
+async def test_a_negative_or_malformed_pushback_is_ignored(pushback: float) -> None:
+    now = [1000.0]
+    fake = daemon(now)
+    await fake.tick([Scripted(Refused(Code.RESOURCE_EXHAUSTED, "?", retry_after=pushback))])  # type: ignore[list-item]
+    assert fake.failures == 1  # its own back-off instead
+    assert now[0] <= fake.next_try <= now[0] + 2.0
+
+
+async def test_its_doubling_restarts_after_a_pushback() -> None:
+    now = [1000.0]
+    fake = daemon(now)
+    refusal = Refused(Code.UNAVAILABLE, "gone")
+    gateway = Scripted(
+        refusal, refusal, Refused(Code.RESOURCE_EXHAUSTED, "busy", retry_after=5.0), refusal
+    )
+    for _ in range(3):
+        await fake.tick([gateway])  # type: ignore[list-item]
+        now[0] = fake.next_try
+    assert fake.failures == 0  # after the pushback
+    await fake.tick([gateway])  # type: ignore[list-item]
+    assert fake.failures == 1 and fake.next_try <= now[0] + 2.0
+
+
+async def test_its_working_clock_never_moves_back() -> None:
+    now = [1000.0]
+    fake = daemon(now)
+    assert fake.now() == 1000.0
+    now[0] = 400.0  # the host's clock stepped back
+    assert fake.now() == 1000.0
+    now[0] = 1001.0
+    assert fake.now() == 1001.0
+
+
+async def test_a_new_process_holds_no_command_and_a_full_journal_answers_busy() -> None:
+    now = [1000.0]
+    fake = daemon(now)
+    busy: list[object] = []
+
+    class Recording(Scripted):
+        async def busy(self, node_id: str, epoch: int, command_id: object) -> None:
+            busy.append(command_id)
+
+        async def progress(self, *args: object) -> None:
+            return None
+
+    gateway = Recording(Welcome(1, "s", False, server_time=now[0]))
+    await fake.tick([gateway])  # type: ignore[list-item]
+    first = dispatch()
+    await fake.deliver(first)
+    assert list(fake.running) == [first.command_id]
+    fake.crash()  # a new process: what the old one ran is not its own
+    assert fake.running == {} and fake.gateway is None
+    fake.gateway, fake.epoch = gateway, 1  # type: ignore[assignment]
+    fake.journal = [{"seq": i} for i in range(JOURNAL_MAX)]
+    second = dispatch()
+    await fake.deliver(second)
+    assert busy == [second.command_id] and second.command_id not in fake.running
+
+
+def dispatch() -> Dispatch:
+    return Dispatch(
+        node_id="n1", epoch=1, command_id=uuid.uuid4(), seq=1, kind="exec", lane="default",
+        attempt=1, payload={},
+    )  # fmt: skip
