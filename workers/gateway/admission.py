@@ -31,6 +31,9 @@ class HelloRequest:
     role: str
     boot_id: str
     journal_id: str
+    #: the node id the transport read from the certificate (its SPIFFE ID's last path
+    #: segment); None only where no transport verified one (a library caller's test)
+    cert_node_id: str | None = None
     daemon_version: str = "1.0.0"
     proto_max: int = 3
     trust_version: int = 0
@@ -97,7 +100,9 @@ def admit(
 ) -> Refusal | None:
     """None if the Hello may open a session; else why not. Pure.
 
-    `node_generation` and `node_role` are the node's, None when it never joined. `cert`
+    The certificate's own node id (`cert_node_id`, from its SPIFFE ID) must be the node's,
+    for every serial, recorded or not. `node_generation` and `node_role` are the node's,
+    None when it never joined. `cert`
     is the presented serial's record, None when none is recorded: such a certificate was
     verified by the transport and is admitted (only a recorded revocation, expiry or older
     generation refuses one); its session has no kind restriction and no expiry of record,
@@ -105,6 +110,9 @@ def admit(
     """
     if not request.boot_id or not request.journal_id:
         return Refusal(Code.INVALID_ARGUMENT, "boot_id and journal_id must be set")
+    if request.cert_node_id is not None and request.cert_node_id != request.node_id:
+        # whatever the serial's record says, or if it has none
+        return Refusal(Code.PERMISSION_DENIED, "the certificate names another node")
     if node_generation is None:
         return Refusal(Code.PERMISSION_DENIED, f"node {request.node_id} never joined")
     if cert is None:

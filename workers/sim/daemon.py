@@ -246,7 +246,7 @@ class FakeDaemon:
             else self.rng.choice(trusted)
         )
         request = HelloRequest(
-            node_id=self.node_id, cert_serial=self.serial, role="worker", boot_id=self.boot_id,
+            node_id=self.node_id, cert_serial=self.serial, cert_node_id=self.node_id, role="worker", boot_id=self.boot_id,
             journal_id=self.journal_id, daemon_version=self.version, capabilities=list(self.capabilities),
             running_command_ids=[str(c) for c in self.running], transport=self.transport, trust_version=1,
             process_started_at=datetime.fromtimestamp(self.process_started, UTC),

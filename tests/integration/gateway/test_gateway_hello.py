@@ -64,6 +64,22 @@ async def test_a_serial_with_no_record_is_admitted_unrestricted(
     assert gateway.sessions["n1"].cert_not_after == float("inf")  # no expiry of record
 
 
+async def test_a_certificate_naming_another_node_is_refused_recorded_or_not(
+    gateway: Gateway, db: asyncpg.Connection
+) -> None:
+    """The certificate's own node id (its SPIFFE ID) is an input to admission for every
+    serial: an unrecorded serial of n2 cannot claim n1 (docs/contract.md)."""
+    await fleet.join(db, "n1")
+    await fleet.join(db, "n2")
+    for serial in ("not-recorded", "n1-serial"):
+        with pytest.raises(Refused) as refused:
+            await gateway.hello(request(cert_serial=serial, cert_node_id="n2"), RecordingStream())
+        assert refused.value.code is Code.PERMISSION_DENIED
+    assert await db.fetchval("SELECT max(session_epoch) FROM node_sessions") == 0
+    welcome = await gateway.hello(request(cert_node_id="n1"), RecordingStream())
+    assert welcome.epoch == 1
+
+
 async def test_any_capability_list_connects_and_a_fact_that_cannot_be_published_bumps_nothing(
     gateway: Gateway, db: asyncpg.Connection, nc: NATS, subjects: Subjects
 ) -> None:

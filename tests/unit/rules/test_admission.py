@@ -34,6 +34,23 @@ CERT = CertRow("s1", "n1", 2, "worker", NOW + timedelta(days=1), revoked=False)
         pytest.param(REQUEST, CERT, None, Code.PERMISSION_DENIED, id="never-joined"),
         pytest.param(REQUEST, None, 2, None, id="unrecorded-certificate-admitted"),
         pytest.param(
+            replace(REQUEST, cert_node_id="n1"), CERT, 2, None, id="certificate-names-the-node"
+        ),
+        pytest.param(
+            replace(REQUEST, cert_node_id="n2"),
+            CERT,
+            2,
+            Code.PERMISSION_DENIED,
+            id="recorded-certificate-names-another-node",
+        ),
+        pytest.param(
+            replace(REQUEST, cert_node_id="n2"),
+            None,
+            2,
+            Code.PERMISSION_DENIED,
+            id="unrecorded-certificate-names-another-node",
+        ),
+        pytest.param(
             replace(REQUEST, role=""), None, 2, Code.PERMISSION_DENIED, id="unrecorded-no-role"
         ),
         pytest.param(
