@@ -12,7 +12,7 @@ from uuid import UUID
 from pydantic import Field
 
 from schemas.base import CamelMessage, GatewayId, Ident, Name, NodeId
-from schemas.facts import CloseReason, NonNegative, SmallNonNegative
+from schemas.facts import CloseCode, CloseReason, NonNegative, SmallNonNegative
 
 DisconnectReason = CloseReason | Literal["liveness-timeout", "gateway-lost"]
 
@@ -36,6 +36,8 @@ class NodeDisconnected(CamelMessage):
     epoch: NonNegative
     gateway_id: GatewayId | None
     reason: DisconnectReason
+    #: the status code its stream ended with (None: no stream end was seen, e.g. a sweep)
+    code: CloseCode | None = None
 
 
 class CapabilitiesChanged(CamelMessage):

@@ -43,6 +43,19 @@ CloseReason = Literal[
     "superseded",
     "fenced",
 ]
+#: the status code a stream ends with, by close reason (gRPC codes; `CANCELLED`: the
+#: daemon closed it)
+CloseCode = Literal["CANCELLED", "ABORTED", "UNAVAILABLE", "UNAUTHENTICATED", "INVALID_ARGUMENT"]
+CLOSE_CODES: dict[str, CloseCode] = {
+    "stream-closed": "CANCELLED",
+    "heartbeat-timeout": "UNAVAILABLE",
+    "certificate-expired": "UNAUTHENTICATED",
+    "revoked": "UNAUTHENTICATED",
+    "protocol-error": "INVALID_ARGUMENT",
+    "gateway-shutdown": "UNAVAILABLE",
+    "superseded": "ABORTED",
+    "fenced": "ABORTED",
+}
 #: close reasons of a session that no longer owns its row (a newer session does): its close
 #: writes nothing; every other close is written, fenced, by its gateway and the liveness worker
 ROW_OF_ANOTHER: frozenset[str] = frozenset({"superseded", "fenced"})
@@ -158,6 +171,8 @@ class Closed(NodeFact):
 
     epoch: Positive
     reason: CloseReason
+    #: the status code the stream ended with (optional: older gateways do not say)
+    code: CloseCode | None = None
 
 
 class Progress(NodeFact):

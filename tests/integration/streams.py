@@ -14,6 +14,7 @@ class RecordingStream:
     def __init__(self) -> None:
         self.delivered: list[Dispatch] = []
         self.dropped: list[str] = []
+        self.codes: list[str] = []  # the status code of each drop
         self.acked: list[tuple[str, int]] = []
         #: what followed the Welcome, in order: ("ack", ids) and ("desired", state)
         self.followed: list[tuple[str, object]] = []
@@ -30,5 +31,6 @@ class RecordingStream:
     async def desired_state(self, desired: DesiredState) -> None:
         self.followed.append(("desired", desired))
 
-    def drop(self, reason: str) -> None:
+    def drop(self, reason: str, code: str = "") -> None:
         self.dropped.append(reason)
+        self.codes.append(code)

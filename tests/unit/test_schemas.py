@@ -29,9 +29,10 @@ DESIGN_FIELDS: dict[str, set[str]] = {
         "capabilities", "approver_set_epoch", "approver_set_sha256", "running_command_ids",
         "inventory_hashes", "cert", "upgrade_required", "transport", "previous",
         "process_started_at",  # DESIGN §9: the proof of a restart (optional)
+        "results",  # DESIGN §10: done results not acked yet (optional)
     },
     "liveness": {"fact_id", "gateway_id", "observed_at", "entries"},
-    "closed": {"fact_id", "gateway_id", "observed_at", "node_id", "epoch", "reason"},
+    "closed": {"fact_id", "gateway_id", "observed_at", "node_id", "epoch", "reason", "code"},
     "progress": {"fact_id", "gateway_id", "observed_at", "node_id", "epoch", "command_id", "state"},
     "result": {
         "fact_id", "gateway_id", "observed_at", "node_id", "epoch", "command_id", "outcome",
@@ -47,7 +48,7 @@ DESIGN_FIELDS: dict[str, set[str]] = {
         "nodeId", "epoch", "gatewayId", "bootId", "journalChanged", "bootChanged",
         "duplicateIdentity",
     },
-    "node.disconnected": {"nodeId", "epoch", "gatewayId", "reason"},
+    "node.disconnected": {"nodeId", "epoch", "gatewayId", "reason", "code"},
     "node.capabilities-changed": {"nodeId", "epoch", "added", "removed"},
     "security.node.duplicate-session": {
         "nodeId", "gatewayId", "previousBootId", "bootId", "alternations", "windowSeconds",

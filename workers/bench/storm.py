@@ -83,7 +83,7 @@ class _Stream:
     async def desired_state(self, desired: object) -> None:
         return None
 
-    def drop(self, reason: str) -> None:
+    def drop(self, reason: str, code: str = "") -> None:
         return None
 
 

@@ -16,6 +16,7 @@ from opentelemetry import trace
 
 from schemas import REGISTRY, Fact
 from schemas.facts import (
+    CLOSE_CODES,
     CertInfo,
     Closed,
     CloseReason,
@@ -64,7 +65,8 @@ class FactPublisher:
         await self.publish(model.model_validate({**self.base(), **fields}, strict=False))
 
     def closed(self, node_id: str, epoch: int, reason: CloseReason) -> Closed:
-        return Closed(**self.base(), node_id=node_id, epoch=epoch, reason=reason)
+        code = CLOSE_CODES[reason]
+        return Closed(**self.base(), node_id=node_id, epoch=epoch, reason=reason, code=code)
 
     def hello(
         self,

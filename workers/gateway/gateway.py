@@ -14,8 +14,7 @@ import asyncio
 import logging
 import random
 import time
-import uuid
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -26,7 +25,11 @@ from nats.js import JetStreamContext
 from opentelemetry import context, trace
 from pydantic import ValidationError
 
-from schemas.facts import ROW_OF_ANOTHER, CloseReason, Events, Progress, Rejected, Result, Status
+from schemas.facts import (
+    CLOSE_CODES,
+    ROW_OF_ANOTHER,
+    CloseReason,
+)
 from schemas.subjects import Subjects
 from workers.gateway import store
 from workers.gateway.admission import (
@@ -37,7 +40,8 @@ from workers.gateway.admission import (
     upgrade_required,
 )
 from workers.gateway.facts import FactPublisher
-from workers.gateway.inventory import section_problem, sections_to_request
+from workers.gateway.frames import Frames
+from workers.gateway.inventory import sections_to_request
 from workers.gateway.notices import Notices
 from workers.gateway.types import (
     DaemonStream,
@@ -54,7 +58,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Gateway:
+class Gateway(Frames):
     gateway_id: str
     pool: asyncpg.Pool
     nc: NATS
@@ -230,51 +234,6 @@ class Gateway:
             request_sections=sections_to_request(request.inventory_hashes, opened.inventory),
         )
 
-    def heartbeat(
-        self,
-        node_id: str,
-        epoch: int,
-        credits: Mapping[str, int] | None = None,
-        *,
-        load: float | None = None,
-        applied_generation: int | None = None,
-        inventory_hashes: Mapping[str, str] | None = None,
-    ) -> tuple[str, ...]:
-        """A heartbeat: the session was seen now. What it carries is optional, and what it
-        leaves out keeps its last known value: `credits` (free per lane) and `load` go out
-        with the next flush; a higher `applied_generation` goes out as a status fact then;
-        `inventory_hashes` (every 10th heartbeat) are compared with the stored ones, and
-        the sections that differ are returned: the daemon sends them (`inventory()`)."""
-        session = self.sessions.get(node_id)
-        if session is None or session.epoch != epoch:
-            return ()
-        session.last_seen = self.clock()
-        if credits is not None:
-            session.credits = dict(credits)
-        if load is not None:
-            session.load = load
-        if applied_generation is not None:
-            session.applied_generation = max(session.applied_generation, applied_generation)
-        if inventory_hashes is None:
-            return ()
-        return sections_to_request(inventory_hashes, session.inventory)
-
-    async def inventory(
-        self, node_id: str, epoch: int, section: str, digest: str, body: Mapping[str, Any]
-    ) -> None:
-        """An inventory frame: one section the gateway asked for, stored under the
-        session's fence (a frame of a session no longer current writes nothing)."""
-        session = self._frame(node_id, epoch)
-        problem = section_problem(section, digest, body)
-        if problem is not None:
-            raise Refused(Code.INVALID_ARGUMENT, problem)
-        async with self.pool.acquire() as conn:
-            written = await store.write_section(
-                conn, self.gateway_id, self.lease_epoch or 0, node_id, epoch, section, digest, body
-            )
-        if written:
-            session.inventory[section] = digest
-
     async def disconnect(
         self, node_id: str, epoch: int, reason: CloseReason = "stream-closed"
     ) -> None:
@@ -282,55 +241,6 @@ class Gateway:
         if session is not None and session.epoch == epoch:
             del self.sessions[node_id]
             await self._closed(session, reason)
-
-    def _frame(self, node_id: str, epoch: int | None = None) -> Session:
-        """A frame of an open stream (not the first): its session, seen now. A frame
-        without a session at that epoch is refused: the first frame must be Hello."""
-        session = self.sessions.get(node_id)
-        if session is None or (epoch is not None and session.epoch != epoch):
-            raise Refused(Code.INVALID_ARGUMENT, "no session: the first frame must be Hello")
-        session.last_seen = self.clock()  # any frame says the daemon is there
-        return session
-
-    async def progress(self, node_id: str, epoch: int, command_id: uuid.UUID, state: str) -> None:
-        self._frame(node_id, epoch)
-        await self.facts.fact(
-            Progress, node_id=node_id, epoch=epoch, command_id=command_id, state=state
-        )
-
-    async def result(
-        self,
-        node_id: str,
-        epoch: int,
-        command_id: uuid.UUID,
-        outcome: str,
-        result: dict[str, Any] | None,
-        error: str | None,
-    ) -> None:
-        self._frame(node_id, epoch)
-        await self.facts.fact(
-            Result, node_id=node_id, epoch=epoch, command_id=command_id, outcome=outcome,
-            result=result, error=error,
-        )  # fmt: skip
-
-    async def busy(self, node_id: str, epoch: int, command_id: uuid.UUID) -> None:
-        self._frame(node_id, epoch)
-        await self.facts.fact(
-            Rejected, node_id=node_id, epoch=epoch, command_id=command_id, reason="BUSY"
-        )
-
-    async def events(self, node_id: str, journal_id: str, events: list[dict[str, Any]]) -> None:
-        self._frame(node_id)
-        await self.facts.fact(Events, node_id=node_id, journal_id=journal_id, events=events)
-
-    async def status(
-        self, node_id: str, epoch: int, observed_generation: int, trust_version: int = 0
-    ) -> None:
-        self._frame(node_id, epoch)
-        await self.facts.fact(
-            Status, node_id=node_id, epoch=epoch, observed_generation=observed_generation,
-            trust_version=trust_version,
-        )  # fmt: skip
 
     # -- periodic work -------------------------------------------------------------------
     async def tick(self) -> None:
@@ -386,7 +296,7 @@ class Gateway:
         """Drop a session's stream and say so (`closed`), unless it ended meanwhile."""
         if self.sessions.get(session.node_id) is session:
             del self.sessions[session.node_id]
-        session.stream.drop(reason)
+        session.stream.drop(reason, CLOSE_CODES[reason])
         await self._closed(session, reason)
 
     async def _closed(self, session: Session, reason: CloseReason) -> None:

@@ -38,7 +38,8 @@ class DaemonStream(Protocol):
     async def desired_state(self, desired: DesiredState) -> None:
         """The node's full desired state (right after the Welcome, before the replay)."""
 
-    def drop(self, reason: str) -> None: ...
+    def drop(self, reason: str, code: str) -> None:
+        """The gateway ends the stream: with this status code (`CLOSE_CODES`) and reason."""
 
 
 @dataclass

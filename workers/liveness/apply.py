@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 from schemas.events import NodeDisconnected
-from schemas.facts import Closed, Fact, Hello, Liveness, newest_per_node
+from schemas.facts import CLOSE_CODES, Closed, Fact, Hello, Liveness, newest_per_node
 from schemas.notices import Zombie
 from workers.liveness.decide import closes_its_row, connected
 from workers.runtime.effects import outcome
@@ -176,7 +176,8 @@ async def _disconnect(tx: Tx, closed: list[Closed]) -> dict[uuid.UUID, Outcome]:
             outcomes[fact.fact_id] = outcome.STALE  # an old epoch: changes nothing, says nothing
             continue
         event = NodeDisconnected(
-            node_id=fact.node_id, epoch=fact.epoch, gateway_id=fact.gateway_id, reason=fact.reason
-        )
+            node_id=fact.node_id, epoch=fact.epoch, gateway_id=fact.gateway_id, reason=fact.reason,
+            code=fact.code or CLOSE_CODES.get(fact.reason),
+        )  # fmt: skip
         tx.publish(event, tx.subjects.event(event.BC_TYPE), cause=fact, order_key=fact.node_id)
     return outcomes

@@ -144,7 +144,7 @@ class FakeDaemon:
         ).hexdigest()
         self._journal("desired-state.applied", {"generation": desired.generation})
 
-    def drop(self, reason: str) -> None:
+    def drop(self, reason: str, code: str = "CANCELLED") -> None:
         self.gateway = None
         self.epoch = 0
         self._back_off()

@@ -179,13 +179,14 @@ async def test_a_zombie_notice_and_a_graceful_shutdown_close_their_sessions(
         if "n1" not in gateway.sessions:
             break
         await asyncio.sleep(0.05)
-    assert first.dropped == ["fenced"] and "n2" in gateway.sessions
+    assert (first.dropped, first.codes) == (["fenced"], ["ABORTED"]) and "n2" in gateway.sessions
     await gateway.stop(graceful=True)
-    assert second.dropped == ["gateway-shutdown"] and gateway.sessions == {}
+    assert (second.dropped, second.codes) == (["gateway-shutdown"], ["UNAVAILABLE"])
+    assert gateway.sessions == {}
     closed = [json.loads(m.data) for m in await stream_messages(js, subjects.facts_stream)
               if m.headers["Bc-Type"] == "closed"]  # fmt: skip
-    assert [(c["node_id"], c["reason"]) for c in closed] == [
-        ("n1", "fenced"), ("n2", "gateway-shutdown")
+    assert [(c["node_id"], c["reason"], c["code"]) for c in closed] == [
+        ("n1", "fenced", "ABORTED"), ("n2", "gateway-shutdown", "UNAVAILABLE")
     ]  # fmt: skip
 
 

@@ -1,0 +1,124 @@
+"""The frames a daemon sends on its stream after its Hello: heartbeats, inventory
+sections, command progress, results, BUSY answers, journal events and status. Each
+refreshes the session's last-seen; a frame without a session at that epoch is refused
+(the first frame must be Hello). Mixed into `Gateway`."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import asyncpg
+
+from schemas.facts import Events, Progress, Rejected, Result, Status
+from workers.gateway import store
+from workers.gateway.admission import Code
+from workers.gateway.facts import FactPublisher
+from workers.gateway.inventory import section_problem, sections_to_request
+from workers.gateway.types import Refused, Session
+
+
+class Frames:
+    """What a gateway does with a daemon's frames (its state lives in `Gateway`)."""
+
+    gateway_id: str
+    pool: asyncpg.Pool
+    clock: Callable[[], float]
+    sessions: dict[str, Session]
+    facts: FactPublisher
+    lease_epoch: int | None
+
+    def heartbeat(
+        self,
+        node_id: str,
+        epoch: int,
+        credits: Mapping[str, int] | None = None,
+        *,
+        load: float | None = None,
+        applied_generation: int | None = None,
+        inventory_hashes: Mapping[str, str] | None = None,
+    ) -> tuple[str, ...]:
+        """A heartbeat: the session was seen now. What it carries is optional, and what it
+        leaves out keeps its last known value: `credits` (free per lane) and `load` go out
+        with the next flush; a higher `applied_generation` goes out as a status fact then;
+        `inventory_hashes` (every 10th heartbeat) are compared with the stored ones, and
+        the sections that differ are returned: the daemon sends them (`inventory()`)."""
+        session = self.sessions.get(node_id)
+        if session is None or session.epoch != epoch:
+            return ()
+        session.last_seen = self.clock()
+        if credits is not None:
+            session.credits = dict(credits)
+        if load is not None:
+            session.load = load
+        if applied_generation is not None:
+            session.applied_generation = max(session.applied_generation, applied_generation)
+        if inventory_hashes is None:
+            return ()
+        return sections_to_request(inventory_hashes, session.inventory)
+
+    async def inventory(
+        self, node_id: str, epoch: int, section: str, digest: str, body: Mapping[str, Any]
+    ) -> None:
+        """An inventory frame: one section the gateway asked for, stored under the
+        session's fence (a frame of a session no longer current writes nothing)."""
+        session = self._frame(node_id, epoch)
+        problem = section_problem(section, digest, body)
+        if problem is not None:
+            raise Refused(Code.INVALID_ARGUMENT, problem)
+        async with self.pool.acquire() as conn:
+            written = await store.write_section(
+                conn, self.gateway_id, self.lease_epoch or 0, node_id, epoch, section, digest, body
+            )
+        if written:
+            session.inventory[section] = digest
+
+    def _frame(self, node_id: str, epoch: int | None = None) -> Session:
+        """A frame of an open stream (not the first): its session, seen now. A frame
+        without a session at that epoch is refused: the first frame must be Hello."""
+        session = self.sessions.get(node_id)
+        if session is None or (epoch is not None and session.epoch != epoch):
+            raise Refused(Code.INVALID_ARGUMENT, "no session: the first frame must be Hello")
+        session.last_seen = self.clock()  # any frame says the daemon is there
+        return session
+
+    async def progress(self, node_id: str, epoch: int, command_id: uuid.UUID, state: str) -> None:
+        self._frame(node_id, epoch)
+        await self.facts.fact(
+            Progress, node_id=node_id, epoch=epoch, command_id=command_id, state=state
+        )
+
+    async def result(
+        self,
+        node_id: str,
+        epoch: int,
+        command_id: uuid.UUID,
+        outcome: str,
+        result: dict[str, Any] | None,
+        error: str | None,
+    ) -> None:
+        self._frame(node_id, epoch)
+        await self.facts.fact(
+            Result, node_id=node_id, epoch=epoch, command_id=command_id, outcome=outcome,
+            result=result, error=error,
+        )  # fmt: skip
+
+    async def busy(self, node_id: str, epoch: int, command_id: uuid.UUID) -> None:
+        self._frame(node_id, epoch)
+        await self.facts.fact(
+            Rejected, node_id=node_id, epoch=epoch, command_id=command_id, reason="BUSY"
+        )
+
+    async def events(self, node_id: str, journal_id: str, events: list[dict[str, Any]]) -> None:
+        self._frame(node_id)
+        await self.facts.fact(Events, node_id=node_id, journal_id=journal_id, events=events)
+
+    async def status(
+        self, node_id: str, epoch: int, observed_generation: int, trust_version: int = 0
+    ) -> None:
+        self._frame(node_id, epoch)
+        await self.facts.fact(
+            Status, node_id=node_id, epoch=epoch, observed_generation=observed_generation,
+            trust_version=trust_version,
+        )  # fmt: skip
