@@ -56,6 +56,9 @@ from workers.runtime.observability import tracing
 
 log = logging.getLogger(__name__)
 
+#: seconds between a started gateway's own ticks (its liveness loop and lease renewal)
+LIVENESS_LOOP = 5.0
+
 
 @dataclass
 class Gateway(Frames):
@@ -63,14 +66,19 @@ class Gateway(Frames):
     pool: asyncpg.Pool
     nc: NATS
     subjects: Subjects
-    clock: Callable[[], float] = time.time  # seconds; the simulator's clock follows compute_now()
+    #: seconds, for silence, lease renewal and flush periods: monotonic, so a step of the
+    #: host's clock (NTP) drops no stream (the simulator's follows compute_now())
+    clock: Callable[[], float] = time.monotonic
+    #: seconds since the epoch, for what others read: a Welcome's server time, facts'
+    #: observed_at, certificate expiry (the simulator's follows compute_now())
+    wall: Callable[[], float] = time.time
     settings: GatewaySettings = field(default_factory=GatewaySettings)
     #: spans of Hellos, published facts and obeyed notices (default: the global provider's)
     tracer: trace.Tracer = field(default_factory=lambda: trace.get_tracer(tracing.TRACER_NAME))
 
     def __post_init__(self) -> None:
         self.js: JetStreamContext = self.nc.jetstream()
-        self.facts = FactPublisher(self.gateway_id, self.js, self.subjects, self.clock, self.tracer)
+        self.facts = FactPublisher(self.gateway_id, self.js, self.subjects, self.wall, self.tracer)
         self.lease_epoch: int | None = None
         self.sessions: dict[str, Session] = {}
         self.bucket = TokenBucket(self.settings.handshakes_per_second)
@@ -85,9 +93,10 @@ class Gateway(Frames):
         )
 
     # -- life ------------------------------------------------------------------------------
-    async def start(self, autotick: float | None = None) -> None:
-        """Take the lease and follow the notices; with `autotick`, also tick every that
-        many seconds by itself (a simulator ticks it instead, to move time)."""
+    async def start(self, autotick: float | None = LIVENESS_LOOP) -> None:
+        """Take the lease and follow the notices, and tick every `autotick` seconds by
+        itself (5 s: renew the lease, time out silent sessions, flush); None: the caller
+        ticks it instead (a simulator does, to move time)."""
         async with self.pool.acquire() as conn:
             self.lease_epoch = await store.acquire(
                 conn, self.gateway_id, timedelta(seconds=self.settings.lease_ttl)
@@ -228,7 +237,7 @@ class Gateway(Frames):
             opened.epoch,
             opened.session_id,
             upgrade,
-            server_time=self.clock(),
+            server_time=self.wall(),
             acked_event_seq=opened.acked_event_seq,
             credits=self.settings.credits,
             request_sections=sections_to_request(request.inventory_hashes, opened.inventory),
@@ -267,7 +276,7 @@ class Gateway(Frames):
         timeout = self.settings.heartbeat_interval * self.settings.missed_heartbeats
         for session in [s for s in self.sessions.values() if now - s.last_seen > timeout]:
             await self._end(session, "heartbeat-timeout")
-        for session in [s for s in self.sessions.values() if s.cert_not_after <= now]:
+        for session in [s for s in self.sessions.values() if s.cert_not_after <= self.wall()]:
             await self._end(session, "certificate-expired")
         if now - self._flushed_at >= self.settings.flush_period:
             self._flushed_at = now

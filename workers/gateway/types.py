@@ -52,7 +52,7 @@ class Session:
     cert_serial: str
     stream: DaemonStream
     last_seen: float  # clock seconds
-    cert_not_after: float = float("inf")  # clock seconds: the session ends then
+    cert_not_after: float = float("inf")  # wall seconds: the session ends then
     credits: dict[str, int] | None = None  # free per lane, from the last heartbeat with them
     load: float | None = None  # from the last heartbeat with it
     inventory: dict[str, str] = field(default_factory=dict)  # section → hash the store holds

@@ -139,9 +139,10 @@ class Simulator:
 
     async def _started_gateway(self, gateway_id: str) -> Gateway:
         gateway = Gateway(
-            gateway_id, self.pool, self.nc, self.subjects, self.clock, self.gateway_settings
-        )
-        await gateway.start()
+            gateway_id, self.pool, self.nc, self.subjects, self.clock, self.clock,
+            self.gateway_settings,
+        )  # fmt: skip
+        await gateway.start(autotick=None)  # the simulator ticks it, moving time
         return gateway
 
     async def revive(self, gateway: Gateway) -> Gateway:

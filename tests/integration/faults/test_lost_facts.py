@@ -171,7 +171,7 @@ async def test_a_lost_close_ends_its_session_when_the_silence_is_swept(
     monkeypatch.setattr(store, "close_session", not_written)
     now = [time.time()]
     gateway = Gateway("gw-a", pool, nc, subjects, clock=lambda: now[0])
-    await gateway.start()
+    await gateway.start(autotick=None)
     try:
         await fleet.join(db, "n1", serial="n1-serial")
         await gateway.hello(request(), RecordingStream())

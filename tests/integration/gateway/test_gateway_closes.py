@@ -5,7 +5,9 @@ got to the `closed` fact yet. The liveness worker still publishes `node.disconne
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import asyncpg
 from nats.aio.client import Client as NATS
@@ -18,7 +20,8 @@ from tests.integration.gateway.hellos import request
 from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, stream_messages
 from workers import liveness, quarantine
-from workers.gateway import Gateway
+from workers.gateway import Gateway, GatewaySettings
+from workers.runtime.bus import streams
 
 
 async def _row(db: asyncpg.Connection) -> tuple[object, ...]:
@@ -82,3 +85,31 @@ async def test_three_quick_reboots_with_clean_closes_count_nothing(
 
 async def _settled(drive: object, n: int) -> bool:
     return drive.settled() >= n  # type: ignore[attr-defined, no-any-return]
+
+
+async def test_a_started_gateway_renews_its_lease_and_flushes_by_itself_on_a_monotonic_clock(
+    pool: asyncpg.Pool, db: asyncpg.Connection, nc: NATS, subjects: Subjects
+) -> None:
+    """Nobody calls tick(): the gateway's own liveness loop renews its lease and flushes;
+    a step of the host's wall clock (an NTP correction of an hour) drops no stream, since
+    silence is measured on the monotonic clock."""
+    await streams.provision_streams(nc.jetstream(), subjects)
+    settings = GatewaySettings(renew_every=0.2, flush_period=0.3, lease_ttl=2.0)
+    gateway = Gateway("gw-m", pool, nc, subjects, settings=settings)
+    await gateway.start(autotick=0.1)
+    try:
+        await fleet.join(db, "n1")
+        stream = RecordingStream()
+        await gateway.hello(request(), stream)
+        expires = await db.fetchval("SELECT lease_expires_at FROM gateways")
+        gateway.wall = lambda: time.time() + 3600  # the host's clock steps an hour ahead
+        await asyncio.sleep(1.0)
+        assert await db.fetchval("SELECT lease_expires_at FROM gateways") > expires
+        flushes = [
+            m for m in await stream_messages(nc.jetstream(), subjects.facts_stream)
+            if m.headers["Bc-Type"] == "liveness"
+        ]  # fmt: skip
+        assert len(flushes) >= 2
+        assert "n1" in gateway.sessions and stream.dropped == []
+    finally:
+        await gateway.stop(graceful=False)

@@ -128,7 +128,7 @@ async def test_a_session_ends_when_its_certificate_expires(
     await gateway.hello(request(), stream)
     await gateway.tick()
     assert "n1" in gateway.sessions
-    gateway.clock = lambda: time.time() + 11 * 60  # the gateway's clock past the expiry
+    gateway.wall = lambda: time.time() + 11 * 60  # the gateway's wall clock past the expiry
     gateway.heartbeat("n1", 1)  # still heartbeating: only the certificate ends it
     await gateway.tick()
     assert "n1" not in gateway.sessions and stream.dropped == ["certificate-expired"]
@@ -250,7 +250,7 @@ async def test_a_welcome_six_minutes_behind_the_mark_ends_the_fake_daemons_sessi
     gateway: Gateway, db: asyncpg.Connection, pool: asyncpg.Pool, nc: NATS, subjects: Subjects
 ) -> None:
     await fleet.join(db, "n1")
-    behind = Gateway("gw-behind", pool, nc, subjects, clock=lambda: time.time() - 360)
+    behind = Gateway("gw-behind", pool, nc, subjects, wall=lambda: time.time() - 360)
     await behind.start()
     try:
         daemon = FakeDaemon("n1", "n1-serial", time.time, random.Random(1), home=0)

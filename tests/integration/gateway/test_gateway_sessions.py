@@ -191,7 +191,7 @@ async def test_silent_sessions_time_out_and_revoked_ones_are_dropped(
     await streams.provision_streams(nc.jetstream(), subjects)
     now = [time.time()]
     gw = Gateway("gw-d", pool, nc, subjects, clock=lambda: now[0])
-    await gw.start()
+    await gw.start(autotick=None)
     try:
         for node in ("quiet", "talker", "revoked"):
             await fleet.join(db, node)
