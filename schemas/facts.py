@@ -149,6 +149,15 @@ def is_duplicate_identity(previous_live: bool, previous_boot_id: str | None, boo
     return previous_live and previous_boot_id is not None and previous_boot_id != boot_id
 
 
+class NodeLoad(SnakeMessage):
+    """What a daemon's heartbeat says of its node's load."""
+
+    load_average: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
+    memory_available_bytes: Annotated[int, Field(ge=0, le=2**63 - 1)]
+    running_commands: SmallNonNegative
+    pending_events: SmallNonNegative  # journal events not acked yet
+
+
 class LivenessEntry(SnakeMessage):
     node_id: NodeId
     epoch: Positive
@@ -156,8 +165,10 @@ class LivenessEntry(SnakeMessage):
     #: the daemon's free credits per lane at its last heartbeat (optional: a flush without
     #: them keeps the last known ones)
     credits: dict[Name, SmallNonNegative] | None = Field(default=None, max_length=64)
-    #: the daemon's load at its last heartbeat (optional, like `credits`)
+    #: the daemon's load at its last heartbeat (optional, like `credits`): its load average
     load: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)] | None = None
+    #: the whole NodeLoad of its last heartbeat (optional; `load` is its load average)
+    node_load: NodeLoad | None = None
 
 
 class Liveness(Fact):

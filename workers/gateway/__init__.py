@@ -4,13 +4,14 @@ simulator, the demo and the end-to-end tests."""
 
 from workers.gateway.admission import Code, HelloRequest
 from workers.gateway.gateway import Gateway
-from workers.gateway.types import DaemonStream, GatewaySettings, Refused, Welcome
+from workers.gateway.types import DaemonStream, GatewaySettings, HeartbeatAck, Refused, Welcome
 
 __all__ = [
     "Code",
     "DaemonStream",
     "Gateway",
     "GatewaySettings",
+    "HeartbeatAck",
     "HelloRequest",
     "Refused",
     "Welcome",

@@ -143,6 +143,7 @@ class FactPublisher:
                 age_ms=max(0, int((now - s.last_seen) * 1000)),
                 credits=s.credits,
                 load=s.load,
+                node_load=s.node_load,
             )
             for s in sessions
         ]

@@ -11,12 +11,12 @@ from typing import Any
 
 import asyncpg
 
-from schemas.facts import Events, Progress, Rejected, Result, Status
+from schemas.facts import Events, NodeLoad, Progress, Rejected, Result, Status
 from workers.gateway import store
 from workers.gateway.admission import Code
 from workers.gateway.facts import FactPublisher
 from workers.gateway.inventory import section_problem, sections_to_request
-from workers.gateway.types import Refused, Session
+from workers.gateway.types import HeartbeatAck, Refused, Session
 
 
 class Frames:
@@ -25,6 +25,7 @@ class Frames:
     gateway_id: str
     pool: asyncpg.Pool
     clock: Callable[[], float]
+    wall: Callable[[], float]
     sessions: dict[str, Session]
     facts: FactPublisher
     lease_epoch: int | None
@@ -35,28 +36,34 @@ class Frames:
         epoch: int,
         credits: Mapping[str, int] | None = None,
         *,
-        load: float | None = None,
+        load: NodeLoad | float | None = None,
         applied_generation: int | None = None,
         inventory_hashes: Mapping[str, str] | None = None,
-    ) -> tuple[str, ...]:
+    ) -> HeartbeatAck:
         """A heartbeat: the session was seen now. What it carries is optional, and what it
-        leaves out keeps its last known value: `credits` (free per lane) and `load` go out
-        with the next flush; a higher `applied_generation` goes out as a status fact then;
-        `inventory_hashes` (every 10th heartbeat) are compared with the stored ones, and
-        the sections that differ are returned: the daemon sends them (`inventory()`)."""
+        leaves out keeps its last known value: `credits` (free per lane) and `load` (its
+        NodeLoad; a bare number is a load average) go out with the next flush; a higher
+        `applied_generation` goes out as a status fact then; `inventory_hashes` (every
+        10th heartbeat) are compared with the stored ones. The answer carries the server
+        time and the sections that differ: the daemon sends them (`inventory()`)."""
         session = self.sessions.get(node_id)
         if session is None or session.epoch != epoch:
-            return ()
+            return HeartbeatAck(self.wall())
         session.last_seen = self.clock()
         if credits is not None:
             session.credits = dict(credits)
-        if load is not None:
+        if isinstance(load, NodeLoad):
+            session.node_load, session.load = load, load.load_average
+        elif load is not None:
             session.load = load
         if applied_generation is not None:
             session.applied_generation = max(session.applied_generation, applied_generation)
-        if inventory_hashes is None:
-            return ()
-        return sections_to_request(inventory_hashes, session.inventory)
+        wanted = (
+            ()
+            if inventory_hashes is None
+            else sections_to_request(inventory_hashes, session.inventory)
+        )
+        return HeartbeatAck(self.wall(), wanted)
 
     async def inventory(
         self, node_id: str, epoch: int, section: str, digest: str, body: Mapping[str, Any]

@@ -85,7 +85,7 @@ UPDATE node_sessions
        trust_version = $11, approver_set_epoch = $12, approver_set_sha256 = $13,
        acked_event_seq = CASE WHEN journal_id IS DISTINCT FROM $5 THEN 0 ELSE acked_event_seq END,
        connected_at = compute_now(), last_seen = compute_now(), disconnected_at = NULL,
-       disconnect_reason = NULL, cert_serial = $14, lane_credits = NULL, load = NULL,
+       disconnect_reason = NULL, cert_serial = $14, lane_credits = NULL, load = NULL, node_load = NULL,
        held_epoch = CASE WHEN $15 THEN session_epoch + 1 END, trace_context = $16
  WHERE node_id = $1
 RETURNING session_epoch, acked_event_seq

@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Protocol
 from uuid import UUID
 
-from schemas.facts import Hello
+from schemas.facts import Hello, NodeLoad
 from schemas.notices import Dispatch
 from workers.gateway.admission import Code, DesiredState
 
@@ -54,11 +54,22 @@ class Session:
     last_seen: float  # clock seconds
     cert_not_after: float = float("inf")  # wall seconds: the session ends then
     credits: dict[str, int] | None = None  # free per lane, from the last heartbeat with them
-    load: float | None = None  # from the last heartbeat with it
+    load: float | None = None  # from the last heartbeat with it: its load average
+    node_load: NodeLoad | None = None  # the whole NodeLoad of that heartbeat
     inventory: dict[str, str] = field(default_factory=dict)  # section → hash the store holds
     applied_generation: int = 0  # the highest its heartbeats reported
     reported_generation: int = 0  # the highest published in a status fact
     hello: Hello | None = None  # the fact published for it, kept to publish again if asked
+
+
+@dataclass(frozen=True)
+class HeartbeatAck:
+    """The gateway's answer to a heartbeat."""
+
+    #: the gateway's wall clock: the daemon moves its server-time mark forward with it
+    server_time: float
+    #: the inventory sections whose hash the control plane does not hold: send them
+    request_sections: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -34,12 +34,13 @@ SELECT s.node_id, s.session_epoch
 # the recorder or the labeler.
 FLUSH = """
 WITH e AS (
-    SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::real[])
-        AS e(node_id, epoch, age_ms, gateway_id, credits, load)
+    SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::real[],
+                         $7::text[])
+        AS e(node_id, epoch, age_ms, gateway_id, credits, load, node_load)
 ), folded AS (
     SELECT DISTINCT ON (node_id) * FROM e ORDER BY node_id, epoch DESC, age_ms
 ), locked AS (
-    SELECT s.node_id, f.age_ms, f.credits, f.load
+    SELECT s.node_id, f.age_ms, f.credits, f.load, f.node_load
       FROM node_sessions s
       JOIN folded f
         ON s.node_id = f.node_id AND s.session_epoch = f.epoch AND s.gateway_id = f.gateway_id
@@ -49,7 +50,8 @@ WITH e AS (
     UPDATE node_sessions s
        SET last_seen = GREATEST(s.last_seen, compute_now() - l.age_ms * interval '1 millisecond'),
            lane_credits = coalesce(l.credits::jsonb, s.lane_credits),
-           load = coalesce(l.load, s.load)
+           load = coalesce(l.load, s.load),
+           node_load = coalesce(l.node_load::jsonb, s.node_load)
       FROM locked l
      WHERE s.node_id = l.node_id
 )
@@ -145,6 +147,7 @@ async def _flush(tx: Tx, flushes: list[Liveness]) -> None:
         [fact.gateway_id for _, fact in entries],
         [json.dumps(e.credits) if e.credits is not None else None for e, _ in entries],
         [e.load for e, _ in entries],
+        [e.node_load.model_dump_json() if e.node_load else None for e, _ in entries],
     )
     cause = {fact.gateway_id: fact for fact in flushes}
     for row in zombies:

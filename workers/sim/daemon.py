@@ -9,8 +9,9 @@ desired state the gateway sends; journals events and trims them when acked; reco
 with full-jitter back-off `min(60 s, 1 s * 2^n)`, reset by a Welcome, and honours a
 gateway's pushback (a negative or malformed one is ignored; its doubling restarts after
 one). A new process (restart, upgrade, reboot, crash) holds no command of the old one.
-Its working clock never moves back. Its heartbeats carry its free credits, its load and
-the generation it applied, and every 10th its inventory hashes; it sends the inventory
+Its working clock never moves back. Its heartbeats carry its free credits, its NodeLoad
+(load average, available memory, running commands, pending events) and the generation it
+applied, and their answers move its server-time mark forward, and every 10th its inventory hashes; it sends the inventory
 sections the gateway asks for. It can reboot, crash, lose its journal, be cloned onto a
 second machine and be upgraded. Driven by `tick()` from the simulator.
 """
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from schemas.facts import NodeLoad
 from schemas.notices import Dispatch
 from workers.gateway import Gateway, HelloRequest, Refused
 from workers.gateway.admission import DesiredState
@@ -64,6 +66,7 @@ class FakeDaemon:
     boot_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     journal_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     home: int = 0  # index of the gateway it prefers
+    memory_available_bytes: int = 24 * 2**30
 
     def __post_init__(self) -> None:
         self._now = float("-inf")  # its working clock: never moves back
@@ -197,6 +200,15 @@ class FakeDaemon:
             0, min(MAX_BACK_OFF, 2.0 ** min(self.failures, 32))
         )  # full jitter
 
+    def node_load(self) -> NodeLoad:
+        """What its heartbeats say of its load."""
+        return NodeLoad(
+            load_average=float(len(self.running)),
+            memory_available_bytes=self.memory_available_bytes,
+            running_commands=len(self.running),
+            pending_events=sum(1 for e in self.journal if e["seq"] > self.sent_seq),
+        )
+
     def free_credits(self) -> dict[str, int]:
         """What its heartbeats report: free credits per lane it knows of."""
         lanes = {"default", "system", *(r.dispatch.lane for r in self.running.values())}
@@ -220,17 +232,18 @@ class FakeDaemon:
         if now - self.last_heartbeat >= HEARTBEAT:
             self.last_heartbeat = now
             self.heartbeats += 1
-            wanted = self.gateway.heartbeat(
+            ack = self.gateway.heartbeat(
                 self.node_id,
                 self.epoch,
                 self.free_credits(),
-                load=float(len(self.running)),
+                load=self.node_load(),
                 applied_generation=self.generation,
                 inventory_hashes=self.inventory_hashes()
                 if self.heartbeats % INVENTORY_EVERY == 0
                 else None,
             )
-            await self._send_sections(wanted)
+            self.server_time_mark = max(self.server_time_mark, ack.server_time)
+            await self._send_sections(ack.request_sections)
         await self._finish_due(now)
         await self._report()
 

@@ -16,6 +16,7 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from schemas import REGISTRY
+from schemas.facts import NodeLoad
 from schemas.notices import Dispatch
 from schemas.subjects import Subjects
 from tests.integration import fleet
@@ -252,11 +253,14 @@ async def test_the_welcome_and_every_10th_heartbeat_ask_for_the_sections_not_hel
     )
     assert again.request_sections == ("disk", "gpu")  # cpu is held as it is
     await gateway.inventory("n1", again.epoch, "gpu", "g2", {"count": 4})
-    assert gateway.heartbeat("n1", again.epoch, inventory_hashes={"cpu": "c1", "gpu": "g2"}) == ()
-    assert gateway.heartbeat("n1", again.epoch, inventory_hashes={"cpu": "c9", "gpu": "g2"}) == (
-        "cpu",
+    beat = gateway.heartbeat
+    assert (
+        beat("n1", again.epoch, inventory_hashes={"cpu": "c1", "gpu": "g2"}).request_sections == ()
     )
-    assert gateway.heartbeat("n1", again.epoch) == ()  # the other nine carry no hashes
+    assert beat(
+        "n1", again.epoch, inventory_hashes={"cpu": "c9", "gpu": "g2"}
+    ).request_sections == ("cpu",)
+    assert beat("n1", again.epoch).request_sections == ()  # the other nine carry no hashes
     with pytest.raises(Refused) as refused:  # not this stream's epoch
         await gateway.inventory("n1", first.epoch, "cpu", "c0", {"cores": 1})
     assert refused.value.code is Code.INVALID_ARGUMENT
@@ -282,7 +286,11 @@ async def test_heartbeats_carry_load_and_the_applied_generation_to_the_flush(
     await fleet.join(db, "n2")
     one = await gateway.hello(request(), RecordingStream())
     two = await gateway.hello(request(node_id="n2", cert_serial="n2-serial"), RecordingStream())
-    gateway.heartbeat("n1", one.epoch, {"default": 3}, load=1.5, applied_generation=4)
+    node_load = NodeLoad(
+        load_average=1.5, memory_available_bytes=2**30, running_commands=2, pending_events=7
+    )
+    ack = gateway.heartbeat("n1", one.epoch, {"default": 3}, load=node_load, applied_generation=4)
+    assert abs(ack.server_time - time.time()) < 5  # its server time: the daemon's mark moves
     gateway.heartbeat("n1", one.epoch, applied_generation=2)  # older: the highest stays
     gateway.heartbeat("n2", two.epoch)  # an older daemon: nothing but the heartbeat
     await gateway.flush()
@@ -295,6 +303,8 @@ async def test_heartbeats_carry_load_and_the_applied_generation_to_the_flush(
     [flush, _] = [body(m) for m in facts if m.headers["Bc-Type"] == "liveness"]
     entries = {e["node_id"]: (e["credits"], e["load"]) for e in flush["entries"]}
     assert entries == {"n1": ({"default": 3}, 1.5), "n2": (None, None)}
+    loads = {e["node_id"]: e["node_load"] for e in flush["entries"]}
+    assert loads == {"n1": node_load.model_dump(), "n2": None}
     [status] = [body(m) for m in facts if m.headers["Bc-Type"] == "status"]
     assert (status["node_id"], status["epoch"], status["observed_generation"]) == ("n1", 1, 4)
     assert status["trust_version"] == 0  # unchanged

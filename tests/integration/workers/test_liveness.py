@@ -129,6 +129,17 @@ async def test_a_flush_keeps_the_daemons_credits_and_load_and_one_without_them_t
     await drive.send(make_fact("liveness", gateway_id="gw-1",
                                entries=[entry("n1", 1, {"default": 0}, 9.0)]))  # fmt: skip
     assert (await credits())["n1"] == (reported, 2.5)  # fenced: another session's report
+    # a heartbeat's whole NodeLoad is kept beside its load average
+    load = {"load_average": 3.0, "memory_available_bytes": 2**34, "running_commands": 2,
+            "pending_events": 7}  # fmt: skip
+    await drive.send(make_fact("liveness", gateway_id="gw-1",
+                               entries=[{**entry("n1", 2, None, 3.0), "node_load": load}]))  # fmt: skip
+    assert (
+        json.loads(
+            await db.fetchval("SELECT node_load::text FROM node_sessions WHERE node_id = 'n1'")
+        )
+        == load
+    )
 
 
 async def test_a_flush_of_10000_entries(

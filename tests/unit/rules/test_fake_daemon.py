@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from schemas.facts import NodeLoad
 from schemas.notices import Dispatch
-from workers.gateway import Code, HelloRequest, Refused, Welcome
+from workers.gateway import Code, HeartbeatAck, HelloRequest, Refused, Welcome
 from workers.sim.daemon import JOURNAL_MAX, MAX_BACK_OFF, MAX_PUSHBACK, FakeDaemon
 
 
@@ -142,4 +143,27 @@ def dispatch() -> Dispatch:
     return Dispatch(
         node_id="n1", epoch=1, command_id=uuid.uuid4(), seq=1, kind="exec", lane="default",
         attempt=1, payload={},
+    )  # fmt: skip
+
+
+async def test_heartbeats_move_its_server_time_mark_and_report_its_node_load() -> None:
+    now = [1000.0]
+    fake = daemon(now)
+    beats: list[dict[str, Any]] = []
+
+    class Beating(Scripted):
+        def heartbeat(self, node_id: str, epoch: int, credits: object, **kw: Any) -> HeartbeatAck:
+            beats.append(kw)
+            return HeartbeatAck(server_time=5_000.0)
+
+    gateway = Beating(Welcome(1, "s", False, server_time=1_000.0))
+    await fake.tick([gateway])  # type: ignore[list-item]
+    assert fake.server_time_mark == 1_000.0
+    now[0] += 10
+    await fake.tick([gateway])  # type: ignore[list-item]
+    assert fake.server_time_mark == 5_000.0  # the mark moves at heartbeats too
+    [beat] = beats
+    assert beat["load"] == NodeLoad(
+        load_average=0.0, memory_available_bytes=fake.memory_available_bytes,
+        running_commands=0, pending_events=0,
     )  # fmt: skip

@@ -58,7 +58,7 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         *RUNTIME,
         Grant("SELECT", "node_sessions"),
         Grant(
-            "UPDATE (last_seen, lane_credits, load, gateway_id, disconnected_at, "
+            "UPDATE (last_seen, lane_credits, load, node_load, gateway_id, disconnected_at, "
             "disconnect_reason)",
             "node_sessions",
         ),
@@ -123,7 +123,7 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
             "UPDATE (session_epoch, gateway_id, session_id, boot_id, journal_id, role, "
             "daemon_version, proto_max, transport, upgrade_required, trust_version, "
             "approver_set_epoch, approver_set_sha256, acked_event_seq, connected_at, last_seen, "
-            "disconnected_at, disconnect_reason, cert_serial, lane_credits, load, held_epoch, "
+            "disconnected_at, disconnect_reason, cert_serial, lane_credits, load, node_load, held_epoch, "
             "trace_context)",
             "node_sessions",
         ),
