@@ -34,6 +34,11 @@ class Release:
     commit: str
 
     @property
+    def source(self) -> Path:
+        """Its source tree (see `install`)."""
+        return CACHE / self.commit / "src"
+
+    @property
     def bcw(self) -> Path:
         """Its `bcw`, installed (see `install`)."""
         return CACHE / self.commit / "venv" / "bin" / "bcw"

@@ -9,9 +9,11 @@ applied exactly once, nothing is dead-lettered, no event is lost or duplicated.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import asyncpg
@@ -99,7 +101,10 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
     olds = await spawn_workers(env, tmp_path, old_bcw, f"v{old.version}-")
     await eventually(lambda: workers_bound(nc.jetstream(), subjects), what="old workers bound")
     news: dict[str, asyncio.subprocess.Process] = {}
-    publishing = asyncio.create_task(publish_hellos(nc, subjects, nodes, RATE))
+    # the Hellos of the previous release's gateways: gateways are upgraded last
+    publishing = asyncio.create_task(
+        publish_hellos(nc, subjects, nodes, RATE, shape=as_sent_by(old, "hello"))
+    )
     try:
         await eventually(
             lambda: _at_least(database_url, total // 5), within=120, what="old workers applying"
@@ -137,6 +142,18 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
     assert (figures["effects applied"], figures["duplicates"], figures["lost"]) == (NODES, 0, 0)
     assert figures["dead-lettered"] == 0
     assert [figures[f"inbox rows ({w})"] for w in HELLO_WORKERS] == [NODES] * len(HELLO_WORKERS)
+
+
+def as_sent_by(release: Release, bc_type: str) -> Callable[[bytes], bytes]:
+    """A body as `release`'s producers send it: only the fields its schema has (what this
+    release added since, they do not know)."""
+    schema = json.loads((release.source / "schemas" / "json" / f"{bc_type}.v1.json").read_text())
+    known = set(schema["properties"])
+
+    def shape(body: bytes) -> bytes:
+        return json.dumps({k: v for k, v in json.loads(body).items() if k in known}).encode()
+
+    return shape
 
 
 def _print_logs(directory: Path) -> None:

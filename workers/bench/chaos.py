@@ -249,14 +249,21 @@ def capabilities(node: str) -> list[str]:
     return sorted({"gpu", f"rack-{int(node.rsplit('-', 1)[1]) % 7}"})
 
 
-async def publish_hellos(nc: NATS, subjects: Subjects, nodes: list[str], rate: float) -> None:
+async def publish_hellos(
+    nc: NATS,
+    subjects: Subjects,
+    nodes: list[str],
+    rate: float,
+    shape: Callable[[bytes], bytes] | None = None,
+) -> None:
     """A Hello per node at `rate` per second, each through any outage with the same
-    `Nats-Msg-Id`."""
+    `Nats-Msg-Id`; `shape` rewrites each body (as another release's gateway sends it)."""
     js = nc.jetstream()
     started = time.monotonic()
     for i, node in enumerate(nodes):
         fact = hello_fact(node, gateway_id=GATEWAY, capabilities=capabilities(node))
         subject, body, headers = wire(subjects, fact)
+        body = shape(body) if shape is not None else body
         while True:  # through a restart: the same Nats-Msg-Id, so JetStream keeps one
             try:
                 await js.publish(subject, body, headers=headers, timeout=2)
