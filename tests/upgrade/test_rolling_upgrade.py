@@ -16,7 +16,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import asyncpg
 import pytest
 from nats.aio.client import Client as NATS
 
@@ -27,6 +26,7 @@ from tests.upgrade.release import Release, install, previous_release
 from workers.bench.chaos import (
     HELLO_WORKERS,
     count_effects,
+    hellos_handled,
     join_fleet,
     publish_hellos,
     wait_settled,
@@ -59,19 +59,6 @@ async def _bcw(command: list[str], env: dict[str, str], *args: str) -> tuple[int
     )
     out, _ = await proc.communicate()
     return proc.returncode or 0, out.decode()
-
-
-async def _handled(database_url: str) -> int:
-    conn = await asyncpg.connect(database_url)
-    try:
-        return int(
-            await conn.fetchval(
-                "SELECT count(*) FROM processed_facts WHERE consumer = ANY($1::text[])",
-                list(HELLO_WORKERS),
-            )
-        )
-    finally:
-        await conn.close()
 
 
 async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_once(
@@ -120,7 +107,7 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
         for proc in olds.values():
             proc.send_signal(signal.SIGTERM)
         codes = await asyncio.wait_for(asyncio.gather(*(p.wait() for p in olds.values())), 60)
-        at_stop = await _handled(database_url)
+        at_stop = await hellos_handled(database_url)
         await publishing
         settled = await wait_settled(database_url, NODES, within=180)
         figures = await count_effects(database_url, subjects, nc, nodes)
@@ -165,4 +152,4 @@ def _print_logs(directory: Path) -> None:
 
 
 async def _at_least(database_url: str, n: int) -> bool:
-    return await _handled(database_url) >= n
+    return await hellos_handled(database_url) >= n

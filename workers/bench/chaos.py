@@ -273,23 +273,36 @@ async def publish_hellos(
         await asyncio.sleep(max(0.0, started + (i + 1) / rate - time.monotonic()))
 
 
+async def hellos_handled(database_url: str) -> int:
+    """Inbox rows of the Hello workers: 3 per Hello once it is handled (0 while the
+    database cannot be reached)."""
+    with contextlib.suppress(Exception):
+        conn = await asyncpg.connect(database_url, timeout=3)
+        try:
+            return int(
+                await conn.fetchval(
+                    "SELECT count(*) FROM processed_facts WHERE consumer = ANY($1::text[])",
+                    list(HELLO_WORKERS),
+                )
+            )
+        finally:
+            await conn.close()
+    return 0
+
+
 async def wait_settled(database_url: str, hellos: int, within: float) -> float:
     """Seconds until every Hello was handled by its three workers and the outbox is empty
     (-1 when not within `within`)."""
     started = time.monotonic()
     while time.monotonic() - started < within:
-        with contextlib.suppress(Exception):
-            conn = await asyncpg.connect(database_url)
-            try:
-                handled = await conn.fetchval(
-                    "SELECT count(*) FROM processed_facts WHERE consumer = ANY($1::text[])",
-                    list(HELLO_WORKERS),
-                )
-                outbox = await conn.fetchval("SELECT count(*) FROM outbox")
-            finally:
-                await conn.close()
-            if handled == hellos * len(HELLO_WORKERS) and outbox == 0:
-                return time.monotonic() - started
+        if await hellos_handled(database_url) == hellos * len(HELLO_WORKERS):
+            with contextlib.suppress(Exception):
+                conn = await asyncpg.connect(database_url, timeout=3)
+                try:
+                    if await conn.fetchval("SELECT count(*) FROM outbox") == 0:
+                        return time.monotonic() - started
+                finally:
+                    await conn.close()
         await asyncio.sleep(1)
     return -1.0
 

@@ -101,6 +101,25 @@ async def busy(sim: Simulator, nodes: int = 20, per_node: int = 6) -> list[Check
     ]
 
 
+# Commands of the given nodes from each node's own first seq on, in some state (`$1` the
+# node ids, `$2` each one's first seq; append the condition).
+FROM_SEQ = (
+    "SELECT count(*) FROM commands c JOIN unnest($1::text[], $2::bigint[]) AS f(node_id, first)"
+    " ON c.node_id = f.node_id WHERE c.seq >= f.first AND "
+)
+
+
+async def _next_seqs(sim: Simulator, ids: list[str]) -> list[int]:
+    """Each node's own next command seq: nodes' counters differ (a lost gateway gave some
+    of them a command more), so one number for all would miscount."""
+    firsts: list[int] = await sim.fetchval(  # type: ignore[assignment]
+        "SELECT array_agg((SELECT coalesce(max(seq), 0) + 1 FROM commands WHERE node_id = n)"
+        " ORDER BY i) FROM unnest($1::text[]) WITH ORDINALITY AS t(n, i)",
+        ids,
+    )
+    return firsts
+
+
 async def journal_loss(sim: Simulator, nodes: int = 10) -> list[Check]:
     """Nodes lose their disk while commands run: those commands fail `journal-lost`,
     never re-sent blindly; the node's later commands go to the new journal."""
@@ -108,18 +127,9 @@ async def journal_loss(sim: Simulator, nodes: int = 10) -> list[Check]:
     ids = [d.node_id for d in chosen]
     for daemon in chosen:
         daemon.work_seconds = (600.0, 900.0)  # still running when the disk goes
-    # each node's own next seq: nodes' counters differ (a lost gateway gave some of them
-    # a command more), so one number for all would miscount
-    firsts: list[int] = await sim.fetchval(  # type: ignore[assignment]
-        "SELECT array_agg((SELECT coalesce(max(seq), 0) + 1 FROM commands WHERE node_id = n)"
-        " ORDER BY i) FROM unnest($1::text[]) WITH ORDINALITY AS t(n, i)",
-        ids,
-    )
+    firsts = await _next_seqs(sim, ids)
     await sim.enqueue(chosen, 2)
-    in_state = (
-        "SELECT count(*) FROM commands c JOIN unnest($1::text[], $2::bigint[]) AS f(node_id, first)"
-        " ON c.node_id = f.node_id WHERE c.seq >= f.first AND "
-    )
+    in_state = FROM_SEQ
 
     async def running() -> bool:
         return await _count(sim, in_state + "state = 'running'", ids, firsts) == 2 * nodes
@@ -154,16 +164,9 @@ async def restart(sim: Simulator, nodes: int = 10) -> list[Check]:
     ids = [d.node_id for d in chosen]
     for daemon in chosen:
         daemon.work_seconds = (600.0, 900.0)  # still running when the process goes
-    firsts: list[int] = await sim.fetchval(  # type: ignore[assignment]
-        "SELECT array_agg((SELECT coalesce(max(seq), 0) + 1 FROM commands WHERE node_id = n)"
-        " ORDER BY i) FROM unnest($1::text[]) WITH ORDINALITY AS t(n, i)",
-        ids,
-    )
+    firsts = await _next_seqs(sim, ids)
     await sim.enqueue(chosen, 2)
-    mine = (
-        "SELECT count(*) FROM commands c JOIN unnest($1::text[], $2::bigint[]) AS f(node_id, first)"
-        " ON c.node_id = f.node_id WHERE c.seq >= f.first AND "
-    )
+    mine = FROM_SEQ
 
     async def running() -> bool:
         return await _count(sim, mine + "state = 'running'", ids, firsts) == 2 * len(chosen)

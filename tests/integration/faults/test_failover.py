@@ -30,6 +30,7 @@ from tests.integration.support import eventually
 from workers.bench.chaos import (
     HELLO_WORKERS,
     count_effects,
+    hellos_handled,
     join_fleet,
     publish_hellos,
     wait_settled,
@@ -64,21 +65,6 @@ def primary_and_standby(base: Path, synchronous: bool):  # type: ignore[no-untyp
         if standby is not None:
             standby.stop()
         primary.stop()
-
-
-async def _handled(url: str) -> int:
-    with contextlib.suppress(Exception):
-        conn = await asyncpg.connect(url, timeout=3)
-        try:
-            return int(
-                await conn.fetchval(
-                    "SELECT count(*) FROM processed_facts WHERE consumer = ANY($1::text[])",
-                    list(HELLO_WORKERS),
-                )
-            )
-        finally:
-            await conn.close()
-    return 0
 
 
 @pytest.mark.parametrize("synchronous", [True, False], ids=["synchronous", "asynchronous"])
@@ -143,4 +129,4 @@ async def test_the_workers_follow_a_promoted_standby(
 
 
 async def _at_least(url: str, n: int) -> bool:
-    return await _handled(url) >= n
+    return await hellos_handled(url) >= n
