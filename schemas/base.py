@@ -38,6 +38,9 @@ class Message(BaseModel):
 
     BC_TYPE: ClassVar[str]
     BC_SCHEMA: ClassVar[int] = 1
+    #: fields no worker stores as they came (sanitized first): a NUL in them is no reason
+    #: to refuse the message (`registry.Registry.validate`)
+    NEVER_STORED: ClassVar[frozenset[str]] = frozenset()
 
 
 class SnakeMessage(Message):

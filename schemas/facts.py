@@ -7,11 +7,10 @@ Snake_case field names, as in the session protocol. Pure data: no I/O here.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
 from typing import Annotated, Any, Literal, Protocol, TypeVar
 from uuid import UUID
 
-from pydantic import Field
+from pydantic import AwareDatetime, Field
 
 from schemas.base import GatewayId, Ident, Name, NodeId, Sha256Hex, SnakeMessage
 
@@ -19,8 +18,8 @@ from schemas.base import GatewayId, Ident, Name, NodeId, Sha256Hex, SnakeMessage
 #: one), so an out-of-range value is refused as invalid instead of failing in SQL.
 BIGINT_MAX = 2**63 - 1
 INTEGER_MAX = 2**31 - 1
-#: ages in milliseconds become intervals: well inside their range (about 31,700 years)
-AGE_MS_MAX = 10**15
+#: ages of at most ~31 years: `compute_now() - age` stays inside PostgreSQL's date range
+AGE_MS_MAX = 10**12
 NonNegative = Annotated[int, Field(ge=0, le=BIGINT_MAX)]
 Positive = Annotated[int, Field(ge=1, le=BIGINT_MAX)]
 SmallNonNegative = Annotated[int, Field(ge=0, le=INTEGER_MAX)]
@@ -66,7 +65,7 @@ class Fact(SnakeMessage):
 
     fact_id: UUID
     gateway_id: GatewayId
-    observed_at: datetime
+    observed_at: AwareDatetime
 
 
 class NodeFact(Fact):
@@ -101,6 +100,7 @@ class DoneResult(SnakeMessage):
 
 class Hello(NodeFact):
     BC_TYPE = "hello"
+    NEVER_STORED = frozenset({"capabilities"})  # the labeler keeps the valid names only
 
     session_id: Ident
     epoch: Positive
@@ -122,7 +122,7 @@ class Hello(NodeFact):
     transport: Literal["grpc", "websocket"]
     previous: PreviousSession
     #: when the daemon's process started (optional): the proof that a restart happened
-    process_started_at: datetime | None = None
+    process_started_at: AwareDatetime | None = None
     #: the daemon's done results not acked yet (optional): they settle before the replay
     results: list[DoneResult] = Field(default_factory=list, max_length=MAX_HELLO_RESULTS)
 
@@ -216,7 +216,7 @@ class NodeEvent(SnakeMessage):
     seq: Positive
     kind: Name
     body: dict[str, Any]
-    at: datetime
+    at: AwareDatetime
 
 
 class Events(NodeFact):

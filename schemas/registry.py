@@ -70,6 +70,37 @@ class InvalidMessage(MessageError):
         self.field = field
 
 
+# JSON can carry a NUL (`\u0000`) or a lone UTF-16 surrogate (`\ud800`) in a string;
+# PostgreSQL stores neither (text nor jsonb). A body with such an escape is walked.
+_MAYBE_UNSTORABLE = re.compile(rb"\\u(0000|[dD][89a-fA-F])")
+
+
+def _unstorable(value: object, path: str) -> str | None:
+    """The dotted path of the first string (or key) PostgreSQL cannot store, if any."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            return path
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            shown = "".join(c if c.isprintable() else "?" for c in str(key))[:64]
+            where = f"{path}.{shown}" if path else shown
+            found = _unstorable(key, where) if isinstance(key, str) else None
+            found = found or _unstorable(item, where)
+            if found is not None:
+                return found
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = _unstorable(item, f"{path}.{index}" if path else str(index))
+            if found is not None:
+                return found
+    return None
+
+
 def _describe(error: ValidationError) -> tuple[str, str]:
     first = error.errors(include_url=False)[0]
     field = ".".join(str(part) for part in first["loc"])
@@ -124,10 +155,17 @@ class Registry:
     @staticmethod
     def validate(model: type[M], body: bytes) -> M:
         try:
-            return model.model_validate_json(body)
+            message = model.model_validate_json(body)
         except ValidationError as error:
             field, detail = _describe(error)
             raise InvalidMessage(model.BC_TYPE, field, detail) from error
+        if _MAYBE_UNSTORABLE.search(body):  # cheap: only such a body is walked
+            where = _unstorable(message.model_dump(exclude=set(model.NEVER_STORED)), "")
+            if where is not None:
+                raise InvalidMessage(
+                    model.BC_TYPE, where, "a NUL or a lone surrogate, which no database stores"
+                )
+        return message
 
     def decode_fact(self, headers: Mapping[str, str] | None, body: bytes) -> Fact:
         message = self.decode(headers, body)

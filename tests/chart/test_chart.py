@@ -288,6 +288,7 @@ def _every_metric_once() -> str:
     m.fencing_misses.inc("w", "hello")
     m.batch_seconds.observe(0.1, "w")
     m.batch_retries.inc("w")
+    m.batch_splits.inc("w")
     m.consumer_pending.set(1, "w")
     m.consumer_ack_pending.set(1, "w")
     m.lease_held.set(1, "sweep")

@@ -260,6 +260,7 @@ def test_metrics_are_the_librarys_exposition_and_parse() -> None:
     assert [s.value for s in families["bcw_outbox_oldest_seconds"].samples] == [2.5]
     expected = {
         "bcw_facts", "bcw_fencing_misses", "bcw_batch_seconds", "bcw_batch_retries",
+        "bcw_batch_splits",
         "bcw_consumer_pending", "bcw_consumer_ack_pending", "bcw_outbox_backlog",
         "bcw_outbox_oldest_seconds", "bcw_lease_held", "bcw_liveness_blind_gateways",
         "bcw_liveness_breakers_open", "bcw_outbox_published", "bcw_outbox_failures",

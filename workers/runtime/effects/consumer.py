@@ -274,6 +274,7 @@ class FactConsumer:
                     )
                 items[0].outcome = outcome.dead(pinned.reason, cause=pinned.cause)
                 return
+        self._metrics.batch_splits.inc(name)
         for item in items:  # find the fact behind it, keeping stream order
             if self._stopping.is_set():  # stopping: the rest goes back for redelivery
                 item.outcome = outcome.RELEASED

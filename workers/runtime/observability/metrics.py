@@ -118,6 +118,12 @@ class Metrics:
         self.batch_seconds = Histogram(
             r, "bcw_batch_seconds", "Time to apply one batch (transaction included).", ("worker",)
         )
+        self.batch_splits = Counter(
+            r, "bcw_batch_splits_total",
+            "Batches split into single facts to find the one that cannot be applied "
+            "(each such fact is dead-lettered; validation should have refused it).",
+            ("worker",),
+        )  # fmt: skip
         self.batch_retries = Counter(
             r, "bcw_batch_retries_total", "Transient failures retried while applying a batch.",
             ("worker",),

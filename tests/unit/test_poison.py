@@ -1,0 +1,66 @@
+"""Poison refused at validation: every value PostgreSQL would refuse inside a batch's
+transaction — a NUL, an age beyond its date range, a timestamp without a time zone, an
+integer beyond its column — is refused by the schema, so the fact is dead-lettered
+`invalid` before any transaction and no batch is split to find it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from schemas import REGISTRY, InvalidMessage
+from schemas.facts import AGE_MS_MAX
+from tests.factories import WIRE_SAMPLES
+
+
+def _sample(bc_type: str, **changes: Any) -> dict[str, Any]:
+    return {**json.loads(json.dumps(WIRE_SAMPLES[bc_type], default=str)), **changes}
+
+
+def _decode(bc_type: str, body: dict[str, Any]) -> Any:
+    return REGISTRY.decode({"Bc-Type": bc_type}, json.dumps(body).encode())
+
+
+NUL = "a\u0000b"
+
+
+@pytest.mark.parametrize(
+    ("bc_type", "body", "field"),
+    [
+        pytest.param("hello", _sample("hello", boot_id=NUL), "boot_id", id="nul-in-an-id"),
+        pytest.param("hello", _sample("hello", inventory_hashes={"cpu": NUL}), "inventory_hashes.cpu", id="nul-in-a-map-value"),
+        pytest.param("result", _sample("result", error=NUL), "error", id="nul-in-an-error"),
+        pytest.param("result", _sample("result", result={"out": ["x", NUL]}), "result.out.1", id="nul-deep-in-json"),
+        pytest.param("result", _sample("result", result={NUL: 1}), "result.a?b", id="nul-in-a-json-key"),
+        pytest.param("events", _sample("events", events=[{**WIRE_SAMPLES["events"]["events"][0], "kind": NUL}]), "events.0.kind", id="nul-in-an-event"),
+        pytest.param("dispatch", _sample("dispatch", payload={"argv": [NUL]}), "payload.argv.0", id="nul-in-a-notice"),
+        pytest.param("liveness", _sample("liveness", entries=[{"node_id": "n", "epoch": 1, "age_ms": AGE_MS_MAX + 1}]), "entries.0.age_ms", id="age-beyond-the-date-range"),
+        pytest.param("result", _sample("result", observed_at="2026-11-30T00:00:00"), "observed_at", id="naive-observed-at"),
+        pytest.param("hello", _sample("hello", process_started_at="2026-11-30T00:00:00"), "process_started_at", id="naive-process-start"),
+        pytest.param("events", _sample("events", events=[{**WIRE_SAMPLES["events"]["events"][0], "at": "2026-11-30T00:00:00"}]), "events.0.at", id="naive-event-time"),
+        pytest.param("result", _sample("result", epoch=2**63), "epoch", id="epoch-beyond-bigint"),
+    ],
+)  # fmt: skip
+def test_a_value_postgresql_would_refuse_is_refused_by_validation(
+    bc_type: str, body: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(InvalidMessage) as refused:
+        _decode(bc_type, body)
+    assert refused.value.field == field
+    assert "\x00" not in refused.value.reason  # it travels in a dead letter's header
+
+
+@pytest.mark.parametrize(
+    ("bc_type", "body"),
+    [
+        pytest.param("hello", _sample("hello", capabilities=[NUL, "nvml"]), id="raw-capabilities-never-refuse-a-hello"),
+        pytest.param("result", _sample("result", error="x" * 4096), id="a-long-genuine-error"),
+        pytest.param("result", _sample("result", error="a\\u0000b as text"), id="an-escaped-backslash-is-no-nul"),
+        pytest.param("liveness", _sample("liveness", entries=[{"node_id": "n", "epoch": 1, "age_ms": AGE_MS_MAX}]), id="the-oldest-age"),
+        pytest.param("result", _sample("result", observed_at="2026-11-30T00:00:00+02:00"), id="an-offset-is-a-zone"),
+    ],
+)  # fmt: skip
+def test_what_postgresql_stores_passes(bc_type: str, body: dict[str, Any]) -> None:
+    _decode(bc_type, body)
