@@ -147,10 +147,14 @@ async def _serve(
     on_ready: Callable[[Runtime, int], None] | None,
 ) -> None:
     tracer = tracing.tracer(provider)
+    refused_subjects = connection.RefusedSubjects()  # the relay dead-letters rows bound there
     parts.nc = await _until_up(
         "NATS",
         lambda: connection.connect(
-            settings.nats, name=f"bcw {names} {instance}", on_refused=refused
+            settings.nats,
+            name=f"bcw {names} {instance}",
+            on_refused=refused,
+            on_publish_refused=refused_subjects.add,
         ),
         stopping,
     )
@@ -167,7 +171,10 @@ async def _serve(
             return
         pool = parts.pool
         js = nc.jetstream()
-        relay = OutboxRelay(pool, js, settings.outbox, settings.database, metrics, tracer, subjects)
+        relay = OutboxRelay(
+            pool, js, settings.outbox, settings.database, metrics, tracer, subjects,
+            refused=refused_subjects,
+        )  # fmt: skip
         runtime = Runtime(settings, subjects, pool, nc, js, metrics, tracer, instance, relay.wake)
         parts.consumers = [
             FactConsumer(

@@ -19,6 +19,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from schemas import REGISTRY
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.factories import make_fact
@@ -30,7 +31,7 @@ from workers.gateway import Gateway, HelloRequest
 from workers.registry import WORKERS
 from workers.runtime.base.errors import RefusedError
 from workers.runtime.base.runtime_settings import NatsSettings
-from workers.runtime.bus import connection, principals
+from workers.runtime.bus import connection, deadletter, principals
 
 pytestmark = pytest.mark.slow
 
@@ -200,3 +201,47 @@ async def _has(seen: list[str], bc_type: str) -> bool:
 
 async def _violation(errors: list[str], kind: str) -> bool:
     return any("permissions violation" in e.lower() and kind.lower() in e.lower() for e in errors)
+
+
+async def test_a_row_its_relay_may_not_publish_never_stops_the_worker(
+    keys: Path, secured: str, database_url: str, db: asyncpg.Connection
+) -> None:
+    """The relay of a least-privilege worker meets an outbox row bound to a subject its
+    principal may not publish to: the row goes to `outbox_dead` and, as a dead letter, to
+    `bc.dead.relay`; the worker keeps running and applying facts."""
+    code, output = await bcw(
+        "provision", BCW_NATS_URL=secured, BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk")
+    )
+    assert code == 0, output
+    forbidden = SUBJECTS.fact("gw-9", "hello")  # a worker never publishes a fact
+    await db.execute(
+        "INSERT INTO outbox (msg_id, subject, headers, body) VALUES (gen_random_uuid(), $1, '{}', $2)",
+        forbidden, b"{}",
+    )  # fmt: skip
+    base = make_settings(secured, database_url, SUBJECTS)
+    settings = base.model_copy(update={"nats": _as(keys, secured, "worker-labeler")})
+    async with running(settings, [WORKERS["labeler"](settings)]):
+
+        async def buried() -> bool:
+            return await db.fetchval("SELECT count(*) FROM outbox_dead") == 1
+
+        await eventually(buried, what="the unpublishable row moved to outbox_dead")
+        reason = await db.fetchval("SELECT reason FROM outbox_dead")
+        assert reason == f"this principal may not publish to {forbidden}"
+        # still at work: a Hello from gw-1 is labeled
+        await fleet.session(db, "n1", epoch=1, gateway_id="gw-1")
+        async with _client(keys, secured, "gateway-gw-1") as (nc, errors):
+            fact = fleet.hello("n1", 1, capabilities=["gpu"])
+            body, headers = REGISTRY.encode(fact)
+            await nc.jetstream().publish(
+                SUBJECTS.fact("gw-1", "hello"),
+                body,
+                headers={**headers, "Nats-Msg-Id": str(fact.fact_id)},
+            )
+            assert errors == []
+        await eventually(lambda: _labeled(db), what="the labeler still applying facts")
+    async with _client(keys, secured, "admin") as (nc, _errors):
+        letters = await deadletter.list_dead_letters(
+            nc.jetstream(), SUBJECTS, cause="unpublishable"
+        )
+    assert [(letter.worker, letter.subject) for letter in letters] == [("relay", forbidden)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import re
 
 import asyncpg
 import asyncpg.exceptions._base as asyncpg_base
@@ -140,6 +141,19 @@ def _classify_sqlstate(code: str) -> Severity:
 def is_transient(error: BaseException) -> bool:
     """True for failures that go away by themselves: lost connections, restarts, deadlocks."""
     return classify(error) is Severity.TRANSIENT
+
+
+_PUBLISH_REFUSED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
+
+
+def refused_publish_subject(error: BaseException) -> str | None:
+    """The subject a NATS server refused us to publish to (a publish permission that is
+    missing for that subject only: the connection stays up), else None. Pure."""
+    if isinstance(error, nats.errors.Error):
+        match = _PUBLISH_REFUSED.search(str(error))
+        if match is not None:
+            return match.group(1)
+    return None
 
 
 def is_nats_refusal(error: BaseException) -> bool:

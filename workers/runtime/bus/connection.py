@@ -20,6 +20,7 @@ from workers.runtime.base.errors import (
     SettingError,
     UnreachableError,
     is_nats_refusal,
+    refused_publish_subject,
 )
 from workers.runtime.base.runtime_settings import NatsSettings
 from workers.runtime.base.waiting import Patience
@@ -28,18 +29,41 @@ from workers.runtime.bus import principals
 log = logging.getLogger(__name__)
 
 
+class RefusedSubjects:
+    """Subjects the server refused this principal to publish to. Such a refusal is for
+    one subject (the connection stays up), so it does not stop the process: the outbox
+    relay dead-letters the rows bound there instead of retrying them for ever."""
+
+    def __init__(self) -> None:
+        self._subjects: set[str] = set()
+
+    def add(self, subject: str) -> None:
+        if subject not in self._subjects:
+            self._subjects.add(subject)
+            log.error(
+                "NATS refused us to publish to %s: a permission is missing (rows bound there "
+                "are dead-lettered; grant it and re-drive them)",
+                subject,
+            )
+
+    def __contains__(self, subject: object) -> bool:
+        return subject in self._subjects
+
+
 async def connect(
     settings: NatsSettings,
     name: str,
     on_event: Callable[[str], Awaitable[None]] | None = None,
     on_refused: Callable[[RefusedError], None] | None = None,
+    on_publish_refused: Callable[[str], None] | None = None,
 ) -> NATS:
     """A client that, once connected, never gives up reconnecting.
 
     The first connection is one bounded round over the servers (nats-py's endless
     reconnect would loop inside the library, deaf to a stop): it raises `UnreachableError`,
     `RefusedError` (credentials or permissions) or `SettingError`. A refusal after that
-    (credentials revoked, a permission missing) is handed to `on_refused`.
+    (credentials revoked, a permission missing) is handed to `on_refused` — but a refused
+    publish to one subject goes to `on_publish_refused`, when given.
     """
     connected = False
     seen: list[Exception] = []
@@ -62,6 +86,10 @@ async def connect(
     async def error(exc: Exception) -> None:
         if not connected:
             seen.append(exc)  # the first connection reports them itself
+            return
+        subject = refused_publish_subject(exc)
+        if subject is not None and on_publish_refused is not None:
+            on_publish_refused(subject)
             return
         if is_nats_refusal(exc) and on_refused is not None:
             on_refused(RefusedError(credentials_setting(settings), f"NATS refused us: {exc}"))

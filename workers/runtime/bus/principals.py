@@ -84,6 +84,7 @@ def principals(subjects: Subjects, gateways: Sequence[str]) -> list[Principal]:
                     subjects.revocations,
                     subjects.all_notices,
                     subjects.dead(worker),
+                    subjects.dead("relay"),  # rows its relay can never publish
                 ),
                 subscribe=(f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{facts}.{worker}",),
             )

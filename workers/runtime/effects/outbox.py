@@ -31,6 +31,7 @@ from workers.runtime.base.errors import Severity, as_setting_error, classify
 from workers.runtime.base.runtime_settings import DatabaseSettings, OutboxSettings
 from workers.runtime.base.waiting import Patience, sleep_or_stop, wait_any
 from workers.runtime.bus.acked import AckedPublisher
+from workers.runtime.bus.connection import RefusedSubjects
 from workers.runtime.bus.deadletter import TRUNCATED, dead_letter
 from workers.runtime.observability import tracing
 from workers.runtime.observability.metrics import Metrics
@@ -190,9 +191,12 @@ class OutboxRelay:
         metrics: Metrics,
         tracer: trace.Tracer,
         subjects: Subjects,
+        refused: RefusedSubjects | None = None,
     ) -> None:
         self._pool = pool
         self._subjects = subjects
+        #: subjects this principal may not publish to: their rows are dead-lettered
+        self._refused = refused if refused is not None else RefusedSubjects()
         self._js = js
         self._publisher = AckedPublisher(js._nc)
         self._settings = settings
@@ -254,6 +258,9 @@ class OutboxRelay:
             if len(body) > limit:  # checked here: nats-py would leak a publish slot on it
                 dead[row["id"]] = f"{len(body)} bytes is over the bus's max payload ({limit})"
                 continue
+            if row["subject"] in self._refused:
+                dead[row["id"]] = f"this principal may not publish to {row['subject']}"
+                continue
             try:
                 futures[row["id"]] = await self._publisher.publish(row["subject"], body, headers)
             except Exception as refused:
@@ -273,8 +280,11 @@ class OutboxRelay:
                 done.append(row_id)
         if failed:
             self._publisher.forget()
+        subject_of = {row["id"]: row["subject"] for row in rows}
         for row_id, failure in failed.items():
-            if classify(failure) is Severity.PERMANENT:
+            if subject_of[row_id] in self._refused:  # the server said so meanwhile
+                dead[row_id] = f"this principal may not publish to {subject_of[row_id]}"
+            elif classify(failure) is Severity.PERMANENT:
                 dead[row_id] = f"{type(failure).__name__}: {failure}"
         for row_id, span in spans.items():
             if row_id in failed or row_id in dead:
@@ -298,12 +308,20 @@ class OutboxRelay:
             fits = len(body) <= limit - 4096  # room for the dead letter's own headers
             if not fits:
                 headers[TRUNCATED] = str(len(body))
-            await dead_letter(
-                self._js, self._subjects, "relay", subject=row["subject"], stream="outbox",
-                stream_seq=row["id"], data=body if fits else b"", headers=headers,
-                reason=reason, cause="unpublishable",
-            )  # fmt: skip
             self._metrics.dead_letters.inc("relay", "unpublishable")
+            if self._subjects.dead("relay") in self._refused:
+                continue  # kept in outbox_dead only (said once, when the server refused it)
+            try:
+                await dead_letter(
+                    self._js, self._subjects, "relay", subject=row["subject"], stream="outbox",
+                    stream_seq=row["id"], data=body if fits else b"", headers=headers,
+                    reason=reason, cause="unpublishable",
+                )  # fmt: skip
+            except Exception as error:  # the row is kept whole in outbox_dead for an operator
+                log.error(
+                    "outbox row %d (%s) kept in outbox_dead only: its dead letter was not "
+                    "published (%r)", row["id"], row["subject"], error,
+                )  # fmt: skip
         await conn.execute(
             """
             WITH gone AS (DELETE FROM outbox WHERE id = ANY($1::bigint[]) RETURNING *)
