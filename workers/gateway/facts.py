@@ -75,10 +75,15 @@ class FactPublisher:
         upgrade: bool,
         kinds: tuple[str, ...] | None,
         generation: int | None,
+        fact_id: uuid.UUID | None = None,
     ) -> Hello:
+        """The Hello fact (with `fact_id`: the one the Hello transaction recorded)."""
+        base = self.base()
+        if fact_id is not None:
+            base["fact_id"] = fact_id
         return Hello.model_validate(
             {
-                **self.base(),
+                **base,
                 "node_id": request.node_id, "session_id": opened.session_id, "epoch": opened.epoch,
                 "role": request.role, "boot_id": request.boot_id, "journal_id": request.journal_id,
                 "daemon_version": request.daemon_version, "proto_max": request.proto_max,

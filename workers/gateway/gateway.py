@@ -14,6 +14,7 @@ import asyncio
 import logging
 import random
 import time
+import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -195,6 +196,7 @@ class Gateway(Frames):
                 error = invalid.errors()[0]
                 where = ".".join(str(part) for part in error["loc"])
                 raise Refused(Code.INVALID_ARGUMENT, f"{where}: {error['msg']}") from None
+            fact_id = uuid.uuid4()
             try:
                 opened = await store.open_session(
                     conn,
@@ -204,6 +206,7 @@ class Gateway(Frames):
                     upgrade,
                     self.settings.live_window,
                     tracing.traceparent(context.get_current()),  # dispatch continues it
+                    fact_id,  # the one Hello fact of the epoch
                 )
             except store.LeaseGone as gone:
                 self._stopping.set()
@@ -216,7 +219,7 @@ class Gateway(Frames):
                 raise Refused(Code.PERMISSION_DENIED, str(missing)) from missing
             except store.Revoked as revoked:
                 raise Refused(Code.UNAUTHENTICATED, str(revoked)) from revoked
-        hello = self.facts.hello(request, opened, upgrade, kinds, generation)
+        hello = self.facts.hello(request, opened, upgrade, kinds, generation, fact_id)
         older = self.sessions.get(request.node_id)
         if older is not None:  # the same node again on this gateway: the old stream is superseded
             await self._end(older, "superseded")

@@ -223,9 +223,15 @@ async def open_session(
     upgrade_required: bool,
     live_window: timedelta,
     trace_context: str | None = None,
+    hello_fact_id: uuid.UUID | None = None,
 ) -> Opened:
-    """The Hello transaction: fenced on the lease, the node's row locked, its epoch bumped."""
+    """The Hello transaction: fenced on the lease, the node's row locked, its epoch bumped
+    (and, with `hello_fact_id`, the id of the one Hello fact of that epoch recorded)."""
     async with conn.transaction():
+        if hello_fact_id is not None:  # read by the epoch's trigger (session_epochs)
+            await conn.execute(
+                "SELECT set_config('bcw.hello_fact_id', $1, true)", str(hello_fact_id)
+            )
         if await fence(conn, gateway_id, lease_epoch):
             raise Draining(f"gateway {gateway_id} is draining")
         previous = await conn.fetchrow(PREVIOUS, request.node_id, live_window)

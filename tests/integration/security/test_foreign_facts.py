@@ -206,3 +206,67 @@ async def _counted_is(runtime: Runtime, expected: dict[tuple[str, str], int]) ->
 async def _command_done(db: asyncpg.Connection, command: uuid.UUID) -> bool:
     state = await db.fetchval("SELECT state FROM commands WHERE command_id = $1", command)
     return bool(state == "done")
+
+
+async def test_one_epoch_one_hello_a_former_holder_cannot_count_its_epoch_again(
+    servers: Servers,
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
+    pool: asyncpg.Pool,
+) -> None:
+    """gw-a held n1 at epoch 1; the node moved to gw-c (epoch 2). gw-a re-publishes Hello
+    facts for epoch 1 with other boot ids (each a "duplicate identity"): every Hello worker
+    finds them foreign — the epoch's Hello transaction recorded its one Hello fact — so the
+    quarantine counts none of them and the node keeps its certificate and session."""
+    await streams.provision_streams(nc.jetstream(), subjects)
+    await fleet.join(db, "n1")
+    settings = make_settings(servers.nats_url, database_url, subjects)
+    workers = [WORKERS[name](settings) for name in sorted(WORKERS)]
+    holder = Gateway("gw-a", pool, nc, subjects)
+    successor = Gateway("gw-c", pool, nc, subjects)
+    await holder.start()
+    await successor.start()
+    try:
+        async with running(settings, workers) as (runtime, _port):
+            first = await holder.hello(_request(), RecordingStream())
+            await successor.hello(_request(), RecordingStream())
+            [hello] = [
+                h for h in await _bodies(nc, subjects.facts_stream, "hello") if h["epoch"] == 1
+            ]
+            recorded = await db.fetchval(
+                "SELECT hello_fact_id FROM session_epochs WHERE node_id = 'n1' AND epoch = 1"
+            )
+            assert str(recorded) == hello["fact_id"]
+            forged = [
+                make_fact(
+                    "hello",
+                    **{
+                        **hello,
+                        "fact_id": str(uuid.uuid4()),
+                        "boot_id": f"clone-{i}",
+                        "previous": {**hello["previous"], "boot_id": "boot-real", "live": True},
+                    },
+                )
+                for i in range(5)
+            ]
+            for fact in forged:
+                await publish_fact(nc.jetstream(), subjects, fact)
+            expected = {(w, "hello"): 5 for w in ("labeler", "liveness", "quarantine", "replay")}
+            await eventually(
+                lambda: _counted_is(runtime, expected), what="every second Hello of epoch 1 foreign"
+            )
+            assert first.epoch == 1
+            assert await db.fetchval("SELECT duplicate_hellos FROM node_sessions") == 0
+            assert await db.fetchval("SELECT count(*) FROM node_alternations") == 0
+            assert (
+                await db.fetchval("SELECT bool_or(revoked_at IS NOT NULL) FROM node_certs") is False
+            )
+            assert (
+                await _bodies(nc, subjects.events_stream, "security.node.duplicate-session") == []
+            )
+    finally:
+        for gateway in (holder, successor):
+            if gateway.alive:
+                await gateway.stop(graceful=False)

@@ -2,7 +2,9 @@
 a gateway the node's Hello transaction issued an epoch to (`session_epochs`).
 
 - Session-scoped facts (`hello`, `closed`, `progress`, `rejected`): the fact's epoch was
-  issued to the fact's gateway.
+  issued to the fact's gateway. A `hello` must also be the one Hello fact of its epoch,
+  when the Hello transaction recorded which (`session_epochs.hello_fact_id`): one epoch,
+  one Hello; another one of the epoch, with other content, is foreign.
 - Facts that are true whichever session carried them (`result`, `status`): the gateway
   was issued the fact's epoch or a later one, so a result replayed through the node's
   next gateway after a reconnect is still accepted.
@@ -47,11 +49,15 @@ class Binding(enum.IntEnum):
     """its gateway was issued the fact's epoch or a later one"""
     JOURNAL = 2
     """its gateway was issued an epoch with the fact's journal"""
+    HELLO = 3
+    """as EPOCH, and it is the Hello fact the epoch's Hello transaction recorded"""
 
 
 def binding(fact: Fact) -> Binding | None:
     """The rule a fact is checked by; None when it is not checked here."""
-    if isinstance(fact, Hello | Closed | Progress | Rejected):
+    if isinstance(fact, Hello):
+        return Binding.HELLO
+    if isinstance(fact, Closed | Progress | Rejected):
         return Binding.EPOCH
     if isinstance(fact, Result | Status):
         return Binding.SINCE
@@ -68,10 +74,12 @@ SELECT f.i, EXISTS (
      WHERE s.node_id = f.node_id AND s.gateway_id = f.gateway_id
        AND CASE f.rule WHEN 0 THEN s.epoch = f.epoch
                        WHEN 1 THEN s.epoch >= f.epoch
-                       ELSE s.journal_id = f.journal_id END
+                       WHEN 2 THEN s.journal_id = f.journal_id
+                       ELSE s.epoch = f.epoch
+                            AND (s.hello_fact_id IS NULL OR s.hello_fact_id = f.fact_id) END
 ) AS bound
-  FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::int[])
-       WITH ORDINALITY AS f(node_id, gateway_id, epoch, journal_id, rule, i)
+  FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::int[], $6::uuid[])
+       WITH ORDINALITY AS f(node_id, gateway_id, epoch, journal_id, rule, fact_id, i)
 """
 
 
@@ -100,6 +108,7 @@ async def foreign(conn: asyncpg.Connection, facts: Sequence[Fact]) -> set[uuid.U
         [f.get("epoch") for f in fields],
         [f.get("journal_id") for f in fields],
         [rule for _, rule in checked],
+        [fact.fact_id for fact, _ in checked],
     )
     return {checked[row["i"] - 1][0].fact_id for row in rows if not row["bound"]}
 
