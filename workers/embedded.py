@@ -206,11 +206,7 @@ class EmbeddedPostgres:
         self._install = install
         self.directory.mkdir(parents=True, exist_ok=True)
         self.directory.chmod(0o755)
-        if self._user is not None:  # the server's user must reach its data dir: add o+x only
-            for parent in self.directory.resolve().parents:
-                mode = parent.stat().st_mode
-                if not mode & 0o001:
-                    parent.chmod(mode | 0o001)
+        self._reachable()
         data = self.directory / "data"
         if not (data / "PG_VERSION").exists() and self.standby_of is not None:
             data.mkdir(mode=0o700, exist_ok=True)
@@ -228,6 +224,16 @@ class EmbeddedPostgres:
                 "initdb", "-D", str(data), "-U", "postgres", "--auth=trust",
                 "--encoding=UTF8", "--no-locale", "--no-sync", "--no-instructions",
             )  # fmt: skip
+
+    def _reachable(self) -> None:
+        """The server's user must reach its data directory: add o+x (only) to each parent
+        that lacks it (again at each start: a parent's mode may have been reset since)."""
+        if self._user is None:
+            return
+        for parent in self.directory.resolve().parents:
+            mode = parent.stat().st_mode
+            if not mode & 0o001:
+                parent.chmod(mode | 0o001)
 
     def _chown(self, path: Path) -> None:
         if self._user is not None:
@@ -258,6 +264,7 @@ class EmbeddedPostgres:
         if self._install is None:
             self._prepare()
         assert self._install is not None
+        self._reachable()
         log = self.directory / "postgres.log"
         log.touch()
         self._chown(log)
@@ -334,8 +341,18 @@ class EmbeddedPostgres:
         self.process = None
 
     def promote(self) -> None:
-        """A standby becomes a primary (and takes writes) once this returns."""
-        self._run("pg_ctl", "promote", "-w", "-t", "30", "-D", str(self.directory / "data"))
+        """A standby becomes a primary (and takes writes) once this returns (through SQL,
+        as an HA manager's agent would: no access to the data directory needed)."""
+        assert self._install is not None
+        result = subprocess.run(
+            [
+                str(self._install / "bin" / "psql"), "-h", "127.0.0.1", "-p", str(self.port),
+                "-U", "postgres", "-d", "postgres", "-Atc", "SELECT pg_promote(true, 30)",
+            ],
+            capture_output=True, check=False,
+        )  # fmt: skip
+        if result.returncode != 0 or result.stdout.strip() != b"t":
+            raise EmbeddedError(f"promote failed: {result.stderr.decode(errors='replace')}")
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from schemas.subjects import Subjects
+from workers.cli import main
 from workers.registry import WORKERS
 from workers.runtime.bus import principals
 
@@ -82,3 +83,31 @@ def test_a_bad_gateway_id_is_refused(bad: str) -> None:
 def test_a_gateway_given_twice_is_refused() -> None:
     with pytest.raises(ValueError, match="twice"):
         principals.check_gateways(["gw-1", "gw-1"])
+
+
+@pytest.mark.parametrize(
+    ("mode", "content", "said"),
+    [
+        (0o644, None, "readable or writable by others"),
+        (0o620, None, "readable or writable by others"),
+        (0o600, b"not a seed\n", "holds no nkey seed"),
+    ],
+)
+def test_an_existing_seed_file_is_reused_only_if_it_is_its_owners_alone(
+    tmp_path: Path, mode: int, content: bytes | None, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "auth"
+    assert main(["auth", "nats", "--out", str(out)]) == 0
+    seed = out / "admin.nk"
+    if content is not None:
+        seed.write_bytes(content)
+    seed.chmod(mode)
+    capsys.readouterr()
+    assert main(["auth", "nats", "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("bcw auth nats: --out: ") and said in error and "Traceback" not in error
+    seed.chmod(0o600)
+    if content is None:  # as its owner's alone, it is reused: the same key
+        before = seed.read_bytes()
+        assert main(["auth", "nats", "--out", str(out)]) == 0
+        assert seed.read_bytes() == before

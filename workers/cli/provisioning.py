@@ -145,6 +145,9 @@ def _cmd_auth_nats(args: argparse.Namespace, settings: Settings) -> int:
             Path(args.out), Subjects(settings.subject_root), principals.check_gateways(gateways)
         )
         written.insert(1, streams.write_jetstream_fragment(Path(args.out)))
+    except principals.SeedFileError as error:
+        print(f"bcw auth nats: --out: {error}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
     except ValueError as error:
         print(f"bcw auth nats: --gateways: {error}", file=sys.stderr)
         return EXIT_BAD_SETTINGS

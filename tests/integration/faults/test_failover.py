@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
+import tempfile
 from pathlib import Path
 
 import asyncpg
@@ -71,7 +73,18 @@ def primary_and_standby(base: Path, synchronous: bool):  # type: ignore[no-untyp
 async def test_the_workers_follow_a_promoted_standby(
     synchronous: bool, servers: Servers, nc: NATS, subjects: Subjects, tmp_path: Path
 ) -> None:
-    with primary_and_standby(tmp_path, synchronous) as (primary, standby):
+    # the servers' data outside pytest's private tmp tree, which PostgreSQL's own user
+    # (run as root, a system user) may not traverse
+    home = Path(tempfile.mkdtemp(prefix="bcw-failover-"))
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, home, True)
+        await _follow(synchronous, servers, nc, subjects, tmp_path, home)
+
+
+async def _follow(
+    synchronous: bool, servers: Servers, nc: NATS, subjects: Subjects, logs: Path, home: Path
+) -> None:
+    with primary_and_standby(home, synchronous) as (primary, standby):
         admin = await asyncpg.connect(primary.url)
         await admin.execute(f'CREATE DATABASE "{DATABASE}"')
         await admin.close()
@@ -96,7 +109,7 @@ async def test_the_workers_follow_a_promoted_standby(
             # no daemon flushes liveness here: no session may age out meanwhile
             "BCW_LIVENESS_HEARTBEAT_INTERVAL": "3600",
         }  # fmt: skip
-        procs = await spawn_workers(env, tmp_path)
+        procs = await spawn_workers(env, logs)
         try:
             await eventually(lambda: workers_bound(nc.jetstream(), subjects), what="bound")
             publishing = asyncio.create_task(publish_hellos(nc, subjects, nodes, RATE))

@@ -42,6 +42,7 @@ async def logins(servers: Servers, database_url: str) -> dict[str, str]:
     """A login role per group, member of that group only; its URL to this test's database."""
     conn = await asyncpg.connect(database_url)
     try:
+        await migrate.grant(conn)  # as `bcw migrate` does on this very database
         for group in GROUPS:
             with contextlib.suppress(asyncpg.DuplicateObjectError, asyncpg.UniqueViolationError):
                 await conn.execute(f"CREATE ROLE {_login(group)} LOGIN IN ROLE {group}")
@@ -62,6 +63,7 @@ async def logins(servers: Servers, database_url: str) -> dict[str, str]:
 # what each role must not do; every worker may do none of COMMON either
 COMMON = [
     "CREATE TABLE intruder (a int)",
+    "CREATE TEMP TABLE intruder (a int)",  # nothing may shadow our objects
     "ALTER TABLE node_sessions ADD COLUMN intruder int",
     "SELECT set_compute_now_offset(interval '1 hour')",
     "DELETE FROM node_sessions",
@@ -129,6 +131,19 @@ async def test_what_a_role_may_not_do_fails(
                 await conn.execute(statement)
     finally:
         await conn.close()
+
+
+async def test_every_security_definer_function_searches_pg_temp_last(
+    db: asyncpg.Connection,
+) -> None:
+    rows = await db.fetch(
+        "SELECT p.oid::regprocedure::text AS fn, p.proconfig FROM pg_proc p"
+        " WHERE p.prosecdef AND p.pronamespace = current_schema()::regnamespace"
+    )
+    assert rows, "the schema has SECURITY DEFINER functions (record_session_epoch)"
+    schema = await db.fetchval("SELECT current_schema()")
+    for row in rows:
+        assert f"search_path={schema}, pg_temp" in (row["proconfig"] or []), row["fn"]
 
 
 async def test_retention_may_lock_and_delete_what_it_prunes(

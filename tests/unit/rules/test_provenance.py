@@ -11,7 +11,7 @@ from tests.factories import WIRE_SAMPLES, make_fact
 from workers.runtime.effects.provenance import Binding, ForeignLog, binding
 
 EXPECTED = {
-    "hello": Binding.EPOCH,
+    "hello": Binding.HELLO,
     "closed": Binding.EPOCH,
     "progress": Binding.EPOCH,
     "rejected": Binding.EPOCH,

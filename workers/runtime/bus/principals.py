@@ -167,12 +167,28 @@ def render(users: Sequence[tuple[Principal, str]]) -> str:
     return "\n".join(lines)
 
 
+class SeedFileError(ValueError):
+    """An existing seed file that must not be reused (its mode, its owner, its content)."""
+
+
 def _seed(path: Path) -> bytes:
     """The principal's seed: kept when its file exists (re-running adds gateways without
-    changing anybody's key), else a new one written readable by its owner only."""
+    changing anybody's key) — only if that file is this user's and nobody else may read or
+    write it (ValueError otherwise) — else a new one written readable by its owner only."""
     if path.exists():
+        mode = path.stat()
+        if mode.st_mode & 0o077:
+            raise SeedFileError(
+                f"{path} is readable or writable by others (mode {mode.st_mode & 0o777:o}): "
+                "a seed must be its owner's alone (chmod 600), or remove it for a new one"
+            )
+        if mode.st_uid != os.geteuid():
+            raise SeedFileError(f"{path} belongs to another user (uid {mode.st_uid}): not reused")
         seed = path.read_bytes().strip()
-        nkeys.from_seed(bytearray(seed))  # refuses a file that is not a seed
+        try:
+            nkeys.from_seed(bytearray(seed))
+        except Exception:
+            raise SeedFileError(f"{path} holds no nkey seed") from None
         return seed
     seed = bytes(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

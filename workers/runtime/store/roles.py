@@ -199,4 +199,19 @@ async def apply(conn: asyncpg.Connection) -> list[str]:
     granted = tuple(group for group in GROUPS if group in existing)
     async with conn.transaction():
         await conn.execute(grants_sql(granted))
+    await _no_temp_for_public(conn)
     return list(granted)
+
+
+async def _no_temp_for_public(conn: asyncpg.Connection) -> None:
+    """Revoke TEMP on the database from PUBLIC when this role may (it owns the database):
+    no role of ours needs temporary objects, and none can then shadow ours with them."""
+    owns = await conn.fetchval(
+        "SELECT pg_has_role(current_user, datdba, 'MEMBER') FROM pg_database"
+        " WHERE datname = current_database()"
+    )
+    if owns:
+        database = await conn.fetchval("SELECT quote_ident(current_database())")
+        await conn.execute(f"REVOKE TEMPORARY ON DATABASE {database} FROM PUBLIC")
+    else:
+        log.info("this role does not own the database: TEMP left as it is for PUBLIC")
