@@ -34,7 +34,8 @@ async def test_a_short_soak_prints_each_process_and_fails_above_the_bound(
             re.M,
         )
         assert row is not None, out
-        rss, fds, postgres, nats = float(row[1]), int(row[4]), int(row[6]), int(row[8])
+        # the last sample: a start under load may briefly hold a second, failed connection
+        rss, fds, postgres, nats = float(row[1]), int(row[4]), int(row[7]), int(row[9])
         assert 20 < rss < 500 and fds > 3 and postgres >= 1 and nats == 1, row[0]
         assert f"FAIL {worker}: memory grew" in out
     assert "Traceback" not in out
