@@ -169,9 +169,11 @@ def render(node_id: str, row: Mapping[str, Any] | None, steps: Sequence[Step], s
     from rich.console import Console
     from rich.table import Table
 
+    from workers.display import plain
+
     # piped (grep, less): wide enough that no line folds
     console = Console(width=None if sys.stdout.isatty() else 220)
-    console.print(f"[bold]{node_id}[/bold]: {state_line(row)}")
+    console.print(f"[bold]{plain(node_id)}[/bold]: {plain(state_line(row))}")
     if not steps:
         console.print(f"nothing recorded in the last {since}")
         return
@@ -179,13 +181,13 @@ def render(node_id: str, row: Mapping[str, Any] | None, steps: Sequence[Step], s
     for column in ("time", "what", "epoch", "gateway", "worker", "detail", "trace id"):
         table.add_column(column, overflow="fold", no_wrap=column != "detail")
     for step in steps:
-        table.add_row(
+        table.add_row(  # what nodes and gateways said, shown as text: no markup, no controls
             step.at.strftime("%Y-%m-%d %H:%M:%S"),
-            step.what,
+            plain(step.what),
             "" if step.epoch is None else str(step.epoch),
-            step.gateway_id or "",
-            step.worker,
-            step.summary,
-            step.trace_id or "",
+            plain(step.gateway_id or ""),
+            plain(step.worker),
+            plain(step.summary),
+            plain(step.trace_id or ""),
         )
     console.print(table)

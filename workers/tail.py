@@ -20,6 +20,7 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from schemas.subjects import Subjects
+from workers.display import printable
 from workers.runtime.base.settings import Settings
 from workers.runtime.bus import connection
 
@@ -42,9 +43,10 @@ def render(msg: Msg, body: dict[str, Any], as_json: bool) -> str:
     if as_json:
         return json.dumps({"time": when, "type": bc_type, "subject": msg.subject, "event": body})
     rest = " ".join(f"{k}={v}" for k, v in body.items() if k not in ("nodeId", "epoch"))
-    return (
+    line = (
         f"{when} {bc_type:<32} {body.get('nodeId', '-'):<24} epoch={body.get('epoch', '-')} {rest}"
     )
+    return printable(line)  # what a node said never reaches the terminal as a control
 
 
 async def follow(

@@ -64,3 +64,36 @@ def test_state_line() -> None:
         "disconnected (revoked) 5m ago, last epoch 4; certificate s1 revoked"
     )
     assert state_line({**ROW, "gateway_id": None}) == "never connected"
+
+
+HOSTILE = "[link=http://evil]x[/link] \x1b[2J\x1b]0;owned\x07 [red]"
+
+
+def test_operator_output_shows_node_data_as_text(capsys: pytest.CaptureFixture[str]) -> None:
+    """What nodes and gateways said never reaches the terminal as markup or a control."""
+    from workers.display import plain, printable
+    from workers.explain import Step, render
+
+    assert printable("a\x1bb\nc\x9b") == "a\\x1bb\\nc\\x9b"
+    assert plain("[bold]x") == "\\[bold]x"
+    step = Step(
+        at=datetime(2026, 12, 1, tzinfo=UTC), what="node.connected", epoch=1,
+        gateway_id="gw-1", worker="liveness", summary=HOSTILE, fact_id=None, trace_id=None,
+    )  # fmt: skip
+    render("n[b]1\x1b", {**ROW, "gateway_id": "gw-[x]"}, [step], "24h")
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "[link=http://evil]" in out and "[red]" in out and "n[b]1\\x1b" in out
+
+
+def test_bcw_events_shows_node_data_without_controls() -> None:
+    from types import SimpleNamespace
+
+    from workers.tail import render
+
+    msg = SimpleNamespace(
+        headers={"Bc-Type": "node.disconnected"}, subject="bc.events.node.disconnected",
+        metadata=SimpleNamespace(timestamp=datetime(2026, 12, 1, tzinfo=UTC)),
+    )  # fmt: skip
+    line = render(msg, {"nodeId": "n\x1b[31m1", "epoch": 1, "reason": HOSTILE}, as_json=False)  # type: ignore[arg-type]
+    assert "\x1b" not in line and "\x07" not in line and "n\\x1b[31m1" in line

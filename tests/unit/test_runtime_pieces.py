@@ -267,3 +267,49 @@ def test_metrics_are_the_librarys_exposition_and_parse() -> None:
         "bcw_dead_letters", "bcw_quarantine_holds_expired",
     }  # fmt: skip
     assert set(families) == expected
+
+
+# -- secrets never reach a log line or an error line -------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("nats://u:hunter2@h:4222", "nats://u:***@h:4222"),
+        ("nats://s3cr3t@h:4222", "nats://***@h:4222"),
+        ("tls://tok@h, nats://a:b@c", "tls://***@h, nats://a:***@c"),
+        ("postgresql://bcw:pa:ss@db:5432/x", "postgresql://bcw:***@db:5432/x"),
+        ("postgresql://postgres@127.0.0.1/x", "postgresql://postgres@127.0.0.1/x"),  # no secret
+        ("no url here", "no url here"),
+    ],
+)
+def test_redact_hides_what_a_url_carries(text: str, shown: str) -> None:
+    from workers.runtime.base.errors import redact
+
+    assert redact(text) == shown
+
+
+@pytest.mark.parametrize("log_format", ["console", "json"])
+def test_every_log_line_is_redacted(log_format: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    from workers.runtime.observability import logs
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        logs.configure(log_format, "INFO")
+        logging.getLogger("t").warning("cannot reach %s", "nats://u:hunter2@h:4222")
+        try:
+            raise RuntimeError("postgresql://bcw:hunter2@db/x refused")
+        except RuntimeError:
+            logging.getLogger("t").exception("failed")
+    finally:
+        root.handlers[:], root.level = handlers, level
+    err = capsys.readouterr().err
+    assert "hunter2" not in err and "u:***@h" in err and "bcw:***@db" in err
+
+
+def test_an_error_line_of_the_cli_is_redacted(capsys: pytest.CaptureFixture[str]) -> None:
+    from workers.cli.main import _explain
+
+    _explain("run", "cannot reach nats://u:hunter2@h:4222")
+    assert capsys.readouterr().err == "bcw run: cannot reach nats://u:***@h:4222\n"

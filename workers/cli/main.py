@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from workers.cli import bench, operating, provisioning, running
 from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED
-from workers.runtime.base.errors import SettingError
+from workers.runtime.base.errors import SettingError, redact
 from workers.runtime.base.settings import Settings, describe
 
 
@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = Settings()
     except ValidationError as error:
         for line in describe(error):
-            print(f"bcw: {line}", file=sys.stderr)
+            print(redact(f"bcw: {line}"), file=sys.stderr)
         return EXIT_BAD_SETTINGS
     try:
         code: int = args.handler(args, settings)
@@ -55,4 +55,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _explain(command: str, line: str) -> None:
     if os.environ.get("BCW_LOG_LEVEL", "").upper() == "DEBUG":
         traceback.print_exc()
-    print(f"bcw {command}: {line}", file=sys.stderr)
+    print(redact(f"bcw {command}: {line}"), file=sys.stderr)

@@ -63,17 +63,22 @@ class Frames:
             if inventory_hashes is None
             else sections_to_request(inventory_hashes, session.inventory)
         )
+        session.requested.update(wanted)
         return HeartbeatAck(self.wall(), wanted)
 
     async def inventory(
         self, node_id: str, epoch: int, section: str, digest: str, body: Mapping[str, Any]
     ) -> None:
-        """An inventory frame: one section the gateway asked for, stored under the
-        session's fence (a frame of a session no longer current writes nothing)."""
+        """An inventory frame: one section the gateway asked for (any other is refused),
+        stored under the session's fence (a frame of a session no longer current writes
+        nothing), at most `MAX_INVENTORY_SECTIONS` per node."""
         session = self._frame(node_id, epoch)
         problem = section_problem(section, digest, body)
+        if problem is None and section not in session.requested:
+            problem = f"inventory section {section!r} was not asked for"
         if problem is not None:
             raise Refused(Code.INVALID_ARGUMENT, problem)
+        session.requested.discard(section)
         async with self.pool.acquire() as conn:
             written = await store.write_section(
                 conn, self.gateway_id, self.lease_epoch or 0, node_id, epoch, section, digest, body

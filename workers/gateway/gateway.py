@@ -232,6 +232,7 @@ class Gateway(Frames):
             self.clock(),
             cert.not_after.timestamp() if cert is not None else float("inf"),
             inventory=dict(opened.inventory),
+            requested=set(sections_to_request(request.inventory_hashes, opened.inventory)),
             hello=hello,
         )
         await self.facts.publish(hello)

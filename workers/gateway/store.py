@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 
-from schemas.facts import is_duplicate_identity
+from schemas.facts import MAX_INVENTORY_SECTIONS, is_duplicate_identity
 from workers.gateway.admission import CertRow, DesiredState, HelloRequest
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,9 @@ SELECT s.node_id, $3, $4, $5::jsonb, s.session_epoch, compute_now()
   JOIN gateways g ON g.gateway_id = s.gateway_id
  WHERE s.node_id = $1 AND s.session_epoch = $2 AND s.gateway_id = $6
    AND g.lease_epoch = $7 AND g.lease_expires_at > compute_now()
+   -- at most MAX_INVENTORY_SECTIONS per node: a new section only below it
+   AND (EXISTS (SELECT 1 FROM node_inventory x WHERE x.node_id = $1 AND x.section = $3)
+        OR (SELECT count(*) FROM node_inventory x WHERE x.node_id = $1) < $8)
 ON CONFLICT (node_id, section) DO UPDATE
    SET hash = EXCLUDED.hash, body = EXCLUDED.body, session_epoch = EXCLUDED.session_epoch,
        reported_at = EXCLUDED.reported_at
@@ -289,8 +292,10 @@ async def write_section(
     body: Mapping[str, Any],
 ) -> bool:
     """Store one inventory section the daemon sent; False when its session or this
-    gateway's lease is no longer current (nothing written)."""
+    gateway's lease is no longer current, or the node already has as many sections as it
+    may (`MAX_INVENTORY_SECTIONS`) and this one is new (nothing written)."""
     status = await conn.execute(
-        WRITE_SECTION, node_id, epoch, section, digest, json.dumps(body), gateway_id, lease_epoch
-    )
+        WRITE_SECTION, node_id, epoch, section, digest, json.dumps(body), gateway_id, lease_epoch,
+        MAX_INVENTORY_SECTIONS,
+    )  # fmt: skip
     return bool(status == "INSERT 0 1")

@@ -57,6 +57,7 @@ class Session:
     load: float | None = None  # from the last heartbeat with it: its load average
     node_load: NodeLoad | None = None  # the whole NodeLoad of that heartbeat
     inventory: dict[str, str] = field(default_factory=dict)  # section → hash the store holds
+    requested: set[str] = field(default_factory=set)  # sections asked for and not yet sent
     applied_generation: int = 0  # the highest its heartbeats reported
     reported_generation: int = 0  # the highest published in a status fact
     hello: Hello | None = None  # the fact published for it, kept to publish again if asked

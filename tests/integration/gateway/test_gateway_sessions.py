@@ -237,6 +237,32 @@ async def test_silent_sessions_time_out_and_revoked_ones_are_dropped(
         await gw.stop(graceful=False)
 
 
+async def test_only_sections_asked_for_are_stored_and_a_node_holds_a_bounded_number(
+    gateway: Gateway, db: asyncpg.Connection
+) -> None:
+    await fleet.join(db, "n1")
+    welcome = await gateway.hello(request(inventory_hashes={"cpu": "c1"}), RecordingStream())
+    with pytest.raises(Refused) as refused:  # never asked for: not stored
+        await gateway.inventory("n1", welcome.epoch, "secrets", "s1", {"x": 1})
+    assert refused.value.code is Code.INVALID_ARGUMENT
+    await gateway.inventory("n1", welcome.epoch, "cpu", "c1", {"cores": 8})
+    with pytest.raises(Refused):  # asked once: sent once
+        await gateway.inventory("n1", welcome.epoch, "cpu", "c1", {"cores": 8})
+    # a node already holding 256 sections gets no new one (an old one is still updated)
+    await db.execute(
+        "INSERT INTO node_inventory (node_id, section, hash, body, session_epoch, reported_at) "
+        "SELECT 'n1', 'old-' || i, 'h', '{}', 1, now() FROM generate_series(1, 255) i"
+    )
+    again = await gateway.hello(
+        request(boot_id="b2", inventory_hashes={"cpu": "c2", "new": "n1"}), RecordingStream()
+    )
+    assert again.request_sections == ("cpu", "new")
+    await gateway.inventory("n1", again.epoch, "new", "n1", {"x": 1})
+    await gateway.inventory("n1", again.epoch, "cpu", "c2", {"cores": 16})
+    stored = dict(await db.fetch("SELECT section, hash FROM node_inventory WHERE node_id = 'n1'"))
+    assert len(stored) == 256 and "new" not in stored and stored["cpu"] == "c2"
+
+
 async def test_the_welcome_and_every_10th_heartbeat_ask_for_the_sections_not_held(
     gateway: Gateway, db: asyncpg.Connection
 ) -> None:

@@ -146,6 +146,26 @@ def is_transient(error: BaseException) -> bool:
 _PUBLISH_REFUSED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
 
 
+# scheme://userinfo@ : a password after a colon, or a NATS token (userinfo alone)
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<info>[^@/\s'\"]+)@")
+
+
+def redact(text: str) -> str:
+    """`text` with the secrets a URL can carry replaced by `***`: a password
+    (`user:***@`) and a NATS token (`nats://***@`). Every log line and every error line
+    goes through it. Pure."""
+
+    def hide(match: re.Match[str]) -> str:
+        scheme, info = match["scheme"], match["info"]
+        if ":" in info:
+            return f"{scheme}{info.split(':', 1)[0]}:***@"
+        if scheme.lower().startswith(("nats", "tls", "ws")):
+            return f"{scheme}***@"
+        return match.group()
+
+    return _URL_USERINFO.sub(hide, text)
+
+
 def refused_publish_subject(error: BaseException) -> str | None:
     """The subject a NATS server refused us to publish to (a publish permission that is
     missing for that subject only: the connection stays up), else None. Pure."""
