@@ -19,7 +19,7 @@ CHART = Path(__file__).resolve().parents[2] / "charts" / "bc-workers"
 PRODUCTION = CHART / "ci" / "production-values.yaml"
 KUBE_VERSION = "1.31"
 WORKERS = ["labeler", "liveness", "quarantine", "recorder", "replay"]
-MINIMAL = {"database": {"url": "postgresql://bcw@db/bcw"}}
+MINIMAL = {"database": {"url": "postgresql://bcw@db/bcw"}, "allowSharedCredentials": True}
 
 
 def render(values: dict[str, Any]) -> list[dict[str, Any]]:
@@ -189,31 +189,58 @@ def _pod(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     return dict(by_kind(docs, kind)[name]["spec"]["template"]["spec"])
 
 
-def _secrets_of(container: dict[str, Any], pod: dict[str, Any]) -> tuple[str, str | None, str]:
+def _secrets_of(
+    container: dict[str, Any], pod: dict[str, Any]
+) -> tuple[str | None, str | None, str]:
     """(database Secret, NATS Secret mounted, the NATS login variable) of a container."""
     env = {e["name"]: e for e in container["env"]}
-    database = env["BCW_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"]
-    volumes = {v["name"]: v for v in pod["volumes"]}
+    database = env.get("BCW_DATABASE_URL", {}).get("valueFrom", {}).get("secretKeyRef", {})
+    mounted = {m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"] if v["name"] in mounted}
     nats = volumes.get("nats-credentials", {}).get("secret", {}).get("secretName")
     login = [n for n in env if n in ("BCW_NATS_NKEY_SEED_FILE", "BCW_NATS_CREDS_FILE")]
-    return database, nats, ",".join(login)
+    return database.get("name"), nats, ",".join(login)
 
 
-def test_each_worker_logs_in_as_itself_and_the_job_as_the_owner() -> None:
+def test_each_worker_logs_in_as_itself_and_each_job_container_gets_only_what_it_uses() -> None:
     docs = render(production())
     for worker in WORKERS:
         pod = _pod(docs, "Deployment", f"fleet-bc-workers-{worker}")
-        expected = (
-            (f"bcw-{worker}-database", "bc-workers-nats", "BCW_NATS_CREDS_FILE")
-            if worker == "quarantine"  # no NATS Secret of its own: the shared creds
-            else (f"bcw-{worker}-database", f"bcw-{worker}-nats", "BCW_NATS_NKEY_SEED_FILE")
-        )
+        expected = (f"bcw-{worker}-database", f"bcw-{worker}-nats", "BCW_NATS_NKEY_SEED_FILE")
         assert _secrets_of(pod["containers"][0], pod) == expected, worker
     job = _pod(docs, "Job", "fleet-bc-workers-migrate")
-    for container in (*job["initContainers"], *job["containers"]):
-        assert _secrets_of(container, job) == (
-            "bc-workers-database-owner", "bcw-admin-nats", "BCW_NATS_NKEY_SEED_FILE"
-        )  # fmt: skip
+    [migrate], [provision] = job["initContainers"], job["containers"]
+    assert _secrets_of(migrate, job) == ("bc-workers-database-owner", None, "")
+    assert _secrets_of(provision, job) == (None, "bcw-admin-nats", "BCW_NATS_NKEY_SEED_FILE")
+    assert not {e["name"] for e in migrate["env"]} & {"BCW_NATS_URL", "BCW_NATS_TLS_CA_FILE"}
+
+
+def test_secrets_are_mounted_key_by_key() -> None:
+    docs = render(production())
+    pod = _pod(docs, "Deployment", "fleet-bc-workers-labeler")
+    volumes = {v["name"]: v["secret"] for v in pod["volumes"] if "secret" in v}
+    assert volumes["nats-credentials"]["items"] == [{"key": "seed.nk", "path": "seed.nk"}]
+    assert [i["key"] for i in volumes["nats-tls"]["items"]] == ["ca.crt", "tls.crt", "tls.key"]
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"database": {"existingSecret": "shared"}}, "workers.labeler.database.existingSecret"),
+        (
+            {"database": {"existingSecret": "shared"}, "nats": {"credentials": {"existingSecret": "all"}},
+             "workers": {w: {"database": {"existingSecret": f"{w}-db"}} for w in WORKERS}},
+            "workers.labeler.nats.existingSecret",
+        ),
+    ],
+)  # fmt: skip
+def test_a_worker_without_its_own_credentials_does_not_render(
+    values: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(Exception, match=re.escape(named)) as refused:
+        render(values)
+    assert "allowSharedCredentials" in str(refused.value)
+    render({**values, "allowSharedCredentials": True})  # allowed on purpose: it renders
 
 
 @pytest.mark.parametrize("values", [MINIMAL, production()], ids=["defaults", "production"])

@@ -55,6 +55,20 @@ app.kubernetes.io/component: {{ .component }}
 {{/* Where a pod's database URL and NATS login come from: (dict "root" $ "database" <a
    database block or nil> "nats" <a nats block or nil>) gives "dbSecret|dbKey|natsSecret|natsKey|natsType",
    the pod's own Secrets first, then the shared ones (database.*, nats.credentials). */}}
+{{/* A worker's Secrets must be its own unless allowSharedCredentials (dict "root" $
+   "worker" name "spec" its values): fails the render naming the value to set. */}}
+{{- define "bcw.ownCredentials" -}}
+{{- $v := .root.Values -}}
+{{- if not $v.allowSharedCredentials -}}
+{{- if not (and .spec.database .spec.database.existingSecret) -}}
+{{- fail (printf "workers.%s.database.existingSecret is empty: the worker would log in to PostgreSQL with the shared (owner) URL; give it a login of its own (docs/kubernetes.md), or set allowSharedCredentials: true" .worker) -}}
+{{- end -}}
+{{- if and $v.nats.credentials.existingSecret (not (and .spec.nats .spec.nats.existingSecret)) -}}
+{{- fail (printf "workers.%s.nats.existingSecret is empty: the worker would log in to NATS with the shared nats.credentials; give it its own (bcw auth nats), or set allowSharedCredentials: true" .worker) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "bcw.secrets" -}}
 {{- $v := .root.Values -}}
 {{- $dbSecret := include "bcw.databaseSecret" .root -}}
@@ -72,6 +86,8 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "bcw.env" -}}
 {{- $v := .root.Values -}}
 {{- $s := splitList "|" .secrets -}}
+{{- $db := or (not (hasKey . "database")) .database -}}
+{{- $bus := or (not (hasKey . "nats")) .nats -}}
 - name: POD_NAME
   valueFrom: {fieldRef: {fieldPath: metadata.name}}
 - name: POD_NAMESPACE
@@ -86,6 +102,7 @@ app.kubernetes.io/component: {{ .component }}
   value: {{ $v.logLevel | quote }}
 - name: BCW_HEALTH_PORT
   value: {{ $v.healthPort | quote }}
+{{- if $db }}
 - name: BCW_DATABASE_URL
   valueFrom:
     secretKeyRef:
@@ -95,6 +112,8 @@ app.kubernetes.io/component: {{ .component }}
   value: {{ $v.database.poolMax | quote }}
 - name: BCW_DATABASE_STATEMENT_CACHE_SIZE
   value: {{ $v.database.statementCacheSize | quote }}
+{{- end }}
+{{- if $bus }}
 - name: BCW_NATS_URL
   value: {{ $v.nats.url | quote }}
 - name: BCW_NATS_STREAM_REPLICAS
@@ -103,7 +122,8 @@ app.kubernetes.io/component: {{ .component }}
 - name: {{ ternary "BCW_NATS_NKEY_SEED_FILE" "BCW_NATS_CREDS_FILE" (eq (index $s 4) "nkey") }}
   value: /etc/bcw/nats/{{ index $s 3 }}
 {{- end }}
-{{- if $v.nats.tls.existingSecret }}
+{{- end }}
+{{- if and $bus $v.nats.tls.existingSecret }}
 - name: BCW_NATS_TLS_CA_FILE
   value: /etc/bcw/tls/ca.crt
 {{- if $v.nats.tls.mutual }}
@@ -131,14 +151,15 @@ app.kubernetes.io/component: {{ .component }}
 {{/* Call with (dict "root" $ "secrets" (include "bcw.secrets" …)). */}}
 {{- define "bcw.volumeMounts" -}}
 {{- $s := splitList "|" .secrets -}}
+{{- $bus := or (not (hasKey . "nats")) .nats -}}
 - name: tmp
   mountPath: /tmp
-{{- if index $s 2 }}
+{{- if and $bus (index $s 2) }}
 - name: nats-credentials
   mountPath: /etc/bcw/nats
   readOnly: true
 {{- end }}
-{{- if .root.Values.nats.tls.existingSecret }}
+{{- if and $bus .root.Values.nats.tls.existingSecret }}
 - name: nats-tls
   mountPath: /etc/bcw/tls
   readOnly: true
@@ -152,10 +173,21 @@ app.kubernetes.io/component: {{ .component }}
   emptyDir: {sizeLimit: 64Mi}
 {{- if index $s 2 }}
 - name: nats-credentials
-  secret: {secretName: {{ index $s 2 }}, defaultMode: 0400}
+  secret:
+    secretName: {{ index $s 2 }}
+    defaultMode: 0400
+    items: [{key: {{ index $s 3 | quote }}, path: {{ index $s 3 | quote }}}]  # that key only
 {{- end }}
 {{- if .root.Values.nats.tls.existingSecret }}
 - name: nats-tls
-  secret: {secretName: {{ .root.Values.nats.tls.existingSecret }}, defaultMode: 0400}
+  secret:
+    secretName: {{ .root.Values.nats.tls.existingSecret }}
+    defaultMode: 0400
+    items:
+      - {key: ca.crt, path: ca.crt}
+      {{- if .root.Values.nats.tls.mutual }}
+      - {key: tls.crt, path: tls.crt}
+      - {key: tls.key, path: tls.key}
+      {{- end }}
 {{- end }}
 {{- end -}}
