@@ -37,10 +37,20 @@ def test_no_principal_but_admin_may_publish_a_fact_except_its_own_gateway() -> N
     made = principals.principals(Subjects("t1"), ["gw-1", "gw-2"])
     for principal in made:
         facts = [s for s in principal.publish if s.startswith("t1.facts") or s in (">", "t1.>")]
+        types = [
+            "hello",
+            "liveness",
+            "closed",
+            "progress",
+            "result",
+            "rejected",
+            "events",
+            "status",
+        ]
         expected = {
-            "admin": [">"],
-            "gateway-gw-1": ["t1.facts.gw-1.>"],
-            "gateway-gw-2": ["t1.facts.gw-2.>"],
+            "admin": [">"],  # a gateway: its own facts, type by type, and nothing else
+            "gateway-gw-1": [f"t1.facts.gw-1.{t}" for t in types],
+            "gateway-gw-2": [f"t1.facts.gw-2.{t}" for t in types],
         }.get(principal.name, [])
         assert facts == expected, principal.name
 

@@ -38,6 +38,16 @@ def _header_value(text: str) -> str:
     return " ".join(text.split())[:1024]
 
 
+#: causes that say the message itself is bad (every worker would say the same): such a
+#: message is dead-lettered once, whichever worker gets to it first (JetStream drops the
+#: other workers' copies as duplicates within its 2-minute window)
+SHARED_CAUSES = frozenset({"invalid", "unsupported-major"})
+
+
+def _copy_owner(worker: str, cause: str) -> str:
+    return "all" if cause in SHARED_CAUSES else worker
+
+
 async def dead_letter(
     js: JetStreamContext,
     subjects: Subjects,
@@ -62,8 +72,9 @@ async def dead_letter(
             STREAM_SEQ: str(stream_seq),
             WORKER: worker,
             ORIGINAL_MSG_ID: original_id,
-            # one copy per stream position, even if two replicas dead-letter it at once
-            "Nats-Msg-Id": f"dead:{worker}:{stream}:{stream_seq}",
+            # one copy per stream position, even if two replicas dead-letter it at once —
+            # and, for a fact bad for every worker alike, one for all the workers
+            "Nats-Msg-Id": f"dead:{_copy_owner(worker, cause)}:{stream}:{stream_seq}",
         }
     )
     await js.publish(subjects.dead(worker), data, headers=out, timeout=5)

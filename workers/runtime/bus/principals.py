@@ -25,6 +25,7 @@ from pathlib import Path
 import nkeys
 
 from schemas.base import GATEWAY_ID_PATTERN
+from schemas.facts import FACT_TYPES
 from schemas.subjects import Subjects
 
 #: the worker kinds (the registry's names; a unit test keeps them equal)
@@ -98,7 +99,8 @@ def principals(subjects: Subjects, gateways: Sequence[str]) -> list[Principal]:
                 publish=(
                     _api("INFO"),
                     _api("STREAM.INFO", notices),
-                    f"{root}.facts.{gateway}.>",
+                    # its own facts, type by type (nothing else under its subject)
+                    *(subjects.fact(gateway, t.BC_TYPE) for t in FACT_TYPES),
                     _api("CONSUMER.CREATE", notices, durable, subjects.gateway_notices(gateway)),
                     _api("CONSUMER.INFO", notices, durable),
                     _api("CONSUMER.MSG.NEXT", notices, durable),
