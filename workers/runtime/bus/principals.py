@@ -53,7 +53,6 @@ def _api(*parts: str) -> str:
 
 def principals(subjects: Subjects, gateways: Sequence[str]) -> list[Principal]:
     """Every principal and its grants (inboxes aside: `_INBOX.<key>.>` is added per key)."""
-    root = subjects.root
     facts, events = subjects.facts_stream, subjects.events_stream
     notices, dead = subjects.gateway_stream, subjects.dead_stream
     streams = (facts, events, notices, dead)
