@@ -344,18 +344,23 @@ async def count_effects(
     }
 
 
-async def _events(nc: NATS, subjects: Subjects) -> dict[str, Counter[str]]:
-    """Every event on the events stream, counted per type and node."""
+async def _events(nc: NATS, subjects: Subjects, within: float = 120) -> dict[str, Counter[str]]:
+    """Every event on the events stream, counted per type and node: read until the
+    consumer has none pending (a fetch that times out on a loaded machine is tried again,
+    never taken for the end of the stream)."""
     js = nc.jetstream()
     sub = await js.pull_subscribe(subjects.all_events, stream=subjects.events_stream)
+    total = (await sub.consumer_info()).num_pending  # the events there are, to the last
     out: dict[str, Counter[str]] = {}
+    seen, deadline = 0, time.monotonic() + within
     try:
-        while True:
+        while seen < total and time.monotonic() < deadline:
             try:
                 msgs = await sub.fetch(500, timeout=2)
-            except nats.errors.TimeoutError:
-                break
+            except TimeoutError:  # nats-py raises nats' own or asyncio's: both are this
+                continue
             for msg in msgs:
+                seen += 1
                 body = json.loads(msg.data)
                 bc_type = (msg.headers or {}).get("Bc-Type", "")
                 out.setdefault(bc_type, Counter())[body.get("nodeId", "")] += 1
