@@ -350,7 +350,7 @@ async def _events(nc: NATS, subjects: Subjects, within: float = 120) -> dict[str
     never taken for the end of the stream)."""
     js = nc.jetstream()
     sub = await js.pull_subscribe(subjects.all_events, stream=subjects.events_stream)
-    total = (await sub.consumer_info()).num_pending  # the events there are, to the last
+    total = (await sub.consumer_info()).num_pending or 0  # the events there are, to the last
     out: dict[str, Counter[str]] = {}
     seen, deadline = 0, time.monotonic() + within
     try:
