@@ -1,23 +1,25 @@
 """`bcw events`: follow the session events workers publish, like a subscriber would.
 
-An ordered consumer on the events stream (no state on the server, nothing to clean
-up), filtered by type (NATS wildcards) on the server and by node on the client. The
-equivalent with the `nats` CLI:
-
-    nats sub --stream BC_EVENTS 'bc.events.node.>'          # or: nats stream view BC_EVENTS
+It reads the events stream message by message (`STREAM.MSG.GET` with `next_by_subj`:
+the next event of the type asked for, from a sequence on) and is woken by the events'
+own subjects as they are published: no consumer is created, so a read-only principal
+(`subscriber`) can do all of it, and nothing is left on the server. Filtered by type
+(NATS wildcards) on the server and by node on the client. The equivalent with the `nats`
+CLI: `nats stream view BC_EVENTS`, or `nats sub 'bc.events.node.>'` for new ones.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from nats.aio.msg import Msg
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.aio.client import Client as NATS
+from nats.js.errors import NotFoundError
 
 from schemas.subjects import Subjects
 from workers.display import printable
@@ -37,16 +39,38 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def render(msg: Msg, body: dict[str, Any], as_json: bool) -> str:
-    bc_type = (msg.headers or {}).get("Bc-Type", "?")
-    when = msg.metadata.timestamp.isoformat(timespec="seconds") if msg.metadata.timestamp else "-"
+def render(
+    subject: str, headers: Mapping[str, str] | None, when: datetime | None,
+    body: dict[str, Any], as_json: bool,
+) -> str:  # fmt: skip
+    bc_type = (headers or {}).get("Bc-Type", "?")
+    stamp = when.isoformat(timespec="seconds") if when else "-"
     if as_json:
-        return json.dumps({"time": when, "type": bc_type, "subject": msg.subject, "event": body})
+        return json.dumps({"time": stamp, "type": bc_type, "subject": subject, "event": body})
     rest = " ".join(f"{k}={v}" for k, v in body.items() if k not in ("nodeId", "epoch"))
     line = (
-        f"{when} {bc_type:<32} {body.get('nodeId', '-'):<24} epoch={body.get('epoch', '-')} {rest}"
+        f"{stamp} {bc_type:<32} {body.get('nodeId', '-'):<24} epoch={body.get('epoch', '-')} {rest}"
     )
     return printable(line)  # what a node said never reaches the terminal as a control
+
+
+async def first_sequence(
+    nc: NATS, subjects: Subjects, wanted: str, since: datetime | None, everything: bool
+) -> int:
+    """Where reading starts: the stream's first event, the first at or after `since`, or
+    (neither) the next one published."""
+    js = nc.jetstream()
+    state = (await js.stream_info(subjects.events_stream)).state
+    if everything:
+        return max(1, state.first_seq)
+    if since is None:
+        return state.last_seq + 1
+    request = {"start_time": since.isoformat(), "next_by_subj": wanted}
+    reply = await nc.request(
+        f"$JS.API.STREAM.MSG.GET.{subjects.events_stream}", json.dumps(request).encode(), 5
+    )
+    found = json.loads(reply.data).get("message")
+    return int(found["seq"]) if found else state.last_seq + 1
 
 
 async def follow(
@@ -62,48 +86,41 @@ async def follow(
     out: Callable[[str], None] = print,
 ) -> int:
     subjects = Subjects(settings.subject_root)
+    wanted = subjects.event(event_type)
     nc = await connection.connect(settings.nats, name="bcw events")
     shown = 0
-    done = asyncio.Event()
-    last = asyncio.get_running_loop().time()
+    loop = asyncio.get_running_loop()
+    last = loop.time()
+    published = asyncio.Event()
 
-    async def on_message(msg: Msg) -> None:
-        nonlocal shown, last
-        last = asyncio.get_running_loop().time()
-        if done.is_set():
-            return
-        try:
-            body = json.loads(msg.data)
-        except ValueError:
-            return
-        if node is not None and body.get("nodeId") != node:
-            return
-        out(render(msg, body, as_json))
-        shown += 1
-        if count is not None and shown >= count:
-            done.set()
+    async def woken(_msg: object) -> None:  # the event itself is read from the stream
+        published.set()
 
-    options: dict[str, Any] = {"deliver_policy": DeliverPolicy.NEW}
-    if everything:
-        options = {"deliver_policy": DeliverPolicy.ALL}
-    elif since:
-        options = {
-            "deliver_policy": DeliverPolicy.BY_START_TIME,
-            "opt_start_time": parse_since(since).isoformat(),
-        }
     try:
         js = nc.jetstream()
-        await js.subscribe(
-            subjects.event(event_type),
-            stream=subjects.events_stream,
-            ordered_consumer=True,
-            cb=on_message,
-            config=ConsumerConfig(**options),
+        await nc.subscribe(wanted, cb=woken)
+        seq = await first_sequence(
+            nc, subjects, wanted, parse_since(since) if since else None, everything
         )
-        while not done.is_set():
-            await asyncio.sleep(0.1)
-            if idle_exit is not None and asyncio.get_running_loop().time() - last > idle_exit:
-                break
+        while count is None or shown < count:
+            try:
+                msg = await js.get_msg(subjects.events_stream, seq=seq, subject=wanted, next=True)
+            except NotFoundError:  # nothing newer: wait for a publish (or look again soon)
+                if idle_exit is not None and loop.time() - last > idle_exit:
+                    break
+                published.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(published.wait(), 0.5)
+                continue
+            seq, last = (msg.seq or seq) + 1, loop.time()
+            try:
+                body = json.loads(msg.data or b"")
+            except ValueError:
+                continue
+            if not isinstance(body, dict) or (node is not None and body.get("nodeId") != node):
+                continue
+            out(render(msg.subject or "", msg.headers, msg.time, body, as_json))
+            shown += 1
     finally:
         await nc.close()
     return 0

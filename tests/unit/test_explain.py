@@ -87,13 +87,11 @@ def test_operator_output_shows_node_data_as_text(capsys: pytest.CaptureFixture[s
 
 
 def test_bcw_events_shows_node_data_without_controls() -> None:
-    from types import SimpleNamespace
-
     from workers.tail import render
 
-    msg = SimpleNamespace(
-        headers={"Bc-Type": "node.disconnected"}, subject="bc.events.node.disconnected",
-        metadata=SimpleNamespace(timestamp=datetime(2026, 12, 1, tzinfo=UTC)),
+    body = {"nodeId": "n\x1b[31m1", "epoch": 1, "reason": HOSTILE}
+    line = render(
+        "bc.events.node.disconnected", {"Bc-Type": "node.disconnected"},
+        datetime(2026, 12, 1, tzinfo=UTC), body, as_json=False,
     )  # fmt: skip
-    line = render(msg, {"nodeId": "n\x1b[31m1", "epoch": 1, "reason": HOSTILE}, as_json=False)  # type: ignore[arg-type]
     assert "\x1b" not in line and "\x07" not in line and "n\\x1b[31m1" in line

@@ -5,13 +5,10 @@ nobody unauthenticated gets in; `admin` provisions; each worker runs as its own
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import functools
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 import nats
@@ -128,21 +125,29 @@ async def test_each_principal_does_its_work_and_nothing_else(
             assert stream.delivered[0].command_id == command
             await eventually(lambda: _labeled(db), what="the labeler's system label")
 
-            # subscriber follows the events through a consumer of its own
+            # subscriber reads the events, and may do nothing else: no consumer of any kind
+            # (none to create, change or delete), no publish
             async with _client(keys, secured, "subscriber") as (nc, errors):
-                js = nc.jetstream()
-                seen: list[str] = []
-                await js.subscribe(
-                    SUBJECTS.all_events,
-                    stream=SUBJECTS.events_stream,
-                    ordered_consumer=True,
-                    cb=functools.partial(_append, seen),
-                    config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
-                )
-                await eventually(lambda: _has(seen, "node.connected"), what="node.connected")
+                js = nc.jetstream(timeout=2.0)
+                first = await js.get_msg(
+                    SUBJECTS.events_stream, seq=1, subject=SUBJECTS.event("node.connected"),
+                    next=True,
+                )  # fmt: skip
+                assert first.headers and first.headers["Bc-Type"] == "node.connected"
                 await nc.publish(SUBJECTS.fact("gw-1", "hello"), b"{}")
                 await nc.flush()
                 await eventually(lambda: _violation(errors, "Publish"), what="a refused publish")
+                for config in (
+                    ConsumerConfig(deliver_policy=DeliverPolicy.ALL),  # ephemeral
+                    ConsumerConfig(durable_name="mine", deliver_policy=DeliverPolicy.ALL),
+                    ConsumerConfig(name="spy", deliver_subject="bc.facts.gw-1.hello"),
+                ):
+                    errors.clear()
+                    with pytest.raises(nats.errors.TimeoutError):  # refused: no answer
+                        await js.add_consumer(SUBJECTS.events_stream, config)
+                    await eventually(lambda: _violation(errors, "Publish"), what="refused")
+                with pytest.raises(nats.errors.TimeoutError):
+                    await js.delete_consumer(SUBJECTS.events_stream, "labeler")
             code, output = await bcw(
                 "events", "--all", "--type", "node.connected", "--count", "1", "--idle-exit", "10",
                 BCW_NATS_URL=secured, BCW_SUBJECT_ROOT="bc",
@@ -188,15 +193,6 @@ async def _one(stream: RecordingStream) -> bool:
 
 async def _labeled(db: asyncpg.Connection) -> bool:
     return bool(await db.fetchval("SELECT count(*) FROM node_labels WHERE key = 'bc.dev/cap.gpu'"))
-
-
-async def _append(seen: list[str], msg: Any) -> None:
-    seen.append(msg.headers.get("Bc-Type", "") if msg.headers else "")
-
-
-async def _has(seen: list[str], bc_type: str) -> bool:
-    await asyncio.sleep(0)
-    return bc_type in seen
 
 
 async def _violation(errors: list[str], kind: str) -> bool:

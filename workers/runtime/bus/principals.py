@@ -7,7 +7,8 @@ shows the same table, generated from `principals()`.
   dead letters it publishes; never a fact.
 - `gateway-<id>`: its own facts, its own consumer (created with its own filter subject)
   on the notices stream, and the revocation notices.
-- `subscriber`: reads the events through consumers of its own on the events stream.
+- `subscriber`: reads the events stream message by message and is told of new events
+  on their subjects; it creates, changes and deletes no consumer (read-only).
 
 Every principal's replies come to an inbox of its own, `_INBOX.<its public key>.>`
 (`connection.connect` sets that prefix when it logs in with an nkey seed), so no principal can
@@ -111,18 +112,11 @@ def principals(subjects: Subjects, gateways: Sequence[str]) -> list[Principal]:
     made.append(
         Principal(
             "subscriber",
-            "bcw events, dashboards, placement",
+            "bcw events, dashboards, placement: reads the events, creates nothing",
             publish=(
                 _api("INFO"),
                 _api("STREAM.INFO", events),
-                _api("CONSUMER.CREATE", events),
-                _api("CONSUMER.CREATE", events, ">"),
-                _api("CONSUMER.DURABLE.CREATE", events, ">"),
-                _api("CONSUMER.INFO", events, ">"),
-                _api("CONSUMER.DELETE", events, ">"),
-                _api("CONSUMER.MSG.NEXT", events, ">"),
-                f"$JS.ACK.{events}.>",
-                f"$JS.FC.{events}.>",
+                _api("STREAM.MSG.GET", events),  # reads message by message: no consumer
             ),
             subscribe=(subjects.all_events,),
         )
