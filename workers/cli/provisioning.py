@@ -102,7 +102,9 @@ def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
         try:
             js = nc.jetstream()
             for stream, state in (
-                await streams.provision_streams(js, subjects, settings.nats.stream_replicas)
+                await streams.provision_streams(
+                    js, subjects, settings.nats.stream_replicas, streams.limits_of(settings.nats)
+                )
             ).items():
                 print(f"stream   {stream:<24} {state}")
             for name, build in sorted(WORKERS.items()):

@@ -9,7 +9,7 @@ sessions, with an outage grace. Disconnected is not dead: nothing is released.
 
 from __future__ import annotations
 
-from workers.liveness.apply import handle, wants
+from workers.liveness.apply import make_handler, wants
 from workers.liveness.sweep import sweep_loop
 from workers.runtime.base.settings import Settings
 from workers.runtime.effects.worker import Worker
@@ -19,7 +19,7 @@ def build(settings: Settings) -> Worker:
     return Worker(
         name="liveness",
         fact_types=("hello", "liveness", "closed"),
-        handle=handle,
+        handle=make_handler(settings.liveness.max_zombie_notices),
         wants=wants,
         loops=(sweep_loop(settings.liveness),),
     )

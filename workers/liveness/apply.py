@@ -7,7 +7,9 @@ session's epoch and gateway; a write that matches nothing is a stale fact, not a
 from __future__ import annotations
 
 import json
+import logging
 import uuid
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from schemas.events import NodeDisconnected
@@ -16,7 +18,9 @@ from schemas.notices import Zombie
 from workers.liveness.decide import closes_its_row, connected
 from workers.runtime.effects import outcome
 from workers.runtime.effects.outcome import Outcome
-from workers.runtime.effects.worker import Tx
+from workers.runtime.effects.worker import Handler, Tx
+
+log = logging.getLogger(__name__)
 
 CURRENT_EPOCHS = """
 SELECT s.node_id, s.session_epoch
@@ -105,20 +109,27 @@ def wants(fact: Fact) -> bool:
     return not isinstance(fact, Closed) or closes_its_row(fact)
 
 
-async def handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
-    outcomes: dict[uuid.UUID, Outcome] = {}
-    hellos = [f for f in facts if isinstance(f, Hello)]
-    if hellos:
-        outcomes.update(await _announce(tx, hellos))
-    flushes = [f for f in facts if isinstance(f, Liveness)]
-    if flushes:
-        await _flush(tx, flushes)
-    closed = [f for f in facts if isinstance(f, Closed)]
-    if closed:
-        outcomes.update(await _disconnect(tx, closed))
-    if flushes:  # empty ones too: an empty flush is the gateway's heartbeat on the bus
-        await tx.conn.execute(SEEN, sorted({f.gateway_id for f in flushes}))
-    return outcomes
+def make_handler(max_zombie_notices: int) -> Handler:
+    """The liveness controller's handler; each gateway gets at most `max_zombie_notices`
+    zombie notices per batch of its flushes (a flood of unknown ids earns no row per id:
+    the rest are counted and logged, and named again by its next flush)."""
+
+    async def handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
+        outcomes: dict[uuid.UUID, Outcome] = {}
+        hellos = [f for f in facts if isinstance(f, Hello)]
+        if hellos:
+            outcomes.update(await _announce(tx, hellos))
+        flushes = [f for f in facts if isinstance(f, Liveness)]
+        if flushes:
+            await _flush(tx, flushes, max_zombie_notices)
+        closed = [f for f in facts if isinstance(f, Closed)]
+        if closed:
+            outcomes.update(await _disconnect(tx, closed))
+        if flushes:  # empty ones too: an empty flush is the gateway's heartbeat on the bus
+            await tx.conn.execute(SEEN, sorted({f.gateway_id for f in flushes}))
+        return outcomes
+
+    return handle
 
 
 async def _announce(tx: Tx, hellos: list[Hello]) -> dict[uuid.UUID, Outcome]:
@@ -135,7 +146,7 @@ async def _announce(tx: Tx, hellos: list[Hello]) -> dict[uuid.UUID, Outcome]:
     return outcomes
 
 
-async def _flush(tx: Tx, flushes: list[Liveness]) -> None:
+async def _flush(tx: Tx, flushes: list[Liveness], max_zombie_notices: int) -> None:
     entries = [(e, fact) for fact in flushes for e in fact.entries]
     if not entries:
         return
@@ -150,7 +161,11 @@ async def _flush(tx: Tx, flushes: list[Liveness]) -> None:
         [e.node_load.model_dump_json() if e.node_load else None for e, _ in entries],
     )
     cause = {fact.gateway_id: fact for fact in flushes}
+    sent: Counter[str] = Counter()
     for row in zombies:
+        if sent[row["gateway_id"]] >= max_zombie_notices:
+            continue
+        sent[row["gateway_id"]] += 1
         notice = Zombie(node_id=row["node_id"], epoch=row["epoch"])
         tx.publish(
             notice,
@@ -158,6 +173,12 @@ async def _flush(tx: Tx, flushes: list[Liveness]) -> None:
             cause=cause[row["gateway_id"]],
             order_key=row["node_id"],
         )
+    held_back = len(zombies) - sum(sent.values())
+    if held_back:
+        log.warning(
+            "zombie notices held back: %d beyond %d per gateway and batch (gateways %s)",
+            held_back, max_zombie_notices, ", ".join(sorted(sent)),
+        )  # fmt: skip
 
 
 async def _disconnect(tx: Tx, closed: list[Closed]) -> dict[uuid.UUID, Outcome]:

@@ -185,7 +185,9 @@ async def _serve(
         ]  # fmt: skip
 
         async def provision() -> None:
-            await streams.provision_streams(js, subjects, settings.nats.stream_replicas)
+            await streams.provision_streams(
+                js, subjects, settings.nats.stream_replicas, streams.limits_of(settings.nats)
+            )
             for consumer in parts.consumers:
                 spec = consumer.worker.consumer_spec(subjects)
                 await streams.ensure_consumer(js, subjects.facts_stream, spec, settings.consumer)

@@ -52,7 +52,12 @@ async def run_scenario(
         owns_clock=own_clock,
     )  # fmt: skip
     try:
-        await streams.provision_streams(nc.jetstream(), subjects, settings.nats.stream_replicas)
+        await streams.provision_streams(
+            nc.jetstream(),
+            subjects,
+            settings.nats.stream_replicas,
+            streams.limits_of(settings.nats),
+        )
         await sim.start()
         sim.progress = lambda phase: console.log(phase)
         checks = await SCENARIOS[scenario](sim)

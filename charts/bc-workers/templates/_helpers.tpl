@@ -118,6 +118,14 @@ app.kubernetes.io/component: {{ .component }}
   value: {{ $v.nats.url | quote }}
 - name: BCW_NATS_STREAM_REPLICAS
   value: {{ $v.nats.streamReplicas | quote }}
+- name: BCW_NATS_STREAM_MAX_BYTES
+  value: {{ $v.nats.streamMaxBytes | int64 | quote }}
+- name: BCW_NATS_STREAM_MAX_MSGS
+  value: {{ $v.nats.streamMaxMsgs | int64 | quote }}
+- name: BCW_NATS_MAX_MSG_SIZE
+  value: {{ $v.nats.maxMsgSize | int64 | quote }}
+- name: BCW_NATS_STREAM_MAX_CONSUMERS
+  value: {{ $v.nats.streamMaxConsumers | int64 | quote }}
 {{- if index $s 2 }}
 - name: {{ ternary "BCW_NATS_NKEY_SEED_FILE" "BCW_NATS_CREDS_FILE" (eq (index $s 4) "nkey") }}
   value: /etc/bcw/nats/{{ index $s 3 }}

@@ -19,6 +19,12 @@ class LivenessSettings(BaseSettings):
     model_config = env_group("BCW_LIVENESS_")
 
     sweep_interval: float = Field(default=5.0, gt=0, description="seconds between sweeps")
+    max_zombie_notices: int = Field(
+        default=100,
+        ge=1,
+        description="zombie notices a gateway gets at most per batch of its flushes: a flood "
+        "of unknown node ids costs no row per id (the rest are named again next flush)",
+    )
     heartbeat_interval: Seconds = Field(
         default=timedelta(seconds=10), description="daemon heartbeat"
     )

@@ -105,6 +105,23 @@ class NatsSettings(BaseSettings):
     tls_cert_file: FilePath | None = Field(default=None, description="client certificate (mTLS)")
     tls_key_file: FilePath | None = Field(default=None, description="client key (mTLS)")
     stream_replicas: int = Field(default=1, ge=1, le=5, description="3 on a clustered JetStream")
+    stream_max_bytes: int = Field(
+        default=-1, ge=-1,
+        description="bytes each stream keeps at most (-1: no bound but its age; the chart sets "
+        "8 GiB): the events, notices and dead letters drop their oldest beyond it; the facts "
+        "stream refuses new facts (gateways retry) rather than drop unapplied ones. JetStream "
+        "reserves it on disk for each stream",
+    )  # fmt: skip
+    stream_max_msgs: int = Field(
+        default=50_000_000, ge=1000, description="messages each stream keeps at most (likewise)"
+    )
+    max_msg_size: int = Field(
+        default=2**20, ge=4096, description="bytes a message on any stream may have at most"
+    )
+    stream_max_consumers: int = Field(
+        default=64, ge=8,
+        description="consumers a stream may have at most (set when the stream is created)",
+    )  # fmt: skip
 
     @field_validator("url")
     @classmethod

@@ -24,7 +24,7 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError, NotFoundError
 
 from schemas.subjects import Subjects
-from workers.runtime.base.runtime_settings import ConsumerSettings
+from workers.runtime.base.runtime_settings import ConsumerSettings, NatsSettings
 
 log = logging.getLogger(__name__)
 
@@ -37,32 +37,71 @@ class ProvisionError(RuntimeError):
     """A stream or consumer exists with a setting the server cannot change in place."""
 
 
-def stream_configs(subjects: Subjects, replicas: int = 1) -> list[StreamConfig]:
-    """The four streams of the contract (DESIGN §3)."""
+@dataclass(frozen=True)
+class StreamLimits:
+    """What one gateway (or anything else) may fill a stream with at most."""
 
-    def stream(name: str, subject_list: list[str], max_age: float) -> StreamConfig:
+    max_bytes: int = -1  # JetStream reserves it per stream: bounded where deployed (chart)
+    max_msgs: int = 50_000_000
+    max_msg_size: int = 2**20
+    max_consumers: int = 64
+
+
+def limits_of(settings: NatsSettings) -> StreamLimits:
+    return StreamLimits(
+        settings.stream_max_bytes,
+        settings.stream_max_msgs,
+        settings.max_msg_size,
+        settings.stream_max_consumers,
+    )
+
+
+def stream_configs(
+    subjects: Subjects, replicas: int = 1, limits: StreamLimits | None = None
+) -> list[StreamConfig]:
+    """The four streams of the contract (DESIGN §3), bounded by `limits`."""
+    limits = limits or StreamLimits()
+
+    def stream(
+        name: str, subject_list: list[str], max_age: float, discard: DiscardPolicy
+    ) -> StreamConfig:
         return StreamConfig(
             name=name,
             subjects=subject_list,
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
-            discard=DiscardPolicy.OLD,
+            discard=discard,
             max_age=max_age,
             num_replicas=replicas,
             # every stream: the outbox relay and the dead-letter path re-publish with the
             # same Nats-Msg-Id after a failure, and rely on JetStream to drop the double
             duplicate_window=DUPLICATE_WINDOW,
+            max_bytes=limits.max_bytes,
+            max_msgs=limits.max_msgs,
+            max_msg_size=limits.max_msg_size,
+            max_consumers=limits.max_consumers,
         )
 
+    old = DiscardPolicy.OLD
     return [
-        stream(subjects.facts_stream, [subjects.all_facts], DAY),
-        stream(subjects.events_stream, [subjects.all_events, subjects.revocations], 7 * DAY),
-        stream(subjects.gateway_stream, [subjects.all_notices], HOUR),
-        stream(subjects.dead_stream, [subjects.all_dead], 14 * DAY),
+        # full: new facts are refused (their gateways retry) rather than unapplied ones dropped
+        stream(subjects.facts_stream, [subjects.all_facts], DAY, DiscardPolicy.NEW),
+        stream(subjects.events_stream, [subjects.all_events, subjects.revocations], 7 * DAY, old),
+        stream(subjects.gateway_stream, [subjects.all_notices], HOUR, old),
+        stream(subjects.dead_stream, [subjects.all_dead], 14 * DAY, old),
     ]
 
 
-_UPDATABLE = ("subjects", "max_age", "duplicate_window", "num_replicas", "discard")
+_UPDATABLE = (
+    "subjects",
+    "max_age",
+    "duplicate_window",
+    "num_replicas",
+    "discard",
+    "max_bytes",
+    "max_msgs",
+    "max_msg_size",
+)  # fmt: skip  (max_consumers is set at creation: the server refuses to change it)
 _FIXED = ("retention", "storage")
 
 
@@ -103,11 +142,11 @@ def _differs(current: object, wanted: object) -> bool:
 
 
 async def provision_streams(
-    js: JetStreamContext, subjects: Subjects, replicas: int = 1
+    js: JetStreamContext, subjects: Subjects, replicas: int = 1, limits: StreamLimits | None = None
 ) -> dict[str, str]:
     return {
         str(config.name): await ensure_stream(js, config)
-        for config in stream_configs(subjects, replicas)
+        for config in stream_configs(subjects, replicas, limits)
     }
 
 
