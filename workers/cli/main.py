@@ -14,17 +14,19 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from importlib import metadata
 
 from pydantic import ValidationError
 
 from workers.cli import bench, operating, provisioning, running
 from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED
 from workers.runtime.base.errors import SettingError, redact
-from workers.runtime.base.settings import Settings, describe
+from workers.runtime.base.settings import Settings, describe, unknown_variables
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bcw", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"bcw {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in (provisioning, running, operating, bench):
         group.add(commands)
@@ -39,6 +41,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in describe(error):
             print(redact(f"bcw: {line}"), file=sys.stderr)
         return EXIT_BAD_SETTINGS
+    unknown = unknown_variables(os.environ)
+    if unknown:  # a misspelt setting would otherwise be silently ignored
+        for line in unknown:
+            print(f"bcw: {line}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
     try:
         code: int = args.handler(args, settings)
     except SettingError as error:
@@ -50,6 +57,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         _explain(args.command, f"{type(error).__name__}: {error}")
         return EXIT_FAILED
     return code
+
+
+def _version() -> str:
+    try:
+        return metadata.version("bc-workers")
+    except metadata.PackageNotFoundError:  # pragma: no cover - a bare checkout
+        return "unknown"
 
 
 def _explain(command: str, line: str) -> None:

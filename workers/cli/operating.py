@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 from datetime import timedelta
 
@@ -16,6 +17,13 @@ from workers.runtime.base.settings import Settings
 
 def add(commands: Commands) -> None:
     """Register this group's commands."""
+    config = commands.add_parser(
+        "config",
+        help="the effective configuration: every setting's variable and value, secrets as ***",
+    )
+    config.add_argument("--json", action="store_true", help="one JSON object")
+    config.set_defaults(handler=_cmd_config)
+
     dead = commands.add_parser("dead-letters", help="list or re-drive dead-lettered messages")
     dead.add_argument("action", choices=["list", "redrive"])
     dead.add_argument("--worker", help="only this worker's dead letters")
@@ -64,6 +72,19 @@ def add(commands: Commands) -> None:
     events.add_argument("--count", type=int, help="exit after this many events")
     events.add_argument("--idle-exit", type=float, help="exit after this many quiet seconds")
     events.set_defaults(handler=_cmd_events)
+
+
+def _cmd_config(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.runtime.base.settings import effective
+
+    values = effective(settings)
+    if args.json:
+        print(json.dumps(values, indent=2))
+    else:
+        width = max(len(name) for name in values)
+        for name, value in values.items():
+            print(f"{name:<{width}}  {'' if value is None else value}")
+    return 0
 
 
 def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:

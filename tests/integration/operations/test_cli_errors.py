@@ -299,3 +299,41 @@ async def _above(database_url: str, sql: str, n: int) -> bool:
 
 async def _equal(database_url: str, sql: str, n: int) -> bool:
     return await count(database_url, sql) == n
+
+
+async def test_a_misspelt_setting_exits_2_naming_the_setting_before_any_connection() -> None:
+    started = time.monotonic()
+    code, out = await bcw(
+        "provision", BCW_DATABSE_URL="postgresql://x@db/x", BCW_NATS_URL="nats://10.255.255.1:4222"
+    )
+    assert code == 2, out
+    assert out.strip() == "bcw: BCW_DATABSE_URL is not a setting: did you mean BCW_DATABASE_URL?"
+    assert time.monotonic() - started < 10  # refused at once: no connection was tried
+
+
+async def test_bcw_config_shows_every_setting_with_every_secret_redacted() -> None:
+    import json
+
+    secrets = {
+        "BCW_DATABASE_URL": "postgresql://bcw:hunter2@db:5432/bcw",
+        "BCW_NATS_URL": "nats://user:hunter3@n1:4222,nats://n2:4222",
+        "BCW_NATS_PASSWORD": "hunter4",
+        "BCW_NATS_TOKEN": "hunter5",
+    }
+    code, out = await bcw("config", "--json", **secrets)
+    assert code == 0, out
+    shown = json.loads(out)
+    assert "hunter" not in out
+    assert shown["BCW_DATABASE_URL"] == "postgresql://bcw:***@db:5432/bcw"
+    assert shown["BCW_NATS_URL"] == "nats://user:***@n1:4222,nats://n2:4222"
+    assert (shown["BCW_NATS_PASSWORD"], shown["BCW_NATS_TOKEN"]) == ("***", "***")
+    assert shown["BCW_QUARANTINE_HOLD_MAX"] == 300.0 and "BCW_LIVENESS_MAX_ZOMBIE_NOTICES" in shown
+    code, text = await bcw("config", **secrets)
+    assert code == 0 and "hunter" not in text and "BCW_SUBJECT_ROOT" in text
+
+
+async def test_bcw_version_is_the_package_version() -> None:
+    from tests.upgrade.release import current_version
+
+    code, out = await bcw("--version")
+    assert (code, out.strip()) == (0, f"bcw {current_version()}")

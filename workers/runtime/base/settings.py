@@ -7,12 +7,16 @@ Secrets are `SecretStr` and never appear in a repr or a log line.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.subjects import ROOT_RE
+from workers.runtime.base.errors import redact
 from workers.runtime.base.rule_settings import (
     LivenessSettings,
     QuarantineSettings,
@@ -95,6 +99,66 @@ _GROUPS: dict[str, type[BaseSettings]] = {
         QuarantineSettings,
     )
 }
+
+
+#: environment variables of the BCW_ prefix that are not settings of a process: the test
+#: harness's servers (tests/conftest.py)
+_NOT_SETTINGS_PREFIXES = ("BCW_TEST_",)
+
+
+def _variables() -> dict[str, tuple[type[BaseSettings], str]]:
+    """Every setting's variable → (its group, its field)."""
+    out: dict[str, tuple[type[BaseSettings], str]] = {}
+    for group in _GROUPS.values():
+        prefix = str(group.model_config.get("env_prefix", "BCW_"))
+        for field, info in group.model_fields.items():
+            if isinstance(info.default_factory, type) and issubclass(
+                info.default_factory, BaseSettings
+            ):
+                continue  # a group of its own, with its own prefix
+            out[prefix + field.upper()] = (group, field)
+    return out
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One line per `BCW_*` variable that is no setting (a misspelling is otherwise
+    silently ignored), with the nearest known name."""
+    known = _variables()
+    lines = []
+    for name in sorted(environ):
+        if not name.startswith("BCW_") or name in known:
+            continue
+        if name.startswith(_NOT_SETTINGS_PREFIXES):
+            continue
+        near = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+        hint = f": did you mean {near[0]}?" if near else " (`bcw config` lists them all)"
+        lines.append(f"{name} is not a setting{hint}")
+    return lines
+
+
+def effective(settings: Settings) -> dict[str, object]:
+    """Every setting's variable → its effective value, secrets shown as `***` (a URL's
+    password and a NATS token redacted too). What `bcw config` prints."""
+    out: dict[str, object] = {}
+    groups = {
+        Settings: settings, DatabaseSettings: settings.database, NatsSettings: settings.nats,
+        ConsumerSettings: settings.consumer, OutboxSettings: settings.outbox,
+        RetentionSettings: settings.retention, LivenessSettings: settings.liveness,
+        ReplaySettings: settings.replay, QuarantineSettings: settings.quarantine,
+    }  # fmt: skip
+    for variable, (group, field) in sorted(_variables().items()):
+        value = getattr(groups[group], field)
+        if isinstance(value, SecretStr):
+            secret = value.get_secret_value()
+            value = redact(secret) if "://" in secret else ("***" if secret else "")
+        elif isinstance(value, str):
+            value = redact(value)  # a NATS URL may carry a user's password
+        elif isinstance(value, timedelta):
+            value = value.total_seconds()
+        elif value is not None and not isinstance(value, bool | int | float | str):
+            value = str(value)
+        out[variable] = value
+    return out
 
 
 def describe(error: ValidationError) -> list[str]:
