@@ -11,7 +11,7 @@ import json
 import sys
 from datetime import timedelta
 
-from workers.cli.common import EXIT_FAILED, Commands
+from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, Commands
 from workers.runtime.base.settings import Settings
 
 
@@ -34,7 +34,15 @@ def add(commands: Commands) -> None:
     dead.add_argument(
         "--seq", type=int, action="append", help="only this dead-letter sequence (repeatable)"
     )
-    dead.add_argument("--limit", type=int, default=1000, help="at most this many")
+    dead.add_argument("--limit", type=int, default=1000, help="at most this many (a page)")
+    dead.add_argument(
+        "--after", type=int, default=0, help="from the dead letter after this sequence (paging)"
+    )
+    dead.add_argument("--all", action="store_true", help="redrive: every dead letter, knowingly")
+    dead.add_argument(
+        "--dry-run", action="store_true", help="redrive: say what would be re-driven, do nothing"
+    )
+    dead.add_argument("--yes", action="store_true", help="redrive: ask no confirmation")
     dead.set_defaults(handler=_cmd_dead_letters)
 
     listing = commands.add_parser("commands", help="a node's commands: state, epoch, attempts")
@@ -89,26 +97,58 @@ def _cmd_config(args: argparse.Namespace, settings: Settings) -> int:
 
 def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.subjects import Subjects
+    from workers.display import printable
     from workers.runtime.bus import connection, deadletter
+
+    chosen = args.worker or args.cause or args.seq
+    if args.action == "redrive" and not chosen and not args.all:
+        print(
+            "bcw dead-letters redrive: say which: --worker, --cause, --seq, or --all",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_SETTINGS  # before any connection: nothing was touched
 
     async def run() -> int:
         subjects = Subjects(settings.subject_root)
         nc = await connection.connect(settings.nats, name="bcw dead-letters")
         try:
             js = nc.jetstream()
-            letters = await deadletter.list_dead_letters(
-                js, subjects, args.worker, args.limit, args.cause
-            )
-            if args.seq:
-                letters = [letter for letter in letters if letter.seq in set(args.seq)]
+            missing: list[int] = []
+            if args.seq:  # looked up directly, wherever they are in the stream
+                letters, missing = await deadletter.dead_letters_at(js, subjects, args.seq)
+                letters = [
+                    x for x in letters
+                    if (not args.worker or x.worker == args.worker)
+                    and (not args.cause or x.cause == args.cause)
+                ]  # fmt: skip
+            else:
+                letters = await deadletter.list_dead_letters(
+                    js, subjects, args.worker, args.limit, args.cause, args.after
+                )
+            for seq in missing:
+                print(f"no dead letter at {seq}", file=sys.stderr)
             if args.action == "list":
                 for letter in letters:
                     when = letter.time.isoformat(timespec="seconds") if letter.time else "-"
-                    print(
-                        f"{letter.seq:>8} {when} {letter.worker:<12} {letter.cause:<15} {letter.subject}  {letter.reason}"
-                    )
+                    print(printable(
+                        f"{letter.seq:>8} {when} {letter.worker:<12} {letter.cause:<17} "
+                        f"{letter.subject}  {letter.reason}"
+                    ))  # fmt: skip
                 print(f"{len(letters)} dead letter(s)")
+                if not args.seq and len(letters) == args.limit:
+                    print(f"more may follow: --after {letters[-1].seq}")
+                return EXIT_FAILED if missing else 0
+            if args.dry_run:
+                for letter in letters:
+                    print(f"would re-drive {letter.seq} to {letter.subject}")
+                print(f"{len(letters)} would be re-driven (--dry-run: nothing was)")
                 return 0
+            if letters and sys.stdin.isatty() and not args.yes:
+                question = f"re-drive {len(letters)} dead letter(s)? [y/N] "
+                answer = await asyncio.to_thread(input, question)
+                if answer.strip().lower() not in ("y", "yes"):
+                    print("nothing re-driven")
+                    return 0
             refused = 0
             for letter in letters:
                 try:
@@ -119,7 +159,7 @@ def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
                     continue
                 print(f"re-drove {letter.seq} to {letter.subject}")
             print(f"{len(letters) - refused} re-driven")
-            return EXIT_FAILED if refused else 0
+            return EXIT_FAILED if refused or missing else 0
         finally:
             await nc.close()
 

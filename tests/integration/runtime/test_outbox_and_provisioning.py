@@ -185,6 +185,38 @@ async def test_cli_provision_and_dead_letters(
     assert "0 dead letter(s)" in out
 
 
+async def test_redrive_needs_a_choice_dry_runs_and_finds_a_sequence_beyond_a_page(
+    servers: Servers, nc: NATS, subjects: Subjects
+) -> None:
+    js = nc.jetstream()
+    await streams.provision_streams(js, subjects)
+    from workers.runtime.bus.deadletter import dead_letter
+
+    for seq in range(1, 6):
+        await dead_letter(
+            js, subjects, "replay", subject=subjects.fact("gw-1", "result"),
+            stream=subjects.facts_stream, stream_seq=seq, data=b"{}",
+            headers={"Bc-Type": "result"}, reason=f"r{seq}", cause="handler",
+        )  # fmt: skip
+    # no filter: refused before any connection, nothing touched
+    code, out = await bcw("dead-letters", "redrive", BCW_NATS_URL="nats://10.255.255.1:4222")
+    assert code == 2 and "say which: --worker, --cause, --seq, or --all" in out
+    code, out = await _bcw(servers, subjects, "dead-letters", "redrive", "--all", "--dry-run")
+    assert code == 0 and "5 would be re-driven (--dry-run: nothing was)" in out
+    # paging: two at a time, and the way to the next page
+    code, out = await _bcw(servers, subjects, "dead-letters", "list", "--limit", "2")
+    assert "2 dead letter(s)" in out and "more may follow: --after 2" in out
+    code, out = await _bcw(servers, subjects, "dead-letters", "list", "--after", "4")
+    assert "1 dead letter(s)" in out and "r5" in out
+    # --seq beyond the first page is looked up directly; one that holds none is said
+    code, out = await _bcw(
+        servers, subjects, "dead-letters", "redrive", "--seq", "5", "--seq", "99", "--limit", "1"
+    )
+    assert code == 1 and "re-drove 5" in out and "no dead letter at 99" in out
+    code, out = await _bcw(servers, subjects, "dead-letters", "list")
+    assert "4 dead letter(s)" in out and "r5" not in out
+
+
 async def test_a_row_that_can_never_be_published_does_not_jam_the_relay(
     nc: NATS, subjects: Subjects, database_url: str
 ) -> None:

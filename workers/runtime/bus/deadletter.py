@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -156,44 +157,62 @@ class DeadLetter:
     data: bytes
 
 
+def _letter(seq: int, raw: Any) -> DeadLetter:
+    headers = dict(raw.headers or {})
+    return DeadLetter(
+        seq=seq,
+        worker=headers.get(WORKER, ""),
+        reason=headers.get(REASON, ""),
+        cause=headers.get(CAUSE, ""),
+        subject=headers.get(SUBJECT, ""),
+        stream_seq=int(headers.get(STREAM_SEQ, "0") or 0),
+        time=raw.time,
+        headers=headers,
+        data=raw.data or b"",
+    )
+
+
 async def list_dead_letters(
     js: JetStreamContext,
     subjects: Subjects,
     worker: str | None = None,
     limit: int = 1000,
     cause: str | None = None,
+    after: int = 0,
 ) -> list[DeadLetter]:
+    """Dead letters in stream order, from the one after sequence `after` on (a page:
+    ask again `after` the last one for the next), at most `limit`, filtered."""
     try:
         info = await js.stream_info(subjects.dead_stream)
     except NotFoundError:
         return []
     out: list[DeadLetter] = []
-    seq = info.state.first_seq
+    seq = max(info.state.first_seq, after + 1)
     while seq and seq <= info.state.last_seq and len(out) < limit:
         try:
             raw = await js.get_msg(subjects.dead_stream, seq)
         except NotFoundError:  # deleted (re-driven) message
             seq += 1
             continue
-        headers = dict(raw.headers or {})
-        if (worker is None or headers.get(WORKER) == worker) and (
-            cause is None or headers.get(CAUSE) == cause
-        ):
-            out.append(
-                DeadLetter(
-                    seq=seq,
-                    worker=headers.get(WORKER, ""),
-                    reason=headers.get(REASON, ""),
-                    cause=headers.get(CAUSE, ""),
-                    subject=headers.get(SUBJECT, ""),
-                    stream_seq=int(headers.get(STREAM_SEQ, "0") or 0),
-                    time=raw.time,
-                    headers=headers,
-                    data=raw.data or b"",
-                )
-            )
+        letter = _letter(seq, raw)
+        if (worker is None or letter.worker == worker) and (cause is None or letter.cause == cause):
+            out.append(letter)
         seq += 1
     return out
+
+
+async def dead_letters_at(
+    js: JetStreamContext, subjects: Subjects, seqs: Sequence[int]
+) -> tuple[list[DeadLetter], list[int]]:
+    """The dead letters at these sequences, looked up directly; and the sequences that
+    hold none (never one, or re-driven already)."""
+    found, missing = [], []
+    for seq in seqs:
+        try:
+            found.append(_letter(seq, await js.get_msg(subjects.dead_stream, seq)))
+        except NotFoundError:
+            missing.append(seq)
+    return found, missing
 
 
 async def redrive(js: JetStreamContext, subjects: Subjects, letter: DeadLetter) -> None:
