@@ -299,7 +299,9 @@ def test_every_dashboard_query_names_an_exported_metric() -> None:
             assert names <= exported, (panel["title"], names - exported)
             queried |= names
     families = {
-        n.removesuffix("_bucket").removesuffix("_count").removesuffix("_sum") for n in exported
+        n.removesuffix("_bucket").removesuffix("_count").removesuffix("_sum")
+        for n in exported
+        if n.startswith("bcw_")  # the process's own (process_*, python_*) have no panel
     }
     # every metric the workers export has a panel
     assert {n.removesuffix("_bucket") for n in queried} == families, families - queried
@@ -316,6 +318,7 @@ def _every_metric_once() -> str:
     m.batch_seconds.observe(0.1, "w")
     m.batch_retries.inc("w")
     m.batch_splits.inc("w")
+    m.fact_age.observe(1.0, "w", "hello")
     m.consumer_pending.set(1, "w")
     m.consumer_ack_pending.set(1, "w")
     m.lease_held.set(1, "sweep")
@@ -334,3 +337,36 @@ def test_the_otlp_endpoint_and_protocol_reach_every_worker() -> None:
         assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
     with pytest.raises(Exception, match="protocol"):
         render({**MINIMAL, "otel": {"endpoint": "x", "protocol": "http/json"}})
+
+
+def test_the_prometheus_rule_alerts_on_exported_metrics_with_a_runbook_line_each() -> None:
+    assert "fleet-bc-workers" not in by_kind(render(MINIMAL), "PrometheusRule")  # off by default
+    values = {**MINIMAL, "prometheusRule": {"enabled": True, "labels": {"release": "kps"}}}
+    rule = by_kind(render(values), "PrometheusRule")["fleet-bc-workers"]
+    assert rule["metadata"]["labels"]["release"] == "kps"
+    [group] = rule["spec"]["groups"]
+    alerts = {r["alert"]: r for r in group["rules"]}
+    assert set(alerts) == {
+        "BcwConsumerLag", "BcwFactAgeHigh", "BcwGatewayBlind", "BcwBreakerOpen",
+        "BcwDeadLetters", "BcwOutboxStuck",
+    }  # fmt: skip
+    exported = {
+        sample.name
+        for family in text_string_to_metric_families(_every_metric_once())
+        for sample in family.samples
+    }
+    runbook = (CHART.parents[1] / "docs" / "observability.md").read_text()
+    for name, alert in alerts.items():
+        assert set(re.findall(r"\bbcw_[a-z_]+", alert["expr"])) <= exported, name
+        assert alert["annotations"]["runbook_url"].endswith(f"#{name.lower()}")
+        assert f"### {name}\n" in runbook, name
+
+
+def test_the_dashboard_narrows_every_panel_to_a_namespace_and_pod() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"datasource", "namespace", "pod"} <= variables
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            for selector in re.findall(r"\bbcw_[a-z_]+(\{[^}]*\})?", target["expr"]):
+                assert 'namespace=~"$namespace"' in selector and 'pod=~"$pod"' in selector

@@ -264,9 +264,17 @@ def test_metrics_are_the_librarys_exposition_and_parse() -> None:
         "bcw_consumer_pending", "bcw_consumer_ack_pending", "bcw_outbox_backlog",
         "bcw_outbox_oldest_seconds", "bcw_lease_held", "bcw_liveness_blind_gateways",
         "bcw_liveness_breakers_open", "bcw_outbox_published", "bcw_outbox_failures",
-        "bcw_dead_letters", "bcw_quarantine_holds_expired",
+        "bcw_dead_letters", "bcw_quarantine_holds_expired", "bcw_build_info",
+        "bcw_fact_age_seconds",
     }  # fmt: skip
-    assert set(families) == expected
+    assert {name for name in families if name.startswith("bcw_")} == expected
+    # beside them, the process's own: CPU, memory, file descriptors, and Python's
+    assert {"process_cpu_seconds", "process_resident_memory_bytes", "process_open_fds",
+            "python_info", "python_gc_objects_collected"} <= set(families)  # fmt: skip
+    [info] = families["bcw_build_info"].samples
+    from tests.upgrade.release import current_version
+
+    assert (info.labels, info.value) == ({"version": current_version()}, 1.0)
 
 
 # -- secrets never reach a log line or an error line -------------------------------------------

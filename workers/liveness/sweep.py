@@ -363,6 +363,13 @@ def _announce(
         outbox.add(event, subjects.event(event.BC_TYPE), order_key=row["node_id"])
 
 
+def _withdraw(runtime: Runtime) -> None:
+    """The leader's gauges go back to 0 when it stops leading: a former leader must not
+    keep saying gateways are blind, or a breaker open, that it no longer sweeps."""
+    runtime.metrics.liveness_blind_gateways.set(0.0)
+    runtime.metrics.liveness_breakers_open.set(0.0)
+
+
 def sweep_loop(settings: LivenessSettings) -> Loop:
     rules = rules_of(settings)
 
@@ -382,6 +389,7 @@ def sweep_loop(settings: LivenessSettings) -> Loop:
             ttl=settings.lease_ttl,
             stopping=stopping,
             held=runtime.metrics.lease_held,
+            on_lost=lambda: _withdraw(runtime),
         )
 
     return sweep

@@ -23,6 +23,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 
 import asyncpg
 from nats.aio.client import Client as NATS
@@ -203,11 +204,15 @@ class FactConsumer:
         if wanted:
             await self._apply_patiently(wanted)
         settled: collections.Counter[tuple[str, str, str]] = collections.Counter()
+        now = datetime.now(UTC)
         for item in items:
             await self._settle(item)
             assert item.outcome is not None  # settling may have made it DEAD
             kind = item.outcome.kind.value
             settled[(self.worker.name, item.fact.BC_TYPE if item.fact else "invalid", kind)] += 1
+            if item.fact is not None and item.outcome.kind is outcome.Kind.APPLIED:
+                age = (now - item.fact.observed_at).total_seconds()
+                self._metrics.fact_age.observe(max(0.0, age), self.worker.name, item.fact.BC_TYPE)
         for labels, count in settled.items():  # once per kind of fact: not per message
             self._metrics.facts.inc(*labels, by=count)
         self._metrics.batch_seconds.observe(time.perf_counter() - started, self.worker.name)

@@ -100,12 +100,35 @@ class Histogram(_Family):
         self._child(labels).observe(value)
 
 
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("bc-workers")
+    except metadata.PackageNotFoundError:  # pragma: no cover - a bare checkout
+        return "unknown"
+
+
 class Metrics:
     """The metrics of one process. Each consumer, the relay and the loops write to it."""
 
-    def __init__(self) -> None:
+    def __init__(self, version: str = "") -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # the process's CPU, memory and file descriptors, and Python's own figures
+        prom.ProcessCollector(registry=r)
+        prom.PlatformCollector(registry=r)
+        prom.GCCollector(registry=r)
+        self.build_info = Gauge(
+            r, "bcw_build_info", "1, labeled with the running bc-workers version.", ("version",)
+        )
+        self.build_info.set(1.0, version or _version())
+        self.fact_age = Histogram(
+            r, "bcw_fact_age_seconds",
+            "How old a fact was when its effects were applied (from its gateway's observed_at): "
+            "the sizing rule is that a fact is applied within 30 s.",
+            ("worker", "type"), buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900),
+        )  # fmt: skip
         self.facts = Counter(
             r, "bcw_facts_total", "Facts settled, by worker, fact type and outcome.",
             ("worker", "type", "outcome"),

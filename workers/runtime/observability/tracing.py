@@ -18,7 +18,7 @@ from typing import Any
 from nats.aio.msg import Msg
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
@@ -91,11 +91,23 @@ def build_provider(service_name: str) -> trace.TracerProvider:
 
 def resource(default_service_name: str) -> Resource:
     """The process's resource: `OTEL_RESOURCE_ATTRIBUTES` and `OTEL_SERVICE_NAME` (read by
-    the SDK), with `default_service_name` only where they name no service."""
+    the SDK), with `default_service_name` only where they name no service, and
+    `service.version` the running release's unless they name one."""
     detected = Resource.create({})
+    if SERVICE_VERSION not in detected.attributes:  # the running release, unless told
+        detected = detected.merge(Resource({SERVICE_VERSION: _version()}))
     if str(detected.attributes.get(SERVICE_NAME, "unknown_service")).startswith("unknown_service"):
         return detected.merge(Resource({SERVICE_NAME: default_service_name}))
     return detected
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("bc-workers")
+    except metadata.PackageNotFoundError:  # pragma: no cover - a bare checkout
+        return "unknown"
 
 
 def is_recording(tracer: trace.Tracer) -> bool:

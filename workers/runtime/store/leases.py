@@ -113,8 +113,11 @@ async def run_leased(
     ttl: timedelta,
     stopping: asyncio.Event,
     held: Gauge | None = None,
+    on_lost: Callable[[], None] | None = None,
 ) -> None:
-    """Run `body(lease)` every `period` seconds while this process holds `name`.
+    """Run `body(lease)` every `period` seconds while this process holds `name`;
+    `on_lost()` whenever it stops holding it (taken over, lost, or stopping): what only
+    the holder may say (a leader's gauges) is withdrawn then.
 
     Standby replicas try to acquire every period; a leader that cannot renew steps down.
     `body` must call `fence()` in each transaction it writes in. Failures are retried
@@ -132,6 +135,8 @@ async def run_leased(
                 log.info(
                     "lease %s: %s", name, f"held, epoch {current.epoch}" if current else "standby"
                 )
+            if lease is not None and current is None and on_lost is not None:
+                on_lost()
             lease = current
             if held is not None:
                 held.set(1.0 if lease is not None else 0.0, name)
@@ -143,6 +148,8 @@ async def run_leased(
             lease = None
             if held is not None:
                 held.set(0.0, name)
+            if on_lost is not None:
+                on_lost()
         except Exception as error:
             severity = classify(error)
             if severity is Severity.FATAL:
@@ -153,6 +160,8 @@ async def run_leased(
         await sleep_or_stop(stopping, pause)
     if held is not None:
         held.set(0.0, name)
+    if on_lost is not None:
+        on_lost()
     if lease is not None:
         with contextlib.suppress(Exception):
             async with pool.acquire() as conn:
