@@ -11,7 +11,7 @@ COPY workers ./workers
 COPY migrations ./migrations
 RUN python -m venv /opt/bcw \
  && /opt/bcw/bin/pip install --upgrade pip \
- && /opt/bcw/bin/pip install . \
+ && /opt/bcw/bin/pip install ".[grpc]" \
  && /opt/bcw/bin/python -c "import workers, schemas; from workers.runtime.store.migrate import default_directory as d; assert (d() / '0001_clock.sql').exists()"
 
 FROM python:3.11-slim

@@ -46,7 +46,10 @@ def test_the_image_install_succeeds_in_a_fresh_venv(tmp_path: Path) -> None:
         "--quiet",
         "--disable-pip-version-check",
     ]
-    subprocess.run([*pip, str(source)], check=True, timeout=600)
+    # as the build stage installs it: the product and its gRPC exporter extra
+    installs = re.search(r'pip install "\.\[(\w+)\]"', DOCKERFILE)
+    assert installs is not None
+    subprocess.run([*pip, f"{source}[{installs.group(1)}]"], check=True, timeout=600)
     help_text = subprocess.run(
         [str(venv / "bin" / "bcw"), "--help"], check=True, capture_output=True, text=True
     ).stdout

@@ -168,3 +168,20 @@ def test_json_logs_carry_the_active_span_ids() -> None:
     context = span.get_span_context()
     assert entry["trace_id"] == f"{context.trace_id:032x}"
     assert entry["span_id"] == f"{context.span_id:016x}"
+
+
+def test_grpc_without_its_extra_names_the_setting_and_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    from workers.runtime.base.errors import SettingError
+    from workers.runtime.observability.tracing import build_provider
+
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.grpc.trace_exporter", None)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    with pytest.raises(SettingError) as refused:
+        build_provider("bcw-test")
+    assert refused.value.setting == "OTEL_EXPORTER_OTLP_PROTOCOL"
+    assert "pip install 'bc-workers[grpc]'" in str(refused.value)

@@ -74,10 +74,16 @@ def build_provider(service_name: str) -> trace.TracerProvider:
     if exporter_name == "console":
         exporter = ConsoleSpanExporter()
     elif protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-            OTLPSpanExporter as GrpcExporter,
-        )
-
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                OTLPSpanExporter as GrpcExporter,
+            )
+        except ImportError:  # an extra: grpcio is large, and HTTP is the default
+            raise SettingError(
+                protocol_variable,
+                "grpc needs the gRPC exporter: pip install 'bc-workers[grpc]' "
+                "(or use http/protobuf, the default)",
+            ) from None
         exporter = GrpcExporter()
     else:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
