@@ -21,7 +21,12 @@ from pydantic import ValidationError
 from workers.cli import bench, operating, provisioning, running
 from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED
 from workers.runtime.base.errors import SettingError, redact
-from workers.runtime.base.settings import Settings, describe, unknown_variables
+from workers.runtime.base.settings import (
+    Settings,
+    describe,
+    read_secret_files,
+    unknown_variables,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        read_secret_files(os.environ)  # BCW_DATABASE_URL_FILE and the like
+    except SettingError as error:
+        print(f"bcw: {error}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
     try:
         settings = Settings()
     except ValidationError as error:

@@ -337,3 +337,27 @@ async def test_bcw_version_is_the_package_version() -> None:
 
     code, out = await bcw("--version")
     assert (code, out.strip()) == (0, f"bcw {current_version()}")
+
+
+async def test_a_secret_may_come_from_a_file(tmp_path: Path) -> None:
+    import json
+
+    url = tmp_path / "url"
+    url.write_text("postgresql://bcw:hunter2@db:5432/bcw\n")  # as a mounted Secret holds it
+    token = tmp_path / "token"
+    token.write_text("hunter3")
+    code, out = await bcw(
+        "config", "--json", BCW_DATABASE_URL_FILE=str(url), BCW_NATS_TOKEN_FILE=str(token)
+    )
+    assert code == 0, out
+    shown = json.loads(out)
+    assert shown["BCW_DATABASE_URL"] == "postgresql://bcw:***@db:5432/bcw"
+    assert shown["BCW_NATS_TOKEN"] == "***" and "hunter" not in out
+    code, out = await bcw(
+        "config", BCW_DATABASE_URL_FILE=str(url), BCW_DATABASE_URL="postgresql://x@y/z"
+    )
+    assert (code, out.strip()) == (
+        2, "bcw: BCW_DATABASE_URL_FILE: BCW_DATABASE_URL is set too: give one of them"
+    )  # fmt: skip
+    code, out = await bcw("config", BCW_NATS_PASSWORD_FILE=str(tmp_path / "missing"))
+    assert code == 2 and out.startswith("bcw: BCW_NATS_PASSWORD_FILE: cannot read ")

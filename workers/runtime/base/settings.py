@@ -8,15 +8,16 @@ Secrets are `SecretStr` and never appear in a repr or a log line.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.subjects import ROOT_RE
-from workers.runtime.base.errors import redact
+from workers.runtime.base.errors import SettingError, redact
 from workers.runtime.base.rule_settings import (
     LivenessSettings,
     QuarantineSettings,
@@ -120,10 +121,36 @@ def _variables() -> dict[str, tuple[type[BaseSettings], str]]:
     return out
 
 
+def secret_files() -> dict[str, str]:
+    """`<SECRET>_FILE` → `<SECRET>`, for every secret setting: its value may be given as the
+    content of a file (a mounted Kubernetes Secret) instead of in the environment."""
+    return {
+        f"{variable}_FILE": variable
+        for variable, (group, field) in _variables().items()
+        if _is_secret(group, field)
+    }
+
+
+def read_secret_files(environ: MutableMapping[str, str]) -> None:
+    """Put each `<SECRET>_FILE`'s content (trailing whitespace dropped) in `environ` as
+    `<SECRET>`. Raises SettingError naming the variable: both given, or unreadable."""
+    for file_variable, variable in secret_files().items():
+        path = environ.get(file_variable)
+        if not path:
+            continue
+        if environ.get(variable):
+            raise SettingError(file_variable, f"{variable} is set too: give one of them")
+        try:
+            environ[variable] = Path(path).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as error:
+            reason = getattr(error, "strerror", None) or str(error)
+            raise SettingError(file_variable, f"cannot read {path}: {reason}") from None
+
+
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """One line per `BCW_*` variable that is no setting (a misspelling is otherwise
     silently ignored), with the nearest known name."""
-    known = _variables()
+    known = {**_variables(), **dict.fromkeys(secret_files())}
     lines = []
     for name in sorted(environ):
         if not name.startswith("BCW_") or name in known:
