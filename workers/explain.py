@@ -14,7 +14,7 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -38,11 +38,28 @@ SELECT s.session_epoch, s.gateway_id, s.connected_at, s.last_seen, s.disconnecte
 
 
 def parse_since(text: str) -> timedelta:
-    """`90s`, `30m`, `1h`, `2d`, `1w`, or plain seconds → a duration. Pure."""
+    """`90s`, `30m`, `1h`, `2d`, `1w`, or plain seconds → a duration. Pure. The one
+    parser of how far back, for `bcw explain` and `bcw events` alike."""
     match = _DURATION.match(text)
     if not match or float(match.group(1)) <= 0:
         raise ValueError(f"{text!r} is not a duration such as 30m, 1h or 2d")
     return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def parse_start(text: str, now: datetime | None = None) -> datetime:
+    """A duration back from `now` (`parse_since`), or an ISO 8601 time (UTC when it names
+    no zone) → when to start. Pure."""
+    try:
+        return (now or datetime.now(UTC)) - parse_since(text)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is neither a duration such as 30m, 1h or 2d nor an ISO 8601 time"
+        ) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)

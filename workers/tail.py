@@ -13,9 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from nats.aio.client import Client as NATS
@@ -25,18 +24,6 @@ from schemas.subjects import Subjects
 from workers.display import printable
 from workers.runtime.base.settings import Settings
 from workers.runtime.bus import connection
-
-DURATION = re.compile(r"^(\d+)([smhd])$")
-
-
-def parse_since(text: str, now: datetime | None = None) -> datetime:
-    """`10m`, `2h`, `1d` ago, or an ISO 8601 time."""
-    match = DURATION.match(text)
-    if match:
-        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[match.group(2)]
-        return (now or datetime.now(UTC)) - timedelta(**{unit: int(match.group(1))})
-    parsed = datetime.fromisoformat(text)
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def render(
@@ -78,7 +65,7 @@ async def follow(
     *,
     event_type: str = ">",
     node: str | None = None,
-    since: str | None = None,
+    since: datetime | None = None,
     everything: bool = False,
     as_json: bool = False,
     count: int | None = None,
@@ -99,9 +86,7 @@ async def follow(
     try:
         js = nc.jetstream()
         await nc.subscribe(wanted, cb=woken)
-        seq = await first_sequence(
-            nc, subjects, wanted, parse_since(since) if since else None, everything
-        )
+        seq = await first_sequence(nc, subjects, wanted, since, everything)
         while count is None or shown < count:
             try:
                 msg = await js.get_msg(subjects.events_stream, seq=seq, subject=wanted, next=True)

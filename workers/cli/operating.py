@@ -9,7 +9,7 @@ import argparse
 import asyncio
 import json
 import sys
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, Commands
 from workers.runtime.base.settings import Settings
@@ -74,7 +74,9 @@ def add(commands: Commands) -> None:
         "--type", default=">", help="event type, NATS wildcards allowed: node.*, command.>"
     )
     events.add_argument("--node", help="only this node's events")
-    events.add_argument("--since", help="from this long ago (10m, 2h, 1d) or this ISO 8601 time")
+    events.add_argument(
+        "--since", type=_start, help="from this long ago (10m, 2h, 1d) or this ISO 8601 time"
+    )
     events.add_argument("--all", action="store_true", help="from the start of the stream")
     events.add_argument("--json", action="store_true", help="one JSON object per line")
     events.add_argument("--count", type=int, help="exit after this many events")
@@ -221,6 +223,15 @@ def _since(text: str) -> timedelta:
     try:
         return parse_since(text)
     except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _start(text: str) -> datetime:
+    from workers.explain import parse_start
+
+    try:
+        return parse_start(text)
+    except ValueError as error:  # argparse: exit 2, before any connection
         raise argparse.ArgumentTypeError(str(error)) from None
 
 

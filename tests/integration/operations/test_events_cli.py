@@ -1,4 +1,4 @@
-"""`bcw events`: an ordered consumer on the events stream with type and node filters."""
+"""`bcw events`: the events stream read with type and node filters (no consumer)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from nats.aio.client import Client as NATS
 from schemas import REGISTRY, NodeConnected, NodeDisconnected
 from schemas.subjects import Subjects
 from tests.conftest import Servers
+from workers.explain import parse_start
 from workers.runtime.bus import streams
-from workers.tail import parse_since
 
 
 async def test_events_filters_by_type_and_node(
@@ -51,7 +51,25 @@ async def test_events_filters_by_type_and_node(
     assert lines[1]["event"]["reason"] == "liveness-timeout"
 
 
-def test_parse_since() -> None:
+def test_parse_start_is_the_one_since_parser() -> None:
     now = datetime(2026, 11, 30, 12, tzinfo=UTC)
-    assert parse_since("10m", now) == now - timedelta(minutes=10)
-    assert parse_since("2026-11-30T11:00:00+00:00") == datetime(2026, 11, 30, 11, tzinfo=UTC)
+    assert parse_start("10m", now) == now - timedelta(minutes=10)
+    assert parse_start("90", now) == now - timedelta(seconds=90)  # as bcw explain reads it
+    assert parse_start("1w", now) == now - timedelta(weeks=1)
+    assert parse_start("2026-11-30T11:00:00+00:00") == datetime(2026, 11, 30, 11, tzinfo=UTC)
+    assert parse_start("2026-11-30T11:00:00") == datetime(2026, 11, 30, 11, tzinfo=UTC)
+
+
+async def test_a_bad_since_exits_2_before_any_connection() -> None:
+    import time
+
+    from tests.integration.support import bcw
+
+    for command in (("events",), ("explain", "n1")):
+        started = time.monotonic()
+        code, out = await bcw(
+            *command, "--since", "yesterday", BCW_NATS_URL="nats://10.255.255.1:4222",
+            BCW_DATABASE_URL="postgresql://x@10.255.255.1/x",
+        )  # fmt: skip
+        assert code == 2 and "yesterday" in out, out
+        assert time.monotonic() - started < 10
