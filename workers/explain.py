@@ -170,11 +170,35 @@ def _ago(delta: timedelta) -> str:
     return f"{seconds // 3600}h"
 
 
+def state_fields(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The node's session now as fields a program reads (None: no such node). Pure."""
+    if row is None:
+        return None
+
+    def when(value: Any) -> str | None:
+        return value.isoformat() if value is not None else None
+
+    return {
+        "connected": row["gateway_id"] is not None,
+        "epoch": row["session_epoch"],
+        "gateway_id": row["gateway_id"],
+        "connected_at": when(row.get("connected_at")),
+        "last_seen": when(row.get("last_seen")),
+        "disconnected_at": when(row["disconnected_at"]),
+        "disconnect_reason": row["disconnect_reason"],
+        "held_for_quarantine": row["held_epoch"] is not None,
+        "alternations": row.get("duplicate_hellos"),
+        "cert_serial": row.get("cert_serial"),
+        "cert_revoked": bool(row["revoked"]),
+    }
+
+
 def as_json(node_id: str, row: Mapping[str, Any] | None, steps: Sequence[Step]) -> str:
     return json.dumps(
         {
             "node_id": node_id,
-            "state": state_line(row),
+            "state": state_fields(row),
+            "summary": state_line(row),  # the same, in a sentence
             "timeline": [{**asdict(s), "at": s.at.isoformat()} for s in steps],
         },
         indent=2,

@@ -95,3 +95,18 @@ def test_bcw_events_shows_node_data_without_controls() -> None:
         datetime(2026, 12, 1, tzinfo=UTC), body, as_json=False,
     )  # fmt: skip
     assert "\x1b" not in line and "\x07" not in line and "n\\x1b[31m1" in line
+
+
+def test_explain_json_gives_the_state_as_fields() -> None:
+    import json
+
+    from workers.explain import as_json
+
+    held = {**ROW, "held_epoch": 4, "revoked": True}
+    out = json.loads(as_json("n1", held, []))
+    assert out["state"] == {
+        **out["state"], "connected": True, "epoch": 4, "gateway_id": "gw-1",
+        "held_for_quarantine": True, "cert_revoked": True, "disconnect_reason": None,
+    }  # fmt: skip
+    assert out["summary"].startswith("connected via gw-1") and out["timeline"] == []
+    assert json.loads(as_json("ghost", None, []))["state"] is None

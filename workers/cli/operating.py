@@ -43,11 +43,13 @@ def add(commands: Commands) -> None:
         "--dry-run", action="store_true", help="redrive: say what would be re-driven, do nothing"
     )
     dead.add_argument("--yes", action="store_true", help="redrive: ask no confirmation")
+    dead.add_argument("--json", action="store_true", help="list: one JSON object per letter")
     dead.set_defaults(handler=_cmd_dead_letters)
 
     listing = commands.add_parser("commands", help="a node's commands: state, epoch, attempts")
     listing.add_argument("node")
     listing.add_argument("--limit", type=int, default=100, help="the latest this many")
+    listing.add_argument("--json", action="store_true", help="one JSON object per command")
     listing.set_defaults(handler=_cmd_commands)
 
     why = commands.add_parser(
@@ -129,6 +131,14 @@ def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
                 )
             for seq in missing:
                 print(f"no dead letter at {seq}", file=sys.stderr)
+            if args.action == "list" and args.json:
+                for letter in letters:
+                    print(json.dumps({
+                        "seq": letter.seq, "time": _plain(letter.time), "worker": letter.worker,
+                        "cause": letter.cause, "subject": letter.subject,
+                        "stream_seq": letter.stream_seq, "reason": letter.reason,
+                    }))  # fmt: skip
+                return EXIT_FAILED if missing else 0
             if args.action == "list":
                 for letter in letters:
                     when = letter.time.isoformat(timespec="seconds") if letter.time else "-"
@@ -178,6 +188,10 @@ def _cmd_commands(args: argparse.Namespace, settings: Settings) -> int:
             rows = await list_commands(conn, args.node, args.limit)
         finally:
             await conn.close()
+        if args.json:
+            for r in rows:
+                print(json.dumps({k: _plain(v) for k, v in dict(r).items()}))
+            return 0
         print(
             f"{'seq':>5} {'state':<10} {'epoch':>5} {'tries':>5} {'busy':>4} {'lane':<10} {'kind':<20} command_id / reason"
         )
@@ -224,6 +238,15 @@ def _since(text: str) -> timedelta:
         return parse_since(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _plain(value: object) -> object:
+    """A value as JSON carries it: times in ISO 8601, ids as strings."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if value is None or isinstance(value, bool | int | float | str | list | dict):
+        return value
+    return str(value)
 
 
 def _start(text: str) -> datetime:

@@ -208,6 +208,13 @@ async def test_redrive_needs_a_choice_dry_runs_and_finds_a_sequence_beyond_a_pag
     assert "2 dead letter(s)" in out and "more may follow: --after 2" in out
     code, out = await _bcw(servers, subjects, "dead-letters", "list", "--after", "4")
     assert "1 dead letter(s)" in out and "r5" in out
+    code, out = await _bcw(servers, subjects, "dead-letters", "list", "--json", "--limit", "2")
+    import json
+
+    listed = [json.loads(line) for line in out.splitlines()]
+    assert [(x["seq"], x["worker"], x["cause"], x["reason"]) for x in listed] == [
+        (1, "replay", "handler", "r1"), (2, "replay", "handler", "r2"),
+    ]  # fmt: skip
     # --seq beyond the first page is looked up directly; one that holds none is said
     code, out = await _bcw(
         servers, subjects, "dead-letters", "redrive", "--seq", "5", "--seq", "99", "--limit", "1"

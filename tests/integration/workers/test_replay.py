@@ -5,6 +5,7 @@ the leased loop runs."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -260,6 +261,16 @@ async def test_enqueue_is_safe_under_concurrent_callers_and_listed_by_bcw_comman
     lines = out.decode().splitlines()
     assert proc.returncode == 0 and len(lines) == 4
     assert lines[1].split()[:3] == ["38", "pending", "-"]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "workers.cli", "commands", "n1", "--limit", "2", "--json",
+        env={**os.environ, "BCW_DATABASE_URL": database_url}, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    parsed = [json.loads(line) for line in out.decode().splitlines()]
+    assert [(c["seq"], c["state"], c["session_epoch"]) for c in parsed] == [
+        (39, "pending", None), (40, "pending", None),
+    ]  # fmt: skip
+    assert {c["command_id"] for c in parsed} <= {str(i) for i in ids}
 
 
 async def test_a_hold_the_quarantine_never_counts_is_released_after_its_bound(
