@@ -64,3 +64,27 @@ def test_cli_export_asyncapi(tmp_path: Path) -> None:
             assert isinstance(target, dict) and part in target, ref
             target = target[part]
     assert main(["schemas", "export"]) == 2
+
+
+def test_every_command_has_a_description_and_an_example() -> None:
+    import argparse
+
+    from workers.cli.main import build_parser
+
+    def leaves(
+        parser: argparse.ArgumentParser, path: str
+    ) -> list[tuple[str, argparse.ArgumentParser]]:
+        nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not nested:
+            return [(path, parser)]
+        return [
+            leaf for action in nested for name, sub in action.choices.items()
+            for leaf in leaves(sub, f"{path} {name}".strip())
+        ]  # fmt: skip
+
+    found = leaves(build_parser(), "")
+    assert len(found) >= 14
+    for path, parser in found:
+        help_text = parser.format_help()
+        assert parser.description, path
+        assert "example:\n  " in help_text and f"bcw {path}" in help_text, path

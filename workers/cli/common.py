@@ -11,3 +11,38 @@ EXIT_BAD_SETTINGS = 2
 EXIT_REFUSED = 3
 
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+#: an example for every command's help page (a test checks that each has one)
+EXAMPLES: dict[str, str] = {
+    "migrate": "BCW_DATABASE_URL=postgresql://owner@db/bcw bcw migrate --status",
+    "schemas export": "bcw schemas export schemas/json --asyncapi bus.asyncapi.json",
+    "provision": "BCW_NATS_NKEY_SEED_FILE=auth/admin.nk bcw provision",
+    "auth nats": "bcw auth nats --gateways gw-1,gw-2 --out auth/",
+    "run": "bcw run liveness          # or: bcw run all, bcw run relay",
+    "sim": "bcw sim --scenario power-on --nodes 1000 --gateways 3",
+    "demo": "bcw demo --nodes 200 --keep",
+    "config": "bcw config --json",
+    "dead-letters": "bcw dead-letters redrive --cause unsupported-major --dry-run",
+    "commands": "bcw commands node-17 --limit 20 --json",
+    "explain": "bcw explain node-17 --since 2h",
+    "liveness release": "bcw liveness release --gateway gw-3 --by alice",
+    "events": "bcw events --type 'node.*' --since 10m --json",
+    "bench": "bcw bench runtime --embedded",
+}
+
+
+def document(commands: Commands, prefix: str = "") -> None:
+    """Give every command's help page a description (its one-line help, when it has no
+    longer one) and an example (`EXAMPLES`), nested commands included."""
+    helps = {action.dest: action.help for action in commands._choices_actions}
+    for name, parser in commands.choices.items():
+        path = f"{prefix}{name}"
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
+        if not parser.description:
+            parser.description = helps.get(name) or ""
+        if path in EXAMPLES:
+            parser.epilog = f"example:\n  {EXAMPLES[path]}"
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                document(action, f"{path} ")

@@ -19,7 +19,7 @@ from importlib import metadata
 from pydantic import ValidationError
 
 from workers.cli import bench, operating, provisioning, running
-from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED
+from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, document
 from workers.runtime.base.errors import SettingError, redact
 from workers.runtime.base.settings import (
     Settings,
@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in (provisioning, running, operating, bench):
         group.add(commands)
+    document(commands)
     return parser
 
 
