@@ -370,3 +370,41 @@ def test_the_dashboard_narrows_every_panel_to_a_namespace_and_pod() -> None:
         for target in panel["targets"]:
             for selector in re.findall(r"\bbcw_[a-z_]+(\{[^}]*\})?", target["expr"]):
                 assert 'namespace=~"$namespace"' in selector and 'pod=~"$pod"' in selector
+
+
+def test_a_cluster_install_can_shape_each_worker() -> None:
+    """replicas 0 is kept; per-worker scheduling and priority; extra volumes (a CA for
+    verify-full) in every pod; a parent chart's global.imageRegistry; as a subchart."""
+    values = {
+        **MINIMAL,
+        "global": {"imageRegistry": "registry.example.com/"},
+        "priorityClassName": "fleet-default",
+        "extraVolumes": [{"name": "db-ca", "configMap": {"name": "db-ca"}}],
+        "extraVolumeMounts": [{"name": "db-ca", "mountPath": "/etc/bcw/ca", "readOnly": True}],
+        "workers": {
+            "recorder": {"enabled": True, "replicas": 0},
+            "replay": {
+                "enabled": True, "priorityClassName": "fleet-critical",
+                "nodeSelector": {"pool": "replay"},
+                "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+                "affinity": {"podAntiAffinity": {}},
+            },
+        },
+    }  # fmt: skip
+    docs = render(values)
+    deployments = by_kind(docs, "Deployment")
+    assert deployments["fleet-bc-workers-recorder"]["spec"]["replicas"] == 0
+    replay = _pod(docs, "Deployment", "fleet-bc-workers-replay")
+    assert replay["priorityClassName"] == "fleet-critical"
+    assert replay["nodeSelector"] == {"pool": "replay"} and replay["tolerations"][0]["key"] == "dedicated"
+    labeler = _pod(docs, "Deployment", "fleet-bc-workers-labeler")
+    assert labeler["priorityClassName"] == "fleet-default" and "nodeSelector" not in labeler
+    for pod in (replay, labeler, _pod(docs, "Job", "fleet-bc-workers-migrate")):
+        assert any(v["name"] == "db-ca" for v in pod["volumes"])
+        assert all(
+            any(m["mountPath"] == "/etc/bcw/ca" for m in c["volumeMounts"])
+            for c in pod.get("initContainers", []) + pod["containers"]
+        )
+        assert pod["containers"][0]["image"].startswith("registry.example.com/ghcr.io/")
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)

@@ -41,7 +41,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{- define "bcw.image" -}}
-{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
+{{- $registry := "" -}}
+{{- with .Values.global }}{{ $registry = default "" .imageRegistry }}{{ end -}}
+{{ if $registry }}{{ trimSuffix "/" $registry }}/{{ end }}{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
 {{- end -}}
 
 {{- define "bcw.databaseSecret" -}}
@@ -162,6 +164,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- $bus := or (not (hasKey . "nats")) .nats -}}
 - name: tmp
   mountPath: /tmp
+{{- with .root.Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
 {{- if and $bus (index $s 2) }}
 - name: nats-credentials
   mountPath: /etc/bcw/nats
@@ -179,6 +184,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- $s := splitList "|" .secrets -}}
 - name: tmp
   emptyDir: {sizeLimit: 64Mi}
+{{- with .root.Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
 {{- if index $s 2 }}
 - name: nats-credentials
   secret:
