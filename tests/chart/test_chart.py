@@ -396,7 +396,10 @@ def test_a_cluster_install_can_shape_each_worker() -> None:
     assert deployments["fleet-bc-workers-recorder"]["spec"]["replicas"] == 0
     replay = _pod(docs, "Deployment", "fleet-bc-workers-replay")
     assert replay["priorityClassName"] == "fleet-critical"
-    assert replay["nodeSelector"] == {"pool": "replay"} and replay["tolerations"][0]["key"] == "dedicated"
+    assert (
+        replay["nodeSelector"] == {"pool": "replay"}
+        and replay["tolerations"][0]["key"] == "dedicated"
+    )
     labeler = _pod(docs, "Deployment", "fleet-bc-workers-labeler")
     assert labeler["priorityClassName"] == "fleet-default" and "nodeSelector" not in labeler
     for pod in (replay, labeler, _pod(docs, "Job", "fleet-bc-workers-migrate")):
