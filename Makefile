@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: test test-fast test-upgrade demo lint unit install clean
+.PHONY: test test-fast test-upgrade demo lint unit install image clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,15 @@ unit: test-fast
 # `make test` runs it too, once CHANGELOG.md lists a release before this version.
 test-upgrade: $(STAMP)
 	$(BIN)/pytest tests/upgrade -s
+
+# The worker image, tagged with the version in pyproject.toml (needs a container engine:
+# docker or podman; CI checks the image's install in a virtualenv instead, tests/chart).
+VERSION = $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE  ?= bc-workers
+ENGINE ?= $(shell command -v docker || command -v podman)
+
+image:
+	$(ENGINE) build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
 
 demo: $(STAMP)
 	$(BIN)/bcw demo

@@ -24,6 +24,19 @@ def test_dockerfile_is_multi_stage_slim_non_root_with_bcw_as_entrypoint() -> Non
     assert re.search(r"^USER 10001", final, flags=re.M)
     assert 'ENTRYPOINT ["bcw"]' in final
     assert "pip install" not in final and "apt-get" not in final  # no build tools at runtime
+    assert "--create-home --home-dir /home/bcw" in final and "HOME=/home/bcw" in final
+    assert 'org.opencontainers.image.version="${VERSION}"' in final
+
+
+def test_make_image_tags_the_image_with_the_version() -> None:
+    from tests.upgrade.release import current_version
+
+    planned = subprocess.run(
+        ["make", "-n", "image", "ENGINE=docker"], cwd=ROOT, capture_output=True, text=True,
+        check=True,
+    ).stdout  # fmt: skip
+    version = current_version()
+    assert f"docker build --build-arg VERSION={version} -t bc-workers:{version} ." in planned
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv", "tests"} <= set(ignored)
 
