@@ -17,7 +17,7 @@ Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 EXAMPLES: dict[str, str] = {
     "migrate": "BCW_DATABASE_URL=postgresql://owner@db/bcw bcw migrate --status",
     "schemas export": "bcw schemas export schemas/json --asyncapi bus.asyncapi.json",
-    "provision": "BCW_NATS_NKEY_SEED_FILE=auth/admin.nk bcw provision",
+    "provision": "BCW_NATS_NKEY_SEED_FILE=auth/admin.nk bcw provision   # or --check",
     "auth nats": "bcw auth nats --gateways gw-1,gw-2 --out auth/",
     "run": "bcw run liveness          # or: bcw run all, bcw run relay",
     "sim": "bcw sim --scenario power-on --nodes 1000 --gateways 3",

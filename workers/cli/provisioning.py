@@ -40,6 +40,12 @@ def add(commands: Commands) -> None:
     export.set_defaults(handler=_cmd_schemas_export)
 
     provision = commands.add_parser("provision", help="create or update the streams and consumers")
+    provision.add_argument(
+        "--check",
+        action="store_true",
+        help="change nothing: say whether each stream exists as the settings describe it "
+        "(exit 1 when one is missing)",
+    )
     provision.set_defaults(handler=_cmd_provision)
 
     auth = commands.add_parser("auth", help="credentials of the bus principals")
@@ -101,6 +107,13 @@ def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
         nc = await connection.connect(settings.nats, name="bcw provision")
         try:
             js = nc.jetstream()
+            if args.check:
+                checked = await streams.check_streams(
+                    js, subjects, settings.nats.stream_replicas, streams.limits_of(settings.nats)
+                )
+                for stream, state in checked.items():
+                    print(f"stream   {stream:<24} {state}")
+                return EXIT_FAILED if "missing" in checked.values() else 0
             for stream, state in (
                 await streams.provision_streams(
                     js, subjects, settings.nats.stream_replicas, streams.limits_of(settings.nats)

@@ -62,11 +62,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "bcw.ownCredentials" -}}
 {{- $v := .root.Values -}}
 {{- if not $v.allowSharedCredentials -}}
+{{- $path := default (printf "workers.%s" .worker) .path -}}
 {{- if not (and .spec.database .spec.database.existingSecret) -}}
-{{- fail (printf "workers.%s.database.existingSecret is empty: the worker would log in to PostgreSQL with the shared (owner) URL; give it a login of its own (docs/kubernetes.md), or set allowSharedCredentials: true" .worker) -}}
+{{- fail (printf "%s.database.existingSecret is empty: it would log in to PostgreSQL with the shared (owner) URL; give it a login of its own (docs/kubernetes.md), or set allowSharedCredentials: true" $path) -}}
 {{- end -}}
 {{- if and $v.nats.credentials.existingSecret (not (and .spec.nats .spec.nats.existingSecret)) -}}
-{{- fail (printf "workers.%s.nats.existingSecret is empty: the worker would log in to NATS with the shared nats.credentials; give it its own (bcw auth nats), or set allowSharedCredentials: true" .worker) -}}
+{{- fail (printf "%s.nats.existingSecret is empty: it would log in to NATS with the shared nats.credentials; give it its own (bcw auth nats), or set allowSharedCredentials: true" $path) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

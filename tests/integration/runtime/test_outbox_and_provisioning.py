@@ -185,6 +185,23 @@ async def test_cli_provision_and_dead_letters(
     assert "0 dead letter(s)" in out
 
 
+async def test_provision_check_changes_nothing_and_says_what_differs(
+    servers: Servers, nc: NATS, subjects: Subjects
+) -> None:
+    code, out = await _bcw(servers, subjects, "provision", "--check")
+    assert code == 1 and f"stream   {subjects.facts_stream:<24} missing" in out
+    code, out = await _bcw(servers, subjects, "provision")
+    assert code == 0, out
+    js = nc.jetstream()
+    info = await js.stream_info(subjects.events_stream)
+    info.config.max_age = 3 * 24 * 3600.0  # an operator keeps events 3 days, not 7
+    await js.update_stream(info.config)
+    code, out = await _bcw(servers, subjects, "provision", "--check")
+    assert code == 0 and f"stream   {subjects.facts_stream:<24} ok" in out
+    assert f"stream   {subjects.events_stream:<24} differs: max_age 259200" in out
+    assert (await js.stream_info(subjects.events_stream)).config.max_age == 3 * 24 * 3600.0
+
+
 async def test_redrive_needs_a_choice_dry_runs_and_finds_a_sequence_beyond_a_page(
     servers: Servers, nc: NATS, subjects: Subjects
 ) -> None:

@@ -40,7 +40,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("principals")
     written = principals.write(directory, SUBJECTS, ["gw-1", "gw-2"])
     assert {p.name for p in written} == {
-        "auth.conf", "admin.nk", "subscriber.nk", "gateway-gw-1.nk", "gateway-gw-2.nk",
+        "auth.conf", "admin.nk", "subscriber.nk", "relay.nk", "gateway-gw-1.nk", "gateway-gw-2.nk",
         *(f"worker-{w}.nk" for w in sorted(WORKERS)),
     }  # fmt: skip
     return directory

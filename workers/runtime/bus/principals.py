@@ -5,6 +5,8 @@ shows the same table, generated from `principals()`.
 - `admin`: everything (provision, stream setup at migrate time, dead-letter redrive).
 - `worker-<name>`: its own durable consumer on the facts stream, the events, notices and
   dead letters it publishes; never a fact.
+- `relay`: a dedicated outbox relay (`bcw run relay`): the events, notices and revocations
+  every worker's outbox holds, and the relay's dead letters; nothing else.
 - `gateway-<id>`: its own facts, its own consumer (created with its own filter subject)
   on the notices stream, and the revocation notices.
 - `subscriber`: reads the events stream message by message and is told of new events
@@ -90,6 +92,21 @@ def principals(subjects: Subjects, gateways: Sequence[str]) -> list[Principal]:
                 subscribe=(f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{facts}.{worker}",),
             )
         )
+    made.append(
+        Principal(
+            "relay",
+            "bcw run relay: dedicated outbox relays (the chart's relay.enabled)",
+            publish=(
+                _api("INFO"),
+                *(_api("STREAM.INFO", s) for s in streams),
+                subjects.all_events,
+                subjects.revocations,
+                subjects.all_notices,
+                subjects.dead("relay"),
+            ),
+            subscribe=(),
+        )
+    )
     for gateway in gateways:
         durable = f"gw-{gateway}"
         made.append(

@@ -141,6 +141,28 @@ def _differs(current: object, wanted: object) -> bool:
     return current != wanted
 
 
+async def check_streams(
+    js: JetStreamContext, subjects: Subjects, replicas: int = 1, limits: StreamLimits | None = None
+) -> dict[str, str]:
+    """Each stream of the contract: `ok`, `missing`, or what differs from these settings
+    (changing nothing: an operator's edit stays as it is)."""
+    out: dict[str, str] = {}
+    for wanted in stream_configs(subjects, replicas, limits):
+        assert wanted.name is not None
+        try:
+            current = (await js.stream_info(wanted.name)).config
+        except NotFoundError:
+            out[wanted.name] = "missing"
+            continue
+        differs = [
+            f"{field} {getattr(current, field)} (settings: {getattr(wanted, field)})"
+            for field in (*_FIXED, *_UPDATABLE)
+            if _differs(getattr(current, field), getattr(wanted, field))
+        ]
+        out[wanted.name] = "differs: " + ", ".join(differs) if differs else "ok"
+    return out
+
+
 async def provision_streams(
     js: JetStreamContext, subjects: Subjects, replicas: int = 1, limits: StreamLimits | None = None
 ) -> dict[str, str]:

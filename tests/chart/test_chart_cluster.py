@@ -1,0 +1,158 @@
+"""The chart for a cluster and its operations: each worker's own credentials (or a render
+that refuses), Secrets mounted key by key, alerts with runbooks, a dashboard per namespace
+and pod, per-worker scheduling and extra volumes, a relay Deployment and `helm test`."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.chart.test_chart import (
+    CHART,
+    DASHBOARD,
+    KUBE_VERSION,
+    MINIMAL,
+    WORKERS,
+    _every_metric_once,
+    _pod,
+    by_kind,
+    production,
+    render,
+)
+
+
+def test_secrets_are_mounted_key_by_key() -> None:
+    docs = render(production())
+    pod = _pod(docs, "Deployment", "fleet-bc-workers-labeler")
+    volumes = {v["name"]: v["secret"] for v in pod["volumes"] if "secret" in v}
+    assert volumes["nats-credentials"]["items"] == [{"key": "seed.nk", "path": "seed.nk"}]
+    assert [i["key"] for i in volumes["nats-tls"]["items"]] == ["ca.crt", "tls.crt", "tls.key"]
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"database": {"existingSecret": "shared"}}, "workers.labeler.database.existingSecret"),
+        (
+            {"database": {"existingSecret": "shared"}, "nats": {"credentials": {"existingSecret": "all"}},
+             "workers": {w: {"database": {"existingSecret": f"{w}-db"}} for w in WORKERS}},
+            "workers.labeler.nats.existingSecret",
+        ),
+    ],
+)  # fmt: skip
+def test_a_worker_without_its_own_credentials_does_not_render(
+    values: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(Exception, match=re.escape(named)) as refused:
+        render(values)
+    assert "allowSharedCredentials" in str(refused.value)
+    render({**values, "allowSharedCredentials": True})  # allowed on purpose: it renders
+
+
+def test_the_prometheus_rule_alerts_on_exported_metrics_with_a_runbook_line_each() -> None:
+    assert "fleet-bc-workers" not in by_kind(render(MINIMAL), "PrometheusRule")  # off by default
+    values = {**MINIMAL, "prometheusRule": {"enabled": True, "labels": {"release": "kps"}}}
+    rule = by_kind(render(values), "PrometheusRule")["fleet-bc-workers"]
+    assert rule["metadata"]["labels"]["release"] == "kps"
+    [group] = rule["spec"]["groups"]
+    alerts = {r["alert"]: r for r in group["rules"]}
+    assert set(alerts) == {
+        "BcwConsumerLag", "BcwFactAgeHigh", "BcwGatewayBlind", "BcwBreakerOpen",
+        "BcwDeadLetters", "BcwOutboxStuck",
+    }  # fmt: skip
+    exported = {
+        sample.name
+        for family in text_string_to_metric_families(_every_metric_once())
+        for sample in family.samples
+    }
+    runbook = (CHART.parents[1] / "docs" / "observability.md").read_text()
+    for name, alert in alerts.items():
+        assert set(re.findall(r"\bbcw_[a-z_]+", alert["expr"])) <= exported, name
+        assert alert["annotations"]["runbook_url"].endswith(f"#{name.lower()}")
+        assert f"### {name}\n" in runbook, name
+
+
+def test_the_dashboard_narrows_every_panel_to_a_namespace_and_pod() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"datasource", "namespace", "pod"} <= variables
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            for selector in re.findall(r"\bbcw_[a-z_]+(\{[^}]*\})?", target["expr"]):
+                assert 'namespace=~"$namespace"' in selector and 'pod=~"$pod"' in selector
+
+
+def test_a_cluster_install_can_shape_each_worker() -> None:
+    """replicas 0 is kept; per-worker scheduling and priority; extra volumes (a CA for
+    verify-full) in every pod; a parent chart's global.imageRegistry; as a subchart."""
+    values = {
+        **MINIMAL,
+        "global": {"imageRegistry": "registry.example.com/"},
+        "priorityClassName": "fleet-default",
+        "extraVolumes": [{"name": "db-ca", "configMap": {"name": "db-ca"}}],
+        "extraVolumeMounts": [{"name": "db-ca", "mountPath": "/etc/bcw/ca", "readOnly": True}],
+        "workers": {
+            "recorder": {"enabled": True, "replicas": 0},
+            "replay": {
+                "enabled": True, "priorityClassName": "fleet-critical",
+                "nodeSelector": {"pool": "replay"},
+                "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+                "affinity": {"podAntiAffinity": {}},
+            },
+        },
+    }  # fmt: skip
+    docs = render(values)
+    deployments = by_kind(docs, "Deployment")
+    assert deployments["fleet-bc-workers-recorder"]["spec"]["replicas"] == 0
+    replay = _pod(docs, "Deployment", "fleet-bc-workers-replay")
+    assert replay["priorityClassName"] == "fleet-critical"
+    assert (
+        replay["nodeSelector"] == {"pool": "replay"}
+        and replay["tolerations"][0]["key"] == "dedicated"
+    )
+    labeler = _pod(docs, "Deployment", "fleet-bc-workers-labeler")
+    assert labeler["priorityClassName"] == "fleet-default" and "nodeSelector" not in labeler
+    for pod in (replay, labeler, _pod(docs, "Job", "fleet-bc-workers-migrate")):
+        assert any(v["name"] == "db-ca" for v in pod["volumes"])
+        assert all(
+            any(m["mountPath"] == "/etc/bcw/ca" for m in c["volumeMounts"])
+            for c in pod.get("initContainers", []) + pod["containers"]
+        )
+        assert pod["containers"][0]["image"].startswith("registry.example.com/ghcr.io/")
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
+def test_a_relay_deployment_takes_the_outbox_off_the_workers_and_helm_test_checks() -> None:
+    values = {
+        **MINIMAL,
+        "relay": {"enabled": True, "replicas": 3},
+        "workers": {"recorder": {"enabled": True, "replicas": 0}},
+    }
+    docs = render(values)
+    relay = _pod(docs, "Deployment", "fleet-bc-workers-relay")
+    assert relay["containers"][0]["args"] == ["run", "relay"]
+    assert by_kind(docs, "Deployment")["fleet-bc-workers-relay"]["spec"]["replicas"] == 3
+    for worker in WORKERS:
+        env = {
+            e["name"]: e.get("value")
+            for e in _pod(docs, "Deployment", f"fleet-bc-workers-{worker}")["containers"][0]["env"]
+        }
+        assert env["BCW_OUTBOX_RELAY"] == "false", worker
+    assert "fleet-bc-workers-relay" not in by_kind(render(MINIMAL), "Deployment")
+    # helm test: each worker with pods answers /readyz; every stream exists, nothing changed
+    test = by_kind(docs, "Pod")["fleet-bc-workers-test"]
+    assert test["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    urls = test["spec"]["initContainers"][0]["args"][1:]
+    assert urls == [f"http://fleet-bc-workers-{w}:8080/readyz" for w in WORKERS if w != "recorder"]
+    assert test["spec"]["containers"][0]["args"] == ["provision", "--check"]
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+    with pytest.raises(Exception, match=r"relay\.database\.existingSecret is empty"):
+        render({"database": {"existingSecret": "shared"}, "relay": {"enabled": True},
+                "workers": {w: {"enabled": False} for w in WORKERS}})  # fmt: skip
