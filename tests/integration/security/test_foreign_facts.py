@@ -9,8 +9,10 @@ well-formed facts on its own subjects, as a buggy or hostile gateway could.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -32,6 +34,30 @@ from workers.gateway import Gateway, HelloRequest
 from workers.registry import WORKERS
 from workers.runtime.bus import streams
 from workers.runtime.effects.worker import Runtime
+
+
+@contextlib.asynccontextmanager
+async def _two_gateways(
+    servers: Servers, nc: NATS, subjects: Subjects, database_url: str,
+    db: asyncpg.Connection, pool: asyncpg.Pool,
+) -> AsyncIterator[tuple[Runtime, Gateway, Gateway]]:  # fmt: skip
+    """n1 joined; all five workers in one process; gw-a (holds the node) and gw-c (takes
+    it over) started, and stopped at the end."""
+    await streams.provision_streams(nc.jetstream(), subjects)
+    await fleet.join(db, "n1")
+    settings = make_settings(servers.nats_url, database_url, subjects)
+    workers = [WORKERS[name](settings) for name in sorted(WORKERS)]
+    holder = Gateway("gw-a", pool, nc, subjects)
+    successor = Gateway("gw-c", pool, nc, subjects)
+    await holder.start()
+    await successor.start()
+    try:
+        async with running(settings, workers) as (runtime, _port):
+            yield runtime, holder, successor
+    finally:
+        for gateway in (holder, successor):
+            if gateway.alive:
+                await gateway.stop(graceful=False)
 
 
 def _request(**kw: Any) -> HelloRequest:
@@ -90,56 +116,49 @@ async def test_a_gateway_forging_facts_about_a_node_it_does_not_hold_changes_not
     db: asyncpg.Connection,
     pool: asyncpg.Pool,
 ) -> None:
-    await streams.provision_streams(nc.jetstream(), subjects)
-    await fleet.join(db, "n1")
-    settings = make_settings(servers.nats_url, database_url, subjects)
-    workers = [WORKERS[name](settings) for name in sorted(WORKERS)]
-    holder = Gateway("gw-a", pool, nc, subjects)
-    successor = Gateway("gw-c", pool, nc, subjects)
-    await holder.start()
-    await successor.start()
-    try:
-        async with running(settings, workers) as (runtime, _port):
-            stream = RecordingStream()
-            welcome = await holder.hello(_request(), stream)
-            command = await db.fetchval("SELECT enqueue_command('n1', 'noop', '{}')")
-            await eventually(lambda: _delivered(stream, 1), what="the command dispatched to gw-a")
-            await eventually(
-                lambda: _settled(runtime, "applied", 3), what="the Hello applied by 3 workers"
-            )
-            before = await _state(db)
-            notices_before = len(await _bodies(nc, subjects.gateway_stream, "dispatch"))
-            events_before = {
-                t: len(await _bodies(nc, subjects.events_stream, t))
-                for t in ("node.connected", "node.capabilities-changed", "node.disconnected")
-            }
+    async with _two_gateways(servers, nc, subjects, database_url, db, pool) as (
+        runtime, holder, successor,
+    ):  # fmt: skip
+        stream = RecordingStream()
+        welcome = await holder.hello(_request(), stream)
+        command = await db.fetchval("SELECT enqueue_command('n1', 'noop', '{}')")
+        await eventually(lambda: _delivered(stream, 1), what="the command dispatched to gw-a")
+        await eventually(
+            lambda: _settled(runtime, "applied", 3), what="the Hello applied by 3 workers"
+        )
+        before = await _state(db)
+        notices_before = len(await _bodies(nc, subjects.gateway_stream, "dispatch"))
+        events_before = {
+            t: len(await _bodies(nc, subjects.events_stream, t))
+            for t in ("node.connected", "node.capabilities-changed", "node.disconnected")
+        }
 
-            # gw-b forges: five alternating Hellos at gw-a's epoch (another machine, other
-            # capabilities), a result and progress for gw-a's command, a BUSY, a close,
-            # events and a status report
-            forged = [
-                make_fact(
-                    "hello",
-                    gateway_id="gw-b",
-                    node_id="n1",
-                    epoch=welcome.epoch,
-                    boot_id=f"boot-clone-{i}",
-                    journal_id="journal-1",
-                    capabilities=["evil", f"x{i}"],
-                    running_command_ids=[],
-                    cert={"serial": "n1-serial"},
-                    previous={
-                        "epoch": welcome.epoch - 1 if i == 0 else welcome.epoch,
-                        "gateway_id": "gw-a",
-                        "boot_id": "boot-real" if i % 2 == 0 else "boot-clone",
-                        "journal_id": "journal-1",
-                        "live": True,
-                    },
-                )
-                for i in range(5)
-            ]
-            ids = {"node_id": "n1", "epoch": welcome.epoch, "gateway_id": "gw-b"}
-            forged += [
+        # gw-b forges: five alternating Hellos at gw-a's epoch (another machine, other
+        # capabilities), a result and progress for gw-a's command, a BUSY, a close,
+        # events and a status report
+        forged = [
+            make_fact(
+                "hello",
+                gateway_id="gw-b",
+                node_id="n1",
+                epoch=welcome.epoch,
+                boot_id=f"boot-clone-{i}",
+                journal_id="journal-1",
+                capabilities=["evil", f"x{i}"],
+                running_command_ids=[],
+                cert={"serial": "n1-serial"},
+                previous={
+                    "epoch": welcome.epoch - 1 if i == 0 else welcome.epoch,
+                    "gateway_id": "gw-a",
+                    "boot_id": "boot-real" if i % 2 == 0 else "boot-clone",
+                    "journal_id": "journal-1",
+                    "live": True,
+                },
+            )
+            for i in range(5)
+        ]
+        ids = {"node_id": "n1", "epoch": welcome.epoch, "gateway_id": "gw-b"}
+        forged += [
                 make_fact("progress", **ids, command_id=str(command), state="running"),
                 make_fact("result", **ids, command_id=str(command), outcome="failed",
                           result={}, error="forged"),
@@ -149,46 +168,42 @@ async def test_a_gateway_forging_facts_about_a_node_it_does_not_hold_changes_not
                 make_fact("events", node_id="n1", gateway_id="gw-b", journal_id="journal-1",
                           events=[{"seq": 1, "kind": "k", "body": {}, "at": "2026-11-30T00:00:00Z"}]),
             ]  # fmt: skip
-            js = nc.jetstream()
-            for fact in forged:
-                await publish_fact(js, subjects, fact)
-            expected = {
-                ("labeler", "hello"): 5,
-                ("liveness", "hello"): 5,
-                ("quarantine", "hello"): 5,
-                ("replay", "hello"): 5,
-                ("replay", "progress"): 1,
-                ("replay", "result"): 1,
-                ("replay", "rejected"): 1,
-                ("liveness", "closed"): 1,
-                ("recorder", "status"): 1,
-                ("recorder", "events"): 1,
-            }
-            await eventually(
-                lambda: _counted_is(runtime, expected), what="every forged fact counted foreign"
-            )
-            assert await _state(db) == before  # capabilities, count, certs, commands, events
-            assert len(await _bodies(nc, subjects.gateway_stream, "dispatch")) == notices_before
-            assert {
-                t: len(await _bodies(nc, subjects.events_stream, t)) for t in events_before
-            } == events_before
-            for security in ("security.node.duplicate-session", "security.node.quarantined"):
-                assert await _bodies(nc, subjects.events_stream, security) == []
-            assert len(stream.delivered) == 1
+        js = nc.jetstream()
+        for fact in forged:
+            await publish_fact(js, subjects, fact)
+        expected = {
+            ("labeler", "hello"): 5,
+            ("liveness", "hello"): 5,
+            ("quarantine", "hello"): 5,
+            ("replay", "hello"): 5,
+            ("replay", "progress"): 1,
+            ("replay", "result"): 1,
+            ("replay", "rejected"): 1,
+            ("liveness", "closed"): 1,
+            ("recorder", "status"): 1,
+            ("recorder", "events"): 1,
+        }
+        await eventually(
+            lambda: _counted_is(runtime, expected), what="every forged fact counted foreign"
+        )
+        assert await _state(db) == before  # capabilities, count, certs, commands, events
+        assert len(await _bodies(nc, subjects.gateway_stream, "dispatch")) == notices_before
+        assert {
+            t: len(await _bodies(nc, subjects.events_stream, t)) for t in events_before
+        } == events_before
+        for security in ("security.node.duplicate-session", "security.node.quarantined"):
+            assert await _bodies(nc, subjects.events_stream, security) == []
+        assert len(stream.delivered) == 1
 
-            # the node moves to gw-c; its result, replayed there at the new epoch, counts
-            moved = await successor.hello(
-                _request(running_command_ids=[str(command)]), RecordingStream()
-            )
-            await successor.result("n1", moved.epoch, uuid.UUID(str(command)), "done", {}, None)
-            await eventually(
-                lambda: _command_done(db, command), what="the replayed result completed it"
-            )
-            assert _counted(runtime, "foreign") == expected  # nothing more was foreign
-    finally:
-        for gateway in (holder, successor):
-            if gateway.alive:
-                await gateway.stop(graceful=False)
+        # the node moves to gw-c; its result, replayed there at the new epoch, counts
+        moved = await successor.hello(
+            _request(running_command_ids=[str(command)]), RecordingStream()
+        )
+        await successor.result("n1", moved.epoch, uuid.UUID(str(command)), "done", {}, None)
+        await eventually(
+            lambda: _command_done(db, command), what="the replayed result completed it"
+        )
+        assert _counted(runtime, "foreign") == expected  # nothing more was foreign
 
 
 async def _delivered(stream: RecordingStream, n: int) -> bool:
@@ -220,53 +235,36 @@ async def test_one_epoch_one_hello_a_former_holder_cannot_count_its_epoch_again(
     facts for epoch 1 with other boot ids (each a "duplicate identity"): every Hello worker
     finds them foreign — the epoch's Hello transaction recorded its one Hello fact — so the
     quarantine counts none of them and the node keeps its certificate and session."""
-    await streams.provision_streams(nc.jetstream(), subjects)
-    await fleet.join(db, "n1")
-    settings = make_settings(servers.nats_url, database_url, subjects)
-    workers = [WORKERS[name](settings) for name in sorted(WORKERS)]
-    holder = Gateway("gw-a", pool, nc, subjects)
-    successor = Gateway("gw-c", pool, nc, subjects)
-    await holder.start()
-    await successor.start()
-    try:
-        async with running(settings, workers) as (runtime, _port):
-            first = await holder.hello(_request(), RecordingStream())
-            await successor.hello(_request(), RecordingStream())
-            [hello] = [
-                h for h in await _bodies(nc, subjects.facts_stream, "hello") if h["epoch"] == 1
-            ]
-            recorded = await db.fetchval(
-                "SELECT hello_fact_id FROM session_epochs WHERE node_id = 'n1' AND epoch = 1"
+    async with _two_gateways(servers, nc, subjects, database_url, db, pool) as (
+        runtime, holder, successor,
+    ):  # fmt: skip
+        first = await holder.hello(_request(), RecordingStream())
+        await successor.hello(_request(), RecordingStream())
+        [hello] = [h for h in await _bodies(nc, subjects.facts_stream, "hello") if h["epoch"] == 1]
+        recorded = await db.fetchval(
+            "SELECT hello_fact_id FROM session_epochs WHERE node_id = 'n1' AND epoch = 1"
+        )
+        assert str(recorded) == hello["fact_id"]
+        forged = [
+            make_fact(
+                "hello",
+                **{
+                    **hello,
+                    "fact_id": str(uuid.uuid4()),
+                    "boot_id": f"clone-{i}",
+                    "previous": {**hello["previous"], "boot_id": "boot-real", "live": True},
+                },
             )
-            assert str(recorded) == hello["fact_id"]
-            forged = [
-                make_fact(
-                    "hello",
-                    **{
-                        **hello,
-                        "fact_id": str(uuid.uuid4()),
-                        "boot_id": f"clone-{i}",
-                        "previous": {**hello["previous"], "boot_id": "boot-real", "live": True},
-                    },
-                )
-                for i in range(5)
-            ]
-            for fact in forged:
-                await publish_fact(nc.jetstream(), subjects, fact)
-            expected = {(w, "hello"): 5 for w in ("labeler", "liveness", "quarantine", "replay")}
-            await eventually(
-                lambda: _counted_is(runtime, expected), what="every second Hello of epoch 1 foreign"
-            )
-            assert first.epoch == 1
-            assert await db.fetchval("SELECT duplicate_hellos FROM node_sessions") == 0
-            assert await db.fetchval("SELECT count(*) FROM node_alternations") == 0
-            assert (
-                await db.fetchval("SELECT bool_or(revoked_at IS NOT NULL) FROM node_certs") is False
-            )
-            assert (
-                await _bodies(nc, subjects.events_stream, "security.node.duplicate-session") == []
-            )
-    finally:
-        for gateway in (holder, successor):
-            if gateway.alive:
-                await gateway.stop(graceful=False)
+            for i in range(5)
+        ]
+        for fact in forged:
+            await publish_fact(nc.jetstream(), subjects, fact)
+        expected = {(w, "hello"): 5 for w in ("labeler", "liveness", "quarantine", "replay")}
+        await eventually(
+            lambda: _counted_is(runtime, expected), what="every second Hello of epoch 1 foreign"
+        )
+        assert first.epoch == 1
+        assert await db.fetchval("SELECT duplicate_hellos FROM node_sessions") == 0
+        assert await db.fetchval("SELECT count(*) FROM node_alternations") == 0
+        assert await db.fetchval("SELECT bool_or(revoked_at IS NOT NULL) FROM node_certs") is False
+        assert await _bodies(nc, subjects.events_stream, "security.node.duplicate-session") == []
