@@ -99,3 +99,16 @@ def test_every_test_the_contract_names_exists() -> None:
         defined |= _defined(module)
     assert len(named) >= 6
     assert named <= defined, named - defined
+
+
+def test_the_readme_diagram_names_the_real_processes_and_streams() -> None:
+    readme = (ROOT / "README.md").read_text()
+    diagram = re.search(r"```mermaid\n(.*?)```", readme, re.S)
+    assert diagram is not None
+    from schemas.subjects import Subjects
+    from workers.registry import WORKERS
+
+    names = Subjects()
+    for name in (*WORKERS, names.facts_stream, names.events_stream, names.gateway_stream,
+                 names.dead_stream, "PostgreSQL", "gateways"):  # fmt: skip
+        assert name in diagram.group(1), name
