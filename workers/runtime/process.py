@@ -185,7 +185,8 @@ async def _serve(
         ]  # fmt: skip
 
         async def provision() -> None:
-            await streams.provision_streams(
+            # created when missing, never changed: only `bcw provision` updates a stream
+            await streams.streams_for_a_worker(
                 js, subjects, settings.nats.stream_replicas, streams.limits_of(settings.nats)
             )
             for consumer in parts.consumers:

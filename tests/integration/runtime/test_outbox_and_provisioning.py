@@ -126,6 +126,32 @@ async def test_provisioning_is_idempotent_and_corrects_drift(nc: NATS, subjects:
     assert facts.config.subjects == [f"{subjects.root}.facts.>"]
 
 
+async def test_a_worker_started_after_an_operators_edit_leaves_the_stream_as_edited(
+    servers: Servers, nc: NATS, subjects: Subjects, database_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """Only `bcw provision` changes a stream: a worker's start creates a missing one
+    (a development server) and reports, never reverts, one an operator edited."""
+    from tests.integration.support import make_settings, running
+    from workers import labeler
+
+    js = nc.jetstream()
+    await streams.provision_streams(js, subjects)
+    info = await js.stream_info(subjects.events_stream)
+    await js.update_stream(dataclasses.replace(info.config, max_age=3 * 86400.0))  # the operator
+    await js.delete_stream(subjects.dead_stream)  # and one missing
+    settings = make_settings(servers.nats_url, database_url, subjects)
+    async with running(settings, [labeler.build(settings)]):
+        pass
+    assert (await js.stream_info(subjects.events_stream)).config.max_age == pytest.approx(
+        3 * 86400
+    )  # as edited
+    assert (await js.stream_info(subjects.dead_stream)).config.max_age == pytest.approx(14 * 86400)
+    assert any(
+        "differs from these settings, left as it is" in r.getMessage() for r in caplog.records
+    )
+
+
 async def test_a_stream_with_another_storage_is_reported_not_clobbered(
     nc: NATS, subjects: Subjects
 ) -> None:

@@ -163,6 +163,44 @@ async def check_streams(
     return out
 
 
+async def streams_for_a_worker(
+    js: JetStreamContext, subjects: Subjects, replicas: int = 1, limits: StreamLimits | None = None
+) -> dict[str, str]:
+    """What a worker does with the streams at start: create one that is missing (a first
+    start on a development server; a least-privilege worker may not, and `bcw provision`
+    does it), and leave an existing one as it is — an operator's edit (`nats stream edit`)
+    is never reverted, only reported. A stream whose retention or storage the contract
+    cannot work with stops the start (ProvisionError)."""
+    out: dict[str, str] = {}
+    for wanted in stream_configs(subjects, replicas, limits):
+        assert wanted.name is not None
+        try:
+            current = (await js.stream_info(wanted.name)).config
+        except NotFoundError:
+            await js.add_stream(wanted)
+            log.info("stream %s created", wanted.name)
+            out[wanted.name] = "created"
+            continue
+        for field in _FIXED:
+            if getattr(current, field) != getattr(wanted, field):
+                raise ProvisionError(
+                    f"stream {wanted.name}: {field} is {getattr(current, field)}; the workers "
+                    f"need {getattr(wanted, field)} (recreate it with bcw provision)"
+                )
+        differs = {
+            field: (getattr(current, field), getattr(wanted, field))
+            for field in _UPDATABLE
+            if _differs(getattr(current, field), getattr(wanted, field))
+        }
+        if differs:
+            log.warning(
+                "stream %s differs from these settings, left as it is (bcw provision changes "
+                "it): %s", wanted.name, differs,
+            )  # fmt: skip
+        out[wanted.name] = "differs" if differs else "ok"
+    return out
+
+
 async def provision_streams(
     js: JetStreamContext, subjects: Subjects, replicas: int = 1, limits: StreamLimits | None = None
 ) -> dict[str, str]:
