@@ -33,7 +33,7 @@ def _grants(name: str) -> principals.Principal:
     return made[name]
 
 
-def test_no_principal_but_admin_may_publish_a_fact_except_its_own_gateway() -> None:
+def test_no_principal_but_admin_and_operator_may_publish_a_fact_except_its_own_gateway() -> None:
     made = principals.principals(Subjects("t1"), ["gw-1", "gw-2"])
     for principal in made:
         facts = [s for s in principal.publish if s.startswith("t1.facts") or s in (">", "t1.>")]
@@ -49,6 +49,7 @@ def test_no_principal_but_admin_may_publish_a_fact_except_its_own_gateway() -> N
         ]
         expected = {
             "admin": [">"],  # a gateway: its own facts, type by type, and nothing else
+            "operator": ["t1.facts.>"],  # a re-drive publishes a dead-lettered fact again
             "gateway-gw-1": [f"t1.facts.gw-1.{t}" for t in types],
             "gateway-gw-2": [f"t1.facts.gw-2.{t}" for t in types],
         }.get(principal.name, [])

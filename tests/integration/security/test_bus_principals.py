@@ -40,7 +40,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("principals")
     written = principals.write(directory, SUBJECTS, ["gw-1", "gw-2"])
     assert {p.name for p in written} == {
-        "auth.conf", "admin.nk", "subscriber.nk", "relay.nk", "gateway-gw-1.nk", "gateway-gw-2.nk",
+        "auth.conf", "admin.nk", "subscriber.nk", "relay.nk", "operator.nk", "gateway-gw-1.nk", "gateway-gw-2.nk",
         *(f"worker-{w}.nk" for w in sorted(WORKERS)),
     }  # fmt: skip
     return directory
@@ -241,3 +241,45 @@ async def test_a_row_its_relay_may_not_publish_never_stops_the_worker(
             nc.jetstream(), SUBJECTS, cause="unpublishable"
         )
     assert [(letter.worker, letter.subject) for letter in letters] == [("relay", forbidden)]
+
+
+async def test_the_operator_lists_and_redrives_dead_letters_and_reads_events(
+    keys: Path, secured: str
+) -> None:
+    """Daily operations under least privilege: `operator` does what an operator does —
+    dead letters (list, redrive) and events — as the documented commands run them."""
+    code, output = await bcw(
+        "provision", BCW_NATS_URL=secured, BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk")
+    )
+    assert code == 0, output
+    async with _client(keys, secured, "admin") as (nc, _errors):
+        js = nc.jetstream()
+        await js.publish(
+            SUBJECTS.event("node.connected"), b'{"nodeId": "op-1", "epoch": 1}',
+            headers={"Bc-Type": "node.connected", "Nats-Msg-Id": "op-event-1"},
+        )  # fmt: skip
+        await deadletter.dead_letter(
+            js, SUBJECTS, "labeler", subject=SUBJECTS.fact("gw-1", "hello"),
+            stream=SUBJECTS.facts_stream, stream_seq=4242, data=b"{}",
+            headers={"Bc-Type": "hello", "Nats-Msg-Id": "op-fact-1"}, reason="r", cause="handler",
+        )  # fmt: skip
+    as_operator = {
+        "BCW_NATS_URL": secured, "BCW_SUBJECT_ROOT": "bc",
+        "BCW_NATS_NKEY_SEED_FILE": str(keys / "operator.nk"),
+    }  # fmt: skip
+    code, out = await bcw("dead-letters", "list", "--cause", "handler", **as_operator)
+    assert code == 0 and "labeler" in out and "1 dead letter(s)" in out, out
+    code, out = await bcw("dead-letters", "redrive", "--cause", "handler", "--yes", **as_operator)
+    assert code == 0 and "1 re-driven" in out, out
+    code, out = await bcw(
+        "events", "--all", "--node", "op-1", "--count", "1", "--idle-exit", "10", **as_operator
+    )
+    assert code == 0 and "op-1" in out, out
+    # and nothing an operator has no business with: no consumer, no stream change
+    async with _client(keys, secured, "operator") as (nc, errors):
+        js = nc.jetstream(timeout=2.0)
+        with pytest.raises(nats.errors.TimeoutError):
+            await js.add_consumer(SUBJECTS.facts_stream, ConsumerConfig(durable_name="mine"))
+        with pytest.raises(nats.errors.TimeoutError):
+            await js.delete_stream(SUBJECTS.events_stream)
+        assert any("permissions violation" in e.lower() for e in errors)

@@ -115,6 +115,12 @@ FORBIDDEN = {
         "INSERT INTO outbox (msg_id, subject, body) VALUES (gen_random_uuid(), 'x', '')",
         "DELETE FROM processed_facts",
     ],
+    "bcw_operator": [
+        "UPDATE node_sessions SET last_seen = now()",
+        "UPDATE commands SET state = 'done'",
+        "INSERT INTO outbox (msg_id, subject, body) VALUES (gen_random_uuid(), 'x', '')",
+        "UPDATE liveness_gateways SET last_flush_at = now()",
+    ],
 }
 CASES = [(g, s) for g in GROUPS for s in [*COMMON, *FORBIDDEN[g]]]
 

@@ -9,6 +9,8 @@ shows the same table, generated from `principals()`.
   every worker's outbox holds, and the relay's dead letters; nothing else.
 - `gateway-<id>`: its own facts, its own consumer (created with its own filter subject)
   on the notices stream, and the revocation notices.
+- `operator`: a person operating the fleet: lists and re-drives dead letters, reads the
+  events; creates no stream or consumer.
 - `subscriber`: reads the events stream message by message and is told of new events
   on their subjects; it creates, changes and deletes no consumer (read-only).
 
@@ -92,6 +94,26 @@ def principals(subjects: Subjects, gateways: Sequence[str]) -> list[Principal]:
                 subscribe=(f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{facts}.{worker}",),
             )
         )
+    made.append(
+        Principal(
+            "operator",
+            "a person: bcw dead-letters (list, redrive), bcw events",
+            publish=(
+                _api("INFO"),
+                _api("STREAM.INFO", events),
+                _api("STREAM.INFO", dead),
+                _api("STREAM.MSG.GET", events),
+                _api("STREAM.MSG.GET", dead),
+                _api("STREAM.MSG.DELETE", dead),  # a re-driven dead letter goes away
+                # a re-drive publishes the message again where it was bound
+                subjects.all_facts,
+                subjects.all_events,
+                subjects.revocations,
+                subjects.all_notices,
+            ),
+            subscribe=(subjects.all_events,),
+        )
+    )
     made.append(
         Principal(
             "relay",

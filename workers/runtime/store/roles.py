@@ -131,6 +131,12 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         Grant("UPDATE (hash, body, session_epoch, reported_at)", "node_inventory"),
     ),
     "bcw_reader": tuple(Grant("SELECT", table) for table in TABLES),
+    # a person operating the fleet: reads everything (bcw explain, bcw commands), releases
+    # an open breaker (bcw liveness release), enqueues commands; writes nothing else
+    "bcw_operator": (
+        *(Grant("SELECT", table) for table in TABLES if table != "schema_migrations"),
+        Grant("UPDATE (breaker_released_at, breaker_released_by)", "liveness_gateways"),
+    ),
 }
 
 #: the test hook that moves the fleet's clock: the schema owner's alone
