@@ -105,6 +105,22 @@ _UPDATABLE = (
 _FIXED = ("retention", "storage")
 
 
+def _drift(current: StreamConfig, wanted: StreamConfig) -> dict[str, tuple[object, object]]:
+    """What an existing stream has other than `wanted` wants, field by field; raises
+    ProvisionError for what the server cannot change in place (retention, storage)."""
+    for field in _FIXED:
+        if getattr(current, field) != getattr(wanted, field):
+            raise ProvisionError(
+                f"stream {wanted.name}: {field} is {getattr(current, field)}, the contract wants "
+                f"{getattr(wanted, field)}; the server cannot change it in place (recreate the stream)"
+            )
+    return {
+        field: (getattr(current, field), getattr(wanted, field))
+        for field in _UPDATABLE
+        if _differs(getattr(current, field), getattr(wanted, field))
+    }
+
+
 async def ensure_stream(js: JetStreamContext, wanted: StreamConfig) -> str:
     """Create the stream, or correct its drift. Returns `created`, `updated` or `unchanged`."""
     assert wanted.name is not None
@@ -114,18 +130,7 @@ async def ensure_stream(js: JetStreamContext, wanted: StreamConfig) -> str:
         await js.add_stream(wanted)
         log.info("stream %s created", wanted.name)
         return "created"
-    current = info.config
-    for field in _FIXED:
-        if getattr(current, field) != getattr(wanted, field):
-            raise ProvisionError(
-                f"stream {wanted.name}: {field} is {getattr(current, field)}, the contract wants "
-                f"{getattr(wanted, field)}; the server cannot change it in place (recreate the stream)"
-            )
-    drift = {
-        field: (getattr(current, field), getattr(wanted, field))
-        for field in _UPDATABLE
-        if _differs(getattr(current, field), getattr(wanted, field))
-    }
+    drift = _drift(info.config, wanted)
     if not drift:
         return "unchanged"
     log.warning("stream %s drifted, correcting: %s", wanted.name, drift)
@@ -181,17 +186,7 @@ async def streams_for_a_worker(
             log.info("stream %s created", wanted.name)
             out[wanted.name] = "created"
             continue
-        for field in _FIXED:
-            if getattr(current, field) != getattr(wanted, field):
-                raise ProvisionError(
-                    f"stream {wanted.name}: {field} is {getattr(current, field)}; the workers "
-                    f"need {getattr(wanted, field)} (recreate it with bcw provision)"
-                )
-        differs = {
-            field: (getattr(current, field), getattr(wanted, field))
-            for field in _UPDATABLE
-            if _differs(getattr(current, field), getattr(wanted, field))
-        }
+        differs = _drift(current, wanted)
         if differs:
             log.warning(
                 "stream %s differs from these settings, left as it is (bcw provision changes "
