@@ -14,13 +14,13 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
-from importlib import metadata
 
 from pydantic import ValidationError
 
 from workers.cli import bench, operating, provisioning, running
 from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, document
 from workers.runtime.base.errors import SettingError, redact
+from workers.runtime.base.release import release
 from workers.runtime.base.settings import (
     Settings,
     describe,
@@ -31,7 +31,7 @@ from workers.runtime.base.settings import (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bcw", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"bcw {_version()}")
+    parser.add_argument("--version", action="version", version=f"bcw {release()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in (provisioning, running, operating, bench):
         group.add(commands)
@@ -68,13 +68,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         _explain(args.command, f"{type(error).__name__}: {error}")
         return EXIT_FAILED
     return code
-
-
-def _version() -> str:
-    try:
-        return metadata.version("bc-workers")
-    except metadata.PackageNotFoundError:  # pragma: no cover - a bare checkout
-        return "unknown"
 
 
 def _explain(command: str, line: str) -> None:

@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 import prometheus_client as prom
 from prometheus_client.registry import CollectorRegistry
 
+from workers.runtime.base.release import release
+
 LabelValues = tuple[str, ...]
 
 # no `<name>_created` series: a timestamp per child that dashboards never read
@@ -100,15 +102,6 @@ class Histogram(_Family):
         self._child(labels).observe(value)
 
 
-def _version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("bc-workers")
-    except metadata.PackageNotFoundError:  # pragma: no cover - a bare checkout
-        return "unknown"
-
-
 class Metrics:
     """The metrics of one process. Each consumer, the relay and the loops write to it."""
 
@@ -122,7 +115,7 @@ class Metrics:
         self.build_info = Gauge(
             r, "bcw_build_info", "1, labeled with the running bc-workers version.", ("version",)
         )
-        self.build_info.set(1.0, version or _version())
+        self.build_info.set(1.0, version or release())
         self.fact_age = Histogram(
             r, "bcw_fact_age_seconds",
             "How old a fact was when its effects were applied (from its gateway's observed_at): "

@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 
 from schemas.subjects import split_gateway_subject
 from workers.runtime.base.errors import SettingError
+from workers.runtime.base.release import release
 
 TRACER_NAME = "bc-workers"
 MESSAGING_SYSTEM = "nats"  # not a registered value yet: a custom one, as the conventions allow
@@ -101,19 +102,10 @@ def resource(default_service_name: str) -> Resource:
     `service.version` the running release's unless they name one."""
     detected = Resource.create({})
     if SERVICE_VERSION not in detected.attributes:  # the running release, unless told
-        detected = detected.merge(Resource({SERVICE_VERSION: _version()}))
+        detected = detected.merge(Resource({SERVICE_VERSION: release()}))
     if str(detected.attributes.get(SERVICE_NAME, "unknown_service")).startswith("unknown_service"):
         return detected.merge(Resource({SERVICE_NAME: default_service_name}))
     return detected
-
-
-def _version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("bc-workers")
-    except metadata.PackageNotFoundError:  # pragma: no cover - a bare checkout
-        return "unknown"
 
 
 def is_recording(tracer: trace.Tracer) -> bool:
