@@ -120,36 +120,44 @@ async def _next_seqs(sim: Simulator, ids: list[str]) -> list[int]:
     return firsts
 
 
+async def _two_commands_running(sim: Simulator, chosen: list[FakeDaemon]) -> list[int]:
+    """Gives each chosen daemon two long commands and waits until they all run; the
+    daemons' later work is quick again. Returns each node's first seq of the two."""
+    ids = [d.node_id for d in chosen]
+    for daemon in chosen:
+        daemon.work_seconds = (600.0, 900.0)
+    firsts = await _next_seqs(sim, ids)
+    await sim.enqueue(chosen, 2)
+
+    async def running() -> bool:
+        return await _count(sim, FROM_SEQ + "state = 'running'", ids, firsts) == 2 * len(chosen)
+
+    await sim.run(running, within=30, speed=2)
+    for daemon in chosen:
+        daemon.work_seconds = (0.2, 1.0)
+    return firsts
+
+
 async def journal_loss(sim: Simulator, nodes: int = 10) -> list[Check]:
     """Nodes lose their disk while commands run: those commands fail `journal-lost`,
     never re-sent blindly; the node's later commands go to the new journal."""
     chosen = sim.daemons[-nodes - 1 : -1]
     ids = [d.node_id for d in chosen]
+    firsts = await _two_commands_running(sim, chosen)  # still running when the disk goes
     for daemon in chosen:
-        daemon.work_seconds = (600.0, 900.0)  # still running when the disk goes
-    firsts = await _next_seqs(sim, ids)
-    await sim.enqueue(chosen, 2)
-    in_state = FROM_SEQ
-
-    async def running() -> bool:
-        return await _count(sim, in_state + "state = 'running'", ids, firsts) == 2 * nodes
-
-    await sim.run(running, within=30, speed=2)
-    for daemon in chosen:
-        daemon.work_seconds = (0.2, 1.0)
         daemon.lose_journal()
 
     async def failed() -> bool:
         return (
-            await _count(sim, in_state + "failure_reason = 'journal-lost'", ids, firsts)
+            await _count(sim, FROM_SEQ + "failure_reason = 'journal-lost'", ids, firsts)
             == 2 * nodes
         )
 
     await sim.run(failed, within=30, speed=2)
-    lost = await _count(sim, in_state + "failure_reason = 'journal-lost'", ids, firsts)
+    lost = await _count(sim, FROM_SEQ + "failure_reason = 'journal-lost'", ids, firsts)
     await sim.enqueue(chosen, 1)
     await commands_done(sim)
-    after = await _count(sim, in_state + "state = 'done'", ids, [f + 2 for f in firsts])
+    after = await _count(sim, FROM_SEQ + "state = 'done'", ids, [f + 2 for f in firsts])
     return [
         check("commands failed journal-lost", 2 * nodes, lost),
         check("commands done on the new journal", nodes, after),
@@ -162,26 +170,16 @@ async def restart(sim: Simulator, nodes: int = 10) -> list[Check]:
     the replay re-sends each of them (the seed's crash rules); they complete."""
     chosen = sim.daemons[1 : nodes + 1]  # not the clone scenario's first daemon
     ids = [d.node_id for d in chosen]
+    firsts = await _two_commands_running(sim, chosen)  # still running when the process goes
     for daemon in chosen:
-        daemon.work_seconds = (600.0, 900.0)  # still running when the process goes
-    firsts = await _next_seqs(sim, ids)
-    await sim.enqueue(chosen, 2)
-    mine = FROM_SEQ
-
-    async def running() -> bool:
-        return await _count(sim, mine + "state = 'running'", ids, firsts) == 2 * len(chosen)
-
-    await sim.run(running, within=30, speed=2)
-    for daemon in chosen:
-        daemon.work_seconds = (0.2, 1.0)
         daemon.crash()
 
     async def resent_and_done() -> bool:
-        done = mine + "state = 'done' AND delivery_attempt >= 2"
+        done = FROM_SEQ + "state = 'done' AND delivery_attempt >= 2"
         return await _count(sim, done, ids, firsts) == 2 * len(chosen)
 
     await sim.run(resent_and_done, within=60, speed=5, what="restart")
-    resent = await _count(sim, mine + "state = 'done' AND delivery_attempt >= 2", ids, firsts)
+    resent = await _count(sim, FROM_SEQ + "state = 'done' AND delivery_attempt >= 2", ids, firsts)
     return [check("commands re-sent after a daemon restart, then done", 2 * len(chosen), resent)]
 
 
