@@ -280,12 +280,12 @@ class OutboxRelay:
                 done.append(row_id)
         if failed:
             self._publisher.forget()
-        subject_of = {row["id"]: row["subject"] for row in rows}
-        for row_id, failure in failed.items():
-            if subject_of[row_id] in self._refused:  # the server said so meanwhile
-                dead[row_id] = f"this principal may not publish to {subject_of[row_id]}"
-            elif classify(failure) is Severity.PERMANENT:
-                dead[row_id] = f"{type(failure).__name__}: {failure}"
+            subject_of = {row["id"]: row["subject"] for row in rows}
+            for row_id, failure in failed.items():
+                if subject_of[row_id] in self._refused:  # the server said so meanwhile
+                    dead[row_id] = f"this principal may not publish to {subject_of[row_id]}"
+                elif classify(failure) is Severity.PERMANENT:
+                    dead[row_id] = f"{type(failure).__name__}: {failure}"
         for row_id, span in spans.items():
             if row_id in failed or row_id in dead:
                 if row_id in failed:
