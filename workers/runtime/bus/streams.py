@@ -105,20 +105,26 @@ _UPDATABLE = (
 _FIXED = ("retention", "storage")
 
 
+def _differences(
+    current: StreamConfig, wanted: StreamConfig, fields: tuple[str, ...]
+) -> dict[str, tuple[object, object]]:
+    """{field: (what the stream has, what `wanted` wants)} for the fields that differ."""
+    return {
+        field: (getattr(current, field), getattr(wanted, field))
+        for field in fields
+        if _differs(getattr(current, field), getattr(wanted, field))
+    }
+
+
 def _drift(current: StreamConfig, wanted: StreamConfig) -> dict[str, tuple[object, object]]:
     """What an existing stream has other than `wanted` wants, field by field; raises
     ProvisionError for what the server cannot change in place (retention, storage)."""
-    for field in _FIXED:
-        if getattr(current, field) != getattr(wanted, field):
-            raise ProvisionError(
-                f"stream {wanted.name}: {field} is {getattr(current, field)}, the contract wants "
-                f"{getattr(wanted, field)}; the server cannot change it in place (recreate the stream)"
-            )
-    return {
-        field: (getattr(current, field), getattr(wanted, field))
-        for field in _UPDATABLE
-        if _differs(getattr(current, field), getattr(wanted, field))
-    }
+    for field, (have, want) in _differences(current, wanted, _FIXED).items():
+        raise ProvisionError(
+            f"stream {wanted.name}: {field} is {have}, the contract wants {want}; the server "
+            "cannot change it in place (recreate the stream)"
+        )
+    return _differences(current, wanted, _UPDATABLE)
 
 
 async def ensure_stream(js: JetStreamContext, wanted: StreamConfig) -> str:
@@ -160,9 +166,8 @@ async def check_streams(
             out[wanted.name] = "missing"
             continue
         differs = [
-            f"{field} {getattr(current, field)} (settings: {getattr(wanted, field)})"
-            for field in (*_FIXED, *_UPDATABLE)
-            if _differs(getattr(current, field), getattr(wanted, field))
+            f"{field} {have} (settings: {want})"
+            for field, (have, want) in _differences(current, wanted, (*_FIXED, *_UPDATABLE)).items()
         ]
         out[wanted.name] = "differs: " + ", ".join(differs) if differs else "ok"
     return out
