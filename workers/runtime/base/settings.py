@@ -167,12 +167,11 @@ def effective(settings: Settings) -> dict[str, object]:
     """Every setting's variable → its effective value, secrets shown as `***` (a URL's
     password and a NATS token redacted too). What `bcw config` prints."""
     out: dict[str, object] = {}
-    groups = {
-        Settings: settings, DatabaseSettings: settings.database, NatsSettings: settings.nats,
-        ConsumerSettings: settings.consumer, OutboxSettings: settings.outbox,
-        RetentionSettings: settings.retention, LivenessSettings: settings.liveness,
-        ReplaySettings: settings.replay, QuarantineSettings: settings.quarantine,
-    }  # fmt: skip
+    groups: dict[type[BaseSettings], BaseSettings] = {Settings: settings}
+    for name in Settings.model_fields:  # each group's values, from the settings themselves
+        value = getattr(settings, name)
+        if isinstance(value, BaseSettings):
+            groups[type(value)] = value
     for variable, (group, field) in sorted(_variables().items()):
         value = getattr(groups[group], field)
         if isinstance(value, SecretStr):
