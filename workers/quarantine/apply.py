@@ -21,6 +21,7 @@ from workers.quarantine.decide import (
     Limits,
     judge,
     serials_to_revoke,
+    to_act_on,
 )
 from workers.runtime.effects import outcome
 from workers.runtime.effects.outcome import Outcome
@@ -161,28 +162,19 @@ async def _judge(
     counters: dict[str, Counter] = {}
     revoked: list[tuple[str, str]] = []  # (serial, node)
     released: dict[str, int] = {}  # node → the epoch whose hold ends
+    mine: dict[str, list[Hello]] = {}  # each node's, in stream order (one per epoch)
+    for hello in counted:
+        mine.setdefault(hello.node_id, []).append(hello)
     for node in nodes:
         judged, counters[node] = judge(alternations.get(node, []), limits)
-        mine = [hello for hello in counted if hello.node_id == node]  # stream order
-        # the first quarantine the count holds that nobody acted on yet; the Hello that
-        # decides it: that epoch's, or the late one that completed the count
-        first = next(
-            (
-                j
-                for j in sorted(judged.values(), key=lambda j: j.epoch)
-                if j.quarantined and j.epoch > judged_up_to[node]
-            ),
-            None,
-        )
-        decider = None
-        if first is not None:
-            decider = next((h for h in mine if h.epoch == first.epoch), max(mine, key=_epoch))
-        for hello in mine:
-            if hello is not decider:  # (a late one of a quarantined window: it was acted on)
+        act = to_act_on(judged, judged_up_to[node], [hello.epoch for hello in mine[node]])
+        for hello in mine[node]:
+            # not the Hello that acts on a quarantine (a late one of a window acted on: none)
+            if act is None or hello.epoch != act[1]:
                 _publish_duplicate(tx, hello, judged[hello.epoch].number, False, limits)
                 released[node] = max(hello.epoch, released.get(node, 0))
                 continue
-            assert first is not None
+            first = act[0]
             _publish_duplicate(tx, hello, first.number, True, limits)
             serials = serials_to_revoke(
                 hello.cert.serial, live.get(node, set()), recorded=hello.cert.serial in recorded
@@ -192,17 +184,13 @@ async def _judge(
             revoked += [(serial, node) for serial in serials]
             _publish_quarantine(tx, hello, first.number, serials)
             judged_up_to[node] = max(first.epoch, hello.epoch)
-        if decider is not None:  # held for good: the clone gets nothing, its revocation closes it
+        if act is not None:  # held for good: the clone gets nothing, its revocation closes it
             released.pop(node, None)
     await _write(tx.conn, counters, {n: judged_up_to[n] for n in nodes}, revoked)
     if released:
         nodes_released = sorted(released)
         await tx.conn.execute(RELEASE_HOLDS, nodes_released, [released[n] for n in nodes_released])
         await tx.conn.execute("SELECT pg_notify('bcw_dispatch', '')")  # what waits may go
-
-
-def _epoch(hello: Hello) -> int:
-    return hello.epoch
 
 
 async def _write(

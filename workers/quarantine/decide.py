@@ -7,7 +7,7 @@ quarantines the node. Applied by `workers.quarantine.apply`.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -83,6 +83,26 @@ def judge(alternations: Iterable[Alternation], limits: Limits) -> tuple[dict[int
             alternation.epoch, verdict.alternations, verdict.quarantined
         )
     return judged, counter
+
+
+def to_act_on(
+    judged: Mapping[int, Judged], acted_up_to: int, epochs: Collection[int]
+) -> tuple[Judged, int] | None:
+    """The first quarantine the count holds that nobody acted on yet (of an epoch after
+    `acted_up_to`), and which of the batch's Hello `epochs` acts on it: that epoch's own
+    Hello, else the batch's latest (the late one that completed the count). None when
+    there is nothing to act on. Pure."""
+    first = next(
+        (
+            j
+            for j in sorted(judged.values(), key=lambda j: j.epoch)
+            if j.quarantined and j.epoch > acted_up_to
+        ),
+        None,
+    )
+    if first is None:
+        return None
+    return first, first.epoch if first.epoch in epochs else max(epochs)
 
 
 def serials_to_revoke(

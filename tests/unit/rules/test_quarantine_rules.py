@@ -11,10 +11,12 @@ from hypothesis import strategies as st
 from workers.quarantine.decide import (
     Alternation,
     Counter,
+    Judged,
     Limits,
     count,
     judge,
     serials_to_revoke,
+    to_act_on,
 )
 
 T0 = datetime(2026, 11, 30, tzinfo=UTC)
@@ -150,3 +152,30 @@ def test_a_backlog_four_minutes_apart_is_no_burst() -> None:
         (1, False), (2, False), (3, False), (1, False), (2, False),
     ]  # fmt: skip
     assert counter == Counter(2, T0 + timedelta(minutes=12))
+
+
+# -- which Hello of a batch acts on a quarantine --------------------------------------------
+JUDGED = {
+    e: Judged(e, n, q)
+    for e, n, q in [(3, 1, False), (4, 2, False), (5, 3, False), (6, 4, True), (9, 4, True)]
+}
+
+
+def test_the_quarantined_epochs_own_hello_acts_on_it() -> None:
+    assert to_act_on(JUDGED, acted_up_to=0, epochs=[5, 6, 9]) == (JUDGED[6], 6)
+
+
+def test_a_late_hello_that_completes_the_count_acts_when_the_epochs_own_is_not_in_the_batch() -> (
+    None
+):
+    assert to_act_on(JUDGED, acted_up_to=0, epochs=[4, 3]) == (JUDGED[6], 4)
+
+
+def test_the_first_quarantine_not_acted_on_is_the_one() -> None:
+    assert to_act_on(JUDGED, acted_up_to=6, epochs=[9]) == (JUDGED[9], 9)
+    assert to_act_on(JUDGED, acted_up_to=5, epochs=[9]) == (JUDGED[6], 9)
+
+
+def test_nothing_to_act_on_when_every_quarantine_was_acted_on_or_none_was_judged() -> None:
+    assert to_act_on(JUDGED, acted_up_to=9, epochs=[9]) is None
+    assert to_act_on({3: Judged(3, 1, False)}, acted_up_to=0, epochs=[3]) is None
