@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
-import pwd
 import shutil
 import signal
 import socket
@@ -25,9 +23,9 @@ from pathlib import Path
 
 from workers.embedded_install import (
     EmbeddedError,
-    ensure_system_user,
+    enter_user_namespace,
+    needs_user_namespace,
     postgres_install,
-    traversable_install,
 )
 
 _PR_SET_PDEATHSIG = 1
@@ -39,8 +37,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _die_with_parent(sig: int) -> Callable[[], None]:
-    def preexec() -> None:  # runs in the child, after the user switch
+def _die_with_parent(sig: int, user_namespace: bool = False) -> Callable[[], None]:
+    def preexec() -> None:  # in the child, before exec; after the namespace (which clears it)
+        if user_namespace:
+            enter_user_namespace()
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, sig)
 
@@ -189,7 +189,7 @@ class EmbeddedPostgres:
     settings: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
     _install: Path | None = None
-    _user: pwd.struct_passwd | None = None
+    _namespace: bool = False
 
     @property
     def url(self) -> str:
@@ -199,53 +199,23 @@ class EmbeddedPostgres:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
 
     def _prepare(self) -> None:
-        install = postgres_install()
-        if os.geteuid() == 0:
-            self._user = ensure_system_user()
-            install = traversable_install(install)
-        self._install = install
+        self._install = postgres_install()
+        self._namespace = needs_user_namespace()
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.directory.chmod(0o755)
-        self._reachable()
         data = self.directory / "data"
         if not (data / "PG_VERSION").exists() and self.standby_of is not None:
             data.mkdir(mode=0o700, exist_ok=True)
-            self._chown(data)
             self._run(
                 "pg_basebackup", "-h", "127.0.0.1", "-p", str(self.standby_of.port),
                 "-U", "postgres", "-D", str(data), "-X", "stream", "--no-sync",
             )  # fmt: skip
             (data / "standby.signal").touch()
-            self._chown(data / "standby.signal")
         elif not (data / "PG_VERSION").exists():
             data.mkdir(exist_ok=True)
-            self._chown(data)
             self._run(
                 "initdb", "-D", str(data), "-U", "postgres", "--auth=trust",
                 "--encoding=UTF8", "--no-locale", "--no-sync", "--no-instructions",
             )  # fmt: skip
-
-    def _reachable(self) -> None:
-        """The server's user must reach its data directory: add o+x (only) to each parent
-        that lacks it (again at each start: a parent's mode may have been reset since)."""
-        if self._user is None:
-            return
-        for parent in self.directory.resolve().parents:
-            mode = parent.stat().st_mode
-            if not mode & 0o001:
-                parent.chmod(mode | 0o001)
-
-    def _chown(self, path: Path) -> None:
-        if self._user is not None:
-            os.chown(path, self._user.pw_uid, self._user.pw_gid)
-
-    @property
-    def _uid(self) -> int | None:
-        return self._user.pw_uid if self._user else None
-
-    @property
-    def _gid(self) -> int | None:
-        return self._user.pw_gid if self._user else None
 
     def _run(self, program: str, *args: str) -> None:
         assert self._install is not None
@@ -254,8 +224,7 @@ class EmbeddedPostgres:
             capture_output=True,
             cwd=self.directory,
             check=False,
-            user=self._uid,
-            group=self._gid,
+            preexec_fn=enter_user_namespace if self._namespace else None,
         )
         if result.returncode != 0:
             raise EmbeddedError(f"{program} failed: {result.stderr.decode(errors='replace')}")
@@ -264,10 +233,7 @@ class EmbeddedPostgres:
         if self._install is None:
             self._prepare()
         assert self._install is not None
-        self._reachable()
         log = self.directory / "postgres.log"
-        log.touch()
-        self._chown(log)
         settings = {
             "listen_addresses": "127.0.0.1",
             "port": str(self.port),
@@ -297,9 +263,7 @@ class EmbeddedPostgres:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=self.directory,
-                preexec_fn=_die_with_parent(signal.SIGINT),
-                user=self._uid,
-                group=self._gid,
+                preexec_fn=_die_with_parent(signal.SIGINT, self._namespace),
             )
         _wait_for_port(self.port, self.process, "postgres", log)
         self._wait_ready(log)

