@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: test test-fast test-upgrade demo lint unit install image clean
+.PHONY: test test-fast test-upgrade demo lint unit install image docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,12 @@ ENGINE ?= $(shell command -v docker || command -v podman)
 
 image:
 	$(ENGINE) build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
+
+# The settings tables in the docs, rewritten from the settings (a unit test compares them).
+DOCS = README.md docs/runtime.md docs/workers.md
+
+docs: $(STAMP)
+	$(BIN)/python -m workers.runtime.base.settings_docs $(DOCS)
 
 demo: $(STAMP)
 	$(BIN)/bcw demo

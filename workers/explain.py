@@ -10,7 +10,6 @@ the fact that caused it and the trace id to open in the tracing backend.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -19,8 +18,7 @@ from typing import Any
 
 import asyncpg
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+from workers.runtime.base.setting_types import parse_duration
 
 TIMELINE = """
 SELECT at, what, epoch, gateway_id, worker, fact_id, trace_id, detail::text AS detail
@@ -38,12 +36,13 @@ SELECT s.session_epoch, s.gateway_id, s.connected_at, s.last_seen, s.disconnecte
 
 
 def parse_since(text: str) -> timedelta:
-    """`90s`, `30m`, `1h`, `2d`, `1w`, or plain seconds → a duration. Pure. The one
-    parser of how far back, for `bcw explain` and `bcw events` alike."""
-    match = _DURATION.match(text)
-    if not match or float(match.group(1)) <= 0:
-        raise ValueError(f"{text!r} is not a duration such as 30m, 1h or 2d")
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    """How far back: a positive duration in the one syntax of durations (`90s`, `30m`,
+    `1h`, `2d`, `1w`, or plain seconds; `parse_duration`). Pure; for `bcw explain` and
+    `bcw events` alike."""
+    since = parse_duration(text)
+    if since <= timedelta(0):
+        raise ValueError(f"{text!r} is not a duration back: give more than 0 (30m, 1h, 2d)")
+    return since
 
 
 def parse_start(text: str, now: datetime | None = None) -> datetime:

@@ -82,7 +82,9 @@ def add(commands: Commands) -> None:
     events.add_argument("--all", action="store_true", help="from the start of the stream")
     events.add_argument("--json", action="store_true", help="one JSON object per line")
     events.add_argument("--count", type=int, help="exit after this many events")
-    events.add_argument("--idle-exit", type=float, help="exit after this many quiet seconds")
+    events.add_argument(
+        "--idle-exit", type=_seconds, help="exit after this long without an event (10s, 2m)"
+    )
     events.set_defaults(handler=_cmd_events)
 
 
@@ -237,6 +239,15 @@ def _since(text: str) -> timedelta:
     try:
         return parse_since(text)
     except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _seconds(text: str) -> float:
+    from workers.explain import parse_since
+
+    try:
+        return parse_since(text).total_seconds()
+    except ValueError as error:  # argparse: exit 2, before any connection
         raise argparse.ArgumentTypeError(str(error)) from None
 
 

@@ -10,7 +10,7 @@ from datetime import timedelta
 from pydantic import Field
 from pydantic_settings import BaseSettings
 
-from workers.runtime.base.setting_types import Seconds, env_group
+from workers.runtime.base.setting_types import Duration, Seconds, env_group
 
 
 class LivenessSettings(BaseSettings):
@@ -18,38 +18,40 @@ class LivenessSettings(BaseSettings):
 
     model_config = env_group("BCW_LIVENESS_")
 
-    sweep_interval: float = Field(default=5.0, gt=0, description="seconds between sweeps")
+    sweep_interval: Seconds = Field(default=5.0, gt=0, description="between sweeps")
     max_zombie_notices: int = Field(
         default=100,
         ge=1,
         description="zombie notices a gateway gets at most per batch of its flushes: a flood "
         "of unknown node ids costs no row per id (the rest are named again next flush)",
     )
-    heartbeat_interval: Seconds = Field(
-        default=timedelta(seconds=10), description="daemon heartbeat"
+    heartbeat_interval: Duration = Field(
+        default=timedelta(seconds=10),
+        description="the daemons' heartbeat; a session is stale after heartbeat x missed + "
+        "flush period (10s x 3 + 15s = 45s)",
     )
     missed_heartbeats: int = Field(
         default=3, ge=1, description="heartbeats missed before a session is stale"
     )
-    flush_period: Seconds = Field(
+    flush_period: Duration = Field(
         default=timedelta(seconds=15), description="gateway liveness flush period"
     )
-    gateway_grace: Seconds = Field(
+    gateway_grace: Duration = Field(
         default=timedelta(seconds=120),
         description="after a gateway's lease expired, before its sessions go",
     )
-    outage_threshold: Seconds = Field(
+    outage_threshold: Duration = Field(
         default=timedelta(seconds=20),
         description="a gap between sweeps longer than this is an outage",
     )
-    outage_grace: Seconds = Field(
+    outage_grace: Duration = Field(
         default=timedelta(minutes=5),
         description="age-based transitions wait this long after an outage",
     )
-    lease_ttl: Seconds = Field(
+    lease_ttl: Duration = Field(
         default=timedelta(seconds=15), description="the sweep lease; a standby takes over after it"
     )
-    blind_after: Seconds | None = Field(
+    blind_after: Duration | None = Field(
         default=None,
         description="a gateway none of whose flushes was applied for this long is blind "
         "(its sessions are held); default two flush periods",
@@ -82,22 +84,22 @@ class ReplaySettings(BaseSettings):
     model_config = env_group("BCW_REPLAY_")
 
     credits: int = Field(default=8, ge=1, description="commands in flight per node and lane")
-    busy_base: Seconds = Field(default=timedelta(seconds=1), description="first BUSY back-off")
-    busy_cap: Seconds = Field(default=timedelta(seconds=30), description="largest BUSY back-off")
-    dispatch_interval: float = Field(
-        default=1.0, gt=0, description="seconds between dispatch rounds when nothing wakes the loop"
+    busy_base: Duration = Field(default=timedelta(seconds=1), description="first BUSY back-off")
+    busy_cap: Duration = Field(default=timedelta(seconds=30), description="largest BUSY back-off")
+    dispatch_interval: Seconds = Field(
+        default=1.0, gt=0, description="between dispatch rounds when nothing wakes the loop"
     )
     nodes_per_round: int = Field(
         default=500, ge=1, description="nodes a dispatch round serves at most"
     )
-    lease_ttl: Seconds = Field(default=timedelta(seconds=10), description="the dispatch lease")
-    hello_lost_after: Seconds = Field(
+    lease_ttl: Duration = Field(default=timedelta(seconds=10), description="the dispatch lease")
+    hello_lost_after: Duration = Field(
         default=timedelta(seconds=60),
         description="a connected session whose Hello the replay worker has not applied this "
         "long after it connected, with nothing left to consume, is asked of its gateway again",
     )
-    hello_check_interval: float = Field(
-        default=10.0, gt=0, description="seconds between the dispatch loop's looks for lost Hellos"
+    hello_check_interval: Seconds = Field(
+        default=10.0, gt=0, description="between the dispatch loop's looks for lost Hellos"
     )
 
 
@@ -109,8 +111,8 @@ class QuarantineSettings(BaseSettings):
     max_alternations: int = Field(
         default=3, ge=1, description="alternations allowed in the window; one more quarantines"
     )
-    window: Seconds = Field(default=timedelta(minutes=10), description="the counting window")
-    hold_max: Seconds = Field(
+    window: Duration = Field(default=timedelta(minutes=10), description="the counting window")
+    hold_max: Duration = Field(
         default=timedelta(minutes=5),
         description="a session held for the quarantine (its Hello was a duplicate identity) "
         "this long after it connected is released by the replay worker's dispatch loop, with "

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, FilePath, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings
 
-from workers.runtime.base.setting_types import Seconds, env_group
+from workers.runtime.base.setting_types import Duration, Seconds, env_group
 
 
 class DatabaseSettings(BaseSettings):
@@ -25,18 +25,22 @@ class DatabaseSettings(BaseSettings):
         description="libpq connection URL",
     )
     pool_min: int = Field(default=1, ge=0, description="connections kept open")
-    pool_max: int = Field(default=8, ge=1, description="at most this many connections per process")
-    command_timeout: float = Field(
-        default=20.0, gt=0, description="seconds; keep below the consumer's ack_wait"
+    pool_max: int = Field(
+        default=8,
+        ge=1,
+        description="connections per process at most (times the processes: below PostgreSQL's max_connections)",
     )
-    connect_timeout: float = Field(
-        default=10.0, gt=0, description="seconds one connection attempt may take"
+    command_timeout: Seconds = Field(
+        default=20.0, gt=0, description="a statement's bound; below BCW_CONSUMER_ACK_WAIT"
     )
-    idle_in_transaction_timeout: float = Field(
+    connect_timeout: Seconds = Field(
+        default=10.0, gt=0, description="one connection attempt's bound (a blackholed host)"
+    )
+    idle_in_transaction_timeout: Seconds = Field(
         default=30.0,
         ge=0,
-        description="seconds PostgreSQL keeps one of our sessions idle in a transaction before "
-        "ending it: a worker cut off by a partition must not hold its row locks for hours; "
+        description="PostgreSQL ends one of our sessions idle in a transaction this long "
+        "(idle_in_transaction_session_timeout): a worker cut off by a partition must not hold its row locks for hours; "
         "0 sends nothing (e.g. behind a PgBouncer that refuses the startup parameter)",
     )
     statement_cache_size: int = Field(
@@ -90,8 +94,8 @@ class NatsSettings(BaseSettings):
     model_config = env_group("BCW_NATS_")
 
     url: str = Field(default="nats://127.0.0.1:4222", description="comma-separated server URLs")
-    connect_timeout: float = Field(
-        default=5.0, gt=0, description="seconds one connection attempt may take"
+    connect_timeout: Seconds = Field(
+        default=5.0, gt=0, description="one connection attempt's bound (a blackholed host)"
     )
     creds_file: FilePath | None = Field(default=None, description="NATS credentials (.creds) file")
     nkey_seed_file: FilePath | None = Field(
@@ -165,22 +169,31 @@ class ConsumerSettings(BaseSettings):
         le=16,
         description="batches applied at once; one node's facts keep one lane",
     )
-    fetch_timeout: float = Field(default=1.0, gt=0, description="seconds a fetch waits for facts")
-    ack_wait: float = Field(default=60.0, gt=0, description="seconds before JetStream redelivers")
+    fetch_timeout: Seconds = Field(
+        default=1.0, gt=0, description="a pull's wait for facts before it looks at the stop flag"
+    )
+    ack_wait: Seconds = Field(
+        default=60.0, gt=0, description="JetStream redelivers an unacked fact after this"
+    )
     max_deliver: int = Field(
         default=10, ge=2, description="deliveries before a fact is dead-lettered"
     )
-    max_ack_pending: int = Field(default=4096, ge=1, description="unacked facts per consumer")
-    retry_attempts: int = Field(
-        default=5, ge=1, description="tries of a transient failure per batch"
+    max_ack_pending: int = Field(
+        default=4096, ge=1, description="unacked facts per consumer (all its replicas together)"
     )
-    retry_max_seconds: float = Field(
+    retry_attempts: int = Field(
+        default=5,
+        ge=1,
+        description="tries of a transient failure while both servers answer, before the fact "
+        "behind it is dead-lettered (outages are waited out without counting)",
+    )
+    retry_max_seconds: Seconds = Field(
         default=5.0, gt=0, description="largest back-off between tries"
     )
-    nak_delay: float = Field(
-        default=2.0, ge=0, description="seconds before a failed fact is redelivered"
+    nak_delay: Seconds = Field(
+        default=2.0, ge=0, description="a fact a handler asked to retry is redelivered after this"
     )
-    drain_seconds: float = Field(default=8.0, gt=0, description="bound on the SIGTERM drain")
+    drain_seconds: Seconds = Field(default=8.0, gt=0, description="bound on the SIGTERM drain")
 
 
 class OutboxSettings(BaseSettings):
@@ -193,8 +206,10 @@ class OutboxSettings(BaseSettings):
         description="run the relay in this process; off where dedicated `bcw run relay` processes relay",
     )
     batch_size: int = Field(default=500, ge=1, description="rows claimed per round")
-    poll_seconds: float = Field(default=1.0, gt=0, description="fallback poll when no NOTIFY comes")
-    publish_timeout: float = Field(default=5.0, gt=0, description="seconds to wait for a PubAck")
+    poll_seconds: Seconds = Field(
+        default=1.0, gt=0, description="fallback poll when no NOTIFY comes"
+    )
+    publish_timeout: Seconds = Field(default=5.0, gt=0, description="the relay's wait for a PubAck")
 
 
 class RetentionSettings(BaseSettings):
@@ -202,18 +217,18 @@ class RetentionSettings(BaseSettings):
 
     model_config = env_group("BCW_RETENTION_")
 
-    node_events: Seconds = Field(
+    node_events: Duration = Field(
         default=timedelta(days=30), description="keep node events this long"
     )
-    processed_facts: Seconds = Field(
+    processed_facts: Duration = Field(
         default=timedelta(hours=25),
         description="keep inbox rows this long: longer than the facts stream's max age (24 h)",
     )
-    session_history: Seconds = Field(
+    session_history: Duration = Field(
         default=timedelta(days=7), description="keep session history (bcw explain) this long"
     )
-    interval: float = Field(default=60.0, gt=0, description="seconds between pruning passes")
+    interval: Seconds = Field(default=60.0, gt=0, description="between pruning passes")
     batch: int = Field(default=5000, ge=1, description="rows deleted per statement")
-    lease_ttl: Seconds = Field(
+    lease_ttl: Duration = Field(
         default=timedelta(seconds=30), description="lease of the pruning loop"
     )

@@ -38,14 +38,24 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="BCW_", extra="ignore", frozen=True)
 
-    subject_root: str = Field(default="bc", description="subject root; stream names follow it")
-    health_port: int = Field(default=8080, ge=0, le=65535, description="0 picks a free port")
-    log_format: Literal["json", "console"] = Field(default="console", description="log line format")
+    subject_root: str = Field(
+        default="bc", description="subject root; stream names follow it (`bc` → `BC_FACTS`)"
+    )
+    health_port: int = Field(
+        default=8080,
+        ge=0,
+        le=65535,
+        description="`/healthz`, `/readyz`, `/metrics`; 0 picks a free port",
+    )
+    log_format: Literal["json", "console"] = Field(
+        default="console", description="`json` (one object per line) or `console`"
+    )
     log_level: LogLevel = Field(
         default="INFO", description="DEBUG, INFO, WARNING, ERROR or CRITICAL"
     )
     instance: str | None = Field(
-        default=None, description="this process's name; defaults to host:pid"
+        default=None,
+        description="this process's name (the lease holder it writes); default host:pid",
     )
 
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
@@ -86,7 +96,7 @@ class Settings(BaseSettings):
         return self
 
 
-_GROUPS: dict[str, type[BaseSettings]] = {
+GROUPS: dict[str, type[BaseSettings]] = {
     cls.__name__: cls
     for cls in (
         Settings,
@@ -110,7 +120,7 @@ _NOT_SETTINGS_PREFIXES = ("BCW_TEST_",)
 def _variables() -> dict[str, tuple[type[BaseSettings], str]]:
     """Every setting's variable → (its group, its field)."""
     out: dict[str, tuple[type[BaseSettings], str]] = {}
-    for group in _GROUPS.values():
+    for group in GROUPS.values():
         prefix = str(group.model_config.get("env_prefix", "BCW_"))
         for field, info in group.model_fields.items():
             if isinstance(info.default_factory, type) and issubclass(
@@ -192,7 +202,7 @@ def describe(error: ValidationError) -> list[str]:
 
     Values are shown only for settings that are not secrets.
     """
-    group = _GROUPS.get(error.title)
+    group = GROUPS.get(error.title)
     prefix = str(group.model_config.get("env_prefix", "BCW_")) if group else "BCW_"
     lines = []
     for item in error.errors(include_url=False):

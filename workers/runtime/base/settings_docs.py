@@ -1,0 +1,103 @@
+"""The settings tables of the docs, generated from the settings themselves (their
+variables, defaults and descriptions), so that the docs cannot drift from `settings.py`.
+
+A doc holds a table between `<!-- settings: Group Group … -->` and `<!-- /settings -->`;
+`make docs` rewrites every such block, and a unit test fails while one differs.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterable
+from datetime import timedelta
+from pathlib import Path
+
+from pydantic import SecretStr
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings
+
+from workers.runtime.base.setting_types import IN_SECONDS, format_duration
+from workers.runtime.base.settings import GROUPS, secret_files
+
+BLOCK = re.compile(r"(<!-- settings: ([A-Za-z ]+) -->\n)(.*?)(<!-- /settings -->)", re.DOTALL)
+HEADER = "| variable | default | meaning |\n|---|---|---|\n"
+
+
+def variables(group: type[BaseSettings]) -> Iterable[tuple[str, FieldInfo]]:
+    """A group's own settings (not the groups nested in it): (variable, field)."""
+    prefix = str(group.model_config.get("env_prefix", "BCW_"))
+    for name, info in group.model_fields.items():
+        factory = info.default_factory
+        if isinstance(factory, type) and issubclass(factory, BaseSettings):
+            continue
+        yield prefix + name.upper(), info
+
+
+def table(groups: Iterable[type[BaseSettings]]) -> str:
+    """The markdown table of these groups' settings, in their order of declaration."""
+    secrets = set(secret_files().values())
+    rows = [HEADER]
+    for group in groups:
+        for variable, info in variables(group):
+            meaning = (info.description or "").replace("|", "\\|").replace("\n", " ")
+            if variable in secrets:
+                meaning += f"; a secret (or the file `{variable}_FILE` names)"
+            rows.append(f"| `{variable}` | {_default(info)} | {meaning} |\n")
+    return "".join(rows)
+
+
+def render(text: str) -> str:
+    """`text` with every settings block's table as the settings say it is. Raises
+    KeyError naming a group that does not exist."""
+
+    def one(match: re.Match[str]) -> str:
+        groups = [GROUPS[name] for name in match.group(2).split()]
+        return match.group(1) + table(groups) + match.group(4)
+
+    return BLOCK.sub(one, text)
+
+
+def documented(texts: Iterable[str]) -> list[str]:
+    """The groups named by the settings blocks of these texts, in order (with repeats)."""
+    return [name for text in texts for m in BLOCK.finditer(text) for name in m.group(2).split()]
+
+
+def _default(info: FieldInfo) -> str:
+    if info.default_factory is not None:
+        return "—"
+    value = info.default
+    if value is None:
+        return "—"
+    if isinstance(value, SecretStr):
+        value = value.get_secret_value()
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, timedelta):
+        return f"`{format_duration(value)}`"
+    if isinstance(value, float) and IN_SECONDS in info.metadata:
+        return f"`{format_duration(timedelta(seconds=value))}`"
+    return f"`{value}`"
+
+
+def main(argv: list[str]) -> int:
+    """`python -m workers.runtime.base.settings_docs [--check] FILE…`: rewrite (or, with
+    `--check`, compare) the settings blocks of these files."""
+    check = "--check" in argv
+    stale = []
+    for name in (arg for arg in argv if arg != "--check"):
+        path = Path(name)
+        text = path.read_text(encoding="utf-8")
+        wanted = render(text)
+        if wanted != text:
+            stale.append(name)
+            if not check:
+                path.write_text(wanted, encoding="utf-8")
+    if check and stale:
+        print(f"settings tables out of date (make docs): {', '.join(stale)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
