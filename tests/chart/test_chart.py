@@ -116,21 +116,32 @@ def test_production_values_reach_the_pods() -> None:
     ][0]["env"]
 
 
-def test_the_hook_job_migrates_then_provisions() -> None:
-    docs = render(MINIMAL)
-    job = by_kind(docs, "Job")["fleet-bc-workers-migrate"]
-    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+def test_no_object_is_an_install_hook_and_every_pod_waits_for_the_schema() -> None:
+    docs = render({**MINIMAL, "relay": {"enabled": True}})
+    hooks = [d["kind"] for d in docs if "helm.sh/hook" in d["metadata"].get("annotations", {})]
+    assert hooks == ["Pod"]  # `helm test` only: the Secret and the ServiceAccount go with
+    # `helm uninstall`, and Helm installs them before the Job (by kind)
+    secret = by_kind(docs, "Secret")["fleet-bc-workers-database"]
+    assert secret["stringData"]["url"] == "postgresql://bcw@db/bcw"
+    assert by_kind(docs, "ServiceAccount")
+    job = by_kind(docs, "Job")["fleet-bc-workers-migrate-1"]  # one per release revision
+    assert job["spec"]["ttlSecondsAfterFinished"] == 86400
     pod = job["spec"]["template"]["spec"]
     assert [c["args"] for c in pod["initContainers"]] == [["migrate"]]
     assert [c["args"] for c in pod["containers"]] == [["provision"]]
-    secret = by_kind(docs, "Secret")["fleet-bc-workers-database"]
-    assert secret["stringData"]["url"] == "postgresql://bcw@db/bcw"
-    weights = {
-        d["kind"]: int(d["metadata"]["annotations"]["helm.sh/hook-weight"])
-        for d in docs
-        if d["metadata"].get("annotations", {}).get("helm.sh/hook", "").startswith("pre-")
-    }
-    assert weights["Secret"] < weights["Job"] and weights["ServiceAccount"] < weights["Job"]
+    for name, deployment in by_kind(docs, "Deployment").items():
+        spec = deployment["spec"]["template"]["spec"]
+        [wait] = spec["initContainers"]
+        assert wait["args"] == ["migrate", "--wait", "10m"], name
+        env = {e["name"]: e for e in wait["env"]}
+        main = {e["name"]: e for e in spec["containers"][0]["env"]}
+        assert env["BCW_DATABASE_URL"] == main["BCW_DATABASE_URL"], name  # as the worker
+        assert not {n for n in env if n.startswith("BCW_NATS_")}, name
+    off = render({**MINIMAL, "migrations": {"waitForSchema": False}})
+    assert not any(
+        "initContainers" in d["spec"]["template"]["spec"]
+        for d in by_kind(off, "Deployment").values()
+    )
 
 
 def test_disabling_a_worker_removes_its_objects() -> None:
@@ -208,7 +219,7 @@ def test_each_worker_logs_in_as_itself_and_each_job_container_gets_only_what_it_
         pod = _pod(docs, "Deployment", f"fleet-bc-workers-{worker}")
         expected = (f"bcw-{worker}-database", f"bcw-{worker}-nats", "BCW_NATS_NKEY_SEED_FILE")
         assert _secrets_of(pod["containers"][0], pod) == expected, worker
-    job = _pod(docs, "Job", "fleet-bc-workers-migrate")
+    job = _pod(docs, "Job", "fleet-bc-workers-migrate-1")
     [migrate], [provision] = job["initContainers"], job["containers"]
     assert _secrets_of(migrate, job) == ("bc-workers-database-owner", None, "")
     assert _secrets_of(provision, job) == (None, "bcw-admin-nats", "BCW_NATS_NKEY_SEED_FILE")

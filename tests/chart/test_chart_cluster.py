@@ -117,7 +117,7 @@ def test_a_cluster_install_can_shape_each_worker() -> None:
     )
     labeler = _pod(docs, "Deployment", "fleet-bc-workers-labeler")
     assert labeler["priorityClassName"] == "fleet-default" and "nodeSelector" not in labeler
-    for pod in (replay, labeler, _pod(docs, "Job", "fleet-bc-workers-migrate")):
+    for pod in (replay, labeler, _pod(docs, "Job", "fleet-bc-workers-migrate-1")):
         assert any(v["name"] == "db-ca" for v in pod["volumes"])
         assert all(
             any(m["mountPath"] == "/etc/bcw/ca" for m in c["volumeMounts"])

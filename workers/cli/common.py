@@ -46,3 +46,14 @@ def document(commands: Commands, prefix: str = "") -> None:
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction):
                 document(action, f"{path} ")
+
+
+def positive_duration(text: str) -> float:
+    """An argument that is a duration (`10s`, `5m`, `2h`; a plain number is seconds), in
+    seconds, more than 0: a bad one exits 2 before any connection (argparse)."""
+    from workers.explain import parse_since  # the one parser of durations, positive
+
+    try:
+        return parse_since(text).total_seconds()
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None

@@ -11,7 +11,7 @@ import json
 import sys
 from datetime import datetime, timedelta
 
-from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, Commands
+from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, Commands, positive_duration
 from workers.runtime.base.settings import Settings
 
 
@@ -83,7 +83,9 @@ def add(commands: Commands) -> None:
     events.add_argument("--json", action="store_true", help="one JSON object per line")
     events.add_argument("--count", type=int, help="exit after this many events")
     events.add_argument(
-        "--idle-exit", type=_seconds, help="exit after this long without an event (10s, 2m)"
+        "--idle-exit",
+        type=positive_duration,
+        help="exit after this long without an event (10s, 2m)",
     )
     events.set_defaults(handler=_cmd_events)
 
@@ -239,15 +241,6 @@ def _since(text: str) -> timedelta:
     try:
         return parse_since(text)
     except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def _seconds(text: str) -> float:
-    from workers.explain import parse_since
-
-    try:
-        return parse_since(text).total_seconds()
-    except ValueError as error:  # argparse: exit 2, before any connection
         raise argparse.ArgumentTypeError(str(error)) from None
 
 

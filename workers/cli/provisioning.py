@@ -8,9 +8,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 from pathlib import Path
 
-from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, Commands
+from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, Commands, positive_duration
 from workers.runtime.base.settings import Settings
 
 
@@ -19,6 +20,13 @@ def add(commands: Commands) -> None:
     migrate = commands.add_parser("migrate", help="apply the database migrations")
     migrate.add_argument(
         "--status", action="store_true", help="list applied and pending migrations"
+    )
+    migrate.add_argument(
+        "--wait",
+        metavar="DURATION",
+        type=positive_duration,
+        help="apply nothing: wait until every migration of this release is applied (by the "
+        "migration Job), then exit 0; exit 1 after DURATION (a worker pod's init container)",
     )
     migrate.add_argument(
         "--print-grants",
@@ -67,6 +75,9 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
         print(roles.create_roles_sql() + roles.grants_sql(), end="")
         return 0
 
+    if args.wait is not None:
+        return asyncio.run(_wait_for_schema(settings, args.wait))
+
     async def run() -> int:
         conn = await db.connect(settings.database)
         try:
@@ -95,6 +106,50 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     except migrate.MigrationError as error:
         print(f"bcw migrate: {error}", file=sys.stderr)
         return EXIT_BAD_SETTINGS
+
+
+async def _wait_for_schema(settings: Settings, patience: float) -> int:
+    """Until the database holds every migration on disk: exit 0; 2 when one differs (the
+    database is ahead or was changed); 1 after `patience` seconds. A database out of reach,
+    a ledger not there yet or not yet readable by this login all mean: not yet."""
+    import asyncpg
+
+    from workers.runtime.store import db, migrate
+
+    deadline = time.monotonic() + patience
+    waiting = "the database"
+    while True:
+        try:
+            conn = await db.connect(settings.database)
+            try:
+                rows = await migrate.status(conn)
+            finally:
+                await conn.close()
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+            waiting = f"the database ({type(error).__name__})"
+        else:
+            odd = [
+                f"{row.name} ({row.state})" for row in rows if row.state in ("changed", "missing")
+            ]
+            if odd:
+                print(
+                    f"bcw migrate --wait: not this release's schema: {', '.join(odd)}",
+                    file=sys.stderr,
+                )
+                return EXIT_BAD_SETTINGS
+            pending = [row.name for row in rows if row.state == "pending"]
+            if not pending:
+                print(f"schema current: {len(rows)} migrations applied")
+                return 0
+            waiting = f"{len(pending)} pending migration(s): {', '.join(pending[:3])}"
+        if time.monotonic() >= deadline:
+            print(
+                f"bcw migrate --wait: still waiting for {waiting} after {patience:g} s: "
+                "has `bcw migrate` run (the chart's migration Job)?",
+                file=sys.stderr,
+            )
+            return 1
+        await asyncio.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
 
 
 def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:

@@ -208,3 +208,22 @@ app.kubernetes.io/component: {{ .component }}
       {{- end }}
 {{- end }}
 {{- end -}}
+
+{{/* A worker pod's init container: waits, bounded, until the schema holds every migration
+     of this release (`bcw migrate --wait`), so a pod of a new release never runs on the
+     old schema while the migration Job runs beside it. The database only, as the worker.
+     Call with (dict "root" $ "secrets" (include "bcw.secrets" …) "service" "bcw-<name>"). */}}
+{{- define "bcw.waitForSchema" -}}
+- name: wait-for-schema
+  image: {{ include "bcw.image" .root }}
+  imagePullPolicy: {{ .root.Values.image.pullPolicy }}
+  args: ["migrate", "--wait", {{ .root.Values.migrations.waitTimeout | quote }}]
+  env:
+    {{- include "bcw.env" (dict "root" .root "service" .service "secrets" .secrets "nats" false) | nindent 4 }}
+  resources:
+    {{- toYaml .root.Values.migrations.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .root.Values.securityContext | nindent 4 }}
+  volumeMounts:
+    {{- include "bcw.volumeMounts" (dict "root" .root "secrets" .secrets "nats" false) | nindent 4 }}
+{{- end -}}

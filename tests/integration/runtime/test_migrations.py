@@ -4,9 +4,11 @@ when two `bcw migrate` processes race; and `compute_now()` moves and resets."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -126,3 +128,50 @@ async def test_compute_now_moves_and_resets(db: asyncpg.Connection, clock: Clock
     assert returned == timedelta(hours=1)
     await clock.reset()
     assert await db.fetchval("SELECT compute_now() - now()") == timedelta(0)
+
+
+async def test_wait_returns_once_another_process_migrated(empty_database_url: str) -> None:
+    """A worker pod's init container: `bcw migrate --wait` applies nothing and returns as
+    soon as the migration Job has migrated."""
+    import os
+    import sys
+
+    waiter = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "workers.cli", "migrate", "--wait", "1m",
+        env={**os.environ, "BCW_DATABASE_URL": empty_database_url},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    await asyncio.sleep(3)  # it has looked at least once and found everything pending
+    assert waiter.returncode is None
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        assert await conn.fetchval("SELECT to_regclass('schema_migrations')") is None
+        await migrate.migrate(conn)
+    finally:
+        await conn.close()
+    out, _ = await asyncio.wait_for(waiter.communicate(), 30)
+    assert waiter.returncode == 0, out
+    assert f"schema current: {len(ALL)} migrations applied" in out.decode()
+
+
+async def test_wait_gives_up_after_its_duration(empty_database_url: str) -> None:
+    code, out = await _bcw(empty_database_url, "migrate", "--wait", "1s")
+    assert code == 1, out
+    assert f"{len(ALL)} pending migration(s): {ALL[0]}" in out
+    assert "Traceback" not in out
+    code, out = await _bcw(empty_database_url, "migrate", "--wait", "soon")
+    assert code == 2 and "not a duration" in out  # before any connection
+
+
+async def test_a_worker_login_may_wait_for_the_schema(database_url: str) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        await migrate.grant(conn)
+        with contextlib.suppress(asyncpg.DuplicateObjectError, asyncpg.UniqueViolationError):
+            await conn.execute("CREATE ROLE bcw_waiter_t LOGIN IN ROLE bcw_labeler")
+    finally:
+        await conn.close()
+    parts = urlsplit(database_url)
+    as_labeler = urlunsplit(parts._replace(netloc="bcw_waiter_t@" + parts.netloc.rsplit("@")[-1]))
+    code, out = await _bcw(as_labeler, "migrate", "--wait", "10s")
+    assert code == 0, out

@@ -51,6 +51,7 @@ RUNTIME = (
     Grant("SELECT", "clock_offset"),
     Grant("SELECT, INSERT, DELETE", "session_history"),  # written with the outbox; pruned
     Grant("UPDATE (at)", "session_history"),  # pruning locks the rows it deletes
+    Grant("SELECT", "schema_migrations"),  # `bcw migrate --wait` before a worker starts
 )
 
 GROUPS: dict[str, tuple[Grant, ...]] = {
