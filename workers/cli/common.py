@@ -26,6 +26,7 @@ EXAMPLES: dict[str, str] = {
     "dead-letters": "bcw dead-letters redrive --cause unsupported-major --dry-run",
     "commands": "bcw commands node-17 --limit 20 --json",
     "explain": "bcw explain node-17 --since 2h",
+    "liveness status": "bcw liveness status --gateway gw-3 --json",
     "liveness release": "bcw liveness release --gateway gw-3 --by alice",
     "events": "bcw events --type 'node.*' --since 10m --json",
     "bench": "bcw bench runtime --embedded",

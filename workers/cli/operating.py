@@ -64,6 +64,14 @@ def add(commands: Commands) -> None:
 
     live = commands.add_parser("liveness", help="the liveness controller's fleet breaker")
     live_commands = live.add_subparsers(dest="liveness_command", required=True)
+    state = live_commands.add_parser(
+        "status",
+        help="each gateway as the liveness controller sees it: sessions, last flush, "
+        "blindness, breaker, lease",
+    )
+    state.add_argument("--gateway", help="only this gateway")
+    state.add_argument("--json", action="store_true", help="one JSON object per gateway")
+    state.set_defaults(handler=_cmd_liveness_status)
     release = live_commands.add_parser(
         "release", help="let the next sweep disconnect the stale sessions an open breaker holds"
     )
@@ -260,6 +268,41 @@ def _start(text: str) -> datetime:
         return parse_start(text)
     except ValueError as error:  # argparse: exit 2, before any connection
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _cmd_liveness_status(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.display import printable
+    from workers.liveness.breaker import status
+    from workers.runtime.store import db
+
+    async def run() -> list[dict[str, object]]:
+        conn = await db.connect(settings.database)
+        try:
+            return await status(conn, args.gateway)
+        finally:
+            await conn.close()
+
+    rows = asyncio.run(run())
+    if args.json:
+        for row in rows:
+            print(json.dumps({k: _plain(v) for k, v in row.items()}))
+        return 0
+    print(f"{'gateway':<20} {'connected':>9} {'flush age':>9}  {'blind':<5} {'breaker':<8} lease")
+    for row in rows:
+        age = row["last_flush_age_seconds"]
+        shown_age = "never" if age is None else f"{float(str(age)):.0f}s"
+        breaker = (
+            "released" if row["breaker_released_at"] and row["breaker_open"]
+            else "open" if row["breaker_open"] else "closed"
+        )  # fmt: skip
+        lease = "draining" if row["draining"] else "live" if row["lease_live"] else "expired"
+        print(
+            f"{printable(str(row['gateway_id'])):<20} {row['connected']:>9} {shown_age:>9}  "
+            f"{'yes' if row['blind'] else 'no':<5} {breaker:<8} {lease}"
+        )
+    if not rows:
+        print("no gateway known" + (f" as {args.gateway!r}" if args.gateway else ""))
+    return 0
 
 
 def _cmd_liveness_release(args: argparse.Namespace, settings: Settings) -> int:

@@ -1,4 +1,4 @@
-"""The fleet breaker's operator side: `bcw liveness release --gateway G`.
+"""The fleet breaker's operator side: `bcw liveness status` and `bcw liveness release`.
 
 Called by the CLI. It records who released which open breaker and when; the next sweep
 (in `workers.liveness.sweep`) honours it, logs it, and closes the breaker. Nothing is
@@ -28,3 +28,37 @@ async def release(conn: asyncpg.Connection, gateway_id: str, who: str) -> dateti
     if released is not None:
         log.warning("breaker of gateway %s released by %s at %s", gateway_id, who, released)
     return released
+
+
+STATUS = """
+SELECT g.gateway_id, coalesce(c.connected, 0) AS connected, l.last_flush_at,
+       extract(epoch FROM compute_now() - l.last_flush_at)::float8 AS last_flush_age_seconds,
+       l.blind_since, l.breaker_opened_at, l.breaker_released_at, l.breaker_released_by,
+       gw.lease_expires_at, coalesce(gw.lease_expires_at > compute_now(), false) AS lease_live,
+       coalesce(gw.draining, false) AS draining
+  FROM (SELECT gateway_id FROM gateways UNION SELECT gateway_id FROM liveness_gateways) g
+  LEFT JOIN liveness_gateways l USING (gateway_id)
+  LEFT JOIN gateways gw USING (gateway_id)
+  LEFT JOIN (SELECT gateway_id, count(*) AS connected FROM node_sessions
+              WHERE gateway_id IS NOT NULL AND disconnected_at IS NULL
+              GROUP BY gateway_id) c USING (gateway_id)
+ WHERE $1::text IS NULL OR g.gateway_id = $1
+ ORDER BY g.gateway_id
+"""
+
+
+async def status(
+    conn: asyncpg.Connection, gateway_id: str | None = None
+) -> list[dict[str, object]]:
+    """What the liveness controller knows of each gateway (or of one): its connected
+    sessions, its last applied flush and how old it is, whether it is blind, whether its
+    breaker is open or was released (by whom), its lease. Read-only: `bcw liveness status`."""
+    rows = await conn.fetch(STATUS, gateway_id)
+    return [
+        {
+            **dict(row),
+            "blind": row["blind_since"] is not None,
+            "breaker_open": row["breaker_opened_at"] is not None,
+        }
+        for row in rows
+    ]

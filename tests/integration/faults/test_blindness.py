@@ -264,6 +264,15 @@ async def _seen(db: asyncpg.Connection, gateway_id: str) -> bool:
     )
 
 
+async def _status(database_url: str, gateway_id: str) -> list[dict[str, object]]:
+    """`bcw liveness status --gateway G --json`, parsed: one object per gateway."""
+    code, out = await bcw(
+        "liveness", "status", "--gateway", gateway_id, "--json", BCW_DATABASE_URL=database_url
+    )
+    assert code == 0, out
+    return [json.loads(line) for line in out.splitlines()]
+
+
 async def _gone(db: asyncpg.Connection, gateway_id: str, n: int) -> bool:
     return (
         await db.fetchval(
@@ -293,15 +302,28 @@ async def test_the_breaker_holds_30_of_40_and_a_release_lets_the_next_sweep_go(
             )
         ]
         assert opened == [{"gatewayId": "gw-1", "wouldDisconnect": 30, "connected": 40}]  # once
+        [state] = await _status(database_url, "gw-1")  # what an operator reads first
+        assert state["gateway_id"] == "gw-1" and state["connected"] == 40
+        assert (state["breaker_open"], state["blind"], state["breaker_released_by"]) == (
+            True, False, None,
+        )  # fmt: skip
+        assert isinstance(state["last_flush_age_seconds"], float)
+        code, out = await bcw("liveness", "status", BCW_DATABASE_URL=database_url)
+        gateway, connected, _age, blind, breaker, _lease = out.split("\n")[1].split()
+        assert code == 0 and (gateway, connected, blind, breaker) == ("gw-1", "40", "no", "open")
 
         code, out = await bcw(
             "liveness", "release", "--gateway", "gw-1", "--by", "oncall",
             BCW_DATABASE_URL=database_url,
         )  # fmt: skip
         assert code == 0 and "released by oncall" in out, out
+        [state] = await _status(database_url, "gw-1")
+        assert (state["breaker_open"], state["breaker_released_by"]) == (True, "oncall")
         released = await sweep_once(pool, None, subjects, Rules())
         assert (released.stale, released.held) == (30, ())
         assert await _routed(db, "gw-1") == 10
+        [state] = await _status(database_url, "gw-1")
+        assert (state["breaker_open"], state["connected"]) == (False, 10)
         row = await db.fetchrow("SELECT * FROM liveness_gateways WHERE gateway_id = 'gw-1'")
         assert row["breaker_opened_at"] is None and row["breaker_released_by"] is None
         code, out = await bcw(
