@@ -2,14 +2,14 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
-STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: test test-fast test-upgrade demo lint unit install image docs clean
+.PHONY: test test-fast test-upgrade demo lint unit install image docs constraints clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,dev]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -56,6 +56,17 @@ docs: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/bcw demo
+
+# The pinned versions every install uses (this Makefile, the Dockerfile, CI): resolved
+# afresh from pyproject.toml in a clean virtualenv. Run after changing a dependency.
+constraints:
+	rm -rf .bcw/constraints-venv
+	$(PYTHON) -m venv .bcw/constraints-venv
+	.bcw/constraints-venv/bin/python -m pip install --quiet --upgrade pip
+	.bcw/constraints-venv/bin/python -m pip install --quiet '.[test,dev]'
+	( echo "# Pinned versions of every dependency and extra (make constraints writes this file)."; \
+	  .bcw/constraints-venv/bin/python -m pip freeze --exclude-editable | grep -v '^bc-workers' ) > constraints.txt
+	rm -rf .bcw/constraints-venv
 
 clean:
 	rm -rf $(VENV) .bcw .pytest_cache .mypy_cache .ruff_cache

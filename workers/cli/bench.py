@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
+import sys
 
-from workers.cli.common import Commands
+from workers.cli.common import EXIT_BAD_SETTINGS, Commands
 from workers.runtime.base.settings import Settings
 
 
@@ -68,6 +70,14 @@ def add(commands: Commands) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    if importlib.util.find_spec("workers.bench") is None:
+        print(
+            "bcw bench: the benchmarks are a development tool, not part of this install "
+            "(the wheel and the image leave them out): run them from a source checkout "
+            "(make install, then .venv/bin/bcw bench …)",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_SETTINGS
     soak = args.bench == "soak"
     nodes = args.nodes if args.nodes is not None else 300 if soak else 100_000
     gateways = args.gateways if args.gateways is not None else 3 if soak else 20
