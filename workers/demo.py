@@ -75,6 +75,7 @@ async def main(
     gateways: int = 3,
     otlp: str | None = None,
     durable: bool = False,
+    scenario: str = "mixed",
 ) -> int:
     console = Console()
     logging.basicConfig(level=logging.WARNING)
@@ -83,6 +84,7 @@ async def main(
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp
     gateway_provider = tracing.build_provider("bcw-gateway")
     trace.set_tracer_provider(gateway_provider)  # the simulator's gateways trace with it
+    (directory / "env").unlink(missing_ok=True)  # a killed demo's: its servers are gone
     with embedded_servers(directory, durable=durable) as (nats_server, postgres):
         synced = "sync_interval: always" if durable else "flushed every 2 min (--durable: always)"
         console.print(f"NATS (JetStream)  {nats_server.url}  ({synced})")
@@ -134,12 +136,18 @@ async def main(
                     )
 
                 sim.progress = show
-                checks = await SCENARIOS["mixed"](sim)
+                checks = await SCENARIOS[scenario](sim)
             console.print(_table(checks, time.monotonic() - started))
             if hold:
                 await sim.stop(graceful=True)  # its fleet ends; servers and workers stay
                 print(kept_up(nats_server, postgres, os.getpid()), flush=True)  # unwrapped
-                await _wait_for_signal()
+                # for a shell (`. .bcw/demo/env`): written once everything is up, gone after
+                env_file = directory / "env"
+                env_file.write_text(exports(nats_server, postgres) + "\n")
+                try:
+                    await _wait_for_signal()
+                finally:
+                    env_file.unlink(missing_ok=True)
         finally:
             await sim.stop()
             stopping.set()
@@ -168,9 +176,14 @@ def kept_up(nats_server: EmbeddedNats, postgres: EmbeddedPostgres, workers_pid: 
             f"  NATS (JetStream)  {nats_server.url}  pid {nats_pid}",
             f"  PostgreSQL        {postgres.url}  pid {postgres_pid}",
             f"  workers           {', '.join(sorted(WORKERS))}, in this process, pid {workers_pid}",
-            f"export BCW_NATS_URL={nats_server.url} BCW_DATABASE_URL={postgres.url}",
+            exports(nats_server, postgres),
         ]
     )
+
+
+def exports(nats_server: EmbeddedNats, postgres: EmbeddedPostgres) -> str:
+    """The shell line that points `bcw` at the demo's servers."""
+    return f"export BCW_NATS_URL={nats_server.url} BCW_DATABASE_URL={postgres.url}"
 
 
 async def fresh_sweep_history(pool: asyncpg.Pool) -> None:

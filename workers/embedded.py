@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import shutil
 import signal
 import socket
@@ -45,6 +46,13 @@ def _die_with_parent(sig: int, user_namespace: bool = False) -> Callable[[], Non
         libc.prctl(_PR_SET_PDEATHSIG, sig)
 
     return preexec
+
+
+def _own(directory: Path) -> None:
+    """Make a data directory (only that) the caller's, owner and group, all the way down."""
+    uid, gid = os.geteuid(), os.getegid()
+    for path in [directory, *directory.rglob("*")]:
+        os.lchown(path, uid, gid)
 
 
 def _wait_for_port(port: int, process: subprocess.Popen[bytes], what: str, log: Path) -> None:
@@ -203,6 +211,8 @@ class EmbeddedPostgres:
         self._namespace = needs_user_namespace()
         self.directory.mkdir(parents=True, exist_ok=True)
         data = self.directory / "data"
+        if self._namespace and data.exists() and data.stat().st_uid != os.geteuid():
+            _own(data)  # made by an older release as a system user of its own: ours now
         if not (data / "PG_VERSION").exists() and self.standby_of is not None:
             data.mkdir(mode=0o700, exist_ok=True)
             self._run(

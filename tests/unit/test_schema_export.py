@@ -88,3 +88,10 @@ def test_every_command_has_a_description_and_an_example() -> None:
         help_text = parser.format_help()
         assert parser.description, path
         assert "example:\n  " in help_text and f"bcw {path}" in help_text, path
+
+
+def test_the_clis_scenario_names_are_the_simulators() -> None:
+    from workers.cli.running import SCENARIO_NAMES
+    from workers.sim.scenarios import SCENARIOS
+
+    assert sorted(SCENARIO_NAMES) == sorted(SCENARIOS)

@@ -16,6 +16,9 @@ from workers.cli.common import Commands
 from workers.runtime.base.settings import Settings
 from workers.runtime.effects.worker import Worker
 
+#: the simulator's scenarios (`workers.sim.scenarios.SCENARIOS`, not imported for a help page)
+SCENARIO_NAMES = ["power-on", "gateway-loss", "clone", "journal-loss", "restart", "busy", "mixed"]
+
 
 def add(commands: Commands) -> None:
     """Register this group's commands."""
@@ -29,7 +32,7 @@ def add(commands: Commands) -> None:
     sim.add_argument(
         "--scenario",
         default="mixed",
-        choices=["power-on", "gateway-loss", "clone", "journal-loss", "restart", "busy", "mixed"],
+        choices=SCENARIO_NAMES,
     )
     sim.add_argument("--nodes", type=int, default=1000)
     sim.add_argument("--gateways", type=int, default=3)
@@ -49,6 +52,13 @@ def add(commands: Commands) -> None:
         action="store_true",
         help="after the checks, keep the servers and the workers up until Ctrl-C "
         "(their URLs and pids are printed; the simulated fleet stops)",
+    )
+    demo.add_argument(
+        "--scenario",
+        default="mixed",
+        choices=SCENARIO_NAMES,
+        help="what the simulated fleet does (mixed: all of it, about 40 s; power-on: the "
+        "fleet switched on, a few seconds)",
     )
     demo.add_argument("--nodes", type=int, default=1000, help="fleet size")
     demo.add_argument("--gateways", type=int, default=3, help="gateways")
@@ -120,5 +130,6 @@ def _cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
             gateways=args.gateways,
             otlp=args.otlp,
             durable=args.durable,
+            scenario=args.scenario,
         )
     )
