@@ -22,12 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workers.embedded_install import (
-    EmbeddedError,
-    enter_user_namespace,
-    needs_user_namespace,
-    postgres_install,
-)
+from workers.embedded_install import EmbeddedError, as_non_root, postgres_install
 
 _PR_SET_PDEATHSIG = 1
 
@@ -38,10 +33,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _die_with_parent(sig: int, user_namespace: bool = False) -> Callable[[], None]:
-    def preexec() -> None:  # in the child, before exec; after the namespace (which clears it)
-        if user_namespace:
-            enter_user_namespace()
+def _die_with_parent(sig: int) -> Callable[[], None]:
+    def preexec() -> None:  # in the child, before exec (kept across it)
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, sig)
 
@@ -197,7 +190,7 @@ class EmbeddedPostgres:
     settings: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
     _install: Path | None = None
-    _namespace: bool = False
+    _prefix: list[str] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -208,10 +201,10 @@ class EmbeddedPostgres:
 
     def _prepare(self) -> None:
         self._install = postgres_install()
-        self._namespace = needs_user_namespace()
+        self._prefix = as_non_root()
         self.directory.mkdir(parents=True, exist_ok=True)
         data = self.directory / "data"
-        if self._namespace and data.exists() and data.stat().st_uid != os.geteuid():
+        if self._prefix and data.exists() and data.stat().st_uid != os.geteuid():
             _own(data)  # made by an older release as a system user of its own: ours now
         if not (data / "PG_VERSION").exists() and self.standby_of is not None:
             data.mkdir(mode=0o700, exist_ok=True)
@@ -230,11 +223,10 @@ class EmbeddedPostgres:
     def _run(self, program: str, *args: str) -> None:
         assert self._install is not None
         result = subprocess.run(
-            [str(self._install / "bin" / program), *args],
+            [*self._prefix, str(self._install / "bin" / program), *args],
             capture_output=True,
             cwd=self.directory,
             check=False,
-            preexec_fn=enter_user_namespace if self._namespace else None,
         )
         if result.returncode != 0:
             raise EmbeddedError(f"{program} failed: {result.stderr.decode(errors='replace')}")
@@ -263,7 +255,8 @@ class EmbeddedPostgres:
                 f"host=127.0.0.1 port={self.standby_of.port} user=postgres "
                 f"application_name={self.name}"
             )
-        args = [str(self._install / "bin" / "postgres"), "-D", str(self.directory / "data")]
+        args = [*self._prefix, str(self._install / "bin" / "postgres")]
+        args += ["-D", str(self.directory / "data")]
         for key, value in settings.items():
             args += ["-c", f"{key}={value}"]
         with log.open("ab") as out:
@@ -273,7 +266,7 @@ class EmbeddedPostgres:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=self.directory,
-                preexec_fn=_die_with_parent(signal.SIGINT, self._namespace),
+                preexec_fn=_die_with_parent(signal.SIGINT),
             )
         _wait_for_port(self.port, self.process, "postgres", log)
         self._wait_ready(log)
