@@ -122,3 +122,46 @@ def test_an_existing_seed_file_is_reused_only_if_it_is_its_owners_alone(
         before = seed.read_bytes()
         assert main(["auth", "nats", "--out", str(out)]) == 0
         assert seed.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("pattern", "subject", "covered"),
+    [("a.b", "a.b", True), ("a.*", "a.b", True), ("a.*", "a.b.c", False), ("a.>", "a.b.c", True),
+     ("a.>", "a", False), ("a.*.c", "a.b.c", True), ("a.*.c", "a.b.d", False), ("a", "a.b", False),
+     (">", "x", True), ("a.b.c", "a.b", False)],
+)  # fmt: skip
+def test_subject_patterns(pattern: str, subject: str, covered: bool) -> None:
+    assert principals.matches(pattern, subject) is covered
+
+
+def test_every_worker_declares_what_it_emits_and_every_message_has_a_sender() -> None:
+    from workers.registry import WORKERS
+
+    assert sorted(principals.EMITS) == sorted(WORKERS) == sorted(principals.WORKER_NAMES)
+    sent = [t for made in principals.EMITS.values() for t in made]
+    assert len(sent) == len(set(sent))  # one sender per message type
+    from schemas import events, notices
+    from schemas.base import CamelMessage, SnakeMessage
+
+    every = {
+        c for module in (events, notices) for c in vars(module).values()
+        if isinstance(c, type) and issubclass(c, CamelMessage | SnakeMessage) and "BC_TYPE" in vars(c)
+    }  # fmt: skip
+    assert every == set(sent)
+
+
+def test_an_outbox_refuses_what_its_worker_does_not_emit() -> None:
+    from schemas.events import CapabilitiesChanged
+    from schemas.notices import Zombie
+    from workers.runtime.effects.outbox import OutboxBatch
+
+    subjects = Subjects("t1")
+    zombie = Zombie(node_id="n1", epoch=1)
+    with pytest.raises(principals.NotEmitted, match="labeler emits no zombie"):
+        OutboxBatch("labeler").add(zombie, subjects.notice("gw-1", "zombie"))
+    OutboxBatch("liveness").add(zombie, subjects.notice("gw-1", "zombie"))
+    OutboxBatch("tally").add(zombie, subjects.notice("gw-1", "zombie"))  # not a worker: free
+    changed = CapabilitiesChanged(
+        node_id="n1", epoch=1, capabilities=["gpu"], added=["gpu"], removed=[]
+    )
+    assert OutboxBatch("labeler").add(changed, subjects.event(changed.BC_TYPE))

@@ -3,8 +3,9 @@ a nats-server configuration fragment. `bcw auth nats` writes it (`write`); `docs
 shows the same table, generated from `principals()`.
 
 - `admin`: everything (provision, stream setup at migrate time, dead-letter redrive).
-- `worker-<name>`: its own durable consumer on the facts stream, the events, notices and
-  dead letters it publishes; never a fact.
+- `worker-<name>`: its own durable consumer on the facts stream; the events, notices and
+  revocations its rules emit (`EMITS`, and nothing another worker emits) and its dead
+  letters; never a fact.
 - `relay`: a dedicated outbox relay (`bcw run relay`): the events, notices and revocations
   every worker's outbox holds, and the relay's dead letters; nothing else.
 - `gateway-<id>`: its own facts, its own consumer (created with its own filter subject)
@@ -29,12 +30,38 @@ from pathlib import Path
 
 import nkeys
 
-from schemas.base import GATEWAY_ID_PATTERN
+from schemas import events, notices
+from schemas.base import GATEWAY_ID_PATTERN, CamelMessage, SnakeMessage
 from schemas.facts import FACT_TYPES
 from schemas.subjects import Subjects
 
 #: the worker kinds (the registry's names; a unit test keeps them equal)
 WORKER_NAMES = ("labeler", "liveness", "quarantine", "recorder", "replay")
+#: what each worker's rules publish through its outbox: all its principal may publish
+#: besides its dead letters. `OutboxBatch.add` refuses any other message from that worker,
+#: so a worker that starts emitting something new fails its tests until it is listed here.
+EMITS: dict[str, tuple[type[CamelMessage | SnakeMessage], ...]] = {
+    "labeler": (events.CapabilitiesChanged,),
+    "liveness": (
+        events.NodeConnected, events.NodeDisconnected, events.GatewayBlind,
+        events.GatewaySeeing, events.BreakerOpen, notices.Zombie,
+    ),
+    "quarantine": (events.DuplicateSession, events.Quarantined, events.Revocations),
+    "recorder": (notices.EventAck,),
+    "replay": (
+        events.CommandReplayed, events.CommandCancelled, events.CommandFailed,
+        events.CommandCompleted, events.HoldExpired, notices.Dispatch, notices.HelloAgain,
+    ),
+}  # fmt: skip
+#: the same, by message type (what `OutboxBatch.add` looks up)
+EMITTED_TYPES = {worker: frozenset(t.BC_TYPE for t in made) for worker, made in EMITS.items()}
+
+
+class NotEmitted(ValueError):
+    """A worker's outbox was given a message that worker does not emit (not in `EMITS`):
+    its principal could not publish it. A defect of the worker, found by its tests."""
+
+
 INBOX = "_INBOX"
 INBOX_PLACEHOLDER = "<key>"
 
@@ -50,6 +77,30 @@ class Principal:
     does: str
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
+
+
+def emitted(subjects: Subjects, worker: str) -> tuple[str, ...]:
+    """The subjects `worker`'s rules publish to (a notice to any gateway)."""
+    out = []
+    for made in EMITS[worker]:
+        if made is events.Revocations:
+            out.append(subjects.revocations)
+        elif issubclass(made, SnakeMessage):
+            out.append(subjects.notice("*", made.BC_TYPE))
+        else:
+            out.append(subjects.event(made.BC_TYPE))
+    return tuple(out)
+
+
+def matches(pattern: str, subject: str) -> bool:
+    """Whether a NATS subject pattern (`*` one token, `>` the rest) covers `subject`."""
+    wanted, given = pattern.split("."), subject.split(".")
+    for i, token in enumerate(wanted):
+        if token == ">":
+            return len(given) > i
+        if i >= len(given) or (token != "*" and token != given[i]):
+            return False
+    return len(wanted) == len(given)
 
 
 def _api(*parts: str) -> str:
@@ -84,10 +135,8 @@ def principals(subjects: Subjects, gateways: Sequence[str]) -> list[Principal]:
                     f"$JS.ACK.{facts}.{worker}.>",
                     _api("STREAM.MSG.GET", facts),
                     _api("DIRECT.GET", facts),
-                    # the relay publishes any worker's outbox rows
-                    subjects.all_events,
-                    subjects.revocations,
-                    subjects.all_notices,
+                    # its relay publishes its own outbox rows: what its rules emit
+                    *emitted(subjects, worker),
                     subjects.dead(worker),
                     subjects.dead("relay"),  # rows its relay can never publish
                 ),
@@ -265,3 +314,20 @@ def markdown(subjects: Subjects) -> str:
             + " |"
         )
     return "\n".join(rows) + "\n"
+
+
+def rewrite_doc(path: Path, subjects: Subjects) -> bool:
+    """Put the generated table between a doc's principals markers; whether it changed."""
+    text = path.read_text(encoding="utf-8")
+    pattern = re.compile(r"(<!-- principals:begin -->\n)(.*?)(<!-- principals:end -->)", re.S)
+    wanted = pattern.sub(lambda m: m.group(1) + markdown(subjects) + m.group(3), text)
+    if wanted != text:
+        path.write_text(wanted, encoding="utf-8")
+    return wanted != text
+
+
+if __name__ == "__main__":  # `make docs`
+    import sys
+
+    for name in sys.argv[1:]:
+        rewrite_doc(Path(name), Subjects("bc"))

@@ -1,11 +1,9 @@
 """The transactional outbox: rows written with a fact's effects, published after commit.
 
-`OutboxBatch` collects the messages a transaction wants to publish and writes them in
-one statement. `OutboxRelay` (one per process) claims rows with `FOR UPDATE SKIP
-LOCKED`, publishes them with their `Nats-Msg-Id`, waits for the PubAcks and deletes them;
-rows sharing an `order_key` are published in id order, never overtaking each other, also
-across replicas. It is woken by NOTIFY, with a polling fallback.
-"""
+`OutboxBatch` collects what a transaction publishes (what its worker emits: `EMITS`), one
+statement. `OutboxRelay` (one per process) claims rows `FOR UPDATE SKIP LOCKED`,
+publishes them with their `Nats-Msg-Id`, waits for the PubAcks and deletes them; rows of
+one `order_key` go in id order, also across replicas. Woken by NOTIFY, or it polls."""
 
 from __future__ import annotations
 
@@ -33,6 +31,7 @@ from workers.runtime.base.waiting import Patience, sleep_or_stop, wait_any
 from workers.runtime.bus.acked import AckedPublisher
 from workers.runtime.bus.connection import RefusedSubjects
 from workers.runtime.bus.deadletter import TRUNCATED, dead_letter
+from workers.runtime.bus.principals import EMITTED_TYPES, NotEmitted
 from workers.runtime.observability import tracing
 from workers.runtime.observability.metrics import Metrics
 from workers.runtime.store.notify import Listener
@@ -76,6 +75,8 @@ class OutboxBatch:
         msg_id: uuid.UUID | None = None,
         cause_id: uuid.UUID | None = None,
     ) -> uuid.UUID:
+        if message.BC_TYPE not in EMITTED_TYPES.get(self.worker, (message.BC_TYPE,)):
+            raise NotEmitted(f"{self.worker} emits no {message.BC_TYPE} (principals.EMITS)")
         body, headers = REGISTRY.encode(message)
         context = context if context is not None else self.context
         if context is not None:
