@@ -153,7 +153,7 @@ def test_every_worker_declares_what_it_emits_and_every_message_has_a_sender() ->
 def test_an_outbox_refuses_what_its_worker_does_not_emit() -> None:
     from schemas.events import CapabilitiesChanged
     from schemas.notices import Zombie
-    from workers.runtime.effects.outbox import OutboxBatch
+    from workers.runtime.effects.batch import OutboxBatch
 
     subjects = Subjects("t1")
     zombie = Zombie(node_id="n1", epoch=1)

@@ -48,7 +48,7 @@ from workers.liveness.decide import (
     sight_change,
 )
 from workers.runtime.base.rule_settings import LivenessSettings
-from workers.runtime.effects.outbox import OutboxBatch
+from workers.runtime.effects.batch import OutboxBatch
 from workers.runtime.effects.worker import Loop, Runtime
 from workers.runtime.store import leases
 

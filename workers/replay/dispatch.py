@@ -35,7 +35,7 @@ from workers.replay.holds import release_expired_holds
 from workers.replay.lost import ask_for_lost_hellos
 from workers.runtime.base.rule_settings import ReplaySettings
 from workers.runtime.base.waiting import wait_any
-from workers.runtime.effects.outbox import OutboxBatch
+from workers.runtime.effects.batch import OutboxBatch
 from workers.runtime.effects.worker import Loop, Runtime
 from workers.runtime.observability import tracing
 from workers.runtime.store import leases

@@ -19,7 +19,7 @@ import asyncpg
 
 from schemas.events import HoldExpired
 from schemas.subjects import Subjects
-from workers.runtime.effects.outbox import OutboxBatch
+from workers.runtime.effects.batch import OutboxBatch
 from workers.runtime.store import leases
 
 log = logging.getLogger(__name__)

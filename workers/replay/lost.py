@@ -23,7 +23,7 @@ from schemas.notices import HelloAgain
 from schemas.subjects import Subjects
 from workers.replay.decide import hello_lost
 from workers.runtime.base.rule_settings import ReplaySettings
-from workers.runtime.effects.outbox import OutboxBatch
+from workers.runtime.effects.batch import OutboxBatch
 from workers.runtime.store import leases
 
 log = logging.getLogger(__name__)

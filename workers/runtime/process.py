@@ -174,6 +174,9 @@ async def _serve(
         relay = OutboxRelay(
             pool, js, settings.outbox, settings.database, metrics, tracer, subjects,
             refused=refused_subjects,
+            # its own workers' rows (its principal may publish what they emit); a process
+            # of no worker (`bcw run relay`) publishes every worker's
+            owners=[worker.name for worker in workers] or None,
         )  # fmt: skip
         runtime = Runtime(settings, subjects, pool, nc, js, metrics, tracer, instance, relay.wake)
         parts.consumers = [

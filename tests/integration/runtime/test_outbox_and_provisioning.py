@@ -22,7 +22,8 @@ from tests.integration.support import bcw, stream_messages
 from workers.runtime.base.runtime_settings import ConsumerSettings, DatabaseSettings, OutboxSettings
 from workers.runtime.bus import streams
 from workers.runtime.bus.streams import ConsumerSpec
-from workers.runtime.effects.outbox import OutboxBatch, OutboxRelay
+from workers.runtime.effects.batch import OutboxBatch
+from workers.runtime.effects.outbox import OutboxRelay
 from workers.runtime.observability.metrics import Metrics
 
 
@@ -324,3 +325,16 @@ async def test_a_row_that_can_never_be_published_does_not_jam_the_relay(
         await deadletter.redrive(js, subjects, letter)
     assert metrics.dead_letters.value("relay", "unpublishable") == 1
     assert js.publish_async_pending() == 0  # every publish slot was given back
+
+
+async def test_each_message_type_has_the_owner_the_principals_table_names(
+    db: asyncpg.Connection,
+) -> None:
+    """An ownerless row (an older release's) is given the one worker that emits its type:
+    the database's table of senders is `principals.EMITS`."""
+    from workers.runtime.bus.principals import EMITTED_TYPES
+
+    rows = await db.fetch("SELECT bc_type, worker FROM outbox_senders")
+    assert {(r["bc_type"], r["worker"]) for r in rows} == {
+        (bc_type, worker) for worker, types in EMITTED_TYPES.items() for bc_type in types
+    }

@@ -202,18 +202,28 @@ async def _violation(errors: list[str], kind: str) -> bool:
 async def test_a_row_its_relay_may_not_publish_never_stops_the_worker(
     keys: Path, secured: str, database_url: str, db: asyncpg.Connection
 ) -> None:
-    """The relay of a least-privilege worker meets an outbox row bound to a subject its
-    principal may not publish to: the row goes to `outbox_dead` and, as a dead letter, to
-    `bc.dead.relay`; the worker keeps running and applying facts."""
+    """The relay of a least-privilege worker meets an outbox row of its own bound to a
+    subject its principal may not publish to: the row goes to `outbox_dead` and, as a dead
+    letter, to `bc.dead.relay`; the worker keeps running and applying facts. Another
+    worker's row (a dispatch, the replay worker's) it never claims: it stays for its owner."""
     code, output = await bcw(
         "provision", BCW_NATS_URL=secured, BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk")
     )
     assert code == 0, output
     forbidden = SUBJECTS.fact("gw-9", "hello")  # a worker never publishes a fact
     await db.execute(
-        "INSERT INTO outbox (msg_id, subject, headers, body) VALUES (gen_random_uuid(), $1, '{}', $2)",
+        "INSERT INTO outbox (msg_id, subject, headers, body, worker) "
+        "VALUES (gen_random_uuid(), $1, '{}', $2, 'labeler')",
         forbidden, b"{}",
     )  # fmt: skip
+    # as an older release writes a row: no owner, which its type then gives (outbox_senders)
+    dispatch = SUBJECTS.notice("gw-1", "dispatch")
+    await db.execute(
+        "INSERT INTO outbox (msg_id, subject, headers, body) "
+        """VALUES (gen_random_uuid(), $1, '{"Bc-Type": "dispatch"}', $2)""",
+        dispatch, b"{}",
+    )  # fmt: skip
+    assert await db.fetchval("SELECT worker FROM outbox WHERE subject = $1", dispatch) == "replay"
     base = make_settings(secured, database_url, SUBJECTS)
     settings = base.model_copy(update={"nats": _as(keys, secured, "worker-labeler")})
     async with running(settings, [WORKERS["labeler"](settings)]):
@@ -236,6 +246,8 @@ async def test_a_row_its_relay_may_not_publish_never_stops_the_worker(
             )
             assert errors == []
         await eventually(lambda: _labeled(db), what="the labeler still applying facts")
+        left = await db.fetch("SELECT subject, worker FROM outbox")
+        assert [(r["subject"], r["worker"]) for r in left] == [(dispatch, "replay")]
     async with _client(keys, secured, "admin") as (nc, _errors):
         letters = await deadletter.list_dead_letters(
             nc.jetstream(), SUBJECTS, cause="unpublishable"

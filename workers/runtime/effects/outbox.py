@@ -1,9 +1,12 @@
-"""The transactional outbox: rows written with a fact's effects, published after commit.
+"""The transactional outbox's relay: rows written with a fact's effects (`batch.OutboxBatch`),
+published after commit.
 
-`OutboxBatch` collects what a transaction publishes (what its worker emits: `EMITS`), one
-statement. `OutboxRelay` (one per process) claims rows `FOR UPDATE SKIP LOCKED`,
-publishes them with their `Nats-Msg-Id`, waits for the PubAcks and deletes them; rows of
-one `order_key` go in id order, also across replicas. Woken by NOTIFY, or it polls."""
+`OutboxRelay` (one per process) claims its own workers' rows (or, a dedicated relay, every
+row) `FOR UPDATE SKIP LOCKED`, publishes them with their `Nats-Msg-Id`, waits for the
+PubAcks and deletes them; rows sharing an `order_key` are published in id order, never
+overtaking each other, also across replicas. It is woken by NOTIFY, with a polling
+fallback.
+"""
 
 from __future__ import annotations
 
@@ -13,25 +16,21 @@ import functools
 import json
 import logging
 import time
-import uuid
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 import asyncpg
 import nats.errors
 from nats.js import JetStreamContext
 from opentelemetry import trace
-from opentelemetry.context import Context
 
-from schemas.base import Message
-from schemas.registry import REGISTRY, SCHEMA_HEADER, TYPE_HEADER
-from schemas.subjects import Subjects, split_gateway_subject
+from schemas.registry import TYPE_HEADER
+from schemas.subjects import Subjects
 from workers.runtime.base.errors import Severity, as_setting_error, classify
 from workers.runtime.base.runtime_settings import DatabaseSettings, OutboxSettings
 from workers.runtime.base.waiting import Patience, sleep_or_stop, wait_any
 from workers.runtime.bus.acked import AckedPublisher
 from workers.runtime.bus.connection import RefusedSubjects
 from workers.runtime.bus.deadletter import TRUNCATED, dead_letter
-from workers.runtime.bus.principals import EMITTED_TYPES, NotEmitted
 from workers.runtime.observability import tracing
 from workers.runtime.observability.metrics import Metrics
 from workers.runtime.store.notify import Listener
@@ -39,108 +38,6 @@ from workers.runtime.store.notify import Listener
 log = logging.getLogger(__name__)
 
 NOTIFY_CHANNEL = "bcw_outbox"
-
-
-#: what a node's session history records: every event and notice about a node that a
-#: worker publishes (not event-acks, revocations or the liveness controller's own events)
-HISTORY_TYPES = frozenset({
-    "node.connected", "node.disconnected", "node.capabilities-changed",
-    "security.node.duplicate-session", "security.node.quarantined",
-    "command.replayed", "command.cancelled", "command.failed", "command.completed",
-    "dispatch", "zombie",
-})  # fmt: skip
-
-HistoryRow = tuple[str, str, int | None, str | None, uuid.UUID | None, str | None, str]
-
-
-@dataclass
-class OutboxBatch:
-    """Messages one transaction wants published, and the session history they make.
-    Written by `write()` before commit, in the same transaction as the effects."""
-
-    worker: str = ""
-    rows: list[tuple[uuid.UUID, str, str, bytes, str | None]] = field(default_factory=list)
-    #: (node_id, what, epoch, gateway_id, fact_id, trace_id, detail)
-    history: list[HistoryRow] = field(default_factory=list)
-    #: the trace context of a message added without one (a loop's round, say)
-    context: Context | None = None
-
-    def add(
-        self,
-        message: Message,
-        subject: str,
-        *,
-        context: Context | None = None,
-        order_key: str | None = None,
-        msg_id: uuid.UUID | None = None,
-        cause_id: uuid.UUID | None = None,
-    ) -> uuid.UUID:
-        if message.BC_TYPE not in EMITTED_TYPES.get(self.worker, (message.BC_TYPE,)):
-            raise NotEmitted(f"{self.worker} emits no {message.BC_TYPE} (principals.EMITS)")
-        body, headers = REGISTRY.encode(message)
-        context = context if context is not None else self.context
-        if context is not None:
-            tracing.inject(headers, context)
-        msg_id = msg_id or uuid.uuid4()
-        self.rows.append((msg_id, subject, _headers_json(headers), body, order_key))
-        fields = message.__dict__  # not getattr: a model's missing attribute costs an exception
-        node_id = fields.get("node_id")
-        if message.BC_TYPE in HISTORY_TYPES and isinstance(node_id, str):
-            # a command's payload and signature stay in `commands`, not in the history
-            detail = (
-                body.decode()
-                if message.BC_TYPE != "dispatch"
-                else message.model_dump_json(by_alias=True, exclude={"payload", "signature"})
-            )
-            self.history.append((
-                node_id, message.BC_TYPE, fields.get("epoch"),
-                fields.get("gateway_id") or _notice_gateway(subject),
-                cause_id, tracing.trace_id(context), detail,
-            ))  # fmt: skip
-        return msg_id
-
-    async def write(self, conn: asyncpg.Connection) -> int:
-        """The rows and their history, in one statement (one round trip per batch)."""
-        if not self.rows:
-            return 0
-        outbox = [list(column) for column in zip(*self.rows, strict=True)]
-        if not self.history:
-            await conn.execute(_OUTBOX_INSERT, *outbox)
-            return len(self.rows)
-        history = [list(column) for column in zip(*self.history, strict=True)]
-        await conn.execute(_OUTBOX_AND_HISTORY_INSERT, *outbox, *history, self.worker)
-        return len(self.rows)
-
-
-_OUTBOX_INSERT = """
-INSERT INTO outbox (msg_id, subject, headers, body, order_key)
-SELECT m, s, h::jsonb, b, k
-  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::text[]) AS t(m, s, h, b, k)
-"""
-
-# a data-modifying WITH runs to completion whether or not the outer statement reads it;
-# the outer one is the outbox's, so the statement's span is still `INSERT outbox`. `at` is
-# the column's default, evaluated once (a sub-select), not once per row: a fifth of the
-# insert's cost at 256 rows
-_OUTBOX_AND_HISTORY_INSERT = f"""
-WITH history AS (
-    INSERT INTO session_history (node_id, what, epoch, gateway_id, worker, fact_id, trace_id, detail, at)
-    SELECT n, w, e, g, $13, f, t, d::jsonb, (SELECT compute_now())
-      FROM unnest($6::text[], $7::text[], $8::bigint[], $9::text[], $10::uuid[], $11::text[], $12::text[])
-        AS h(n, w, e, g, f, t, d)
-)
-{_OUTBOX_INSERT}"""
-
-
-def _notice_gateway(subject: str) -> str | None:
-    """The gateway a notice subject (`<root>.gw.<gateway_id>.<type>`) is addressed to."""
-    split = split_gateway_subject(subject)
-    return split[1] if split is not None and split[0] == "gw" else None
-
-
-@functools.lru_cache(maxsize=256)
-def _plain_headers_json(bc_type: str, bc_schema: str) -> str:
-    return json.dumps({TYPE_HEADER: bc_type, SCHEMA_HEADER: bc_schema})
 
 
 def _stored_headers(text: str) -> dict[str, str]:
@@ -155,18 +52,12 @@ def _parsed_headers(text: str) -> dict[str, str]:
     return json.loads(text)
 
 
-def _headers_json(headers: dict[str, str]) -> str:
-    """The headers as stored; the common untraced case is one of a few strings."""
-    if len(headers) == 2:
-        return _plain_headers_json(headers[TYPE_HEADER], headers[SCHEMA_HEADER])
-    return json.dumps(headers)
-
-
 # Claims a batch, then gives up the rows whose order_key has an earlier row outside the
 # batch (held by another relay, or not yet claimable): those wait their turn.
 CLAIM_SQL = """
 WITH claimed AS (
-    SELECT id, order_key FROM outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+    SELECT id, order_key FROM outbox WHERE $2::text[] IS NULL OR worker = ANY($2)
+     ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
 )
 SELECT o.id, o.msg_id, o.subject, o.headers, o.body
   FROM claimed c JOIN outbox o USING (id)
@@ -193,8 +84,10 @@ class OutboxRelay:
         tracer: trace.Tracer,
         subjects: Subjects,
         refused: RefusedSubjects | None = None,
+        owners: Sequence[str] | None = None,
     ) -> None:
         self._pool = pool
+        self._owners = list(owners) if owners else None  # whose rows it claims; None: all
         self._subjects = subjects
         #: subjects this principal may not publish to: their rows are dead-lettered
         self._refused = refused if refused is not None else RefusedSubjects()
@@ -225,7 +118,7 @@ class OutboxRelay:
         if not self._js._nc.is_connected:  # publishing now would only buffer
             raise nats.errors.ConnectionReconnectingError
         async with self._pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(CLAIM_SQL, self._settings.batch_size)
+            rows = await conn.fetch(CLAIM_SQL, self._settings.batch_size, self._owners)
             if not rows:
                 return 0
             published, dead = await self._publish(rows)

@@ -24,7 +24,7 @@ from schemas.subjects import Subjects
 from workers.runtime.base.settings import Settings
 from workers.runtime.bus.streams import ConsumerSpec
 from workers.runtime.effects import outcome, provenance
-from workers.runtime.effects.outbox import OutboxBatch
+from workers.runtime.effects.batch import OutboxBatch
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.observability.metrics import Metrics
 

@@ -35,7 +35,8 @@ TABLES = (
     "liveness_sweeps", "node_alternations", "node_certs", "node_events", "node_inventory",
     "node_labels",
     "node_sessions", "nodes", "session_history",
-    "outbox", "outbox_dead", "processed_facts", "schema_migrations", "session_epochs",
+    "outbox", "outbox_dead", "outbox_senders", "processed_facts", "schema_migrations",
+    "session_epochs",
 )  # fmt: skip
 
 #: what every worker process does besides its rules: the inbox (and its pruning), the
@@ -52,6 +53,7 @@ RUNTIME = (
     Grant("SELECT, INSERT, DELETE", "session_history"),  # written with the outbox; pruned
     Grant("UPDATE (at)", "session_history"),  # pruning locks the rows it deletes
     Grant("SELECT", "schema_migrations"),  # `bcw migrate --wait` before a worker starts
+    Grant("SELECT", "outbox_senders"),  # an ownerless row's owner (an older release's)
 )
 
 GROUPS: dict[str, tuple[Grant, ...]] = {

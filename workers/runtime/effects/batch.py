@@ -1,0 +1,131 @@
+"""What one transaction publishes: `OutboxBatch` collects the messages (each one its
+worker emits: `principals.EMITS`) and the session history they make, and writes both in
+one statement, owned by the worker, in the transaction of the effects. The relay
+(`outbox.OutboxRelay`) publishes them after commit.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import uuid
+from dataclasses import dataclass, field
+
+import asyncpg
+from opentelemetry.context import Context
+
+from schemas.base import Message
+from schemas.registry import REGISTRY, SCHEMA_HEADER, TYPE_HEADER
+from schemas.subjects import split_gateway_subject
+from workers.runtime.bus.principals import EMITTED_TYPES, NotEmitted
+from workers.runtime.observability import tracing
+
+#: what a node's session history records: every event and notice about a node that a
+#: worker publishes (not event-acks, revocations or the liveness controller's own events)
+HISTORY_TYPES = frozenset({
+    "node.connected", "node.disconnected", "node.capabilities-changed",
+    "security.node.duplicate-session", "security.node.quarantined",
+    "command.replayed", "command.cancelled", "command.failed", "command.completed",
+    "dispatch", "zombie",
+})  # fmt: skip
+
+HistoryRow = tuple[str, str, int | None, str | None, uuid.UUID | None, str | None, str]
+
+
+@dataclass
+class OutboxBatch:
+    """Messages one transaction wants published, and the session history they make.
+    Written by `write()` before commit, in the same transaction as the effects."""
+
+    worker: str = ""
+    rows: list[tuple[uuid.UUID, str, str, bytes, str | None]] = field(default_factory=list)
+    #: (node_id, what, epoch, gateway_id, fact_id, trace_id, detail)
+    history: list[HistoryRow] = field(default_factory=list)
+    #: the trace context of a message added without one (a loop's round, say)
+    context: Context | None = None
+
+    def add(
+        self,
+        message: Message,
+        subject: str,
+        *,
+        context: Context | None = None,
+        order_key: str | None = None,
+        msg_id: uuid.UUID | None = None,
+        cause_id: uuid.UUID | None = None,
+    ) -> uuid.UUID:
+        if message.BC_TYPE not in EMITTED_TYPES.get(self.worker, (message.BC_TYPE,)):
+            raise NotEmitted(f"{self.worker} emits no {message.BC_TYPE} (principals.EMITS)")
+        body, headers = REGISTRY.encode(message)
+        context = context if context is not None else self.context
+        if context is not None:
+            tracing.inject(headers, context)
+        msg_id = msg_id or uuid.uuid4()
+        self.rows.append((msg_id, subject, _headers_json(headers), body, order_key))
+        fields = message.__dict__  # not getattr: a model's missing attribute costs an exception
+        node_id = fields.get("node_id")
+        if message.BC_TYPE in HISTORY_TYPES and isinstance(node_id, str):
+            # a command's payload and signature stay in `commands`, not in the history
+            detail = (
+                body.decode()
+                if message.BC_TYPE != "dispatch"
+                else message.model_dump_json(by_alias=True, exclude={"payload", "signature"})
+            )
+            self.history.append((
+                node_id, message.BC_TYPE, fields.get("epoch"),
+                fields.get("gateway_id") or _notice_gateway(subject),
+                cause_id, tracing.trace_id(context), detail,
+            ))  # fmt: skip
+        return msg_id
+
+    async def write(self, conn: asyncpg.Connection) -> int:
+        """The rows and their history, in one statement (one round trip per batch)."""
+        if not self.rows:
+            return 0
+        outbox = [list(column) for column in zip(*self.rows, strict=True)]
+        if not self.history:  # the rows are this worker's (its relay's to publish)
+            await conn.execute(_OUTBOX_ONLY_INSERT, *outbox, self.worker)
+            return len(self.rows)
+        history = [list(column) for column in zip(*self.history, strict=True)]
+        await conn.execute(_OUTBOX_AND_HISTORY_INSERT, *outbox, *history, self.worker)
+        return len(self.rows)
+
+
+_OUTBOX_INSERT = """
+INSERT INTO outbox (msg_id, subject, headers, body, order_key, worker)
+SELECT m, s, h::jsonb, b, k, NULLIF({worker}::text, '')
+  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::text[]) AS t(m, s, h, b, k)
+"""
+
+_OUTBOX_ONLY_INSERT = _OUTBOX_INSERT.format(worker="$6")
+
+# a data-modifying WITH runs to completion whether or not the outer statement reads it;
+# the outer one is the outbox's, so the statement's span is still `INSERT outbox`. `at` is
+# the column's default, evaluated once (a sub-select), not once per row: a fifth of the
+# insert's cost at 256 rows
+_OUTBOX_AND_HISTORY_INSERT = f"""
+WITH history AS (
+    INSERT INTO session_history (node_id, what, epoch, gateway_id, worker, fact_id, trace_id, detail, at)
+    SELECT n, w, e, g, $13, f, t, d::jsonb, (SELECT compute_now())
+      FROM unnest($6::text[], $7::text[], $8::bigint[], $9::text[], $10::uuid[], $11::text[], $12::text[])
+        AS h(n, w, e, g, f, t, d)
+)
+{_OUTBOX_INSERT.format(worker="$13")}"""
+
+
+def _notice_gateway(subject: str) -> str | None:
+    """The gateway a notice subject (`<root>.gw.<gateway_id>.<type>`) is addressed to."""
+    split = split_gateway_subject(subject)
+    return split[1] if split is not None and split[0] == "gw" else None
+
+
+@functools.lru_cache(maxsize=256)
+def _plain_headers_json(bc_type: str, bc_schema: str) -> str:
+    return json.dumps({TYPE_HEADER: bc_type, SCHEMA_HEADER: bc_schema})
+
+
+def _headers_json(headers: dict[str, str]) -> str:
+    """The headers as stored; the common untraced case is one of a few strings."""
+    if len(headers) == 2:
+        return _plain_headers_json(headers[TYPE_HEADER], headers[SCHEMA_HEADER])
+    return json.dumps(headers)
