@@ -299,12 +299,15 @@ async def _run_tasks(
                 group.create_task(loop(runtime, stopping), name=f"{worker.name}-{loop.__name__}")
         group.create_task(_observe(runtime, relay, consumers, stopping), name="observe")
         if consumers:
-            group.create_task(_prune_inbox(runtime, stopping), name="inbox-retention")
+            group.create_task(_prune_inbox(runtime, workers, stopping), name="inbox-retention")
 
 
-async def _prune_inbox(runtime: Runtime, stopping: asyncio.Event) -> None:
+async def _prune_inbox(
+    runtime: Runtime, workers: Sequence[Worker], stopping: asyncio.Event
+) -> None:
     """Inbox rows outlive the facts stream's max age, then go; so does old session
-    history (one replica does it)."""
+    history. One replica of each worker does it, under a lease of that worker's: a
+    worker's login reads and deletes only its own inbox rows (row-level security)."""
     settings = runtime.settings.retention
     targets = (
         retention.Prunable("processed_facts", "processed_at", settings.processed_facts),
@@ -317,7 +320,7 @@ async def _prune_inbox(runtime: Runtime, stopping: asyncio.Event) -> None:
 
     await leases.run_leased(
         runtime.pool,
-        "inbox-retention",
+        "inbox-retention-" + "+".join(sorted(worker.name for worker in workers)),
         runtime.instance,
         body,
         period=settings.interval,

@@ -114,7 +114,7 @@ async def test_health_readiness_and_metrics(
         applied = (("outcome", "applied"), ("type", "status"), ("worker", "tally"))
         assert samples[("bcw_facts_total", applied)] == 1
         assert samples[("bcw_batch_seconds_count", (("worker", "tally"),))] >= 1
-        assert samples[("bcw_lease_held", (("loop", "inbox-retention"),))] in (0, 1)
+        assert samples[("bcw_lease_held", (("loop", "inbox-retention-tally"),))] in (0, 1)
         assert ("bcw_outbox_oldest_seconds", ()) in samples
         assert (await _get(port, "/nope"))[0] == 404
 

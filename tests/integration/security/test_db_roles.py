@@ -81,6 +81,12 @@ FORBIDDEN = {
         "INSERT INTO outbox (msg_id, subject, body) VALUES (gen_random_uuid(), 'x', '')",
         "DELETE FROM processed_facts",
     ],
+    "bcw_relay": [  # the outbox's rows to publish and delete, and nothing else
+        "INSERT INTO outbox (msg_id, subject, body) VALUES (gen_random_uuid(), 'x', '')",
+        "DELETE FROM processed_facts",
+        "UPDATE node_sessions SET last_seen = now()",
+        "SELECT count(*) FROM commands",
+    ],
     "bcw_operator": [
         "UPDATE node_sessions SET last_seen = now()",
         "UPDATE commands SET state = 'done'",
@@ -121,17 +127,20 @@ async def test_every_security_definer_function_searches_pg_temp_last(
 async def test_retention_may_lock_and_delete_what_it_prunes(
     logins: dict[str, str], db: asyncpg.Connection
 ) -> None:
+    """Each worker's login prunes its own old inbox rows (row-level security keeps the
+    others' from it) and old session history."""
     old = (
         "INSERT INTO processed_facts (consumer, fact_id, processed_at) "
-        "SELECT 'w', gen_random_uuid(), now() - interval '1 day' FROM generate_series(1, $1)"
+        "SELECT $2, gen_random_uuid(), now() - interval '1 day' FROM generate_series(1, $1)"
     )
     history = (
         "INSERT INTO session_history (node_id, at, what, worker, detail) "
         "SELECT 'n1', now() - interval '8 days', 'node.connected', 'w', '{}' FROM generate_series(1, $1)"
     )
-    await db.execute(old, 6)
-    await db.execute(history, 3)
+    await db.execute(old, 2, "someone-else")
     for worker in sorted(WORKERS):
+        await db.execute(old, 6, worker)
+        await db.execute(history, 3)
         pool = await asyncpg.create_pool(logins[f"bcw_{worker}"], min_size=1, max_size=1)
         try:
             for target in (
@@ -141,10 +150,9 @@ async def test_retention_may_lock_and_delete_what_it_prunes(
                 await retention.prune(pool, target, batch=1, lease=None)
         finally:
             await pool.close()
-        assert await db.fetchval("SELECT count(*) FROM processed_facts") == 0
+        left = await db.fetch("SELECT consumer, count(*) FROM processed_facts GROUP BY consumer")
+        assert {r["consumer"]: r["count"] for r in left} == {"someone-else": 2}, worker
         assert await db.fetchval("SELECT count(*) FROM session_history") == 0
-        await db.execute(old, 1)
-        await db.execute(history, 1)
 
 
 async def test_migrate_grants_again_and_prints_the_same_grants(database_url: str) -> None:
@@ -256,3 +264,47 @@ async def test_the_printed_grants_run_as_they_are(
         "SELECT has_column_privilege('bcw_labeler', 'node_sessions', 'session_epoch', 'UPDATE')"
     )
     assert (allowed, forbidden) == (True, False)
+
+
+async def test_a_worker_sees_and_changes_only_its_own_runtime_rows(
+    logins: dict[str, str], db: asyncpg.Connection
+) -> None:
+    """Row-level security: the labeler's login reads, writes and deletes its own inbox and
+    outbox rows only; another worker's are invisible to it and cannot be forged."""
+    for worker in ("labeler", "replay"):
+        await db.execute(
+            "INSERT INTO processed_facts (consumer, fact_id) VALUES ($1, gen_random_uuid())", worker
+        )
+        await db.execute(
+            "INSERT INTO outbox (msg_id, subject, body, worker) "
+            "VALUES (gen_random_uuid(), 'bc.x', '', $1)",
+            worker,
+        )
+    conn = await asyncpg.connect(logins["bcw_labeler"])
+    try:
+        for table, column in (("outbox", "worker"), ("processed_facts", "consumer")):
+            seen = await conn.fetch(f"SELECT {column} FROM {table}")
+            assert [r[column] for r in seen] == ["labeler"], table
+            assert await conn.execute(f"DELETE FROM {table} WHERE {column} = 'replay'") == (
+                "DELETE 0"
+            )
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
+            await conn.execute(
+                "INSERT INTO outbox (msg_id, subject, body, worker) "
+                "VALUES (gen_random_uuid(), 'bc.x', '', 'replay')"
+            )
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
+            await conn.execute(
+                "INSERT INTO processed_facts (consumer, fact_id) VALUES ('replay', gen_random_uuid())"
+            )
+        await conn.execute(  # its own: fine
+            "INSERT INTO processed_facts (consumer, fact_id) VALUES ('labeler', gen_random_uuid())"
+        )
+    finally:
+        await conn.close()
+    assert await db.fetchval("SELECT count(*) FROM outbox WHERE worker = 'replay'") == 1
+    relay = await asyncpg.connect(logins["bcw_relay"])
+    try:  # a dedicated relay publishes every worker's rows
+        assert await relay.fetchval("SELECT count(*) FROM outbox") == 2
+    finally:
+        await relay.close()

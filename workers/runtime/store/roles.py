@@ -134,6 +134,14 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         Grant("UPDATE (hash, body, session_epoch, reported_at)", "node_inventory"),
     ),
     "bcw_reader": tuple(Grant("SELECT", table) for table in TABLES),
+    # a dedicated outbox relay (`bcw run relay`): every worker's outbox rows, nothing else
+    "bcw_relay": (
+        Grant("SELECT, DELETE", "outbox"),
+        Grant("UPDATE (created_at)", "outbox"),  # its claims lock rows
+        Grant("INSERT", "outbox_dead"),
+        Grant("SELECT", "clock_offset"),
+        Grant("SELECT", "schema_migrations"),  # `bcw migrate --wait` before it starts
+    ),
     # a person operating the fleet: reads everything (bcw explain, bcw commands), releases
     # an open breaker (bcw liveness release), enqueues commands; writes nothing else
     "bcw_operator": (
@@ -141,6 +149,34 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         Grant("UPDATE (breaker_released_at, breaker_released_by)", "liveness_gateways"),
     ),
 }
+
+#: Row-level security on the runtime tables whose rows belong to one worker (table →
+#: the column naming it): a worker's login sees, writes and deletes only its own rows
+#: (its inbox, its outbox rows); any other group granted the table sees every row (the
+#: relay, the readers). Enabled and given its policies with the grants (`grants_sql`), so
+#: that a database never has one without the other. Owners and superusers are not bound.
+OWNED_ROWS = {"outbox": "worker", "processed_facts": "consumer"}
+
+
+def worker_of(group: str) -> str | None:
+    """The worker a group role is the role of (it has the runtime's grants), if any."""
+    return group.removeprefix("bcw_") if set(RUNTIME) <= set(GROUPS[group]) else None
+
+
+def _policies(group: str) -> list[str]:
+    lines = []
+    for table, column in OWNED_ROWS.items():
+        if not any(grant.table == table for grant in GROUPS[group]):
+            continue
+        worker = worker_of(group)
+        rows = f"{column} = '{worker}'" if worker else "true"
+        lines += [
+            f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY;",
+            f"DROP POLICY IF EXISTS {group}_rows ON {table};",
+            f"CREATE POLICY {group}_rows ON {table} TO {group} USING ({rows}) WITH CHECK ({rows});",
+        ]
+    return lines
+
 
 #: the test hook that moves the fleet's clock: the schema owner's alone
 OWNER_ONLY_FUNCTIONS = ("set_compute_now_offset(interval)",)
@@ -170,6 +206,7 @@ def grants_sql(groups: tuple[str, ...] | None = None) -> str:
             "END $$;"
         )
         lines += [f"GRANT {g.privileges} ON {g.table} TO {group};" for g in GROUPS[group]]
+        lines += _policies(group)
     return "\n".join(lines) + "\n"
 
 
