@@ -72,7 +72,8 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     from workers.runtime.store import db, migrate, roles
 
     if args.print_grants:  # no connection: for a DBA who runs it by hand
-        print(roles.create_roles_sql() + roles.grants_sql(), end="")
+        policies = "".join(roles.policies_sql().values())
+        print(roles.create_roles_sql() + roles.grants_sql() + policies, end="")
         return 0
 
     if args.wait is not None:

@@ -15,6 +15,7 @@ retention reads.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -153,8 +154,9 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
 #: Row-level security on the runtime tables whose rows belong to one worker (table →
 #: the column naming it): a worker's login sees, writes and deletes only its own rows
 #: (its inbox, its outbox rows); any other group granted the table sees every row (the
-#: relay, the readers). Enabled and given its policies with the grants (`grants_sql`), so
-#: that a database never has one without the other. Owners and superusers are not bound.
+#: relay, the readers). Owners and superusers are not bound. Applied after the grants,
+#: one table per transaction (`policies_sql`): a policy takes its table's strongest lock,
+#: and two tables in one transaction could deadlock with the workers running beside it.
 OWNED_ROWS = {"outbox": "worker", "processed_facts": "consumer"}
 
 
@@ -163,19 +165,31 @@ def worker_of(group: str) -> str | None:
     return group.removeprefix("bcw_") if set(RUNTIME) <= set(GROUPS[group]) else None
 
 
-def _policies(group: str) -> list[str]:
-    lines = []
+def policies_sql(groups: tuple[str, ...] | None = None) -> dict[str, str]:
+    """Per table: the SQL that enables its row-level security and creates each group's
+    policy on it — only what is missing, so that a database that has them is not locked."""
+    names = groups if groups is not None else tuple(GROUPS)
+    out = {}
     for table, column in OWNED_ROWS.items():
-        if not any(grant.table == table for grant in GROUPS[group]):
-            continue
-        worker = worker_of(group)
-        rows = f"{column} = '{worker}'" if worker else "true"
-        lines += [
-            f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY;",
-            f"DROP POLICY IF EXISTS {group}_rows ON {table};",
-            f"CREATE POLICY {group}_rows ON {table} TO {group} USING ({rows}) WITH CHECK ({rows});",
+        lines = [
+            "DO $$ BEGIN",
+            f"IF NOT (SELECT relrowsecurity FROM pg_class WHERE oid = '{table}'::regclass) THEN",
+            f"    ALTER TABLE {table} ENABLE ROW LEVEL SECURITY; END IF;",
         ]
-    return lines
+        for group in names:
+            if not any(grant.table == table for grant in GROUPS[group]):
+                continue
+            worker = worker_of(group)
+            rows = f"{column} = '{worker}'" if worker else "true"
+            lines += [
+                "IF NOT EXISTS (SELECT 1 FROM pg_policies WHERE schemaname = current_schema()"
+                f" AND tablename = '{table}' AND policyname = '{group}_rows') THEN",
+                f"    CREATE POLICY {group}_rows ON {table} TO {group}"
+                f" USING ({rows}) WITH CHECK ({rows}); END IF;",
+            ]
+        lines.append("END $$;")
+        out[table] = "\n".join(lines) + "\n"
+    return out
 
 
 #: the test hook that moves the fleet's clock: the schema owner's alone
@@ -206,7 +220,6 @@ def grants_sql(groups: tuple[str, ...] | None = None) -> str:
             "END $$;"
         )
         lines += [f"GRANT {g.privileges} ON {g.table} TO {group};" for g in GROUPS[group]]
-        lines += _policies(group)
     return "\n".join(lines) + "\n"
 
 
@@ -245,8 +258,26 @@ async def apply(conn: asyncpg.Connection) -> list[str]:
     granted = tuple(group for group in GROUPS if group in existing)
     async with conn.transaction():
         await conn.execute(grants_sql(granted))
+    for table, sql in policies_sql(granted).items():
+        await _with_lock_patience(conn, table, sql)
     await _no_temp_for_public(conn)
     return list(granted)
+
+
+async def _with_lock_patience(conn: asyncpg.Connection, table: str, sql: str) -> None:
+    """Run one table's policies in a transaction of its own, waiting for its lock a few
+    seconds at a time (the workers' transactions are short), a few times."""
+    for attempt in range(1, 7):
+        try:
+            async with conn.transaction():
+                await conn.execute("SET LOCAL lock_timeout = '5s'")
+                await conn.execute(sql)
+            return
+        except (asyncpg.LockNotAvailableError, asyncpg.DeadlockDetectedError):
+            if attempt == 6:
+                raise
+            log.info("row-level security of %s: its lock is busy, trying again", table)
+            await asyncio.sleep(attempt)
 
 
 async def _no_temp_for_public(conn: asyncpg.Connection) -> None:
