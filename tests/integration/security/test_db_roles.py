@@ -135,12 +135,13 @@ async def test_retention_may_lock_and_delete_what_it_prunes(
     )
     history = (
         "INSERT INTO session_history (node_id, at, what, worker, detail) "
-        "SELECT 'n1', now() - interval '8 days', 'node.connected', 'w', '{}' FROM generate_series(1, $1)"
+        "SELECT 'n1', now() - interval '8 days', 'node.connected', $2, '{}' FROM generate_series(1, $1)"
     )
     await db.execute(old, 2, "someone-else")
+    await db.execute(history, 1, "someone-else")
     for worker in sorted(WORKERS):
         await db.execute(old, 6, worker)
-        await db.execute(history, 3)
+        await db.execute(history, 3, worker)
         pool = await asyncpg.create_pool(logins[f"bcw_{worker}"], min_size=1, max_size=1)
         try:
             for target in (
@@ -152,7 +153,8 @@ async def test_retention_may_lock_and_delete_what_it_prunes(
             await pool.close()
         left = await db.fetch("SELECT consumer, count(*) FROM processed_facts GROUP BY consumer")
         assert {r["consumer"]: r["count"] for r in left} == {"someone-else": 2}, worker
-        assert await db.fetchval("SELECT count(*) FROM session_history") == 0
+        left = await db.fetch("SELECT worker, count(*) FROM session_history GROUP BY worker")
+        assert {r["worker"]: r["count"] for r in left} == {"someone-else": 1}, worker
 
 
 async def test_migrate_grants_again_and_prints_the_same_grants(database_url: str) -> None:
@@ -269,9 +271,20 @@ async def test_the_printed_grants_run_as_they_are(
 async def test_a_worker_sees_and_changes_only_its_own_runtime_rows(
     logins: dict[str, str], db: asyncpg.Connection
 ) -> None:
-    """Row-level security: the labeler's login reads, writes and deletes its own inbox and
-    outbox rows only; another worker's are invisible to it and cannot be forged."""
+    """Row-level security: the labeler's login reads, writes and deletes its own inbox,
+    outbox rows, session history and leases only; another worker's are invisible to it
+    and cannot be forged or taken."""
     for worker in ("labeler", "replay"):
+        await db.execute(
+            "INSERT INTO session_history (node_id, at, what, worker, detail) "
+            "VALUES ('n1', now(), 'node.connected', $1, '{}')",
+            worker,
+        )
+        await db.execute(
+            "INSERT INTO controller_leases (name, holder, epoch, expires_at) "
+            "VALUES ($1, 'h', 1, now() + interval '1 hour')",
+            f"{worker}-loop",
+        )
         await db.execute(
             "INSERT INTO processed_facts (consumer, fact_id) VALUES ($1, gen_random_uuid())", worker
         )
@@ -282,11 +295,33 @@ async def test_a_worker_sees_and_changes_only_its_own_runtime_rows(
         )
     conn = await asyncpg.connect(logins["bcw_labeler"])
     try:
-        for table, column in (("outbox", "worker"), ("processed_facts", "consumer")):
+        for table, column in (
+            ("outbox", "worker"), ("processed_facts", "consumer"), ("session_history", "worker"),
+        ):  # fmt: skip
             seen = await conn.fetch(f"SELECT {column} FROM {table}")
             assert [r[column] for r in seen] == ["labeler"], table
             assert await conn.execute(f"DELETE FROM {table} WHERE {column} = 'replay'") == (
                 "DELETE 0"
+            )
+        assert await conn.fetchval("SELECT array_agg(name) FROM controller_leases") == [
+            "labeler-loop"
+        ]
+        assert (
+            await conn.execute(  # another worker's lease: not to be taken
+                "UPDATE controller_leases SET holder = 'me', epoch = epoch + 1 "
+                "WHERE name = 'replay-loop'"
+            )
+            == "UPDATE 0"
+        )
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
+            await conn.execute(
+                "INSERT INTO controller_leases (name, holder, epoch, expires_at) "
+                "VALUES ('liveness', 'me', 1, now() + interval '1 hour')"
+            )
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
+            await conn.execute(
+                "INSERT INTO session_history (node_id, at, what, worker, detail) "
+                "VALUES ('n1', now(), 'node.connected', 'replay', '{}')"
             )
         with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
             await conn.execute(
@@ -303,6 +338,9 @@ async def test_a_worker_sees_and_changes_only_its_own_runtime_rows(
     finally:
         await conn.close()
     assert await db.fetchval("SELECT count(*) FROM outbox WHERE worker = 'replay'") == 1
+    assert await db.fetchval(
+        "SELECT holder FROM controller_leases WHERE name = 'replay-loop'"
+    ) == "h"  # fmt: skip
     relay = await asyncpg.connect(logins["bcw_relay"])
     try:  # a dedicated relay publishes every worker's rows
         assert await relay.fetchval("SELECT count(*) FROM outbox") == 2

@@ -151,13 +151,19 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
     ),
 }
 
-#: Row-level security on the runtime tables whose rows belong to one worker (table →
-#: the column naming it): a worker's login sees, writes and deletes only its own rows
-#: (its inbox, its outbox rows); any other group granted the table sees every row (the
-#: relay, the readers). Owners and superusers are not bound. Applied after the grants,
-#: one table per transaction (`policies_sql`): a policy takes its table's strongest lock,
-#: and two tables in one transaction could deadlock with the workers running beside it.
-OWNED_ROWS = {"outbox": "worker", "processed_facts": "consumer"}
+#: Row-level security on the runtime tables whose rows belong to one worker (table → which
+#: rows are worker `{w}`'s): a worker's login sees, writes and deletes only its own rows —
+#: its inbox, its outbox rows, the session history it wrote, its leases (its loops' and
+#: its inbox pruning's); any other group granted the table sees every row (the relay,
+#: the readers). Owners and superusers are not bound. Applied after the grants, one table
+#: per transaction (`policies_sql`): a policy takes its table's strongest lock, and two
+#: tables in one transaction could deadlock with the workers running beside it.
+OWNED_ROWS = {
+    "outbox": "worker = '{w}'",
+    "processed_facts": "consumer = '{w}'",
+    "session_history": "worker = '{w}'",
+    "controller_leases": "(name = '{w}' OR name LIKE '{w}-%' OR name = 'inbox-retention-{w}')",
+}
 
 
 def worker_of(group: str) -> str | None:
@@ -170,7 +176,7 @@ def policies_sql(groups: tuple[str, ...] | None = None) -> dict[str, str]:
     policy on it — only what is missing, so that a database that has them is not locked."""
     names = groups if groups is not None else tuple(GROUPS)
     out = {}
-    for table, column in OWNED_ROWS.items():
+    for table, own in OWNED_ROWS.items():
         lines = [
             "DO $$ BEGIN",
             f"IF NOT (SELECT relrowsecurity FROM pg_class WHERE oid = '{table}'::regclass) THEN",
@@ -180,7 +186,7 @@ def policies_sql(groups: tuple[str, ...] | None = None) -> dict[str, str]:
             if not any(grant.table == table for grant in GROUPS[group]):
                 continue
             worker = worker_of(group)
-            rows = f"{column} = '{worker}'" if worker else "true"
+            rows = own.format(w=worker) if worker else "true"
             lines += [
                 "IF NOT EXISTS (SELECT 1 FROM pg_policies WHERE schemaname = current_schema()"
                 f" AND tablename = '{table}' AND policyname = '{group}_rows') THEN",
