@@ -106,3 +106,10 @@ def test_the_demo_says_what_it_keeps_up(tmp_path: Path) -> None:
         "export BCW_NATS_URL=nats://127.0.0.1:4222 "
         "BCW_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres"
     )
+
+
+def test_the_cpu_ratios_line_reads_the_costs_against_the_floor() -> None:
+    from workers.bench.runtime import cpu_ratios
+
+    line = cpu_ratios({"a": 115e-6, "a1": 114e-6, "b": 49e-6, "c": 581e-6})
+    assert line == "cpu a/b = 2.35   a'/b = 2.33   (target <= 1.5 each)"

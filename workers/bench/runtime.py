@@ -297,20 +297,30 @@ async def run(
             ),
         ],
     )
+    # throughput beside the floor is bound by CPU on a small machine: the target is the CPU
+    # a fact costs (below), and against the naive pipeline, throughput (a/c)
     print(
-        f"a/b = {m['a'] / floor:.2f} (target >= 1.2)   a'/b = {m['a1'] / floor:.2f} "
-        f"(target >= 1.0)   a/c = {m['a'] / m['c']:.2f} (target >= 4)"
+        f"a/b = {m['a'] / floor:.2f}   a'/b = {m['a1'] / floor:.2f}   "
+        f"a/c = {m['a'] / m['c']:.2f} (target >= 4)"
     )
     per_round = [a / b for a, b in zip(results["a"], results["b"], strict=True)]
     print("a/b per round (same round, same load): " + ", ".join(f"{r:.2f}" for r in per_round))
-    _print_costs(spent, facts, floor)
+    print(cpu_ratios(_print_costs(spent, facts, floor)))
     return 0
 
 
-def _print_costs(spent: Mapping[str, list[CpuSpent]], facts: int, floor: float) -> None:
-    """Each pipeline's CPU per fact (medians of its rounds) and the rate it allows here."""
+def cpu_ratios(per_fact: Mapping[str, float]) -> str:
+    """The line that says how much CPU exactly-once costs: (a) and (a') per fact against
+    the floor (b). Pure."""
+    a, a1 = per_fact["a"] / per_fact["b"], per_fact["a1"] / per_fact["b"]
+    return f"cpu a/b = {a:.2f}   a'/b = {a1:.2f}   (target <= 1.5 each)"
+
+
+def _print_costs(spent: Mapping[str, list[CpuSpent]], facts: int, floor: float) -> dict[str, float]:
+    """Each pipeline's CPU per fact (medians of its rounds) and the rate it allows here;
+    returns each pipeline's CPU seconds per fact, all processes together."""
     cores = os.cpu_count() or 1
-    rows = []
+    rows, totals = [], {}
     for key, label in (("a", "(a)"), ("a1", "(a')"), ("b", "(b)"), ("c", "(c)")):
 
         def per_fact(part: str, key: str = key) -> float:
@@ -319,6 +329,7 @@ def _print_costs(spent: Mapping[str, list[CpuSpent]], facts: int, floor: float) 
         process, relay = per_fact("process"), per_fact("children")
         servers = [per_fact("postgres"), per_fact("nats")]
         most = ceiling([process, relay], servers, cores)
+        totals[key] = process + relay + sum(servers)
         rows.append((
             label, *(f"{1e6 * cost:,.0f}" for cost in (process, relay, *servers)),
             f"{1e6 * (process + relay + sum(servers)):,.0f}", f"{most:,.0f}", f"{most / floor:.2f}",
@@ -329,3 +340,4 @@ def _print_costs(spent: Mapping[str, list[CpuSpent]], facts: int, floor: float) 
          "at most", "vs (b)"),
         rows,
     )  # fmt: skip
+    return totals
