@@ -240,18 +240,28 @@ class OutboxRelay:
         return span
 
     async def flush(self, deadline: float) -> int:
-        """Publish until the outbox is empty or `deadline` (monotonic) passes."""
+        """Publish until none of this relay's rows is left or `deadline` (monotonic)
+        passes. A round that publishes nothing while rows are left (another relay holds
+        them, or earlier rows of their order key) waits a moment and tries again."""
         total = 0
         while time.monotonic() < deadline:
             published = await self.publish_round()
             total += published
             if not published:
-                break
+                if not await self.backlog():
+                    break
+                await asyncio.sleep(0.05)
         return total
 
     async def backlog(self) -> int:
+        """The rows this relay is to publish (its workers', or every row)."""
         async with self._pool.acquire() as conn:
-            return int(await conn.fetchval("SELECT count(*) FROM outbox"))
+            return int(
+                await conn.fetchval(
+                    "SELECT count(*) FROM outbox WHERE $1::text[] IS NULL OR worker = ANY($1)",
+                    self._owners,
+                )
+            )
 
     async def observe(self) -> None:
         """Set the outbox gauges: rows waiting, and the age of the oldest."""
