@@ -8,6 +8,7 @@ cannot change it in place. The connection itself is `connection.connect`.
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,24 +153,35 @@ def _differs(current: object, wanted: object) -> bool:
     return current != wanted
 
 
+async def _as_they_are(
+    js: JetStreamContext, subjects: Subjects, replicas: int, limits: StreamLimits | None
+) -> AsyncIterator[tuple[StreamConfig, StreamConfig | None]]:
+    """Each stream of the contract as these settings want it, and as the server has it
+    (None: the server has no such stream)."""
+    for wanted in stream_configs(subjects, replicas, limits):
+        assert wanted.name is not None
+        try:
+            current: StreamConfig | None = (await js.stream_info(wanted.name)).config
+        except NotFoundError:
+            current = None
+        yield wanted, current
+
+
 async def check_streams(
     js: JetStreamContext, subjects: Subjects, replicas: int = 1, limits: StreamLimits | None = None
 ) -> dict[str, str]:
     """Each stream of the contract: `ok`, `missing`, or what differs from these settings
     (changing nothing: an operator's edit stays as it is)."""
     out: dict[str, str] = {}
-    for wanted in stream_configs(subjects, replicas, limits):
-        assert wanted.name is not None
-        try:
-            current = (await js.stream_info(wanted.name)).config
-        except NotFoundError:
-            out[wanted.name] = "missing"
+    async for wanted, current in _as_they_are(js, subjects, replicas, limits):
+        if current is None:
+            out[str(wanted.name)] = "missing"
             continue
         differs = [
             f"{field} {have} (settings: {want})"
             for field, (have, want) in _differences(current, wanted, (*_FIXED, *_UPDATABLE)).items()
         ]
-        out[wanted.name] = "differs: " + ", ".join(differs) if differs else "ok"
+        out[str(wanted.name)] = "differs: " + ", ".join(differs) if differs else "ok"
     return out
 
 
@@ -182,14 +194,11 @@ async def streams_for_a_worker(
     is never reverted, only reported. A stream whose retention or storage the contract
     cannot work with stops the start (ProvisionError)."""
     out: dict[str, str] = {}
-    for wanted in stream_configs(subjects, replicas, limits):
-        assert wanted.name is not None
-        try:
-            current = (await js.stream_info(wanted.name)).config
-        except NotFoundError:
+    async for wanted, current in _as_they_are(js, subjects, replicas, limits):
+        if current is None:
             await js.add_stream(wanted)
             log.info("stream %s created", wanted.name)
-            out[wanted.name] = "created"
+            out[str(wanted.name)] = "created"
             continue
         differs = _drift(current, wanted)
         if differs:
@@ -197,7 +206,7 @@ async def streams_for_a_worker(
                 "stream %s differs from these settings, left as it is (bcw provision changes "
                 "it): %s", wanted.name, differs,
             )  # fmt: skip
-        out[wanted.name] = "differs" if differs else "ok"
+        out[str(wanted.name)] = "differs" if differs else "ok"
     return out
 
 
