@@ -117,18 +117,25 @@ GROUPS: dict[str, type[BaseSettings]] = {
 _NOT_SETTINGS_PREFIXES = ("BCW_TEST_",)
 
 
+def group_variables(group: type[BaseSettings]) -> dict[str, str]:
+    """A group's own settings, in their order of declaration: variable → field (the
+    groups nested in it have their own prefixes)."""
+    prefix = str(group.model_config.get("env_prefix", "BCW_"))
+    return {
+        prefix + field.upper(): field
+        for field, info in group.model_fields.items()
+        if not (isinstance(info.default_factory, type)
+                and issubclass(info.default_factory, BaseSettings))
+    }  # fmt: skip
+
+
 def _variables() -> dict[str, tuple[type[BaseSettings], str]]:
     """Every setting's variable → (its group, its field)."""
-    out: dict[str, tuple[type[BaseSettings], str]] = {}
-    for group in GROUPS.values():
-        prefix = str(group.model_config.get("env_prefix", "BCW_"))
-        for field, info in group.model_fields.items():
-            if isinstance(info.default_factory, type) and issubclass(
-                info.default_factory, BaseSettings
-            ):
-                continue  # a group of its own, with its own prefix
-            out[prefix + field.upper()] = (group, field)
-    return out
+    return {
+        variable: (group, field)
+        for group in GROUPS.values()
+        for variable, field in group_variables(group).items()
+    }
 
 
 def secret_files() -> dict[str, str]:

@@ -18,20 +18,10 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
 from workers.runtime.base.setting_types import IN_SECONDS, format_duration
-from workers.runtime.base.settings import GROUPS, secret_files
+from workers.runtime.base.settings import GROUPS, group_variables, secret_files
 
 BLOCK = re.compile(r"(<!-- settings: ([A-Za-z ]+) -->\n)(.*?)(<!-- /settings -->)", re.DOTALL)
 HEADER = "| variable | default | meaning |\n|---|---|---|\n"
-
-
-def variables(group: type[BaseSettings]) -> Iterable[tuple[str, FieldInfo]]:
-    """A group's own settings (not the groups nested in it): (variable, field)."""
-    prefix = str(group.model_config.get("env_prefix", "BCW_"))
-    for name, info in group.model_fields.items():
-        factory = info.default_factory
-        if isinstance(factory, type) and issubclass(factory, BaseSettings):
-            continue
-        yield prefix + name.upper(), info
 
 
 def table(groups: Iterable[type[BaseSettings]]) -> str:
@@ -39,7 +29,8 @@ def table(groups: Iterable[type[BaseSettings]]) -> str:
     secrets = set(secret_files().values())
     rows = [HEADER]
     for group in groups:
-        for variable, info in variables(group):
+        for variable, field in group_variables(group).items():
+            info = group.model_fields[field]
             meaning = (info.description or "").replace("|", "\\|").replace("\n", " ")
             if variable in secrets:
                 meaning += f"; a secret (or the file `{variable}_FILE` names)"
