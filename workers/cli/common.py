@@ -4,6 +4,7 @@ subcommand table the groups add their commands to."""
 from __future__ import annotations
 
 import argparse
+from datetime import timedelta
 from typing import TypeAlias
 
 EXIT_FAILED = 1
@@ -49,12 +50,17 @@ def document(commands: Commands, prefix: str = "") -> None:
                 document(action, f"{path} ")
 
 
-def positive_duration(text: str) -> float:
-    """An argument that is a duration (`10s`, `5m`, `2h`; a plain number is seconds), in
-    seconds, more than 0: a bad one exits 2 before any connection (argparse)."""
+def since(text: str) -> timedelta:
+    """An argument that is a duration (`10s`, `5m`, `2h`; a plain number is seconds),
+    more than 0: a bad one exits 2 before any connection (argparse)."""
     from workers.explain import parse_since  # the one parser of durations, positive
 
     try:
-        return parse_since(text).total_seconds()
+        return parse_since(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def positive_duration(text: str) -> float:
+    """The same (`since`), in seconds."""
+    return since(text).total_seconds()

@@ -9,9 +9,15 @@ import argparse
 import asyncio
 import json
 import sys
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, Commands, positive_duration
+from workers.cli.common import (
+    EXIT_BAD_SETTINGS,
+    EXIT_FAILED,
+    Commands,
+    positive_duration,
+    since,
+)
 from workers.runtime.base.settings import Settings
 
 
@@ -57,7 +63,7 @@ def add(commands: Commands) -> None:
     )
     why.add_argument("node")
     why.add_argument(
-        "--since", type=_since, default="24h", help="how far back (30m, 1h, 2d; default 24h)"
+        "--since", type=since, default="24h", help="how far back (30m, 1h, 2d; default 24h)"
     )
     why.add_argument("--json", action="store_true", help="print JSON instead of a table")
     why.set_defaults(handler=_cmd_explain)
@@ -241,15 +247,6 @@ def _cmd_explain(args: argparse.Namespace, settings: Settings) -> int:
         return 0 if row is not None else 1
 
     return asyncio.run(run())
-
-
-def _since(text: str) -> timedelta:
-    from workers.explain import parse_since
-
-    try:
-        return parse_since(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _plain(value: object) -> object:
