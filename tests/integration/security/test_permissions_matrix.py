@@ -14,9 +14,9 @@ from pathlib import Path
 import nats
 import pytest
 
-from schemas import events, notices
-from schemas.base import CamelMessage
+from schemas.events import EVENT_TYPES, Revocations
 from schemas.facts import FACT_TYPES
+from schemas.notices import NOTICE_TYPES
 from schemas.subjects import Subjects
 from workers.embedded import EmbeddedNats
 from workers.runtime.bus import principals
@@ -53,19 +53,6 @@ def identities(keys: Path) -> dict[str, tuple[Path, str]]:
     }
 
 
-def _event_types() -> list[str]:
-    made = [
-        c for c in vars(events).values()
-        if isinstance(c, type) and issubclass(c, CamelMessage) and "BC_TYPE" in vars(c)
-    ]  # fmt: skip
-    return sorted(c.BC_TYPE for c in made if c is not events.Revocations)
-
-
-def _notice_types() -> list[str]:
-    return sorted({n.BC_TYPE for emitted in principals.EMITS.values() for n in emitted
-                   if issubclass(n, notices.SnakeMessage)})  # fmt: skip
-
-
 def probes(identities: dict[str, tuple[Path, str]]) -> list[str]:
     """One concrete subject for every kind of thing a principal might try."""
     s = SUBJECTS
@@ -73,8 +60,11 @@ def probes(identities: dict[str, tuple[Path, str]]) -> list[str]:
     consumers = [*principals.WORKER_NAMES, *(f"gw-{g}" for g in GATEWAYS), "spy"]
     out = [f"{s.root}.facts.{g}.{t.BC_TYPE}" for g in GATEWAYS for t in FACT_TYPES]
     out += [s.fact(g, "bogus") for g in GATEWAYS]
-    out += [s.event(t) for t in _event_types()] + [s.event("made.up"), s.revocations]
-    out += [s.notice(g, t) for g in GATEWAYS for t in [*_notice_types(), "made-up"]]
+    out += [s.event(t.BC_TYPE) for t in EVENT_TYPES if t is not Revocations]
+    out += [s.event("made.up"), s.revocations]
+    out += [
+        s.notice(g, t) for g in GATEWAYS for t in [*(n.BC_TYPE for n in NOTICE_TYPES), "made-up"]
+    ]
     out += [s.dead(w) for w in [*principals.WORKER_NAMES, "relay", "gateway"]]
     out += ["$JS.API.INFO"]
     for stream in streams:
