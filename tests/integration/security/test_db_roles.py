@@ -268,6 +268,19 @@ async def test_the_printed_grants_run_as_they_are(
     assert (allowed, forbidden) == (True, False)
 
 
+#: a row of each table a worker owns rows of; $1 names its worker (a lease: its name)
+OWN_ROW = {
+    "session_history": "INSERT INTO session_history (node_id, at, what, worker, detail) "
+    "VALUES ('n1', now(), 'node.connected', $1, '{}')",
+    "controller_leases": "INSERT INTO controller_leases (name, holder, epoch, expires_at) "
+    "VALUES ($1, 'h', 1, now() + interval '1 hour')",
+    "processed_facts": "INSERT INTO processed_facts (consumer, fact_id) "
+    "VALUES ($1, gen_random_uuid())",
+    "outbox": "INSERT INTO outbox (msg_id, subject, body, worker) "
+    "VALUES (gen_random_uuid(), 'bc.x', '', $1)",
+}
+
+
 async def test_a_worker_sees_and_changes_only_its_own_runtime_rows(
     logins: dict[str, str], db: asyncpg.Connection
 ) -> None:
@@ -275,24 +288,8 @@ async def test_a_worker_sees_and_changes_only_its_own_runtime_rows(
     outbox rows, session history and leases only; another worker's are invisible to it
     and cannot be forged or taken."""
     for worker in ("labeler", "replay"):
-        await db.execute(
-            "INSERT INTO session_history (node_id, at, what, worker, detail) "
-            "VALUES ('n1', now(), 'node.connected', $1, '{}')",
-            worker,
-        )
-        await db.execute(
-            "INSERT INTO controller_leases (name, holder, epoch, expires_at) "
-            "VALUES ($1, 'h', 1, now() + interval '1 hour')",
-            f"{worker}-loop",
-        )
-        await db.execute(
-            "INSERT INTO processed_facts (consumer, fact_id) VALUES ($1, gen_random_uuid())", worker
-        )
-        await db.execute(
-            "INSERT INTO outbox (msg_id, subject, body, worker) "
-            "VALUES (gen_random_uuid(), 'bc.x', '', $1)",
-            worker,
-        )
+        for table, row in OWN_ROW.items():
+            await db.execute(row, f"{worker}-loop" if table == "controller_leases" else worker)
     conn = await asyncpg.connect(logins["bcw_labeler"])
     try:
         for table, column in (
@@ -313,28 +310,10 @@ async def test_a_worker_sees_and_changes_only_its_own_runtime_rows(
             )
             == "UPDATE 0"
         )
-        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
-            await conn.execute(
-                "INSERT INTO controller_leases (name, holder, epoch, expires_at) "
-                "VALUES ('liveness', 'me', 1, now() + interval '1 hour')"
-            )
-        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
-            await conn.execute(
-                "INSERT INTO session_history (node_id, at, what, worker, detail) "
-                "VALUES ('n1', now(), 'node.connected', 'replay', '{}')"
-            )
-        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
-            await conn.execute(
-                "INSERT INTO outbox (msg_id, subject, body, worker) "
-                "VALUES (gen_random_uuid(), 'bc.x', '', 'replay')"
-            )
-        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
-            await conn.execute(
-                "INSERT INTO processed_facts (consumer, fact_id) VALUES ('replay', gen_random_uuid())"
-            )
-        await conn.execute(  # its own: fine
-            "INSERT INTO processed_facts (consumer, fact_id) VALUES ('labeler', gen_random_uuid())"
-        )
+        for table, row in OWN_ROW.items():  # another worker's row, forged: refused
+            with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
+                await conn.execute(row, "liveness" if table == "controller_leases" else "replay")
+        await conn.execute(OWN_ROW["processed_facts"], "labeler")  # its own: fine
     finally:
         await conn.close()
     assert await db.fetchval("SELECT count(*) FROM outbox WHERE worker = 'replay'") == 1
