@@ -320,7 +320,7 @@ async def _prune_inbox(
 
     await leases.run_leased(
         runtime.pool,
-        "inbox-retention-" + "+".join(sorted(worker.name for worker in workers)),
+        leases.inbox_pruning([worker.name for worker in workers]),
         runtime.instance,
         body,
         period=settings.interval,

@@ -36,6 +36,12 @@ class Lease:
     epoch: int
 
 
+def inbox_pruning(workers: list[str]) -> str:
+    """The lease under which one replica of these workers prunes their inbox (a worker's
+    login may hold it: `roles.OWNED_ROWS`)."""
+    return "inbox-retention-" + "+".join(sorted(workers))
+
+
 async def try_acquire(
     conn: asyncpg.Connection, name: str, holder: str, ttl: timedelta
 ) -> Lease | None:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from workers.runtime.store.leases import inbox_pruning
+
 log = logging.getLogger(__name__)
 
 
@@ -162,7 +164,7 @@ OWNED_ROWS = {
     "outbox": "worker = '{w}'",
     "processed_facts": "consumer = '{w}'",
     "session_history": "worker = '{w}'",
-    "controller_leases": "(name = '{w}' OR name LIKE '{w}-%' OR name = 'inbox-retention-{w}')",
+    "controller_leases": "(name = '{w}' OR name LIKE '{w}-%' OR name = '{inbox_pruning}')",
 }
 
 
@@ -186,7 +188,7 @@ def policies_sql(groups: tuple[str, ...] | None = None) -> dict[str, str]:
             if not any(grant.table == table for grant in GROUPS[group]):
                 continue
             worker = worker_of(group)
-            rows = own.format(w=worker) if worker else "true"
+            rows = own.format(w=worker, inbox_pruning=inbox_pruning([worker])) if worker else "true"
             lines += [
                 "IF NOT EXISTS (SELECT 1 FROM pg_policies WHERE schemaname = current_schema()"
                 f" AND tablename = '{table}' AND policyname = '{group}_rows') THEN",
