@@ -96,11 +96,15 @@ async def test_a_lost_hello_is_asked_of_its_gateway_and_everything_it_owes_follo
                 return await _commands(db) == [("dispatched", 2, 2)] and len(daemon.delivered) == 1
 
             await eventually(replayed, within=45, what="the in-flight command replayed")
-            labels = await db.fetchval(
-                "SELECT array_agg(key ORDER BY key) FROM node_labels "
-                "WHERE node_id = 'n1' AND source = 'system'"
-            )
-            assert labels == ["bc.dev/cap.cpu", "bc.dev/cap.nvml"]
+
+            async def labeled() -> bool:  # the labeler applies the Hello asked again in its turn
+                labels = await db.fetchval(
+                    "SELECT array_agg(key ORDER BY key) FROM node_labels "
+                    "WHERE node_id = 'n1' AND source = 'system'"
+                )
+                return bool(labels == ["bc.dev/cap.cpu", "bc.dev/cap.nvml"])
+
+            await eventually(labeled, what="the system labels of the Hello asked again")
             asked = await db.fetchrow("SELECT * FROM hello_seen WHERE node_id = 'n1'")
             assert (asked["seen_epoch"], asked["asked_epoch"]) == (2, 2)
 

@@ -230,6 +230,7 @@ async def test_run_stops_on_sigterm_while_a_connect_hangs_on_a_blackholed_databa
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(240)  # room for its own bounds: 120 s for the second process alone
 async def test_run_stops_on_sigterm_in_the_middle_of_a_database_partition(
     servers: Servers, database_url: str
 ) -> None:
