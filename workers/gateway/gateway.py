@@ -120,7 +120,10 @@ class Gateway(Frames):
             await asyncio.sleep(every)
 
     async def stop(self, graceful: bool = True) -> None:
-        """Graceful: close every session (`gateway-shutdown`). Not graceful: a crash."""
+        """Graceful: close every session (`gateway-shutdown`). Not graceful: a crash.
+        Stopping a stopped gateway (one that lost its lease, say) does nothing."""
+        if self._stopping.is_set():
+            return
         self._stopping.set()
         if self._flushing is not None:
             self._tasks.append(self._flushing)

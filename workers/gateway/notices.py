@@ -6,9 +6,11 @@ epoch, and the gateway's sessions are the one state it touches."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -68,17 +70,22 @@ class Notices:
         )
 
     async def stop(self) -> None:
-        if self._pull is not None:
-            await self._pull.stop()
-        if self._revocations is not None:
-            await self._revocations.unsubscribe()
+        """Stop following; once (a second call finds nothing to stop)."""
+        pull, self._pull = self._pull, None
+        revocations, self._revocations = self._revocations, None
+        if pull is not None:
+            await pull.stop()
+        if revocations is not None:
+            with contextlib.suppress(nats.errors.Error):  # a closed connection took it already
+                await revocations.unsubscribe()
 
     async def follow(self, stopping: asyncio.Event) -> None:
         """Obey the notices until `stopping`; each is acked once obeyed (or found stale)."""
-        assert self._pull is not None
+        pull = self._pull
+        assert pull is not None
         while not stopping.is_set():
             try:
-                msgs = await self._pull.next_batch(1.0)
+                msgs = await pull.next_batch(1.0)
             except Exception as error:
                 log.debug("gateway %s notices: %s", self.gateway_id, error)
                 await asyncio.sleep(0.5)

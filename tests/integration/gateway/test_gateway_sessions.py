@@ -86,6 +86,7 @@ async def test_a_gateway_whose_lease_was_taken_refuses_and_writes_nothing(
             await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n2'") == 0
         )
         assert not gateway.alive
+        await gateway.stop(graceful=True)  # stopped by its lost lease: a second stop does nothing
         await usurper.hello(request(node_id="n2", cert_serial="n2-serial"), RecordingStream())
         assert (
             await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n2'") == 1
