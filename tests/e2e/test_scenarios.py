@@ -3,6 +3,7 @@ the database and the published events must hold."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 
@@ -69,6 +70,33 @@ async def test_a_clone_is_quarantined(simulator: Make) -> None:
     events = await sim.events()
     assert events[("security.node.quarantined", "duplicate-identity")] == 1
     assert sum(n for (t, _), n in events.items() if t == "security.node.duplicate-session") >= 4
+
+
+async def test_slow_steps_slow_simulated_time_and_every_gateway_keeps_its_lease(
+    simulator: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loaded machine: each step takes 2 wall seconds. At speed 10 simulated time
+    must not leap 18 s a step past the gateways' 15 s leases; it runs slower instead."""
+    sim = await simulator(10, 2)
+    assert_all_hold(await power_on(sim))
+    tick = sim.tick
+
+    async def slow_tick() -> None:
+        await tick()
+        await asyncio.sleep(2.0)
+
+    async def never() -> bool:
+        return False
+
+    monkeypatch.setattr(sim, "tick", slow_tick)
+    began = sim.clock()
+    assert not await sim.run(never, within=3, speed=10)
+    assert sim.clock() - began >= 30  # the budget is simulated time, spent in full
+    assert all(g.alive for g in sim.gateways)
+    assert await sim.connected() == 10
+    assert await sim.fetchval(
+        "SELECT count(*) FROM node_sessions WHERE disconnect_reason IS NOT NULL"
+    ) == 0  # fmt: skip
 
 
 async def test_a_lost_gateway(simulator: Make) -> None:

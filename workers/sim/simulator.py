@@ -54,6 +54,20 @@ async def foreign_sessions(conn: asyncpg.Connection) -> tuple[int, str | None]:
     return int(row["n"]), row["example"]
 
 
+#: The most simulated time one step of `Simulator.run` adds beyond the wall clock's. A
+#: gateway renews its 15 s lease every 5 s, at most once a step: a step that leapt a
+#: lease's length would end every gateway at once, which no real fleet does.
+MAX_LEAP = 3.0
+
+
+def leap(step: float, speed: float) -> float:
+    """The simulated seconds to add after a step of `step` wall seconds at `speed` (the
+    wall clock adds its own `step`): `(speed - 1) * step`, but never over `MAX_LEAP`, so
+    that on a loaded machine, where a step is slow, simulated time runs slower instead of
+    jumping past the gateways' lease renewals. Pure."""
+    return min(max(0.0, (speed - 1.0) * step), MAX_LEAP)
+
+
 def about(body: Mapping[str, object], prefix: str) -> bool:
     """Whether an event (or a dead-lettered message) is about one of a run's nodes or
     gateways: node ids are `<prefix>-<i>`, gateway ids `<prefix>-gw-<g>`. Pure."""
@@ -180,15 +194,19 @@ class Simulator:
         what: str = "",
         interval: float = 0.1,
     ) -> bool:
-        """Tick until `until()` holds (checked every second) or `within` wall seconds pass,
-        with time `speed` times faster. In real time (not `owns_clock`) the same simulated
-        span takes `within * speed` wall seconds."""
+        """Tick until `until()` holds (checked every wall second) or `within * speed`
+        simulated seconds pass, simulated time running up to `speed` times faster than
+        the wall clock (`leap`). The budget is simulated time, so on a loaded machine a
+        scenario takes longer rather than failing; `within * speed` wall seconds bound it
+        all the same. In real time (not `owns_clock`) the clock is never moved and the
+        same span takes `within * speed` wall seconds."""
+        span = within * speed
         if not self.owns_clock:
-            within, speed = within * speed, 1.0
-        deadline = time.monotonic() + within
+            speed = 1.0
+        began, deadline = self.clock(), time.monotonic() + span
         checked = 0.0
         async with self.pool.acquire() as conn:
-            while time.monotonic() < deadline:
+            while self.clock() - began < span and time.monotonic() < deadline:
                 started = time.monotonic()
                 await self.tick()
                 if started - checked >= 1.0:
@@ -201,7 +219,7 @@ class Simulator:
                 pause = max(0.0, interval - elapsed)
                 await asyncio.sleep(pause)
                 if speed != 1.0:
-                    await self.clock.advance(conn, (pause + elapsed) * (speed - 1))
+                    await self.clock.advance(conn, leap(pause + elapsed, speed))
         return await until()
 
     # -- looking ---------------------------------------------------------------------------
