@@ -20,6 +20,7 @@ EXAMPLES: dict[str, str] = {
     "schemas export": "bcw schemas export schemas/json --asyncapi bus.asyncapi.json",
     "provision": "BCW_NATS_NKEY_SEED_FILE=auth/admin.nk bcw provision   # or --check",
     "auth nats": "bcw auth nats --gateways gw-1,gw-2 --out auth/",
+    "auth db": "bcw auth db --bind gw1_login=gw-1 --bind gw2_login=gw-2",
     "run": "bcw run liveness          # or: bcw run all, bcw run relay",
     "sim": "bcw sim --scenario power-on --nodes 1000 --gateways 3",
     "demo": "bcw demo --nodes 200 --keep",

@@ -1,6 +1,7 @@
-"""Setting a system up: `bcw migrate`, `bcw provision`, `bcw schemas export` and
-`bcw auth nats` — the database schema and roles, the streams and consumers, the
-contract's JSON Schemas, the bus principals' keys and permissions.
+"""Setting a system up: `bcw migrate`, `bcw provision`, `bcw schemas export`, `bcw auth
+nats` and `bcw auth db` — the database schema and roles, the streams and consumers, the
+contract's JSON Schemas, the bus principals' keys and permissions, the gateway logins'
+bindings.
 """
 
 from __future__ import annotations
@@ -66,6 +67,22 @@ def add(commands: Commands) -> None:
     auth_nats.add_argument("--gateways", default="", help="gateway ids, comma-separated")
     auth_nats.add_argument("--out", required=True, help="the directory to write to")
     auth_nats.set_defaults(handler=_cmd_auth_nats)
+    auth_db = auth_commands.add_parser(
+        "db",
+        help="bind gateway logins to their gateway ids (a login acts as its gateway only), "
+        "then list the bindings; as the schema's owner",
+    )
+    auth_db.add_argument(
+        "--bind",
+        action="append",
+        default=[],
+        metavar="LOGIN=GATEWAY",
+        help="let the database role LOGIN (IN ROLE bcw_gateway_bound) act as GATEWAY",
+    )
+    auth_db.add_argument(
+        "--unbind", action="append", default=[], metavar="LOGIN", help="LOGIN acts as no gateway"
+    )
+    auth_db.set_defaults(handler=_cmd_auth_db)
 
 
 def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
@@ -228,3 +245,46 @@ def _cmd_auth_nats(args: argparse.Namespace, settings: Settings) -> int:
     for path in written:
         print(path)
     return 0
+
+
+def _cmd_auth_db(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.gateway import store
+    from workers.runtime.bus import principals
+    from workers.runtime.store import db
+
+    pairs = []
+    for given in args.bind:
+        login, _, gateway = given.partition("=")
+        try:
+            if not login or not gateway:
+                raise ValueError(f"{given!r} is not LOGIN=GATEWAY")
+            principals.check_gateways([gateway])
+        except ValueError as error:
+            print(f"bcw auth db: --bind: {error}", file=sys.stderr)
+            return EXIT_BAD_SETTINGS
+        pairs.append((login, gateway))
+
+    async def run() -> int:
+        conn = await db.connect(settings.database)
+        try:
+            async with conn.transaction():  # all of them or none
+                for login, gateway in pairs:
+                    await store.bind(conn, login, gateway)
+                for login in args.unbind:
+                    if not await store.unbind(conn, login):
+                        print(f"bcw auth db: --unbind {login}: was bound to no gateway")
+            rows = await store.bindings(conn)
+        finally:
+            await conn.close()
+        for row in rows:
+            warning = "" if row.in_group else "  (not IN ROLE bcw_gateway_bound: cannot act)"
+            print(f"{row.login:<24} acts as {row.gateway_id}{warning}")
+        if not rows:
+            print("no login is bound to a gateway")
+        return 0
+
+    try:
+        return asyncio.run(run())
+    except store.BindingError as error:
+        print(f"bcw auth db: --bind: {error}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS

@@ -135,7 +135,19 @@ class Gateway(Frames):
         if graceful and self.lease_epoch is not None:
             for session in list(self.sessions.values()):
                 await self._end(session, "gateway-shutdown")
+            try:  # its sessions closed: the lease is given up, not left to expire
+                async with self.pool.acquire() as conn:
+                    await store.release(conn, self.gateway_id, self.lease_epoch)
+            except Exception as error:  # it expires by itself within its TTL
+                log.warning("gateway %s: lease not released (%r)", self.gateway_id, error)
         self.sessions.clear()
+
+    async def drain(self, draining: bool = True) -> None:
+        """Refuse new Hellos from now on (their nodes go to other gateways) and keep the
+        sessions held; or take Hellos again. LeaseGone when the lease was lost."""
+        assert self.lease_epoch is not None, "start() first"
+        async with self.pool.acquire() as conn:
+            await store.drain(conn, self.gateway_id, self.lease_epoch, draining)
 
     @property
     def alive(self) -> bool:

@@ -1,8 +1,10 @@
 """The reference gateway's SQL: its lease, what admission reads, the Hello transaction,
-a session's close.
+a session's close, an inventory section.
 
-Every write is fenced on the gateway's lease epoch: a gateway whose lease was taken
-writes nothing.
+Every write is a call of a database function that checks the login may act as this
+gateway (`gateway_logins`), holds its lease epoch, and holds the node's session: a
+gateway whose lease was taken writes nothing, and a gateway's login cannot write as
+another, nor write any table directly (migrations/core/0026_gateway_functions.sql).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from typing import Any
 
 import asyncpg
 
-from schemas.facts import MAX_INVENTORY_SECTIONS, is_duplicate_identity
 from workers.gateway.admission import CertRow, DesiredState, HelloRequest
 
 log = logging.getLogger(__name__)
@@ -39,28 +40,6 @@ class Revoked(Exception):
     """The certificate was revoked between admission and the Hello transaction."""
 
 
-REVOKED = "SELECT revoked_at IS NOT NULL FROM node_certs WHERE serial = $1"
-
-
-ACQUIRE = """
-INSERT INTO gateways AS g (gateway_id, lease_epoch, lease_expires_at)
-VALUES ($1, 1, compute_now() + $2::interval)
-ON CONFLICT (gateway_id) DO UPDATE
-   SET lease_epoch = g.lease_epoch + 1, lease_expires_at = EXCLUDED.lease_expires_at, draining = false
-RETURNING lease_epoch
-"""
-
-RENEW = """
-UPDATE gateways SET lease_expires_at = compute_now() + $3::interval
- WHERE gateway_id = $1 AND lease_epoch = $2 AND lease_expires_at > compute_now()
-"""
-
-FENCE = """
-SELECT draining FROM gateways
- WHERE gateway_id = $1 AND lease_epoch = $2 AND lease_expires_at > compute_now()
-   FOR SHARE
-"""
-
 READ_FOR_ADMISSION = """
 SELECT compute_now() AS now,
        n.identity_generation AS node_generation, n.role AS node_role,
@@ -72,54 +51,12 @@ SELECT compute_now() AS now,
   LEFT JOIN node_certs c ON c.serial = $2
 """
 
-PREVIOUS = """
-SELECT session_epoch, gateway_id, boot_id, journal_id,
-       gateway_id IS NOT NULL AND last_seen > compute_now() - $2::interval AS live
-  FROM node_sessions WHERE node_id = $1 FOR UPDATE
-"""
-
-BUMP = """
-UPDATE node_sessions
-   SET session_epoch = session_epoch + 1, gateway_id = $2, session_id = $3, boot_id = $4, journal_id = $5,
-       role = $6, daemon_version = $7, proto_max = $8, transport = $9, upgrade_required = $10,
-       trust_version = $11, approver_set_epoch = $12, approver_set_sha256 = $13,
-       acked_event_seq = CASE WHEN journal_id IS DISTINCT FROM $5 THEN 0 ELSE acked_event_seq END,
-       connected_at = compute_now(), last_seen = compute_now(), disconnected_at = NULL,
-       disconnect_reason = NULL, cert_serial = $14, lane_credits = NULL, load = NULL, node_load = NULL,
-       held_epoch = CASE WHEN $15 THEN session_epoch + 1 END, trace_context = $16
- WHERE node_id = $1
-RETURNING session_epoch, acked_event_seq
-"""
-
-STORED_HASHES = "SELECT section, hash FROM node_inventory WHERE node_id = $1"
-
-# Fenced on the node's session (epoch and gateway) and this gateway's lease; a section
-# from an older session never overwrites a newer one's.
-WRITE_SECTION = """
-INSERT INTO node_inventory AS i (node_id, section, hash, body, session_epoch, reported_at)
-SELECT s.node_id, $3, $4, $5::jsonb, s.session_epoch, compute_now()
-  FROM node_sessions s
-  JOIN gateways g ON g.gateway_id = s.gateway_id
- WHERE s.node_id = $1 AND s.session_epoch = $2 AND s.gateway_id = $6
-   AND g.lease_epoch = $7 AND g.lease_expires_at > compute_now()
-   -- at most MAX_INVENTORY_SECTIONS per node: a new section only below it
-   AND (EXISTS (SELECT 1 FROM node_inventory x WHERE x.node_id = $1 AND x.section = $3)
-        OR (SELECT count(*) FROM node_inventory x WHERE x.node_id = $1) < $8)
-ON CONFLICT (node_id, section) DO UPDATE
-   SET hash = EXCLUDED.hash, body = EXCLUDED.body, session_epoch = EXCLUDED.session_epoch,
-       reported_at = EXCLUDED.reported_at
- WHERE i.session_epoch <= EXCLUDED.session_epoch
-"""
-
-
-# A normal close, written by the session's gateway at once (fenced on the node's epoch,
-# this gateway and its lease): the next Hello on any gateway reads the session as not live.
-CLOSE = """
-UPDATE node_sessions s
-   SET gateway_id = NULL, disconnected_at = compute_now(), disconnect_reason = $4
-  FROM gateways g
- WHERE s.node_id = $1 AND s.session_epoch = $2 AND s.gateway_id = $3
-   AND g.gateway_id = $3 AND g.lease_epoch = $5 AND g.lease_expires_at > compute_now()
+# The Hello transaction, the lease, a close, a section: functions of the database
+# (migrations/core/0026_gateway_functions.sql) that check the login may act as this
+# gateway, its lease, and the node's binding to it; the gateway's login writes no table.
+HELLO = """
+SELECT * FROM gateway_hello($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                            $16, $17)
 """
 
 
@@ -130,9 +67,11 @@ async def close_session(
     logged, not raised: the `closed` fact still goes out, and the liveness worker writes it."""
     try:
         async with pool.acquire() as conn:
-            return bool(
-                await conn.execute(CLOSE, node_id, epoch, gateway_id, reason, lease) == "UPDATE 1"
-            )
+            closed = await conn.fetchval(
+                "SELECT gateway_close($1, $2, $3, $4, $5)",
+                gateway_id, lease, node_id, epoch, reason,
+            )  # fmt: skip
+            return bool(closed)
     except Exception as error:  # the database away: the fact is the fallback
         log.warning("gateway %s: close of %s not written (%r)", gateway_id, node_id, error)
         return False
@@ -140,20 +79,23 @@ async def close_session(
 
 async def acquire(conn: asyncpg.Connection, gateway_id: str, ttl: timedelta) -> int:
     """Take this gateway's lease (a new incarnation wins over an older one)."""
-    return int(await conn.fetchval(ACQUIRE, gateway_id, ttl))
+    return int(await conn.fetchval("SELECT gateway_acquire($1, $2)", gateway_id, ttl))
 
 
 async def renew(conn: asyncpg.Connection, gateway_id: str, epoch: int, ttl: timedelta) -> None:
-    if await conn.execute(RENEW, gateway_id, epoch, ttl) != "UPDATE 1":
+    if not await conn.fetchval("SELECT gateway_renew($1, $2, $3)", gateway_id, epoch, ttl):
         raise LeaseGone(f"gateway {gateway_id} lost its lease (epoch {epoch})")
 
 
-async def fence(conn: asyncpg.Connection, gateway_id: str, epoch: int) -> bool:
-    """Lock the lease row (LeaseGone unless this gateway holds it); whether it is draining."""
-    draining = await conn.fetchval(FENCE, gateway_id, epoch)
-    if draining is None:
+async def release(conn: asyncpg.Connection, gateway_id: str, epoch: int) -> bool:
+    """Give the lease up at once (its sessions closed first); whether it was still held."""
+    return bool(await conn.fetchval("SELECT gateway_release($1, $2)", gateway_id, epoch))
+
+
+async def drain(conn: asyncpg.Connection, gateway_id: str, epoch: int, draining: bool) -> None:
+    """Refuse new Hellos from now on (their nodes go elsewhere), or take them again."""
+    if not await conn.fetchval("SELECT gateway_drain($1, $2, $3)", gateway_id, epoch, draining):
         raise LeaseGone(f"gateway {gateway_id} lost its lease (epoch {epoch})")
-    return bool(draining)
 
 
 @dataclass(frozen=True)
@@ -230,54 +172,45 @@ async def open_session(
 ) -> Opened:
     """The Hello transaction: fenced on the lease, the node's row locked, its epoch bumped
     (and, with `hello_fact_id`, the id of the one Hello fact of that epoch recorded)."""
-    async with conn.transaction():
-        if hello_fact_id is not None:  # read by the epoch's trigger (session_epochs)
-            await conn.execute(
-                "SELECT set_config('bcw.hello_fact_id', $1, true)", str(hello_fact_id)
-            )
-        if await fence(conn, gateway_id, lease_epoch):
-            raise Draining(f"gateway {gateway_id} is draining")
-        previous = await conn.fetchrow(PREVIOUS, request.node_id, live_window)
-        if previous is None:
-            raise NotJoined(f"node {request.node_id} has no session row")
-        if await conn.fetchval(REVOKED, request.cert_serial):  # a quarantine just committed
-            raise Revoked(f"certificate {request.cert_serial} was revoked")
-        # another machine while the previous session is live: held for the quarantine
-        duplicate = is_duplicate_identity(
-            bool(previous["live"]), previous["boot_id"], request.boot_id
-        )
-        session_id = uuid.uuid4().hex
-        digest = request.approver_set_sha256 or None
-        bumped = await conn.fetchrow(
-            BUMP,
-            request.node_id,
-            gateway_id,
-            session_id,
-            request.boot_id,
-            request.journal_id,
-            request.role,
-            request.daemon_version,
-            request.proto_max,
-            request.transport,
-            upgrade_required,
-            request.trust_version,
-            request.approver_set_epoch if digest else None,
-            digest,
-            request.cert_serial,
-            duplicate,
-            trace_context,
-        )
-        stored = {r["section"]: r["hash"] for r in await conn.fetch(STORED_HASHES, request.node_id)}
+    row = await conn.fetchrow(
+        HELLO,
+        gateway_id,
+        lease_epoch,
+        request.node_id,
+        request.cert_serial,
+        request.boot_id,
+        request.journal_id,
+        request.role,
+        request.daemon_version,
+        request.proto_max,
+        request.transport,
+        upgrade_required,
+        request.trust_version,
+        request.approver_set_epoch,
+        request.approver_set_sha256,
+        live_window,
+        trace_context,
+        hello_fact_id,
+    )
+    outcome = row["outcome"]
+    if outcome == "lease-gone":
+        raise LeaseGone(f"gateway {gateway_id} lost its lease (epoch {lease_epoch})")
+    if outcome == "draining":
+        raise Draining(f"gateway {gateway_id} is draining")
+    if outcome == "not-joined":
+        raise NotJoined(f"node {request.node_id} has no session row")
+    if outcome == "revoked":  # a quarantine just committed
+        raise Revoked(f"certificate {request.cert_serial} was revoked")
     return Opened(
-        inventory=stored,
-        epoch=int(bumped["session_epoch"]),
-        acked_event_seq=int(bumped["acked_event_seq"]),
-        session_id=session_id,
-        previous_epoch=previous["session_epoch"],
-        previous_gateway_id=previous["gateway_id"],
-        previous_boot_id=previous["boot_id"],
-        previous_journal_id=previous["journal_id"],
-        previous_live=bool(previous["live"]),
+        inventory=json.loads(row["inventory"]),
+        epoch=int(row["epoch"]),
+        acked_event_seq=int(row["acked_event_seq"]),
+        session_id=row["session_id"],
+        previous_epoch=row["previous_epoch"],
+        previous_gateway_id=row["previous_gateway_id"],
+        previous_boot_id=row["previous_boot_id"],
+        previous_journal_id=row["previous_journal_id"],
+        previous_live=bool(row["previous_live"]),
     )
 
 
@@ -294,8 +227,58 @@ async def write_section(
     """Store one inventory section the daemon sent; False when its session or this
     gateway's lease is no longer current, or the node already has as many sections as it
     may (`MAX_INVENTORY_SECTIONS`) and this one is new (nothing written)."""
-    status = await conn.execute(
-        WRITE_SECTION, node_id, epoch, section, digest, json.dumps(body), gateway_id, lease_epoch,
-        MAX_INVENTORY_SECTIONS,
+    written = await conn.fetchval(
+        "SELECT gateway_write_section($1, $2, $3, $4, $5, $6, $7::jsonb)",
+        gateway_id, lease_epoch, node_id, epoch, section, digest, json.dumps(body),
     )  # fmt: skip
-    return bool(status == "INSERT 0 1")
+    return bool(written)
+
+
+# -- which login acts as which gateway (`bcw auth db`, as the schema's owner) -------------
+
+
+class BindingError(ValueError):
+    """A binding that cannot be made: the login is not a role of this cluster."""
+
+
+@dataclass(frozen=True)
+class Binding:
+    login: str
+    gateway_id: str
+    bound_at: datetime
+    in_group: bool  # a member of bcw_gateway_bound (else it cannot call the functions)
+
+
+BINDINGS = """
+SELECT b.login, b.gateway_id, b.bound_at,
+       EXISTS (SELECT 1 FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.member
+                 JOIN pg_roles g ON g.oid = m.roleid
+                WHERE r.rolname = b.login AND g.rolname = 'bcw_gateway_bound') AS in_group
+  FROM gateway_logins b
+ ORDER BY b.gateway_id, b.login
+"""
+
+
+async def bind(conn: asyncpg.Connection, login: str, gateway_id: str) -> None:
+    """Let `login` act as `gateway_id` (and as no other: a login acts as one gateway)."""
+    if not await conn.fetchval("SELECT count(*) FROM pg_roles WHERE rolname = $1", login):
+        raise BindingError(
+            f"no role {login!r}: CREATE ROLE {login} LOGIN PASSWORD '…' IN ROLE bcw_gateway_bound"
+        )
+    await conn.execute(
+        "INSERT INTO gateway_logins (login, gateway_id) VALUES ($1, $2) ON CONFLICT (login) DO "
+        "UPDATE SET gateway_id = EXCLUDED.gateway_id, bound_at = now()",
+        login,
+        gateway_id,
+    )
+
+
+async def unbind(conn: asyncpg.Connection, login: str) -> bool:
+    """The login acts as no gateway any more; whether it was bound."""
+    return bool(
+        await conn.execute("DELETE FROM gateway_logins WHERE login = $1", login) != "DELETE 0"
+    )
+
+
+async def bindings(conn: asyncpg.Connection) -> list[Binding]:
+    return [Binding(**dict(row)) for row in await conn.fetch(BINDINGS)]

@@ -111,7 +111,13 @@ async def test_a_draining_gateway_refuses_hellos_and_a_node_without_a_row_is_den
         await gateway.hello(request(), RecordingStream())
     assert refused.value.code is Code.UNAVAILABLE and refused.value.retry_after is not None
     assert gateway.alive  # draining is not a lost lease: its sessions stay
-    await db.execute("UPDATE gateways SET draining = false WHERE gateway_id = 'gw-a'")
+    await gateway.drain(False)  # the gateway itself takes Hellos again, and drains again
+    assert not await db.fetchval("SELECT draining FROM gateways WHERE gateway_id = 'gw-a'")
+    await gateway.drain()
+    with pytest.raises(Refused) as refused:
+        await gateway.hello(request(), RecordingStream())
+    assert refused.value.code is Code.UNAVAILABLE
+    await gateway.drain(False)
     await db.execute("DELETE FROM node_sessions WHERE node_id = 'n1'")
     with pytest.raises(Refused) as refused:
         await gateway.hello(request(), RecordingStream())
@@ -183,6 +189,9 @@ async def test_a_zombie_notice_and_a_graceful_shutdown_close_their_sessions(
     await gateway.stop(graceful=True)
     assert (second.dropped, second.codes) == (["gateway-shutdown"], ["UNAVAILABLE"])
     assert gateway.sessions == {}
+    assert await db.fetchval(  # its sessions closed, its lease given up rather than left to run
+        "SELECT lease_expires_at <= compute_now() FROM gateways WHERE gateway_id = 'gw-a'"
+    )
     closed = [json.loads(m.data) for m in await stream_messages(js, subjects.facts_stream)
               if m.headers["Bc-Type"] == "closed"]  # fmt: skip
     assert [(c["node_id"], c["reason"], c["code"]) for c in closed] == [

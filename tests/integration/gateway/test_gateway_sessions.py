@@ -16,7 +16,7 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from schemas import REGISTRY
-from schemas.facts import NodeLoad
+from schemas.facts import MAX_INVENTORY_SECTIONS, NodeLoad
 from schemas.notices import Dispatch
 from schemas.subjects import Subjects
 from tests.integration import fleet
@@ -249,19 +249,22 @@ async def test_only_sections_asked_for_are_stored_and_a_node_holds_a_bounded_num
     await gateway.inventory("n1", welcome.epoch, "cpu", "c1", {"cores": 8})
     with pytest.raises(Refused):  # asked once: sent once
         await gateway.inventory("n1", welcome.epoch, "cpu", "c1", {"cores": 8})
-    # a node already holding 256 sections gets no new one (an old one is still updated)
+    # a node holds at most 256 sections: the 256th is stored, no new one after it (an old
+    # one is still updated)
+    assert MAX_INVENTORY_SECTIONS == 256
     await db.execute(
         "INSERT INTO node_inventory (node_id, section, hash, body, session_epoch, reported_at) "
-        "SELECT 'n1', 'old-' || i, 'h', '{}', 1, now() FROM generate_series(1, 255) i"
+        "SELECT 'n1', 'old-' || i, 'h', '{}', 1, now() FROM generate_series(1, 254) i"
     )
-    again = await gateway.hello(
-        request(boot_id="b2", inventory_hashes={"cpu": "c2", "new": "n1"}), RecordingStream()
-    )
-    assert again.request_sections == ("cpu", "new")
+    hashes = {"cpu": "c2", "new": "n1", "newer": "n2"}
+    again = await gateway.hello(request(boot_id="b2", inventory_hashes=hashes), RecordingStream())
+    assert again.request_sections == ("cpu", "new", "newer")
     await gateway.inventory("n1", again.epoch, "new", "n1", {"x": 1})
+    await gateway.inventory("n1", again.epoch, "newer", "n2", {"x": 2})
     await gateway.inventory("n1", again.epoch, "cpu", "c2", {"cores": 16})
     stored = dict(await db.fetch("SELECT section, hash FROM node_inventory WHERE node_id = 'n1'"))
-    assert len(stored) == 256 and "new" not in stored and stored["cpu"] == "c2"
+    assert len(stored) == 256 and "new" in stored and "newer" not in stored
+    assert stored["cpu"] == "c2"
 
 
 async def test_the_welcome_and_every_10th_heartbeat_ask_for_the_sections_not_held(

@@ -1,5 +1,5 @@
 """What the security tests share: a login role per database group, member of that group
-only, and its URL to the test's database."""
+only, and its URL to the test's database (the `bcw_gateway_bound` login acts as gw-1)."""
 
 from __future__ import annotations
 
@@ -27,13 +27,20 @@ def _as(url: str, user: str) -> str:
 
 @pytest.fixture
 async def logins(servers: Servers, database_url: str) -> dict[str, str]:
-    """A login role per group, member of that group only; its URL to this test's database."""
+    """A login role per group, member of that group only; its URL to this test's database.
+    The `bcw_gateway_bound` login is bound to gateway gw-1."""
     conn = await asyncpg.connect(database_url)
     try:
         await migrate.grant(conn)  # as `bcw migrate` does on this very database
         for group in GROUPS:
             with contextlib.suppress(asyncpg.DuplicateObjectError, asyncpg.UniqueViolationError):
                 await conn.execute(f"CREATE ROLE {_login(group)} LOGIN IN ROLE {group}")
+        # the gateway login acts as gw-1 (bcw auth db --bind)
+        await conn.execute(
+            "INSERT INTO gateway_logins (login, gateway_id) VALUES ($1, 'gw-1') "
+            "ON CONFLICT (login) DO NOTHING",
+            _login("bcw_gateway_bound"),
+        )
         members = await conn.fetch(
             """
             SELECT r.rolname AS login, g.rolname AS grp FROM pg_auth_members m

@@ -3,8 +3,9 @@ on every table of the schema, a SELECT, an INSERT, a DELETE, a TRUNCATE and an U
 each column, and calls every function — each in a transaction rolled back, touching no
 row (`WHERE false`). What `roles.GROUPS` grants passes the privilege check, everything
 else fails with insufficient_privilege; the expectation is computed from that table.
-Functions (none but triggers runs with its owner's rights) may be executed by every
-group but those of `roles.OWNER_ONLY_FUNCTIONS`; what one then reads or writes is
+Functions: those of `roles.EXECUTES` (the gateway functions, which run with their owner's
+rights) by their group only, those of `roles.OWNER_ONLY_FUNCTIONS` by none, every other
+by every group — these run with the caller's rights, so what one then reads or writes is
 checked as the caller, cell by cell above."""
 
 from __future__ import annotations
@@ -99,6 +100,14 @@ async def test_every_cell_of_a_groups_row(
     assert sorted(columns) == sorted(roles.TABLES)  # the table names every table
     functions = await _functions(db)
     assert "set_compute_now_offset(interval)" in functions
+    restricted = {f for fs in roles.EXECUTES.values() for f in fs} | set(roles.OWNER_ONLY_FUNCTIONS)
+    assert restricted <= set(functions)  # every signature in the table is a real function
+    definers = set(await db.fetchval(
+        "SELECT array_agg(p.oid::regprocedure::text) FROM pg_proc p WHERE p.prosecdef"
+        " AND p.pronamespace = current_schema()::regnamespace"
+        " AND p.prorettype <> 'trigger'::regtype"
+    ))  # fmt: skip
+    assert definers <= restricted  # no function with its owner's rights is open to all
     may = granted(group)
     wrong: list[str] = []
     conn = await asyncpg.connect(logins[group])
@@ -122,7 +131,7 @@ async def test_every_cell_of_a_groups_row(
                 if await _allowed(conn, statement) != expected:
                     wrong.append(f"{table} {cell}: expected {'allowed' if expected else 'refused'}")
         for signature, call in functions.items():
-            expected = signature not in roles.OWNER_ONLY_FUNCTIONS
+            expected = roles.may_execute(group, signature)
             if await _executable(conn, call) != expected:
                 wrong.append(f"{signature}: expected {'allowed' if expected else 'refused'}")
     finally:

@@ -76,6 +76,16 @@ FORBIDDEN = {
         "INSERT INTO session_epochs VALUES ('n1', 7, 'gw-x')",
         "INSERT INTO outbox (msg_id, subject, body) VALUES (gen_random_uuid(), 'x', '')",
     ],
+    "bcw_gateway_bound": [  # writes through the gateway functions only (test_hostile_gateway)
+        "UPDATE node_sessions SET gateway_id = 'gw-1'",
+        "UPDATE gateways SET lease_expires_at = now()",
+        "INSERT INTO gateways (gateway_id, lease_epoch, lease_expires_at) VALUES ('gw-9', 1, now())",
+        "INSERT INTO gateway_logins VALUES (session_user, 'gw-2')",
+        "INSERT INTO node_inventory (node_id, section, hash, body, session_epoch, reported_at) "
+        "VALUES ('n1', 's', 'h', '{}', 1, now())",
+        "SELECT count(*) FROM node_sessions",
+        "SELECT gateway_as('gw-2')",
+    ],
     "bcw_reader": [
         "UPDATE node_sessions SET last_seen = now()",
         "INSERT INTO outbox (msg_id, subject, body) VALUES (gen_random_uuid(), 'x', '')",
@@ -202,7 +212,7 @@ async def test_each_worker_does_its_job_under_its_own_role(
             database = base.database.model_copy(update={"url": SecretStr(logins[f"bcw_{name}"])})
             settings = base.model_copy(update={"database": database})
             await stack.enter_async_context(running(settings, [WORKERS[name](settings)]))
-        pool = await stack.enter_async_context(_pool(logins["bcw_gateway"]))
+        pool = await stack.enter_async_context(_pool(logins["bcw_gateway_bound"]))
         gateway = Gateway("gw-1", pool, nc, subjects)
         await gateway.start()
         stack.push_async_callback(gateway.stop, False)
@@ -286,7 +296,8 @@ async def test_a_worker_sees_and_changes_only_its_own_runtime_rows(
 ) -> None:
     """Row-level security: the labeler's login reads, writes and deletes its own inbox,
     outbox rows, session history and leases only; another worker's are invisible to it
-    and cannot be forged or taken."""
+    and cannot be forged or taken. Its own session history it can neither change nor
+    delete before a day has passed (then its retention prunes it)."""
     for worker in ("labeler", "replay"):
         for table, row in OWN_ROW.items():
             await db.execute(row, f"{worker}-loop" if table == "controller_leases" else worker)
@@ -314,8 +325,24 @@ async def test_a_worker_sees_and_changes_only_its_own_runtime_rows(
             with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
                 await conn.execute(row, "liveness" if table == "controller_leases" else "replay")
         await conn.execute(OWN_ROW["processed_facts"], "labeler")  # its own: fine
+        # its own history is insert-only for a day: neither changed nor erased...
+        assert await conn.execute("DELETE FROM session_history") == "DELETE 0"
+        assert await conn.execute(
+            "UPDATE session_history SET at = now() - interval '30 days'"
+        ) == "UPDATE 0"  # fmt: skip
+        assert await conn.fetchval("SELECT count(*) FROM session_history") == 1
+        # ...then its retention may prune it (locked, then deleted, as retention does)
+        await db.execute("UPDATE session_history SET at = compute_now() - interval '25 hours'")
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
+            await conn.execute("UPDATE session_history SET at = at")  # locked, never changed
+        pruned = await conn.execute(
+            "DELETE FROM session_history WHERE ctid = ANY(ARRAY("
+            "SELECT ctid FROM session_history FOR UPDATE SKIP LOCKED))"
+        )
+        assert pruned == "DELETE 1"  # its own; the replay's old row stays
     finally:
         await conn.close()
+    assert await db.fetchval("SELECT array_agg(worker) FROM session_history") == ["replay"]
     assert await db.fetchval("SELECT count(*) FROM outbox WHERE worker = 'replay'") == 1
     assert await db.fetchval(
         "SELECT holder FROM controller_leases WHERE name = 'replay-loop'"

@@ -74,3 +74,5 @@ def test_settings_read_the_same_syntax() -> None:
         ConsumerSettings(ack_wait="PT45S")  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="positive"):
         RetentionSettings(session_history="0s")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="at least 1d"):
+        RetentionSettings(session_history="23h")  # type: ignore[arg-type]

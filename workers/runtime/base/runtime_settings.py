@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, FilePath, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings
 
-from workers.runtime.base.setting_types import Duration, Seconds, env_group
+from workers.runtime.base.setting_types import Duration, Seconds, env_group, format_duration
 
 
 class DatabaseSettings(BaseSettings):
@@ -212,6 +212,11 @@ class OutboxSettings(BaseSettings):
     publish_timeout: Seconds = Field(default=5.0, gt=0, description="the relay's wait for a PubAck")
 
 
+#: The youngest session history a worker's login may delete (its retention's pruning):
+#: younger rows are insert-only (row-level security, workers.runtime.store.roles).
+HISTORY_FLOOR = timedelta(days=1)
+
+
 class RetentionSettings(BaseSettings):
     """Pruning of old rows, in bounded batches, by one leased replica."""
 
@@ -225,9 +230,22 @@ class RetentionSettings(BaseSettings):
         description="keep inbox rows this long: longer than the facts stream's max age (24 h)",
     )
     session_history: Duration = Field(
-        default=timedelta(days=7), description="keep session history (bcw explain) this long"
+        default=timedelta(days=7),
+        description="keep session history (bcw explain) this long; at least 1 day (a "
+        "worker's login may not delete a younger row)",
     )
     interval: Seconds = Field(default=60.0, gt=0, description="between pruning passes")
+
+    @field_validator("session_history")
+    @classmethod
+    def _history_kept_a_day(cls, value: timedelta) -> timedelta:
+        if value < HISTORY_FLOOR:
+            raise ValueError(
+                f"must be at least {format_duration(HISTORY_FLOOR)}: "
+                "a younger session history cannot be deleted"
+            )
+        return value
+
     batch: int = Field(default=5000, ge=1, description="rows deleted per statement")
     lease_ttl: Duration = Field(
         default=timedelta(seconds=30), description="lease of the pruning loop"

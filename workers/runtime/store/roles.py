@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from workers.runtime.base.runtime_settings import HISTORY_FLOOR
 from workers.runtime.store.leases import inbox_pruning
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,8 @@ class Grant:
 
 #: every table of the schema (a test keeps this equal to the migrated database's tables)
 TABLES = (
-    "clock_offset", "commands", "controller_leases", "gateways", "hello_seen", "liveness_gateways",
+    "clock_offset", "commands", "controller_leases", "gateway_logins", "gateways", "hello_seen",
+    "liveness_gateways",
     "liveness_sweeps", "node_alternations", "node_certs", "node_events", "node_inventory",
     "node_labels",
     "node_sessions", "nodes", "session_history",
@@ -136,6 +138,13 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         Grant("SELECT, INSERT", "node_inventory"),
         Grant("UPDATE (hash, body, session_epoch, reported_at)", "node_inventory"),
     ),
+    # a gateway's login, bound to its gateway id (`gateway_logins`): reads what admission
+    # reads, writes only through the gateway functions (`EXECUTES`), only as itself
+    "bcw_gateway_bound": (
+        Grant("SELECT", "clock_offset"),
+        Grant("SELECT", "nodes"),
+        Grant("SELECT", "node_certs"),
+    ),
     "bcw_reader": tuple(Grant("SELECT", table) for table in TABLES),
     # a dedicated outbox relay (`bcw run relay`): every worker's outbox rows, nothing else
     "bcw_relay": (
@@ -167,6 +176,20 @@ OWNED_ROWS = {
     "controller_leases": "(name = '{w}' OR name LIKE '{w}-%' OR name = '{inbox_pruning}')",
 }
 
+#: The session history is written once: a worker inserts and reads its own rows, and may
+#: delete (or lock, to delete) only those older than `HISTORY_FLOOR` — its retention's
+#: pruning — so no login of a worker can change or erase what `bcw explain` shows of the
+#: last day. (Policies per command, `{group}_history_<command>`; see `policies_sql`.)
+HISTORY_OLD = f"at < compute_now() - interval '{HISTORY_FLOOR.total_seconds():g} seconds'"
+BY_COMMAND = {
+    "session_history": {
+        "SELECT": ("worker = '{w}'", None),
+        "INSERT": (None, "worker = '{w}'"),
+        "DELETE": (f"worker = '{{w}}' AND {HISTORY_OLD}", None),
+        "UPDATE": (f"worker = '{{w}}' AND {HISTORY_OLD}", "false"),  # a lock, never a change
+    },
+}
+
 
 def worker_of(group: str) -> str | None:
     """The worker a group role is the role of (it has the runtime's grants), if any."""
@@ -188,20 +211,68 @@ def policies_sql(groups: tuple[str, ...] | None = None) -> dict[str, str]:
             if not any(grant.table == table for grant in GROUPS[group]):
                 continue
             worker = worker_of(group)
+            if worker and table in BY_COMMAND:
+                lines += [  # one for all commands (main before 0.4.0) would allow them all
+                    "IF EXISTS (SELECT 1 FROM pg_policies WHERE schemaname = current_schema()"
+                    f" AND tablename = '{table}' AND policyname = '{group}_rows') THEN",
+                    f"    DROP POLICY {group}_rows ON {table}; END IF;",
+                ]
+                for command, (using, check) in BY_COMMAND[table].items():
+                    clauses = "".join(
+                        f" {word} ({expression.format(w=worker)})"
+                        for word, expression in (("USING", using), ("WITH CHECK", check))
+                        if expression is not None
+                    )
+                    lines += _policy(
+                        table, f"{group}_history_{command.lower()}", group, command, clauses
+                    )
+                continue
             rows = own.format(w=worker, inbox_pruning=inbox_pruning([worker])) if worker else "true"
-            lines += [
-                "IF NOT EXISTS (SELECT 1 FROM pg_policies WHERE schemaname = current_schema()"
-                f" AND tablename = '{table}' AND policyname = '{group}_rows') THEN",
-                f"    CREATE POLICY {group}_rows ON {table} TO {group}"
-                f" USING ({rows}) WITH CHECK ({rows}); END IF;",
-            ]
+            lines += _policy(
+                table, f"{group}_rows", group, "ALL", f" USING ({rows}) WITH CHECK ({rows})"
+            )
         lines.append("END $$;")
         out[table] = "\n".join(lines) + "\n"
     return out
 
 
-#: the test hook that moves the fleet's clock: the schema owner's alone
-OWNER_ONLY_FUNCTIONS = ("set_compute_now_offset(interval)",)
+def _policy(table: str, name: str, group: str, command: str, clauses: str) -> list[str]:
+    return [
+        "IF NOT EXISTS (SELECT 1 FROM pg_policies WHERE schemaname = current_schema()"
+        f" AND tablename = '{table}' AND policyname = '{name}') THEN",
+        f"    CREATE POLICY {name} ON {table} FOR {command} TO {group}{clauses}; END IF;",
+    ]
+
+
+#: The functions that run with their owner's rights and write for a gateway
+#: (migrations/core/0026_gateway_functions.sql): each checks the login may act as the
+#: gateway it names, its lease epoch and the node's session.
+GATEWAY_FUNCTIONS = (
+    "gateway_acquire(text,interval)",
+    "gateway_renew(text,bigint,interval)",
+    "gateway_drain(text,bigint,boolean)",
+    "gateway_release(text,bigint)",
+    "gateway_hello(text,bigint,text,text,text,text,text,text,integer,text,boolean,bigint,bigint,"
+    "text,interval,text,uuid)",
+    "gateway_close(text,bigint,text,bigint,text)",
+    "gateway_write_section(text,bigint,text,bigint,text,text,jsonb)",
+)
+
+#: group → the functions only it (and the owner) may execute; every other function of the
+#: schema runs with its caller's rights, and any group may call it
+EXECUTES: dict[str, tuple[str, ...]] = {"bcw_gateway_bound": GATEWAY_FUNCTIONS}
+
+#: the test hook that moves the fleet's clock, and the gateway functions' binding check
+#: (which they call as the owner): the schema owner's alone
+OWNER_ONLY_FUNCTIONS = ("set_compute_now_offset(interval)", "gateway_as(text)")
+
+
+def may_execute(group: str, function: str) -> bool:
+    """Whether `group` may execute `function` (a signature, `name(type,…)`). Pure."""
+    if function in OWNER_ONLY_FUNCTIONS:
+        return False
+    granted = [f for functions in EXECUTES.values() for f in functions]
+    return function not in granted or function in EXECUTES.get(group, ())
 
 
 def grants_sql(groups: tuple[str, ...] | None = None) -> str:
@@ -213,9 +284,8 @@ def grants_sql(groups: tuple[str, ...] | None = None) -> str:
         "-- bc-workers: least-privilege grants of its group roles (bcw migrate --print-grants)",
         "-- Run as the owner of the schema's tables, in the database, after `bcw migrate`.",
     ]
-    lines += [
-        f"REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC;" for function in OWNER_ONLY_FUNCTIONS
-    ]
+    restricted = (*OWNER_ONLY_FUNCTIONS, *(f for fs in EXECUTES.values() for f in fs))
+    lines += [f"REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC;" for function in restricted]
     lines.append(
         "DO $$ BEGIN EXECUTE format('REVOKE CREATE ON SCHEMA %I FROM PUBLIC', current_schema()); "
         "END $$;"
@@ -228,6 +298,7 @@ def grants_sql(groups: tuple[str, ...] | None = None) -> str:
             "END $$;"
         )
         lines += [f"GRANT {g.privileges} ON {g.table} TO {group};" for g in GROUPS[group]]
+        lines += [f"GRANT EXECUTE ON FUNCTION {f} TO {group};" for f in EXECUTES.get(group, ())]
     return "\n".join(lines) + "\n"
 
 

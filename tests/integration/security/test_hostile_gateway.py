@@ -1,0 +1,208 @@
+"""A hostile gateway, logged in to the database as itself: gw-1's login (`bcw_gateway_bound`,
+bound to gw-1) tries, with bare SQL and with the gateway functions, everything that is
+not its job — writing as gw-2, taking, renewing, draining or releasing gw-2's lease,
+closing gw-2's sessions, writing their inventory, acting on a stale lease, binding itself
+to another gateway. Each is refused or finds nothing, and gw-2's rows are byte for byte
+what they were. A login of the group bound to no gateway may do nothing at all."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import asyncpg
+import pytest
+from nats.aio.client import Client as NATS
+
+from schemas.subjects import Subjects
+from tests.integration import fleet
+from tests.integration.security.conftest import _as, _login
+from tests.integration.streams import RecordingStream
+from tests.integration.support import bcw
+from workers.gateway import Gateway, HelloRequest
+from workers.runtime.bus import streams
+
+pytestmark = pytest.mark.slow
+
+TTL = timedelta(seconds=15)
+
+
+def _hello(node: str, boot: str = "b1") -> HelloRequest:
+    return HelloRequest(node_id=node, cert_serial=f"{node}-serial", role="worker",
+                        boot_id=boot, journal_id="j1", inventory_hashes={"cpu": "c1"})  # fmt: skip
+
+
+async def _snapshot(db: asyncpg.Connection) -> tuple[object, ...]:
+    """gw-2's lease and n2's session and inventory, as stored."""
+    return (
+        tuple(await db.fetchrow("SELECT * FROM gateways WHERE gateway_id = 'gw-2'")),
+        tuple(await db.fetchrow("SELECT * FROM node_sessions WHERE node_id = 'n2'")),
+        tuple(tuple(r) for r in await db.fetch("SELECT * FROM node_inventory ORDER BY 1, 2")),
+        tuple(tuple(r) for r in await db.fetch("SELECT * FROM gateway_logins ORDER BY 1")),
+    )
+
+
+@contextlib.asynccontextmanager
+async def _connected(url: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def gw2(
+    logins: dict[str, str], nc: NATS, subjects: Subjects, db: asyncpg.Connection
+) -> AsyncIterator[Gateway]:
+    """gw-2, run by the reference gateway under a login of its own, holding node n2."""
+    await streams.provision_streams(nc.jetstream(), subjects)
+    with contextlib.suppress(asyncpg.DuplicateObjectError):
+        await db.execute("CREATE ROLE gw2_login_t LOGIN IN ROLE bcw_gateway_bound")
+    await db.execute("INSERT INTO gateway_logins VALUES ('gw2_login_t', 'gw-2')")
+    await fleet.join(db, "n2")
+    pool = await asyncpg.create_pool(
+        _as(logins["bcw_gateway_bound"], "gw2_login_t"), min_size=1, max_size=2
+    )
+    gateway = Gateway("gw-2", pool, nc, subjects)
+    await gateway.start(autotick=None)
+    welcome = await gateway.hello(_hello("n2"), RecordingStream())
+    await gateway.inventory("n2", welcome.epoch, "cpu", "c1", {"cores": 8})
+    try:
+        yield gateway
+    finally:
+        await gateway.stop(graceful=False)
+        await pool.close()
+
+
+async def test_gw1s_login_can_neither_write_nor_act_as_gw2(
+    logins: dict[str, str], gw2: Gateway, db: asyncpg.Connection
+) -> None:
+    before = await _snapshot(db)
+    lease2 = gw2.lease_epoch
+    epoch2 = await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n2'")
+    as_gw2 = [
+        ("SELECT gateway_acquire('gw-2', $1)", (TTL,)),
+        ("SELECT gateway_renew('gw-2', $1, $2)", (lease2, TTL)),
+        ("SELECT gateway_drain('gw-2', $1, true)", (lease2,)),
+        ("SELECT gateway_release('gw-2', $1)", (lease2,)),
+        ("SELECT gateway_close('gw-2', $1, 'n2', $2, 'x')", (lease2, epoch2)),
+        ("SELECT gateway_write_section('gw-2', $1, 'n2', $2, 'cpu', 'h', '{}')", (lease2, epoch2)),
+        (
+            "SELECT * FROM gateway_hello('gw-2', $1, 'n2', 'n2-serial', 'b9', 'j1', 'worker', "
+            "'1.0.0', 1, 'grpc', false, 0, 0, '', '90s', NULL, NULL)",
+            (lease2,),
+        ),
+    ]
+    bare = [
+        "UPDATE node_sessions SET gateway_id = 'gw-1' WHERE node_id = 'n2'",
+        "UPDATE node_sessions SET session_epoch = session_epoch + 1 WHERE node_id = 'n2'",
+        "UPDATE gateways SET lease_expires_at = compute_now() WHERE gateway_id = 'gw-2'",
+        "DELETE FROM gateways WHERE gateway_id = 'gw-2'",
+        "UPDATE gateway_logins SET gateway_id = 'gw-2' WHERE login = session_user",
+        "INSERT INTO gateway_logins VALUES (session_user, 'gw-2')",
+        "DELETE FROM node_inventory",
+        "UPDATE node_certs SET revoked_at = NULL",
+        "SELECT set_compute_now_offset(interval '1 hour')",
+    ]
+    async with _connected(logins["bcw_gateway_bound"]) as conn:
+        for sql, args in as_gw2:
+            with pytest.raises(asyncpg.InsufficientPrivilegeError, match="acts as gateway gw-1"):
+                await conn.fetchval(sql, *args)
+        for sql in bare:
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute(sql)
+        # as itself: gw-1 holds no session of n2, so its close and its section find nothing
+        lease1 = await conn.fetchval("SELECT gateway_acquire('gw-1', $1)", TTL)
+        assert not await conn.fetchval(
+            "SELECT gateway_close('gw-1', $1, 'n2', $2, 'x')", lease1, epoch2
+        )
+        assert not await conn.fetchval(
+            "SELECT gateway_write_section('gw-1', $1, 'n2', $2, 'cpu', 'forged', '{}')",
+            lease1,
+            epoch2,
+        )
+        # a lease the function caps: no lease of a year to outlive a crash
+        await conn.fetchval("SELECT gateway_renew('gw-1', $1, interval '365 days')", lease1)
+    assert await db.fetchval(
+        "SELECT lease_expires_at <= compute_now() + interval '5 minutes' FROM gateways "
+        "WHERE gateway_id = 'gw-1'"
+    )
+    assert await _snapshot(db) == before
+    assert gw2.alive and "n2" in gw2.sessions
+
+
+async def test_a_stale_lease_writes_nothing_and_a_new_incarnation_fences_the_old(
+    logins: dict[str, str], db: asyncpg.Connection
+) -> None:
+    await fleet.join(db, "n1")
+    async with (
+        _connected(logins["bcw_gateway_bound"]) as old,
+        _connected(logins["bcw_gateway_bound"]) as new,
+    ):
+        stale = await old.fetchval("SELECT gateway_acquire('gw-1', $1)", TTL)
+        fresh = await new.fetchval("SELECT gateway_acquire('gw-1', $1)", TTL)
+        assert fresh == stale + 1
+        row = await old.fetchrow(
+            "SELECT * FROM gateway_hello('gw-1', $1, 'n1', 'n1-serial', 'b1', 'j1', 'worker', "
+            "'1.0.0', 1, 'grpc', false, 0, 0, '', '90s', NULL, NULL)",
+            stale,
+        )
+        assert row["outcome"] == "lease-gone" and row["epoch"] is None
+        assert not await old.fetchval("SELECT gateway_renew('gw-1', $1, $2)", stale, TTL)
+        assert not await old.fetchval("SELECT gateway_drain('gw-1', $1, true)", stale)
+        assert not await old.fetchval("SELECT gateway_release('gw-1', $1)", stale)
+        row = await new.fetchrow(
+            "SELECT * FROM gateway_hello('gw-1', $1, 'n1', 'n1-serial', 'b1', 'j1', 'worker', "
+            "'1.0.0', 1, 'grpc', false, 0, 0, '', '90s', NULL, NULL)",
+            fresh,
+        )
+        assert (row["outcome"], row["epoch"]) == ("opened", 1)
+        assert not await old.fetchval(
+            "SELECT gateway_close('gw-1', $1, 'n1', 1, 'x')", stale
+        )  # the old incarnation cannot end the new one's session
+    assert await db.fetchval("SELECT gateway_id FROM node_sessions WHERE node_id = 'n1'") == "gw-1"
+    assert await db.fetchval("SELECT draining FROM gateways WHERE gateway_id = 'gw-1'") is False
+
+
+async def test_a_login_bound_to_no_gateway_may_do_nothing(
+    logins: dict[str, str], db: asyncpg.Connection
+) -> None:
+    await db.execute("DELETE FROM gateway_logins WHERE login = $1", _login("bcw_gateway_bound"))
+    async with _connected(logins["bcw_gateway_bound"]) as conn:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="bound to no gateway"):
+            await conn.fetchval("SELECT gateway_acquire('gw-1', $1)", TTL)
+    assert await db.fetchval("SELECT count(*) FROM gateways") == 0
+
+
+async def test_bcw_auth_db_binds_and_unbinds_logins(
+    database_url: str, logins: dict[str, str], db: asyncpg.Connection
+) -> None:
+    login = _login("bcw_gateway_bound")
+    code, out = await bcw(
+        "auth", "db", "--bind", f"{login}=gw-7", "--bind", f"{_login('bcw_reader')}=gw-8",
+        BCW_DATABASE_URL=database_url,
+    )  # fmt: skip
+    assert code == 0, out
+    assert f"{login:<24} acts as gw-7\n" in out
+    assert "acts as gw-8  (not IN ROLE bcw_gateway_bound: cannot act)" in out
+    async with _connected(logins["bcw_gateway_bound"]) as conn:
+        assert await conn.fetchval("SELECT gateway_acquire('gw-7', $1)", TTL) == 1
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.fetchval("SELECT gateway_acquire('gw-1', $1)", TTL)
+    code, out = await bcw("auth", "db", "--unbind", login, BCW_DATABASE_URL=database_url)
+    assert code == 0 and login not in out, out
+    for bad in ("nobody_t=gw-1", f"{login}=not a gateway", "no-equals"):
+        code, out = await bcw("auth", "db", "--bind", bad, BCW_DATABASE_URL=database_url)
+        assert code == 2 and len(out.strip().splitlines()) == 1, out
+    assert (
+        "CREATE ROLE nobody_t"
+        in (await bcw("auth", "db", "--bind", "nobody_t=gw-1", BCW_DATABASE_URL=database_url))[1]
+    )
+    rows = await db.fetch("SELECT login, gateway_id FROM gateway_logins ORDER BY 1")
+    assert [tuple(r) for r in rows] == [(_login("bcw_reader"), "gw-8")]
+    code, out = await bcw(
+        "auth", "db", "--bind", f"{login}=gw-1", BCW_DATABASE_URL=logins["bcw_gateway_bound"]
+    )
+    assert code != 0 and "Traceback" not in out, out  # only the owner binds
