@@ -48,13 +48,14 @@ ENGINE ?= $(shell command -v docker || command -v podman)
 image:
 	$(ENGINE) build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
 
-# The settings and principals tables in the docs, rewritten from the code (unit tests
+# The settings, principals and database roles tables in the docs, rewritten from the code (unit tests
 # compare them).
 DOCS = README.md docs/runtime.md docs/workers.md
 
 docs: $(STAMP)
 	$(BIN)/python -m workers.runtime.base.settings_docs $(DOCS)
 	$(BIN)/python -m workers.runtime.bus.principals docs/kubernetes.md
+	$(BIN)/python -m workers.runtime.store.roles_doc docs/kubernetes.md
 
 demo: $(STAMP)
 	$(BIN)/bcw demo

@@ -4,7 +4,6 @@ tests/integration/security/test_bus_principals.py)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,9 @@ import pytest
 from schemas.subjects import Subjects
 from workers.cli import main
 from workers.registry import WORKERS
+from workers.runtime.base.settings_docs import block
 from workers.runtime.bus import principals
+from workers.runtime.store import roles, roles_doc
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,11 +22,15 @@ def test_the_principals_name_every_worker() -> None:
     assert tuple(sorted(WORKERS)) == principals.WORKER_NAMES
 
 
-def test_the_documentation_shows_the_generated_table() -> None:
+def test_the_documentation_shows_the_generated_tables() -> None:
     doc = (ROOT / "docs" / "kubernetes.md").read_text()
-    table = re.search(r"<!-- principals:begin -->\n(.*?)<!-- principals:end -->", doc, re.S)
-    assert table is not None
-    assert table.group(1) == principals.markdown(Subjects("bc"))
+    assert block(doc, "principals") == principals.markdown(Subjects("bc"))
+    assert block(doc, "roles") == roles_doc.markdown()  # the database's groups
+
+
+def test_every_database_group_says_what_it_is_for() -> None:
+    assert set(roles_doc.PURPOSES) == set(roles.GROUPS)
+    assert "| `bcw_gateway_bound` |" in roles_doc.markdown()
 
 
 def _grants(name: str) -> principals.Principal:

@@ -71,6 +71,23 @@ def _default(info: FieldInfo) -> str:
     return f"`{value}`"
 
 
+def rewrite_block(path: Path, name: str, body: str) -> bool:
+    """Put `body` between a doc's `<!-- name:begin -->` and `<!-- name:end -->` (the other
+    generated tables: the bus principals, the database roles); whether it changed."""
+    text = path.read_text(encoding="utf-8")
+    pattern = re.compile(rf"(<!-- {name}:begin -->\n)(.*?)(<!-- {name}:end -->)", re.S)
+    wanted = pattern.sub(lambda m: m.group(1) + body + m.group(3), text)
+    if wanted != text:
+        path.write_text(wanted, encoding="utf-8")
+    return wanted != text
+
+
+def block(text: str, name: str) -> str | None:
+    """What a doc holds between its `name` markers (None: it has none)."""
+    found = re.search(rf"<!-- {name}:begin -->\n(.*?)<!-- {name}:end -->", text, re.S)
+    return found.group(1) if found else None
+
+
 def main(argv: list[str]) -> int:
     """`python -m workers.runtime.base.settings_docs [--check] FILE…`: rewrite (or, with
     `--check`, compare) the settings blocks of these files."""

@@ -34,6 +34,7 @@ from schemas import events, notices
 from schemas.base import GATEWAY_ID_PATTERN, CamelMessage, SnakeMessage
 from schemas.facts import FACT_TYPES
 from schemas.subjects import Subjects
+from workers.runtime.base.settings_docs import rewrite_block
 
 #: the worker kinds (the registry's names; a unit test keeps them equal)
 WORKER_NAMES = ("labeler", "liveness", "quarantine", "recorder", "replay")
@@ -318,12 +319,7 @@ def markdown(subjects: Subjects) -> str:
 
 def rewrite_doc(path: Path, subjects: Subjects) -> bool:
     """Put the generated table between a doc's principals markers; whether it changed."""
-    text = path.read_text(encoding="utf-8")
-    pattern = re.compile(r"(<!-- principals:begin -->\n)(.*?)(<!-- principals:end -->)", re.S)
-    wanted = pattern.sub(lambda m: m.group(1) + markdown(subjects) + m.group(3), text)
-    if wanted != text:
-        path.write_text(wanted, encoding="utf-8")
-    return wanted != text
+    return rewrite_block(path, "principals", markdown(subjects))
 
 
 if __name__ == "__main__":  # `make docs`
