@@ -129,7 +129,7 @@ async def test_one_hello_is_one_trace_from_the_gateway_to_the_dispatch(
         assert fact.attributes["messaging.destination.name"] == subjects.fact("gw-a", "hello")
         assert fact.attributes["server.address"] == "127.0.0.1"
         gateway_sql = {s.name for s in trace if s.kind == "CLIENT" and parent(s) is hello}
-        assert "UPDATE node_sessions" in gateway_sql  # the Hello transaction's epoch bump
+        assert "SELECT gateway_hello" in gateway_sql  # the Hello transaction (its function)
         processed = [s for s in trace if s.name == f"process {root}.facts.{{gateway_id}}.hello"]
         assert {s.attributes["messaging.consumer.group.name"] for s in processed} == HELLO_WORKERS
         assert all(s.kind == "CONSUMER" and parent(s) is fact for s in processed)

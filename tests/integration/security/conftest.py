@@ -1,25 +1,38 @@
 """What the security tests share: a login role per database group, member of that group
-only, and its URL to the test's database (the `bcw_gateway_bound` login acts as gw-1)."""
+only, and its URL to the test's database (the `bcw_gateway_bound` login acts as gw-1);
+every bus principal's key (`keys`, gateways gw-1 and gw-2, subject root `bc`) and a
+nats-server that admits only them (`secured`), one per test module."""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import nats
 import pytest
+from nats.aio.client import Client as NATS
 
+from schemas.subjects import Subjects
 from tests.conftest import Servers
+from workers.embedded import EmbeddedNats
+from workers.registry import WORKERS
+from workers.runtime.base.runtime_settings import NatsSettings
+from workers.runtime.bus import principals
 from workers.runtime.store import migrate, roles
 
 GROUPS = tuple(roles.GROUPS)
 
 
-def _login(group: str) -> str:
+def login_of(group: str) -> str:
+    """The test login role of a group."""
     return f"{group}_login_t"
 
 
-def _as(url: str, user: str) -> str:
+def url_as(url: str, user: str) -> str:
+    """`url` with another user."""
     parts = urlsplit(url)
     host = parts.netloc.rsplit("@", 1)[-1]
     return urlunsplit(parts._replace(netloc=f"{user}@{host}"))
@@ -34,12 +47,12 @@ async def logins(servers: Servers, database_url: str) -> dict[str, str]:
         await migrate.grant(conn)  # as `bcw migrate` does on this very database
         for group in GROUPS:
             with contextlib.suppress(asyncpg.DuplicateObjectError, asyncpg.UniqueViolationError):
-                await conn.execute(f"CREATE ROLE {_login(group)} LOGIN IN ROLE {group}")
+                await conn.execute(f"CREATE ROLE {login_of(group)} LOGIN IN ROLE {group}")
         # the gateway login acts as gw-1 (bcw auth db --bind)
         await conn.execute(
             "INSERT INTO gateway_logins (login, gateway_id) VALUES ($1, 'gw-1') "
             "ON CONFLICT (login) DO NOTHING",
-            _login("bcw_gateway_bound"),
+            login_of("bcw_gateway_bound"),
         )
         members = await conn.fetch(
             """
@@ -47,9 +60,66 @@ async def logins(servers: Servers, database_url: str) -> dict[str, str]:
               JOIN pg_roles r ON r.oid = m.member JOIN pg_roles g ON g.oid = m.roleid
              WHERE r.rolname = ANY($1)
             """,
-            [_login(g) for g in GROUPS],
+            [login_of(g) for g in GROUPS],
         )
     finally:
         await conn.close()
-    assert sorted((m["login"], m["grp"]) for m in members) == sorted((_login(g), g) for g in GROUPS)
-    return {group: _as(database_url, _login(group)) for group in GROUPS}
+    assert sorted((m["login"], m["grp"]) for m in members) == sorted(
+        (login_of(g), g) for g in GROUPS
+    )
+    return {group: url_as(database_url, login_of(group)) for group in GROUPS}
+
+
+# -- the bus: every principal's key, and a server that knows them -----------------------
+
+SUBJECTS = Subjects("bc")
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("principals")
+    written = principals.write(directory, SUBJECTS, ["gw-1", "gw-2"])
+    assert {p.name for p in written} == {
+        "auth.conf", "admin.nk", "subscriber.nk", "relay.nk", "operator.nk", "gateway-gw-1.nk", "gateway-gw-2.nk",
+        *(f"worker-{w}.nk" for w in sorted(WORKERS)),
+    }  # fmt: skip
+    return directory
+
+
+@pytest.fixture(scope="module")
+def secured(keys: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    conf = keys / "server.conf"
+    conf.write_text('include "auth.conf"\n')
+    server = EmbeddedNats(tmp_path_factory.mktemp("nats-secured"), extra=["-c", str(conf)]).start()
+    yield server.url
+    server.stop()
+
+
+def nats_as(keys: Path, url: str, principal: str) -> NatsSettings:
+    """Settings that connect to `url` as `principal`."""
+    return NatsSettings(url=url, nkey_seed_file=keys / f"{principal}.nk", connect_timeout=2.0)
+
+
+@contextlib.asynccontextmanager
+async def client_as(keys: Path, url: str, principal: str) -> AsyncIterator[tuple[NATS, list[str]]]:
+    """A raw client as `principal` that keeps the server's complaints (permission errors)."""
+    errors: list[str] = []
+
+    async def on_error(error: Exception) -> None:
+        errors.append(str(error))
+
+    seed = keys / f"{principal}.nk"
+    prefix = principals.inbox_prefix(principals.public_key(seed.read_bytes().strip()))
+    nc = await nats.connect(
+        url, nkeys_seed=str(seed), inbox_prefix=prefix, error_cb=on_error, max_reconnect_attempts=0
+    )
+    try:
+        yield nc, errors
+    finally:
+        await nc.close()
+
+
+async def violated(errors: list[str], kind: str) -> bool:
+    """Whether the server told a `client_as` client it broke a permission of `kind`
+    (`Publish`, `Subscription`)."""
+    return any("permissions violation" in e.lower() and kind.lower() in e.lower() for e in errors)

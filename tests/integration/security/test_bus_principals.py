@@ -7,76 +7,28 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import asyncpg
 import nats
 import nats.js.errors
 import pytest
-from nats.aio.client import Client as NATS
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from schemas import REGISTRY
-from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.factories import make_fact
 from tests.integration import fleet
+from tests.integration.security.conftest import SUBJECTS, client_as, nats_as, violated
 from tests.integration.streams import RecordingStream
 from tests.integration.support import bcw, eventually, make_settings, running
-from workers.embedded import EmbeddedNats
 from workers.gateway import Gateway, HelloRequest
 from workers.registry import WORKERS
 from workers.runtime.base.errors import RefusedError
 from workers.runtime.base.runtime_settings import NatsSettings
-from workers.runtime.bus import connection, deadletter, principals
+from workers.runtime.bus import connection, deadletter
 
 pytestmark = pytest.mark.slow
-
-SUBJECTS = Subjects("bc")
-
-
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("principals")
-    written = principals.write(directory, SUBJECTS, ["gw-1", "gw-2"])
-    assert {p.name for p in written} == {
-        "auth.conf", "admin.nk", "subscriber.nk", "relay.nk", "operator.nk", "gateway-gw-1.nk", "gateway-gw-2.nk",
-        *(f"worker-{w}.nk" for w in sorted(WORKERS)),
-    }  # fmt: skip
-    return directory
-
-
-@pytest.fixture(scope="module")
-def secured(keys: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    conf = keys / "server.conf"
-    conf.write_text('include "auth.conf"\n')
-    server = EmbeddedNats(tmp_path_factory.mktemp("nats-secured"), extra=["-c", str(conf)]).start()
-    yield server.url
-    server.stop()
-
-
-def _as(keys: Path, url: str, principal: str) -> NatsSettings:
-    return NatsSettings(url=url, nkey_seed_file=keys / f"{principal}.nk", connect_timeout=2.0)
-
-
-@contextlib.asynccontextmanager
-async def _client(keys: Path, url: str, principal: str) -> AsyncIterator[tuple[NATS, list[str]]]:
-    """A raw client as `principal` that keeps the server's complaints (permission errors)."""
-    errors: list[str] = []
-
-    async def on_error(error: Exception) -> None:
-        errors.append(str(error))
-
-    seed = keys / f"{principal}.nk"
-    prefix = principals.inbox_prefix(principals.public_key(seed.read_bytes().strip()))
-    nc = await nats.connect(
-        url, nkeys_seed=str(seed), inbox_prefix=prefix, error_cb=on_error, max_reconnect_attempts=0
-    )
-    try:
-        yield nc, errors
-    finally:
-        await nc.close()
 
 
 async def test_nobody_unauthenticated_gets_in(secured: str) -> None:
@@ -104,10 +56,11 @@ async def test_each_principal_does_its_work_and_nothing_else(
     # the five workers, each as its own principal; a gateway as gateway-gw-1
     base = make_settings(secured, database_url, SUBJECTS)
     workers = [
-        base.model_copy(update={"nats": _as(keys, secured, f"worker-{name}")}) for name in WORKERS
+        base.model_copy(update={"nats": nats_as(keys, secured, f"worker-{name}")})
+        for name in WORKERS
     ]
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4)
-    gateway_nc = await connection.connect(_as(keys, secured, "gateway-gw-1"), name="gw-1")
+    gateway_nc = await connection.connect(nats_as(keys, secured, "gateway-gw-1"), name="gw-1")
     gateway = Gateway("gw-1", pool, gateway_nc, SUBJECTS)
     async with contextlib.AsyncExitStack() as stack:
         for settings, name in zip(workers, WORKERS, strict=True):
@@ -128,7 +81,7 @@ async def test_each_principal_does_its_work_and_nothing_else(
 
             # subscriber reads the events, and may do nothing else: no consumer of any kind
             # (none to create, change or delete), no publish
-            async with _client(keys, secured, "subscriber") as (nc, errors):
+            async with client_as(keys, secured, "subscriber") as (nc, errors):
                 js = nc.jetstream(timeout=2.0)
 
                 async def connected() -> bool:  # relayed by the liveness worker in its time
@@ -143,7 +96,7 @@ async def test_each_principal_does_its_work_and_nothing_else(
                 await eventually(connected, what="node.connected read by the subscriber")
                 await nc.publish(SUBJECTS.fact("gw-1", "hello"), b"{}")
                 await nc.flush()
-                await eventually(lambda: _violation(errors, "Publish"), what="a refused publish")
+                await eventually(lambda: violated(errors, "Publish"), what="a refused publish")
                 for config in (
                     ConsumerConfig(deliver_policy=DeliverPolicy.ALL),  # ephemeral
                     ConsumerConfig(durable_name="mine", deliver_policy=DeliverPolicy.ALL),
@@ -152,7 +105,7 @@ async def test_each_principal_does_its_work_and_nothing_else(
                     errors.clear()
                     with pytest.raises(nats.errors.TimeoutError):  # refused: no answer
                         await js.add_consumer(SUBJECTS.events_stream, config)
-                    await eventually(lambda: _violation(errors, "Publish"), what="refused")
+                    await eventually(lambda: violated(errors, "Publish"), what="refused")
                 with pytest.raises(nats.errors.TimeoutError):
                     await js.delete_consumer(SUBJECTS.events_stream, "labeler")
             code, output = await bcw(
@@ -167,16 +120,16 @@ async def test_each_principal_does_its_work_and_nothing_else(
             await pool.close()
 
     # gateway-gw-1 may neither publish gw-2's facts, nor read gw-2's notices
-    async with _client(keys, secured, "gateway-gw-1") as (nc, errors):
+    async with client_as(keys, secured, "gateway-gw-1") as (nc, errors):
         fact = make_fact("closed", gateway_id="gw-2")
         await nc.publish(
             SUBJECTS.fact("gw-2", "closed"), json.dumps({"x": str(fact.fact_id)}).encode()
         )
         await nc.flush()
-        await eventually(lambda: _violation(errors, "Publish"), what="gw-2's subject refused")
+        await eventually(lambda: violated(errors, "Publish"), what="gw-2's subject refused")
         await nc.subscribe(SUBJECTS.gateway_notices("gw-2"))
         await nc.flush()
-        await eventually(lambda: _violation(errors, "Subscription"), what="gw-2's notices refused")
+        await eventually(lambda: violated(errors, "Subscription"), what="gw-2's notices refused")
         errors.clear()
         js = nc.jetstream(timeout=1.0)
         with pytest.raises(nats.errors.TimeoutError):  # no answer: the request is refused
@@ -188,10 +141,10 @@ async def test_each_principal_does_its_work_and_nothing_else(
         assert any("consumer.create" in e.lower() for e in errors), errors
 
     # a worker may not publish facts
-    async with _client(keys, secured, "worker-labeler") as (nc, errors):
+    async with client_as(keys, secured, "worker-labeler") as (nc, errors):
         await nc.publish(SUBJECTS.fact("gw-1", "hello"), b"{}")
         await nc.flush()
-        await eventually(lambda: _violation(errors, "Publish"), what="a worker's fact refused")
+        await eventually(lambda: violated(errors, "Publish"), what="a worker's fact refused")
 
 
 async def _one(stream: RecordingStream) -> bool:
@@ -200,10 +153,6 @@ async def _one(stream: RecordingStream) -> bool:
 
 async def _labeled(db: asyncpg.Connection) -> bool:
     return bool(await db.fetchval("SELECT count(*) FROM node_labels WHERE key = 'bc.dev/cap.gpu'"))
-
-
-async def _violation(errors: list[str], kind: str) -> bool:
-    return any("permissions violation" in e.lower() and kind.lower() in e.lower() for e in errors)
 
 
 async def test_a_row_its_relay_may_not_publish_never_stops_the_worker(
@@ -232,7 +181,7 @@ async def test_a_row_its_relay_may_not_publish_never_stops_the_worker(
     )  # fmt: skip
     assert await db.fetchval("SELECT worker FROM outbox WHERE subject = $1", dispatch) == "replay"
     base = make_settings(secured, database_url, SUBJECTS)
-    settings = base.model_copy(update={"nats": _as(keys, secured, "worker-labeler")})
+    settings = base.model_copy(update={"nats": nats_as(keys, secured, "worker-labeler")})
     async with running(settings, [WORKERS["labeler"](settings)]):
 
         async def buried() -> bool:
@@ -243,7 +192,7 @@ async def test_a_row_its_relay_may_not_publish_never_stops_the_worker(
         assert reason == f"this principal may not publish to {forbidden}"
         # still at work: a Hello from gw-1 is labeled
         await fleet.session(db, "n1", epoch=1, gateway_id="gw-1")
-        async with _client(keys, secured, "gateway-gw-1") as (nc, errors):
+        async with client_as(keys, secured, "gateway-gw-1") as (nc, errors):
             fact = fleet.hello("n1", 1, capabilities=["gpu"])
             body, headers = REGISTRY.encode(fact)
             await nc.jetstream().publish(
@@ -259,7 +208,7 @@ async def test_a_row_its_relay_may_not_publish_never_stops_the_worker(
             return [(r["subject"], r["worker"]) for r in left] == [(dispatch, "replay")]
 
         await eventually(only_the_dispatch_left, what="the labeler's rows relayed, not replay's")
-    async with _client(keys, secured, "admin") as (nc, _errors):
+    async with client_as(keys, secured, "admin") as (nc, _errors):
         letters = await deadletter.list_dead_letters(
             nc.jetstream(), SUBJECTS, cause="unpublishable"
         )
@@ -275,7 +224,7 @@ async def test_the_operator_lists_and_redrives_dead_letters_and_reads_events(
         "provision", BCW_NATS_URL=secured, BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk")
     )
     assert code == 0, output
-    async with _client(keys, secured, "admin") as (nc, _errors):
+    async with client_as(keys, secured, "admin") as (nc, _errors):
         js = nc.jetstream()
         await js.publish(
             SUBJECTS.event("node.connected"), b'{"nodeId": "op-1", "epoch": 1}',
@@ -299,7 +248,7 @@ async def test_the_operator_lists_and_redrives_dead_letters_and_reads_events(
     )
     assert code == 0 and "op-1" in out, out
     # and nothing an operator has no business with: no consumer, no stream change
-    async with _client(keys, secured, "operator") as (nc, errors):
+    async with client_as(keys, secured, "operator") as (nc, errors):
         js = nc.jetstream(timeout=2.0)
         with pytest.raises(nats.errors.TimeoutError):
             await js.add_consumer(SUBJECTS.facts_stream, ConsumerConfig(durable_name="mine"))

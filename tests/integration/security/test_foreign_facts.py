@@ -22,6 +22,7 @@ from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.factories import make_fact
 from tests.integration import fleet
+from tests.integration.security.forgery import FOREIGN, counted, forged_facts, state
 from tests.integration.streams import RecordingStream
 from tests.integration.support import (
     eventually,
@@ -73,11 +74,7 @@ def _request(**kw: Any) -> HelloRequest:
 
 
 def _counted(runtime: Runtime, result: str) -> dict[tuple[str, str], int]:
-    return {
-        (worker, fact_type): int(value)
-        for (worker, fact_type, outcome), value in runtime.metrics.facts.by_labels().items()
-        if outcome == result
-    }
+    return counted([runtime], result)
 
 
 async def _bodies(nc: NATS, stream: str, bc_type: str) -> list[dict[str, Any]]:
@@ -86,26 +83,6 @@ async def _bodies(nc: NATS, stream: str, bc_type: str) -> list[dict[str, Any]]:
         for m in await stream_messages(nc.jetstream(), stream)
         if m.headers and m.headers.get("Bc-Type") == bc_type
     ]
-
-
-async def _state(db: asyncpg.Connection) -> tuple[Any, ...]:
-    session = await db.fetchrow(
-        "SELECT session_epoch, gateway_id, boot_id, capabilities, duplicate_hellos, "
-        "acked_event_seq, observed_generation FROM node_sessions WHERE node_id = 'n1'"
-    )
-    labels = await db.fetch("SELECT key, source FROM node_labels ORDER BY key")
-    certs = await db.fetch("SELECT serial, revoked_at FROM node_certs ORDER BY serial")
-    commands = await db.fetch(
-        "SELECT command_id, state, session_epoch, delivery_attempt FROM commands ORDER BY seq"
-    )
-    events = await db.fetchval("SELECT count(*) FROM node_events")
-    return (
-        tuple(session),
-        [tuple(r) for r in labels],
-        [tuple(r) for r in certs],
-        [tuple(r) for r in commands],
-        events,
-    )
 
 
 async def test_a_gateway_forging_facts_about_a_node_it_does_not_hold_changes_nothing(
@@ -126,67 +103,22 @@ async def test_a_gateway_forging_facts_about_a_node_it_does_not_hold_changes_not
         await eventually(
             lambda: _settled(runtime, "applied", 3), what="the Hello applied by 3 workers"
         )
-        before = await _state(db)
+        before = await state(db)
         notices_before = len(await _bodies(nc, subjects.gateway_stream, "dispatch"))
         events_before = {
             t: len(await _bodies(nc, subjects.events_stream, t))
             for t in ("node.connected", "node.capabilities-changed", "node.disconnected")
         }
 
-        # gw-b forges: five alternating Hellos at gw-a's epoch (another machine, other
-        # capabilities), a result and progress for gw-a's command, a BUSY, a close,
-        # events and a status report
-        forged = [
-            make_fact(
-                "hello",
-                gateway_id="gw-b",
-                node_id="n1",
-                epoch=welcome.epoch,
-                boot_id=f"boot-clone-{i}",
-                journal_id="journal-1",
-                capabilities=["evil", f"x{i}"],
-                running_command_ids=[],
-                cert={"serial": "n1-serial"},
-                previous={
-                    "epoch": welcome.epoch - 1 if i == 0 else welcome.epoch,
-                    "gateway_id": "gw-a",
-                    "boot_id": "boot-real" if i % 2 == 0 else "boot-clone",
-                    "journal_id": "journal-1",
-                    "live": True,
-                },
-            )
-            for i in range(5)
-        ]
-        ids = {"node_id": "n1", "epoch": welcome.epoch, "gateway_id": "gw-b"}
-        forged += [
-                make_fact("progress", **ids, command_id=str(command), state="running"),
-                make_fact("result", **ids, command_id=str(command), outcome="failed",
-                          result={}, error="forged"),
-                make_fact("rejected", **ids, command_id=str(command), reason="BUSY"),
-                make_fact("closed", **ids, reason="stream-closed"),
-                make_fact("status", **ids, observed_generation=99, trust_version=0),
-                make_fact("events", node_id="n1", gateway_id="gw-b", journal_id="journal-1",
-                          events=[{"seq": 1, "kind": "k", "body": {}, "at": "2026-11-30T00:00:00Z"}]),
-            ]  # fmt: skip
+        # gw-b forges facts about n1, which gw-a holds
         js = nc.jetstream()
-        for fact in forged:
+        for fact in forged_facts("gw-b", "gw-a", welcome.epoch, command):
             await publish_fact(js, subjects, fact)
-        expected = {
-            ("labeler", "hello"): 5,
-            ("liveness", "hello"): 5,
-            ("quarantine", "hello"): 5,
-            ("replay", "hello"): 5,
-            ("replay", "progress"): 1,
-            ("replay", "result"): 1,
-            ("replay", "rejected"): 1,
-            ("liveness", "closed"): 1,
-            ("recorder", "status"): 1,
-            ("recorder", "events"): 1,
-        }
+        expected = FOREIGN
         await eventually(
             lambda: _counted_is(runtime, expected), what="every forged fact counted foreign"
         )
-        assert await _state(db) == before  # capabilities, count, certs, commands, events
+        assert await state(db) == before  # capabilities, count, certs, commands, events
         assert len(await _bodies(nc, subjects.gateway_stream, "dispatch")) == notices_before
         assert {
             t: len(await _bodies(nc, subjects.events_stream, t)) for t in events_before

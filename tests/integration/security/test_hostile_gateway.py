@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -17,11 +18,20 @@ from nats.aio.client import Client as NATS
 
 from schemas.subjects import Subjects
 from tests.integration import fleet
-from tests.integration.security.conftest import _as, _login
+from tests.integration.security.conftest import (
+    SUBJECTS,
+    client_as,
+    login_of,
+    nats_as,
+    url_as,
+    violated,
+)
+from tests.integration.security.forgery import FOREIGN, counted, forged_facts, state
 from tests.integration.streams import RecordingStream
-from tests.integration.support import bcw
+from tests.integration.support import bcw, eventually, make_settings, publish_fact, running
 from workers.gateway import Gateway, HelloRequest
-from workers.runtime.bus import streams
+from workers.registry import WORKERS
+from workers.runtime.bus import connection, streams
 
 pytestmark = pytest.mark.slow
 
@@ -58,12 +68,10 @@ async def gw2(
 ) -> AsyncIterator[Gateway]:
     """gw-2, run by the reference gateway under a login of its own, holding node n2."""
     await streams.provision_streams(nc.jetstream(), subjects)
-    with contextlib.suppress(asyncpg.DuplicateObjectError):
-        await db.execute("CREATE ROLE gw2_login_t LOGIN IN ROLE bcw_gateway_bound")
-    await db.execute("INSERT INTO gateway_logins VALUES ('gw2_login_t', 'gw-2')")
+    await _bind(db, "gw2_login_t", "gw-2")
     await fleet.join(db, "n2")
     pool = await asyncpg.create_pool(
-        _as(logins["bcw_gateway_bound"], "gw2_login_t"), min_size=1, max_size=2
+        url_as(logins["bcw_gateway_bound"], "gw2_login_t"), min_size=1, max_size=2
     )
     gateway = Gateway("gw-2", pool, nc, subjects)
     await gateway.start(autotick=None)
@@ -169,7 +177,7 @@ async def test_a_stale_lease_writes_nothing_and_a_new_incarnation_fences_the_old
 async def test_a_login_bound_to_no_gateway_may_do_nothing(
     logins: dict[str, str], db: asyncpg.Connection
 ) -> None:
-    await db.execute("DELETE FROM gateway_logins WHERE login = $1", _login("bcw_gateway_bound"))
+    await db.execute("DELETE FROM gateway_logins WHERE login = $1", login_of("bcw_gateway_bound"))
     async with _connected(logins["bcw_gateway_bound"]) as conn:
         with pytest.raises(asyncpg.InsufficientPrivilegeError, match="bound to no gateway"):
             await conn.fetchval("SELECT gateway_acquire('gw-1', $1)", TTL)
@@ -179,9 +187,9 @@ async def test_a_login_bound_to_no_gateway_may_do_nothing(
 async def test_bcw_auth_db_binds_and_unbinds_logins(
     database_url: str, logins: dict[str, str], db: asyncpg.Connection
 ) -> None:
-    login = _login("bcw_gateway_bound")
+    login = login_of("bcw_gateway_bound")
     code, out = await bcw(
-        "auth", "db", "--bind", f"{login}=gw-7", "--bind", f"{_login('bcw_reader')}=gw-8",
+        "auth", "db", "--bind", f"{login}=gw-7", "--bind", f"{login_of('bcw_reader')}=gw-8",
         BCW_DATABASE_URL=database_url,
     )  # fmt: skip
     assert code == 0, out
@@ -201,8 +209,103 @@ async def test_bcw_auth_db_binds_and_unbinds_logins(
         in (await bcw("auth", "db", "--bind", "nobody_t=gw-1", BCW_DATABASE_URL=database_url))[1]
     )
     rows = await db.fetch("SELECT login, gateway_id FROM gateway_logins ORDER BY 1")
-    assert [tuple(r) for r in rows] == [(_login("bcw_reader"), "gw-8")]
+    assert [tuple(r) for r in rows] == [(login_of("bcw_reader"), "gw-8")]
     code, out = await bcw(
         "auth", "db", "--bind", f"{login}=gw-1", BCW_DATABASE_URL=logins["bcw_gateway_bound"]
     )
     assert code != 0 and "Traceback" not in out, out  # only the owner binds
+
+
+async def test_gw2_with_its_own_key_and_login_changes_nothing_of_gw1s(
+    keys: Path, secured: str, logins: dict[str, str], database_url: str, db: asyncpg.Connection
+) -> None:
+    """The whole attacker: gw-2 with its own nkey (on a server that admits only the
+    principals) and its own database login. gw-1 holds n1; gw-2 forges every kind of fact
+    about it on its own subjects (each counted foreign by the workers, each changing
+    nothing), tries gw-1's subjects (refused by the server) and, in the database, gw-1's
+    lease and session (refused), and closes n1 as itself (finds nothing)."""
+    code, output = await bcw(
+        "provision", BCW_NATS_URL=secured, BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk")
+    )
+    assert code == 0, output
+    await _bind(db, "gw2_login_t", "gw-2")
+    await fleet.join(db, "n1")
+    base = make_settings(secured, database_url, SUBJECTS)
+    async with contextlib.AsyncExitStack() as stack:
+        runtimes = []
+        for name in sorted(WORKERS):
+            settings = base.model_copy(update={"nats": nats_as(keys, secured, f"worker-{name}")})
+            runtime, _port = await stack.enter_async_context(
+                running(settings, [WORKERS[name](settings)])
+            )
+            runtimes.append(runtime)
+        gw1 = await _gateway(stack, "gw-1", logins["bcw_gateway_bound"], keys, secured)
+        gw2 = await _gateway(
+            stack, "gw-2", url_as(logins["bcw_gateway_bound"], "gw2_login_t"), keys, secured
+        )
+        stream = RecordingStream()
+        welcome = await gw1.hello(_hello("n1"), stream)
+        command = await db.fetchval("SELECT enqueue_command('n1', 'noop', '{}')")
+        await eventually(lambda: _at_least(len(stream.delivered), 1), what="the dispatch")
+
+        async def hello_applied() -> bool:  # applied, or nothing to do (the quarantine's)
+            settled = {**counted(runtimes, "applied"), **counted(runtimes, "ignored")}
+            return sum(1 for (_w, t) in settled if t == "hello") == 4
+
+        await eventually(hello_applied, what="gw-1's Hello applied by the four Hello workers")
+        before = await state(db)
+
+        async with client_as(keys, secured, "gateway-gw-2") as (nc, errors):
+            js = nc.jetstream(timeout=5.0)
+            for fact in forged_facts("gw-2", "gw-1", welcome.epoch, command):
+                await publish_fact(js, SUBJECTS, fact)
+            await nc.publish(SUBJECTS.fact("gw-1", "closed"), b"{}")  # gw-1's own subject
+            await nc.flush()
+            await eventually(lambda: violated(errors, "Publish"), what="gw-1's subject refused")
+        await eventually(lambda: _is(counted(runtimes, "foreign"), FOREIGN), what="all foreign")
+
+        lease1, lease2 = gw1.lease_epoch, gw2.lease_epoch
+        async with _connected(url_as(logins["bcw_gateway_bound"], "gw2_login_t")) as conn:
+            for sql, args in [
+                ("SELECT gateway_close('gw-1', $1, 'n1', $2, 'x')", (lease1, welcome.epoch)),
+                ("SELECT gateway_renew('gw-1', $1, '1 hour')", (lease1,)),
+                ("SELECT gateway_acquire('gw-1', '15 s')", ()),
+            ]:
+                with pytest.raises(asyncpg.InsufficientPrivilegeError, match="gw-2 only"):
+                    await conn.fetchval(sql, *args)
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute("UPDATE node_sessions SET gateway_id = 'gw-2'")
+            assert not await conn.fetchval(
+                "SELECT gateway_close('gw-2', $1, 'n1', $2, 'x')", lease2, welcome.epoch
+            )
+        assert await state(db) == before  # session, labels, certificates, commands, events
+        assert len(stream.delivered) == 1 and gw1.alive and "n1" in gw1.sessions
+        assert counted(runtimes, "foreign") == FOREIGN  # nothing more, nothing less
+
+
+async def _bind(db: asyncpg.Connection, login: str, gateway: str) -> None:
+    with contextlib.suppress(asyncpg.DuplicateObjectError):
+        await db.execute(f"CREATE ROLE {login} LOGIN IN ROLE bcw_gateway_bound")
+    await db.execute("INSERT INTO gateway_logins VALUES ($1, $2)", login, gateway)
+
+
+async def _gateway(
+    stack: contextlib.AsyncExitStack, gateway_id: str, database: str, keys: Path, url: str
+) -> Gateway:
+    """A started reference gateway logged in as itself, to the database and the bus."""
+    pool = await asyncpg.create_pool(database, min_size=1, max_size=2)
+    stack.push_async_callback(pool.close)
+    nc = await connection.connect(nats_as(keys, url, f"gateway-{gateway_id}"), name=gateway_id)
+    stack.push_async_callback(nc.close)
+    gateway = Gateway(gateway_id, pool, nc, SUBJECTS)
+    await gateway.start(autotick=None)
+    stack.push_async_callback(gateway.stop, False)
+    return gateway
+
+
+async def _at_least(value: int, least: int) -> bool:
+    return value >= least
+
+
+async def _is(value: object, wanted: object) -> bool:
+    return value == wanted
