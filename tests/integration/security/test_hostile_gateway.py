@@ -17,6 +17,7 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from schemas.subjects import Subjects
+from tests.factories import make_fact
 from tests.integration import fleet
 from tests.integration.security.conftest import (
     SUBJECTS,
@@ -28,7 +29,14 @@ from tests.integration.security.conftest import (
 )
 from tests.integration.security.forgery import FOREIGN, counted, forged_facts, state
 from tests.integration.streams import RecordingStream
-from tests.integration.support import bcw, eventually, make_settings, publish_fact, running
+from tests.integration.support import (
+    bcw,
+    eventually,
+    make_settings,
+    publish_fact,
+    running,
+    stream_messages,
+)
 from workers.gateway import Gateway, HelloRequest
 from workers.registry import WORKERS
 from workers.runtime.bus import connection, streams
@@ -222,7 +230,7 @@ async def test_gw2_with_its_own_key_and_login_changes_nothing_of_gw1s(
     """The whole attacker: gw-2 with its own nkey (on a server that admits only the
     principals) and its own database login. gw-1 holds n1; gw-2 forges every kind of fact
     about it on its own subjects (each counted foreign by the workers, each changing
-    nothing), tries gw-1's subjects (refused by the server) and, in the database, gw-1's
+    nothing; its flush naming n1 earns gw-2 a zombie notice, not a fresher n1), tries gw-1's subjects (refused by the server) and, in the database, gw-1's
     lease and session (refused), and closes n1 as itself (finds nothing)."""
     code, output = await bcw(
         "provision", BCW_NATS_URL=secured, BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk")
@@ -254,15 +262,24 @@ async def test_gw2_with_its_own_key_and_login_changes_nothing_of_gw1s(
 
         await eventually(hello_applied, what="gw-1's Hello applied by the four Hello workers")
         before = await state(db)
+        seen = await db.fetchval("SELECT last_seen FROM node_sessions WHERE node_id = 'n1'")
 
         async with client_as(keys, secured, "gateway-gw-2") as (nc, errors):
             js = nc.jetstream(timeout=5.0)
             for fact in forged_facts("gw-2", "gw-1", welcome.epoch, command):
                 await publish_fact(js, SUBJECTS, fact)
+            flush = make_fact(  # "n1 was seen just now", by a gateway that does not hold it
+                "liveness", gateway_id="gw-2",
+                entries=[{"node_id": "n1", "epoch": welcome.epoch, "age_ms": 0}],
+            )  # fmt: skip
+            await publish_fact(js, SUBJECTS, flush)
             await nc.publish(SUBJECTS.fact("gw-1", "closed"), b"{}")  # gw-1's own subject
             await nc.flush()
             await eventually(lambda: violated(errors, "Publish"), what="gw-1's subject refused")
         await eventually(lambda: _is(counted(runtimes, "foreign"), FOREIGN), what="all foreign")
+        await eventually(  # the flush matched nothing: gw-2 is told it holds no n1
+            lambda: _notices(secured, keys, "gw-2"), what="a zombie notice to gw-2"
+        )
 
         lease1, lease2 = gw1.lease_epoch, gw2.lease_epoch
         async with _connected(url_as(logins["bcw_gateway_bound"], "gw2_login_t")) as conn:
@@ -279,6 +296,10 @@ async def test_gw2_with_its_own_key_and_login_changes_nothing_of_gw1s(
                 "SELECT gateway_close('gw-2', $1, 'n1', $2, 'x')", lease2, welcome.epoch
             )
         assert await state(db) == before  # session, labels, certificates, commands, events
+        assert await db.fetchval(
+            "SELECT last_seen FROM node_sessions WHERE node_id = 'n1'"
+        ) == seen  # fmt: skip
+        assert not await _notices(secured, keys, "gw-1")  # nothing told gw-1 to drop n1
         assert len(stream.delivered) == 1 and gw1.alive and "n1" in gw1.sessions
         assert counted(runtimes, "foreign") == FOREIGN  # nothing more, nothing less
 
@@ -301,6 +322,16 @@ async def _gateway(
     await gateway.start(autotick=None)
     stack.push_async_callback(gateway.stop, False)
     return gateway
+
+
+async def _notices(url: str, keys: Path, gateway: str) -> bool:
+    """Whether a zombie notice was sent to `gateway` (read as admin)."""
+    nc = await connection.connect(nats_as(keys, url, "admin"), name="reader")
+    try:
+        messages = await stream_messages(nc.jetstream(), SUBJECTS.gateway_stream)
+    finally:
+        await nc.close()
+    return any(m.subject == SUBJECTS.notice(gateway, "zombie") for m in messages)
 
 
 async def _at_least(value: int, least: int) -> bool:
