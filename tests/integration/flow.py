@@ -22,7 +22,10 @@ from tests.integration import fleet
 from tests.integration.support import count, publish_through_outages, stream_messages
 
 GATEWAY = "gw-1"
-WORKERS_WITH_HELLO_EFFECTS = ("labeler", "liveness", "replay")
+#: the workers a Hello has effects in that keep an inbox row per fact; the third, the
+#: labeler, keeps none (its effects are idempotent by construction): its labels say it
+#: is done
+WITH_INBOX = ("liveness", "replay")
 
 
 def capabilities(i: int) -> list[str]:
@@ -55,15 +58,23 @@ class HelloFlow:
             await publish_through_outages(js, subjects, fact)
             await asyncio.sleep(1 / per_second)
 
+    @property
+    def labels(self) -> int:
+        """The system labels the labeler owes the flow."""
+        return sum(len(capabilities(i)) for i in range(self.size))
+
     async def done(self, database_url: str) -> bool:
         """Every Hello handled by every worker with effects, and the outbox empty."""
         handled = await count(
             database_url,
             "SELECT count(*) FROM processed_facts WHERE consumer = ANY($1::text[])",
-            list(WORKERS_WITH_HELLO_EFFECTS),
+            list(WITH_INBOX),
+        )
+        labels = await count(
+            database_url, "SELECT count(*) FROM node_labels WHERE source = 'system'"
         )
         outbox = await count(database_url, "SELECT count(*) FROM outbox")
-        return handled == self.size * len(WORKERS_WITH_HELLO_EFFECTS) and outbox == 0
+        return handled == self.size * len(WITH_INBOX) and labels == self.labels and outbox == 0
 
     async def assert_exact(self, database_url: str, nc: NATS, subjects: Subjects) -> None:
         """Every effect once: inbox rows, capabilities, labels, events; nothing dead."""
@@ -79,11 +90,12 @@ class HelloFlow:
             labels = await conn.fetchval("SELECT count(*) FROM node_labels WHERE source = 'system'")
         finally:
             await conn.close()
-        for worker in WORKERS_WITH_HELLO_EFFECTS:
+        for worker in WITH_INBOX:
             assert per_consumer.get(worker) == self.size, (worker, per_consumer)
+        assert "labeler" not in per_consumer, per_consumer  # it keeps no inbox
         for i, node in enumerate(self.nodes):
             assert stored[node] == capabilities(i), node
-        assert labels == sum(len(capabilities(i)) for i in range(self.size))
+        assert labels == self.labels
 
         events = await stream_messages(nc.jetstream(), subjects.events_stream)
         by_type: dict[str, Counter[str]] = {}

@@ -25,6 +25,7 @@ from tests.integration.support import eventually
 from tests.upgrade.release import Release, install, previous_release
 from workers.bench.chaos import (
     HELLO_WORKERS,
+    INBOX_WORKERS,
     count_effects,
     hellos_handled,
     join_fleet,
@@ -128,7 +129,8 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
     assert at_stop < total, "the new workers handled facts after the old ones stopped"
     assert (figures["effects applied"], figures["duplicates"], figures["lost"]) == (NODES, 0, 0)
     assert figures["dead-lettered"] == 0
-    assert [figures[f"inbox rows ({w})"] for w in HELLO_WORKERS] == [NODES] * len(HELLO_WORKERS)
+    assert [figures[f"inbox rows ({w})"] for w in INBOX_WORKERS] == [NODES] * len(INBOX_WORKERS)
+    assert figures["nodes labeled"] == NODES
 
 
 def as_sent_by(release: Release, bc_type: str) -> Callable[[bytes], bytes]:

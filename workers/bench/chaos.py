@@ -11,7 +11,9 @@ lost, dead-lettered. The last three must be 0 (exit 1 otherwise).
 
 A Hello's effects are counted where an operator would see them: its `node.connected`
 and `node.capabilities-changed` events (exactly one each, per node), its capabilities
-row, and the inbox rows of the three workers it concerns.
+row, the inbox rows of the two workers it concerns that keep one (liveness, replay) and
+the labels of the third (the labeler keeps no inbox: its effects are idempotent by
+construction).
 """
 
 from __future__ import annotations
@@ -45,6 +47,14 @@ from workers.runtime.store import migrate
 
 GATEWAY = "gw-0"
 HELLO_WORKERS = ("labeler", "liveness", "replay")
+#: those of them that keep an inbox row per fact; the labeler's labels say it is done
+INBOX_WORKERS = ("liveness", "replay")
+
+#: per Hello, once handled: an inbox row of each worker that keeps one, and its node labeled
+HANDLED = """
+SELECT (SELECT count(*) FROM processed_facts WHERE consumer = ANY($1::text[]))
+     + (SELECT count(DISTINCT node_id) FROM node_labels WHERE source = 'system')
+"""
 
 
 @dataclass
@@ -274,17 +284,12 @@ async def publish_hellos(
 
 
 async def hellos_handled(database_url: str) -> int:
-    """Inbox rows of the Hello workers: 3 per Hello once it is handled (0 while the
-    database cannot be reached)."""
+    """3 per Hello once its three workers handled it (`HANDLED`; 0 while the database
+    cannot be reached)."""
     with contextlib.suppress(Exception):
         conn = await asyncpg.connect(database_url, timeout=3)
         try:
-            return int(
-                await conn.fetchval(
-                    "SELECT count(*) FROM processed_facts WHERE consumer = ANY($1::text[])",
-                    list(HELLO_WORKERS),
-                )
-            )
+            return int(await conn.fetchval(HANDLED, list(INBOX_WORKERS)))
         finally:
             await conn.close()
     return 0
@@ -311,7 +316,8 @@ async def count_effects(
     database_url: str, subjects: Subjects, nc: NATS, nodes: list[str]
 ) -> dict[str, int]:
     """Facts published, effects applied (each node's two events and its capabilities row),
-    duplicates, lost, dead-lettered, and the inbox rows of the Hello workers."""
+    duplicates, lost, dead-lettered, the inbox rows of the Hello workers that keep one and
+    the nodes labeled."""
     conn = await asyncpg.connect(database_url)
     try:
         stored = {
@@ -320,6 +326,9 @@ async def count_effects(
         }
         inbox = Counter(
             dict(await conn.fetch("SELECT consumer, count(*) FROM processed_facts GROUP BY 1"))
+        )
+        labeled = await conn.fetchval(
+            "SELECT count(DISTINCT node_id) FROM node_labels WHERE source = 'system'"
         )
     finally:
         await conn.close()
@@ -340,7 +349,8 @@ async def count_effects(
         "duplicates": duplicates,
         "lost": len(nodes) - applied,
         "dead-lettered": dead,
-        **{f"inbox rows ({worker})": inbox[worker] for worker in HELLO_WORKERS},
+        **{f"inbox rows ({worker})": inbox[worker] for worker in INBOX_WORKERS},
+        "nodes labeled": int(labeled),
     }
 
 

@@ -3,6 +3,12 @@
 Sanitizes what a daemon advertises, writes `node_sessions.capabilities` fenced on the
 Hello's epoch, keeps the system labels `bc.dev/cap.<name>=1` in step (operator labels
 are never touched), and publishes `node.capabilities-changed` when the set changed.
+
+Without an inbox: every effect is idempotent by construction. The writes are fenced on
+the Hello's epoch and set values (capabilities, labels); the event is published only
+when the labels changed; rows are locked before they are read. So a Hello delivered again
+— at once, after a newer Hello, or to another replica at the same moment — finds
+nothing to do.
 """
 
 from __future__ import annotations
@@ -13,4 +19,4 @@ from workers.runtime.effects.worker import Worker
 
 
 def build(settings: Settings) -> Worker:
-    return Worker(name="labeler", fact_types=("hello",), handle=handle)
+    return Worker(name="labeler", fact_types=("hello",), handle=handle, inbox=False)

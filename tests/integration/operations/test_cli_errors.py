@@ -253,7 +253,7 @@ async def test_run_stops_on_sigterm_in_the_middle_of_a_database_partition(
         "BCW_CONSUMER_ACK_WAIT": "15",
         "BCW_DATABASE_COMMAND_TIMEOUT": "10",
     }
-    labeled = "SELECT count(*) FROM processed_facts WHERE consumer = 'labeler'"
+    labeled = "SELECT count(DISTINCT node_id) FROM node_labels WHERE source = 'system'"
     try:
         process = await _spawn_run(
             {

@@ -6,6 +6,7 @@ Each test runs a worker process in-task (its own database and subject root) with
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import asyncpg
@@ -87,6 +88,32 @@ async def test_a_fact_published_twice_takes_effect_once(
         )
     assert await _effects(tally_db) == [1]
     assert len(await stream_messages(js, subjects.events_stream)) == 1
+
+
+async def test_without_an_inbox_a_fact_reaches_the_rules_once_per_batch_and_each_delivery(
+    servers: Servers, nc: NATS, subjects: Subjects, tally_db: str
+) -> None:
+    """What the inbox gives, shown by its absence: a worker without one (`inbox=False`,
+    for effects idempotent by construction) gets a fact twice in one batch once, but a
+    delivery in a later batch reaches its rules again — the tally, whose effect is a
+    counter (not idempotent), counts it twice — and no inbox row is written."""
+    settings = make_settings(servers.nats_url, tally_db, subjects)
+    js = nc.jetstream()
+    await streams.provision_streams(js, subjects)
+    fact = status_fact()
+    await publish_fact(js, subjects, fact, msg_id="first")
+    await publish_fact(js, subjects, fact, msg_id="second")  # same fact, same batch
+    worker = dataclasses.replace(build_tally(), inbox=False)
+    async with running(settings, [worker]) as (runtime, _port):
+        await eventually(lambda: tally_rows(tally_db, 1), what="the effect")
+        await publish_fact(js, subjects, fact, msg_id="third")  # same fact, a later batch
+        await eventually(
+            lambda: already(runtime.metrics.facts.value("tally", "status", "applied") == 2),
+            what="the later delivery applied",
+        )
+        assert runtime.metrics.facts.value("tally", "status", "duplicate") == 1
+    assert await _effects(tally_db) == [2]
+    assert await count(tally_db, "SELECT count(*) FROM processed_facts") == 0
 
 
 async def test_a_fact_redelivered_after_a_crash_before_the_ack_takes_effect_once(

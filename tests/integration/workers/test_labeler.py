@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 import pytest
 from nats.aio.client import Client as NATS
@@ -12,6 +14,8 @@ from tests.integration import fleet
 from tests.integration.driver import Driver, driving, fetch
 from tests.integration.support import eventually, publish_fact
 from workers import labeler
+from workers.labeler import apply
+from workers.runtime.effects.worker import Tx
 
 
 @pytest.fixture
@@ -116,13 +120,71 @@ async def test_invalid_names_are_dropped_and_the_65th_is_not_stored(
     assert len(await _labels(db, "n1")) == 64
 
 
-async def test_redelivery_is_a_no_op(drive: Driver, db: asyncpg.Connection) -> None:
+async def test_a_hello_delivered_again_changes_nothing_the_second_time(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    """No inbox: the labeler's effects are idempotent by construction. The same Hello
+    again (a re-publish outside the duplicate window, so JetStream stores it) reaches the
+    rules and finds nothing to do: the same capabilities, labels and one event; and no
+    inbox row is written."""
     await fleet.session(db, "n1", epoch=1)
     first = fleet.hello("n1", 1, capabilities=["nvml"])
     await drive.send(first)
-    await drive.send(first, again=True)  # the same fact again (a re-publish outside the window)
-    assert drive.settled("duplicate") == 1
+    before = (await _caps(db, "n1"), await _labels(db, "n1"))
+    await drive.send(first, again=True)
+    assert (await _caps(db, "n1"), await _labels(db, "n1")) == before
     assert len(await drive.published("node.capabilities-changed")) == 1
+    assert drive.settled("applied") == 2
+    assert await db.fetchval("SELECT count(*) FROM processed_facts") == 0
+
+
+async def test_a_hello_redelivered_after_a_newer_one_changes_nothing(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=1)
+    older = fleet.hello("n1", 1, capabilities=["nvml", "old"])
+    await drive.send(older)
+    await fleet.session(db, "n1", epoch=2)
+    await drive.send(fleet.hello("n1", 2, capabilities=["nvml"]))
+    after = (await _caps(db, "n1"), await _labels(db, "n1"))
+    await drive.send(older, again=True)  # the epoch-1 Hello once more, after epoch 2's
+    assert (await _caps(db, "n1"), await _labels(db, "n1")) == after == (
+        ["nvml"], [("bc.dev/cap.nvml", "1", "system")]
+    )  # fmt: skip
+    assert drive.settled("stale") == 1
+    assert len(await drive.published("node.capabilities-changed")) == 2
+
+
+async def test_one_hello_applied_by_two_replicas_at_once_makes_one_event(
+    db: asyncpg.Connection, database_url: str, subjects: Subjects
+) -> None:
+    """A redelivery to another replica while the first still holds the fact: the second
+    transaction waits for the first's row locks, then reads what it committed and finds
+    nothing to do — one write of the labels, one event."""
+    await fleet.session(db, "n1", epoch=1)
+    hello = fleet.hello("n1", 1, capabilities=["nvml", "ib"])
+    first, second = await asyncpg.connect(database_url), await asyncpg.connect(database_url)
+    try:
+        tx1 = first.transaction()
+        await tx1.start()
+        one = Tx(first, subjects, {}, worker="labeler")
+        await apply.handle(one, [hello])  # holds n1's row lock until it commits
+        tx2 = second.transaction()
+        await tx2.start()
+        two = Tx(second, subjects, {}, worker="labeler")
+        waiting = asyncio.create_task(apply.handle(two, [hello]))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()  # blocked on the lock, not deciding on what it read
+        await tx1.commit()
+        await waiting
+        await tx2.commit()
+    finally:
+        await first.close()
+        await second.close()
+    assert [len(one.outbox.rows), len(two.outbox.rows)] == [1, 0]
+    assert await _labels(db, "n1") == [
+        ("bc.dev/cap.ib", "1", "system"), ("bc.dev/cap.nvml", "1", "system")
+    ]  # fmt: skip
 
 
 async def test_a_batch_of_many_nodes_is_labeled(drive: Driver, db: asyncpg.Connection) -> None:

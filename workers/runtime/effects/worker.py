@@ -112,6 +112,12 @@ class Worker:
     #: handler sees it (`provenance`): every worker of the fleet is; a worker whose facts
     #: are not about a node's sessions (the runtime's own test worker) is not
     bound_to_gateways: bool = True
+    #: whether the facts it applied are recorded (its inbox, `processed_facts`), so that a
+    #: redelivered fact reaches no rule. False for a worker whose every effect is
+    #: idempotent by construction — writes fenced on the epoch, set to a value, published
+    #: only when the state changed — so that a redelivery, even after a newer fact, finds
+    #: nothing to do (docs/runtime.md, "Exactly once, worker by worker")
+    inbox: bool = True
 
     def consumer_spec(self, subjects: Subjects) -> ConsumerSpec:
         return ConsumerSpec(
@@ -126,7 +132,15 @@ async def apply_batch(
     """A batch inside its transaction (the caller writes `tx.outbox` then commits): the
     facts new to the worker's inbox, in stream order — a fact delivered twice, even twice
     in one batch, is fresh once — go to the handler; a fact whose outcome keeps no inbox
-    row leaves none. Returns the fresh facts and their outcomes."""
+    row leaves none. A worker without an inbox gets each fact of the batch once (its
+    first delivery in the batch); one delivered again later reaches its rules again, and
+    they find nothing to do. Returns the fresh facts and their outcomes."""
+    if not worker.inbox:
+        once: dict[uuid.UUID, Fact] = {}
+        for fact in facts:
+            once.setdefault(fact.fact_id, fact)
+        fresh = list(once.values())
+        return fresh, await handle_bound(tx, worker, fresh)
     fresh_ids = {
         row["fact_id"]
         for row in await tx.conn.fetch(
