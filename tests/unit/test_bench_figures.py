@@ -109,7 +109,16 @@ def test_the_demo_says_what_it_keeps_up(tmp_path: Path) -> None:
 
 
 def test_the_cpu_ratios_line_reads_the_costs_against_the_floor() -> None:
-    from workers.bench.runtime import cpu_ratios
+    from workers.bench.costs import cpu_ratios
 
     line = cpu_ratios({"a": 115e-6, "a1": 114e-6, "b": 49e-6, "c": 581e-6})
     assert line == "cpu a/b = 2.35   a'/b = 2.33   (target <= 1.5 each)"
+
+
+def test_the_parts_line_takes_the_runtime_apart() -> None:
+    from workers.bench.costs import what_parts_cost
+
+    per_fact = {"a1": 105e-6, "a1w": 55e-6, "a1n": 45e-6, "b": 47e-6}
+    assert what_parts_cost(per_fact) == (
+        "parts of (a') per fact: inbox 10.0 µs, a published message 50.0 µs; the rest 0.96 of (b)"
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import resource
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -114,3 +114,23 @@ def ceiling(single_threaded: Sequence[float], others: Sequence[float], cores: in
     if total > 0:
         bounds.append(cores / total)
     return min(bounds, default=float("inf"))
+
+
+def what_parts_cost(per_fact: Mapping[str, float]) -> str:
+    """What (a')'s parts cost per fact, all processes together: its inbox, and the message
+    it publishes (its outbox row and session history, the relay's claim, publish and
+    delete). Pure."""
+    inbox = per_fact["a1w"] - per_fact["a1n"]
+    message = per_fact["a1"] - per_fact["a1w"]
+    rest = per_fact["a1n"] / per_fact["b"]
+    return (
+        f"parts of (a') per fact: inbox {1e6 * inbox:,.1f} µs, a published message "
+        f"{1e6 * message:,.1f} µs; the rest {rest:.2f} of (b)"
+    )
+
+
+def cpu_ratios(per_fact: Mapping[str, float]) -> str:
+    """The line that says how much CPU exactly-once costs: (a) and (a') per fact against
+    the floor (b). Pure."""
+    a, a1 = per_fact["a"] / per_fact["b"], per_fact["a1"] / per_fact["b"]
+    return f"cpu a/b = {a:.2f}   a'/b = {a1:.2f}   (target <= 1.5 each)"

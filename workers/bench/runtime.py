@@ -21,7 +21,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import asyncpg
 import nats
@@ -39,7 +39,7 @@ from workers.bench.common import (
     publish_facts,
     wire,
 )
-from workers.bench.costs import CpuSpent, ceiling, cpu_seconds
+from workers.bench.costs import CpuSpent, ceiling, cpu_ratios, cpu_seconds, what_parts_cost
 from workers.runtime.base.runtime_settings import ConsumerSettings
 from workers.runtime.base.settings import Settings
 from workers.runtime.bus import streams
@@ -57,7 +57,8 @@ UPDATE node_sessions s
 """
 
 
-async def _handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
+async def _write(tx: Tx, facts: Sequence[Fact]) -> list[Status]:
+    """The fenced write of a batch; its status facts."""
     statuses = [f for f in facts if isinstance(f, Status)]
     # fold per node (stream order): an UPDATE … FROM with a repeated key applies one row
     latest: dict[str, Status] = {}
@@ -69,6 +70,16 @@ async def _handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
         [f.epoch for f in latest.values()],
         [f.observed_generation for f in latest.values()],
     )
+    return statuses
+
+
+async def _write_only(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
+    await _write(tx, facts)
+    return {}
+
+
+async def _handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
+    statuses = await _write(tx, facts)
     for fact in statuses:
         tx.publish(
             Zombie(node_id=fact.node_id, epoch=fact.epoch),
@@ -163,7 +174,13 @@ async def _run_naive(target: BenchTarget, subjects: Subjects, facts: int, name: 
 
 
 async def _run_runtime(
-    target: BenchTarget, subjects: Subjects, facts: int, name: str, relay_in_process: bool
+    target: BenchTarget,
+    subjects: Subjects,
+    facts: int,
+    name: str,
+    relay_in_process: bool,
+    publishes: bool = True,
+    inbox: bool = True,
 ) -> tuple[float, float, float]:
     """Facts/s until the last fact is acked, and until its outbox rows are published too;
     and the CPU seconds the relay process spent starting (0 for a relay in this process).
@@ -171,7 +188,8 @@ async def _run_runtime(
     The relay runs in this process (as in a default deployment) or in a `bcw run relay`
     process of its own (the deployment for the highest throughput).
     """
-    worker = Worker(name=name, fact_types=("status",), handle=_handle)
+    handle = _handle if publishes else _write_only
+    worker = Worker(name=name, fact_types=("status",), handle=handle, inbox=inbox)
     settings = ConsumerSettings(batch_size=BATCH, max_ack_pending=4096)
     relay_process = None if relay_in_process else await _spawn_relay(target, subjects)
     starting = 0.0 if relay_process is None else cpu_seconds(relay_process.pid)
@@ -212,16 +230,32 @@ async def _settle_database(target: BenchTarget) -> None:
         await conn.close()
 
 
+#: (`--parts`) the runtime of (a') taken apart: its fenced write without the message it
+#: publishes per fact, then without its inbox too — what each part costs
+PARTS = {
+    "a1w": ("(a') writing only: no message", {"publishes": False}),
+    "a1n": ("(a') writing only, no inbox", {"publishes": False, "inbox": False}),
+}
+
+
 async def run(
-    settings: Settings, facts: int, embedded: bool, rounds: int = 3, sync_always: bool = False
+    settings: Settings,
+    facts: int,
+    embedded: bool,
+    rounds: int = 3,
+    sync_always: bool = False,
+    parts: bool = False,
 ) -> int:
     """Each pipeline `rounds` times (each round a fresh durable consumer over the same
     facts, the pipelines' order rotated, the table vacuumed before each); medians are
-    printed, so one noisy round on a shared machine does not decide."""
+    printed, so one noisy round on a shared machine does not decide. `parts`: (a') taken
+    apart too (`PARTS`)."""
     results: dict[str, list[float]] = {
-        k: [] for k in ("a", "a_relayed", "a1", "a1_relayed", "b", "c")
+        k: [] for k in ("a", "a_relayed", "a1", "a1_relayed", "b", "c", *(PARTS if parts else ()))
     }
-    spent: dict[str, list[CpuSpent]] = {k: [] for k in ("a", "a1", "b", "c")}
+    spent: dict[str, list[CpuSpent]] = {
+        k: [] for k in ("a", "a1", "b", "c", *(PARTS if parts else ()))
+    }
     async with bench_target(settings, embedded, sync_always) as target:
         subjects = Subjects(target.subject_root)
         print(f"publishing {facts} status facts over {NODES} nodes ...")
@@ -249,15 +283,26 @@ async def run(
             results["c"].append(await _run_naive(target, subjects, facts, f"bench-c-{i}"))
             return 0.0
 
-        pipelines = [a, a1, b, c]
+        def part(key: str) -> Callable[[int], Awaitable[float]]:
+            async def one(i: int) -> float:
+                rate, _, _ = await _run_runtime(
+                    target, subjects, facts, f"bench-{key}-{i}", True, **PARTS[key][1]
+                )
+                results[key].append(rate)
+                return 0.0
+
+            return one
+
+        pipelines: list[tuple[str, Callable[[int], Awaitable[float]]]]
+        pipelines = [("a", a), ("a1", a1), ("b", b), ("c", c)]
+        pipelines += [(key, part(key)) for key in PARTS if parts]
         for i in range(rounds):
-            for pipeline in pipelines[i % 4 :] + pipelines[: i % 4]:
+            turn = i % len(pipelines)
+            for key, pipeline in pipelines[turn:] + pipelines[:turn]:
                 await _settle_database(target)  # each pipeline starts on a vacuumed table
                 before = CpuSpent.now()
                 starting = await pipeline(i)  # a relay process's start is not its work
-                spent[pipeline.__name__].append(
-                    CpuSpent.now() - before - CpuSpent(0.0, starting, 0.0, 0.0)
-                )
+                spent[key].append(CpuSpent.now() - before - CpuSpent(0.0, starting, 0.0, 0.0))
             print(
                 f"round {i + 1}/{rounds}: "
                 + "  ".join(f"{k}={v[-1]:,.0f}" for k, v in results.items())
@@ -305,15 +350,11 @@ async def run(
     )
     per_round = [a / b for a, b in zip(results["a"], results["b"], strict=True)]
     print("a/b per round (same round, same load): " + ", ".join(f"{r:.2f}" for r in per_round))
-    print(cpu_ratios(_print_costs(spent, facts, floor)))
+    per_fact = _print_costs(spent, facts, floor)
+    print(cpu_ratios(per_fact))
+    if parts:
+        print(what_parts_cost(per_fact))
     return 0
-
-
-def cpu_ratios(per_fact: Mapping[str, float]) -> str:
-    """The line that says how much CPU exactly-once costs: (a) and (a') per fact against
-    the floor (b). Pure."""
-    a, a1 = per_fact["a"] / per_fact["b"], per_fact["a1"] / per_fact["b"]
-    return f"cpu a/b = {a:.2f}   a'/b = {a1:.2f}   (target <= 1.5 each)"
 
 
 def _print_costs(spent: Mapping[str, list[CpuSpent]], facts: int, floor: float) -> dict[str, float]:
@@ -321,7 +362,9 @@ def _print_costs(spent: Mapping[str, list[CpuSpent]], facts: int, floor: float) 
     returns each pipeline's CPU seconds per fact, all processes together."""
     cores = os.cpu_count() or 1
     rows, totals = [], {}
-    for key, label in (("a", "(a)"), ("a1", "(a')"), ("b", "(b)"), ("c", "(c)")):
+    labels = [("a", "(a)"), ("a1", "(a')"), ("b", "(b)"), ("c", "(c)")]
+    labels += [(key, PARTS[key][0]) for key in PARTS if key in spent]
+    for key, label in labels:
 
         def per_fact(part: str, key: str = key) -> float:
             return statistics.median(getattr(s, part) for s in spent[key]) / facts

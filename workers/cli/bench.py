@@ -62,6 +62,12 @@ def add(commands: Commands) -> None:
         "(sync_interval: always; runtime, herd)",
     )
     bench.add_argument(
+        "--parts",
+        action="store_true",
+        help="runtime: also (a') without the message it publishes per fact, then without its "
+        "inbox too, and what each part costs per fact",
+    )
+    bench.add_argument(
         "--embedded",
         action="store_true",
         help="start embedded servers for the run (else BCW_*_URL)",
@@ -93,7 +99,9 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         from workers.bench import runtime
 
         return asyncio.run(
-            runtime.run(settings, args.facts, args.embedded, args.rounds, args.sync_always)
+            runtime.run(
+                settings, args.facts, args.embedded, args.rounds, args.sync_always, args.parts
+            )
         )
     if args.bench == "labeler":
         from workers.bench import labeler
