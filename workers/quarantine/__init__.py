@@ -4,6 +4,12 @@ Counts the alternations of Hellos with a duplicate identity per node in a window
 beyond the limit, revokes the presented certificate (or every live one of the node),
 publishes `security.node.quarantined` and a `bc.revocations` notice, and resets the
 count. Every counted alternation publishes `security.node.duplicate-session`.
+
+Without an inbox: an epoch is counted at most once (`node_alternations`, keyed by node
+and epoch, with the Hello fact it was counted for), and only a counted alternation
+publishes, revokes or releases a hold; so a Hello delivered again finds its epoch
+counted and does nothing (`DUPLICATE`), and another Hello fact of a counted epoch is
+`FOREIGN`.
 """
 
 from __future__ import annotations
@@ -19,7 +25,11 @@ from workers.runtime.effects.worker import Worker
 def build(settings: Settings) -> Worker:
     limits = Limits(settings.quarantine.max_alternations, settings.quarantine.window)
     return Worker(
-        name="quarantine", fact_types=("hello",), handle=make_handler(limits), wants=wants
+        name="quarantine",
+        fact_types=("hello",),
+        handle=make_handler(limits),
+        wants=wants,
+        inbox=False,
     )
 
 

@@ -39,14 +39,21 @@ SELECT c.node_id, c.serial
   JOIN node_certs c ON c.node_id = n.node_id AND c.revoked_at IS NULL
 """
 
-# Each alternation at the time its Hello transaction issued the epoch; one per epoch.
+# Each alternation at the time its Hello transaction issued the epoch; one per epoch, with
+# the Hello fact it was counted for. The epochs already counted come back with that fact's
+# id: the same fact again is a redelivery, another is a second Hello of the epoch.
 RECORD_ALTERNATIONS = """
-INSERT INTO node_alternations (node_id, epoch, issued_at)
-SELECT t.node_id, t.epoch, coalesce(e.issued_at, compute_now())
-  FROM unnest($1::text[], $2::bigint[]) AS t(node_id, epoch)
-  LEFT JOIN session_epochs e ON e.node_id = t.node_id AND e.epoch = t.epoch
-    ON CONFLICT (node_id, epoch) DO NOTHING
-RETURNING node_id, epoch
+WITH t AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::uuid[]) AS t(node_id, epoch, fact_id)),
+inserted AS (
+    INSERT INTO node_alternations (node_id, epoch, issued_at, fact_id)
+    SELECT t.node_id, t.epoch, coalesce(e.issued_at, compute_now()), t.fact_id
+      FROM t LEFT JOIN session_epochs e ON e.node_id = t.node_id AND e.epoch = t.epoch
+        ON CONFLICT (node_id, epoch) DO NOTHING
+    RETURNING node_id, epoch
+)
+SELECT t.node_id, t.epoch, i.node_id IS NOT NULL AS counted, a.fact_id AS counted_for
+  FROM t LEFT JOIN inserted i USING (node_id, epoch)
+  LEFT JOIN node_alternations a ON i.node_id IS NULL AND a.node_id = t.node_id AND a.epoch = t.epoch
 """
 
 READ_ALTERNATIONS = """
@@ -106,16 +113,22 @@ def make_handler(limits: Limits) -> Handler:
         }
         outcomes: dict[uuid.UUID, Outcome] = {}
         fresh = _fresh(hellos, judged_up_to, outcomes)
-        inserted = {
-            (row["node_id"], row["epoch"])
+        recorded = {
+            (row["node_id"], row["epoch"]): (row["counted"], row["counted_for"])
             for row in await tx.conn.fetch(
-                RECORD_ALTERNATIONS, [h.node_id for h in fresh], [h.epoch for h in fresh]
+                RECORD_ALTERNATIONS,
+                [h.node_id for h in fresh],
+                [h.epoch for h in fresh],
+                [h.fact_id for h in fresh],
             )
         }
         counted = []
         for hello in fresh:
-            if (hello.node_id, hello.epoch) in inserted:
+            now_counted, counted_for = recorded[(hello.node_id, hello.epoch)]
+            if now_counted:
                 counted.append(hello)
+            elif counted_for == hello.fact_id:  # this very fact again: nothing to do
+                outcomes[hello.fact_id] = outcome.DUPLICATE
             else:  # its epoch was counted already: a second Hello fact of one epoch
                 outcomes[hello.fact_id] = outcome.FOREIGN
         if counted:

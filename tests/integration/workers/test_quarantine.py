@@ -161,11 +161,37 @@ async def test_the_counter_restarts_after_a_quarantine(
 async def test_a_redelivered_hello_does_not_count_twice(
     drive: Driver, db: asyncpg.Connection
 ) -> None:
+    """No inbox: an epoch is counted once, so the same Hello again (a re-publish outside
+    the duplicate window, JetStream stores it), even after a newer alternation, finds its
+    epoch counted and does nothing."""
     await fleet.session(db, "n1", epoch=1)
     hello = await clone_hello(db)
     await drive.send(hello)
     await drive.send(hello, again=True)
     assert (await _counter(db))[0] == 1
+    newer = await clone_hello(db)
+    await drive.send(newer)
+    await drive.send(hello, again=True)  # the first one again, after the second was counted
+    assert (await _counter(db))[0] == 2
+    assert drive.settled("duplicate") == 2 and drive.settled("foreign") == 0
+    events = await drive.published("security.node.duplicate-session")
+    assert [e["alternations"] for e in events] == [1, 2]  # one event per counted epoch
+    assert await db.fetchval("SELECT count(*) FROM processed_facts") == 0
+
+
+async def test_another_hello_fact_of_a_counted_epoch_is_foreign(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    """Two Hello facts of one epoch (a gateway that records no Hello fact id: an older
+    release, unchecked by provenance): the second, with its own fact id, counts nothing."""
+    await fleet.session(db, "n1", epoch=1)
+    hello = await clone_hello(db)
+    await drive.send(hello)
+    second = hello.model_copy(update={"fact_id": uuid.uuid4(), "boot_id": "boot-c"})
+    await drive.send(second)
+    assert (await _counter(db))[0] == 1
+    assert drive.settled("foreign") == 1
+    assert len(await drive.published("security.node.duplicate-session")) == 1
 
 
 async def test_two_replicas_count_each_hello_once(
