@@ -16,6 +16,7 @@ from nats.js.api import StorageType, StreamConfig
 from opentelemetry import trace
 
 from schemas import Zombie
+from schemas.notices import HelloAgain
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration.support import bcw, stream_messages
@@ -74,6 +75,40 @@ async def test_concurrent_relays_publish_each_row_once_in_order_per_key(
     for node in ("a", "b", "c"):
         assert seen[node] == list(range(1, 301)), f"{node} out of order"
     assert sorted(seen["free"]) == list(range(1, 51))
+
+
+async def test_a_relay_claims_and_counts_only_its_own_workers_rows(
+    nc: NATS, subjects: Subjects, database_url: str
+) -> None:
+    """A process's relay publishes its own workers' rows and leaves the others'; its
+    gauges count the same rows its backlog does, whichever rows its login may see."""
+    js = nc.jetstream()
+    await streams.provision_streams(js, subjects)
+    conn = await asyncpg.connect(database_url)
+    liveness, replay = OutboxBatch("liveness"), OutboxBatch("replay")
+    for epoch in (1, 2, 3):
+        liveness.add(Zombie(node_id="n", epoch=epoch), subjects.notice("gw-1", "zombie"))
+    for epoch in (1, 2):
+        replay.add(HelloAgain(node_id="n", epoch=epoch), subjects.notice("gw-1", "hello-again"))
+    for batch in (liveness, replay):
+        await batch.write(conn)
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    metrics = Metrics()
+    relay = OutboxRelay(
+        pool, js, OutboxSettings(), DatabaseSettings(url=database_url), metrics,
+        trace.NoOpTracer(), subjects, owners=["liveness"],
+    )  # fmt: skip
+    try:
+        await relay.observe()
+        assert (metrics.outbox_backlog.value(), await relay.backlog()) == (3.0, 3)
+        assert await relay.publish_round() == 3
+        await relay.observe()
+        assert (metrics.outbox_backlog.value(), await relay.backlog()) == (0.0, 0)
+        assert await conn.fetchval("SELECT array_agg(DISTINCT worker) FROM outbox") == ["replay"]
+    finally:
+        await pool.close()
+        await conn.close()
+    assert len(await stream_messages(js, subjects.gateway_stream)) == 3
 
 
 async def test_a_relay_wakes_on_notify(nc: NATS, subjects: Subjects, database_url: str) -> None:

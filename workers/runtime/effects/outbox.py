@@ -264,11 +264,13 @@ class OutboxRelay:
             )
 
     async def observe(self) -> None:
-        """Set the outbox gauges: rows waiting, and the age of the oldest."""
+        """Set the outbox gauges: rows waiting for this relay (its workers', or every row,
+        as `backlog`), and the age of the oldest — the same whatever the login may see."""
         async with self._pool.acquire() as conn:
             row = await conn.fetchrow(
                 "SELECT count(*) AS n, extract(epoch FROM now() - min(created_at)) AS age"
-                "  FROM outbox"
+                "  FROM outbox WHERE $1::text[] IS NULL OR worker = ANY($1)",
+                self._owners,
             )
         self._metrics.outbox_backlog.set(float(row["n"]))
         self._metrics.outbox_oldest_seconds.set(max(0.0, float(row["age"] or 0.0)))
