@@ -34,6 +34,7 @@ from tests.integration.support import (
 from workers.runtime.bus import deadletter, streams
 from workers.runtime.effects.consumer import FactConsumer
 from workers.runtime.effects.items import decode
+from workers.runtime.effects.worker import Worker
 from workers.runtime.observability.metrics import Metrics
 
 
@@ -68,26 +69,37 @@ async def test_facts_take_effect_once_and_their_events_are_published(
     )
 
 
-async def test_a_fact_published_twice_takes_effect_once(
-    servers: Servers, nc: NATS, subjects: Subjects, tally_db: str
-) -> None:
-    """Outside the duplicate window JetStream stores both copies (a different Nats-Msg-Id
-    stands for "after the window"); the inbox absorbs the second, in one batch or two."""
+async def _delivered_three_times(
+    servers: Servers, nc: NATS, subjects: Subjects, tally_db: str, worker: Worker, outcome: str
+) -> Metrics:
+    """One status fact published three times under other Nats-Msg-Ids (as after the
+    duplicate window: JetStream stores each): twice before `worker` starts (one batch),
+    once after its first effect (a later batch). Returns the worker's metrics once two
+    deliveries were settled `outcome`."""
     settings = make_settings(servers.nats_url, tally_db, subjects)
     js = nc.jetstream()
     await streams.provision_streams(js, subjects)
     fact = status_fact()
     await publish_fact(js, subjects, fact, msg_id="first")
     await publish_fact(js, subjects, fact, msg_id="second")  # same fact, same batch
-    async with running(settings, [build_tally()]) as (runtime, _port):
+    async with running(settings, [worker]) as (runtime, _port):
         await eventually(lambda: tally_rows(tally_db, 1), what="the effect")
         await publish_fact(js, subjects, fact, msg_id="third")  # same fact, a later batch
         await eventually(
-            lambda: already(runtime.metrics.facts.value("tally", "status", "duplicate") == 2),
-            what="two duplicates settled",
+            lambda: already(runtime.metrics.facts.value("tally", "status", outcome) == 2),
+            what=f"two deliveries settled {outcome}",
         )
+    return runtime.metrics
+
+
+async def test_a_fact_published_twice_takes_effect_once(
+    servers: Servers, nc: NATS, subjects: Subjects, tally_db: str
+) -> None:
+    """Outside the duplicate window JetStream stores both copies (a different Nats-Msg-Id
+    stands for "after the window"); the inbox absorbs the second, in one batch or two."""
+    await _delivered_three_times(servers, nc, subjects, tally_db, build_tally(), "duplicate")
     assert await _effects(tally_db) == [1]
-    assert len(await stream_messages(js, subjects.events_stream)) == 1
+    assert len(await stream_messages(nc.jetstream(), subjects.events_stream)) == 1
 
 
 async def test_without_an_inbox_a_fact_reaches_the_rules_once_per_batch_and_each_delivery(
@@ -97,21 +109,9 @@ async def test_without_an_inbox_a_fact_reaches_the_rules_once_per_batch_and_each
     for effects idempotent by construction) gets a fact twice in one batch once, but a
     delivery in a later batch reaches its rules again — the tally, whose effect is a
     counter (not idempotent), counts it twice — and no inbox row is written."""
-    settings = make_settings(servers.nats_url, tally_db, subjects)
-    js = nc.jetstream()
-    await streams.provision_streams(js, subjects)
-    fact = status_fact()
-    await publish_fact(js, subjects, fact, msg_id="first")
-    await publish_fact(js, subjects, fact, msg_id="second")  # same fact, same batch
     worker = dataclasses.replace(build_tally(), inbox=False)
-    async with running(settings, [worker]) as (runtime, _port):
-        await eventually(lambda: tally_rows(tally_db, 1), what="the effect")
-        await publish_fact(js, subjects, fact, msg_id="third")  # same fact, a later batch
-        await eventually(
-            lambda: already(runtime.metrics.facts.value("tally", "status", "applied") == 2),
-            what="the later delivery applied",
-        )
-        assert runtime.metrics.facts.value("tally", "status", "duplicate") == 1
+    metrics = await _delivered_three_times(servers, nc, subjects, tally_db, worker, "applied")
+    assert metrics.facts.value("tally", "status", "duplicate") == 1
     assert await _effects(tally_db) == [2]
     assert await count(tally_db, "SELECT count(*) FROM processed_facts") == 0
 

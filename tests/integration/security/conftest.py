@@ -18,6 +18,7 @@ from nats.aio.client import Client as NATS
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from workers.embedded import EmbeddedNats
+from workers.gateway import store
 from workers.registry import WORKERS
 from workers.runtime.base.runtime_settings import NatsSettings
 from workers.runtime.bus import principals
@@ -49,11 +50,7 @@ async def logins(servers: Servers, database_url: str) -> dict[str, str]:
             with contextlib.suppress(asyncpg.DuplicateObjectError, asyncpg.UniqueViolationError):
                 await conn.execute(f"CREATE ROLE {login_of(group)} LOGIN IN ROLE {group}")
         # the gateway login acts as gw-1 (bcw auth db --bind)
-        await conn.execute(
-            "INSERT INTO gateway_logins (login, gateway_id) VALUES ($1, 'gw-1') "
-            "ON CONFLICT (login) DO NOTHING",
-            login_of("bcw_gateway_bound"),
-        )
+        await store.bind(conn, login_of("bcw_gateway_bound"), "gw-1")
         members = await conn.fetch(
             """
             SELECT r.rolname AS login, g.rolname AS grp FROM pg_auth_members m

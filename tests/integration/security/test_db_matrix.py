@@ -100,7 +100,7 @@ async def test_every_cell_of_a_groups_row(
     assert sorted(columns) == sorted(roles.TABLES)  # the table names every table
     functions = await _functions(db)
     assert "set_compute_now_offset(interval)" in functions
-    restricted = {f for fs in roles.EXECUTES.values() for f in fs} | set(roles.OWNER_ONLY_FUNCTIONS)
+    restricted = set(roles.RESTRICTED_FUNCTIONS)
     assert restricted <= set(functions)  # every signature in the table is a real function
     definers = set(await db.fetchval(
         "SELECT array_agg(p.oid::regprocedure::text) FROM pg_proc p WHERE p.prosecdef"

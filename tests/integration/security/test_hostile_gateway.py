@@ -30,6 +30,7 @@ from tests.integration.security.conftest import (
 from tests.integration.security.forgery import FOREIGN, counted, forged_facts, state
 from tests.integration.streams import RecordingStream
 from tests.integration.support import (
+    already,
     bcw,
     eventually,
     make_settings,
@@ -37,7 +38,7 @@ from tests.integration.support import (
     running,
     stream_messages,
 )
-from workers.gateway import Gateway, HelloRequest
+from workers.gateway import Gateway, HelloRequest, store
 from workers.registry import WORKERS
 from workers.runtime.bus import connection, streams
 
@@ -254,7 +255,7 @@ async def test_gw2_with_its_own_key_and_login_changes_nothing_of_gw1s(
         stream = RecordingStream()
         welcome = await gw1.hello(_hello("n1"), stream)
         command = await db.fetchval("SELECT enqueue_command('n1', 'noop', '{}')")
-        await eventually(lambda: _at_least(len(stream.delivered), 1), what="the dispatch")
+        await eventually(lambda: already(len(stream.delivered) >= 1), what="the dispatch")
 
         async def hello_applied() -> bool:  # applied, or nothing to do (the quarantine's)
             settled = {**counted(runtimes, "applied"), **counted(runtimes, "ignored")}
@@ -276,7 +277,9 @@ async def test_gw2_with_its_own_key_and_login_changes_nothing_of_gw1s(
             await nc.publish(SUBJECTS.fact("gw-1", "closed"), b"{}")  # gw-1's own subject
             await nc.flush()
             await eventually(lambda: violated(errors, "Publish"), what="gw-1's subject refused")
-        await eventually(lambda: _is(counted(runtimes, "foreign"), FOREIGN), what="all foreign")
+        await eventually(
+            lambda: already(counted(runtimes, "foreign") == FOREIGN), what="all foreign"
+        )
         await eventually(  # the flush matched nothing: gw-2 is told it holds no n1
             lambda: _notices(secured, keys, "gw-2"), what="a zombie notice to gw-2"
         )
@@ -307,7 +310,7 @@ async def test_gw2_with_its_own_key_and_login_changes_nothing_of_gw1s(
 async def _bind(db: asyncpg.Connection, login: str, gateway: str) -> None:
     with contextlib.suppress(asyncpg.DuplicateObjectError):
         await db.execute(f"CREATE ROLE {login} LOGIN IN ROLE bcw_gateway_bound")
-    await db.execute("INSERT INTO gateway_logins VALUES ($1, $2)", login, gateway)
+    await store.bind(db, login, gateway)
 
 
 async def _gateway(
@@ -332,11 +335,3 @@ async def _notices(url: str, keys: Path, gateway: str) -> bool:
     finally:
         await nc.close()
     return any(m.subject == SUBJECTS.notice(gateway, "zombie") for m in messages)
-
-
-async def _at_least(value: int, least: int) -> bool:
-    return value >= least
-
-
-async def _is(value: object, wanted: object) -> bool:
-    return value == wanted

@@ -266,13 +266,15 @@ EXECUTES: dict[str, tuple[str, ...]] = {"bcw_gateway_bound": GATEWAY_FUNCTIONS}
 #: (which they call as the owner): the schema owner's alone
 OWNER_ONLY_FUNCTIONS = ("set_compute_now_offset(interval)", "gateway_as(text)")
 
+#: every function PUBLIC may not execute: the owner's alone, or some group's only
+RESTRICTED_FUNCTIONS = (*OWNER_ONLY_FUNCTIONS, *(f for fs in EXECUTES.values() for f in fs))
+
 
 def may_execute(group: str, function: str) -> bool:
     """Whether `group` may execute `function` (a signature, `name(type,…)`). Pure."""
     if function in OWNER_ONLY_FUNCTIONS:
         return False
-    granted = [f for functions in EXECUTES.values() for f in functions]
-    return function not in granted or function in EXECUTES.get(group, ())
+    return function not in RESTRICTED_FUNCTIONS or function in EXECUTES.get(group, ())
 
 
 def grants_sql(groups: tuple[str, ...] | None = None) -> str:
@@ -284,8 +286,9 @@ def grants_sql(groups: tuple[str, ...] | None = None) -> str:
         "-- bc-workers: least-privilege grants of its group roles (bcw migrate --print-grants)",
         "-- Run as the owner of the schema's tables, in the database, after `bcw migrate`.",
     ]
-    restricted = (*OWNER_ONLY_FUNCTIONS, *(f for fs in EXECUTES.values() for f in fs))
-    lines += [f"REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC;" for function in restricted]
+    lines += [
+        f"REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC;" for function in RESTRICTED_FUNCTIONS
+    ]
     lines.append(
         "DO $$ BEGIN EXECUTE format('REVOKE CREATE ON SCHEMA %I FROM PUBLIC', current_schema()); "
         "END $$;"
