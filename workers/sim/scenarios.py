@@ -213,9 +213,18 @@ async def gateway_loss(sim: Simulator) -> list[Check]:
     ids = [d.node_id for d in stranded]
     for daemon in stranded:
         daemon.partitioned = True
-    await victim.stop(graceful=False)
+    # its link to the bus goes first: commands are dispatched to it while its lease holds
+    # (however late the dispatcher runs), and never delivered; then it dies
+    await victim.notices.stop()
     since = await sim.fetchval("SELECT now()")
-    await sim.enqueue(stranded, 1)  # dispatched to the dead route before anyone knows
+    await sim.enqueue(stranded, 1)
+    routed_sql = "SELECT count(*) FROM commands WHERE node_id = ANY($1::text[]) AND created_at >= $2 AND delivery_attempt >= 1"
+
+    async def routed() -> bool:
+        return await _count(sim, routed_sql, ids, since) == len(ids)
+
+    await sim.run(routed, within=60, speed=1, what="dispatch to the cut-off gateway")
+    await victim.stop(graceful=False)
     lost_sql = "SELECT count(*) FROM node_sessions WHERE node_id = ANY($1::text[]) AND disconnect_reason = 'gateway-lost'"
 
     async def lost() -> bool:
