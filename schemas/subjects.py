@@ -92,6 +92,23 @@ class Subjects:
     def all_dead(self) -> str:
         return f"{self.root}.dead.>"
 
+    def stream_of(self, subject: str) -> str | None:
+        """The stream of the contract that holds `subject`; None for a subject none holds."""
+        root, _, rest = subject.partition(".")
+        if root != self.root:
+            return None
+        kind, dot, tail = rest.partition(".")
+        if kind == "revocations" and not dot:
+            return self.events_stream
+        if not tail:
+            return None
+        return {
+            "facts": self.facts_stream,
+            "events": self.events_stream,
+            "gw": self.gateway_stream,
+            "dead": self.dead_stream,
+        }.get(kind)
+
     def parse_fact(self, subject: str) -> tuple[str, str]:
         """Split `<root>.facts.<gateway_id>.<type>` into (gateway_id, type)."""
         return _parse_fact(self.root, subject)

@@ -169,7 +169,8 @@ def test_metrics_are_the_librarys_exposition_and_parse() -> None:
         "bcw_batch_splits",
         "bcw_consumer_pending", "bcw_consumer_ack_pending", "bcw_outbox_backlog",
         "bcw_outbox_oldest_seconds", "bcw_lease_held", "bcw_liveness_blind_gateways",
-        "bcw_liveness_breakers_open", "bcw_outbox_published", "bcw_outbox_failures",
+        "bcw_liveness_breakers_open", "bcw_outbox_published", "bcw_outbox_batched",
+        "bcw_outbox_failures",
         "bcw_dead_letters", "bcw_quarantine_holds_expired", "bcw_build_info",
         "bcw_fact_age_seconds",
     }  # fmt: skip

@@ -7,6 +7,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from schemas import (
     REGISTRY,
@@ -20,6 +22,7 @@ from schemas import (
 )
 from schemas.subjects import split_gateway_subject
 from tests.factories import WIRE_SAMPLES, hello_wire
+from workers.runtime.bus import principals, streams
 
 # The field names of DESIGN §3, spelled out by hand so that a rename is caught here.
 DESIGN_FIELDS: dict[str, set[str]] = {
@@ -270,3 +273,24 @@ def test_capabilities_never_refuse_a_hello() -> None:
     wire = hello_wire(capabilities=[f"c{i}" for i in range(2000)] + ["x" * 300, "", "Not Valid"])
     hello = REGISTRY.decode({"Bc-Type": "hello"}, json.dumps(wire).encode())
     assert len(hello.capabilities) == 2003
+
+
+@given(
+    st.lists(
+        st.sampled_from(["t1", "t2", "facts", "events", "gw", "dead", "revocations", "gw-1", "x"]),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_stream_of_names_the_stream_whose_subjects_match(tokens: list[str]) -> None:
+    """`Subjects.stream_of` (the relay's grouping into fast batches) agrees with the
+    subjects the contract's streams are configured with, for any subject."""
+    subjects = Subjects("t1")
+    subject = ".".join(tokens)
+    holding = [
+        config.name
+        for config in streams.stream_configs(subjects)
+        if any(principals.matches(pattern, subject) for pattern in config.subjects or ())
+    ]
+    assert len(holding) <= 1
+    assert subjects.stream_of(subject) == (holding[0] if holding else None)

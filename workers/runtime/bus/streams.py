@@ -81,6 +81,8 @@ def stream_configs(
             max_msgs=limits.max_msgs,
             max_msg_size=limits.max_msg_size,
             max_consumers=limits.max_consumers,
+            # the outbox relay publishes a batch of rows as one fast batch (one PubAck)
+            allow_batched=True,
         )
 
     old = DiscardPolicy.OLD
@@ -102,6 +104,7 @@ _UPDATABLE = (
     "max_bytes",
     "max_msgs",
     "max_msg_size",
+    "allow_batched",
 )  # fmt: skip  (max_consumers is set at creation: the server refuses to change it)
 _FIXED = ("retention", "storage")
 

@@ -28,7 +28,7 @@ from schemas.subjects import Subjects
 from workers.runtime.base.errors import Severity, as_setting_error, classify
 from workers.runtime.base.runtime_settings import DatabaseSettings, OutboxSettings
 from workers.runtime.base.waiting import Patience, sleep_or_stop, wait_any
-from workers.runtime.bus.acked import AckedPublisher
+from workers.runtime.bus.acked import BATCH_DISABLED, BATCH_FLOW, AckedPublisher, Message
 from workers.runtime.bus.connection import RefusedSubjects
 from workers.runtime.bus.deadletter import TRUNCATED, dead_letter
 from workers.runtime.observability import tracing
@@ -38,6 +38,9 @@ from workers.runtime.store.notify import Listener
 log = logging.getLogger(__name__)
 
 NOTIFY_CHANNEL = "bcw_outbox"
+#: seconds before a stream that refused fast batches is offered one again (an operator
+#: may have set `allow_batched` meanwhile: `bcw provision`)
+UNBATCHED_RECHECK = 300.0
 
 
 def _stored_headers(text: str) -> dict[str, str]:
@@ -93,6 +96,8 @@ class OutboxRelay:
         self._refused = refused if refused is not None else RefusedSubjects()
         self._js = js
         self._publisher = AckedPublisher(js._nc)
+        #: streams that refused a fast batch: {stream: until when (monotonic) not to try}
+        self._unbatched: dict[str, float] = {}
         self._settings = settings
         self._metrics = metrics
         self._tracer = tracer
@@ -134,12 +139,14 @@ class OutboxRelay:
         return len(published) + len(dead)
 
     async def _publish(self, rows: list[asyncpg.Record]) -> tuple[list[int], dict[int, str]]:
-        """Publish `rows` pipelined; (ids acknowledged, {id: reason} for rows that never can be)."""
-        futures: dict[int, asyncio.Future[None]] = {}
+        """Publish `rows` pipelined — a stream's rows as fast batches where the stream takes
+        them, the rest and any a batch did not store one by one; (ids acknowledged,
+        {id: reason} for rows that never can be)."""
         spans: dict[int, trace.Span] = {}
         dead: dict[int, str] = {}
         failed: dict[int, BaseException] = {}
         limit = self._js._nc.max_payload
+        ready: dict[int, Message] = {}
         for row in rows:
             headers = _stored_headers(row["headers"])
             if self._tracing:  # the message carries this span on; else the stored context
@@ -151,14 +158,107 @@ class OutboxRelay:
             body = bytes(row["body"])
             if len(body) > limit:  # checked here: nats-py would leak a publish slot on it
                 dead[row["id"]] = f"{len(body)} bytes is over the bus's max payload ({limit})"
-                continue
-            if row["subject"] in self._refused:
+            elif row["subject"] in self._refused:
                 dead[row["id"]] = f"this principal may not publish to {row['subject']}"
-                continue
+            else:
+                ready[row["id"]] = (row["subject"], body, headers)
+        done, one_by_one = await self._publish_batched(ready, failed)
+        done += await self._publish_one_by_one(
+            {row_id: ready[row_id] for row_id in one_by_one}, failed
+        )
+        if failed:
+            self._publisher.forget()
+            for row_id, failure in failed.items():
+                subject = ready[row_id][0]
+                if subject in self._refused:  # the server said so meanwhile
+                    dead[row_id] = f"this principal may not publish to {subject}"
+                elif classify(failure) is Severity.PERMANENT:
+                    dead[row_id] = f"{type(failure).__name__}: {failure}"
+        for row_id, span in spans.items():
+            if row_id in failed or row_id in dead:
+                if row_id in failed:
+                    span.record_exception(failed[row_id])
+                span.set_status(trace.StatusCode.ERROR, dead.get(row_id, "not published"))
+            span.end()
+        return done, dead
+
+    async def _publish_batched(
+        self, ready: dict[int, Message], failed: dict[int, BaseException]
+    ) -> tuple[list[int], list[int]]:
+        """Publish `ready`'s rows bound for a stream that takes fast batches, as batches
+        (`_publish_stream`); returns the rows stored, and those left to publish one by
+        one, in id order: the other rows, and those no batch stored."""
+        groups: dict[str, list[int]] = {}
+        one_by_one: list[int] = []
+        now = time.monotonic()
+        for row_id, (subject, _body, _headers) in ready.items():
+            stream = self._subjects.stream_of(subject)
+            if stream is None or self._unbatched.get(stream, 0.0) > now:
+                one_by_one.append(row_id)
+            else:
+                groups.setdefault(stream, []).append(row_id)
+        for ids in [ids for ids in groups.values() if len(ids) == 1]:
+            one_by_one += ids  # a batch of one costs more than a message
+        streams = [(stream, ids) for stream, ids in groups.items() if len(ids) > 1]
+        done: list[int] = []
+        for stored, left in await asyncio.gather(
+            *(self._publish_stream(stream, ids, ready, failed) for stream, ids in streams)
+        ):
+            done += stored
+            one_by_one += left
+        return done, sorted(one_by_one)
+
+    async def _publish_stream(
+        self,
+        stream: str,
+        ids: list[int],
+        ready: dict[int, Message],
+        failed: dict[int, BaseException],
+    ) -> tuple[list[int], list[int]]:
+        """One stream's rows as fast batches of at most `BATCH_FLOW`, one after another, so
+        that a row never overtakes an earlier one of its stream; returns the rows stored,
+        and those a batch did not store with the ones after them (to publish one by one).
+        A batch with no answer in time leaves its rows and the later ones in `failed`:
+        the next round publishes them again."""
+        stored_ids: list[int] = []
+        for start in range(0, len(ids), BATCH_FLOW):
+            chunk = ids[start : start + BATCH_FLOW]
             try:
-                futures[row["id"]] = await self._publisher.publish(row["subject"], body, headers)
+                future = await self._publisher.publish_batch([ready[i] for i in chunk])
+            except Exception:
+                return stored_ids, ids[start:]  # each message names its own failure
+            await asyncio.wait([future], timeout=self._settings.publish_timeout)
+            if not future.done() or future.cancelled():
+                future.cancel()  # lost or slow: the next round publishes them again
+                lost = TimeoutError("no PubAck for a fast batch in time")
+                failed.update(dict.fromkeys(ids[start:], lost))
+                return stored_ids, []
+            if (refused := future.exception()) is not None:
+                if getattr(refused, "err_code", None) == BATCH_DISABLED:
+                    self._unbatched[stream] = time.monotonic() + UNBATCHED_RECHECK
+                    log.info(
+                        "stream %s does not allow fast batches (bcw provision sets "
+                        "allow_batched): publishing to it one message at a time", stream,
+                    )  # fmt: skip
+                return stored_ids, ids[start:]  # each message names its own failure
+            stored = future.result()
+            self._metrics.outbox_batched.inc(by=stored)
+            stored_ids += chunk[:stored]
+            if stored < len(chunk):
+                return stored_ids, ids[start + stored :]
+        return stored_ids, []
+
+    async def _publish_one_by_one(
+        self, ready: dict[int, Message], failed: dict[int, BaseException]
+    ) -> list[int]:
+        """Publish each of `ready`'s rows with its own PubAck; returns the ids acked, and
+        puts the others' failures in `failed`."""
+        futures: dict[int, asyncio.Future[None]] = {}
+        for row_id, (subject, body, headers) in ready.items():
+            try:
+                futures[row_id] = await self._publisher.publish(subject, body, headers)
             except Exception as refused:
-                failed[row["id"]] = refused
+                failed[row_id] = refused
         if futures:
             await asyncio.wait(futures.values(), timeout=self._settings.publish_timeout)
         done: list[int] = []
@@ -172,21 +272,7 @@ class OutboxRelay:
                 failed[row_id] = nacked
             else:
                 done.append(row_id)
-        if failed:
-            self._publisher.forget()
-            subject_of = {row["id"]: row["subject"] for row in rows}
-            for row_id, failure in failed.items():
-                if subject_of[row_id] in self._refused:  # the server said so meanwhile
-                    dead[row_id] = f"this principal may not publish to {subject_of[row_id]}"
-                elif classify(failure) is Severity.PERMANENT:
-                    dead[row_id] = f"{type(failure).__name__}: {failure}"
-        for row_id, span in spans.items():
-            if row_id in failed or row_id in dead:
-                if row_id in failed:
-                    span.record_exception(failed[row_id])
-                span.set_status(trace.StatusCode.ERROR, dead.get(row_id, "not published"))
-            span.end()
-        return done, dead
+        return done
 
     async def _bury(
         self, conn: asyncpg.Connection, rows: list[asyncpg.Record], dead: dict[int, str]

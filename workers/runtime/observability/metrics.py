@@ -177,6 +177,10 @@ class Metrics:
         self.outbox_published = Counter(
             r, "bcw_outbox_published_total", "Outbox rows published and acknowledged by JetStream."
         )
+        self.outbox_batched = Counter(
+            r, "bcw_outbox_batched_total",
+            "Outbox rows of those published that went in a JetStream fast batch (one PubAck a batch).",
+        )  # fmt: skip
         self.outbox_failures = Counter(
             r, "bcw_outbox_failures_total", "Outbox publish rounds that failed and will be retried."
         )

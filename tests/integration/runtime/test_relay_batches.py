@@ -1,0 +1,136 @@
+"""The outbox relay's fast batches on real servers: a round goes out as one batch per
+stream (at most `BATCH_FLOW` rows each), every row once and in order; a stream that takes
+no batch gets its rows one by one; a row the stream refuses in the middle of a batch is
+dead-lettered alone, and the rows around it are published once each."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+
+import asyncpg
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from opentelemetry import trace
+
+from schemas import Zombie
+from schemas.events import NodeConnected
+from schemas.subjects import Subjects
+from tests.integration.support import stream_messages
+from workers.runtime.base.runtime_settings import DatabaseSettings, OutboxSettings
+from workers.runtime.bus import streams
+from workers.runtime.bus.acked import BATCH_FLOW
+from workers.runtime.effects.batch import OutboxBatch
+from workers.runtime.effects.outbox import OutboxRelay
+from workers.runtime.observability.metrics import Metrics
+
+
+def _connected(epoch: int) -> NodeConnected:
+    return NodeConnected(
+        node_id="n", epoch=epoch, gateway_id="gw-1", boot_id="b1", journal_changed=False,
+        boot_changed=False, duplicate_identity=False,
+    )  # fmt: skip
+
+
+async def _relay_all(database_url: str, js: JetStreamContext, subjects: Subjects) -> Metrics:
+    """Every row published by one relay (claims of 1,200 rows); its metrics."""
+    metrics = Metrics()
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    relay = OutboxRelay(
+        pool, js, OutboxSettings(batch_size=1200), DatabaseSettings(url=database_url),
+        metrics, trace.NoOpTracer(), subjects,
+    )  # fmt: skip
+    try:
+        await relay.flush(time.monotonic() + 30)
+    finally:
+        await pool.close()
+    return metrics
+
+
+async def _set(js: JetStreamContext, stream: str, **changes: object) -> None:
+    config = (await js.stream_info(stream)).config
+    await js.update_stream(dataclasses.replace(config, **changes))
+
+
+async def test_a_round_goes_out_as_a_batch_per_stream_each_row_once_in_order(
+    nc: NATS, subjects: Subjects, database_url: str
+) -> None:
+    js = nc.jetstream()
+    await streams.provision_streams(js, subjects)
+    batch = OutboxBatch()
+    for epoch in range(1, 701):  # two batches for the notices (500 + 200)
+        batch.add(
+            Zombie(node_id="n", epoch=epoch), subjects.notice("gw-1", "zombie"), order_key="n"
+        )
+        if epoch <= 300:
+            connected = _connected(epoch)
+            batch.add(connected, subjects.event("node.connected"), order_key="n")
+    conn = await asyncpg.connect(database_url)
+    try:
+        await batch.write(conn)
+        metrics = await _relay_all(database_url, js, subjects)
+        assert await conn.fetchval("SELECT count(*) FROM outbox") == 0
+    finally:
+        await conn.close()
+    assert metrics.outbox_published.value() == metrics.outbox_batched.value() == 1000
+    notices = await stream_messages(js, subjects.gateway_stream)
+    events = await stream_messages(js, subjects.events_stream)
+    assert [Zombie.model_validate_json(m.data).epoch for m in notices] == list(range(1, 701))
+    assert [NodeConnected.model_validate_json(m.data).epoch for m in events] == list(range(1, 301))
+    assert BATCH_FLOW == 500
+
+
+async def test_a_stream_that_takes_no_batch_gets_its_rows_one_by_one(
+    nc: NATS, subjects: Subjects, database_url: str
+) -> None:
+    js = nc.jetstream()
+    await streams.provision_streams(js, subjects)
+    await _set(js, subjects.gateway_stream, allow_batched=False)  # as an operator left it
+    batch = OutboxBatch()
+    for epoch in range(1, 51):
+        batch.add(
+            Zombie(node_id="n", epoch=epoch), subjects.notice("gw-1", "zombie"), order_key="n"
+        )
+        connected = _connected(epoch)
+        batch.add(connected, subjects.event("node.connected"), order_key="n")
+    conn = await asyncpg.connect(database_url)
+    try:
+        await batch.write(conn)
+        metrics = await _relay_all(database_url, js, subjects)
+        assert await conn.fetchval("SELECT count(*) FROM outbox") == 0
+    finally:
+        await conn.close()
+    assert metrics.outbox_published.value() == 100
+    assert metrics.outbox_batched.value() == 50  # the events' batch; the notices one by one
+    notices = await stream_messages(js, subjects.gateway_stream)
+    assert [Zombie.model_validate_json(m.data).epoch for m in notices] == list(range(1, 51))
+    assert len(await stream_messages(js, subjects.events_stream)) == 50
+
+
+async def test_a_row_the_stream_refuses_mid_batch_is_dead_lettered_alone(
+    nc: NATS, subjects: Subjects, database_url: str
+) -> None:
+    js = nc.jetstream()
+    await streams.provision_streams(js, subjects)
+    await _set(js, subjects.gateway_stream, max_msg_size=1000)
+    subject = subjects.notice("gw-1", "zombie")
+    bodies = [Zombie(node_id="n", epoch=epoch).model_dump_json().encode() for epoch in range(1, 11)]
+    bodies[4] = b'{"node_id": "n", "epoch": 5, "pad": "' + b"x" * 2000 + b'"}'
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "INSERT INTO outbox (msg_id, subject, headers, body, order_key)"
+            " SELECT unnest($1::uuid[]), $2, '{\"Bc-Type\": \"zombie\"}', unnest($3::bytea[]), 'n'",
+            [uuid.uuid4() for _ in bodies], subject, bodies,
+        )  # fmt: skip
+        metrics = await _relay_all(database_url, js, subjects)
+        assert await conn.fetchval("SELECT count(*) FROM outbox") == 0
+        dead = await conn.fetch("SELECT body, reason FROM outbox_dead")
+    finally:
+        await conn.close()
+    assert [bytes(row["body"]) for row in dead] == [bodies[4]]
+    assert "exceeds maximum" in dead[0]["reason"]
+    notices = await stream_messages(js, subjects.gateway_stream)
+    assert [m.data for m in notices] == bodies[:4] + bodies[5:]  # each once, in order
+    assert metrics.outbox_published.value() == 9
