@@ -94,20 +94,10 @@ class Subjects:
 
     def stream_of(self, subject: str) -> str | None:
         """The stream of the contract that holds `subject`; None for a subject none holds."""
-        root, _, rest = subject.partition(".")
-        if root != self.root:
+        kind = _stream_kind(self.root, subject)
+        if kind is None:
             return None
-        kind, dot, tail = rest.partition(".")
-        if kind == "revocations" and not dot:
-            return self.events_stream
-        if not tail:
-            return None
-        return {
-            "facts": self.facts_stream,
-            "events": self.events_stream,
-            "gw": self.gateway_stream,
-            "dead": self.dead_stream,
-        }.get(kind)
+        return f"{self.stream_prefix}_{kind}"
 
     def parse_fact(self, subject: str) -> tuple[str, str]:
         """Split `<root>.facts.<gateway_id>.<type>` into (gateway_id, type)."""
@@ -125,6 +115,22 @@ def _parse_fact(root: str, subject: str) -> tuple[str, str]:
     ):
         raise SubjectError(f"not a fact subject under root {root!r}: {subject!r}")
     return parts[2], parts[3]
+
+
+#: a subject's second token → the stream holding it (its name after the root's prefix)
+_STREAM_KINDS = {"facts": "FACTS", "events": "EVENTS", "gw": "GATEWAY", "dead": "DEAD"}
+
+
+@functools.lru_cache(maxsize=4096)  # the relay asks for every message it publishes
+def _stream_kind(root: str, subject: str) -> str | None:
+    """`FACTS`, `EVENTS`, `GATEWAY` or `DEAD`: the stream of root `root` holding `subject`."""
+    first, _, rest = subject.partition(".")
+    if first != root:
+        return None
+    kind, dot, tail = rest.partition(".")
+    if kind == "revocations" and not dot:
+        return "EVENTS"
+    return _STREAM_KINDS.get(kind) if tail else None
 
 
 def split_gateway_subject(subject: str) -> tuple[str, str, str] | None:
