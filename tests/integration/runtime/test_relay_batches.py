@@ -1,15 +1,21 @@
 """The outbox relay's fast batches on real servers: a round goes out as one batch per
 stream (at most `BATCH_FLOW` rows each), every row once and in order; a stream that takes
 no batch gets its rows one by one; a row the stream refuses in the middle of a batch is
-dead-lettered alone, and the rows around it are published once each."""
+dead-lettered alone, and the rows around it are published once each; batches left
+unanswered in a partition are published again, each row once."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import time
 import uuid
+from urllib.parse import urlsplit
 
 import asyncpg
+import nats
+import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from opentelemetry import trace
@@ -17,12 +23,14 @@ from opentelemetry import trace
 from schemas import Zombie
 from schemas.events import NodeConnected
 from schemas.subjects import Subjects
+from tests.conftest import Servers
 from tests.integration.support import stream_messages
+from workers.bench.proxy import Mode, TcpProxy
 from workers.runtime.base.runtime_settings import DatabaseSettings, OutboxSettings
 from workers.runtime.bus import streams
 from workers.runtime.bus.acked import BATCH_FLOW
 from workers.runtime.effects.batch import OutboxBatch
-from workers.runtime.effects.outbox import OutboxRelay
+from workers.runtime.effects.outbox import OutboxPublishError, OutboxRelay
 from workers.runtime.observability.metrics import Metrics
 
 
@@ -134,3 +142,53 @@ async def test_a_row_the_stream_refuses_mid_batch_is_dead_lettered_alone(
     notices = await stream_messages(js, subjects.gateway_stream)
     assert [m.data for m in notices] == bodies[:4] + bodies[5:]  # each once, in order
     assert metrics.outbox_published.value() == 9
+
+
+async def test_batches_unanswered_in_a_partition_are_published_again_each_row_once(
+    servers: Servers, nc: NATS, subjects: Subjects, database_url: str
+) -> None:
+    """The relay's link to NATS goes silent while its batches are in flight: no PubAck
+    comes, the rows stay; once the link heals (and the client reconnects) the next rounds
+    publish them again, and the stream holds each row once, in order."""
+    js = nc.jetstream()
+    await streams.provision_streams(js, subjects)
+    target = urlsplit(servers.nats_url)
+    assert target.hostname and target.port
+    proxy = await TcpProxy(target.hostname, target.port).start()
+    relay_nc = await nats.connect(
+        proxy.url("nats"), max_reconnect_attempts=-1, reconnect_time_wait=0.2
+    )
+    batch = OutboxBatch()
+    for epoch in range(1, 801):
+        batch.add(
+            Zombie(node_id="n", epoch=epoch), subjects.notice("gw-1", "zombie"), order_key="n"
+        )
+    conn = await asyncpg.connect(database_url)
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    metrics = Metrics()
+    relay = OutboxRelay(
+        pool, relay_nc.jetstream(), OutboxSettings(batch_size=1000, publish_timeout=1.0),
+        DatabaseSettings(url=database_url), metrics, trace.NoOpTracer(), subjects,
+    )  # fmt: skip
+    try:
+        await batch.write(conn)
+        await proxy.set_mode(Mode.BLACKHOLE)
+        with pytest.raises(OutboxPublishError, match="800 of 800 rows not acknowledged"):
+            await relay.publish_round()
+        assert await conn.fetchval("SELECT count(*) FROM outbox") == 800  # every row kept
+        await proxy.set_mode(Mode.FORWARD)
+        deadline = time.monotonic() + 30
+        while await relay.backlog() and time.monotonic() < deadline:
+            with contextlib.suppress(Exception):  # reconnecting: the round waits its turn
+                await relay.publish_round()
+            await asyncio.sleep(0.1)
+        assert await conn.fetchval("SELECT count(*) FROM outbox") == 0
+        assert await conn.fetchval("SELECT count(*) FROM outbox_dead") == 0
+    finally:
+        await pool.close()
+        await conn.close()
+        await relay_nc.close()
+        await proxy.stop()
+    notices = await stream_messages(js, subjects.gateway_stream)
+    assert [Zombie.model_validate_json(m.data).epoch for m in notices] == list(range(1, 801))
+    assert metrics.outbox_published.value() == metrics.outbox_batched.value() == 800
