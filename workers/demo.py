@@ -93,7 +93,7 @@ async def main(
         try:
             await migrate.migrate(conn)
             await conn.execute(
-                "TRUNCATE nodes, gateways, outbox, processed_facts, controller_leases CASCADE"
+                "TRUNCATE nodes, gateways, outbox, outbox_packs, processed_facts, controller_leases CASCADE"
             )
             await conn.execute(
                 "UPDATE liveness_sweeps SET last_sweep_at = NULL, grace_until = NULL"

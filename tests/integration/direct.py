@@ -13,6 +13,7 @@ import asyncpg
 
 from schemas import Fact
 from schemas.subjects import Subjects
+from tests.integration.support import OUTBOX_MESSAGES
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.worker import Tx, Worker, handle_bound
 
@@ -29,11 +30,11 @@ async def apply(
 
 async def take_outbox(conn: asyncpg.Connection) -> list[dict[str, Any]]:
     """The messages queued so far (and remove them): type, subject and body of each."""
-    rows = await conn.fetch(
-        "DELETE FROM outbox RETURNING id, subject, headers::text AS headers, body"
-    )
+    async with conn.transaction():
+        rows = await conn.fetch(OUTBOX_MESSAGES)
+        await conn.execute("DELETE FROM outbox; DELETE FROM outbox_packs")
     out = []
-    for row in sorted(rows, key=lambda r: r["id"]):
+    for row in rows:
         body = json.loads(bytes(row["body"]))
         body["_type"] = json.loads(row["headers"])["Bc-Type"]
         body["_subject"] = row["subject"]

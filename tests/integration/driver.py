@@ -18,6 +18,7 @@ from schemas import REGISTRY, Fact
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration.support import (
+    OUTBOX_LEFT,
     count,
     eventually,
     make_settings,
@@ -85,7 +86,7 @@ async def _at_least(driver: Driver, n: int) -> bool:
 
 
 async def _outbox_empty(database_url: str) -> bool:
-    return await count(database_url, "SELECT count(*) FROM outbox") == 0
+    return await count(database_url, OUTBOX_LEFT) == 0
 
 
 @contextlib.asynccontextmanager

@@ -19,7 +19,12 @@ from nats.aio.client import Client as NATS
 
 from schemas.subjects import Subjects
 from tests.integration import fleet
-from tests.integration.support import count, publish_through_outages, stream_messages
+from tests.integration.support import (
+    OUTBOX_LEFT,
+    count,
+    publish_through_outages,
+    stream_messages,
+)
 
 GATEWAY = "gw-1"
 #: the workers a Hello has effects in that keep an inbox row per fact; the third, the
@@ -73,7 +78,7 @@ class HelloFlow:
         labels = await count(
             database_url, "SELECT count(*) FROM node_labels WHERE source = 'system'"
         )
-        outbox = await count(database_url, "SELECT count(*) FROM outbox")
+        outbox = await count(database_url, OUTBOX_LEFT)
         return handled == self.size * len(WITH_INBOX) and labels == self.labels and outbox == 0
 
     async def assert_exact(self, database_url: str, nc: NATS, subjects: Subjects) -> None:

@@ -238,8 +238,28 @@ async def tally_rows(database_url: str, n: int) -> bool:
     return await count(database_url, "SELECT count(*) FROM tally") == n
 
 
+#: the messages waiting in the outbox: `outbox` rows (an older release's) and packs' messages
+OUTBOX_LEFT = (
+    "SELECT (SELECT count(*) FROM outbox)"
+    " + (SELECT coalesce(sum(cardinality(msg_ids)), 0) FROM outbox_packs)"
+)
+
+#: every message waiting in the outbox, in the order a relay publishes them
+OUTBOX_MESSAGES = """
+SELECT msg_id, subject, headers::text AS headers, body, order_key, worker FROM (
+    SELECT 0 AS t, id, 0::bigint AS i, msg_id, subject, headers, body, order_key, worker
+      FROM outbox
+    UNION ALL
+    SELECT 1, p.id, m.i, m.msg_id, m.subject, m.headers::jsonb, m.body, m.order_key, p.worker
+      FROM outbox_packs p,
+           unnest(p.msg_ids, p.subjects, p.headers, p.bodies, p.order_keys)
+             WITH ORDINALITY AS m(msg_id, subject, headers, body, order_key, i)
+) waiting ORDER BY t, id, i
+"""
+
+
 async def outbox_empty(database_url: str) -> bool:
-    return await count(database_url, "SELECT count(*) FROM outbox") == 0
+    return await count(database_url, OUTBOX_LEFT) == 0
 
 
 async def dead_letters_at_least(js: object, subjects: Subjects, n: int) -> bool:

@@ -10,6 +10,8 @@ import asyncpg.exceptions._base as asyncpg_base
 import nats.errors
 import nats.js.errors
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from workers.runtime.base.errors import (
@@ -23,6 +25,7 @@ from workers.runtime.base.errors import (
 )
 from workers.runtime.base.waiting import Patience
 from workers.runtime.effects import outcome
+from workers.runtime.effects.claims import Pack, publishable
 from workers.runtime.observability.metrics import Metrics
 
 
@@ -228,3 +231,46 @@ def test_an_error_line_of_the_cli_is_redacted(capsys: pytest.CaptureFixture[str]
 
     _explain("run", "cannot reach nats://u:hunter2@h:4222")
     assert capsys.readouterr().err == "bcw run: cannot reach nats://u:***@h:4222\n"
+
+
+_packs = st.lists(
+    st.tuples(
+        st.lists(st.sampled_from("abcde"), max_size=3, unique=True),  # its keys
+        st.integers(1, 300),  # its messages
+        st.booleans(),  # it waits (held elsewhere, or an older row of its key is left)
+    ),
+    max_size=12,
+).map(lambda specs: [Pack(i + 1, tuple(k), n, w) for i, (k, n, w) in enumerate(specs)])
+
+
+@given(_packs, st.integers(1, 1000))
+def test_a_pack_never_overtakes_an_earlier_one_of_its_keys(packs: list[Pack], cap: int) -> None:
+    """`claims.publishable`: the packs chosen are in order, none that waits, none sharing
+    a key with an earlier pack left behind this round; no more messages than the cap
+    (the first chosen pack aside); and the first pack goes whenever it may."""
+    chosen = publishable(packs, cap)
+    ids = [pack.id for pack in packs]
+    assert chosen == sorted(chosen) and set(chosen) <= set(ids)
+    by_id = {pack.id: pack for pack in packs}
+    assert not any(by_id[i].waits for i in chosen)
+    for pack in packs:
+        if pack.id in chosen:
+            earlier_left = [p for p in packs if p.id < pack.id and p.id not in chosen]
+            assert not any(set(p.keys) & set(pack.keys) for p in earlier_left), (pack, chosen)
+    if len(chosen) > 1:
+        assert sum(by_id[i].size for i in chosen) <= cap
+    free = [
+        p for k, p in enumerate(packs)
+        if not p.waits and not any(set(q.keys) & set(p.keys) for q in packs[:k])
+    ]  # fmt: skip
+    if free and free[0] == packs[0]:
+        assert chosen[:1] == [packs[0].id]
+
+
+def test_packs_wait_behind_a_held_pack_of_a_shared_key_even_through_another_key() -> None:
+    """a ← waits; b shares a's key k1 (held back); c shares only b's k2: c waits too,
+    or its k2 message would overtake b's. d shares nothing and goes."""
+    packs = [Pack(1, ("k1",), 5, True), Pack(2, ("k1", "k2"), 5, False),
+             Pack(3, ("k2",), 5, False), Pack(4, ("k3",), 5, False), Pack(5, (), 5, False)]  # fmt: skip
+    assert publishable(packs, 100) == [4, 5]
+    assert publishable(packs, 5) == [4]  # the cap: the rest next round

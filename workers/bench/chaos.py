@@ -43,6 +43,7 @@ from workers.bench.proxy import Mode, TcpProxy
 from workers.embedded import EmbeddedNats, EmbeddedPostgres
 from workers.registry import WORKERS
 from workers.runtime.bus import streams
+from workers.runtime.effects import claims
 from workers.runtime.store import migrate
 
 GATEWAY = "gw-0"
@@ -304,7 +305,7 @@ async def wait_settled(database_url: str, hellos: int, within: float) -> float:
             with contextlib.suppress(Exception):
                 conn = await asyncpg.connect(database_url, timeout=3)
                 try:
-                    if await conn.fetchval("SELECT count(*) FROM outbox") == 0:
+                    if (await claims.waiting(conn, None))[0] == 0:
                         return time.monotonic() - started
                 finally:
                     await conn.close()

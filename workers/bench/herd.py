@@ -176,6 +176,7 @@ async def run(
                            AND (SELECT count(*) FROM session_history
                                  WHERE what = 'node.connected') = $1
                            AND NOT EXISTS (SELECT 1 FROM outbox)
+                           AND NOT EXISTS (SELECT 1 FROM outbox_packs)
                         """,
                         nodes,
                     )

@@ -21,6 +21,7 @@ from workers.bench.common import (
     wire,
 )
 from workers.runtime.base.settings import Settings
+from workers.runtime.effects import claims
 
 CAPABILITIES = ["cpu", "mem", "nvml", "cuda.12", "ib", "nvme", "gpu.h100", "new-cap"]
 
@@ -49,7 +50,7 @@ async def run(settings: Settings, nodes: int, embedded: bool) -> int:
         conn = await asyncpg.connect(target.database_url)
         try:
             labels = await conn.fetchval("SELECT count(*) FROM node_labels WHERE source = 'system'")
-            changed = await conn.fetchval("SELECT count(*) FROM outbox")
+            changed = (await claims.waiting(conn, None))[0]
         finally:
             await conn.close()
     print_table(

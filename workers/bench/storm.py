@@ -41,6 +41,7 @@ from workers.bench.common import (
 from workers.bench.costs import peak_rss_mib
 from workers.gateway import Code, Gateway, GatewaySettings, HelloRequest, Refused
 from workers.runtime.base.settings import Settings
+from workers.runtime.effects import claims
 
 HELLO_WORKERS = ("labeler", "liveness", "quarantine", "replay")
 CLIENTS_PER_GATEWAY = 64  # each gateway's pending-Hello limit
@@ -231,7 +232,7 @@ async def run(
                 return (
                     await conn.fetchval(labels_sql) == 5 * nodes
                     and await conn.fetchval(replay_sql) == nodes
-                    and await conn.fetchval("SELECT count(*) FROM outbox") == 0
+                    and (await claims.waiting(conn, None))[0] == 0
                 )
 
             settled = await wait_until(effects) + clock

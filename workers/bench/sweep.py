@@ -65,7 +65,7 @@ async def run(settings: Settings, nodes: int, embedded: bool, rounds: int = 3) -
                     "UPDATE liveness_sweeps SET last_sweep_at = compute_now(), grace_until = NULL"
                 )
                 await conn.execute(SEEN)
-                await conn.execute("DELETE FROM outbox")
+                await conn.execute("DELETE FROM outbox; DELETE FROM outbox_packs")
                 await conn.execute("VACUUM ANALYZE node_sessions")
                 started = time.perf_counter()
                 result = await sweep_once(pool, None, subjects, rules)

@@ -27,7 +27,14 @@ from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration import fleet
 from tests.integration.streams import RecordingStream
-from tests.integration.support import bcw, eventually, make_settings, running, stream_messages
+from tests.integration.support import (
+    OUTBOX_MESSAGES,
+    bcw,
+    eventually,
+    make_settings,
+    running,
+    stream_messages,
+)
 from workers import liveness
 from workers.bench.proxy import Mode, TcpProxy
 from workers.demo import fresh_sweep_history
@@ -310,9 +317,8 @@ async def test_the_breaker_holds_30_of_40_and_a_release_lets_the_next_sweep_go(
         assert await _routed(db, "gw-1") == 40
         opened = [
             json.loads(bytes(r["body"]))
-            for r in await db.fetch(
-                "SELECT body FROM outbox WHERE headers->>'Bc-Type' = 'liveness.breaker-open'"
-            )
+            for r in await db.fetch(OUTBOX_MESSAGES)
+            if json.loads(r["headers"])["Bc-Type"] == "liveness.breaker-open"
         ]
         assert opened == [{"gatewayId": "gw-1", "wouldDisconnect": 30, "connected": 40}]  # once
         [state] = await _status(database_url, "gw-1")  # what an operator reads first

@@ -21,6 +21,7 @@ from nats.aio.client import Client as NATS
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration.support import (
+    OUTBOX_LEFT,
     build_tally,
     count,
     eventually,
@@ -169,4 +170,4 @@ async def _exactly(database_url: str, n: int) -> bool:
 
 
 async def _outbox_empty(database_url: str) -> bool:
-    return await count(database_url, "SELECT count(*) FROM outbox") == 0
+    return await count(database_url, OUTBOX_LEFT) == 0

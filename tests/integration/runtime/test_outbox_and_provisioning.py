@@ -19,7 +19,7 @@ from schemas import Zombie
 from schemas.notices import HelloAgain
 from schemas.subjects import Subjects
 from tests.conftest import Servers
-from tests.integration.support import bcw, stream_messages
+from tests.integration.support import OUTBOX_LEFT, bcw, stream_messages
 from workers.runtime.base.runtime_settings import ConsumerSettings, DatabaseSettings, OutboxSettings
 from workers.runtime.bus import streams
 from workers.runtime.bus.streams import ConsumerSpec
@@ -62,7 +62,7 @@ async def test_concurrent_relays_publish_each_row_once_in_order_per_key(
     try:
         deadline = time.monotonic() + 30
         await asyncio.gather(*(relay.flush(deadline) for relay in relays))
-        assert await conn.fetchval("SELECT count(*) FROM outbox") == 0
+        assert await conn.fetchval(OUTBOX_LEFT) == 0
     finally:
         await pool.close()
         await conn.close()
@@ -104,7 +104,9 @@ async def test_a_relay_claims_and_counts_only_its_own_workers_rows(
         assert await relay.publish_round() == 3
         await relay.observe()
         assert (metrics.outbox_backlog.value(), await relay.backlog()) == (0.0, 0)
-        assert await conn.fetchval("SELECT array_agg(DISTINCT worker) FROM outbox") == ["replay"]
+        assert await conn.fetchval("SELECT array_agg(DISTINCT worker) FROM outbox_packs") == [
+            "replay"
+        ]
     finally:
         await pool.close()
         await conn.close()
@@ -136,10 +138,10 @@ async def test_a_relay_wakes_on_notify(nc: NATS, subjects: Subjects, database_ur
         batch.add(Zombie(node_id="n", epoch=1), subjects.notice("gw-1", "zombie"))
         await batch.write(conn)  # autocommit: NOTIFY fires; the 60 s poll would be too late
         for _ in range(100):
-            if not await conn.fetchval("SELECT count(*) FROM outbox"):
+            if not await conn.fetchval(OUTBOX_LEFT):
                 break
             await asyncio.sleep(0.05)
-        assert await conn.fetchval("SELECT count(*) FROM outbox") == 0
+        assert await conn.fetchval(OUTBOX_LEFT) == 0
     finally:
         stopping.set()
         await task
@@ -331,7 +333,8 @@ async def test_a_row_that_can_never_be_published_does_not_jam_the_relay(
         await batch.write(conn)
         oversize = nc.max_payload + 1
         await conn.execute(
-            "UPDATE outbox SET body = convert_to(repeat('x', $2), 'UTF8') WHERE msg_id = $1",
+            "UPDATE outbox_packs SET bodies[array_position(msg_ids, $1)] ="
+            " convert_to(repeat('x', $2), 'UTF8')",
             too_big,
             oversize,
         )
@@ -341,7 +344,7 @@ async def test_a_row_that_can_never_be_published_does_not_jam_the_relay(
             trace.NoOpTracer(), subjects,
         )  # fmt: skip
         assert await relay.flush(time.monotonic() + 10) == 5
-        assert await conn.fetchval("SELECT count(*) FROM outbox") == 0
+        assert await conn.fetchval(OUTBOX_LEFT) == 0
         [buried] = await conn.fetch("SELECT msg_id, reason, length(body) AS n FROM outbox_dead")
     finally:
         await pool.close()

@@ -24,7 +24,7 @@ from schemas import Zombie
 from schemas.events import NodeConnected
 from schemas.subjects import Subjects
 from tests.conftest import Servers
-from tests.integration.support import stream_messages
+from tests.integration.support import OUTBOX_LEFT, stream_messages
 from workers.bench.proxy import Mode, TcpProxy
 from workers.runtime.base.runtime_settings import DatabaseSettings, OutboxSettings
 from workers.runtime.bus import streams
@@ -78,7 +78,7 @@ async def test_a_round_goes_out_as_a_batch_per_stream_each_row_once_in_order(
     try:
         await batch.write(conn)
         metrics = await _relay_all(database_url, js, subjects)
-        assert await conn.fetchval("SELECT count(*) FROM outbox") == 0
+        assert await conn.fetchval(OUTBOX_LEFT) == 0
     finally:
         await conn.close()
     assert metrics.outbox_published.value() == metrics.outbox_batched.value() == 1000
@@ -106,7 +106,7 @@ async def test_a_stream_that_takes_no_batch_gets_its_rows_one_by_one(
     try:
         await batch.write(conn)
         metrics = await _relay_all(database_url, js, subjects)
-        assert await conn.fetchval("SELECT count(*) FROM outbox") == 0
+        assert await conn.fetchval(OUTBOX_LEFT) == 0
     finally:
         await conn.close()
     assert metrics.outbox_published.value() == 100
@@ -175,14 +175,14 @@ async def test_batches_unanswered_in_a_partition_are_published_again_each_row_on
         await proxy.set_mode(Mode.BLACKHOLE)
         with pytest.raises(OutboxPublishError, match="800 of 800 rows not acknowledged"):
             await relay.publish_round()
-        assert await conn.fetchval("SELECT count(*) FROM outbox") == 800  # every row kept
+        assert await conn.fetchval(OUTBOX_LEFT) == 800  # every message kept
         await proxy.set_mode(Mode.FORWARD)
         deadline = time.monotonic() + 30
         while await relay.backlog() and time.monotonic() < deadline:
             with contextlib.suppress(Exception):  # reconnecting: the round waits its turn
                 await relay.publish_round()
             await asyncio.sleep(0.1)
-        assert await conn.fetchval("SELECT count(*) FROM outbox") == 0
+        assert await conn.fetchval(OUTBOX_LEFT) == 0
         assert await conn.fetchval("SELECT count(*) FROM outbox_dead") == 0
     finally:
         await pool.close()

@@ -23,7 +23,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from schemas.subjects import Subjects
 from tests.conftest import Clock, Servers
 from tests.integration import fleet
-from tests.integration.support import eventually, make_settings, running, stream_messages
+from tests.integration.support import (
+    OUTBOX_LEFT,
+    OUTBOX_MESSAGES,
+    eventually,
+    make_settings,
+    running,
+    stream_messages,
+)
 from workers import liveness
 from workers.liveness.decide import Rules
 from workers.liveness.sweep import LEASE, sweep_once
@@ -52,9 +59,7 @@ async def _swept_recently(db: asyncpg.Connection, ago: timedelta = timedelta(0))
 
 async def _outbox_bodies(db: asyncpg.Connection) -> list[Any]:
     """What the sweep queued for publication (no relay runs in the sweep tests)."""
-    return [
-        json.loads(bytes(r["body"])) for r in await db.fetch("SELECT body FROM outbox ORDER BY id")
-    ]
+    return [json.loads(bytes(r["body"])) for r in await db.fetch(OUTBOX_MESSAGES)]
 
 
 # -- the sweep ---------------------------------------------------------------------------
@@ -197,7 +202,7 @@ async def test_a_paused_ex_leaders_sweep_is_fenced_out(
     with pytest.raises(leases.LeaseLost):
         await sweep_once(pool, old, subjects, Rules())
     assert (await fleet.routing(db, "n1"))[1] == "gw-1"  # a's writes matched nothing
-    assert await db.fetchval("SELECT count(*) FROM outbox") == 0
+    assert await db.fetchval(OUTBOX_LEFT) == 0
     await sweep_once(pool, new, subjects, Rules())
     assert (await fleet.routing(db, "n1"))[1] is None
 

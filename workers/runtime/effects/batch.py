@@ -1,7 +1,8 @@
 """What one transaction publishes: `OutboxBatch` collects the messages (each one its
 worker emits: `principals.EMITS`) and the session history they make, and writes both in
-one statement, owned by the worker, in the transaction of the effects. The relay
-(`outbox.OutboxRelay`) publishes them after commit.
+one statement, owned by the worker, in the transaction of the effects: the messages as
+one row of `outbox_packs` however many they are. The relay (`outbox.OutboxRelay`)
+publishes them after commit.
 """
 
 from __future__ import annotations
@@ -80,38 +81,43 @@ class OutboxBatch:
         return msg_id
 
     async def write(self, conn: asyncpg.Connection) -> int:
-        """The rows and their history, in one statement (one round trip per batch)."""
+        """The messages as one pack (`outbox_packs`) and their history, in one statement
+        (one round trip, one row however many messages)."""
         if not self.rows:
             return 0
-        outbox = [list(column) for column in zip(*self.rows, strict=True)]
-        if not self.history:  # the rows are this worker's (its relay's to publish)
-            await conn.execute(_OUTBOX_ONLY_INSERT, *outbox, self.worker)
+        msg_ids, subjects, headers, bodies, order_keys = (
+            list(column) for column in zip(*self.rows, strict=True)
+        )
+        keys = list(dict.fromkeys(key for key in order_keys if key is not None))
+        pack = (msg_ids, subjects, headers, bodies, order_keys, keys)
+        if not self.history:  # the pack is this worker's (its relay's to publish)
+            await conn.execute(_PACK_ONLY_INSERT, *pack, self.worker)
             return len(self.rows)
         history = [list(column) for column in zip(*self.history, strict=True)]
-        await conn.execute(_OUTBOX_AND_HISTORY_INSERT, *outbox, *history, self.worker)
+        await conn.execute(_PACK_AND_HISTORY_INSERT, *pack, *history, self.worker)
         return len(self.rows)
 
 
-_OUTBOX_INSERT = """
-INSERT INTO outbox (msg_id, subject, headers, body, order_key, worker)
-SELECT m, s, h::jsonb, b, k, NULLIF({worker}::text, '')
-  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::text[]) AS t(m, s, h, b, k)
+_PACK_INSERT = """
+INSERT INTO outbox_packs (worker, msg_ids, subjects, headers, bodies, order_keys, keys)
+VALUES (NULLIF({worker}::text, ''), $1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::text[],
+        $6::text[])
 """
 
-_OUTBOX_ONLY_INSERT = _OUTBOX_INSERT.format(worker="$6")
+_PACK_ONLY_INSERT = _PACK_INSERT.format(worker="$7")
 
 # a data-modifying WITH runs to completion whether or not the outer statement reads it;
-# the outer one is the outbox's, so the statement's span is still `INSERT outbox`. `at` is
+# the outer one is the pack's, so the statement's span is `INSERT outbox_packs`. `at` is
 # the column's default, evaluated once (a sub-select), not once per row: a fifth of the
 # insert's cost at 256 rows
-_OUTBOX_AND_HISTORY_INSERT = f"""
+_PACK_AND_HISTORY_INSERT = f"""
 WITH history AS (
     INSERT INTO session_history (node_id, what, epoch, gateway_id, worker, fact_id, trace_id, detail, at)
-    SELECT n, w, e, g, $13, f, t, d::jsonb, (SELECT compute_now())
-      FROM unnest($6::text[], $7::text[], $8::bigint[], $9::text[], $10::uuid[], $11::text[], $12::text[])
+    SELECT n, w, e, g, $14, f, t, d::jsonb, (SELECT compute_now())
+      FROM unnest($7::text[], $8::text[], $9::bigint[], $10::text[], $11::uuid[], $12::text[], $13::text[])
         AS h(n, w, e, g, f, t, d)
 )
-{_OUTBOX_INSERT.format(worker="$13")}"""
+{_PACK_INSERT.format(worker="$14")}"""
 
 
 def _notice_gateway(subject: str) -> str | None:

@@ -31,6 +31,8 @@ from workers.runtime.base.waiting import Patience, sleep_or_stop, wait_any
 from workers.runtime.bus.acked import BATCH_DISABLED, BATCH_FLOW, AckedPublisher, Message
 from workers.runtime.bus.connection import RefusedSubjects
 from workers.runtime.bus.deadletter import TRUNCATED, dead_letter
+from workers.runtime.effects import claims
+from workers.runtime.effects.claims import Item
 from workers.runtime.observability import tracing
 from workers.runtime.observability.metrics import Metrics
 from workers.runtime.store.notify import Listener
@@ -53,25 +55,6 @@ def _stored_headers(text: str) -> dict[str, str]:
 @functools.lru_cache(maxsize=256)
 def _parsed_headers(text: str) -> dict[str, str]:
     return json.loads(text)
-
-
-# Claims a batch, then gives up the rows whose order_key has an earlier row outside the
-# batch (held by another relay, or not yet claimable): those wait their turn.
-CLAIM_SQL = """
-WITH claimed AS (
-    SELECT id, order_key FROM outbox WHERE $2::text[] IS NULL OR worker = ANY($2)
-     ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
-)
-SELECT o.id, o.msg_id, o.subject, o.headers, o.body
-  FROM claimed c JOIN outbox o USING (id)
- WHERE c.order_key IS NULL
-    OR NOT EXISTS (
-        SELECT 1 FROM outbox earlier
-         WHERE earlier.order_key = c.order_key AND earlier.id < c.id
-           AND earlier.id NOT IN (SELECT id FROM claimed)
-    )
- ORDER BY o.id
-"""
 
 
 class OutboxRelay:
@@ -123,14 +106,13 @@ class OutboxRelay:
         if not self._js._nc.is_connected:  # publishing now would only buffer
             raise nats.errors.ConnectionReconnectingError
         async with self._pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(CLAIM_SQL, self._settings.batch_size, self._owners)
+            rows = await claims.claim(conn, self._settings.batch_size, self._owners)
             if not rows:
                 return 0
             published, dead = await self._publish(rows)
-            if published:
-                await conn.execute("DELETE FROM outbox WHERE id = ANY($1::bigint[])", published)
             if dead:
-                await self._bury(conn, rows, dead)
+                await self._bury(rows, dead)
+            await claims.settle(conn, rows, published, dead)
         self._metrics.outbox_published.inc(by=len(published))
         if len(published) + len(dead) < len(rows):
             raise OutboxPublishError(
@@ -138,7 +120,7 @@ class OutboxRelay:
             )
         return len(published) + len(dead)
 
-    async def _publish(self, rows: list[asyncpg.Record]) -> tuple[list[int], dict[int, str]]:
+    async def _publish(self, rows: list[Item]) -> tuple[list[int], dict[int, str]]:
         """Publish `rows` pipelined — a stream's rows as fast batches where the stream takes
         them, the rest and any a batch did not store one by one; (ids acknowledged,
         {id: reason} for rows that never can be)."""
@@ -148,20 +130,19 @@ class OutboxRelay:
         limit = self._js._nc.max_payload
         ready: dict[int, Message] = {}
         for row in rows:
-            headers = _stored_headers(row["headers"])
+            headers = _stored_headers(row.headers)
             if self._tracing:  # the message carries this span on; else the stored context
-                span = spans[row["id"]] = self._producer_span(row, headers)
+                span = spans[row.id] = self._producer_span(row, headers)
                 headers.pop("traceparent", None)
                 headers.pop("tracestate", None)
                 tracing.inject(headers, trace.set_span_in_context(span))
-            headers["Nats-Msg-Id"] = str(row["msg_id"])
-            body = bytes(row["body"])
-            if len(body) > limit:  # checked here: nats-py would leak a publish slot on it
-                dead[row["id"]] = f"{len(body)} bytes is over the bus's max payload ({limit})"
-            elif row["subject"] in self._refused:
-                dead[row["id"]] = f"this principal may not publish to {row['subject']}"
+            headers["Nats-Msg-Id"] = str(row.msg_id)
+            if len(row.body) > limit:  # checked here: nats-py would leak a publish slot on it
+                dead[row.id] = f"{len(row.body)} bytes is over the bus's max payload ({limit})"
+            elif row.subject in self._refused:
+                dead[row.id] = f"this principal may not publish to {row.subject}"
             else:
-                ready[row["id"]] = (row["subject"], body, headers)
+                ready[row.id] = (row.subject, row.body, headers)
         done, one_by_one = await self._publish_batched(ready, failed)
         done += await self._publish_one_by_one(
             {row_id: ready[row_id] for row_id in one_by_one}, failed
@@ -187,7 +168,7 @@ class OutboxRelay:
     ) -> tuple[list[int], list[int]]:
         """Publish `ready`'s rows bound for a stream that takes fast batches, as batches
         (`_publish_stream`); returns the rows stored, and those left to publish one by
-        one, in id order: the other rows, and those no batch stored."""
+        one, in the claim's order: the other rows, and those no batch stored."""
         groups: dict[str, list[int]] = {}
         one_by_one: list[int] = []
         now = time.monotonic()
@@ -206,7 +187,8 @@ class OutboxRelay:
         ):
             done += stored
             one_by_one += left
-        return done, sorted(one_by_one)
+        later = set(one_by_one)
+        return done, [row_id for row_id in ready if row_id in later]  # in the claim's order
 
     async def _publish_stream(
         self,
@@ -274,51 +256,39 @@ class OutboxRelay:
                 done.append(row_id)
         return done
 
-    async def _bury(
-        self, conn: asyncpg.Connection, rows: list[asyncpg.Record], dead: dict[int, str]
-    ) -> None:
-        """Move rows that can never be published out of the way, and say so on the bus."""
+    async def _bury(self, rows: list[Item], dead: dict[int, str]) -> None:
+        """Say on the bus that rows never can be published (`claims.settle` then moves
+        them to `outbox_dead`, where each is kept whole)."""
         limit = self._js._nc.max_payload
         for row in rows:
-            reason = dead.get(row["id"])
+            reason = dead.get(row.id)
             if reason is None:
                 continue
-            body = bytes(row["body"])
-            headers = {**_stored_headers(row["headers"]), "Nats-Msg-Id": str(row["msg_id"])}
-            fits = len(body) <= limit - 4096  # room for the dead letter's own headers
+            headers = {**_stored_headers(row.headers), "Nats-Msg-Id": str(row.msg_id)}
+            fits = len(row.body) <= limit - 4096  # room for the dead letter's own headers
             if not fits:
-                headers[TRUNCATED] = str(len(body))
+                headers[TRUNCATED] = str(len(row.body))
             self._metrics.dead_letters.inc("relay", "unpublishable")
             if self._subjects.dead("relay") in self._refused:
                 continue  # kept in outbox_dead only (said once, when the server refused it)
             try:
                 await dead_letter(
-                    self._js, self._subjects, "relay", subject=row["subject"], stream="outbox",
-                    stream_seq=row["id"], data=body if fits else b"", headers=headers,
+                    self._js, self._subjects, "relay", subject=row.subject, stream="outbox",
+                    stream_seq=row.id, data=row.body if fits else b"", headers=headers,
                     reason=reason, cause="unpublishable",
                 )  # fmt: skip
             except Exception as error:  # the row is kept whole in outbox_dead for an operator
                 log.error(
                     "outbox row %d (%s) kept in outbox_dead only: its dead letter was not "
-                    "published (%r)", row["id"], row["subject"], error,
+                    "published (%r)", row.id, row.subject, error,
                 )  # fmt: skip
-        await conn.execute(
-            """
-            WITH gone AS (DELETE FROM outbox WHERE id = ANY($1::bigint[]) RETURNING *)
-            INSERT INTO outbox_dead (id, msg_id, subject, headers, body, order_key, created_at, reason)
-            SELECT g.id, g.msg_id, g.subject, g.headers, g.body, g.order_key, g.created_at, r.reason
-              FROM gone g JOIN unnest($1::bigint[], $2::text[]) AS r(id, reason) USING (id)
-            """,
-            list(dead),
-            list(dead.values()),
-        )
 
-    def _producer_span(self, row: asyncpg.Record, headers: dict[str, str]) -> trace.Span:
+    def _producer_span(self, row: Item, headers: dict[str, str]) -> trace.Span:
         """The message's PRODUCER span, child of the context stored with its row."""
         span = tracing.start_producer_span(
             self._tracer,
-            row["subject"],
-            str(row["msg_id"]),
+            row.subject,
+            str(row.msg_id),
             self._js._nc,
             context=tracing.extract(headers),
         )
@@ -340,26 +310,17 @@ class OutboxRelay:
         return total
 
     async def backlog(self) -> int:
-        """The rows this relay is to publish (its workers', or every row)."""
+        """The messages this relay is to publish (its workers', or every one)."""
         async with self._pool.acquire() as conn:
-            return int(
-                await conn.fetchval(
-                    "SELECT count(*) FROM outbox WHERE $1::text[] IS NULL OR worker = ANY($1)",
-                    self._owners,
-                )
-            )
+            return (await claims.waiting(conn, self._owners))[0]
 
     async def observe(self) -> None:
-        """Set the outbox gauges: rows waiting for this relay (its workers', or every row,
-        as `backlog`), and the age of the oldest — the same whatever the login may see."""
+        """Set the outbox gauges: messages waiting for this relay (its workers', or every
+        one, as `backlog`), and the age of the oldest — the same whatever the login may see."""
         async with self._pool.acquire() as conn:
-            row = await conn.fetchrow(
-                "SELECT count(*) AS n, extract(epoch FROM now() - min(created_at)) AS age"
-                "  FROM outbox WHERE $1::text[] IS NULL OR worker = ANY($1)",
-                self._owners,
-            )
-        self._metrics.outbox_backlog.set(float(row["n"]))
-        self._metrics.outbox_oldest_seconds.set(max(0.0, float(row["age"] or 0.0)))
+            count, age = await claims.waiting(conn, self._owners)
+        self._metrics.outbox_backlog.set(float(count))
+        self._metrics.outbox_oldest_seconds.set(age)
 
     async def run(self, stopping: asyncio.Event) -> None:
         listener = asyncio.create_task(self._listener.run(stopping))

@@ -40,9 +40,13 @@ TABLES = (
     "liveness_sweeps", "node_alternations", "node_certs", "node_events", "node_inventory",
     "node_labels",
     "node_sessions", "nodes", "session_history",
-    "outbox", "outbox_dead", "outbox_senders", "processed_facts", "schema_migrations",
+    "outbox", "outbox_dead", "outbox_packs", "outbox_senders", "processed_facts",
+    "schema_migrations",
     "session_epochs",
 )  # fmt: skip
+
+#: what a relay may change of a pack it claimed: lock it, and keep only what is left to publish
+PACK_UPDATE = "UPDATE (msg_ids, subjects, headers, bodies, order_keys, keys, created_at)"
 
 #: what every worker process does besides its rules: the inbox (and its pruning), the
 #: outbox and its relay, leases, the gateway binding of facts
@@ -51,6 +55,8 @@ RUNTIME = (
     Grant("UPDATE (processed_at)", "processed_facts"),  # pruning locks the rows it deletes
     Grant("SELECT, INSERT, DELETE", "outbox"),
     Grant("UPDATE (created_at)", "outbox"),  # the relay's claims lock rows
+    Grant("SELECT, INSERT, DELETE", "outbox_packs"),
+    Grant(PACK_UPDATE, "outbox_packs"),  # claims lock packs; a partly published one shrinks
     Grant("INSERT", "outbox_dead"),
     Grant("SELECT, INSERT, UPDATE", "controller_leases"),
     Grant("SELECT", "session_epochs"),
@@ -150,6 +156,8 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
     "bcw_relay": (
         Grant("SELECT, DELETE", "outbox"),
         Grant("UPDATE (created_at)", "outbox"),  # its claims lock rows
+        Grant("SELECT, DELETE", "outbox_packs"),
+        Grant(PACK_UPDATE, "outbox_packs"),
         Grant("INSERT", "outbox_dead"),
         Grant("SELECT", "clock_offset"),
         Grant("SELECT", "schema_migrations"),  # `bcw migrate --wait` before it starts
@@ -171,6 +179,7 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
 #: tables in one transaction could deadlock with the workers running beside it.
 OWNED_ROWS = {
     "outbox": "worker = '{w}'",
+    "outbox_packs": "worker = '{w}'",
     "processed_facts": "consumer = '{w}'",
     "session_history": "worker = '{w}'",
     "controller_leases": "(name = '{w}' OR name LIKE '{w}-%' OR name = '{inbox_pruning}')",

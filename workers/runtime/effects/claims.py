@@ -1,0 +1,191 @@
+"""What the outbox relay claims and settles in the database: `outbox_packs` (one row per
+transaction, its messages in parallel arrays: `batch.OutboxBatch.write`) and the `outbox`
+rows an older release writes during a rolling upgrade.
+
+A round claims both `FOR UPDATE SKIP LOCKED` as `Item`s, one per message, in the order
+they are to go out: the older rows first, then the packs in id order. A message with an
+order key never overtakes an earlier one of its key, also across relays: a row waits for
+an earlier row of its key held elsewhere (`ROWS_SQL`); a pack waits while an `outbox` row
+of one of its keys is left, or an earlier pack sharing a key is held elsewhere — or is
+held back in this very round (`publishable`). After publishing, `settle` deletes what
+went out, moves what never can to `outbox_dead`, and shrinks a pack to the messages left.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+
+#: a pack's message `index` has the item id -(pack * PACK_SPAN + index + 1): unique beside
+#: the `outbox` rows' ids (positive), and its id in `outbox_dead` when it is buried
+PACK_SPAN = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One message to publish: an `outbox` row, or one message of a pack."""
+
+    id: int
+    msg_id: uuid.UUID
+    subject: str
+    headers: str  # as stored: JSON text
+    body: bytes
+    order_key: str | None
+    created_at: datetime
+    pack: int | None = None  # the pack it is in (None: an `outbox` row)
+    index: int = 0  # its place in the pack
+
+
+@dataclass(frozen=True)
+class Pack:
+    """What the order rule needs of a claimed pack."""
+
+    id: int
+    keys: tuple[str, ...]
+    size: int
+    waits: bool  # an `outbox` row of one of its keys is left, or an earlier pack is held elsewhere
+
+
+def publishable(packs: Sequence[Pack], cap: int) -> list[int]:
+    """The packs of a claim (in id order) to publish this round: not one that waits, nor
+    one sharing a key with a pack held back before it (that one's messages go first),
+    and no more messages than `cap` — though always the first pack that may go. Pure."""
+    held: set[str] = set()
+    chosen: list[int] = []
+    total = 0
+    for pack in packs:
+        if pack.waits or held.intersection(pack.keys):
+            held.update(pack.keys)
+            continue
+        if chosen and total + pack.size > cap:
+            break  # the rest go next round
+        chosen.append(pack.id)
+        total += pack.size
+    return chosen
+
+
+# Claims a batch of rows, then gives up the rows whose order_key has an earlier row outside
+# the batch (held by another relay, or not yet claimable): those wait their turn.
+ROWS_SQL = """
+WITH claimed AS (
+    SELECT id, order_key FROM outbox WHERE $2::text[] IS NULL OR worker = ANY($2)
+     ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+)
+SELECT o.id, o.msg_id, o.subject, o.headers, o.body, o.order_key, o.created_at
+  FROM claimed c JOIN outbox o USING (id)
+ WHERE c.order_key IS NULL
+    OR NOT EXISTS (
+        SELECT 1 FROM outbox earlier
+         WHERE earlier.order_key = c.order_key AND earlier.id < c.id
+           AND earlier.id NOT IN (SELECT id FROM claimed)
+    )
+ ORDER BY o.id
+"""
+
+# Claims packs; says of each whether it waits (`Pack.waits`).
+PACKS_SQL = """
+WITH claimed AS (
+    SELECT id, keys FROM outbox_packs WHERE $2::text[] IS NULL OR worker = ANY($2)
+     ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+)
+SELECT p.id, p.keys, p.msg_ids, p.subjects, p.headers, p.bodies, p.order_keys, p.created_at,
+       cardinality(c.keys) > 0 AND (
+           EXISTS (SELECT 1 FROM outbox o WHERE o.order_key = ANY(c.keys))
+        OR EXISTS (SELECT 1 FROM outbox_packs e
+                    WHERE e.keys && c.keys AND e.id < c.id
+                      AND e.id NOT IN (SELECT id FROM claimed))
+       ) AS waits
+  FROM claimed c JOIN outbox_packs p USING (id)
+ ORDER BY p.id
+"""
+
+#: packs claimed a round at most (their messages are capped by `publishable`)
+PACKS_A_ROUND = 64
+
+
+async def claim(conn: asyncpg.Connection, limit: int, owners: list[str] | None) -> list[Item]:
+    """A round's messages, in the order they go out (inside the caller's transaction)."""
+    items = [
+        Item(r["id"], r["msg_id"], r["subject"], r["headers"], bytes(r["body"]),
+             r["order_key"], r["created_at"])
+        for r in await conn.fetch(ROWS_SQL, limit, owners)
+    ]  # fmt: skip
+    rows = await conn.fetch(PACKS_SQL, PACKS_A_ROUND, owners)
+    packs = [Pack(r["id"], tuple(r["keys"]), len(r["msg_ids"]), r["waits"]) for r in rows]
+    chosen = set(publishable(packs, max(limit - len(items), 1)))
+    for r in rows:
+        if r["id"] not in chosen:
+            continue
+        for i, (msg_id, subject, headers, body, key) in enumerate(
+            zip(
+                r["msg_ids"], r["subjects"], r["headers"], r["bodies"], r["order_keys"], strict=True
+            )
+        ):
+            item_id = -(r["id"] * PACK_SPAN + i + 1)
+            items.append(
+                Item(item_id, msg_id, subject, headers, body, key, r["created_at"], r["id"], i)
+            )
+    return items
+
+
+async def settle(
+    conn: asyncpg.Connection, items: Sequence[Item], published: Iterable[int], dead: dict[int, str]
+) -> None:
+    """Delete what went out, move what never can to `outbox_dead`, shrink each pack to the
+    messages left (inside the claim's transaction)."""
+    gone = set(published) | set(dead)
+    rows_gone = [item.id for item in items if item.pack is None and item.id in gone]
+    if rows_gone:
+        await conn.execute("DELETE FROM outbox WHERE id = ANY($1::bigint[])", rows_gone)
+    buried = [item for item in items if item.id in dead]
+    if buried:
+        await conn.execute(
+            """
+            INSERT INTO outbox_dead (id, msg_id, subject, headers, body, order_key, created_at, reason)
+            SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::text[]::jsonb[],
+                                 $5::bytea[], $6::text[], $7::timestamptz[], $8::text[])
+            """,
+            *(list(column) for column in zip(*(
+                (i.id, i.msg_id, i.subject, i.headers, i.body, i.order_key, i.created_at, dead[i.id])
+                for i in buried
+            ), strict=True)),
+        )  # fmt: skip
+    packs: dict[int, list[Item]] = {}
+    for item in items:
+        if item.pack is not None:
+            packs.setdefault(item.pack, []).append(item)
+    emptied = [pack for pack, its in packs.items() if all(i.id in gone for i in its)]
+    if emptied:
+        await conn.execute("DELETE FROM outbox_packs WHERE id = ANY($1::bigint[])", emptied)
+    for pack, its in packs.items():
+        left = [i for i in its if i.id not in gone]
+        if left and len(left) < len(its):
+            keys = list(dict.fromkeys(i.order_key for i in left if i.order_key is not None))
+            await conn.execute(
+                "UPDATE outbox_packs SET msg_ids = $2, subjects = $3, headers = $4, bodies = $5,"
+                " order_keys = $6, keys = $7 WHERE id = $1",
+                pack, [i.msg_id for i in left], [i.subject for i in left],
+                [i.headers for i in left], [i.body for i in left],
+                [i.order_key for i in left], keys,
+            )  # fmt: skip
+
+
+async def waiting(conn: asyncpg.Connection, owners: list[str] | None) -> tuple[int, float]:
+    """Messages left to publish (`outbox` rows and packs' messages, of `owners` or all) and
+    the age in seconds of the oldest."""
+    row = await conn.fetchrow(
+        """
+        SELECT coalesce(r.n, 0) + coalesce(p.n, 0) AS n,
+               extract(epoch FROM now() - least(r.oldest, p.oldest)) AS age
+          FROM (SELECT count(*) AS n, min(created_at) AS oldest FROM outbox
+                 WHERE $1::text[] IS NULL OR worker = ANY($1)) r,
+               (SELECT sum(cardinality(msg_ids)) AS n, min(created_at) AS oldest
+                  FROM outbox_packs WHERE $1::text[] IS NULL OR worker = ANY($1)) p
+        """,
+        owners,
+    )
+    return int(row["n"]), max(0.0, float(row["age"] or 0.0))
