@@ -31,20 +31,40 @@ from workers.runtime.observability.metrics import Metrics
 async def test_concurrent_relays_publish_each_row_once_in_order_per_key(
     nc: NATS, subjects: Subjects, database_url: str
 ) -> None:
+    """Three relays at once over 950 messages of 4 keys: the first 30 epochs of a, b and
+    c as an older release writes them (`outbox` rows), the rest as packs of 1 to 7
+    epochs, each pack mixing keys so that a pack held by one relay holds back the next
+    packs of all its keys. Every message once; each key's in order."""
     js = nc.jetstream()
     await streams.provision_streams(js, subjects)
     conn = await asyncpg.connect(database_url)
-    batch = OutboxBatch()
-    for epoch in range(1, 301):
+    old = OutboxBatch()
+    for epoch in range(1, 31):
         for node in ("a", "b", "c"):
-            batch.add(
-                Zombie(node_id=node, epoch=epoch),
-                subjects.notice("gw-1", "zombie"),
-                order_key=node,
+            old.add(
+                Zombie(node_id=node, epoch=epoch), subjects.notice("gw-1", "zombie"), order_key=node
             )
-    for epoch in range(1, 51):
-        batch.add(Zombie(node_id="free", epoch=epoch), subjects.notice("gw-1", "zombie"))
-    await batch.write(conn)
+    await conn.execute(
+        "INSERT INTO outbox (msg_id, subject, headers, body, order_key)"
+        " SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[]::jsonb[], $4::bytea[], $5::text[])",
+        *(list(column) for column in zip(*old.rows, strict=True)),
+    )
+    epoch, size = 31, 1
+    while epoch <= 300:
+        batch = OutboxBatch()
+        for e in range(epoch, min(301, epoch + size)):
+            for node in ("a", "b", "c"):
+                batch.add(
+                    Zombie(node_id=node, epoch=e), subjects.notice("gw-1", "zombie"), order_key=node
+                )
+        await batch.write(conn)
+        epoch, size = epoch + size, size % 7 + 1
+    for start in range(1, 51, 10):
+        batch = OutboxBatch()
+        for e in range(start, start + 10):
+            batch.add(Zombie(node_id="free", epoch=e), subjects.notice("gw-1", "zombie"))
+        await batch.write(conn)
+    assert await conn.fetchval("SELECT count(*) FROM outbox_packs") > 60
     pool = await asyncpg.create_pool(database_url, min_size=2, max_size=6)
     settings = OutboxSettings(batch_size=37)  # small claims force interleaving
     relays = [

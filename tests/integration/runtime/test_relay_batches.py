@@ -192,3 +192,44 @@ async def test_batches_unanswered_in_a_partition_are_published_again_each_row_on
     notices = await stream_messages(js, subjects.gateway_stream)
     assert [Zombie.model_validate_json(m.data).epoch for m in notices] == list(range(1, 801))
     assert metrics.outbox_published.value() == metrics.outbox_batched.value() == 800
+
+
+async def test_a_pack_partly_published_keeps_only_the_rest_and_they_follow_once(
+    nc: NATS, subjects: Subjects, database_url: str
+) -> None:
+    """A pack of events and notices while the notices' stream is gone (no responder: a
+    passing failure): the events go out and leave the pack, the notices stay in it, in
+    order; once the stream is back they go out too, each once."""
+    js = nc.jetstream()
+    await streams.provision_streams(js, subjects)
+    await js.delete_stream(subjects.gateway_stream)
+    batch = OutboxBatch()
+    for epoch in range(1, 21):
+        batch.add(
+            Zombie(node_id="n", epoch=epoch), subjects.notice("gw-1", "zombie"), order_key="n"
+        )
+        batch.add(_connected(epoch), subjects.event("node.connected"), order_key="n")
+    conn = await asyncpg.connect(database_url)
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    relay = OutboxRelay(
+        pool, js, OutboxSettings(publish_timeout=2.0), DatabaseSettings(url=database_url),
+        Metrics(), trace.NoOpTracer(), subjects,
+    )  # fmt: skip
+    try:
+        await batch.write(conn)
+        with pytest.raises(OutboxPublishError, match="20 of 40"):
+            await relay.publish_round()
+        [left] = await conn.fetch("SELECT subjects, order_keys, keys FROM outbox_packs")
+        assert left["subjects"] == [subjects.notice("gw-1", "zombie")] * 20
+        assert (left["order_keys"], left["keys"]) == (["n"] * 20, ["n"])
+        assert len(await stream_messages(js, subjects.events_stream)) == 20
+        await streams.provision_streams(js, subjects)
+        await relay.flush(time.monotonic() + 10)
+        assert await conn.fetchval(OUTBOX_LEFT) == 0
+    finally:
+        await pool.close()
+        await conn.close()
+    notices = await stream_messages(js, subjects.gateway_stream)
+    assert [Zombie.model_validate_json(m.data).epoch for m in notices] == list(range(1, 21))
+    events = await stream_messages(js, subjects.events_stream)
+    assert [NodeConnected.model_validate_json(m.data).epoch for m in events] == list(range(1, 21))
