@@ -33,8 +33,8 @@ async def test_concurrent_relays_publish_each_row_once_in_order_per_key(
 ) -> None:
     """Three relays at once over 950 messages of 4 keys: the first 30 epochs of a, b and
     c as an older release writes them (`outbox` rows), the rest as packs of 1 to 7
-    epochs, each pack mixing keys so that a pack held by one relay holds back the next
-    packs of all its keys. Every message once; each key's in order."""
+    epochs, each pack mixing keys, so that one relay holds a pack while the others claim
+    the next ones. Every message once; each key's in order."""
     js = nc.jetstream()
     await streams.provision_streams(js, subjects)
     conn = await asyncpg.connect(database_url)
@@ -51,7 +51,7 @@ async def test_concurrent_relays_publish_each_row_once_in_order_per_key(
     )
     epoch, size = 31, 1
     while epoch <= 300:
-        batch = OutboxBatch()
+        batch = OutboxBatch("liveness")  # the owner the older rows get from their type
         for e in range(epoch, min(301, epoch + size)):
             for node in ("a", "b", "c"):
                 batch.add(
@@ -60,7 +60,7 @@ async def test_concurrent_relays_publish_each_row_once_in_order_per_key(
         await batch.write(conn)
         epoch, size = epoch + size, size % 7 + 1
     for start in range(1, 51, 10):
-        batch = OutboxBatch()
+        batch = OutboxBatch("liveness")  # the owner the older rows get from their type
         for e in range(start, start + 10):
             batch.add(Zombie(node_id="free", epoch=e), subjects.notice("gw-1", "zombie"))
         await batch.write(conn)

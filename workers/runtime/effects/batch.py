@@ -88,8 +88,7 @@ class OutboxBatch:
         msg_ids, subjects, headers, bodies, order_keys = (
             list(column) for column in zip(*self.rows, strict=True)
         )
-        keys = list(dict.fromkeys(key for key in order_keys if key is not None))
-        pack = (msg_ids, subjects, headers, bodies, order_keys, keys)
+        pack = (msg_ids, subjects, headers, bodies, order_keys)
         if not self.history:  # the pack is this worker's (its relay's to publish)
             await conn.execute(_PACK_ONLY_INSERT, *pack, self.worker)
             return len(self.rows)
@@ -99,12 +98,12 @@ class OutboxBatch:
 
 
 _PACK_INSERT = """
-INSERT INTO outbox_packs (worker, msg_ids, subjects, headers, bodies, order_keys, keys)
-VALUES (NULLIF({worker}::text, ''), $1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::text[],
-        $6::text[])
+INSERT INTO outbox_packs (worker, size, msg_ids, subjects, headers, bodies, order_keys)
+VALUES (NULLIF({worker}::text, ''), cardinality($1::uuid[]), $1::uuid[], $2::text[], $3::text[],
+        $4::bytea[], $5::text[])
 """
 
-_PACK_ONLY_INSERT = _PACK_INSERT.format(worker="$7")
+_PACK_ONLY_INSERT = _PACK_INSERT.format(worker="$6")
 
 # a data-modifying WITH runs to completion whether or not the outer statement reads it;
 # the outer one is the pack's, so the statement's span is `INSERT outbox_packs`. `at` is
@@ -113,11 +112,11 @@ _PACK_ONLY_INSERT = _PACK_INSERT.format(worker="$7")
 _PACK_AND_HISTORY_INSERT = f"""
 WITH history AS (
     INSERT INTO session_history (node_id, what, epoch, gateway_id, worker, fact_id, trace_id, detail, at)
-    SELECT n, w, e, g, $14, f, t, d::jsonb, (SELECT compute_now())
-      FROM unnest($7::text[], $8::text[], $9::bigint[], $10::text[], $11::uuid[], $12::text[], $13::text[])
+    SELECT n, w, e, g, $13, f, t, d::jsonb, (SELECT compute_now())
+      FROM unnest($6::text[], $7::text[], $8::bigint[], $9::text[], $10::uuid[], $11::text[], $12::text[])
         AS h(n, w, e, g, f, t, d)
 )
-{_PACK_INSERT.format(worker="$14")}"""
+{_PACK_INSERT.format(worker="$13")}"""
 
 
 def _notice_gateway(subject: str) -> str | None:

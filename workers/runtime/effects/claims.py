@@ -3,12 +3,15 @@ transaction, its messages in parallel arrays: `batch.OutboxBatch.write`) and the
 rows an older release writes during a rolling upgrade.
 
 A round claims both `FOR UPDATE SKIP LOCKED` as `Item`s, one per message, in the order
-they are to go out: the older rows first, then the packs in id order. A message with an
-order key never overtakes an earlier one of its key, also across relays: a row waits for
-an earlier row of its key held elsewhere (`ROWS_SQL`); a pack waits while an `outbox` row
-of one of its keys is left, or an earlier pack sharing a key is held elsewhere — or is
-held back in this very round (`publishable`). After publishing, `settle` deletes what
-went out, moves what never can to `outbox_dead`, and shrinks a pack to the messages left.
+they are to go out: the older rows first, then the packs in id order. No message
+overtakes an earlier one of its order key: a row waits for an earlier row of its key
+held elsewhere (`ROWS_SQL`); a worker's packs go out in the order it wrote them — a pack
+waits while an `outbox` row of its worker is left, or an earlier pack of its worker is
+held by another relay or held back in this very round (`publishable`) — a row
+written after the pack's transaction began does not hold it back, so packs never starve
+behind an older release that keeps writing. After
+publishing, `settle` deletes what went out, moves what never can to `outbox_dead`, and
+shrinks a pack to the messages left.
 """
 
 from __future__ import annotations
@@ -45,21 +48,21 @@ class Pack:
     """What the order rule needs of a claimed pack."""
 
     id: int
-    keys: tuple[str, ...]
+    worker: str | None
     size: int
-    waits: bool  # an `outbox` row of one of its keys is left, or an earlier pack is held elsewhere
+    waits: bool  # an older row of its worker is left, or an earlier pack of it is held elsewhere
 
 
 def publishable(packs: Sequence[Pack], cap: int) -> list[int]:
     """The packs of a claim (in id order) to publish this round: not one that waits, nor
-    one sharing a key with a pack held back before it (that one's messages go first),
-    and no more messages than `cap` — though always the first pack that may go. Pure."""
-    held: set[str] = set()
+    one of a worker with a pack held back before it (that one's messages go first), and
+    no more messages than `cap` — though always the first pack that may go. Pure."""
+    held: set[str | None] = set()
     chosen: list[int] = []
     total = 0
     for pack in packs:
-        if pack.waits or held.intersection(pack.keys):
-            held.update(pack.keys)
+        if pack.waits or pack.worker in held:
+            held.add(pack.worker)
             continue
         if chosen and total + pack.size > cap:
             break  # the rest go next round
@@ -86,25 +89,33 @@ SELECT o.id, o.msg_id, o.subject, o.headers, o.body, o.order_key, o.created_at
  ORDER BY o.id
 """
 
-# Claims packs; says of each whether it waits (`Pack.waits`).
+# Claims packs; says of each whether it waits (`Pack.waits`): one probe of the worker's
+# index per pack, and one look at `outbox` per round (empty once no older release runs).
+# `created_at` is the writing transaction's start: an older release's row that began
+# first goes first.
 PACKS_SQL = """
 WITH claimed AS (
-    SELECT id, keys FROM outbox_packs WHERE $2::text[] IS NULL OR worker = ANY($2)
+    SELECT id, worker, size, created_at FROM outbox_packs
+     WHERE $2::text[] IS NULL OR worker = ANY($2)
      ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+), older AS (
+    SELECT worker, min(created_at) AS since FROM outbox GROUP BY worker
 )
-SELECT p.id, p.keys, p.msg_ids, p.subjects, p.headers, p.bodies, p.order_keys, p.created_at,
-       cardinality(c.keys) > 0 AND (
-           EXISTS (SELECT 1 FROM outbox o WHERE o.order_key = ANY(c.keys))
-        OR EXISTS (SELECT 1 FROM outbox_packs e
-                    WHERE e.keys && c.keys AND e.id < c.id
-                      AND e.id NOT IN (SELECT id FROM claimed))
-       ) AS waits
-  FROM claimed c JOIN outbox_packs p USING (id)
- ORDER BY p.id
+SELECT c.id, c.worker, c.size,
+       EXISTS (SELECT 1 FROM older o
+                WHERE o.worker IS NOT DISTINCT FROM c.worker AND o.since <= c.created_at)
+    OR EXISTS (SELECT 1 FROM outbox_packs e
+                WHERE e.worker IS NOT DISTINCT FROM c.worker AND e.id < c.id
+                  AND e.id NOT IN (SELECT id FROM claimed)) AS waits
+  FROM claimed c
+ ORDER BY c.id
 """
 
-#: packs claimed a round at most (their messages are capped by `publishable`)
-PACKS_A_ROUND = 64
+# The messages of the packs chosen (`publishable`), read only for those.
+MESSAGES_SQL = """
+SELECT id, msg_ids, subjects, headers, bodies, order_keys, created_at
+  FROM outbox_packs WHERE id = ANY($1::bigint[]) ORDER BY id
+"""
 
 
 async def claim(conn: asyncpg.Connection, limit: int, owners: list[str] | None) -> list[Item]:
@@ -114,12 +125,10 @@ async def claim(conn: asyncpg.Connection, limit: int, owners: list[str] | None) 
              r["order_key"], r["created_at"])
         for r in await conn.fetch(ROWS_SQL, limit, owners)
     ]  # fmt: skip
-    rows = await conn.fetch(PACKS_SQL, PACKS_A_ROUND, owners)
-    packs = [Pack(r["id"], tuple(r["keys"]), len(r["msg_ids"]), r["waits"]) for r in rows]
-    chosen = set(publishable(packs, max(limit - len(items), 1)))
-    for r in rows:
-        if r["id"] not in chosen:
-            continue
+    claimed = await conn.fetch(PACKS_SQL, limit, owners)
+    packs = [Pack(r["id"], r["worker"], r["size"], r["waits"]) for r in claimed]
+    chosen = publishable(packs, max(limit - len(items), 1))
+    for r in await conn.fetch(MESSAGES_SQL, chosen) if chosen else ():
         for i, (msg_id, subject, headers, body, key) in enumerate(
             zip(
                 r["msg_ids"], r["subjects"], r["headers"], r["bodies"], r["order_keys"], strict=True
@@ -164,13 +173,11 @@ async def settle(
     for pack, its in packs.items():
         left = [i for i in its if i.id not in gone]
         if left and len(left) < len(its):
-            keys = list(dict.fromkeys(i.order_key for i in left if i.order_key is not None))
             await conn.execute(
-                "UPDATE outbox_packs SET msg_ids = $2, subjects = $3, headers = $4, bodies = $5,"
-                " order_keys = $6, keys = $7 WHERE id = $1",
-                pack, [i.msg_id for i in left], [i.subject for i in left],
-                [i.headers for i in left], [i.body for i in left],
-                [i.order_key for i in left], keys,
+                "UPDATE outbox_packs SET size = $2, msg_ids = $3, subjects = $4, headers = $5,"
+                " bodies = $6, order_keys = $7 WHERE id = $1",
+                pack, len(left), [i.msg_id for i in left], [i.subject for i in left],
+                [i.headers for i in left], [i.body for i in left], [i.order_key for i in left],
             )  # fmt: skip
 
 

@@ -46,7 +46,7 @@ TABLES = (
 )  # fmt: skip
 
 #: what a relay may change of a pack it claimed: lock it, and keep only what is left to publish
-PACK_UPDATE = "UPDATE (msg_ids, subjects, headers, bodies, order_keys, keys, created_at)"
+PACK_UPDATE = "UPDATE (size, msg_ids, subjects, headers, bodies, order_keys, created_at)"
 
 #: what every worker process does besides its rules: the inbox (and its pruning), the
 #: outbox and its relay, leases, the gateway binding of facts
