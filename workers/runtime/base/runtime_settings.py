@@ -205,7 +205,9 @@ class OutboxSettings(BaseSettings):
         default=True,
         description="run the relay in this process; off where dedicated `bcw run relay` processes relay",
     )
-    batch_size: int = Field(default=500, ge=1, description="rows claimed per round")
+    batch_size: int = Field(
+        default=500, ge=1, description="messages claimed per round (at least a whole pack)"
+    )
     poll_seconds: Seconds = Field(
         default=1.0, gt=0, description="fallback poll when no NOTIFY comes"
     )
