@@ -241,7 +241,7 @@ async def tally_rows(database_url: str, n: int) -> bool:
 #: the messages waiting in the outbox: `outbox` rows (an older release's) and packs' messages
 OUTBOX_LEFT = (
     "SELECT (SELECT count(*) FROM outbox)"
-    " + (SELECT coalesce(sum(cardinality(msg_ids)), 0) FROM outbox_packs)"
+    " + (SELECT coalesce(sum(size), 0) FROM outbox_packs)"
 )
 
 #: every message waiting in the outbox, in the order a relay publishes them

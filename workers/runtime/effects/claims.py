@@ -191,7 +191,7 @@ async def waiting(conn: asyncpg.Connection, owners: list[str] | None) -> tuple[i
                extract(epoch FROM now() - least(r.oldest, p.oldest)) AS age
           FROM (SELECT count(*) AS n, min(created_at) AS oldest FROM outbox
                  WHERE $1::text[] IS NULL OR worker = ANY($1)) r,
-               (SELECT sum(cardinality(msg_ids)) AS n, min(created_at) AS oldest
+               (SELECT sum(size) AS n, min(created_at) AS oldest
                   FROM outbox_packs WHERE $1::text[] IS NULL OR worker = ANY($1)) p
         """,
         owners,
