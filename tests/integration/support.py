@@ -240,8 +240,7 @@ async def tally_rows(database_url: str, n: int) -> bool:
 
 #: the messages waiting in the outbox: `outbox` rows (an older release's) and packs' messages
 OUTBOX_LEFT = (
-    "SELECT (SELECT count(*) FROM outbox)"
-    " + (SELECT coalesce(sum(size), 0) FROM outbox_packs)"
+    "SELECT (SELECT count(*) FROM outbox) + (SELECT coalesce(sum(size), 0) FROM outbox_packs)"
 )
 
 #: every message waiting in the outbox, in the order a relay publishes them
