@@ -29,6 +29,7 @@ import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import nats.js.errors
 from nats.aio.client import Client as NATS
@@ -135,46 +136,30 @@ class AckedPublisher:
         future = self._futures.pop(msg.subject[len(self._prefix) :], None)
         if future is None or future.done():
             return
-        if msg.headers and msg.headers.get("Status") == NO_RESPONDERS:
-            future.set_exception(nats.js.errors.NoStreamResponseError())
-            return
-        data = msg.data
-        if b'"error"' not in data:  # {"stream": …, "seq": …[, "duplicate": true]}
+        if not msg.headers and b'"error"' not in msg.data:  # {"stream": …, "seq": …}
             future.set_result(None)
             return
         try:
-            error = json.loads(data).get("error")
-        except (ValueError, AttributeError) as bad:
-            future.set_exception(nats.js.errors.APIError(description=f"bad PubAck: {bad}"))
-            return
-        if error is None:  # a stream whose name is "error", say
-            future.set_result(None)
+            _pub_ack(msg)
+        except nats.js.errors.Error as refused:
+            future.set_exception(refused)
         else:
-            future.set_exception(_refusal(error))
+            future.set_result(None)  # a stream whose name is "error", say
 
     async def _on_batch_reply(self, msg: Msg) -> None:
         batch_id = msg.subject[len(self._batch_prefix) :].split(".", 1)[0]
         batch = self._batches.get(batch_id)
         if batch is None or batch.future.done():
             return  # a batch settled, or one given up on (a late reply)
-        if msg.headers and msg.headers.get("Status") == NO_RESPONDERS:
-            del self._batches[batch_id]
-            batch.future.set_exception(nats.js.errors.NoStreamResponseError())
-            return
-        data = msg.data
-        if b'"type"' in data:
+        if b'"type"' in msg.data:
             return  # flow control ({"type": "ack" | "gap" | "err", …}): the PubAck follows
         try:
-            ack = json.loads(data)
-            error = ack.get("error")
-        except (ValueError, AttributeError) as bad:
+            ack = _pub_ack(msg)
+        except nats.js.errors.Error as refused:  # the batch ends, what it left unknown
             del self._batches[batch_id]
-            batch.future.set_exception(nats.js.errors.APIError(description=f"bad PubAck: {bad}"))
+            batch.future.set_exception(refused)
             return
-        if error is not None:  # a message refused: the batch ends, what it left unknown
-            del self._batches[batch_id]
-            batch.future.set_exception(_refusal(error))
-        elif "batch" in ack:  # the batch's PubAck: its first `count` messages are held
+        if "batch" in ack:  # the batch's PubAck: its first `count` messages are held
             del self._batches[batch_id]
             batch.future.set_result(min(int(ack.get("count", 0)), batch.size))
         else:  # a server without fast batches acks each message as it stores it
@@ -182,6 +167,21 @@ class AckedPublisher:
             if batch.plain == batch.size:
                 del self._batches[batch_id]
                 batch.future.set_result(batch.size)
+
+
+def _pub_ack(msg: Msg) -> dict[str, Any]:
+    """The PubAck `msg` carries; raises what nats-py's own publish raises for a refusal:
+    no stream at all, a reply that is no PubAck, or the error the PubAck names."""
+    if msg.headers and msg.headers.get("Status") == NO_RESPONDERS:
+        raise nats.js.errors.NoStreamResponseError
+    try:
+        ack = json.loads(msg.data)
+        error = ack.get("error")
+    except (ValueError, AttributeError) as bad:
+        raise nats.js.errors.APIError(description=f"bad PubAck: {bad}") from None
+    if error is not None:
+        raise _refusal(error)
+    return ack
 
 
 def _refusal(error: object) -> nats.js.errors.APIError:
