@@ -41,18 +41,39 @@ def _connected(epoch: int) -> NodeConnected:
     )  # fmt: skip
 
 
-async def _relay_all(database_url: str, js: JetStreamContext, subjects: Subjects) -> Metrics:
-    """Every row published by one relay (claims of 1,200 rows); its metrics."""
+def _notices_and_events(subjects: Subjects, notices: int, events: int) -> OutboxBatch:
+    """Node n's zombie notices of epochs 1..`notices`, each followed by its
+    `node.connected` while the epoch is at most `events`: one transaction's messages."""
+    batch = OutboxBatch()
+    for epoch in range(1, notices + 1):
+        batch.add(
+            Zombie(node_id="n", epoch=epoch), subjects.notice("gw-1", "zombie"), order_key="n"
+        )
+        if epoch <= events:
+            batch.add(_connected(epoch), subjects.event("node.connected"), order_key="n")
+    return batch
+
+
+async def _relay_all(
+    database_url: str, js: JetStreamContext, subjects: Subjects, batch: OutboxBatch | None = None
+) -> Metrics:
+    """`batch` written (if any), then every message published by one relay (claims of
+    1,200), none left; the relay's metrics."""
     metrics = Metrics()
+    conn = await asyncpg.connect(database_url)
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     relay = OutboxRelay(
         pool, js, OutboxSettings(batch_size=1200), DatabaseSettings(url=database_url),
         metrics, trace.NoOpTracer(), subjects,
     )  # fmt: skip
     try:
+        if batch is not None:
+            await batch.write(conn)
         await relay.flush(time.monotonic() + 30)
+        assert await conn.fetchval(OUTBOX_LEFT) == 0
     finally:
         await pool.close()
+        await conn.close()
     return metrics
 
 
@@ -66,21 +87,8 @@ async def test_a_round_goes_out_as_a_batch_per_stream_each_row_once_in_order(
 ) -> None:
     js = nc.jetstream()
     await streams.provision_streams(js, subjects)
-    batch = OutboxBatch()
-    for epoch in range(1, 701):  # two batches for the notices (500 + 200)
-        batch.add(
-            Zombie(node_id="n", epoch=epoch), subjects.notice("gw-1", "zombie"), order_key="n"
-        )
-        if epoch <= 300:
-            connected = _connected(epoch)
-            batch.add(connected, subjects.event("node.connected"), order_key="n")
-    conn = await asyncpg.connect(database_url)
-    try:
-        await batch.write(conn)
-        metrics = await _relay_all(database_url, js, subjects)
-        assert await conn.fetchval(OUTBOX_LEFT) == 0
-    finally:
-        await conn.close()
+    batch = _notices_and_events(subjects, 700, 300)  # two batches for the notices: 500 + 200
+    metrics = await _relay_all(database_url, js, subjects, batch)
     assert metrics.outbox_published.value() == metrics.outbox_batched.value() == 1000
     notices = await stream_messages(js, subjects.gateway_stream)
     events = await stream_messages(js, subjects.events_stream)
@@ -95,20 +103,7 @@ async def test_a_stream_that_takes_no_batch_gets_its_rows_one_by_one(
     js = nc.jetstream()
     await streams.provision_streams(js, subjects)
     await _set(js, subjects.gateway_stream, allow_batched=False)  # as an operator left it
-    batch = OutboxBatch()
-    for epoch in range(1, 51):
-        batch.add(
-            Zombie(node_id="n", epoch=epoch), subjects.notice("gw-1", "zombie"), order_key="n"
-        )
-        connected = _connected(epoch)
-        batch.add(connected, subjects.event("node.connected"), order_key="n")
-    conn = await asyncpg.connect(database_url)
-    try:
-        await batch.write(conn)
-        metrics = await _relay_all(database_url, js, subjects)
-        assert await conn.fetchval(OUTBOX_LEFT) == 0
-    finally:
-        await conn.close()
+    metrics = await _relay_all(database_url, js, subjects, _notices_and_events(subjects, 50, 50))
     assert metrics.outbox_published.value() == 100
     assert metrics.outbox_batched.value() == 50  # the events' batch; the notices one by one
     notices = await stream_messages(js, subjects.gateway_stream)
@@ -133,7 +128,6 @@ async def test_a_row_the_stream_refuses_mid_batch_is_dead_lettered_alone(
             [uuid.uuid4() for _ in bodies], subject, bodies,
         )  # fmt: skip
         metrics = await _relay_all(database_url, js, subjects)
-        assert await conn.fetchval("SELECT count(*) FROM outbox") == 0
         dead = await conn.fetch("SELECT body, reason FROM outbox_dead")
     finally:
         await conn.close()
@@ -158,11 +152,7 @@ async def test_batches_unanswered_in_a_partition_are_published_again_each_row_on
     relay_nc = await nats.connect(
         proxy.url("nats"), max_reconnect_attempts=-1, reconnect_time_wait=0.2
     )
-    batch = OutboxBatch()
-    for epoch in range(1, 801):
-        batch.add(
-            Zombie(node_id="n", epoch=epoch), subjects.notice("gw-1", "zombie"), order_key="n"
-        )
+    batch = _notices_and_events(subjects, 800, 0)
     conn = await asyncpg.connect(database_url)
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     metrics = Metrics()
@@ -203,12 +193,7 @@ async def test_a_pack_partly_published_keeps_only_the_rest_and_they_follow_once(
     js = nc.jetstream()
     await streams.provision_streams(js, subjects)
     await js.delete_stream(subjects.gateway_stream)
-    batch = OutboxBatch()
-    for epoch in range(1, 21):
-        batch.add(
-            Zombie(node_id="n", epoch=epoch), subjects.notice("gw-1", "zombie"), order_key="n"
-        )
-        batch.add(_connected(epoch), subjects.event("node.connected"), order_key="n")
+    batch = _notices_and_events(subjects, 20, 20)
     conn = await asyncpg.connect(database_url)
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     relay = OutboxRelay(
