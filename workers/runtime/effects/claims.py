@@ -168,18 +168,20 @@ async def settle(
     for item in items:
         if item.pack is not None:
             packs.setdefault(item.pack, []).append(item)
-    emptied = [pack for pack, its in packs.items() if all(i.id in gone for i in its)]
-    if emptied:
-        await conn.execute("DELETE FROM outbox_packs WHERE id = ANY($1::bigint[])", emptied)
+    emptied = []
     for pack, its in packs.items():
         left = [i for i in its if i.id not in gone]
-        if left and len(left) < len(its):
+        if not left:
+            emptied.append(pack)
+        elif len(left) < len(its):
             await conn.execute(
                 "UPDATE outbox_packs SET size = $2, msg_ids = $3, subjects = $4, headers = $5,"
                 " bodies = $6, order_keys = $7 WHERE id = $1",
                 pack, len(left), [i.msg_id for i in left], [i.subject for i in left],
                 [i.headers for i in left], [i.body for i in left], [i.order_key for i in left],
             )  # fmt: skip
+    if emptied:
+        await conn.execute("DELETE FROM outbox_packs WHERE id = ANY($1::bigint[])", emptied)
 
 
 async def waiting(conn: asyncpg.Connection, owners: list[str] | None) -> tuple[int, float]:
