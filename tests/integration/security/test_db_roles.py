@@ -295,6 +295,9 @@ OWN_ROW = {
     "VALUES ($1, gen_random_uuid())",
     "outbox": "INSERT INTO outbox (msg_id, subject, body, worker) "
     "VALUES (gen_random_uuid(), 'bc.x', '', $1)",
+    "outbox_packs": "INSERT INTO outbox_packs "
+    "(worker, size, msg_ids, subjects, headers, bodies, order_keys) "
+    "VALUES ($1, 1, ARRAY[gen_random_uuid()], '{bc.x}', '{\"{}\"}', ARRAY[''::bytea], '{NULL}')",
 }
 
 
@@ -302,7 +305,7 @@ async def test_a_worker_sees_and_changes_only_its_own_runtime_rows(
     logins: dict[str, str], db: asyncpg.Connection
 ) -> None:
     """Row-level security: the labeler's login reads, writes and deletes its own inbox,
-    outbox rows, session history and leases only; another worker's are invisible to it
+    outbox rows and packs, session history and leases only; another worker's are invisible to it
     and cannot be forged or taken. Its own session history it can neither change nor
     delete before a day has passed (then its retention prunes it)."""
     for worker in ("labeler", "replay"):
@@ -311,7 +314,8 @@ async def test_a_worker_sees_and_changes_only_its_own_runtime_rows(
     conn = await asyncpg.connect(logins["bcw_labeler"])
     try:
         for table, column in (
-            ("outbox", "worker"), ("processed_facts", "consumer"), ("session_history", "worker"),
+            ("outbox", "worker"), ("outbox_packs", "worker"), ("processed_facts", "consumer"),
+            ("session_history", "worker"),
         ):  # fmt: skip
             seen = await conn.fetch(f"SELECT {column} FROM {table}")
             assert [r[column] for r in seen] == ["labeler"], table
@@ -351,11 +355,13 @@ async def test_a_worker_sees_and_changes_only_its_own_runtime_rows(
         await conn.close()
     assert await db.fetchval("SELECT array_agg(worker) FROM session_history") == ["replay"]
     assert await db.fetchval("SELECT count(*) FROM outbox WHERE worker = 'replay'") == 1
+    assert await db.fetchval("SELECT count(*) FROM outbox_packs WHERE worker = 'replay'") == 1
     assert await db.fetchval(
         "SELECT holder FROM controller_leases WHERE name = 'replay-loop'"
     ) == "h"  # fmt: skip
     relay = await asyncpg.connect(logins["bcw_relay"])
-    try:  # a dedicated relay publishes every worker's rows
+    try:  # a dedicated relay publishes every worker's rows and packs
         assert await relay.fetchval("SELECT count(*) FROM outbox") == 2
+        assert await relay.fetchval("SELECT count(*) FROM outbox_packs") == 2
     finally:
         await relay.close()
