@@ -14,8 +14,10 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Awaitable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import nats
@@ -26,6 +28,7 @@ from rich.live import Live
 from rich.table import Table
 
 from schemas.subjects import Subjects
+from workers import stuck
 from workers.embedded import EmbeddedNats, EmbeddedPostgres, embedded_servers
 from workers.registry import WORKERS
 from workers.runtime.base.rule_settings import LivenessSettings, ReplaySettings
@@ -41,6 +44,10 @@ from workers.runtime.observability import tracing
 from workers.runtime.process import run_process
 from workers.runtime.store import migrate
 from workers.sim import SCENARIOS, Check, Simulator
+
+#: wall seconds the scenario may take (about 50 on a 2-core machine, 70 on a loaded one)
+#: before the demo gives up and prints what it waits for
+SCENARIO_BUDGET = 240.0
 
 
 def demo_settings(nats_url: str, database_url: str, root: str) -> Settings:
@@ -128,16 +135,24 @@ async def main(
             await asyncio.sleep(1.0)  # workers provisioned and consuming
             await fresh_sweep_history(pool)
             await sim.start()
-            with Live(console=console, refresh_per_second=4) as live:
+            # on a terminal one line, updated; in a log each phase once, as it begins
+            live = Live(console=console, refresh_per_second=4) if console.is_terminal else None
+            with live or contextlib.nullcontext():
+                shown = ""
 
                 def show(phase: str) -> None:
-                    live.update(
-                        f"[bold]{phase}[/] · {time.monotonic() - started:.0f} s · sim clock +{sim.clock.offset:.0f} s"
-                    )
+                    nonlocal shown
+                    line = f"[bold]{phase}[/] · {time.monotonic() - started:.0f} s · sim clock +{sim.clock.offset:.0f} s"
+                    if live is not None:
+                        live.update(line)
+                    elif phase != shown:
+                        shown = phase
+                        console.print(line)
 
                 sim.progress = show
-                checks = await SCENARIOS[scenario](sim)
-            console.print(_table(checks, time.monotonic() - started))
+                checks = await _watched(SCENARIOS[scenario](sim), workers_task, sim, console)
+            if checks:
+                console.print(_table(checks, time.monotonic() - started))
             if hold:
                 await sim.stop(graceful=True)  # its fleet ends; servers and workers stay
                 print(kept_up(nats_server, postgres, os.getpid()), flush=True)  # unwrapped
@@ -184,6 +199,31 @@ def kept_up(nats_server: EmbeddedNats, postgres: EmbeddedPostgres, workers_pid: 
 def exports(nats_server: EmbeddedNats, postgres: EmbeddedPostgres) -> str:
     """The shell line that points `bcw` at the demo's servers."""
     return f"export BCW_NATS_URL={nats_server.url} BCW_DATABASE_URL={postgres.url}"
+
+
+async def _watched(
+    scenario: Awaitable[list[Check]],
+    workers_task: asyncio.Task[Any],
+    sim: Simulator,
+    console: Console,
+) -> list[Check]:
+    """The scenario's checks; none if the workers stop first or it overruns
+    `SCENARIO_BUDGET` — then what everything waits for is printed (`stuck.report`)."""
+    running = asyncio.ensure_future(scenario)
+    done, _ = await asyncio.wait(
+        {running, workers_task}, timeout=SCENARIO_BUDGET, return_when=asyncio.FIRST_COMPLETED
+    )
+    if running in done:
+        return running.result()
+    if workers_task in done:
+        error = workers_task.exception() if not workers_task.cancelled() else None
+        console.print(f"[red]the workers stopped before the scenario ended: {error!r}[/]")
+    else:
+        console.print(f"[red]the scenario did not end within {SCENARIO_BUDGET:.0f} s[/]")
+        for line in await stuck.report(sim.pool, sim.nc.jetstream(), sim.subjects.facts_stream):
+            console.print(line, markup=False, highlight=False)
+    await stuck.cancel(running)
+    return []
 
 
 async def fresh_sweep_history(pool: asyncpg.Pool) -> None:

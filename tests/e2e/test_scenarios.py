@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Awaitable, Callable
 
+import asyncpg
 import pytest
+from rich.console import Console
 
 from tests.integration.support import bcw
+from workers import demo, stuck
 from workers.sim import Check, Simulator
 from workers.sim.scenarios import (
     busy,
@@ -162,3 +166,57 @@ async def test_mixed_and_bcw_explain_tells_each_nodes_story(
     assert dispatches == 0  # a command's payload and signature stay in `commands`
     code, table = await bcw("explain", clone, BCW_DATABASE_URL=database_url)
     assert code == 0 and "security.node.quarantined" in table and "revoked" in table
+
+
+async def test_a_scenario_that_overruns_names_what_everything_waits_for(
+    simulator: Make, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`bcw demo` gives a scenario `SCENARIO_BUDGET` wall seconds; past it the demo says
+    where its tasks wait, what each consumer still has, and which backends wait on what."""
+    sim = await simulator(5, 1)
+    monkeypatch.setattr(demo, "SCENARIO_BUDGET", 1.0)
+    holder = await asyncpg.connect(database_url)
+    waiter = await asyncpg.connect(database_url)
+    holding = holder.transaction()
+    await holding.start()
+    await holder.execute("SELECT 1 FROM gateways FOR UPDATE")
+    blocked = asyncio.create_task(waiter.execute("BEGIN; LOCK TABLE gateways IN EXCLUSIVE MODE"))
+
+    async def waits_for_the_lock(_sim: Simulator) -> list[Check]:
+        await blocked
+        return []
+
+    workers = asyncio.create_task(asyncio.Event().wait())  # the workers still run
+    console = Console(record=True, width=240)
+    try:
+        assert await demo._watched(waits_for_the_lock(sim), workers, sim, console) == []
+    finally:
+        await holding.rollback()
+        await stuck.cancel(workers)
+        await waiter.close()
+        await holder.close()
+    text = console.export_text()
+    assert "the scenario did not end within 1 s" in text, text
+    assert "test_scenarios.py" in text and "waits_for_the_lock" in text, text  # where it waits
+    assert re.search(r"^\s+liveness\s+\d+\s+\d+\s+\d+$", text, flags=re.M), text  # its consumer
+    assert "Lock:" in text and "LOCK TABLE gateways" in text, text  # the backend and its wait
+
+
+async def test_workers_that_stop_end_the_demo_with_their_error(simulator: Make) -> None:
+    sim = await simulator(5, 1)
+
+    async def stops() -> None:
+        raise RuntimeError("the database refused the workers' login")
+
+    workers = asyncio.create_task(stops())
+    console = Console(record=True, width=240)
+    never = asyncio.Event()
+
+    async def forever(_sim: Simulator) -> list[Check]:
+        await never.wait()
+        return []
+
+    assert await demo._watched(forever(sim), workers, sim, console) == []
+    assert 'the workers stopped before the scenario ended: RuntimeError("the database refused' in (
+        console.export_text()
+    )
