@@ -11,9 +11,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,14 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workers.embedded_install import EmbeddedError, as_non_root, postgres_install
+from workers.embedded_ready import (
+    PORT_TRIES,
+    PortTaken,
+    exited,
+    free_port,
+    log_size,
+    postmaster_ready,
+    wait_for_nats,
+)
 
 _PR_SET_PDEATHSIG = 1
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _die_with_parent(sig: int) -> Callable[[], None]:
@@ -46,19 +49,6 @@ def _own(directory: Path) -> None:
     uid, gid = os.geteuid(), os.getegid()
     for path in [directory, *directory.rglob("*")]:
         os.lchown(path, uid, gid)
-
-
-def _wait_for_port(port: int, process: subprocess.Popen[bytes], what: str, log: Path) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise EmbeddedError(f"{what} exited with {process.returncode}; see {log}")
-        with socket.socket() as sock:
-            sock.settimeout(0.2)
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise EmbeddedError(f"{what} did not listen on port {port} within 30 s; see {log}")
 
 
 def _stop(process: subprocess.Popen[bytes] | None, sig: int, timeout: float = 15) -> None:
@@ -95,12 +85,26 @@ class EmbeddedNats:
     process: subprocess.Popen[bytes] | None = None
     extra: list[str] = field(default_factory=list)
     sync_always: bool = False
+    #: its `server_name`, how it is told from another server on the same port
+    name: str = field(default_factory=lambda: f"bcw-{secrets.token_hex(6)}")
+    _bound: bool = False  # started once: its port is its clients' and stays
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self) -> EmbeddedNats:
+        """Start it; a first start whose port was taken meanwhile tries another."""
+        for _ in range(PORT_TRIES - 1):
+            try:
+                return self._start()
+            except PortTaken:
+                if self._bound:
+                    raise
+                self.port = free_port()
+        return self._start()
+
+    def _start(self) -> EmbeddedNats:
         self.directory.mkdir(parents=True, exist_ok=True)
         log = self.directory / "nats-server.log"
         args = [
@@ -108,15 +112,23 @@ class EmbeddedNats:
             "-js",
             "-a", "127.0.0.1",
             "-p", str(self.port),
+            "--server_name", self.name,
             "-sd", str(self.directory / "jetstream"),
             "-l", str(log),
             *self._config(),
             *self.extra,
         ]  # fmt: skip
+        since = log_size(log)
         self.process = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent(signal.SIGTERM)
         )
-        _wait_for_port(self.port, self.process, "nats-server", log)
+        try:
+            wait_for_nats(self.process, self.port, self.name, log, since)
+        except EmbeddedError:
+            _stop(self.process, signal.SIGKILL, timeout=5)
+            self.process = None
+            raise
+        self._bound = True
         return self
 
     def _config(self) -> list[str]:
@@ -160,10 +172,9 @@ class EmbeddedNatsCluster:
         routes = [free_port() for _ in range(self.size)]
         for i, route in enumerate(routes):
             others = ",".join(f"nats://127.0.0.1:{port}" for port in routes if port != route)
-            name = f"n{i + 1}"
-            extra = ["--server_name", name, "--cluster_name", "bcw"]
-            extra += ["--cluster", f"nats://127.0.0.1:{route}", "--routes", others]
-            self.servers.append(EmbeddedNats(self.directory / name, extra=extra))
+            extra = ["--cluster_name", "bcw", "--cluster", f"nats://127.0.0.1:{route}"]
+            extra += ["--routes", others]
+            self.servers.append(EmbeddedNats(self.directory / f"n{i + 1}", extra=extra))
         for server in self.servers:
             server.start()
         return self
@@ -191,6 +202,7 @@ class EmbeddedPostgres:
     process: subprocess.Popen[bytes] | None = None
     _install: Path | None = None
     _prefix: list[str] = field(default_factory=list)
+    _bound: bool = False  # started once: its port is its clients' and stays
 
     @property
     def url(self) -> str:
@@ -232,6 +244,17 @@ class EmbeddedPostgres:
             raise EmbeddedError(f"{program} failed: {result.stderr.decode(errors='replace')}")
 
     def start(self) -> EmbeddedPostgres:
+        """Start it; a first start whose port was taken meanwhile tries another."""
+        for _ in range(PORT_TRIES - 1):
+            try:
+                return self._start()
+            except PortTaken:
+                if self._bound:
+                    raise
+                self.port = free_port()
+        return self._start()
+
+    def _start(self) -> EmbeddedPostgres:
         if self._install is None:
             self._prepare()
         assert self._install is not None
@@ -259,6 +282,7 @@ class EmbeddedPostgres:
         args += ["-D", str(self.directory / "data")]
         for key, value in settings.items():
             args += ["-c", f"{key}={value}"]
+        since = log_size(log)
         with log.open("ab") as out:
             self.process = subprocess.Popen(
                 args,
@@ -268,29 +292,27 @@ class EmbeddedPostgres:
                 cwd=self.directory,
                 preexec_fn=_die_with_parent(signal.SIGINT),
             )
-        _wait_for_port(self.port, self.process, "postgres", log)
-        self._wait_ready(log)
+        try:
+            self._wait_ready(log, since)
+        except EmbeddedError:
+            _stop(self.process, signal.SIGKILL, timeout=5)
+            self.process = None
+            raise
+        self._bound = True
         return self
 
-    def _wait_ready(self, log: Path) -> None:
-        assert self._install is not None
-        deadline = time.monotonic() + 30
+    def _wait_ready(self, log: Path, since: int) -> None:
+        """Until this postmaster (by its pid: not a server of someone else's on the same
+        port, nor a stale lock file) accepts connections."""
+        assert self.process is not None
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            ready = subprocess.run(
-                [
-                    str(self._install / "bin" / "pg_isready"),
-                    "-h",
-                    "127.0.0.1",
-                    "-p",
-                    str(self.port),
-                ],
-                capture_output=True,
-                check=False,
-            )
-            if ready.returncode == 0:
+            if self.process.poll() is not None:
+                raise exited(self.process, "postgres", self.port, log, since)
+            if postmaster_ready(self.directory / "data", self.process.pid):
                 return
-            time.sleep(0.1)
-        raise EmbeddedError(f"postgres not ready within 30 s; see {log}")
+            time.sleep(0.05)
+        raise EmbeddedError(f"postgres not ready within 60 s; see {log}")
 
     def stop(self) -> None:
         _stop(self.process, signal.SIGINT)  # fast shutdown: abort sessions, checkpoint
