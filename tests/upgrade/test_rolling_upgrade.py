@@ -62,6 +62,7 @@ async def _bcw(command: list[str], env: dict[str, str], *args: str) -> tuple[int
     return proc.returncode or 0, out.decode()
 
 
+@pytest.mark.parametrize("relays", ["in-process", "dedicated"])
 async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_once(
     old: Release,
     servers: Servers,
@@ -69,7 +70,12 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
     subjects: Subjects,
     nc: NATS,
     tmp_path: Path,
+    relays: str,
 ) -> None:
+    """`dedicated`: the workers relay nothing (`BCW_OUTBOX_RELAY=false`) and a `bcw run
+    relay` process publishes every worker's rows; it is upgraded first, as
+    docs/kubernetes.md says (a relay of the previous release does not read this one's
+    outbox packs), and publishes the rows of the previous release's workers as well."""
     database_url = empty_database_url
     env = {
         "BCW_NATS_URL": servers.nats_url, "BCW_DATABASE_URL": database_url,
@@ -77,6 +83,8 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
         # no daemon flushes liveness here: no session may age out meanwhile
         "BCW_LIVENESS_HEARTBEAT_INTERVAL": "3600",
     }  # fmt: skip
+    if relays == "dedicated":
+        env["BCW_OUTBOX_RELAY"] = "false"
     old_bcw, new_bcw = [str(old.bcw)], [sys.executable, "-m", "workers.cli"]
     nodes = [f"up-{i:05d}" for i in range(NODES)]
     total = NODES * len(HELLO_WORKERS)
@@ -87,6 +95,8 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
         assert code == 0, f"{old.version} bcw {step}: {out}"
     await join_fleet(database_url, nodes)
     olds = await spawn_workers(env, tmp_path, old_bcw, f"v{old.version}-")
+    if relays == "dedicated":
+        olds["relay"] = await _relay(old_bcw, env, tmp_path / f"v{old.version}-relay.log")
     await eventually(lambda: workers_bound(nc.jetstream(), subjects), what="old workers bound")
     news: dict[str, asyncio.subprocess.Process] = {}
     # the Hellos of the previous release's gateways: gateways are upgraded last
@@ -100,7 +110,11 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
         # 2. this release's migrations, under the running old workers
         code, out = await _bcw(new_bcw, env, "migrate")
         assert code == 0, f"bcw migrate: {out}"
-        news = await spawn_workers(env, tmp_path, new_bcw, "new-")
+        if relays == "dedicated":  # the relay first, then the workers
+            news["relay"] = await _relay(new_bcw, env, tmp_path / "new-relay.log")
+            olds["relay"].send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(olds.pop("relay").wait(), 60) == 0
+        news |= await spawn_workers(env, tmp_path, new_bcw, "new-")
         await eventually(
             lambda: _at_least(database_url, total // 2), within=120, what="both applying"
         )
@@ -131,6 +145,15 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
     assert figures["dead-lettered"] == 0
     assert [figures[f"inbox rows ({w})"] for w in INBOX_WORKERS] == [NODES] * len(INBOX_WORKERS)
     assert figures["nodes labeled"] == NODES
+
+
+async def _relay(command: list[str], env: dict[str, str], log: Path) -> asyncio.subprocess.Process:
+    """A dedicated relay (`bcw run relay`) of the release `command` runs."""
+    with log.open("w") as out:
+        return await asyncio.create_subprocess_exec(
+            *command, "run", "relay", env={**os.environ, **env, "BCW_OUTBOX_RELAY": "true"},
+            stdout=out, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
 
 
 def as_sent_by(release: Release, bc_type: str) -> Callable[[bytes], bytes]:
