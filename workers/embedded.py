@@ -17,20 +17,20 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 from workers.embedded_install import EmbeddedError, as_non_root, postgres_install
 from workers.embedded_ready import (
     PORT_TRIES,
     PortTaken,
-    exited,
     free_port,
     log_size,
+    nats_name,
     postmaster_ready,
-    wait_for_nats,
+    wait_ready,
 )
 
 _PR_SET_PDEATHSIG = 1
@@ -70,8 +70,44 @@ def nats_server_binary() -> Path:
     return Path(found)
 
 
+class _Child:
+    """What both embedded servers share: a first start whose port was taken meanwhile
+    tries another; once started, the port is its clients' and stays (a restart onto a
+    taken port raises `PortTaken`)."""
+
+    port: int
+    process: subprocess.Popen[bytes] | None
+    _bound: bool
+
+    def start(self) -> Self:
+        for _ in range(PORT_TRIES - 1):
+            try:
+                return self._start()
+            except PortTaken:
+                if self._bound:
+                    raise
+                self.port = free_port()
+        return self._start()
+
+    def _start(self) -> Self:
+        raise NotImplementedError
+
+    def _wait(
+        self, what: str, log: Path, since: int, ready: Callable[[], bool], within: float
+    ) -> None:
+        """Until the process just started is `ready()`; killed if it never is."""
+        assert self.process is not None
+        try:
+            wait_ready(self.process, what, self.port, log, since, ready, within)
+        except EmbeddedError:
+            _stop(self.process, signal.SIGKILL, timeout=5)
+            self.process = None
+            raise
+        self._bound = True
+
+
 @dataclass
-class EmbeddedNats:
+class EmbeddedNats(_Child):
     """A `nats-server -js` child process; `restart()` keeps its port and its store.
 
     `extra` is added to the command line (cluster routes, users for an auth test).
@@ -93,18 +129,7 @@ class EmbeddedNats:
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
-    def start(self) -> EmbeddedNats:
-        """Start it; a first start whose port was taken meanwhile tries another."""
-        for _ in range(PORT_TRIES - 1):
-            try:
-                return self._start()
-            except PortTaken:
-                if self._bound:
-                    raise
-                self.port = free_port()
-        return self._start()
-
-    def _start(self) -> EmbeddedNats:
+    def _start(self) -> Self:
         self.directory.mkdir(parents=True, exist_ok=True)
         log = self.directory / "nats-server.log"
         args = [
@@ -122,13 +147,8 @@ class EmbeddedNats:
         self.process = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent(signal.SIGTERM)
         )
-        try:
-            wait_for_nats(self.process, self.port, self.name, log, since)
-        except EmbeddedError:
-            _stop(self.process, signal.SIGKILL, timeout=5)
-            self.process = None
-            raise
-        self._bound = True
+        # a server answering under another name is someone else's, on a port taken meanwhile
+        self._wait("nats-server", log, since, lambda: nats_name(self.port) == self.name, 30)
         return self
 
     def _config(self) -> list[str]:
@@ -185,7 +205,7 @@ class EmbeddedNatsCluster:
 
 
 @dataclass
-class EmbeddedPostgres:
+class EmbeddedPostgres(_Child):
     """A PostgreSQL child process on a loopback TCP port; `restart()` keeps port and data.
 
     `standby_of`: a streaming-replication standby of that (running) server, cloned from it
@@ -243,18 +263,7 @@ class EmbeddedPostgres:
         if result.returncode != 0:
             raise EmbeddedError(f"{program} failed: {result.stderr.decode(errors='replace')}")
 
-    def start(self) -> EmbeddedPostgres:
-        """Start it; a first start whose port was taken meanwhile tries another."""
-        for _ in range(PORT_TRIES - 1):
-            try:
-                return self._start()
-            except PortTaken:
-                if self._bound:
-                    raise
-                self.port = free_port()
-        return self._start()
-
-    def _start(self) -> EmbeddedPostgres:
+    def _start(self) -> Self:
         if self._install is None:
             self._prepare()
         assert self._install is not None
@@ -292,27 +301,11 @@ class EmbeddedPostgres:
                 cwd=self.directory,
                 preexec_fn=_die_with_parent(signal.SIGINT),
             )
-        try:
-            self._wait_ready(log, since)
-        except EmbeddedError:
-            _stop(self.process, signal.SIGKILL, timeout=5)
-            self.process = None
-            raise
-        self._bound = True
+        # this postmaster by its pid: not a server of someone else's on the same port, nor
+        # a stale lock file
+        data, pid = self.directory / "data", self.process.pid
+        self._wait("postgres", log, since, lambda: postmaster_ready(data, pid), 60)
         return self
-
-    def _wait_ready(self, log: Path, since: int) -> None:
-        """Until this postmaster (by its pid: not a server of someone else's on the same
-        port, nor a stale lock file) accepts connections."""
-        assert self.process is not None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise exited(self.process, "postgres", self.port, log, since)
-            if postmaster_ready(self.directory / "data", self.process.pid):
-                return
-            time.sleep(0.05)
-        raise EmbeddedError(f"postgres not ready within 60 s; see {log}")
 
     def stop(self) -> None:
         _stop(self.process, signal.SIGINT)  # fast shutdown: abort sessions, checkpoint

@@ -12,6 +12,7 @@ import json
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from workers.embedded_install import EmbeddedError
@@ -38,7 +39,7 @@ def log_size(log: Path) -> int:
     return log.stat().st_size if log.exists() else 0
 
 
-def exited(
+def _exited(
     process: subprocess.Popen[bytes], what: str, port: int, log: Path, since: int
 ) -> EmbeddedError:
     """Why a server that was starting has exited: its port taken (its log says so past
@@ -50,7 +51,7 @@ def exited(
     return EmbeddedError(f"{what} exited with {process.returncode}; see {log}")
 
 
-def _nats_name(port: int) -> str | None:
+def nats_name(port: int) -> str | None:
     """The `server_name` of the nats-server answering on `port` (its INFO line), if any."""
     with socket.socket() as sock:
         sock.settimeout(0.5)
@@ -70,20 +71,25 @@ def _nats_name(port: int) -> str | None:
     return None
 
 
-def wait_for_nats(
-    process: subprocess.Popen[bytes], port: int, name: str, log: Path, since: int
+def wait_ready(
+    process: subprocess.Popen[bytes],
+    what: str,
+    port: int,
+    log: Path,
+    since: int,
+    ready: Callable[[], bool],
+    within: float,
 ) -> None:
-    """Until the nats-server `process`, named `name`, answers on `port`: a server answering
-    there under another name is someone else's (the port was taken between choosing and
-    binding it)."""
-    deadline = time.monotonic() + 30
+    """Until `ready()` — this server, not another one answering on `port` (which was taken
+    between choosing and binding it) — or `process` exits (`_exited`)."""
+    deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise exited(process, "nats-server", port, log, since)
-        if _nats_name(port) == name:
+            raise _exited(process, what, port, log, since)
+        if ready():
             return
         time.sleep(0.05)
-    raise EmbeddedError(f"nats-server did not listen on port {port} within 30 s; see {log}")
+    raise EmbeddedError(f"{what} was not ready on port {port} within {within:.0f} s; see {log}")
 
 
 def postmaster_ready(data: Path, pid: int) -> bool:

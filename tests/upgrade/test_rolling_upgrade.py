@@ -99,7 +99,7 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
     await join_fleet(database_url, nodes)
     olds = await spawn_workers(env, tmp_path, old_bcw, f"v{old.version}-")
     if relays == "dedicated":
-        olds["relay"] = await _relay(old_bcw, env, tmp_path / f"v{old.version}-relay.log")
+        olds["relay"] = await _relay(old_bcw, env, tmp_path, f"v{old.version}-")
     await eventually(lambda: workers_bound(nc.jetstream(), subjects), what="old workers bound")
     news: dict[str, asyncio.subprocess.Process] = {}
     # the Hellos of the previous release's gateways: gateways are upgraded last
@@ -114,7 +114,7 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
         code, out = await _bcw(new_bcw, env, "migrate")
         assert code == 0, f"bcw migrate: {out}"
         if relays == "dedicated":  # the relay first, then the workers
-            news["relay"] = await _relay(new_bcw, env, tmp_path / "new-relay.log")
+            news["relay"] = await _relay(new_bcw, env, tmp_path, "new-")
             olds["relay"].send_signal(signal.SIGTERM)
             assert await asyncio.wait_for(olds.pop("relay").wait(), 60) == 0
         news |= await spawn_workers(env, tmp_path, new_bcw, "new-")
@@ -150,13 +150,12 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
     assert figures["nodes labeled"] == n
 
 
-async def _relay(command: list[str], env: dict[str, str], log: Path) -> asyncio.subprocess.Process:
+async def _relay(
+    command: list[str], env: dict[str, str], logs: Path, tag: str
+) -> asyncio.subprocess.Process:
     """A dedicated relay (`bcw run relay`) of the release `command` runs."""
-    with log.open("w") as out:
-        return await asyncio.create_subprocess_exec(
-            *command, "run", "relay", env={**os.environ, **env, "BCW_OUTBOX_RELAY": "true"},
-            stdout=out, stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
+    relay_env = {**env, "BCW_OUTBOX_RELAY": "true"}
+    return (await spawn_workers(relay_env, logs, command, tag, names=["relay"]))["relay"]
 
 
 def as_sent_by(release: Release, bc_type: str) -> Callable[[bytes], bytes]:

@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -260,14 +260,15 @@ async def spawn_workers(
     logs: Path | None = None,
     command: Sequence[str] = (sys.executable, "-m", "workers.cli"),
     tag: str = "",
+    names: Iterable[str] | None = None,
 ) -> dict[str, asyncio.subprocess.Process]:
-    """Each of the five workers in a `bcw run <worker>` process of its own (`command` is
-    the `bcw` to run: another release's, say); with `logs`, what each one writes goes to
-    `<logs>/<tag><worker>.log`."""
+    """Each of the five workers (or of `names`: `relay`, say) in a `bcw run <worker>`
+    process of its own (`command` is the `bcw` to run: another release's, say); with
+    `logs`, what each one writes goes to `<logs>/<tag><worker>.log`."""
     from workers.registry import WORKERS
 
     procs = {}
-    for name in WORKERS:
+    for name in WORKERS if names is None else names:
         out: int | TextIO = asyncio.subprocess.DEVNULL
         if logs is not None:
             out = (logs / f"{tag}{name}.log").open("w")

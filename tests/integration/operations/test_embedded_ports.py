@@ -10,7 +10,7 @@ import contextlib
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import asyncpg
@@ -53,15 +53,26 @@ async def _server_name(url: str) -> str:
         await nc.close()
 
 
-async def test_nats_whose_port_is_taken_starts_on_another(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def started_where_taken(
+    make: Callable[[int], EmbeddedNats | EmbeddedPostgres],
+) -> AsyncIterator[EmbeddedNats | EmbeddedPostgres]:
+    """A server made for a port an impostor holds, started: on another port."""
     with impostor() as taken:
-        server = EmbeddedNats(tmp_path / "nats", port=taken)
+        server = make(taken)
         await asyncio.to_thread(server.start)
         try:
             assert server.port != taken
-            assert await _server_name(server.url) == server.name  # ours answers on it
+            yield server
         finally:
             server.stop()
+
+
+async def test_nats_whose_port_is_taken_starts_on_another(tmp_path: Path) -> None:
+    async with started_where_taken(
+        lambda port: EmbeddedNats(tmp_path / "nats", port=port)
+    ) as server:
+        assert await _server_name(server.url) == server.name  # ours answers on it
 
 
 async def test_nats_restarted_onto_a_taken_port_says_so(tmp_path: Path) -> None:
@@ -74,16 +85,12 @@ async def test_nats_restarted_onto_a_taken_port_says_so(tmp_path: Path) -> None:
 
 
 async def test_postgres_whose_port_is_taken_starts_on_another(tmp_path: Path) -> None:
-    with impostor() as taken:
-        server = EmbeddedPostgres(tmp_path / "pg", port=taken)
-        await asyncio.to_thread(server.start)
+    async with started_where_taken(
+        lambda port: EmbeddedPostgres(tmp_path / "pg", port=port)
+    ) as server:
+        conn = await asyncpg.connect(server.url)
         try:
-            assert server.port != taken
-            conn = await asyncpg.connect(server.url)
-            try:
-                data = await conn.fetchval("SHOW data_directory")
-            finally:
-                await conn.close()
-            assert Path(data) == tmp_path / "pg" / "data"  # ours answers on it
+            data = await conn.fetchval("SHOW data_directory")
         finally:
-            server.stop()
+            await conn.close()
+    assert Path(data) == tmp_path / "pg" / "data"  # ours answers on it
