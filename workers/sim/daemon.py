@@ -220,8 +220,27 @@ class FakeDaemon:
         return self.gateway is not None and self.gateway.alive
 
     # -- time passes ---------------------------------------------------------------------
+    def idle(self, now: float) -> bool:
+        """Whether a tick at `now` would do nothing: no reconnect, heartbeat, finished
+        command, result or journal event due. Most daemons are idle at most ticks; the
+        simulator starts no task for them (a thousand a tick would cost it most of its
+        CPU, and starve the workers it runs beside on a loaded machine)."""
+        if any(run.finish_at <= now for run in self.running.values()):
+            return False
+        gateway = self.gateway
+        if gateway is None:
+            return self.partitioned or now < self.next_try
+        return (
+            gateway.alive
+            and now - self.last_heartbeat < HEARTBEAT
+            and all(command_id in self.in_hello for command_id in self.results)
+            and (not self.journal or self.journal[-1]["seq"] <= self.sent_seq)
+        )
+
     async def tick(self, gateways: Sequence[Gateway]) -> None:
         now = self.now()
+        if self.idle(now):
+            return
         if self.gateway is not None and not self.gateway.alive:
             self.drop("gateway gone")
         if self.gateway is None:

@@ -183,7 +183,7 @@ class Simulator:
             async with limit:
                 await daemon.tick(self.gateways)
 
-        await asyncio.gather(*(one(d) for d in self.daemons))
+        await asyncio.gather(*(one(d) for d in self.daemons if not d.idle(d.now())))
 
     async def run(
         self,

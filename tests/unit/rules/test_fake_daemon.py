@@ -12,7 +12,14 @@ import pytest
 from schemas.facts import NodeLoad
 from schemas.notices import Dispatch
 from workers.gateway import Code, HeartbeatAck, HelloRequest, Refused, Welcome
-from workers.sim.daemon import JOURNAL_MAX, MAX_BACK_OFF, MAX_PUSHBACK, FakeDaemon
+from workers.sim.daemon import (
+    HEARTBEAT,
+    JOURNAL_MAX,
+    MAX_BACK_OFF,
+    MAX_PUSHBACK,
+    FakeDaemon,
+    _Running,
+)
 
 
 class Scripted:
@@ -167,3 +174,64 @@ async def test_heartbeats_move_its_server_time_mark_and_report_its_node_load() -
         load_average=0.0, memory_available_bytes=fake.memory_available_bytes,
         running_commands=0, pending_events=0,
     )  # fmt: skip
+
+
+def _connected(now: list[float]) -> FakeDaemon:
+    """A daemon with a live session, heartbeat just sent, nothing to report."""
+    fake = daemon(now)
+    fake.gateway, fake.epoch = Scripted(), 1  # type: ignore[assignment]
+    fake.last_heartbeat = now[0]
+    return fake
+
+
+def _finished(fake: FakeDaemon) -> None:
+    fake.running[uuid.uuid4()] = _Running(dispatch(), finish_at=fake.now())
+
+
+def _result(fake: FakeDaemon) -> None:
+    fake.results[uuid.uuid4()] = {}
+
+
+def _event(fake: FakeDaemon) -> None:
+    fake.journal.append({"seq": fake.sent_seq + 1})
+
+
+def _heartbeat_due(fake: FakeDaemon) -> None:
+    fake.last_heartbeat -= HEARTBEAT
+
+
+def _gateway_gone(fake: FakeDaemon) -> None:
+    fake.gateway.alive = False  # type: ignore[union-attr]
+
+
+def _disconnected_retry_due(fake: FakeDaemon) -> None:
+    fake.gateway, fake.next_try = None, fake.now()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [_finished, _result, _event, _heartbeat_due, _gateway_gone, _disconnected_retry_due],
+)
+def test_a_daemon_is_idle_only_while_a_tick_has_nothing_to_do(change: Any) -> None:
+    """The simulator ticks only daemons that are not idle: each kind of due work ends
+    idleness (a result its Hello carried, an event already sent and a retry not yet due
+    do not)."""
+    now = [1000.0]
+    fake = _connected(now)
+    carried = uuid.uuid4()
+    fake.results[carried], fake.in_hello = {}, {carried}
+    fake.journal, fake.sent_seq = [{"seq": 3}], 3
+    fake.running[uuid.uuid4()] = _Running(dispatch(), finish_at=now[0] + 1)
+    assert fake.idle(now[0])
+    change(fake)
+    assert not fake.idle(now[0])
+
+
+def test_a_disconnected_daemon_waits_idle_for_its_retry_or_while_partitioned() -> None:
+    now = [1000.0]
+    fake = daemon(now)
+    fake.next_try = now[0] + 5
+    assert fake.idle(now[0])
+    assert not fake.idle(now[0] + 5)
+    fake.partitioned = True
+    assert fake.idle(now[0] + 5)
