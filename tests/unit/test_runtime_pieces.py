@@ -3,7 +3,10 @@ classification, lane choice, redaction (the settings: `tests/unit/settings/`).""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import signal
 
 import asyncpg
 import asyncpg.exceptions._base as asyncpg_base
@@ -23,7 +26,12 @@ from workers.runtime.base.errors import (
     classify,
     is_transient,
 )
-from workers.runtime.base.waiting import Patience
+from workers.runtime.base.waiting import (
+    STOP_SIGNALS,
+    Patience,
+    defer_stop_signals,
+    stop_on_signals,
+)
 from workers.runtime.effects import outcome
 from workers.runtime.effects.claims import Pack, publishable
 from workers.runtime.observability.metrics import Metrics
@@ -267,3 +275,24 @@ def test_packs_wait_behind_a_held_pack_of_their_worker_and_the_cap() -> None:
              Pack(3, "labeler", 5, False), Pack(4, None, 5, False)]  # fmt: skip
     assert publishable(packs, 100) == [3, 4]  # 2 waits behind 1, held elsewhere
     assert publishable(packs, 5) == [3]  # the cap: 4 goes next round
+
+
+@pytest.mark.parametrize("sig", STOP_SIGNALS)
+def test_a_stop_signal_before_the_loop_listens_stops_it_once_it_does(sig: int) -> None:
+    """A process told to stop while it starts (before its loop handles signals) is not
+    killed by the signal: the loop's `stopping` is set as soon as it listens."""
+    before = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    try:
+        defer_stop_signals()
+        os.kill(os.getpid(), sig)  # delivered now, while nothing listens yet
+
+        async def started() -> tuple[bool, bool]:
+            stopping, later = asyncio.Event(), asyncio.Event()
+            stop_on_signals(stopping)
+            stop_on_signals(later)  # the early signal was handed over once, not again
+            return stopping.is_set(), later.is_set()
+
+        assert asyncio.run(started()) == (True, False)
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)

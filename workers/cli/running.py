@@ -1,13 +1,13 @@
 """Running workers: `bcw run` (one worker, all of them, or a relay), `bcw demo` (the
 whole flow on embedded servers) and `bcw sim` (a simulated fleet against running
-workers). `run_workers` is the only place that installs signal handlers.
+workers). `run_workers` is the only place that installs stop-signal handlers
+(`waiting.defer_stop_signals`, then `waiting.stop_on_signals`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -79,16 +79,16 @@ def add(commands: Commands) -> None:
 
 def run_workers(settings: Settings, workers: Sequence[Worker]) -> int:
     """Run `workers` in this process until SIGTERM/SIGINT; exit 0 after a clean drain."""
+    from workers.runtime.base.waiting import defer_stop_signals, stop_on_signals
     from workers.runtime.observability import logs
     from workers.runtime.process import run_process
 
+    defer_stop_signals()  # a stop asked for while this process starts is not lost
     logs.configure(settings.log_format, settings.log_level)
 
     async def main() -> None:
         stopping = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stopping.set)
+        stop_on_signals(stopping)
         await run_process(settings, workers, stopping=stopping)
 
     asyncio.run(main())

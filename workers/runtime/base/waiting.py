@@ -1,12 +1,36 @@
-"""Waiting that a stop cuts short. Used by every loop of the runtime and the workers."""
+"""Waiting that a stop cuts short, and the stop signals that set it. Used by every loop of
+the runtime and the workers."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import random
+import signal
 import time
 from collections.abc import Sequence
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_asked_early: list[int] = []
+
+
+def defer_stop_signals() -> None:
+    """From now until `stop_on_signals` hands them to an event loop, SIGTERM and SIGINT are
+    remembered instead of ending the process: one that is told to stop while it starts
+    (a pod deleted as it comes up) stops cleanly, exit 0, as soon as it can drain."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda signum, _frame: _asked_early.append(signum))
+
+
+def stop_on_signals(stopping: asyncio.Event) -> None:
+    """SIGTERM and SIGINT set `stopping` from now on; so does one that came earlier, while
+    deferred (`defer_stop_signals`). Call from the running loop."""
+    loop = asyncio.get_running_loop()
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, stopping.set)
+    if _asked_early:
+        _asked_early.clear()
+        stopping.set()
 
 
 async def wait_any(events: Sequence[asyncio.Event], seconds: float) -> None:
