@@ -102,10 +102,12 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
         olds["relay"] = await _relay(old_bcw, env, tmp_path, f"v{old.version}-")
     await eventually(lambda: workers_bound(nc.jetstream(), subjects), what="old workers bound")
     news: dict[str, asyncio.subprocess.Process] = {}
-    # the Hellos of the previous release's gateways: gateways are upgraded last
-    publishing = asyncio.create_task(
-        publish_hellos(nc, subjects, nodes, RATE, shape=as_sent_by(old, "hello"))
-    )
+    # the Hellos of the previous release's gateways (gateways are upgraded last): three
+    # quarters while the workers roll, the last quarter once the old ones stopped — on a
+    # loaded machine the roll may outlast the first part, never the second
+    shape = as_sent_by(old, "hello")
+    rolling, after = nodes[: 3 * n // 4], nodes[3 * n // 4 :]
+    publishing = asyncio.create_task(publish_hellos(nc, subjects, rolling, RATE, shape=shape))
     try:
         await eventually(
             lambda: _at_least(database_url, total // 5), within=120, what="old workers applying"
@@ -125,8 +127,8 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
         for proc in olds.values():
             proc.send_signal(signal.SIGTERM)
         codes = await asyncio.wait_for(asyncio.gather(*(p.wait() for p in olds.values())), 60)
-        at_stop = await hellos_handled(database_url)
         await publishing
+        await publish_hellos(nc, subjects, after, RATE, shape=shape)  # for the new ones alone
         settled = await wait_settled(database_url, n, within=180)
         figures = await count_effects(database_url, subjects, nc, nodes)
     finally:
@@ -143,7 +145,6 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
     )
     assert codes == [0] * len(WORKERS), "every old worker stops cleanly on SIGTERM"
     assert settled >= 0, "every Hello handled by its three workers, the outbox empty"
-    assert at_stop < total, "the new workers handled facts after the old ones stopped"
     assert (figures["effects applied"], figures["duplicates"], figures["lost"]) == (n, 0, 0)
     assert figures["dead-lettered"] == 0
     assert [figures[f"inbox rows ({w})"] for w in INBOX_WORKERS] == [n] * len(INBOX_WORKERS)
