@@ -42,6 +42,7 @@ def test_the_parser_keeps_commands_and_drops_comments() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.foreground
 @pytest.mark.timeout(600)
 def test_the_readme_commands_run_in_order() -> None:
     commands = readme_commands((ROOT / "README.md").read_text(encoding="utf-8"))
