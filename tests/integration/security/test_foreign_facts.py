@@ -27,6 +27,7 @@ from tests.integration.streams import RecordingStream
 from tests.integration.support import (
     eventually,
     make_settings,
+    outbox_empty,
     publish_fact,
     running,
     stream_messages,
@@ -103,6 +104,8 @@ async def test_a_gateway_forging_facts_about_a_node_it_does_not_hold_changes_not
         await eventually(
             lambda: _settled(runtime, "applied", 3), what="the Hello applied by 3 workers"
         )
+        # and its events published (the relay's, after the commit) before they are counted
+        await eventually(lambda: outbox_empty(database_url), what="the Hello's events out")
         before = await state(db)
         notices_before = len(await _bodies(nc, subjects.gateway_stream, "dispatch"))
         events_before = {
