@@ -58,6 +58,8 @@ async def foreign_sessions(conn: asyncpg.Connection) -> tuple[int, str | None]:
 #: gateway renews its 15 s lease every 5 s, at most once a step: a step that leapt a
 #: lease's length would end every gateway at once, which no real fleet does.
 MAX_LEAP = 3.0
+#: wall seconds between the gateways' ticks while one step's daemons are still busy
+GATEWAY_TICK = 1.0
 
 
 def leap(step: float, speed: float) -> float:
@@ -175,15 +177,30 @@ class Simulator:
 
     # -- time ------------------------------------------------------------------------------
     async def tick(self) -> None:
-        for gateway in self.gateways:
-            await gateway.tick()
+        """One step: the gateways' due work (lease, flush, silent sessions), then every
+        daemon with something due. While the daemons' part lasts longer than
+        `GATEWAY_TICK` (a power-on herd on a loaded machine), the gateways tick again
+        beside it, as a real gateway's own loop would: a slow step renews their leases."""
+        await self._tick_gateways()
         limit = asyncio.Semaphore(512)  # a herd: many daemons at once
 
         async def one(daemon: FakeDaemon) -> None:
             async with limit:
                 await daemon.tick(self.gateways)
 
-        await asyncio.gather(*(one(d) for d in self.daemons if not d.idle(d.now())))
+        daemons = asyncio.ensure_future(
+            asyncio.gather(*(one(d) for d in self.daemons if not d.idle(d.now())))
+        )
+        try:
+            while not (await asyncio.wait({daemons}, timeout=GATEWAY_TICK))[0]:
+                await self._tick_gateways()
+        finally:
+            daemons.cancel()  # done by now, unless a gateway's tick failed
+        await daemons
+
+    async def _tick_gateways(self) -> None:
+        for gateway in self.gateways:
+            await gateway.tick()
 
     async def run(
         self,
