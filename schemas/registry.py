@@ -6,6 +6,7 @@ the tests. It never raises anything but `MessageError` on bad input.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from typing import TypeVar
@@ -49,6 +50,7 @@ class UnsupportedMajor(UnknownMessageType):
         self.spoken = spoken
 
 
+@functools.lru_cache(maxsize=64)  # a few distinct values, one per fact: parsed once each
 def parse_major(raw: str) -> int:
     """The major of a `Bc-Schema` value: `N`, or `N.M` from a producer that also says its
     minor (tolerated: the minor only adds fields)."""

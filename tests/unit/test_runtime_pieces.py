@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+import uuid
 
 import asyncpg
 import asyncpg.exceptions._base as asyncpg_base
@@ -33,6 +34,7 @@ from workers.runtime.base.waiting import (
     stop_on_signals,
 )
 from workers.runtime.effects import outcome
+from workers.runtime.effects.batch import RandomIds
 from workers.runtime.effects.claims import Pack, publishable
 from workers.runtime.observability.metrics import Metrics
 
@@ -296,3 +298,20 @@ def test_a_stop_signal_before_the_loop_listens_stops_it_once_it_does(sig: int) -
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
+
+
+def test_message_ids_are_random_uuid4s_across_reads_and_never_repeated_in_a_forked_child() -> None:
+    ids = RandomIds(per_read=4)
+    made = [ids() for _ in range(50)]  # 13 reads from the OS
+    assert all(i.version == 4 and i.variant == uuid.RFC_4122 for i in made)
+    assert len(set(made)) == len(made)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        os.write(write, ids().bytes)
+        os._exit(0)
+    os.close(write)
+    in_child = uuid.UUID(bytes=os.read(read, 16))
+    os.close(read)
+    os.waitpid(child, 0)
+    assert in_child != ids()  # the parent's next id was not the child's too
