@@ -197,8 +197,11 @@ async def consume_and_relay(
         def settled_facts() -> float:
             return sum(v for k, v in metrics.facts.by_labels().items() if k[0] == worker.name)
 
-        while settled_facts() < expected:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
+        # a read collects the whole registry (/proc included): every 10 ms that was 3 µs of
+        # this process's CPU per fact, charged to the runtime; so rarely while far from the
+        # end, every 5 ms near it (the time measured stays within 5 ms)
+        while (seen := settled_facts()) < expected:  # noqa: ASYNC110
+            await asyncio.sleep(0.005 if seen >= 0.9 * expected else 0.1)
         settled = time.perf_counter() - started
         while drain and await relayer.backlog():  # noqa: ASYNC110
             await asyncio.sleep(0.01)
