@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import time
 from collections.abc import Awaitable
 from datetime import timedelta
@@ -39,6 +38,7 @@ from workers.runtime.base.runtime_settings import (
     OutboxSettings,
 )
 from workers.runtime.base.settings import Settings
+from workers.runtime.base.waiting import stop_on_signals
 from workers.runtime.bus import streams
 from workers.runtime.observability import tracing
 from workers.runtime.process import run_process
@@ -236,7 +236,5 @@ async def fresh_sweep_history(pool: asyncpg.Pool) -> None:
 
 async def _wait_for_signal() -> None:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop_on_signals(stop)
     await stop.wait()

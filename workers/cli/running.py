@@ -1,7 +1,7 @@
 """Running workers: `bcw run` (one worker, all of them, or a relay), `bcw demo` (the
 whole flow on embedded servers) and `bcw sim` (a simulated fleet against running
-workers). `run_workers` is the only place that installs stop-signal handlers
-(`waiting.defer_stop_signals`, then `waiting.stop_on_signals`).
+workers). SIGTERM and SIGINT stop them through `waiting.stop_on_signals`; `run_workers`
+defers them from its first line (`waiting.defer_stop_signals`), so none is lost at start.
 """
 
 from __future__ import annotations

@@ -239,8 +239,6 @@ class FakeDaemon:
 
     async def tick(self, gateways: Sequence[Gateway]) -> None:
         now = self.now()
-        if self.idle(now):
-            return
         if self.gateway is not None and not self.gateway.alive:
             self.drop("gateway gone")
         if self.gateway is None:
