@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
 import signal
 import statistics
 import sys
@@ -183,7 +184,8 @@ async def _run_runtime(
     inbox: bool = True,
 ) -> tuple[float, float, float]:
     """Facts/s until the last fact is acked, and until its outbox rows are published too;
-    and the CPU seconds the relay process spent starting (0 for a relay in this process).
+    and the CPU seconds the relay process spent outside the run — starting and stopping
+    (0 for a relay in this process).
 
     The relay runs in this process (as in a default deployment) or in a `bcw run relay`
     process of its own (the deployment for the highest throughput).
@@ -191,17 +193,28 @@ async def _run_runtime(
     handle = _handle if publishes else _write_only
     worker = Worker(name=name, fact_types=("status",), handle=handle, inbox=inbox)
     settings = ConsumerSettings(batch_size=BATCH, max_ack_pending=4096)
+    before = _children_cpu()
     relay_process = None if relay_in_process else await _spawn_relay(target, subjects)
-    starting = 0.0 if relay_process is None else cpu_seconds(relay_process.pid)
+    starting = at_end = 0.0 if relay_process is None else cpu_seconds(relay_process.pid)
     try:
         consumed, relayed = await consume_and_relay(
             target, worker, facts, settings, drain=True, relay=relay_in_process
         )
+        if relay_process is not None:
+            at_end = cpu_seconds(relay_process.pid)
     finally:
         if relay_process is not None:
             relay_process.send_signal(signal.SIGTERM)
             await relay_process.wait()
-    return facts / consumed, facts / relayed, starting
+    # the relay's whole life, less its work during the run: its start and its stop
+    outside = _children_cpu() - before - (at_end - starting) if relay_process else 0.0
+    return facts / consumed, facts / relayed, outside
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's children that ended and were waited for."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 async def _spawn_relay(target: BenchTarget, subjects: Subjects) -> asyncio.subprocess.Process:
@@ -217,7 +230,16 @@ async def _spawn_relay(target: BenchTarget, subjects: Subjects) -> asyncio.subpr
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "workers.cli", "run", "relay", env=env
     )
-    await asyncio.sleep(1.0)  # connected and listening before the facts flow
+    # connected and listening before the facts flow: once it has stopped spending CPU
+    # (its start is not its work; on a busy machine it takes longer than a second)
+    await asyncio.sleep(1.0)
+    spent = cpu_seconds(process.pid)
+    for _ in range(100):
+        await asyncio.sleep(0.2)
+        now = cpu_seconds(process.pid)
+        if now - spent < 0.005:
+            break
+        spent = now
     return process
 
 
@@ -262,12 +284,12 @@ async def run(
         await _prepare(target, subjects, facts)
 
         async def a(i: int) -> float:
-            rate, relayed, starting = await _run_runtime(
+            rate, relayed, outside = await _run_runtime(
                 target, subjects, facts, f"bench-a-{i}", False
             )
             results["a"].append(rate)
             results["a_relayed"].append(relayed)
-            return starting
+            return outside
 
         async def a1(i: int) -> float:
             rate, relayed, _ = await _run_runtime(target, subjects, facts, f"bench-a1-{i}", True)
@@ -301,8 +323,8 @@ async def run(
             for key, pipeline in pipelines[turn:] + pipelines[:turn]:
                 await _settle_database(target)  # each pipeline starts on a vacuumed table
                 before = CpuSpent.now()
-                starting = await pipeline(i)  # a relay process's start is not its work
-                spent[key].append(CpuSpent.now() - before - CpuSpent(0.0, starting, 0.0, 0.0))
+                outside = await pipeline(i)  # a relay process's start and stop: not its work
+                spent[key].append(CpuSpent.now() - before - CpuSpent(0.0, outside, 0.0, 0.0))
             print(
                 f"round {i + 1}/{rounds}: "
                 + "  ".join(f"{k}={v[-1]:,.0f}" for k, v in results.items())
