@@ -22,6 +22,7 @@ from nats.js import JetStreamContext
 
 from schemas import REGISTRY, Fact, Hello
 from schemas.subjects import Subjects
+from workers.bench.costs import cpu_seconds
 from workers.embedded import EmbeddedNats, EmbeddedPostgres
 from workers.runtime.base.runtime_settings import ConsumerSettings
 from workers.runtime.base.settings import Settings
@@ -317,3 +318,30 @@ async def wait_until(what: Callable[[], Awaitable[bool]], within: float = 900) -
             return time.monotonic()
         await asyncio.sleep(0.2)
     raise TimeoutError(f"not settled within {within:.0f} s")
+
+
+async def spawn_relay(target: BenchTarget, subjects: Subjects) -> asyncio.subprocess.Process:
+    """A `bcw run relay` process for `target`, once it has started."""
+    env = {
+        **os.environ,
+        "BCW_NATS_URL": target.nats_url,
+        "BCW_DATABASE_URL": target.database_url,
+        "BCW_SUBJECT_ROOT": subjects.root,
+        "BCW_HEALTH_PORT": "0",
+        "BCW_OUTBOX_BATCH_SIZE": "1000",
+        "BCW_LOG_LEVEL": "WARNING",
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "workers.cli", "run", "relay", env=env
+    )
+    # connected and listening before the facts flow: once it has stopped spending CPU
+    # (its start is not its work; on a busy machine it takes longer than a second)
+    await asyncio.sleep(1.0)
+    spent = cpu_seconds(process.pid)
+    for _ in range(100):
+        await asyncio.sleep(0.2)
+        now = cpu_seconds(process.pid)
+        if now - spent < 0.005:
+            break
+        spent = now
+    return process

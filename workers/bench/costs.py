@@ -54,6 +54,12 @@ def cpu_seconds(pid: int) -> float:
     return float("nan") if stat is None else _ticks(stat[1], 2)
 
 
+def children_cpu_seconds() -> float:
+    """CPU seconds of this process's children that ended and were waited for."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
 SERVER_NAMES = ("postgres", "nats-server")
 
 
@@ -82,11 +88,10 @@ class CpuSpent:
 
     @classmethod
     def now(cls) -> CpuSpent:
-        children = resource.getrusage(resource.RUSAGE_CHILDREN)
         servers = servers_cpu_seconds()
         return cls(
             time.process_time(),
-            children.ru_utime + children.ru_stime,
+            children_cpu_seconds(),
             servers["postgres"],
             servers["nats-server"],
         )

@@ -13,13 +13,10 @@ on this machine's cores at most (`common.ceiling`): what the ratios can reach he
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import resource
 import signal
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -38,9 +35,17 @@ from workers.bench.common import (
     join_fleet,
     print_table,
     publish_facts,
+    spawn_relay,
     wire,
 )
-from workers.bench.costs import CpuSpent, ceiling, cpu_ratios, cpu_seconds, what_parts_cost
+from workers.bench.costs import (
+    CpuSpent,
+    ceiling,
+    children_cpu_seconds,
+    cpu_ratios,
+    cpu_seconds,
+    what_parts_cost,
+)
 from workers.runtime.base.runtime_settings import ConsumerSettings
 from workers.runtime.base.settings import Settings
 from workers.runtime.bus import streams
@@ -193,8 +198,8 @@ async def _run_runtime(
     handle = _handle if publishes else _write_only
     worker = Worker(name=name, fact_types=("status",), handle=handle, inbox=inbox)
     settings = ConsumerSettings(batch_size=BATCH, max_ack_pending=4096)
-    before = _children_cpu()
-    relay_process = None if relay_in_process else await _spawn_relay(target, subjects)
+    before = children_cpu_seconds()
+    relay_process = None if relay_in_process else await spawn_relay(target, subjects)
     starting = at_end = 0.0 if relay_process is None else cpu_seconds(relay_process.pid)
     try:
         consumed, relayed = await consume_and_relay(
@@ -207,40 +212,8 @@ async def _run_runtime(
             relay_process.send_signal(signal.SIGTERM)
             await relay_process.wait()
     # the relay's whole life, less its work during the run: its start and its stop
-    outside = _children_cpu() - before - (at_end - starting) if relay_process else 0.0
+    outside = children_cpu_seconds() - before - (at_end - starting) if relay_process else 0.0
     return facts / consumed, facts / relayed, outside
-
-
-def _children_cpu() -> float:
-    """CPU seconds of this process's children that ended and were waited for."""
-    used = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return used.ru_utime + used.ru_stime
-
-
-async def _spawn_relay(target: BenchTarget, subjects: Subjects) -> asyncio.subprocess.Process:
-    env = {
-        **os.environ,
-        "BCW_NATS_URL": target.nats_url,
-        "BCW_DATABASE_URL": target.database_url,
-        "BCW_SUBJECT_ROOT": subjects.root,
-        "BCW_HEALTH_PORT": "0",
-        "BCW_OUTBOX_BATCH_SIZE": "1000",
-        "BCW_LOG_LEVEL": "WARNING",
-    }
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "workers.cli", "run", "relay", env=env
-    )
-    # connected and listening before the facts flow: once it has stopped spending CPU
-    # (its start is not its work; on a busy machine it takes longer than a second)
-    await asyncio.sleep(1.0)
-    spent = cpu_seconds(process.pid)
-    for _ in range(100):
-        await asyncio.sleep(0.2)
-        now = cpu_seconds(process.pid)
-        if now - spent < 0.005:
-            break
-        spent = now
-    return process
 
 
 async def _settle_database(target: BenchTarget) -> None:
