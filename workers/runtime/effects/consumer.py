@@ -37,6 +37,7 @@ from workers.runtime.base.retrying import Pinned, Waiting, patiently
 from workers.runtime.base.runtime_settings import ConsumerSettings
 from workers.runtime.base.waiting import Patience, sleep_or_stop
 from workers.runtime.bus.deadletter import dead_letter_msg
+from workers.runtime.bus.frames import FrameWriter
 from workers.runtime.bus.pull import ContinuousPull
 from workers.runtime.effects import outcome
 from workers.runtime.effects.inhand import InHand
@@ -77,6 +78,7 @@ class FactConsumer:
         self._tracing = tracing.is_recording(tracer)
         self._on_outbox_rows = on_outbox_rows
         self._nc = nc
+        self._frames = FrameWriter(nc)
         self._pull: ContinuousPull | None = None
         self._stopping = asyncio.Event()
         self._in_hand = InHand(settings.ack_wait)
@@ -205,14 +207,19 @@ class FactConsumer:
             await self._apply_patiently(wanted)
         settled: collections.Counter[tuple[str, str, str]] = collections.Counter()
         now = datetime.now(UTC)
+        acks: list[Msg] = []
         for item in items:
-            await self._settle(item)
+            await self._settle(item, acks)
             assert item.outcome is not None  # settling may have made it DEAD
             kind = item.outcome.kind.value
             settled[(self.worker.name, item.fact.BC_TYPE if item.fact else "invalid", kind)] += 1
             if item.fact is not None and item.outcome.kind is outcome.Kind.APPLIED:
                 age = (now - item.fact.observed_at).total_seconds()
                 self._metrics.fact_age.observe(max(0.0, age), self.worker.name, item.fact.BC_TYPE)
+        try:
+            await self._frames.write_acks(acks)
+        except Exception as error:  # redelivered: the inbox (or idempotence) absorbs them
+            log.warning("%s: could not ack %d fact(s): %s", self.worker.name, len(acks), error)
         for labels, count in settled.items():  # once per kind of fact: not per message
             self._metrics.facts.inc(*labels, by=count)
         self._metrics.batch_seconds.observe(time.perf_counter() - started, self.worker.name)
@@ -316,8 +323,9 @@ class FactConsumer:
         if written:
             self._on_outbox_rows()
 
-    async def _settle(self, item: Item) -> None:
-        """The one place where a fact's message is acked, nak'ed or dead-lettered."""
+    async def _settle(self, item: Item, acks: list[Msg]) -> None:
+        """The one place where a fact's message is acked (added to `acks`, which the
+        batch sends in one write), nak'ed or dead-lettered."""
         result = item.outcome
         assert result is not None
         msg = item.msg
@@ -333,7 +341,7 @@ class FactConsumer:
         fact_type = item.fact.BC_TYPE if item.fact else "invalid"
         try:
             if result.acks:
-                await msg.ack()
+                acks.append(msg)
             elif result.kind is outcome.Kind.RELEASED:
                 await msg.nak()
             elif result.kind is outcome.Kind.RETRY:

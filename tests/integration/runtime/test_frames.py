@@ -1,0 +1,99 @@
+"""Frames written at once (`bus.frames`) on a real nats-server: a fast batch framed here
+arrives as nats-py would have sent it — subject, body and headers, values trimmed and
+CR/LF made spaces — is refused where nats-py's publish refuses (and then sends nothing),
+and a batch of acks acks every message once."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import nats.errors
+import pytest
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, StreamConfig
+
+from workers.runtime.bus.acked import AckedPublisher
+from workers.runtime.bus.frames import FrameWriter
+
+
+@pytest.fixture
+async def batched(nc: NATS) -> AsyncIterator[str]:
+    name = f"FRAMES_{uuid.uuid4().hex[:8]}"
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name=name, subjects=[f"{name.lower()}.>"], allow_batched=True))
+    yield name
+    await js.delete_stream(name)
+
+
+def test_the_tested_client_takes_frames_in_its_write_buffer() -> None:
+    # a nats-py without the buffer used still works (one publish a message) but loses
+    # what framing saves: this says so when the client changes
+    assert FrameWriter(NATS()).buffered
+
+
+async def test_a_framed_batch_arrives_as_nats_py_would_send_it(nc: NATS, batched: str) -> None:
+    root = batched.lower()
+    headers = [
+        {"Bc-Type": "zombie", "Bc-Schema": "1", "Nats-Msg-Id": str(uuid.uuid4())},
+        {" Spaced ": "  value\r\nwith lines ", "Nats-Msg-Id": str(uuid.uuid4()), " ": "x"},
+        {"Nats-Msg-Id": str(uuid.uuid4())},
+    ]
+    bodies = [b'{"node_id": "n-1"}', b"", b"\x00binary\r\n"]
+    messages = [(f"{root}.n{i}", bodies[i], headers[i]) for i in range(3)]
+    future = await AckedPublisher(nc).publish_batch(messages)
+    assert await asyncio.wait_for(future, 5) == 3
+    js = nc.jetstream()
+    got = [await js.get_msg(batched, seq) for seq in (1, 2, 3)]
+    assert [m.subject for m in got] == [f"{root}.n0", f"{root}.n1", f"{root}.n2"]
+    assert [m.data or b"" for m in got] == bodies
+    assert {k: v for k, v in (got[0].headers or {}).items() if not k.startswith("Nats-Batch")} == (
+        headers[0]
+    )
+    second = got[1].headers or {}
+    assert second["Spaced"] == "value  with lines"  # trimmed, CR/LF made spaces, as nats-py
+    assert " " not in second and "" not in second  # an empty key is left out
+
+
+@pytest.mark.parametrize(
+    ("subject", "body", "headers", "error"),
+    [
+        ("with space", b"{}", {}, nats.errors.BadSubjectError),
+        ("inject\r\nPUB x 1", b"{}", {}, nats.errors.BadSubjectError),
+        ("", b"{}", {}, nats.errors.BadSubjectError),
+        ("ok", b"{}", {"Bad:Key": "v"}, nats.errors.BadHeaderError),
+        ("ok", b"x" * (2 * 1024 * 1024), {}, nats.errors.MaxPayloadError),
+    ],
+)
+async def test_a_batch_with_a_message_nats_py_refuses_sends_nothing(
+    nc: NATS, batched: str, subject: str, body: bytes, headers: dict[str, str], error: type
+) -> None:
+    root = batched.lower()
+    fine = (f"{root}.a", b"{}", {"Nats-Msg-Id": str(uuid.uuid4())})
+    bad = ("" if subject == "" else f"{root}.{subject}", body, headers)
+    publisher = AckedPublisher(nc)
+    with pytest.raises(error):
+        await publisher.publish_batch([fine, bad, fine])
+    assert not publisher._batches
+    await nc.flush()
+    assert (await nc.jetstream().stream_info(batched)).state.messages == 0
+
+
+async def test_a_batch_of_acks_acks_each_message_once(nc: NATS, batched: str) -> None:
+    js = nc.jetstream()
+    root = batched.lower()
+    for i in range(300):
+        await js.publish(f"{root}.n{i}", b"{}")
+    await js.add_consumer(batched, ConsumerConfig(durable_name="acks", ack_wait=30))
+    sub = await js.pull_subscribe_bind("acks", stream=batched)
+    msgs: list[Msg] = []
+    while len(msgs) < 300:
+        msgs += await sub.fetch(300 - len(msgs), timeout=5)
+    await FrameWriter(nc).write_acks(msgs)
+    await nc.flush()
+    info = await js.consumer_info(batched, "acks")
+    assert info.num_ack_pending == 0 and info.ack_floor.stream_seq == 300
+    with pytest.raises(nats.errors.MsgAlreadyAckdError):  # as after Msg.ack
+        await msgs[0].ack()
