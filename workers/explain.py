@@ -1,7 +1,7 @@
 """`bcw explain NODE`: why a node is where it is — its session now, and its timeline.
 
-The timeline is the node's `session_history` (written by the workers in the same
-transactions as their effects): connections and disconnections with their reasons,
+The timeline is the node's session history (written by the workers in the same
+transactions as their effects, one row of `session_history_packs` a transaction): connections and disconnections with their reasons,
 capability changes, counted duplicates, quarantine, commands replayed, dispatched,
 failed, cancelled, completed — each with its epoch, gateway, the worker that wrote it,
 the fact that caused it and the trace id to open in the tracing backend.
@@ -20,12 +20,36 @@ import asyncpg
 
 from workers.runtime.base.setting_types import parse_duration
 
+#: a node's history: the entries of the packs that name it (`session_history_packs`, one
+#: row a transaction, found through the index of their node ids) and the rows an older
+#: release wrote (`session_history`), in the order they were written
 TIMELINE = """
-SELECT at, what, epoch, gateway_id, worker, fact_id, trace_id, detail::text AS detail
+SELECT p.at, h.what, h.epoch, h.gateway_id, p.worker, h.fact_id, h.trace_id, h.detail,
+       p.id, h.n
+  FROM session_history_packs p,
+       unnest(p.node_ids, p.whats, p.epochs, p.gateway_ids, p.fact_ids, p.trace_ids, p.details)
+         WITH ORDINALITY AS h(node_id, what, epoch, gateway_id, fact_id, trace_id, detail, n)
+ WHERE p.node_ids @> ARRAY[$1::text] AND h.node_id = $1
+   AND p.at >= compute_now() - $2::interval
+UNION ALL
+SELECT at, what, epoch, gateway_id, worker, fact_id, trace_id, detail::text, id, 0
   FROM session_history
  WHERE node_id = $1 AND at >= compute_now() - $2::interval
- ORDER BY at, id
+ ORDER BY 1, 9, 10
 """
+
+#: every history entry of every node, one row each, from both tables (as `TIMELINE`): for
+#: counting and reading the whole history, `SELECT … FROM {HISTORY}`
+HISTORY = """(
+SELECT h.node_id, p.at, h.what, h.epoch, h.gateway_id, p.worker, h.fact_id, h.trace_id,
+       h.detail::jsonb AS detail
+  FROM session_history_packs p,
+       unnest(p.node_ids, p.whats, p.epochs, p.gateway_ids, p.fact_ids, p.trace_ids, p.details)
+         AS h(node_id, what, epoch, gateway_id, fact_id, trace_id, detail)
+UNION ALL
+SELECT node_id, at, what, epoch, gateway_id, worker, fact_id, trace_id, detail
+  FROM session_history
+) AS history"""
 
 SESSION = """
 SELECT s.session_epoch, s.gateway_id, s.connected_at, s.last_seen, s.disconnected_at,

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from tests.integration.support import bcw
 from workers import demo, stuck
+from workers.explain import HISTORY
 from workers.sim import Check, Simulator
 from workers.sim.scenarios import (
     busy,
@@ -151,7 +152,7 @@ async def test_mixed_and_bcw_explain_tells_each_nodes_story(
     failed_at = epochs(steps, "command.failed", "journal-lost")
     assert failed_at and failed_at <= epochs(steps, "node.connected", "journal changed"), steps
     stranded = await sim.fetchval(
-        "SELECT node_id FROM session_history WHERE what = 'node.disconnected'"
+        f"SELECT node_id FROM {HISTORY} WHERE what = 'node.disconnected'"
         " AND detail->>'reason' = 'gateway-lost' ORDER BY node_id LIMIT 1"
     )
     steps = await story(str(stranded))
@@ -161,7 +162,7 @@ async def test_mixed_and_bcw_explain_tells_each_nodes_story(
     assert replayed_at and replayed_at <= epochs(steps, "node.connected", ""), steps
     dispatches = await sim.fetchval(
         "SELECT count(*) FILTER (WHERE NOT (detail ? 'payload' OR detail ? 'signature'))"
-        "       - count(*) FROM session_history WHERE what = 'dispatch'"
+        f"       - count(*) FROM {HISTORY} WHERE what = 'dispatch'"
     )
     assert dispatches == 0  # a command's payload and signature stay in `commands`
     code, table = await bcw("explain", clone, BCW_DATABASE_URL=database_url)

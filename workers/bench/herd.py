@@ -39,6 +39,7 @@ from workers.bench.common import (
     workers_bound,
 )
 from workers.bench.costs import CpuSpent, cpu_seconds, peak_rss_mib
+from workers.explain import HISTORY
 from workers.runtime.base.settings import Settings
 
 HELLO_WORKERS = ("labeler", "liveness", "quarantine", "replay")
@@ -169,11 +170,11 @@ async def run(
             async def effects() -> bool:
                 return bool(
                     await conn.fetchval(
-                        """
+                        f"""
                         SELECT (SELECT count(*) FROM node_labels WHERE source = 'system') = $1 * 5
                            AND (SELECT count(*) FROM commands WHERE session_epoch = 1
                                    AND delivery_attempt = 2) = $1
-                           AND (SELECT count(*) FROM session_history
+                           AND (SELECT count(*) FROM {HISTORY}
                                  WHERE what = 'node.connected') = $1
                            AND NOT EXISTS (SELECT 1 FROM outbox)
                            AND NOT EXISTS (SELECT 1 FROM outbox_packs)

@@ -312,6 +312,7 @@ async def _prune_inbox(
     targets = (
         retention.Prunable("processed_facts", "processed_at", settings.processed_facts),
         retention.Prunable("session_history", "at", settings.session_history),
+        retention.Prunable("session_history_packs", "at", settings.session_history),
     )
 
     async def body(lease: leases.Lease) -> None:

@@ -25,6 +25,7 @@ from tests.factories import make_fact
 from tests.integration import fleet
 from tests.integration.support import eventually, make_settings, publish_fact, running
 from workers import labeler, liveness
+from workers.explain import HISTORY
 from workers.runtime.bus import streams
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -85,7 +86,7 @@ async def test_a_flood_of_unknown_nodes_stays_bounded_and_others_stay_on_time(
         await eventually(drained, within=120, what="the flood applied")
     notices = (await nc.jetstream().stream_info(subjects.gateway_stream)).state.messages
     cap = settings.liveness.max_zombie_notices
-    history = await db.fetchval("SELECT count(*) FROM session_history WHERE node_id LIKE 'ghost-%'")
+    history = await db.fetchval(f"SELECT count(*) FROM {HISTORY} WHERE node_id LIKE 'ghost-%'")
     inbox = await db.fetchval("SELECT count(*) FROM processed_facts WHERE consumer = 'liveness'")
     print(f"{flushes} flushes of {ENTRIES} unknown nodes: {notices} zombie notices, "
           f"{history} history rows; Hellos labeled after {max(lateness):.1f} s at worst")  # fmt: skip

@@ -148,24 +148,34 @@ async def test_retention_may_lock_and_delete_what_it_prunes(
         "INSERT INTO session_history (node_id, at, what, worker, detail) "
         "SELECT 'n1', now() - interval '8 days', 'node.connected', $2, '{}' FROM generate_series(1, $1)"
     )
+    packs = (
+        "INSERT INTO session_history_packs (at, worker, node_ids, whats, epochs, gateway_ids, "
+        "fact_ids, trace_ids, details) SELECT now() - interval '8 days', $2, '{n1}', "
+        "'{node.connected}', '{1}', '{gw-1}', '{NULL}', '{NULL}', '{\"{}\"}' "
+        "FROM generate_series(1, $1)"
+    )
     await db.execute(old, 2, "someone-else")
     await db.execute(history, 1, "someone-else")
+    await db.execute(packs, 1, "someone-else")
     for worker in sorted(WORKERS):
         await db.execute(old, 6, worker)
         await db.execute(history, 3, worker)
+        await db.execute(packs, 2, worker)
         pool = await asyncpg.create_pool(logins[f"bcw_{worker}"], min_size=1, max_size=1)
         try:
             for target in (
                 retention.Prunable("processed_facts", "processed_at", timedelta(hours=1)),
                 retention.Prunable("session_history", "at", timedelta(days=7)),
+                retention.Prunable("session_history_packs", "at", timedelta(days=7)),
             ):
                 await retention.prune(pool, target, batch=1, lease=None)
         finally:
             await pool.close()
         left = await db.fetch("SELECT consumer, count(*) FROM processed_facts GROUP BY consumer")
         assert {r["consumer"]: r["count"] for r in left} == {"someone-else": 2}, worker
-        left = await db.fetch("SELECT worker, count(*) FROM session_history GROUP BY worker")
-        assert {r["worker"]: r["count"] for r in left} == {"someone-else": 1}, worker
+        for table in ("session_history", "session_history_packs"):
+            left = await db.fetch(f"SELECT worker, count(*) FROM {table} GROUP BY worker")
+            assert {r["worker"]: r["count"] for r in left} == {"someone-else": 1}, (worker, table)
 
 
 async def test_migrate_grants_again_and_prints_the_same_grants(database_url: str) -> None:
@@ -289,6 +299,9 @@ async def test_the_printed_grants_run_as_they_are(
 OWN_ROW = {
     "session_history": "INSERT INTO session_history (node_id, at, what, worker, detail) "
     "VALUES ('n1', now(), 'node.connected', $1, '{}')",
+    "session_history_packs": "INSERT INTO session_history_packs (at, worker, node_ids, whats, "
+    "epochs, gateway_ids, fact_ids, trace_ids, details) VALUES (now(), $1, '{n1}', "
+    "'{node.connected}', '{1}', '{gw-1}', '{NULL}', '{NULL}', '{\"{}\"}')",
     "controller_leases": "INSERT INTO controller_leases (name, holder, epoch, expires_at) "
     "VALUES ($1, 'h', 1, now() + interval '1 hour')",
     "processed_facts": "INSERT INTO processed_facts (consumer, fact_id) "
@@ -315,7 +328,7 @@ async def test_a_worker_sees_and_changes_only_its_own_runtime_rows(
     try:
         for table, column in (
             ("outbox", "worker"), ("outbox_packs", "worker"), ("processed_facts", "consumer"),
-            ("session_history", "worker"),
+            ("session_history", "worker"), ("session_history_packs", "worker"),
         ):  # fmt: skip
             seen = await conn.fetch(f"SELECT {column} FROM {table}")
             assert [r[column] for r in seen] == ["labeler"], table
@@ -336,24 +349,26 @@ async def test_a_worker_sees_and_changes_only_its_own_runtime_rows(
             with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
                 await conn.execute(row, "liveness" if table == "controller_leases" else "replay")
         await conn.execute(OWN_ROW["processed_facts"], "labeler")  # its own: fine
-        # its own history is insert-only for a day: neither changed nor erased...
-        assert await conn.execute("DELETE FROM session_history") == "DELETE 0"
-        assert await conn.execute(
-            "UPDATE session_history SET at = now() - interval '30 days'"
-        ) == "UPDATE 0"  # fmt: skip
-        assert await conn.fetchval("SELECT count(*) FROM session_history") == 1
-        # ...then its retention may prune it (locked, then deleted, as retention does)
-        await db.execute("UPDATE session_history SET at = compute_now() - interval '25 hours'")
-        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
-            await conn.execute("UPDATE session_history SET at = at")  # locked, never changed
-        pruned = await conn.execute(
-            "DELETE FROM session_history WHERE ctid = ANY(ARRAY("
-            "SELECT ctid FROM session_history FOR UPDATE SKIP LOCKED))"
-        )
-        assert pruned == "DELETE 1"  # its own; the replay's old row stays
+        for history in ("session_history", "session_history_packs"):
+            # its own history is insert-only for a day: neither changed nor erased...
+            assert await conn.execute(f"DELETE FROM {history}") == "DELETE 0"
+            assert await conn.execute(
+                f"UPDATE {history} SET at = now() - interval '30 days'"
+            ) == "UPDATE 0"  # fmt: skip
+            assert await conn.fetchval(f"SELECT count(*) FROM {history}") == 1
+            # ...then its retention may prune it (locked, then deleted, as retention does)
+            await db.execute(f"UPDATE {history} SET at = compute_now() - interval '25 hours'")
+            with pytest.raises(asyncpg.InsufficientPrivilegeError, match="row-level security"):
+                await conn.execute(f"UPDATE {history} SET at = at")  # locked, never changed
+            pruned = await conn.execute(
+                f"DELETE FROM {history} WHERE ctid = ANY(ARRAY("
+                f"SELECT ctid FROM {history} FOR UPDATE SKIP LOCKED))"
+            )
+            assert pruned == "DELETE 1", history  # its own; the replay's old row stays
     finally:
         await conn.close()
     assert await db.fetchval("SELECT array_agg(worker) FROM session_history") == ["replay"]
+    assert await db.fetchval("SELECT array_agg(worker) FROM session_history_packs") == ["replay"]
     assert await db.fetchval("SELECT count(*) FROM outbox WHERE worker = 'replay'") == 1
     assert await db.fetchval("SELECT count(*) FROM outbox_packs WHERE worker = 'replay'") == 1
     assert await db.fetchval(

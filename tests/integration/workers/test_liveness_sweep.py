@@ -32,6 +32,7 @@ from tests.integration.support import (
     stream_messages,
 )
 from workers import liveness
+from workers.explain import HISTORY
 from workers.liveness.decide import Rules
 from workers.liveness.sweep import LEASE, sweep_once
 from workers.runtime.store import leases
@@ -109,7 +110,7 @@ async def test_stale_after_45s_not_at_44s(
     # the sweep that announced it is a span, and the node's history names its trace
     [sweep] = [s for s in exporter.get_finished_spans() if s.name == "liveness sweep"]
     assert sweep.attributes is not None and sweep.attributes["bcw.sweep.liveness_timeout"] == 1
-    history = await db.fetchrow("SELECT what, trace_id, worker FROM session_history")
+    history = await db.fetchrow(f"SELECT what, trace_id, worker FROM {HISTORY}")
     assert tuple(history) == ("node.disconnected", f"{sweep.context.trace_id:032x}", "liveness")
     assert (await sweep_once(pool, None, subjects, Rules(), provider.get_tracer("t"))).stale == 0
     assert len([s for s in exporter.get_finished_spans() if s.name == "liveness sweep"]) == 1

@@ -1,7 +1,8 @@
 """What one transaction publishes: `OutboxBatch` collects the messages (each one its
 worker emits: `principals.EMITS`) and the session history they make, and writes both in
 one statement, owned by the worker, in the transaction of the effects: the messages as
-one row of `outbox_packs` however many they are. The relay (`outbox.OutboxRelay`)
+one row of `outbox_packs` and the history as one row of `session_history_packs`, however
+many they are. The relay (`outbox.OutboxRelay`)
 publishes them after commit.
 """
 
@@ -108,8 +109,9 @@ class OutboxBatch:
         return msg_id
 
     async def write(self, conn: asyncpg.Connection) -> int:
-        """The messages as one pack (`outbox_packs`) and their history, in one statement
-        (one round trip, one row however many messages)."""
+        """The messages as one pack (`outbox_packs`) and their history as one pack too
+        (`session_history_packs`), in one statement: one round trip, and one row each
+        however many messages."""
         if not self.rows:
             return 0
         msg_ids, subjects, headers, bodies, order_keys = (
@@ -133,15 +135,13 @@ VALUES (NULLIF({worker}::text, ''), cardinality($1::uuid[]), $1::uuid[], $2::tex
 _PACK_ONLY_INSERT = _PACK_INSERT.format(worker="$6")
 
 # a data-modifying WITH runs to completion whether or not the outer statement reads it;
-# the outer one is the pack's, so the statement's span is `INSERT outbox_packs`. `at` is
-# the column's default, evaluated once (a sub-select), not once per row: a fifth of the
-# insert's cost at 256 rows
+# the outer one is the pack's, so the statement's span is `INSERT outbox_packs`
 _PACK_AND_HISTORY_INSERT = f"""
 WITH history AS (
-    INSERT INTO session_history (node_id, what, epoch, gateway_id, worker, fact_id, trace_id, detail, at)
-    SELECT n, w, e, g, $13, f, t, d::jsonb, (SELECT compute_now())
-      FROM unnest($6::text[], $7::text[], $8::bigint[], $9::text[], $10::uuid[], $11::text[], $12::text[])
-        AS h(n, w, e, g, f, t, d)
+    INSERT INTO session_history_packs
+           (worker, node_ids, whats, epochs, gateway_ids, fact_ids, trace_ids, details)
+    VALUES ($13, $6::text[], $7::text[], $8::bigint[], $9::text[], $10::uuid[], $11::text[],
+            $12::text[])
 )
 {_PACK_INSERT.format(worker="$13")}"""
 

@@ -39,7 +39,7 @@ TABLES = (
     "liveness_gateways",
     "liveness_sweeps", "node_alternations", "node_certs", "node_events", "node_inventory",
     "node_labels",
-    "node_sessions", "nodes", "session_history",
+    "node_sessions", "nodes", "session_history", "session_history_packs",
     "outbox", "outbox_dead", "outbox_packs", "outbox_senders", "processed_facts",
     "schema_migrations",
     "session_epochs",
@@ -63,6 +63,8 @@ RUNTIME = (
     Grant("SELECT", "clock_offset"),
     Grant("SELECT, INSERT, DELETE", "session_history"),  # written with the outbox; pruned
     Grant("UPDATE (at)", "session_history"),  # pruning locks the rows it deletes
+    Grant("SELECT, INSERT, DELETE", "session_history_packs"),  # as session_history
+    Grant("UPDATE (at)", "session_history_packs"),
     Grant("SELECT", "schema_migrations"),  # `bcw migrate --wait` before a worker starts
     Grant("SELECT", "outbox_senders"),  # an ownerless row's owner (an older release's)
 )
@@ -182,6 +184,7 @@ OWNED_ROWS = {
     "outbox_packs": "worker = '{w}'",
     "processed_facts": "consumer = '{w}'",
     "session_history": "worker = '{w}'",
+    "session_history_packs": "worker = '{w}'",
     "controller_leases": "(name = '{w}' OR name LIKE '{w}-%' OR name = '{inbox_pruning}')",
 }
 
@@ -190,14 +193,13 @@ OWNED_ROWS = {
 #: pruning — so no login of a worker can change or erase what `bcw explain` shows of the
 #: last day. (Policies per command, `{group}_history_<command>`; see `policies_sql`.)
 HISTORY_OLD = f"at < compute_now() - interval '{HISTORY_FLOOR.total_seconds():g} seconds'"
-BY_COMMAND = {
-    "session_history": {
-        "SELECT": ("worker = '{w}'", None),
-        "INSERT": (None, "worker = '{w}'"),
-        "DELETE": (f"worker = '{{w}}' AND {HISTORY_OLD}", None),
-        "UPDATE": (f"worker = '{{w}}' AND {HISTORY_OLD}", "false"),  # a lock, never a change
-    },
+_HISTORY_POLICIES = {
+    "SELECT": ("worker = '{w}'", None),
+    "INSERT": (None, "worker = '{w}'"),
+    "DELETE": (f"worker = '{{w}}' AND {HISTORY_OLD}", None),
+    "UPDATE": (f"worker = '{{w}}' AND {HISTORY_OLD}", "false"),  # a lock, never a change
 }
+BY_COMMAND = {"session_history": _HISTORY_POLICIES, "session_history_packs": _HISTORY_POLICIES}
 
 
 def worker_of(group: str) -> str | None:
