@@ -1,8 +1,11 @@
 """`bcw bench runtime`: the runtime against a bare floor and a naive loop, same facts.
 
-Publishes N status facts once; three durable consumers read all of them:
-(a) the runtime: decode and validate, inbox, one fenced single-row write per fact
-    applied set-based, one outbox row per fact (relayed by the process's relay), ack;
+Publishes N status facts once; each pipeline reads all of them through a durable consumer:
+(a) the runtime: decode and validate, one fenced, forward-only single-row write per fact
+    applied set-based, one message per fact whose row it moved (every fact here: one
+    each), relayed by a relay process beside it, ack; no inbox — a worker whose effects
+    are idempotent by construction keeps none (docs/runtime.md);
+(a') the same with the relay in the consuming process (the default deployment);
 (b) the floor: bare nats-py fetch, one `UPDATE … FROM unnest(…)` per batch, ack — no
     inbox, no validation, no outbox;
 (c) naive: one transaction and one ack per fact.
@@ -50,7 +53,7 @@ from workers.runtime.base.runtime_settings import ConsumerSettings
 from workers.runtime.base.settings import Settings
 from workers.runtime.bus import streams
 from workers.runtime.effects.outcome import Outcome
-from workers.runtime.effects.worker import Tx, Worker
+from workers.runtime.effects.worker import Handler, Tx, Worker
 
 NODES = 1000
 BATCH = 256
@@ -62,21 +65,33 @@ UPDATE node_sessions s
  WHERE s.node_id = f.node_id AND s.session_epoch = f.epoch
 """
 
+#: the runtime's write: the same rows, fenced on the epoch and forward only — a row moves
+#: only to a newer generation — and the rows that moved come back
+MOVING_WRITE = """
+UPDATE node_sessions s
+   SET observed_generation = f.generation
+  FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS f(node_id, epoch, generation)
+ WHERE s.node_id = f.node_id AND s.session_epoch = f.epoch
+   AND s.observed_generation < f.generation
+RETURNING s.node_id
+"""
 
-async def _write(tx: Tx, facts: Sequence[Fact]) -> list[Status]:
-    """The fenced write of a batch; its status facts."""
-    statuses = [f for f in facts if isinstance(f, Status)]
+
+async def _write(tx: Tx, facts: Sequence[Fact]) -> dict[str, Status]:
+    """The fenced, forward-only write of a batch; the newest status fact of each node
+    whose row it moved."""
     # fold per node (stream order): an UPDATE … FROM with a repeated key applies one row
     latest: dict[str, Status] = {}
-    for fact in statuses:
-        latest[fact.node_id] = fact
-    await tx.conn.execute(
-        FENCED_WRITE,
+    for fact in facts:
+        if isinstance(fact, Status):
+            latest[fact.node_id] = fact
+    moved = await tx.conn.fetch(
+        MOVING_WRITE,
         list(latest),
         [f.epoch for f in latest.values()],
         [f.observed_generation for f in latest.values()],
     )
-    return statuses
+    return {row["node_id"]: latest[row["node_id"]] for row in moved}
 
 
 async def _write_only(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
@@ -84,15 +99,23 @@ async def _write_only(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outco
     return {}
 
 
-async def _handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
-    statuses = await _write(tx, facts)
-    for fact in statuses:
-        tx.publish(
-            Zombie(node_id=fact.node_id, epoch=fact.epoch),
-            tx.subjects.notice(fact.gateway_id, "zombie"),
-            cause=fact,
-        )
-    return {}
+def _publishing(published: set[uuid.UUID]) -> Handler:
+    """The runtime's handler: the write, and a notice for each node whose row it moved —
+    published only when the state changed, so a fact delivered again (even after a newer
+    one) finds nothing to do, and the worker needs no inbox (docs/runtime.md, "Exactly
+    once, worker by worker"). Keeps the facts it published for in `published`."""
+
+    async def handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
+        for fact in (await _write(tx, facts)).values():
+            tx.publish(
+                Zombie(node_id=fact.node_id, epoch=fact.epoch),
+                tx.subjects.notice(fact.gateway_id, "zombie"),
+                cause=fact,
+            )
+            published.add(fact.fact_id)
+        return {}
+
+    return handle
 
 
 async def _prepare(target: BenchTarget, subjects: Subjects, facts: int) -> None:
@@ -105,7 +128,7 @@ async def _prepare(target: BenchTarget, subjects: Subjects, facts: int) -> None:
                 "observed_at": "2026-11-30T00:00:00Z",
                 "node_id": f"bench-{i % NODES + 1}",
                 "epoch": 1,
-                "observed_generation": i,
+                "observed_generation": i + 1,  # each moves its row (reset to 0)
                 "trust_version": 0,
             },
             strict=False,
@@ -186,7 +209,7 @@ async def _run_runtime(
     name: str,
     relay_in_process: bool,
     publishes: bool = True,
-    inbox: bool = True,
+    inbox: bool = False,
 ) -> tuple[float, float, float]:
     """Facts/s until the last fact is acked, and until its outbox rows are published too;
     and the CPU seconds the relay process spent outside the run — starting and stopping
@@ -195,7 +218,8 @@ async def _run_runtime(
     The relay runs in this process (as in a default deployment) or in a `bcw run relay`
     process of its own (the deployment for the highest throughput).
     """
-    handle = _handle if publishes else _write_only
+    published: set[uuid.UUID] = set()
+    handle = _publishing(published) if publishes else _write_only
     worker = Worker(name=name, fact_types=("status",), handle=handle, inbox=inbox)
     settings = ConsumerSettings(batch_size=BATCH, max_ack_pending=4096)
     before = children_cpu_seconds()
@@ -211,6 +235,8 @@ async def _run_runtime(
         if relay_process is not None:
             relay_process.send_signal(signal.SIGTERM)
             await relay_process.wait()
+    if publishes and len(published) != facts:  # else the pipelines would not compare
+        raise RuntimeError(f"{len(published)} of {facts} facts published a message, not each")
     # the relay's whole life, less its work during the run: its start and its stop
     outside = children_cpu_seconds() - before - (at_end - starting) if relay_process else 0.0
     return facts / consumed, facts / relayed, outside
@@ -219,17 +245,21 @@ async def _run_runtime(
 async def _settle_database(target: BenchTarget) -> None:
     conn = await asyncpg.connect(target.database_url)
     try:
+        # every pipeline moves every row forward from the same start
+        await conn.execute(
+            "UPDATE node_sessions SET observed_generation = 0 WHERE node_id LIKE 'bench-%'"
+        )
         await conn.execute("VACUUM ANALYZE node_sessions")
         await conn.execute("CHECKPOINT")
     finally:
         await conn.close()
 
 
-#: (`--parts`) the runtime of (a') taken apart: its fenced write without the message it
-#: publishes per fact, then without its inbox too — what each part costs
+#: (`--parts`) the runtime of (a') taken apart: with an inbox as well (as a worker whose
+#: effects are not idempotent by themselves keeps), and its write without the message
 PARTS = {
-    "a1w": ("(a') writing only: no message", {"publishes": False}),
-    "a1n": ("(a') writing only, no inbox", {"publishes": False, "inbox": False}),
+    "a1i": ("(a') with an inbox as well", {"inbox": True}),
+    "a1n": ("(a') writing only: no message", {"publishes": False}),
 }
 
 

@@ -46,16 +46,25 @@ def _header_key(key: str) -> bytes:
     return key.encode() + b": "
 
 
+def _line(key: str, value: str) -> bytes:
+    return _header_key(key) + value.strip().translate(_VALUE_NEWLINES).encode() + b"\r\n"
+
+
+#: the lines of headers that repeat from message to message (a type, a schema): made once
+_repeated_line = functools.lru_cache(maxsize=256)(_line)
+#: headers whose value is each message's own: not worth remembering
+_OWN_VALUE = frozenset({"Nats-Msg-Id", "traceparent", "tracestate"})
+
+
 def header_block(headers: Mapping[str, str]) -> bytes:
     """The header block nats-py would send for `headers`: keys checked, values trimmed,
     CR/LF in a value made spaces, empty keys skipped."""
     lines = [_HEADER_LINE]
     for key, value in headers.items():
-        if not key.strip():
-            continue
-        lines.append(_header_key(key))
-        lines.append(value.strip().translate(_VALUE_NEWLINES).encode())
-        lines.append(b"\r\n")
+        if key in _OWN_VALUE:
+            lines.append(_line(key, value))
+        elif key.strip():
+            lines.append(_repeated_line(key, value))
     lines.append(b"\r\n")
     return b"".join(lines)
 
