@@ -123,3 +123,20 @@ def test_the_parts_line_takes_the_runtime_apart() -> None:
         "parts of (a') per fact: a published message 50.0 µs; the rest 0.96 of (b); "
         "an inbox would add 10.0 µs"
     )
+
+
+def test_the_cost_table_takes_medians_per_fact_and_the_ceiling_they_allow() -> None:
+    from workers.bench.costs import CpuSpent, cost_rows
+
+    spent = {  # 1,000 facts; the middle round decides
+        "a": [CpuSpent(0.05, 0.01, 0.02, 0.02), CpuSpent(0.06, 0.01, 0.02, 0.02),
+              CpuSpent(0.09, 0.03, 0.05, 0.05)],
+        "b": [CpuSpent(0.05, 0.0, 0.01, 0.01)],
+    }  # fmt: skip
+    header, rows, totals = cost_rows(spent, 1000, 10_000.0, [("a", "(a)"), ("b", "(b)")], 2)
+    assert header[0] == "pipeline" and header[-1] == "vs (b)"
+    assert rows[0][:6] == ("(a)", "60", "10", "20", "20", "110")
+    assert rows[1][:6] == ("(b)", "50", "0", "10", "10", "70")
+    assert totals == pytest.approx({"a": 110e-6, "b": 70e-6})
+    # one core for its 60 µs process (2 cores for 110 µs in all would allow 18,182)
+    assert rows[0][6:] == ("16,667", "1.67")

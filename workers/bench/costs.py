@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import resource
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -139,3 +140,32 @@ def cpu_ratios(per_fact: Mapping[str, float]) -> str:
     the floor (b). Pure."""
     a, a1 = per_fact["a"] / per_fact["b"], per_fact["a1"] / per_fact["b"]
     return f"cpu a/b = {a:.2f}   a'/b = {a1:.2f}   (target <= 1.5 each)"
+
+
+def cost_rows(
+    spent: Mapping[str, list[CpuSpent]],
+    facts: int,
+    floor: float,
+    labels: Sequence[tuple[str, str]],
+    cores: int,
+) -> tuple[tuple[str, ...], list[tuple[str, ...]], dict[str, float]]:
+    """The table of what each pipeline (key, label) spent per fact — medians of its rounds,
+    by process and server — and the most facts/s that allows on `cores` against the
+    floor's `floor` facts/s; and each pipeline's CPU seconds per fact in all. Pure."""
+    rows, totals = [], {}
+    for key, label in labels:
+
+        def per_fact(part: str, key: str = key) -> float:
+            return statistics.median(getattr(s, part) for s in spent[key]) / facts
+
+        process, relay = per_fact("process"), per_fact("children")
+        servers = [per_fact("postgres"), per_fact("nats")]
+        most = ceiling([process, relay], servers, cores)
+        totals[key] = process + relay + sum(servers)
+        rows.append((
+            label, *(f"{1e6 * cost:,.0f}" for cost in (process, relay, *servers)),
+            f"{1e6 * totals[key]:,.0f}", f"{most:,.0f}", f"{most / floor:.2f}",
+        ))  # fmt: skip
+    header = ("pipeline", "this process", "relay process", "postgres", "nats-server", "all",
+              "at most", "vs (b)")  # fmt: skip
+    return header, rows, totals

@@ -43,8 +43,8 @@ from workers.bench.common import (
 )
 from workers.bench.costs import (
     CpuSpent,
-    ceiling,
     children_cpu_seconds,
+    cost_rows,
     cpu_ratios,
     cpu_seconds,
     what_parts_cost,
@@ -385,27 +385,13 @@ async def run(
 def _print_costs(spent: Mapping[str, list[CpuSpent]], facts: int, floor: float) -> dict[str, float]:
     """Each pipeline's CPU per fact (medians of its rounds) and the rate it allows here;
     returns each pipeline's CPU seconds per fact, all processes together."""
-    cores = os.cpu_count() or 1
-    rows, totals = [], {}
     labels = [("a", "(a)"), ("a1", "(a')"), ("b", "(b)"), ("c", "(c)")]
     labels += [(key, PARTS[key][0]) for key in PARTS if key in spent]
-    for key, label in labels:
-
-        def per_fact(part: str, key: str = key) -> float:
-            return statistics.median(getattr(s, part) for s in spent[key]) / facts
-
-        process, relay = per_fact("process"), per_fact("children")
-        servers = [per_fact("postgres"), per_fact("nats")]
-        most = ceiling([process, relay], servers, cores)
-        totals[key] = process + relay + sum(servers)
-        rows.append((
-            label, *(f"{1e6 * cost:,.0f}" for cost in (process, relay, *servers)),
-            f"{1e6 * (process + relay + sum(servers)):,.0f}", f"{most:,.0f}", f"{most / floor:.2f}",
-        ))  # fmt: skip
+    cores = os.cpu_count() or 1
+    header, rows, totals = cost_rows(spent, facts, floor, labels, cores)
     print_table(
         f"CPU µs per fact (medians) and the most facts/s that allows on {cores} cores",
-        ("pipeline", "this process", "relay process", "postgres", "nats-server", "all",
-         "at most", "vs (b)"),
+        header,
         rows,
-    )  # fmt: skip
+    )
     return totals
