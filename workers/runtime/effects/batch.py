@@ -146,6 +146,7 @@ WITH history AS (
 {_PACK_INSERT.format(worker="$13")}"""
 
 
+@functools.lru_cache(maxsize=4096)  # a worker addresses a few gateways, over and over
 def _notice_gateway(subject: str) -> str | None:
     """The gateway a notice subject (`<root>.gw.<gateway_id>.<type>`) is addressed to."""
     split = split_gateway_subject(subject)
