@@ -66,20 +66,26 @@ def binding(fact: Fact) -> Binding | None:
     return None
 
 
-# One row per fact; EXISTS in the target list is evaluated per row through the primary
-# key (a sub-select here is never turned into a join that scans the table).
-BOUND = """
-SELECT f.i, EXISTS (
-    SELECT 1 FROM session_epochs s
-     WHERE s.node_id = f.node_id AND s.gateway_id = f.gateway_id
-       AND CASE f.rule WHEN 0 THEN s.epoch = f.epoch
-                       WHEN 1 THEN s.epoch >= f.epoch
-                       WHEN 2 THEN s.journal_id = f.journal_id
-                       ELSE s.epoch = f.epoch
-                            AND (s.hello_fact_id IS NULL OR s.hello_fact_id = f.fact_id) END
-) AS bound
-  FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::int[], $6::uuid[])
-       WITH ORDINALITY AS f(node_id, gateway_id, epoch, journal_id, rule, fact_id, i)
+# The facts (their positions) not bound to their gateway: none, as a rule, so nothing
+# comes back. EXISTS in the target list is evaluated per row through the primary key; the
+# fence (OFFSET 0) keeps it there — as a WHERE NOT EXISTS it could become an anti-join
+# that scans the whole table.
+UNBOUND = """
+SELECT i FROM (
+    SELECT f.i, EXISTS (
+        SELECT 1 FROM session_epochs s
+         WHERE s.node_id = f.node_id AND s.gateway_id = f.gateway_id
+           AND CASE f.rule WHEN 0 THEN s.epoch = f.epoch
+                           WHEN 1 THEN s.epoch >= f.epoch
+                           WHEN 2 THEN s.journal_id = f.journal_id
+                           ELSE s.epoch = f.epoch
+                                AND (s.hello_fact_id IS NULL OR s.hello_fact_id = f.fact_id) END
+    ) AS bound
+      FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::int[], $6::uuid[])
+           WITH ORDINALITY AS f(node_id, gateway_id, epoch, journal_id, rule, fact_id, i)
+    OFFSET 0
+) checked
+ WHERE NOT bound
 """
 
 
@@ -102,7 +108,7 @@ async def foreign(conn: asyncpg.Connection, facts: Sequence[Fact]) -> set[uuid.U
         return set()
     fields = [fact.__dict__ for fact, _ in checked]  # not getattr: a missing one raises inside
     rows = await conn.fetch(
-        BOUND,
+        UNBOUND,
         [f["node_id"] for f in fields],
         [f["gateway_id"] for f in fields],
         [f.get("epoch") for f in fields],
@@ -110,7 +116,7 @@ async def foreign(conn: asyncpg.Connection, facts: Sequence[Fact]) -> set[uuid.U
         [rule for _, rule in checked],
         [fact.fact_id for fact, _ in checked],
     )
-    return {checked[row["i"] - 1][0].fact_id for row in rows if not row["bound"]}
+    return {checked[row["i"] - 1][0].fact_id for row in rows}
 
 
 class ForeignLog:
