@@ -34,7 +34,7 @@ from workers.runtime.base.waiting import (
     stop_on_signals,
 )
 from workers.runtime.effects import outcome
-from workers.runtime.effects.batch import RandomIds
+from workers.runtime.effects.batch import RandomIds, uuid4_of
 from workers.runtime.effects.claims import Pack, publishable
 from workers.runtime.observability.metrics import Metrics
 
@@ -298,6 +298,11 @@ def test_a_stop_signal_before_the_loop_listens_stops_it_once_it_does(sig: int) -
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
+
+
+@given(st.binary(min_size=16, max_size=16))
+def test_a_message_id_is_the_uuid4_of_its_random_bytes(raw: bytes) -> None:
+    assert uuid4_of(raw) == uuid.UUID(bytes=raw, version=4)
 
 
 def test_message_ids_are_random_uuid4s_across_reads_and_never_repeated_in_a_forked_child() -> None:

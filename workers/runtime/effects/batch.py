@@ -33,6 +33,16 @@ HISTORY_TYPES = frozenset({
 })  # fmt: skip
 
 
+_KEEP = ~(0xC000 << 48) & ~(0xF000 << 64)
+_VERSION_4 = (0x8000 << 48) | (4 << 76)
+
+
+def uuid4_of(raw: bytes) -> uuid.UUID:
+    """`uuid.UUID(bytes=raw, version=4)`, a third cheaper: the 16 random bytes with the
+    variant and version bits set. Pure."""
+    return uuid.UUID(int=int.from_bytes(raw) & _KEEP | _VERSION_4)
+
+
 class RandomIds:
     """Random (version 4) UUIDs, as `uuid.uuid4()` makes them, from the OS's randomness
     read `per_read` at a time: a `getrandom` call per message cost a tenth of the
@@ -53,7 +63,7 @@ class RandomIds:
             self._pool, self._at = os.urandom(self._size), 0
         raw = self._pool[self._at : self._at + 16]
         self._at += 16
-        return uuid.UUID(bytes=raw, version=4)
+        return uuid4_of(raw)
 
 
 new_msg_id = RandomIds()
