@@ -99,7 +99,7 @@ async def _write_only(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outco
     return {}
 
 
-def _publishing(published: set[uuid.UUID]) -> Handler:
+def publishing_handler(published: set[uuid.UUID]) -> Handler:
     """The runtime's handler: the write, and a notice for each node whose row it moved —
     published only when the state changed, so a fact delivered again (even after a newer
     one) finds nothing to do, and the worker needs no inbox (docs/runtime.md, "Exactly
@@ -219,7 +219,7 @@ async def _run_runtime(
     process of its own (the deployment for the highest throughput).
     """
     published: set[uuid.UUID] = set()
-    handle = _publishing(published) if publishes else _write_only
+    handle = publishing_handler(published) if publishes else _write_only
     worker = Worker(name=name, fact_types=("status",), handle=handle, inbox=inbox)
     settings = ConsumerSettings(batch_size=BATCH, max_ack_pending=4096)
     before = children_cpu_seconds()

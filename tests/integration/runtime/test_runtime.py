@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import uuid
 
 import asyncpg
 from nats.aio.client import Client as NATS
 from opentelemetry import trace
 
-from schemas import REGISTRY
+from schemas import REGISTRY, Status
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration.support import (
@@ -31,10 +32,12 @@ from tests.integration.support import (
     stream_messages,
     tally_rows,
 )
+from workers.bench.common import join_fleet
+from workers.bench.runtime import publishing_handler
 from workers.runtime.bus import deadletter, streams
 from workers.runtime.effects.consumer import FactConsumer
 from workers.runtime.effects.items import decode
-from workers.runtime.effects.worker import Worker
+from workers.runtime.effects.worker import Tx, Worker
 from workers.runtime.observability.metrics import Metrics
 
 
@@ -269,3 +272,36 @@ async def test_a_fact_failing_while_the_servers_answer_is_dead_lettered_after_it
 
 
 # -- helpers ---------------------------------------------------------------------------
+
+
+async def test_the_bench_runtimes_worker_finds_nothing_to_do_in_a_fact_again(
+    database_url: str, db: asyncpg.Connection, subjects: Subjects
+) -> None:
+    """`bcw bench runtime`'s worker keeps no inbox: its write only moves a row forward and
+    it publishes only for a row it moved, so a fact delivered twice, or again after a
+    newer one, writes and publishes nothing the second time."""
+    await join_fleet(database_url, 1, prefix="bench-")
+    published: set[uuid.UUID] = set()
+    handle = publishing_handler(published)
+
+    def status(generation: int) -> Status:
+        return Status.model_validate(
+            {"fact_id": uuid.uuid4(), "gateway_id": "gw-0", "node_id": "bench-1", "epoch": 1,
+             "observed_at": "2026-12-02T00:00:00Z", "observed_generation": generation,
+             "trust_version": 0},
+            strict=False,
+        )  # fmt: skip
+
+    async def deliver(fact: Status) -> int:
+        async with db.transaction():
+            tx = Tx(db, subjects, {}, worker="")
+            await handle(tx, [fact])
+            await tx.outbox.write(db)
+            return len(tx.outbox.rows)
+
+    first, newer = status(5), status(7)
+    assert [await deliver(f) for f in (first, first, newer, first)] == [1, 0, 1, 0]
+    assert published == {first.fact_id, newer.fact_id}
+    generation = "SELECT observed_generation FROM node_sessions WHERE node_id = 'bench-1'"
+    assert await db.fetchval(generation) == 7
+    assert await db.fetchval("SELECT sum(size) FROM outbox_packs") == 2
