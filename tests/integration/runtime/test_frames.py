@@ -103,3 +103,12 @@ async def test_a_batch_of_acks_acks_each_message_once(nc: NATS, batched: str) ->
     assert info.num_redelivered == 0 and info.delivered.stream_seq == 300  # each once
     with pytest.raises(nats.errors.MsgAlreadyAckdError):  # as after Msg.ack
         await msgs[0].ack()
+
+
+async def test_a_message_without_a_reply_subject_is_not_acked_as_msg_ack_refuses_it(
+    nc: NATS,
+) -> None:
+    plain = Msg(_client=nc, subject="core.subject", reply="", data=b"{}")
+    with pytest.raises(nats.errors.NotJSMessageError):
+        await FrameWriter(nc).write_acks([plain])
+    assert not plain._ackd and nc.is_connected  # nothing malformed went out

@@ -84,8 +84,14 @@ def hpub(subject: bytes, reply: str, headers: bytes, body: bytes) -> bytes:
 
 def acks(msgs: Iterable[Msg]) -> bytes:
     """An ack (an empty message to its reply subject, as `Msg.ack` sends) for each of
-    `msgs`, as protocol frames. The reply subjects are the server's own."""
-    return b"".join(b"PUB %b 0\r\n\r\n" % msg.reply.encode() for msg in msgs)
+    `msgs`, as protocol frames; a message without a reply subject is refused as
+    `Msg.ack` refuses it (the others are the server's own `$JS.ACK…` subjects)."""
+    frames = []
+    for msg in msgs:
+        if not msg.reply:
+            raise nats.errors.NotJSMessageError
+        frames.append(b"PUB %b 0\r\n\r\n" % msg.reply.encode())
+    return b"".join(frames)
 
 
 class FrameWriter:
