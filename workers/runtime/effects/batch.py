@@ -2,8 +2,7 @@
 worker emits: `principals.EMITS`) and the session history they make, and writes both in
 one statement, owned by the worker, in the transaction of the effects: the messages as
 one row of `outbox_packs` and the history as one row of `session_history_packs`, however
-many they are. The relay (`outbox.OutboxRelay`)
-publishes them after commit.
+many they are. The relay (`outbox.OutboxRelay`) publishes them after commit.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ _VERSION_4 = (0x8000 << 48) | (4 << 76)
 def uuid4_of(raw: bytes) -> uuid.UUID:
     """`uuid.UUID(bytes=raw, version=4)`, a third cheaper: the 16 random bytes with the
     variant and version bits set. Pure."""
-    return uuid.UUID(int=int.from_bytes(raw) & _KEEP | _VERSION_4)
+    return uuid.UUID(int=int.from_bytes(raw, "big") & _KEEP | _VERSION_4)
 
 
 class RandomIds:
