@@ -140,3 +140,15 @@ def test_the_cost_table_takes_medians_per_fact_and_the_ceiling_they_allow() -> N
     assert totals == pytest.approx({"a": 110e-6, "b": 70e-6})
     # one core for its 60 µs process (2 cores for 110 µs in all would allow 18,182)
     assert rows[0][6:] == ("16,667", "1.67")
+
+
+def test_the_cpu_ratios_per_round_compare_each_round_with_its_own_floor() -> None:
+    from workers.bench.costs import CpuSpent, cpu_ratios_per_round
+
+    def spent(*totals: float) -> list[CpuSpent]:
+        return [CpuSpent(t, 0.0, 0.0, 0.0) for t in totals]
+
+    rounds = {"a": spent(3.0, 1.6), "a1": spent(2.8, 1.5), "b": spent(2.0, 1.0)}
+    assert cpu_ratios_per_round(rounds) == (
+        "cpu a/b, a'/b per round (same round): 1.50/1.40, 1.60/1.50"
+    )

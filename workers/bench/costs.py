@@ -142,6 +142,17 @@ def cpu_ratios(per_fact: Mapping[str, float]) -> str:
     return f"cpu a/b = {a:.2f}   a'/b = {a1:.2f}   (target <= 1.5 each)"
 
 
+def cpu_ratios_per_round(spent: Mapping[str, list[CpuSpent]]) -> str:
+    """(a)'s and (a')'s CPU against the floor's round by round — each ratio of the same
+    round, so one moment of the machine — to show how far the ratio moves. Pure."""
+    a, a1, b = (spent[key] for key in ("a", "a1", "b"))
+    rounds = [
+        f"{x.total / y.total:.2f}/{x1.total / y.total:.2f}"
+        for x, x1, y in zip(a, a1, b, strict=True)
+    ]
+    return "cpu a/b, a'/b per round (same round): " + ", ".join(rounds)
+
+
 def cost_rows(
     spent: Mapping[str, list[CpuSpent]],
     facts: int,

@@ -46,6 +46,7 @@ from workers.bench.costs import (
     children_cpu_seconds,
     cost_rows,
     cpu_ratios,
+    cpu_ratios_per_round,
     cpu_seconds,
     what_parts_cost,
 )
@@ -377,6 +378,7 @@ async def run(
     print("a/b per round (same round, same load): " + ", ".join(f"{r:.2f}" for r in per_round))
     per_fact = _print_costs(spent, facts, floor)
     print(cpu_ratios(per_fact))
+    print(cpu_ratios_per_round(spent))
     if parts:
         print(what_parts_cost(per_fact))
     return 0
