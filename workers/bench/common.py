@@ -320,20 +320,10 @@ async def wait_until(what: Callable[[], Awaitable[bool]], within: float = 900) -
     raise TimeoutError(f"not settled within {within:.0f} s")
 
 
-async def spawn_relay(target: BenchTarget, subjects: Subjects) -> asyncio.subprocess.Process:
+async def spawn_relay(target: BenchTarget) -> asyncio.subprocess.Process:
     """A `bcw run relay` process for `target`, once it has started."""
-    env = {
-        **os.environ,
-        "BCW_NATS_URL": target.nats_url,
-        "BCW_DATABASE_URL": target.database_url,
-        "BCW_SUBJECT_ROOT": subjects.root,
-        "BCW_HEALTH_PORT": "0",
-        "BCW_OUTBOX_BATCH_SIZE": "1000",
-        "BCW_LOG_LEVEL": "WARNING",
-    }
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "workers.cli", "run", "relay", env=env
-    )
+    env = {**worker_env(target), "BCW_OUTBOX_BATCH_SIZE": "1000"}
+    process = (await spawn_workers(env, names=["relay"]))["relay"]
     # connected and listening before the facts flow: once it has stopped spending CPU
     # (its start is not its work; on a busy machine it takes longer than a second)
     await asyncio.sleep(1.0)

@@ -224,7 +224,7 @@ async def _run_runtime(
     worker = Worker(name=name, fact_types=("status",), handle=handle, inbox=inbox)
     settings = ConsumerSettings(batch_size=BATCH, max_ack_pending=4096)
     before = children_cpu_seconds()
-    relay_process = None if relay_in_process else await spawn_relay(target, subjects)
+    relay_process = None if relay_in_process else await spawn_relay(target)
     starting = at_end = 0.0 if relay_process is None else cpu_seconds(relay_process.pid)
     try:
         consumed, relayed = await consume_and_relay(
