@@ -1,10 +1,11 @@
 """`bcw explain NODE`: why a node is where it is — its session now, and its timeline.
 
 The timeline is the node's session history (written by the workers in the same
-transactions as their effects, one row of `session_history_packs` a transaction): connections and disconnections with their reasons,
-capability changes, counted duplicates, quarantine, commands replayed, dispatched,
-failed, cancelled, completed — each with its epoch, gateway, the worker that wrote it,
-the fact that caused it and the trace id to open in the tracing backend.
+transactions as their effects, one row of `session_history_packs` a transaction):
+connections and disconnections with their reasons, capability changes, counted
+duplicates, quarantine, commands replayed, dispatched, failed, cancelled, completed —
+each with its epoch, gateway, the worker that wrote it, the fact that caused it and the
+trace id to open in the tracing backend.
 """
 
 from __future__ import annotations
@@ -20,15 +21,19 @@ import asyncpg
 
 from workers.runtime.base.setting_types import parse_duration
 
-#: a node's history: the entries of the packs that name it (`session_history_packs`, one
-#: row a transaction, found through the index of their node ids) and the rows an older
-#: release wrote (`session_history`), in the order they were written
-TIMELINE = """
+#: each entry of each history pack (one row a transaction), as a row: `p` the pack, `h`
+#: the entry, `h.n` its place in the pack
+_PACK_ENTRIES = """session_history_packs p,
+       unnest(p.node_ids, p.whats, p.epochs, p.gateway_ids, p.fact_ids, p.trace_ids, p.details)
+         WITH ORDINALITY AS h(node_id, what, epoch, gateway_id, fact_id, trace_id, detail, n)"""
+
+#: a node's history: the entries of the packs that name it (found through the index of
+#: their node ids) and the rows an older release wrote (`session_history`), in the order
+#: they were written
+TIMELINE = f"""
 SELECT p.at, h.what, h.epoch, h.gateway_id, p.worker, h.fact_id, h.trace_id, h.detail,
        p.id, h.n
-  FROM session_history_packs p,
-       unnest(p.node_ids, p.whats, p.epochs, p.gateway_ids, p.fact_ids, p.trace_ids, p.details)
-         WITH ORDINALITY AS h(node_id, what, epoch, gateway_id, fact_id, trace_id, detail, n)
+  FROM {_PACK_ENTRIES}
  WHERE p.node_ids @> ARRAY[$1::text] AND h.node_id = $1
    AND p.at >= compute_now() - $2::interval
 UNION ALL
@@ -40,12 +45,10 @@ SELECT at, what, epoch, gateway_id, worker, fact_id, trace_id, detail::text, id,
 
 #: every history entry of every node, one row each, from both tables (as `TIMELINE`): for
 #: counting and reading the whole history, `SELECT … FROM {HISTORY}`
-HISTORY = """(
+HISTORY = f"""(
 SELECT h.node_id, p.at, h.what, h.epoch, h.gateway_id, p.worker, h.fact_id, h.trace_id,
        h.detail::jsonb AS detail
-  FROM session_history_packs p,
-       unnest(p.node_ids, p.whats, p.epochs, p.gateway_ids, p.fact_ids, p.trace_ids, p.details)
-         AS h(node_id, what, epoch, gateway_id, fact_id, trace_id, detail)
+  FROM {_PACK_ENTRIES}
 UNION ALL
 SELECT node_id, at, what, epoch, gateway_id, worker, fact_id, trace_id, detail
   FROM session_history
