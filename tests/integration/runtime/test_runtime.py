@@ -119,6 +119,39 @@ async def test_without_an_inbox_a_fact_reaches_the_rules_once_per_batch_and_each
     assert await count(tally_db, "SELECT count(*) FROM processed_facts") == 0
 
 
+async def test_the_bench_runtimes_worker_finds_nothing_to_do_in_a_fact_again(
+    database_url: str, db: asyncpg.Connection, subjects: Subjects
+) -> None:
+    """`bcw bench runtime`'s worker keeps no inbox: its write only moves a row forward and
+    it publishes only for a row it moved, so a fact delivered twice, or again after a
+    newer one, writes and publishes nothing the second time."""
+    await join_fleet(database_url, 1, prefix="bench-")
+    published: set[uuid.UUID] = set()
+    handle = publishing_handler(published)
+
+    def status(generation: int) -> Status:
+        return Status.model_validate(
+            {"fact_id": uuid.uuid4(), "gateway_id": "gw-0", "node_id": "bench-1", "epoch": 1,
+             "observed_at": "2026-12-02T00:00:00Z", "observed_generation": generation,
+             "trust_version": 0},
+            strict=False,
+        )  # fmt: skip
+
+    async def deliver(fact: Status) -> int:
+        async with db.transaction():
+            tx = Tx(db, subjects, {}, worker="")
+            await handle(tx, [fact])
+            await tx.outbox.write(db)
+            return len(tx.outbox.rows)
+
+    first, newer = status(5), status(7)
+    assert [await deliver(f) for f in (first, first, newer, first)] == [1, 0, 1, 0]
+    assert published == {first.fact_id, newer.fact_id}
+    generation = "SELECT observed_generation FROM node_sessions WHERE node_id = 'bench-1'"
+    assert await db.fetchval(generation) == 7
+    assert await db.fetchval("SELECT sum(size) FROM outbox_packs") == 2
+
+
 async def test_a_fact_redelivered_after_a_crash_before_the_ack_takes_effect_once(
     servers: Servers, nc: NATS, subjects: Subjects, tally_db: str
 ) -> None:
@@ -272,36 +305,3 @@ async def test_a_fact_failing_while_the_servers_answer_is_dead_lettered_after_it
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-async def test_the_bench_runtimes_worker_finds_nothing_to_do_in_a_fact_again(
-    database_url: str, db: asyncpg.Connection, subjects: Subjects
-) -> None:
-    """`bcw bench runtime`'s worker keeps no inbox: its write only moves a row forward and
-    it publishes only for a row it moved, so a fact delivered twice, or again after a
-    newer one, writes and publishes nothing the second time."""
-    await join_fleet(database_url, 1, prefix="bench-")
-    published: set[uuid.UUID] = set()
-    handle = publishing_handler(published)
-
-    def status(generation: int) -> Status:
-        return Status.model_validate(
-            {"fact_id": uuid.uuid4(), "gateway_id": "gw-0", "node_id": "bench-1", "epoch": 1,
-             "observed_at": "2026-12-02T00:00:00Z", "observed_generation": generation,
-             "trust_version": 0},
-            strict=False,
-        )  # fmt: skip
-
-    async def deliver(fact: Status) -> int:
-        async with db.transaction():
-            tx = Tx(db, subjects, {}, worker="")
-            await handle(tx, [fact])
-            await tx.outbox.write(db)
-            return len(tx.outbox.rows)
-
-    first, newer = status(5), status(7)
-    assert [await deliver(f) for f in (first, first, newer, first)] == [1, 0, 1, 0]
-    assert published == {first.fact_id, newer.fact_id}
-    generation = "SELECT observed_generation FROM node_sessions WHERE node_id = 'bench-1'"
-    assert await db.fetchval(generation) == 7
-    assert await db.fetchval("SELECT sum(size) FROM outbox_packs") == 2
