@@ -50,6 +50,7 @@ from workers.bench.costs import (
     cpu_seconds,
     what_parts_cost,
 )
+from workers.runtime.base import heap
 from workers.runtime.base.runtime_settings import ConsumerSettings
 from workers.runtime.base.settings import Settings
 from workers.runtime.bus import streams
@@ -286,6 +287,7 @@ async def run(
         subjects = Subjects(target.subject_root)
         print(f"publishing {facts} status facts over {NODES} nodes ...")
         await _prepare(target, subjects, facts)
+        heap.settle()  # (a') runs here as in a worker process: `bcw run` does the same
 
         async def a(i: int) -> float:
             rate, relayed, outside = await _run_runtime(

@@ -79,12 +79,14 @@ def add(commands: Commands) -> None:
 
 def run_workers(settings: Settings, workers: Sequence[Worker]) -> int:
     """Run `workers` in this process until SIGTERM/SIGINT; exit 0 after a clean drain."""
+    from workers.runtime.base import heap
     from workers.runtime.base.waiting import defer_stop_signals, stop_on_signals
     from workers.runtime.observability import logs
     from workers.runtime.process import run_process
 
     defer_stop_signals()  # a stop asked for while this process starts is not lost
     logs.configure(settings.log_format, settings.log_level)
+    heap.settle()  # everything it runs is imported and built: the collector leaves it be
 
     async def main() -> None:
         stopping = asyncio.Event()
