@@ -25,12 +25,12 @@ from nats.aio.msg import Msg
 #: would let a value inject commands of its own)
 _SUBJECT_INVALID = re.compile(r"[ \t\r\n]")
 _HEADER_KEY = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_VALUE_NEWLINES = str.maketrans({"\r": " ", "\n": " "})
 _HEADER_LINE = b"NATS/1.0\r\n"
 #: the client internals a write uses (nats-py 2.x); without them, one publish a message
 _INTERNALS = ("_send_command", "_flush_pending", "_flush_queue", "_pending_data_size")
 
 
+@functools.lru_cache(maxsize=4096)  # a relay publishes to a few subjects, over and over
 def check_subject(subject: str) -> bytes:
     """`subject` as sent; raises `BadSubjectError` where nats-py's publish would."""
     if not subject or _SUBJECT_INVALID.search(subject):
@@ -47,7 +47,10 @@ def _header_key(key: str) -> bytes:
 
 
 def _line(key: str, value: str) -> bytes:
-    return _header_key(key) + value.strip().translate(_VALUE_NEWLINES).encode() + b"\r\n"
+    value = value.strip()
+    if "\r" in value or "\n" in value:  # rare; `str.translate` costs 0.8 µs even when not
+        value = value.replace("\r", " ").replace("\n", " ")
+    return _header_key(key) + value.encode() + b"\r\n"
 
 
 #: the lines of headers that repeat from message to message (a type, a schema): made once

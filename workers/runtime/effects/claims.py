@@ -130,15 +130,17 @@ async def claim(conn: asyncpg.Connection, limit: int, owners: list[str] | None) 
     packs = [Pack(r["id"], r["worker"], r["size"], r["waits"]) for r in claimed]
     chosen = publishable(packs, max(limit - len(items), 1))
     for r in await conn.fetch(MESSAGES_SQL, chosen) if chosen else ():
-        for i, (msg_id, subject, headers, body, key) in enumerate(
-            zip(
-                r["msg_ids"], r["subjects"], r["headers"], r["bodies"], r["order_keys"], strict=True
+        pack, created_at = r["id"], r["created_at"]
+        first = -(pack * PACK_SPAN + 1)  # the item id of its message at place 0
+        items += [
+            Item(first - i, msg_id, subject, headers, body, key, created_at, pack, i)
+            for i, (msg_id, subject, headers, body, key) in enumerate(
+                zip(
+                    r["msg_ids"], r["subjects"], r["headers"], r["bodies"], r["order_keys"],
+                    strict=True,
+                )
             )
-        ):
-            item_id = -(r["id"] * PACK_SPAN + i + 1)
-            items.append(
-                Item(item_id, msg_id, subject, headers, body, key, r["created_at"], r["id"], i)
-            )
+        ]  # fmt: skip
     return items
 
 
