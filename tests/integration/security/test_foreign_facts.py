@@ -18,9 +18,10 @@ from typing import Any
 import asyncpg
 from nats.aio.client import Client as NATS
 
+from schemas.facts import Fact
 from schemas.subjects import Subjects
 from tests.conftest import Servers
-from tests.factories import make_fact
+from tests.factories import hello, make_fact
 from tests.integration import fleet
 from tests.integration.security.forgery import FOREIGN, counted, forged_facts, state
 from tests.integration.streams import RecordingStream
@@ -35,6 +36,7 @@ from tests.integration.support import (
 from workers.gateway import Gateway, HelloRequest
 from workers.registry import WORKERS
 from workers.runtime.bus import streams
+from workers.runtime.effects.provenance import KnownBindings, foreign
 from workers.runtime.effects.worker import Runtime
 
 
@@ -203,3 +205,45 @@ async def test_one_epoch_one_hello_a_former_holder_cannot_count_its_epoch_again(
         assert await db.fetchval("SELECT count(*) FROM node_alternations") == 0
         assert await db.fetchval("SELECT bool_or(revoked_at IS NOT NULL) FROM node_certs") is False
         assert await _bodies(nc, subjects.events_stream, "security.node.duplicate-session") == []
+
+
+async def test_a_binding_confirmed_lately_is_not_asked_again_and_a_forgery_always_is(
+    db: asyncpg.Connection,
+) -> None:
+    """A consumer remembers the bindings the database confirmed (`KnownBindings`): the
+    same session's next facts are not checked one by one; another gateway's are, a fact
+    found foreign is asked again (its Hello may have committed since), and so is each
+    Hello (one epoch, one Hello)."""
+    await fleet.join(db, "n1")
+    await fleet.join(db, "n2")
+    issue = "INSERT INTO session_epochs (node_id, epoch, gateway_id, hello_fact_id) VALUES ($1, $2, $3, $4)"
+    await db.execute(issue, "n1", 1, "gw-a", None)
+    known = KnownBindings()
+
+    def status(gateway: str) -> Fact:
+        return make_fact("status", node_id="n1", gateway_id=gateway, epoch=1)
+
+    assert await foreign(db, [status("gw-a")], known) == set()
+    forged = status("gw-b")
+    assert await foreign(db, [forged], known) == {forged.fact_id}
+
+    # the database stops confirming it: remembered, it is not asked; not remembered, or
+    # remembered no more, it is
+    await db.execute("DELETE FROM session_epochs WHERE node_id = 'n1'")
+    again = status("gw-a")
+    assert await foreign(db, [again], known) == set()
+    assert await foreign(db, [again]) == {again.fact_id}
+    assert await foreign(db, [again], KnownBindings(ttl=0.0)) == {again.fact_id}
+
+    # foreign is never remembered: once its epoch is issued, the same fact is bound
+    early = make_fact("closed", node_id="n2", gateway_id="gw-c", epoch=2)
+    assert await foreign(db, [early], known) == {early.fact_id}
+    first = hello("n2", 3, gateway_id="gw-c")
+    await db.execute(issue, "n2", 2, "gw-c", None)
+    await db.execute(issue, "n2", 3, "gw-c", first.fact_id)
+    assert await foreign(db, [early], known) == set()
+
+    # a Hello is asked each time: the epoch's own Hello is bound, another one never
+    second = hello("n2", 3, gateway_id="gw-c")
+    assert await foreign(db, [first, second], known) == {second.fact_id}
+    assert await foreign(db, [second], known) == {second.fact_id}

@@ -1,4 +1,5 @@
-"""Which rule binds each fact type to its gateway, and the once-a-minute foreign log."""
+"""Which rule binds each fact type to its gateway, the once-a-minute foreign log, and how
+long a confirmed binding is remembered."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from schemas.facts import Fact
 from tests.factories import WIRE_SAMPLES, make_fact
-from workers.runtime.effects.provenance import Binding, ForeignLog, binding
+from workers.runtime.effects.provenance import Binding, ForeignLog, KnownBindings, binding
 
 EXPECTED = {
     "hello": Binding.HELLO,
@@ -50,3 +51,15 @@ def test_the_foreign_log_speaks_once_per_gateway_and_minute(
     assert len(lines) == 3
     assert "ignored 1 fact(s) from gateway gw-b" in lines[0]
     assert "ignored 3 fact(s) from gateway gw-b" in lines[2]  # the two held back, and this one
+
+
+def test_known_bindings_hold_for_their_time_and_start_afresh_when_full() -> None:
+    known = KnownBindings(ttl=10.0, size=3)
+    a, b, c = ((0, n, "gw-1", 1, None) for n in ("n1", "n2", "n3"))
+    known.confirmed([a, b], now=100.0)
+    assert known.holds(a, 109.9) and known.holds(b, 100.0)
+    assert not known.holds(a, 110.0) and not known.holds(c, 100.0)
+    known.confirmed([c], now=101.0)  # three: still room
+    assert known.holds(a, 101.0) and known.holds(c, 101.0)
+    known.confirmed([(1, "n1", "gw-1", 1, None)], now=102.0)  # a fourth: afresh
+    assert not known.holds(a, 102.0) and known.holds((1, "n1", "gw-1", 1, None), 102.0)

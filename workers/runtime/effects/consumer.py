@@ -43,7 +43,7 @@ from workers.runtime.effects import outcome
 from workers.runtime.effects.inhand import InHand
 from workers.runtime.effects.items import Item, decode, lane_of, start_span
 from workers.runtime.effects.outcome import Outcome
-from workers.runtime.effects.provenance import ForeignLog
+from workers.runtime.effects.provenance import ForeignLog, KnownBindings
 from workers.runtime.effects.worker import Tx, Worker, apply_batch
 from workers.runtime.observability import tracing
 from workers.runtime.observability.metrics import Metrics
@@ -83,6 +83,7 @@ class FactConsumer:
         self._stopping = asyncio.Event()
         self._in_hand = InHand(settings.ack_wait)
         self._foreign = ForeignLog(log, worker.name)
+        self._bindings = KnownBindings()
 
     @property
     def bound(self) -> bool:
@@ -308,7 +309,7 @@ class FactConsumer:
         # the transaction's statements are children of the batch's span
         with tracing.batch_span(self._tracer, self.worker.name, spans):
             async with self._pool.acquire() as conn, conn.transaction():
-                tx = Tx(conn, self._subjects, contexts, worker=self.worker.name)
+                tx = Tx(conn, self._subjects, contexts, self.worker.name, self._bindings)
                 fresh, outcomes = await apply_batch(tx, self.worker, facts)
                 written = await tx.outbox.write(conn)
         firsts = {id(fact) for fact in fresh}

@@ -101,22 +101,76 @@ def _rule(fact: Fact) -> int | None:
     return _RULES[kind]
 
 
-async def foreign(conn: asyncpg.Connection, facts: Sequence[Fact]) -> set[uuid.UUID]:
-    """The ids of the facts in `facts` that do not come from a gateway of their node."""
-    checked = [(fact, rule) for fact in facts if (rule := _rule(fact)) is not None]
+BindingKey = tuple[int, str, str, int | None, str | None]
+"""what a fact's binding asks: (rule, node, gateway, epoch, journal)"""
+
+
+class KnownBindings:
+    """Bindings the database confirmed, remembered for `ttl` seconds, so that the facts of
+    a session — its gateway sends many — are checked once a while, not one by one.
+
+    Sound because what a binding asks only ever becomes true: an epoch is issued to one
+    gateway, once (the Hello transaction raises the epoch with each Hello), and a row of
+    `session_epochs` is deleted only a day after a later epoch was issued — a confirmed
+    binding holds at most `ttl` seconds beyond that. Only confirmations are remembered:
+    a fact found foreign is checked again the next time (its Hello may commit meanwhile).
+    A Hello's binding names its own fact (`Binding.HELLO`) and is never asked twice.
+    One per consumer (one database); at most `size` bindings, then it starts afresh."""
+
+    def __init__(self, ttl: float = 60.0, size: int = 50_000) -> None:
+        self._ttl = ttl
+        self._size = size
+        self._until: dict[BindingKey, float] = {}
+
+    def holds(self, binding: BindingKey, now: float) -> bool:
+        until = self._until.get(binding)
+        return until is not None and until > now
+
+    def confirmed(self, bindings: Sequence[BindingKey], now: float) -> None:
+        if len(self._until) + len(bindings) > self._size:
+            self._until.clear()
+        until = now + self._ttl
+        for binding in bindings:
+            self._until[binding] = until
+
+
+async def foreign(
+    conn: asyncpg.Connection, facts: Sequence[Fact], known: KnownBindings | None = None
+) -> set[uuid.UUID]:
+    """The ids of the facts in `facts` that do not come from a gateway of their node;
+    bindings `known` holds are not asked again, those the database confirms are added."""
+    now = time.monotonic()
+    checked: list[tuple[Fact, int, BindingKey]] = []
+    for fact in facts:
+        rule = _rule(fact)
+        if rule is None:
+            continue
+        f = fact.__dict__  # not getattr: a missing field raises inside the statement
+        binding = (rule, f["node_id"], f["gateway_id"], f.get("epoch"), f.get("journal_id"))
+        if known is None or rule == Binding.HELLO or not known.holds(binding, now):
+            checked.append((fact, rule, binding))
     if not checked:
         return set()
-    fields = [fact.__dict__ for fact, _ in checked]  # not getattr: a missing one raises inside
     rows = await conn.fetch(
         UNBOUND,
-        [f["node_id"] for f in fields],
-        [f["gateway_id"] for f in fields],
-        [f.get("epoch") for f in fields],
-        [f.get("journal_id") for f in fields],
-        [rule for _, rule in checked],
-        [fact.fact_id for fact, _ in checked],
+        [binding[1] for _, _, binding in checked],
+        [binding[2] for _, _, binding in checked],
+        [binding[3] for _, _, binding in checked],
+        [binding[4] for _, _, binding in checked],
+        [rule for _, rule, _ in checked],
+        [fact.fact_id for fact, _, _ in checked],
     )
-    return {checked[row["i"] - 1][0].fact_id for row in rows}
+    unbound = {row["i"] - 1 for row in rows}
+    if known is not None:
+        known.confirmed(
+            [
+                b
+                for i, (_, rule, b) in enumerate(checked)
+                if i not in unbound and rule != Binding.HELLO
+            ],
+            now,
+        )
+    return {checked[i][0].fact_id for i in unbound}
 
 
 class ForeignLog:

@@ -53,11 +53,14 @@ class Tx:
         subjects: Subjects,
         contexts: Mapping[uuid.UUID, Context],
         worker: str = "",
+        bindings: provenance.KnownBindings | None = None,
     ):
         self.conn = conn
         self.subjects = subjects
         self.outbox = OutboxBatch(worker)
         self._contexts = contexts
+        #: the gateway bindings its consumer has confirmed lately (`provenance`)
+        self.bindings = bindings
 
     def context(self, fact: Fact) -> Context | None:
         """The trace context of `fact`'s processing (to store with work that waits)."""
@@ -175,7 +178,9 @@ async def handle_bound(tx: Tx, worker: Worker, facts: Sequence[Fact]) -> dict[uu
     FOREIGN and reach no rule (`provenance`). An outcome per fact (APPLIED by default)."""
     if not facts:
         return {}
-    strangers = await provenance.foreign(tx.conn, facts) if worker.bound_to_gateways else set()
+    strangers = (
+        await provenance.foreign(tx.conn, facts, tx.bindings) if worker.bound_to_gateways else set()
+    )
     bound = [fact for fact in facts if fact.fact_id not in strangers]
     decided = (await worker.handle(tx, bound) or {}) if bound else {}
     return {
