@@ -9,9 +9,8 @@ Publishes N status facts once; each pipeline reads all of them through a durable
 (b) the floor: bare nats-py fetch, one `UPDATE … FROM unnest(…)` per batch, ack — no
     inbox, no validation, no outbox;
 (c) naive: one transaction and one ack per fact.
-Prints facts/s and the ratios a/b and a/c; then what each pipeline's CPU cost per fact
-(this process, the relay process, PostgreSQL, nats-server) and the rate those costs allow
-on this machine's cores at most (`common.ceiling`): what the ratios can reach here.
+Prints facts/s and the ratios a/b and a/c; then each pipeline's CPU per fact (this process,
+the relay process, PostgreSQL, nats-server) and the most facts/s that allows here.
 """
 
 from __future__ import annotations
