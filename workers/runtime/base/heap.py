@@ -3,7 +3,7 @@
 A worker holds a large heap from its start for as long as it runs (modules, pydantic's
 schemas, OpenTelemetry, its settings) and makes, for each fact, a few container objects
 that live until the fact is settled. With CPython's default thresholds (700, 10, 10) the
-collector ran about 700 times for 50,000 facts and its full collections walked the whole
+collector ran about 760 times for 50,000 facts and its full collections walked the whole
 heap each time: 12 % of a worker's CPU in `bcw bench runtime` (`docs/benchmarks.md`).
 `settle` moves what exists after start-up out of the collector's sight (`gc.freeze`: it
 lives as long as the process anyway) and collects young objects after `YOUNG` new ones

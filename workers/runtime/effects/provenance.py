@@ -107,15 +107,16 @@ BindingKey = tuple[int, str, str, int | None, str | None]
 
 class KnownBindings:
     """Bindings the database confirmed, remembered for `ttl` seconds, so that the facts of
-    a session — its gateway sends many — are checked once a while, not one by one.
+    a session — its gateway sends many — are looked up once in a while, not one by one.
 
-    Sound because what a binding asks only ever becomes true: an epoch is issued to one
-    gateway, once (the Hello transaction raises the epoch with each Hello), and a row of
-    `session_epochs` is deleted only a day after a later epoch was issued — a confirmed
-    binding holds at most `ttl` seconds beyond that. Only confirmations are remembered:
-    a fact found foreign is checked again the next time (its Hello may commit meanwhile).
-    A Hello's binding names its own fact (`Binding.HELLO`) and is never asked twice.
-    One per consumer (one database); at most `size` bindings, then it starts afresh."""
+    Sound because what a binding asks only ever becomes true: an epoch is issued once, to
+    one gateway (the Hello transaction raises the epoch with each Hello), and its row of
+    `session_epochs` is deleted only once it is a day old and a later epoch exists — a
+    confirmed binding is trusted at most `ttl` seconds beyond that. Only confirmations
+    are remembered: a fact found foreign is asked again the next time (its Hello may
+    have committed since). A Hello's binding names the Hello fact itself
+    (`Binding.HELLO`): never remembered, each Hello is asked. One per consumer (one
+    database); at most `size` bindings (about 12 MiB), then it starts afresh."""
 
     def __init__(self, ttl: float = 60.0, size: int = 50_000) -> None:
         self._ttl = ttl
@@ -145,7 +146,7 @@ async def foreign(
         rule = _rule(fact)
         if rule is None:
             continue
-        f = fact.__dict__  # not getattr: a missing field raises inside the statement
+        f = fact.__dict__  # the fields without getattr's cost
         binding = (rule, f["node_id"], f["gateway_id"], f.get("epoch"), f.get("journal_id"))
         if known is None or rule == Binding.HELLO or not known.holds(binding, now):
             checked.append((fact, rule, binding))
