@@ -121,9 +121,8 @@ class AckedPublisher:
                 await self._frames.write(_framed(messages, reply, self._nc.max_payload), last)
             else:
                 for seq, (subject, body, headers) in enumerate(messages, 1):
-                    op = _COMMIT if seq == last else _START if seq == 1 else _APPEND
                     await self._nc.publish(
-                        subject, body, reply=f"{reply}{seq}.{op}.$FI", headers=headers
+                        subject, body, reply=_member_reply(reply, seq, last), headers=headers
                     )
         except BaseException:
             del self._batches[batch_id]
@@ -176,6 +175,13 @@ class AckedPublisher:
                 batch.future.set_result(batch.size)
 
 
+def _member_reply(reply: str, seq: int, last: int) -> str:
+    """The reply subject of a fast batch's message `seq` (from 1) of `last`: its place and
+    whether it starts, continues or commits the batch."""
+    op = _COMMIT if seq == last else _START if seq == 1 else _APPEND
+    return f"{reply}{seq}.{op}.$FI"
+
+
 def _framed(messages: Sequence[Message], reply: str, max_payload: int) -> bytes:
     """A fast batch's messages as protocol frames, each checked as nats-py's publish
     checks it (the batch is sent whole or not at all)."""
@@ -183,10 +189,8 @@ def _framed(messages: Sequence[Message], reply: str, max_payload: int) -> bytes:
     for seq, (subject, body, headers) in enumerate(messages, 1):
         if len(body) > max_payload:
             raise nats.errors.MaxPayloadError
-        op = _COMMIT if seq == last else _START if seq == 1 else _APPEND
-        frames.append(
-            hpub(check_subject(subject), f"{reply}{seq}.{op}.$FI", header_block(headers), body)
-        )
+        member = _member_reply(reply, seq, last)
+        frames.append(hpub(check_subject(subject), member, header_block(headers), body))
     return b"".join(frames)
 
 
