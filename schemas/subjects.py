@@ -34,7 +34,7 @@ class Subjects:
     # streams ---------------------------------------------------------------
     @property
     def stream_prefix(self) -> str:
-        return self.root.upper().replace("-", "_")
+        return _stream_prefix(self.root)
 
     @property
     def facts_stream(self) -> str:
@@ -94,10 +94,7 @@ class Subjects:
 
     def stream_of(self, subject: str) -> str | None:
         """The stream of the contract that holds `subject`; None for a subject none holds."""
-        kind = _stream_kind(self.root, subject)
-        if kind is None:
-            return None
-        return f"{self.stream_prefix}_{kind}"
+        return _stream_of(self.root, subject)
 
     def parse_fact(self, subject: str) -> tuple[str, str]:
         """Split `<root>.facts.<gateway_id>.<type>` into (gateway_id, type)."""
@@ -121,16 +118,22 @@ def _parse_fact(root: str, subject: str) -> tuple[str, str]:
 _STREAM_KINDS = {"facts": "FACTS", "events": "EVENTS", "gw": "GATEWAY", "dead": "DEAD"}
 
 
+def _stream_prefix(root: str) -> str:
+    return root.upper().replace("-", "_")
+
+
 @functools.lru_cache(maxsize=4096)  # the relay asks for every message it publishes
-def _stream_kind(root: str, subject: str) -> str | None:
-    """`FACTS`, `EVENTS`, `GATEWAY` or `DEAD`: the stream of root `root` holding `subject`."""
+def _stream_of(root: str, subject: str) -> str | None:
+    """The stream of root `root` holding `subject` (its `FACTS`, `EVENTS`, `GATEWAY` or
+    `DEAD`); None for a subject none holds."""
     first, _, rest = subject.partition(".")
     if first != root:
         return None
     kind, dot, tail = rest.partition(".")
     if kind == "revocations" and not dot:
-        return "EVENTS"
-    return _STREAM_KINDS.get(kind) if tail else None
+        return f"{_stream_prefix(root)}_EVENTS"
+    stream = _STREAM_KINDS.get(kind) if tail else None
+    return None if stream is None else f"{_stream_prefix(root)}_{stream}"
 
 
 def split_gateway_subject(subject: str) -> tuple[str, str, str] | None:

@@ -75,8 +75,6 @@ class OutboxRelay:
         self._pool = pool
         self._owners = list(owners) if owners else None  # whose rows it claims; None: all
         self._subjects = subjects
-        #: the stream of a subject: rows go to a few subjects, over and over
-        self._stream_of = functools.lru_cache(maxsize=4096)(subjects.stream_of)
         #: subjects this principal may not publish to: their rows are dead-lettered
         self._refused = refused if refused is not None else RefusedSubjects()
         self._js = js
@@ -175,7 +173,7 @@ class OutboxRelay:
         one_by_one: list[int] = []
         now = time.monotonic()
         for row_id, (subject, _body, _headers) in ready.items():
-            stream = self._stream_of(subject)
+            stream = self._subjects.stream_of(subject)
             if stream is None or self._unbatched.get(stream, 0.0) > now:
                 one_by_one.append(row_id)
             else:
