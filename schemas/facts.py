@@ -13,6 +13,7 @@ from uuid import UUID
 from pydantic import AwareDatetime, Field
 
 from schemas.base import GatewayId, Ident, Name, NodeId, Sha256Hex, SnakeMessage
+from schemas.proof import HelloProof
 
 #: Integers are bounded by what PostgreSQL stores (bigint, or integer where the column is
 #: one), so an out-of-range value is refused as invalid instead of failing in SQL.
@@ -125,6 +126,15 @@ class Hello(NodeFact):
     process_started_at: AwareDatetime | None = None
     #: the daemon's done results not acked yet (optional): they settle before the replay
     results: list[DoneResult] = Field(default_factory=list, max_length=MAX_HELLO_RESULTS)
+    #: the Hello transaction's judgement (optional; gateways of 0.4 and later say it and
+    #: leave `previous`'s boot, journal and gateway out, which they are no longer told):
+    #: the previous session was live, from another boot. What a worker acts on is what the
+    #: transaction recorded under the node's lock (`session_epochs`), not this claim.
+    duplicate: bool | None = None
+    #: whether the Hello transaction took the daemon's proof (optional; None: not checked)
+    proven: bool | None = None
+    #: the daemon's proof, as it sent it (optional; checked by the Hello transaction)
+    proof: HelloProof | None = None
 
     @property
     def journal_changed(self) -> bool:
@@ -138,7 +148,10 @@ class Hello(NodeFact):
 
     @property
     def duplicate_identity(self) -> bool:
-        """The previous session was live, from another boot: two machines share one identity."""
+        """The previous session was live, from another boot: two machines share one identity
+        (as the Hello transaction judged it, where it said)."""
+        if self.duplicate is not None:
+            return self.duplicate
         return is_duplicate_identity(self.previous.live, self.previous.boot_id, self.boot_id)
 
 

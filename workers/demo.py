@@ -99,6 +99,8 @@ async def main(
         conn = await asyncpg.connect(postgres.url)
         try:
             await migrate.migrate(conn)
+            # its simulated daemons prove their Hellos: the demo runs as a fleet should
+            await migrate.set_hello_proof(conn, "require")
             await conn.execute(
                 "TRUNCATE nodes, gateways, outbox, outbox_packs, processed_facts, controller_leases CASCADE"
             )

@@ -115,6 +115,9 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
                 if granted
                 else "no bcw_* role exists and this role may not create roles: no grants"
             )
+            if settings.hello_proof is not None:
+                await migrate.set_hello_proof(conn, settings.hello_proof)
+            print(f"Hello proofs: {await migrate.hello_proof(conn)}")
             return 0
         finally:
             await conn.close()

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from schemas.proof import HelloProof
+
 
 class Code(enum.Enum):
     INVALID_ARGUMENT = "INVALID_ARGUMENT"
@@ -48,6 +50,8 @@ class HelloRequest:
     results: Sequence[Mapping[str, Any]] = ()
     applied_generation: int = 0  # the desired-state generation it applied
     spec_hash: str | None = None  # the hash of the spec it applied (None: it has none)
+    #: its proof that it holds the node's key (None: a daemon that does not sign)
+    proof: HelloProof | None = None
 
 
 @dataclass(frozen=True)

@@ -94,11 +94,10 @@ class FactPublisher:
                 "cert": CertInfo(serial=request.cert_serial, allowed_kinds=list(kinds) if kinds is not None else None, identity_generation=generation),
                 "upgrade_required": upgrade, "transport": request.transport,
                 "process_started_at": request.process_started_at, "results": list(request.results),
-                "previous": PreviousSession(
-                    epoch=opened.previous_epoch, gateway_id=opened.previous_gateway_id,
-                    boot_id=opened.previous_boot_id, journal_id=opened.previous_journal_id,
-                    live=opened.previous_live,
-                ),
+                # the Hello transaction tells no gateway of the session before it: the
+                # workers read it where that transaction recorded it (session_epochs)
+                "previous": PreviousSession(epoch=opened.epoch - 1, live=opened.duplicate),
+                "duplicate": opened.duplicate, "proven": opened.proven, "proof": request.proof,
             },
             strict=False,
         )  # fmt: skip

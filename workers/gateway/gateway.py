@@ -196,7 +196,7 @@ class Gateway(Frames):
     async def _hello(self, request: HelloRequest, stream: DaemonStream) -> Welcome:
         assert self.lease_epoch is not None
         async with self.pool.acquire() as conn:
-            rows = await store.read_for_admission(conn, request)
+            rows = await store.read_for_admission(conn, self.gateway_id, request)
             refusal = admit(request, rows.cert, rows.node_generation, rows.now, rows.node_role)
             if refusal is not None:
                 raise Refused(refusal.code, refusal.reason)
@@ -232,8 +232,12 @@ class Gateway(Frames):
                 ) from draining
             except store.NotJoined as missing:
                 raise Refused(Code.PERMISSION_DENIED, str(missing)) from missing
-            except store.Revoked as revoked:
-                raise Refused(Code.UNAUTHENTICATED, str(revoked)) from revoked
+            except (store.Revoked, store.Unproven) as refused:
+                raise Refused(Code.UNAUTHENTICATED, str(refused)) from refused
+            except store.Busy as busy:
+                raise Refused(
+                    Code.UNAVAILABLE, str(busy), retry_after=self._pushback(1.0)
+                ) from busy
         hello = self.facts.hello(request, opened, upgrade, kinds, generation, fact_id)
         older = self.sessions.get(request.node_id)
         if older is not None:  # the same node again on this gateway: the old stream is superseded

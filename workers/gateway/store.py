@@ -40,23 +40,25 @@ class Revoked(Exception):
     """The certificate was revoked between admission and the Hello transaction."""
 
 
-READ_FOR_ADMISSION = """
-SELECT compute_now() AS now,
-       n.identity_generation AS node_generation, n.role AS node_role,
-       n.spec::text AS spec, n.spec_generation, n.spec_signature,
-       c.serial, c.node_id, c.identity_generation, c.role, c.not_after, c.revoked_at IS NOT NULL AS revoked,
-       c.allowed_kinds
-  FROM (SELECT 1) one
-  LEFT JOIN nodes n ON n.node_id = $1
-  LEFT JOIN node_certs c ON c.serial = $2
-"""
+class Unproven(Exception):
+    """The Hello's proof is missing where the fleet requires one, or does not hold: the
+    MAC is not the node's key's, its time is off, or its one-time id was used before."""
+
+
+class Busy(Exception):
+    """The node's row stayed locked by another transaction past the Hello's lock timeout."""
+
+
+# What admission reads, for this node and the serial it presents only (the gateway's login
+# reads no certificate or node table: migrations/core/0030_hello_proof.sql).
+READ_FOR_ADMISSION = "SELECT * FROM gateway_admission($1, $2, $3)"
 
 # The Hello transaction, the lease, a close, a section: functions of the database
 # (migrations/core/0026_gateway_functions.sql) that check the login may act as this
 # gateway, its lease, and the node's binding to it; the gateway's login writes no table.
 HELLO = """
 SELECT * FROM gateway_hello($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-                            $16, $17)
+                            $16, $17, $18, $19, $20)
 """
 
 
@@ -110,8 +112,10 @@ class AdmissionRows:
     desired: DesiredState | None = None  # the node's spec (None: it has none)
 
 
-async def read_for_admission(conn: asyncpg.Connection, request: HelloRequest) -> AdmissionRows:
-    row = await conn.fetchrow(READ_FOR_ADMISSION, request.node_id, request.cert_serial)
+async def read_for_admission(
+    conn: asyncpg.Connection, gateway_id: str, request: HelloRequest
+) -> AdmissionRows:
+    row = await conn.fetchrow(READ_FOR_ADMISSION, gateway_id, request.node_id, request.cert_serial)
     cert = None
     if row["serial"] is not None:
         kinds = row["allowed_kinds"]
@@ -134,30 +138,20 @@ async def read_for_admission(conn: asyncpg.Connection, request: HelloRequest) ->
 
 @dataclass(frozen=True)
 class Opened:
-    """What the Hello transaction returns: the new epoch and the row as it was before."""
+    """What the Hello transaction returns: the new epoch, whether the Hello is a duplicate
+    identity, whether its proof was taken — and nothing of the session before it."""
 
     epoch: int
     session_id: str
-    previous_epoch: int
-    previous_gateway_id: str | None
-    previous_boot_id: str | None
-    previous_journal_id: str | None
-    previous_live: bool
+    duplicate: bool = False
+    proven: bool | None = None  # None: the fleet's policy is `off`
     acked_event_seq: int = 0  # what the control plane holds of the daemon's journal
     #: the node's inventory hashes as stored (section → hash), read in the transaction
     inventory: Mapping[str, str] = field(default_factory=dict)
 
 
 #: what a Hello fact is checked with before the transaction (the real values come from it)
-PLACEHOLDER = Opened(
-    epoch=1,
-    session_id="0" * 32,
-    previous_epoch=0,
-    previous_gateway_id=None,
-    previous_boot_id=None,
-    previous_journal_id=None,
-    previous_live=False,
-)
+PLACEHOLDER = Opened(epoch=1, session_id="0" * 32)
 
 
 async def open_session(
@@ -167,31 +161,39 @@ async def open_session(
     request: HelloRequest,
     upgrade_required: bool,
     live_window: timedelta,
-    trace_context: str | None = None,
-    hello_fact_id: uuid.UUID | None = None,
+    trace_context: str | None,
+    hello_fact_id: uuid.UUID,
 ) -> Opened:
-    """The Hello transaction: fenced on the lease, the node's row locked, its epoch bumped
-    (and, with `hello_fact_id`, the id of the one Hello fact of that epoch recorded)."""
-    row = await conn.fetchrow(
-        HELLO,
-        gateway_id,
-        lease_epoch,
-        request.node_id,
-        request.cert_serial,
-        request.boot_id,
-        request.journal_id,
-        request.role,
-        request.daemon_version,
-        request.proto_max,
-        request.transport,
-        upgrade_required,
-        request.trust_version,
-        request.approver_set_epoch,
-        request.approver_set_sha256,
-        live_window,
-        trace_context,
-        hello_fact_id,
-    )
+    """The Hello transaction: fenced on the lease, the proof checked, the node's row locked
+    (2 s at most: else `Busy`), its epoch bumped, the id of the one Hello fact of that
+    epoch recorded."""
+    proof = request.proof
+    try:
+        row = await conn.fetchrow(
+            HELLO,
+            gateway_id,
+            lease_epoch,
+            request.node_id,
+            request.cert_serial,
+            request.boot_id,
+            request.journal_id,
+            request.role,
+            request.daemon_version,
+            request.proto_max,
+            request.transport,
+            upgrade_required,
+            request.trust_version,
+            request.approver_set_epoch,
+            request.approver_set_sha256,
+            live_window,
+            trace_context,
+            hello_fact_id,
+            proof.at if proof is not None else None,
+            proof.nonce if proof is not None else None,
+            proof.mac if proof is not None else None,
+        )
+    except asyncpg.LockNotAvailableError as busy:
+        raise Busy(f"node {request.node_id}: its row is locked elsewhere") from busy
     outcome = row["outcome"]
     if outcome == "lease-gone":
         raise LeaseGone(f"gateway {gateway_id} lost its lease (epoch {lease_epoch})")
@@ -201,16 +203,15 @@ async def open_session(
         raise NotJoined(f"node {request.node_id} has no session row")
     if outcome == "revoked":  # a quarantine just committed
         raise Revoked(f"certificate {request.cert_serial} was revoked")
+    if outcome == "unproven":
+        raise Unproven(f"node {request.node_id}: the Hello's proof is missing or does not hold")
     return Opened(
         inventory=json.loads(row["inventory"]),
         epoch=int(row["epoch"]),
         acked_event_seq=int(row["acked_event_seq"]),
         session_id=row["session_id"],
-        previous_epoch=row["previous_epoch"],
-        previous_gateway_id=row["previous_gateway_id"],
-        previous_boot_id=row["previous_boot_id"],
-        previous_journal_id=row["previous_journal_id"],
-        previous_live=bool(row["previous_live"]),
+        duplicate=bool(row["duplicate"]),
+        proven=row["proven"],
     )
 
 

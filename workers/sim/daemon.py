@@ -31,6 +31,7 @@ from typing import Any
 
 from schemas.facts import NodeLoad
 from schemas.notices import Dispatch
+from schemas.proof import HelloProof, prove
 from workers.gateway import Gateway, HelloRequest, Refused
 from workers.gateway.admission import DesiredState
 from workers.gateway.inventory import INVENTORY_EVERY
@@ -67,6 +68,8 @@ class FakeDaemon:
     journal_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     home: int = 0  # index of the gateway it prefers
     memory_available_bytes: int = 24 * 2**30
+    #: the key it proves its Hellos with (None: a daemon that does not sign)
+    hello_key: bytes | None = None
 
     def __post_init__(self) -> None:
         self._now = float("-inf")  # its working clock: never moves back
@@ -177,7 +180,7 @@ class FakeDaemon:
         """The same identity (certificate) on a second machine: another boot id."""
         return FakeDaemon(
             self.node_id, self.serial, self.clock, self.rng, list(self.capabilities), self.version,
-            self.lane_credits, self.work_seconds, home=home,
+            self.lane_credits, self.work_seconds, home=home, hello_key=self.hello_key,
         )  # fmt: skip
 
     def crash(self) -> None:
@@ -281,7 +284,7 @@ class FakeDaemon:
             running_command_ids=[str(c) for c in self.running], transport=self.transport, trust_version=1,
             process_started_at=datetime.fromtimestamp(self.process_started, UTC),
             inventory_hashes=self.inventory_hashes(), results=list(self.results.values()),
-            applied_generation=self.generation, spec_hash=self.spec_hash,
+            applied_generation=self.generation, spec_hash=self.spec_hash, proof=self.proof(gateway),
         )  # fmt: skip
         self.in_hello = set(self.results)
         try:
@@ -311,6 +314,15 @@ class FakeDaemon:
         self.heartbeats = 0
         self.sent_seq = 0  # re-send what was not acked to the new session
         await self._send_sections(welcome.request_sections)
+
+    def proof(self, gateway: Gateway) -> HelloProof | None:
+        """Its Hello's proof for `gateway`, by its key, at its clock (a fresh one-time id)."""
+        if self.hello_key is None:
+            return None
+        return prove(
+            self.hello_key, self.node_id, self.boot_id, self.journal_id, gateway.gateway_id,
+            int(self.now()),
+        )  # fmt: skip
 
     def inventory_hashes(self) -> dict[str, str]:
         """Each inventory section's hash: SHA-256 of its canonical JSON."""

@@ -140,6 +140,8 @@ class Simulator:
             )
         for g in range(self.n_gateways):
             self.gateways.append(await self._started_gateway(f"{self.prefix}-gw-{g}"))
+        keys = [self.rng.randbytes(32) for _ in range(self.n_nodes)]
+        signing = await self._enrolled(keys)
         for i in range(1, self.n_nodes + 1):
             caps = sorted(self.rng.sample(CAPABILITY_POOL, self.rng.randint(2, 5)))
             self.daemons.append(
@@ -150,8 +152,25 @@ class Simulator:
                     self.rng,
                     caps,
                     home=i % self.n_gateways,
+                    hello_key=keys[i - 1] if signing else None,
                 )
             )
+
+    async def _enrolled(self, keys: list[bytes]) -> bool:
+        """Give each simulated node its Hello key, as a join would; whether it could (only
+        the schema's owner may: else its daemons do not sign)."""
+        try:
+            async with self.pool.acquire() as conn:
+                await conn.execute(
+                    "SELECT enroll_hello_key($1 || '-' || i, k) "
+                    "FROM unnest($2::bytea[]) WITH ORDINALITY AS t(k, i)",
+                    self.prefix,
+                    keys,
+                )
+            return True
+        except asyncpg.InsufficientPrivilegeError:
+            log.warning("sim: this login may not enroll Hello keys: its daemons do not sign")
+            return False
 
     async def _started_gateway(self, gateway_id: str) -> Gateway:
         gateway = Gateway(

@@ -219,7 +219,7 @@ async def test_a_duplicate_hello_holds_its_session_and_a_serial_revoked_meanwhil
         with pytest.raises(store.Revoked):
             await store.open_session(
                 conn, "gw-a", gateway.lease_epoch, request(boot_id="b3"), False,
-                GatewaySettings().live_window,
+                GatewaySettings().live_window, None, uuid.uuid4(),
             )  # fmt: skip
     assert await db.fetchval("SELECT session_epoch FROM node_sessions") == 3
 
@@ -298,11 +298,19 @@ async def test_the_hello_transaction_and_its_fact(
     import json
 
     hello = json.loads(facts[2].data)
+    # the gateway is told nothing of the session before: the workers read what the Hello
+    # transaction recorded under the node's lock
     assert hello["previous"] == {
         "epoch": 1,
-        "gateway_id": "gw-a",
-        "boot_id": "b1",
-        "journal_id": "j1",
-        "live": True,
+        "gateway_id": None,
+        "boot_id": None,
+        "journal_id": None,
+        "live": True,  # the Hello transaction's judgement: the same node, live, on another boot
     }
+    assert (hello["duplicate"], hello["proven"]) == (True, False)
+    recorded = await db.fetchrow(
+        "SELECT previous_epoch, previous_gateway_id, previous_boot_id, previous_journal_id, "
+        "previous_live, proven FROM session_epochs WHERE node_id = 'n1' AND epoch = 2"
+    )
+    assert tuple(recorded) == (1, "gw-a", "b1", "j1", True, False)
     assert hello["epoch"] == 2 and hello["cert"]["serial"] == "n1-serial"

@@ -81,6 +81,8 @@ async def test_a_gateway_whose_lease_was_taken_refuses_and_writes_nothing(
                     request(node_id="n2", cert_serial="n2-serial"),
                     False,
                     GatewaySettings().live_window,
+                    None,
+                    uuid.uuid4(),
                 )
         assert (
             await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n2'") == 0

@@ -190,6 +190,7 @@ async def test_one_epoch_one_hello_a_former_holder_cannot_count_its_epoch_again(
                     "fact_id": str(uuid.uuid4()),
                     "boot_id": f"clone-{i}",
                     "previous": {**hello["previous"], "boot_id": "boot-real", "live": True},
+                    "duplicate": True,
                 },
             )
             for i in range(5)

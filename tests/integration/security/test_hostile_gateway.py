@@ -108,7 +108,7 @@ async def test_gw1s_login_can_neither_write_nor_act_as_gw2(
         ("SELECT gateway_write_section('gw-2', $1, 'n2', $2, 'cpu', 'h', '{}')", (lease2, epoch2)),
         (
             "SELECT * FROM gateway_hello('gw-2', $1, 'n2', 'n2-serial', 'b9', 'j1', 'worker', "
-            "'1.0.0', 1, 'grpc', false, 0, 0, '', '90s', NULL, NULL)",
+            "'1.0.0', 1, 'grpc', false, 0, 0, '', '90s', NULL, gen_random_uuid(), NULL, NULL, NULL)",
             (lease2,),
         ),
     ]
@@ -163,7 +163,7 @@ async def test_a_stale_lease_writes_nothing_and_a_new_incarnation_fences_the_old
         assert fresh == stale + 1
         row = await old.fetchrow(
             "SELECT * FROM gateway_hello('gw-1', $1, 'n1', 'n1-serial', 'b1', 'j1', 'worker', "
-            "'1.0.0', 1, 'grpc', false, 0, 0, '', '90s', NULL, NULL)",
+            "'1.0.0', 1, 'grpc', false, 0, 0, '', '90s', NULL, gen_random_uuid(), NULL, NULL, NULL)",
             stale,
         )
         assert row["outcome"] == "lease-gone" and row["epoch"] is None
@@ -172,7 +172,7 @@ async def test_a_stale_lease_writes_nothing_and_a_new_incarnation_fences_the_old
         assert not await old.fetchval("SELECT gateway_release('gw-1', $1)", stale)
         row = await new.fetchrow(
             "SELECT * FROM gateway_hello('gw-1', $1, 'n1', 'n1-serial', 'b1', 'j1', 'worker', "
-            "'1.0.0', 1, 'grpc', false, 0, 0, '', '90s', NULL, NULL)",
+            "'1.0.0', 1, 'grpc', false, 0, 0, '', '90s', NULL, gen_random_uuid(), NULL, NULL, NULL)",
             fresh,
         )
         assert (row["outcome"], row["epoch"]) == ("opened", 1)

@@ -9,15 +9,21 @@ import pytest
 
 from schemas.facts import Fact
 from tests.factories import WIRE_SAMPLES, make_fact
-from workers.runtime.effects.provenance import Binding, ForeignLog, KnownBindings, binding
+from workers.runtime.effects.provenance import (
+    FENCES,
+    Binding,
+    ForeignLog,
+    KnownBindings,
+    binding,
+)
 
 EXPECTED = {
     "hello": Binding.HELLO,
     "closed": Binding.EPOCH,
     "progress": Binding.EPOCH,
     "rejected": Binding.EPOCH,
-    "result": Binding.SINCE,
-    "status": Binding.SINCE,
+    "result": Binding.EPOCH,  # and, in its write, the command's epoch
+    "status": Binding.EPOCH,  # and, in its write, the session of now
     "events": Binding.JOURNAL,
     "liveness": None,  # each entry is fenced on node, epoch and gateway in SQL
 }
@@ -31,6 +37,7 @@ def test_each_fact_type_has_its_rule(bc_type: str) -> None:
 def test_every_fact_type_is_covered() -> None:
     facts = {name for name, sample in WIRE_SAMPLES.items() if "fact_id" in sample}
     assert facts == set(EXPECTED)
+    assert {kind.BC_TYPE for kind in FENCES} == facts  # the one table names each of them
 
 
 def _fact(gateway: str) -> Fact:

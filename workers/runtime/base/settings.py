@@ -58,6 +58,13 @@ class Settings(BaseSettings):
         description="this process's name (the lease holder it writes); default host:pid",
     )
 
+    hello_proof: Literal["off", "warn", "require"] | None = Field(
+        default=None,
+        description="the fleet's Hello proofs, set in the database by `bcw migrate`: `off` (not "
+        "checked), `warn` (checked when given; a Hello without one opens, recorded unproven), "
+        "`require` (a Hello without a valid proof is refused); unset: left as it is (a new "
+        "database starts at `warn`)",
+    )
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     nats: NatsSettings = Field(default_factory=NatsSettings)
     consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)

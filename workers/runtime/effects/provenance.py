@@ -1,20 +1,23 @@
 """Facts bound to their gateway: a fact about a node takes effect only when it comes from
-a gateway the node's Hello transaction issued an epoch to (`session_epochs`).
+the gateway that holds what the fact speaks of. Checked in two places, both named in
+`FENCES`, one row per fact type:
 
-- Session-scoped facts (`hello`, `closed`, `progress`, `rejected`): the fact's epoch was
-  issued to the fact's gateway. A `hello` must also be the one Hello fact of its epoch,
-  when the Hello transaction recorded which (`session_epochs.hello_fact_id`): one epoch,
-  one Hello; another one of the epoch, with other content, is foreign.
-- Facts that are true whichever session carried them (`result`, `status`): the gateway
-  was issued the fact's epoch or a later one, so a result replayed through the node's
-  next gateway after a reconnect is still accepted.
-- `events`: the gateway was issued an epoch whose Hello named the events' journal.
-- `liveness` flushes are not checked here: each entry is fenced on node, epoch and
-  gateway in the flush's own statement, so an entry for a node held elsewhere matches
-  nothing (and earns its sender a zombie notice, which only concerns the sender).
+- here, before any rule sees the fact (`check`): the fact's epoch was issued to the
+  fact's gateway (`session_epochs`) — for a `hello`, it must also be the one Hello fact
+  the epoch's Hello transaction recorded; for `events`, the gateway was issued an epoch
+  on the events' journal. What this asks only ever becomes true, so a confirmation is
+  remembered a minute (`KnownBindings`), the Hello's excepted;
+- in the worker's own write, under the node's lock, where it can change: a flush entry
+  matches node, epoch and gateway; a close, the row's epoch and gateway; an answer
+  (`progress`, `result`, `rejected`), a command in flight at the fact's epoch; `events`,
+  the session of now routed to the fact's gateway on the fact's journal; `status`, the
+  session of now at the fact's epoch and gateway.
 
-Anything else is *foreign*: acked, kept in the inbox, changes nothing, counted
-(`bcw_facts_total{outcome="foreign"}`) and logged once per gateway and minute.
+Anything failing the first is *foreign*: acked, kept in the inbox, changes nothing, counted
+(`bcw_facts_total{outcome="foreign"}`) and logged once per gateway and minute; the second
+is *stale*. A Hello that passes is handed on as its transaction recorded it
+(`as_recorded`): the session before it is what that transaction saw under the node's
+lock, never the gateway's word.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ import enum
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 
@@ -32,11 +37,14 @@ from schemas.facts import (
     Events,
     Fact,
     Hello,
+    Liveness,
     NodeFact,
+    PreviousSession,
     Progress,
     Rejected,
     Result,
     Status,
+    is_duplicate_identity,
 )
 
 
@@ -45,38 +53,55 @@ class Binding(enum.IntEnum):
 
     EPOCH = 0
     """the fact's epoch was issued to its gateway"""
-    SINCE = 1
-    """its gateway was issued the fact's epoch or a later one"""
     JOURNAL = 2
     """its gateway was issued an epoch with the fact's journal"""
     HELLO = 3
     """as EPOCH, and it is the Hello fact the epoch's Hello transaction recorded"""
 
 
+@dataclass(frozen=True)
+class Fence:
+    """What a fact of one type must come from: the binding checked here (None: none, its
+    write checks it all), and the fence of the worker's write."""
+
+    binding: Binding | None
+    write: str
+
+
+#: Every fact type's fencing, in one place (docs/contract.md, "Every fact fenced on its
+#: holder"); tests/integration/security/test_fences.py tries each row as a former holder
+#: and as a stranger.
+FENCES: dict[type[Fact], Fence] = {
+    Hello: Fence(Binding.HELLO, "the node's row at the Hello's epoch (a later one: stale)"),
+    Liveness: Fence(None, "each entry: the row's node, epoch and gateway; folded per gateway"),
+    Closed: Fence(Binding.EPOCH, "the row's epoch and gateway"),
+    Progress: Fence(Binding.EPOCH, "the command, in flight at the fact's epoch"),
+    Result: Fence(Binding.EPOCH, "the command, in flight at the fact's epoch (never pending)"),
+    Rejected: Fence(Binding.EPOCH, "the command, dispatched at the fact's epoch"),
+    Events: Fence(Binding.JOURNAL, "the session of now: at the fact's gateway, on its journal"),
+    Status: Fence(Binding.EPOCH, "the session of now: the fact's epoch at the fact's gateway"),
+}
+
+
 def binding(fact: Fact) -> Binding | None:
-    """The rule a fact is checked by; None when it is not checked here."""
-    if isinstance(fact, Hello):
-        return Binding.HELLO
-    if isinstance(fact, Closed | Progress | Rejected):
-        return Binding.EPOCH
-    if isinstance(fact, Result | Status):
-        return Binding.SINCE
-    if isinstance(fact, Events):
-        return Binding.JOURNAL
-    return None
+    """The rule a fact is checked by here; None when it is not checked here."""
+    fence = FENCES.get(type(fact))
+    return fence.binding if fence is not None else None
 
 
 # The facts (their positions) not bound to their gateway: none, as a rule, so nothing
-# comes back. EXISTS in the target list is evaluated per row through the primary key; the
-# fence (OFFSET 0) keeps it there — as a WHERE NOT EXISTS it could become an anti-join
-# that scans the whole table.
+# comes back but the Hellos, each with the session before it as its Hello transaction
+# recorded it under the node's lock. EXISTS in the target list is evaluated per row
+# through the primary key; the fence (OFFSET 0) keeps it there — as a WHERE NOT EXISTS
+# it could become an anti-join that scans the whole table.
 UNBOUND = """
-SELECT i FROM (
-    SELECT f.i, EXISTS (
+SELECT c.i, c.bound, e.previous_epoch, e.previous_gateway_id, e.previous_boot_id,
+       e.previous_journal_id, e.previous_live, e.proven
+  FROM (
+    SELECT f.i, f.rule, f.node_id, f.epoch, EXISTS (
         SELECT 1 FROM session_epochs s
          WHERE s.node_id = f.node_id AND s.gateway_id = f.gateway_id
            AND CASE f.rule WHEN 0 THEN s.epoch = f.epoch
-                           WHEN 1 THEN s.epoch >= f.epoch
                            WHEN 2 THEN s.journal_id = f.journal_id
                            ELSE s.epoch = f.epoch
                                 AND (s.hello_fact_id IS NULL OR s.hello_fact_id = f.fact_id) END
@@ -84,9 +109,31 @@ SELECT i FROM (
       FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::int[], $6::uuid[])
            WITH ORDINALITY AS f(node_id, gateway_id, epoch, journal_id, rule, fact_id, i)
     OFFSET 0
-) checked
- WHERE NOT bound
+  ) c
+  LEFT JOIN session_epochs e ON c.rule = 3 AND c.bound AND e.node_id = c.node_id AND e.epoch = c.epoch
+ WHERE NOT c.bound OR c.rule = 3
 """
+
+
+def as_recorded(hello: Hello, row: Mapping[str, Any]) -> Hello:
+    """The Hello as its Hello transaction recorded it (`session_epochs`): the session
+    before it, whether it is a duplicate identity, whether its proof was taken — never the
+    gateway's word for them. An epoch recorded without them (issued before 0.4, or by a
+    writer that did not say) keeps what the fact says. Pure."""
+    if row["previous_epoch"] is None:
+        return hello
+    live = row["previous_live"]
+    previous = PreviousSession(
+        epoch=row["previous_epoch"],
+        gateway_id=row["previous_gateway_id"],
+        boot_id=row["previous_boot_id"],
+        journal_id=row["previous_journal_id"],
+        live=hello.previous.live if live is None else live,
+    )
+    duplicate = is_duplicate_identity(previous.live, previous.boot_id, hello.boot_id)
+    return hello.model_copy(
+        update={"previous": previous, "duplicate": duplicate, "proven": row["proven"]}
+    )
 
 
 _RULES: dict[type[Fact], int | None] = {}
@@ -135,11 +182,20 @@ class KnownBindings:
             self._until[binding] = until
 
 
-async def foreign(
+@dataclass(frozen=True)
+class Checked:
+    """What the database says of a batch's facts: the ids of those that do not come from a
+    gateway of their node, and each bound Hello as its transaction recorded it."""
+
+    strangers: set[uuid.UUID]
+    hellos: dict[uuid.UUID, Hello]
+
+
+async def check(
     conn: asyncpg.Connection, facts: Sequence[Fact], known: KnownBindings | None = None
-) -> set[uuid.UUID]:
-    """The ids of the facts in `facts` that do not come from a gateway of their node;
-    bindings `known` holds are not asked again, those the database confirms are added."""
+) -> Checked:
+    """Check `facts` against the epochs issued to their gateways; bindings `known` holds
+    are not asked again, those the database confirms are added."""
     now = time.monotonic()
     checked: list[tuple[Fact, int, BindingKey]] = []
     for fact in facts:
@@ -151,7 +207,7 @@ async def foreign(
         if known is None or rule == Binding.HELLO or not known.holds(binding, now):
             checked.append((fact, rule, binding))
     if not checked:
-        return set()
+        return Checked(set(), {})
     rows = await conn.fetch(
         UNBOUND,
         [binding[1] for _, _, binding in checked],
@@ -161,7 +217,12 @@ async def foreign(
         [rule for _, rule, _ in checked],
         [fact.fact_id for fact, _, _ in checked],
     )
-    unbound = {row["i"] - 1 for row in rows}
+    unbound = {row["i"] - 1 for row in rows if not row["bound"]}
+    hellos = {}
+    for row in rows:
+        fact = checked[row["i"] - 1][0]
+        if row["bound"] and isinstance(fact, Hello):
+            hellos[fact.fact_id] = as_recorded(fact, row)
     if known is not None:
         known.confirmed(
             [
@@ -171,7 +232,14 @@ async def foreign(
             ],
             now,
         )
-    return {checked[i][0].fact_id for i in unbound}
+    return Checked({checked[i][0].fact_id for i in unbound}, hellos)
+
+
+async def foreign(
+    conn: asyncpg.Connection, facts: Sequence[Fact], known: KnownBindings | None = None
+) -> set[uuid.UUID]:
+    """The ids of the facts in `facts` that do not come from a gateway of their node."""
+    return (await check(conn, facts, known)).strangers
 
 
 class ForeignLog:

@@ -178,9 +178,12 @@ async def handle_bound(tx: Tx, worker: Worker, facts: Sequence[Fact]) -> dict[uu
     FOREIGN and reach no rule (`provenance`). An outcome per fact (APPLIED by default)."""
     if not facts:
         return {}
-    strangers = (
-        await provenance.foreign(tx.conn, facts, tx.bindings) if worker.bound_to_gateways else set()
-    )
+    strangers: set[uuid.UUID] = set()
+    if worker.bound_to_gateways:
+        checked = await provenance.check(tx.conn, facts, tx.bindings)
+        strangers = checked.strangers
+        # a Hello as its transaction recorded it, never as its gateway says
+        facts = [checked.hellos.get(fact.fact_id, fact) for fact in facts]
     bound = [fact for fact in facts if fact.fact_id not in strangers]
     decided = (await worker.handle(tx, bound) or {}) if bound else {}
     return {

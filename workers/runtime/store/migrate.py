@@ -150,3 +150,21 @@ async def grant(conn: asyncpg.Connection) -> list[str]:
         return await roles.apply(conn)
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", ADVISORY_LOCK_KEY)
+
+
+async def set_hello_proof(conn: asyncpg.Connection, policy: str) -> None:
+    """Set the fleet's Hello proof policy (`off`, `warn`, `require`). Taken exclusively
+    against every Hello transaction in flight (each holds the lock shared), so that none
+    opens under the policy being replaced once this returns."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext('bcw-fleet-policy'))")
+        await conn.execute(
+            "UPDATE fleet_policy SET hello_proof = $1, changed_at = now() "
+            "WHERE hello_proof IS DISTINCT FROM $1",
+            policy,
+        )
+
+
+async def hello_proof(conn: asyncpg.Connection) -> str:
+    """The fleet's Hello proof policy."""
+    return str(await conn.fetchval("SELECT hello_proof FROM fleet_policy"))

@@ -35,15 +35,19 @@ class Grant:
 
 #: every table of the schema (a test keeps this equal to the migrated database's tables)
 TABLES = (
-    "clock_offset", "commands", "controller_leases", "gateway_logins", "gateways", "hello_seen",
-    "liveness_gateways",
-    "liveness_sweeps", "node_alternations", "node_certs", "node_events", "node_inventory",
-    "node_labels",
-    "node_sessions", "nodes", "session_history", "session_history_packs",
+    "clock_offset", "commands", "controller_leases", "fleet_policy", "gateway_logins", "gateways",
+    "hello_nonces", "hello_seen", "liveness_gateways",
+    "liveness_sweeps", "node_alternations", "node_certs", "node_events", "node_hello_keys",
+    "node_inventory", "node_labels",
+    "node_sessions", "nodes", "quarantines", "session_history", "session_history_packs",
     "outbox", "outbox_dead", "outbox_packs", "outbox_senders", "processed_facts",
     "schema_migrations",
     "session_epochs",
 )  # fmt: skip
+
+#: what readers and operators may read: not the Hello keys (nor their proofs' one-time ids)
+SECRET_TABLES = ("node_hello_keys", "hello_nonces")
+READABLE = tuple(table for table in TABLES if table not in SECRET_TABLES)
 
 #: what a relay may change of a pack it claimed: lock it, and keep only what is left to publish
 PACK_UPDATE = "UPDATE (size, msg_ids, subjects, headers, bodies, order_keys, created_at)"
@@ -97,6 +101,8 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
             "node_sessions",
         ),
         Grant("SELECT, INSERT, DELETE", "node_alternations"),
+        Grant("SELECT, INSERT", "quarantines"),  # the breaker's record
+        Grant("UPDATE (revoked_at)", "quarantines"),
         Grant("SELECT", "nodes"),
         Grant("SELECT, INSERT", "node_certs"),  # an unrecorded serial is recorded revoked
         Grant("UPDATE (revoked_at, revocation_reason)", "node_certs"),
@@ -146,14 +152,10 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         Grant("SELECT, INSERT", "node_inventory"),
         Grant("UPDATE (hash, body, session_epoch, reported_at)", "node_inventory"),
     ),
-    # a gateway's login, bound to its gateway id (`gateway_logins`): reads what admission
-    # reads, writes only through the gateway functions (`EXECUTES`), only as itself
-    "bcw_gateway_bound": (
-        Grant("SELECT", "clock_offset"),
-        Grant("SELECT", "nodes"),
-        Grant("SELECT", "node_certs"),
-    ),
-    "bcw_reader": tuple(Grant("SELECT", table) for table in TABLES),
+    # a gateway's login, bound to its gateway id (`gateway_logins`): no table; it reads and
+    # writes through the gateway functions (`EXECUTES`) only, as itself
+    "bcw_gateway_bound": (),
+    "bcw_reader": tuple(Grant("SELECT", table) for table in READABLE),
     # a dedicated outbox relay (`bcw run relay`): every worker's outbox rows, nothing else
     "bcw_relay": (
         Grant("SELECT, DELETE", "outbox"),
@@ -167,8 +169,9 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
     # a person operating the fleet: reads everything (bcw explain, bcw commands), releases
     # an open breaker (bcw liveness release), enqueues commands; writes nothing else
     "bcw_operator": (
-        *(Grant("SELECT", table) for table in TABLES if table != "schema_migrations"),
+        *(Grant("SELECT", table) for table in READABLE if table != "schema_migrations"),
         Grant("UPDATE (breaker_released_at, breaker_released_by)", "liveness_gateways"),
+        Grant("UPDATE (released_at, released_by)", "quarantines"),  # bcw quarantine release
     ),
 }
 
@@ -264,7 +267,8 @@ GATEWAY_FUNCTIONS = (
     "gateway_drain(text,bigint,boolean)",
     "gateway_release(text,bigint)",
     "gateway_hello(text,bigint,text,text,text,text,text,text,integer,text,boolean,bigint,bigint,"
-    "text,interval,text,uuid)",
+    "text,interval,text,uuid,bigint,text,text)",
+    "gateway_admission(text,text,text)",
     "gateway_close(text,bigint,text,bigint,text)",
     "gateway_write_section(text,bigint,text,bigint,text,text,jsonb)",
 )
@@ -273,9 +277,16 @@ GATEWAY_FUNCTIONS = (
 #: schema runs with its caller's rights, and any group may call it
 EXECUTES: dict[str, tuple[str, ...]] = {"bcw_gateway_bound": GATEWAY_FUNCTIONS}
 
-#: the test hook that moves the fleet's clock, and the gateway functions' binding check
-#: (which they call as the owner): the schema owner's alone
-OWNER_ONLY_FUNCTIONS = ("set_compute_now_offset(interval)", "gateway_as(text)")
+#: the owner's alone: the clock's test hook, the gateway functions' binding and proof
+#: checks, a node's Hello key, the Hello transaction of 0.4's development builds
+OWNER_ONLY_FUNCTIONS = (
+    "set_compute_now_offset(interval)",
+    "gateway_as(text)",
+    "hello_proof_holds(text,text,text,text,bigint,text,text)",
+    "enroll_hello_key(text,bytea)",
+    "gateway_hello(text,bigint,text,text,text,text,text,text,integer,text,boolean,bigint,bigint,"
+    "text,interval,text,uuid)",
+)
 
 #: every function PUBLIC may not execute: the owner's alone, or some group's only
 RESTRICTED_FUNCTIONS = (*OWNER_ONLY_FUNCTIONS, *(f for fs in EXECUTES.values() for f in fs))

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from workers.runtime.base.settings_docs import rewrite_block
-from workers.runtime.store.roles import EXECUTES, GROUPS, OWNED_ROWS, TABLES, worker_of
+from workers.runtime.store.roles import EXECUTES, GROUPS, OWNED_ROWS, READABLE, worker_of
 
 #: what each group is for, in one line
 PURPOSES = {
@@ -42,10 +42,10 @@ def _writes(group: str) -> list[str]:
 
 def _reads(group: str) -> str:
     read = [g.table for g in GROUPS[group] if "SELECT" in g.privileges]
-    if set(read) == set(TABLES):
-        return "every table"
-    if set(read) >= set(TABLES) - {"schema_migrations"}:
-        return "every table but the migrations' ledger"
+    if set(read) == set(READABLE):
+        return "every table but the Hello keys"
+    if set(read) >= set(READABLE) - {"schema_migrations"}:
+        return "every table but the Hello keys and the migrations' ledger"
     return ", ".join(f"`{t}`" for t in read) or "nothing"
 
 
