@@ -19,7 +19,9 @@ from schemas.events import (
     HoldExpired,
     NodeConnected,
     NodeDisconnected,
+    QuarantineBreakerOpen,
     Quarantined,
+    QuarantineHeld,
     Revocations,
 )
 from schemas.facts import (
@@ -89,6 +91,8 @@ __all__ = [
     "NodeLoad",
     "PreviousSession",
     "Progress",
+    "QuarantineBreakerOpen",
+    "QuarantineHeld",
     "Quarantined",
     "Registry",
     "Rejected",

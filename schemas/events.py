@@ -70,6 +70,32 @@ class Quarantined(CamelMessage):
     revoked_serials: list[Ident] = Field(max_length=1024)
 
 
+class QuarantineHeld(CamelMessage):
+    """A quarantine whose revocation waits for an operator (`bcw quarantine release`): every
+    alternation came through one gateway (`one-gateway`), or its gateway or the fleet
+    revoked as many as the breaker allows (`breaker`). Its session stays held."""
+
+    BC_TYPE = "security.quarantine.held"
+
+    node_id: NodeId
+    gateway_id: GatewayId
+    reason: Literal["one-gateway", "breaker"]
+    alternations: SmallNonNegative
+    gateways: list[GatewayId] = Field(max_length=1024)
+    serials: list[Ident] = Field(max_length=1024)
+
+
+class QuarantineBreakerOpen(CamelMessage):
+    """One gateway's Hellos (or the fleet's) led to as many revocations as the breaker
+    allows in its window: further ones are held for an operator."""
+
+    BC_TYPE = "security.quarantine.breaker-open"
+
+    gateway_id: GatewayId
+    revoked: SmallNonNegative  # revocations made at once in the window, this gateway's
+    window_seconds: SmallNonNegative
+
+
 class HoldExpired(CamelMessage):
     """A session held for the quarantine (its Hello a duplicate identity, not yet counted)
     was released after `BCW_QUARANTINE_HOLD_MAX`: it gets its commands from now on."""
@@ -157,6 +183,8 @@ EVENT_TYPES: tuple[type[CamelMessage], ...] = (
     CapabilitiesChanged,
     DuplicateSession,
     Quarantined,
+    QuarantineHeld,
+    QuarantineBreakerOpen,
     CommandReplayed,
     CommandCancelled,
     CommandFailed,

@@ -123,6 +123,15 @@ WIRE_SAMPLES: dict[str, dict[str, Any]] = {
         "alternations": 4,
         "revokedSerials": ["serial-1"],
     },
+    "security.quarantine.held": {
+        "nodeId": "node-1",
+        "gatewayId": "gw-1",
+        "reason": "breaker",
+        "alternations": 4,
+        "gateways": ["gw-1", "gw-2"],
+        "serials": ["serial-1"],
+    },
+    "security.quarantine.breaker-open": {"gatewayId": "gw-1", "revoked": 3, "windowSeconds": 600},
     "security.node.hold-expired": {
         "nodeId": "node-1",
         "epoch": 2,

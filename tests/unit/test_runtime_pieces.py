@@ -188,7 +188,7 @@ def test_metrics_are_the_librarys_exposition_and_parse() -> None:
         "bcw_outbox_oldest_seconds", "bcw_lease_held", "bcw_liveness_blind_gateways",
         "bcw_liveness_breakers_open", "bcw_outbox_published", "bcw_outbox_batched",
         "bcw_outbox_failures",
-        "bcw_dead_letters", "bcw_quarantine_holds_expired", "bcw_build_info",
+        "bcw_dead_letters", "bcw_quarantine_holds_expired", "bcw_quarantines_held", "bcw_build_info",
         "bcw_fact_age_seconds",
     }  # fmt: skip
     assert {name for name in families if name.startswith("bcw_")} == expected

@@ -33,6 +33,7 @@ DESIGN_FIELDS: dict[str, set[str]] = {
         "inventory_hashes", "cert", "upgrade_required", "transport", "previous",
         "process_started_at",  # DESIGN §9: the proof of a restart (optional)
         "results",  # DESIGN §10: done results not acked yet (optional)
+        "duplicate", "proven", "proof",  # DESIGN §11: the Hello transaction's word, the proof
     },
     "liveness": {"fact_id", "gateway_id", "observed_at", "entries"},
     "closed": {"fact_id", "gateway_id", "observed_at", "node_id", "epoch", "reason", "code"},
@@ -58,6 +59,10 @@ DESIGN_FIELDS: dict[str, set[str]] = {
         "quarantined",
     },
     "security.node.quarantined": {"nodeId", "reason", "alternations", "revokedSerials"},
+    "security.quarantine.held": {
+        "nodeId", "gatewayId", "reason", "alternations", "gateways", "serials",
+    },
+    "security.quarantine.breaker-open": {"gatewayId", "revoked", "windowSeconds"},
     "security.node.hold-expired": {"nodeId", "epoch", "gatewayId", "heldSeconds"},
     **{
         name: {"commandId", "nodeId", "epoch", "seq", "kind", "attempt", "reason"}

@@ -30,6 +30,8 @@ EXAMPLES: dict[str, str] = {
     "explain": "bcw explain node-17 --since 2h",
     "liveness status": "bcw liveness status --gateway gw-3 --json",
     "liveness release": "bcw liveness release --gateway gw-3 --by alice",
+    "quarantine status": "bcw quarantine status --gateway gw-3",
+    "quarantine release": "bcw quarantine release --node node-17 --by alice",
     "events": "bcw events --type 'node.*' --since 10m --json",
     "bench": "bcw bench runtime --embedded",
 }

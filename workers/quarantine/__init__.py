@@ -17,19 +17,26 @@ from __future__ import annotations
 import asyncpg
 
 from workers.quarantine.apply import make_handler, wants
-from workers.quarantine.decide import Limits
+from workers.quarantine.breaker import release_loop
+from workers.quarantine.decide import Breaker, Limits
 from workers.runtime.base.settings import Settings
 from workers.runtime.effects.worker import Worker
 
 
 def build(settings: Settings) -> Worker:
-    limits = Limits(settings.quarantine.max_alternations, settings.quarantine.window)
+    q = settings.quarantine
+    limits = Limits(
+        q.max_alternations,
+        q.window,
+        Breaker(q.breaker_quarantines, q.breaker_window, q.breaker_share),
+    )
     return Worker(
         name="quarantine",
         fact_types=("hello",),
         handle=make_handler(limits),
         wants=wants,
         inbox=False,
+        loops=(release_loop(),),
     )
 
 

@@ -14,6 +14,7 @@ import asyncpg
 
 from schemas.events import DuplicateSession, Quarantined, Revocations
 from schemas.facts import Fact, Hello
+from workers.quarantine import breaker
 from workers.quarantine.decide import (
     REASON,
     Alternation,
@@ -22,6 +23,7 @@ from workers.quarantine.decide import (
     judge,
     serials_to_revoke,
     to_act_on,
+    window_of,
 )
 from workers.runtime.effects import outcome
 from workers.runtime.effects.outcome import Outcome
@@ -43,10 +45,12 @@ SELECT c.node_id, c.serial
 # the Hello fact it was counted for. The epochs already counted come back with that fact's
 # id: the same fact again is a redelivery, another is a second Hello of the epoch.
 RECORD_ALTERNATIONS = """
-WITH t AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::uuid[]) AS t(node_id, epoch, fact_id)),
+WITH t AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::uuid[], $4::text[])
+                   AS t(node_id, epoch, fact_id, gateway_id)),
 inserted AS (
-    INSERT INTO node_alternations (node_id, epoch, issued_at, fact_id)
-    SELECT t.node_id, t.epoch, coalesce(e.issued_at, compute_now()), t.fact_id
+    INSERT INTO node_alternations (node_id, epoch, issued_at, fact_id, gateway_id)
+    SELECT t.node_id, t.epoch, coalesce(e.issued_at, compute_now()), t.fact_id,
+           coalesce(e.gateway_id, t.gateway_id)
       FROM t LEFT JOIN session_epochs e ON e.node_id = t.node_id AND e.epoch = t.epoch
         ON CONFLICT (node_id, epoch) DO NOTHING
     RETURNING node_id, epoch
@@ -57,7 +61,8 @@ SELECT t.node_id, t.epoch, i.node_id IS NOT NULL AS counted, a.fact_id AS counte
 """
 
 READ_ALTERNATIONS = """
-SELECT a.node_id, a.epoch, a.issued_at FROM node_alternations a WHERE a.node_id = ANY($1::text[])
+SELECT a.node_id, a.epoch, a.issued_at, a.gateway_id
+  FROM node_alternations a WHERE a.node_id = ANY($1::text[])
 """
 
 # Older than any fact that can still arrive (a day on the bus), so never counted again.
@@ -120,6 +125,7 @@ def make_handler(limits: Limits) -> Handler:
                 [h.node_id for h in fresh],
                 [h.epoch for h in fresh],
                 [h.fact_id for h in fresh],
+                [h.gateway_id for h in fresh],
             )
         }
         counted = []
@@ -165,7 +171,7 @@ async def _judge(
     alternations: dict[str, list[Alternation]] = {}
     for row in await tx.conn.fetch(READ_ALTERNATIONS, nodes):
         alternations.setdefault(row["node_id"], []).append(
-            Alternation(row["epoch"], row["issued_at"])
+            Alternation(row["epoch"], row["issued_at"], row["gateway_id"])
         )
     live: dict[str, set[str]] = {}
     for row in await tx.conn.fetch(LIVE_CERTS, nodes):
@@ -188,16 +194,32 @@ async def _judge(
                 released[node] = max(hello.epoch, released.get(node, 0))
                 continue
             first = act[0]
-            _publish_duplicate(tx, hello, first.number, True, limits)
             serials = serials_to_revoke(
                 hello.cert.serial, live.get(node, set()), recorded=hello.cert.serial in recorded
             )
-            live[node] = live.get(node, set()) - set(serials)
-            recorded.update(serials)
-            revoked += [(serial, node) for serial in serials]
-            _publish_quarantine(tx, hello, first.number, serials)
+            through = sorted(
+                {a.gateway_id for a in window_of(alternations.get(node, []), first) if a.gateway_id}
+            )
+            held = await breaker.hold(
+                tx,
+                node,
+                hello.epoch,
+                hello.gateway_id,
+                through,
+                serials,
+                first.number,
+                limits.breaker,
+            )
+            _publish_duplicate(tx, hello, first.number, held is None, limits)
+            if held is None:
+                live[node] = live.get(node, set()) - set(serials)
+                recorded.update(serials)
+                revoked += [(serial, node) for serial in serials]
+                _publish_quarantine(tx, hello, first.number, serials)
             judged_up_to[node] = max(first.epoch, hello.epoch)
-        if act is not None:  # held for good: the clone gets nothing, its revocation closes it
+        # held for good: the clone gets nothing, its revocation closes it (or, held for an
+        # operator, nothing reaches the node until one acts)
+        if act is not None:
             released.pop(node, None)
     await _write(tx.conn, counters, {n: judged_up_to[n] for n in nodes}, revoked)
     if released:

@@ -15,9 +15,21 @@ REASON = "duplicate-identity"
 
 
 @dataclass(frozen=True)
+class Breaker:
+    """What may revoke at once: at most `quarantines` per gateway in `window` (counted by
+    the gateway whose Hello completed the count), and across the fleet at most the larger
+    of `quarantines` and `share` of its nodes in the same window."""
+
+    quarantines: int = 3
+    window: timedelta = timedelta(minutes=10)
+    share: float = 0.01
+
+
+@dataclass(frozen=True)
 class Limits:
     max_alternations: int = 3
     window: timedelta = timedelta(minutes=10)
+    breaker: Breaker = Breaker()
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,7 @@ class Alternation:
 
     epoch: int
     at: datetime
+    gateway_id: str | None = None  # the gateway its epoch was issued to (None: not recorded)
 
 
 @dataclass(frozen=True)
@@ -114,3 +127,40 @@ def serials_to_revoke(
     if presented is not None and (presented in live or not recorded):
         return [presented]
     return sorted(live)
+
+
+#: why a quarantine's revocation is held for an operator (`bcw quarantine release`)
+ONE_GATEWAY = "one-gateway"  # every alternation of its window came through one gateway
+BREAKER = "breaker"  # its gateway, or the fleet, revoked as many as the breaker allows
+
+
+def hold_revocation(
+    gateways: Collection[str],
+    gateway: str,
+    recent: Mapping[str, int],
+    fleet_nodes: int,
+    breaker: Breaker,
+) -> str | None:
+    """Whether a quarantine's revocation waits for an operator, and why; None: revoke now.
+    Pure.
+
+    `gateways`: those the quarantine's alternations came through; `gateway`: the one whose
+    Hello completed the count; `recent`: per gateway, the revocations made at once in the
+    breaker's window. Alternations that all come through one gateway may all be that
+    gateway's invention: they alert, they do not revoke. A gateway that already led to
+    `breaker.quarantines` revocations, or a fleet past its share, is held: one gateway's
+    credentials revoke a few certificates at most, never a fleet's."""
+    if len(set(gateways)) < 2:
+        return ONE_GATEWAY
+    if recent.get(gateway, 0) >= breaker.quarantines:
+        return BREAKER
+    if sum(recent.values()) >= max(breaker.quarantines, int(breaker.share * fleet_nodes)):
+        return BREAKER
+    return None
+
+
+def window_of(alternations: Iterable[Alternation], quarantine: Judged) -> list[Alternation]:
+    """The alternations `quarantine` counted: its own and the ones before it in its window
+    (the last `quarantine.number` up to its epoch). Pure."""
+    upto = sorted((a for a in alternations if a.epoch <= quarantine.epoch), key=lambda a: a.epoch)
+    return upto[-quarantine.number :]

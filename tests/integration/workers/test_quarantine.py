@@ -25,24 +25,33 @@ async def drive(servers: Servers, nc: NATS, subjects: Subjects, database_url: st
 
 
 _epoch = iter(range(2, 10_000))
+_turns: dict[str, int] = {}  # each node's clone Hellos so far: its gateway alternates
 
 
 async def clone_hello(
-    db: asyncpg.Connection, node: str = "n1", serial: str | None = "n1-serial", live: bool = True
+    db: asyncpg.Connection,
+    node: str = "n1",
+    serial: str | None = "n1-serial",
+    live: bool = True,
+    gateways: tuple[str, str] = ("gw-1", "gw-2"),
 ) -> Any:
-    """A Hello from the other machine while the first one's session was live (its epoch
-    issued to gw-1 by the Hello transaction, as a real gateway's would be)."""
+    """A Hello from the other machine while the first one's session was live: the two
+    machines dial two gateways (`gateways`, by turns), and each epoch is issued to the one
+    dialled by the Hello transaction, as a real gateway's would be."""
     epoch = next(_epoch)
-    await fleet.issued(db, node, epoch, "gw-1")
+    _turns[node] = _turns.get(node, 0) + 1
+    gateway, other = gateways if _turns[node] % 2 else gateways[::-1]
+    await fleet.issued(db, node, epoch, gateway)
     boots = ("boot-a", "boot-b") if epoch % 2 else ("boot-b", "boot-a")
     return fleet.hello(
         node,
         epoch,
+        gateway_id=gateway,
         boot_id=boots[0],
         cert={"serial": serial},
         previous={
             "epoch": epoch - 1,
-            "gateway_id": "gw-1",
+            "gateway_id": other,
             "boot_id": boots[1],
             "journal_id": "journal-1",
             "live": live,
@@ -240,12 +249,18 @@ async def test_a_counted_hello_releases_its_session_a_quarantining_one_keeps_it_
     for _ in range(3):
         hello = await clone_hello(db, serial=None)
         await db.execute(
-            "UPDATE node_sessions SET session_epoch = $1, held_epoch = $1", hello.epoch
+            "UPDATE node_sessions SET session_epoch = $1, held_epoch = $1, gateway_id = $2",
+            hello.epoch,
+            hello.gateway_id,
         )  # as the Hello transaction of a duplicate leaves it
         await drive.send(hello)
         assert await _held(db) is None  # counted, not quarantined: released
     hello = await clone_hello(db, serial=None)
-    await db.execute("UPDATE node_sessions SET session_epoch = $1, held_epoch = $1", hello.epoch)
+    await db.execute(
+        "UPDATE node_sessions SET session_epoch = $1, held_epoch = $1, gateway_id = $2",
+        hello.epoch,
+        hello.gateway_id,
+    )
     await drive.send(hello)  # the fourth: quarantined
     assert await _held(db) == hello.epoch  # the clone's session never gets a command
 

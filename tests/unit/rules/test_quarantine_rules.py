@@ -9,14 +9,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from workers.quarantine.decide import (
+    BREAKER,
+    ONE_GATEWAY,
     Alternation,
+    Breaker,
     Counter,
     Judged,
     Limits,
     count,
+    hold_revocation,
     judge,
     serials_to_revoke,
     to_act_on,
+    window_of,
 )
 
 T0 = datetime(2026, 11, 30, tzinfo=UTC)
@@ -179,3 +184,64 @@ def test_the_first_quarantine_not_acted_on_is_the_one() -> None:
 def test_nothing_to_act_on_when_every_quarantine_was_acted_on_or_none_was_judged() -> None:
     assert to_act_on(JUDGED, acted_up_to=9, epochs=[9]) is None
     assert to_act_on({3: Judged(3, 1, False)}, acted_up_to=0, epochs=[3]) is None
+
+
+# -- the revocation breaker ----------------------------------------------------------------
+LIMITS_OF_BREAKER = Breaker(quarantines=3, window=timedelta(minutes=10), share=0.01)
+
+
+@pytest.mark.parametrize(
+    ("gateways", "recent", "fleet", "expected"),
+    [
+        pytest.param(["gw-1", "gw-2"], {}, 1000, None, id="two-gateways-first-revokes"),
+        pytest.param(["gw-1"], {}, 1000, ONE_GATEWAY, id="one-gateway-alerts-only"),
+        pytest.param([], {}, 1000, ONE_GATEWAY, id="no-gateway-known-alerts-only"),
+        pytest.param(["gw-1", "gw-2"], {"gw-1": 2}, 1000, None, id="third-of-gateway-revokes"),
+        pytest.param(["gw-1", "gw-2"], {"gw-1": 3}, 1000, BREAKER, id="fourth-of-gateway-held"),
+        pytest.param(["gw-1", "gw-2"], {"gw-2": 3}, 1000, None, id="other-gateways-count-apart"),
+        pytest.param(
+            ["gw-1", "gw-2"], {"gw-2": 2, "gw-3": 1}, 100, BREAKER, id="fleet-floor-of-three"
+        ),
+        pytest.param(
+            ["gw-1", "gw-2"], {f"gw-{i}": 2 for i in range(2, 7)}, 1100, None, id="fleet-share-room"
+        ),
+        pytest.param(
+            ["gw-1", "gw-2"],
+            {f"gw-{i}": 2 for i in range(2, 7)},
+            999,
+            BREAKER,
+            id="fleet-share-full",
+        ),
+    ],
+)
+def test_hold_revocation(
+    gateways: list[str], recent: dict[str, int], fleet: int, expected: str | None
+) -> None:
+    assert hold_revocation(gateways, "gw-1", recent, fleet, LIMITS_OF_BREAKER) == expected
+
+
+@given(
+    gateways=st.lists(st.sampled_from(["gw-1", "gw-2", "gw-3"]), min_size=1, max_size=5),
+    recent=st.dictionaries(st.sampled_from(["gw-1", "gw-2", "gw-3"]), st.integers(0, 50)),
+    fleet=st.integers(0, 100_000),
+)
+def test_a_gateway_never_revokes_past_the_breaker(
+    gateways: list[str], recent: dict[str, int], fleet: int
+) -> None:
+    """Whatever the fleet: no revocation at once through one gateway's alternations alone,
+    none past a gateway's quota, none past the fleet's."""
+    held = hold_revocation(gateways, "gw-1", recent, fleet, LIMITS_OF_BREAKER)
+    if held is None:
+        assert len(set(gateways)) >= 2
+        assert recent.get("gw-1", 0) < LIMITS_OF_BREAKER.quarantines
+        limit = LIMITS_OF_BREAKER
+        assert sum(recent.values()) < max(limit.quarantines, int(limit.share * fleet))
+
+
+def test_window_of_a_quarantine_is_its_own_and_the_ones_before_it() -> None:
+    alternations = [
+        Alternation(e, T0 + timedelta(minutes=e), gw)
+        for e, gw in [(2, "gw-a"), (3, "gw-b"), (5, "gw-a"), (7, "gw-c"), (9, "gw-b")]
+    ]
+    assert [a.epoch for a in window_of(alternations, Judged(7, 3, True))] == [3, 5, 7]
+    assert [a.epoch for a in window_of(alternations, Judged(2, 1, False))] == [2]

@@ -112,6 +112,22 @@ class QuarantineSettings(BaseSettings):
         default=3, ge=1, description="alternations allowed in the window; one more quarantines"
     )
     window: Duration = Field(default=timedelta(minutes=10), description="the counting window")
+    breaker_quarantines: int = Field(
+        default=3,
+        ge=0,
+        description="revocations one gateway's Hellos may lead to in the breaker's window; "
+        "further ones wait for `bcw quarantine release` (security.quarantine.breaker-open)",
+    )
+    breaker_window: Duration = Field(
+        default=timedelta(minutes=10), description="the breaker's window"
+    )
+    breaker_share: float = Field(
+        default=0.01,
+        ge=0,
+        le=1,
+        description="the fleet's share of nodes that may be revoked in the breaker's window "
+        "(at least BCW_QUARANTINE_BREAKER_QUARANTINES)",
+    )
     hold_max: Duration = Field(
         default=timedelta(minutes=5),
         description="a session held for the quarantine (its Hello was a duplicate identity) "

@@ -44,16 +44,31 @@ WORKER_NAMES = ("labeler", "liveness", "quarantine", "recorder", "replay")
 EMITS: dict[str, tuple[type[CamelMessage | SnakeMessage], ...]] = {
     "labeler": (events.CapabilitiesChanged,),
     "liveness": (
-        events.NodeConnected, events.NodeDisconnected, events.GatewayBlind,
-        events.GatewaySeeing, events.BreakerOpen, notices.Zombie,
+        events.NodeConnected,
+        events.NodeDisconnected,
+        events.GatewayBlind,
+        events.GatewaySeeing,
+        events.BreakerOpen,
+        notices.Zombie,
     ),
-    "quarantine": (events.DuplicateSession, events.Quarantined, events.Revocations),
+    "quarantine": (
+        events.DuplicateSession,
+        events.Quarantined,
+        events.QuarantineHeld,
+        events.QuarantineBreakerOpen,
+        events.Revocations,
+    ),
     "recorder": (notices.EventAck,),
     "replay": (
-        events.CommandReplayed, events.CommandCancelled, events.CommandFailed,
-        events.CommandCompleted, events.HoldExpired, notices.Dispatch, notices.HelloAgain,
+        events.CommandReplayed,
+        events.CommandCancelled,
+        events.CommandFailed,
+        events.CommandCompleted,
+        events.HoldExpired,
+        notices.Dispatch,
+        notices.HelloAgain,
     ),
-}  # fmt: skip
+}
 #: the same, by message type (what `OutboxBatch.add` looks up)
 EMITTED_TYPES = {worker: frozenset(t.BC_TYPE for t in made) for worker, made in EMITS.items()}
 

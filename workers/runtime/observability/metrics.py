@@ -170,6 +170,11 @@ class Metrics:
             r, "bcw_liveness_breakers_open",
             "Gateways whose stale sessions the fleet breaker holds; set by the replica that sweeps.",
         )  # fmt: skip
+        self.quarantines_held = Gauge(
+            r, "bcw_quarantines_held",
+            "Quarantines whose revocation waits for an operator (one gateway's alternations, "
+            "or the breaker): bcw quarantine release.",
+        )  # fmt: skip
         self.holds_expired = Counter(
             r, "bcw_quarantine_holds_expired_total",
             "Sessions held for the quarantine that were released after BCW_QUARANTINE_HOLD_MAX.",

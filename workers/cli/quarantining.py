@@ -1,0 +1,95 @@
+"""`bcw quarantine status|release`: the quarantines the breaker holds for an operator, and
+their release (the quarantine worker then revokes them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, Commands
+from workers.runtime.base.settings import Settings
+
+HELD = """
+SELECT node_id, epoch, gateway_id, held, alternations, gateways, serials, decided_at
+  FROM quarantines
+ WHERE revoked_at IS NULL AND released_at IS NULL
+   AND ($1::text IS NULL OR node_id = $1) AND ($2::text IS NULL OR gateway_id = $2)
+ ORDER BY decided_at
+"""
+RELEASE = """
+UPDATE quarantines SET released_at = compute_now(), released_by = $3
+ WHERE revoked_at IS NULL AND released_at IS NULL
+   AND ($1::text IS NULL OR node_id = $1) AND ($2::text IS NULL OR gateway_id = $2)
+RETURNING node_id
+"""
+
+
+def add(commands: Commands) -> None:
+    """Register this group's commands."""
+    quarantine = commands.add_parser(
+        "quarantine", help="quarantines held by the breaker for an operator"
+    )
+    sub = quarantine.add_subparsers(dest="quarantine_command", required=True)
+    status = sub.add_parser("status", help="the quarantines whose revocation waits")
+    status.add_argument("--node", help="only this node's")
+    status.add_argument("--gateway", help="only those a Hello of this gateway completed")
+    status.set_defaults(handler=_cmd_status)
+    release = sub.add_parser(
+        "release", help="let the quarantine worker revoke what the breaker holds (chosen ones)"
+    )
+    release.add_argument("--node", help="this node's held quarantine")
+    release.add_argument("--gateway", help="those a Hello of this gateway completed")
+    release.add_argument("--all", action="store_true", help="every held quarantine")
+    release.add_argument("--by", help="who releases them (recorded); default user@host")
+    release.set_defaults(handler=_cmd_release)
+
+
+def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.runtime.store import db
+
+    async def run() -> int:
+        conn = await db.connect(settings.database)
+        try:
+            rows = await conn.fetch(HELD, args.node, args.gateway)
+        finally:
+            await conn.close()
+        for row in rows:
+            print(
+                f"{row['node_id']}  epoch {row['epoch']}  {row['held']:<11} via {row['gateway_id']}"
+                f"  alternations {row['alternations']} through {', '.join(row['gateways']) or '?'}"
+                f"  serials {', '.join(row['serials']) or '-'}  {row['decided_at']:%Y-%m-%d %H:%M:%S%z}"
+            )
+        if not rows:
+            print("no quarantine is held")
+        return 0
+
+    return asyncio.run(run())
+
+
+def _cmd_release(args: argparse.Namespace, settings: Settings) -> int:
+    import getpass
+    import socket
+
+    from workers.runtime.store import db
+
+    if not (args.node or args.gateway or args.all):
+        print("bcw quarantine release: say which: --node, --gateway or --all", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+    who = args.by or f"{getpass.getuser()}@{socket.gethostname()}"
+
+    async def run() -> int:
+        conn = await db.connect(settings.database)
+        try:
+            released = await conn.fetch(RELEASE, args.node, args.gateway, who)
+        finally:
+            await conn.close()
+        if not released:
+            print("bcw quarantine release: no held quarantine matches", file=sys.stderr)
+            return EXIT_FAILED
+        nodes = ", ".join(sorted(r["node_id"] for r in released))
+        print(f"released by {who}: {nodes}; the quarantine worker revokes them")
+        return 0
+
+    return asyncio.run(run())

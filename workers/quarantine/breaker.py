@@ -1,0 +1,157 @@
+"""The breaker for revocations: each quarantine the enforcer decides is recorded
+(`quarantines`), and revoked at once only while the rule `decide.hold_revocation` allows
+it; otherwise it is held for an operator — `security.quarantine.held`, the first of a
+gateway's window also `security.quarantine.breaker-open`, the gauge
+`bcw_quarantines_held` and its alert — until `bcw quarantine release`, after which the
+release loop here revokes it.
+
+Called by `apply` inside the batch's transaction, and by the worker's release loop. The
+breaker's count is taken under a transaction-scoped advisory lock, so that two replicas
+deciding at once do not both see room for one more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+
+import asyncpg
+
+from schemas.events import QuarantineBreakerOpen, Quarantined, QuarantineHeld, Revocations
+from workers.quarantine.decide import BREAKER, REASON, Breaker, hold_revocation
+from workers.runtime.effects.batch import OutboxBatch
+from workers.runtime.effects.worker import Loop, Runtime, Tx
+
+log = logging.getLogger(__name__)
+
+# Revocations made at once in the window, per gateway; the fleet's size (an estimate).
+RECENT = """
+SELECT q.gateway_id, count(*)::int AS revoked FROM quarantines q
+ WHERE q.held IS NULL AND q.decided_at > compute_now() - $1::interval
+ GROUP BY q.gateway_id
+"""
+FLEET = "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'nodes'::regclass"
+# Whether the gateway already had a quarantine held by the breaker in the window.
+OPEN_ALREADY = """
+SELECT EXISTS (SELECT 1 FROM quarantines q WHERE q.gateway_id = $1 AND q.held = 'breaker'
+                  AND q.decided_at > compute_now() - $2::interval)
+"""
+RECORD = """
+INSERT INTO quarantines (node_id, epoch, gateway_id, alternations, gateways, serials, held,
+                         revoked_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, CASE WHEN $7::text IS NULL THEN compute_now() END)
+ON CONFLICT (node_id, epoch) DO NOTHING
+"""
+
+# Every live certificate of one node among `serials` (or a serial with no record), revoked;
+# never another node's. As `apply.REVOKE`, one node at a time.
+REVOKE_RELEASED = """
+INSERT INTO node_certs AS c
+       (serial, node_id, identity_generation, role, allowed_kinds, not_after, revoked_at, revocation_reason)
+SELECT r.serial, n.node_id, n.identity_generation, n.role, '{}', compute_now(), compute_now(), $3
+  FROM unnest($1::text[]) AS r(serial)
+  JOIN nodes n ON n.node_id = $2
+ON CONFLICT (serial) DO UPDATE
+   SET revoked_at = compute_now(), revocation_reason = EXCLUDED.revocation_reason
+ WHERE c.revoked_at IS NULL AND c.node_id = EXCLUDED.node_id
+"""
+RELEASED = """
+SELECT q.node_id, q.epoch, q.alternations, q.serials FROM quarantines q
+ WHERE q.revoked_at IS NULL AND q.released_at IS NOT NULL
+ ORDER BY q.decided_at LIMIT 100
+   FOR UPDATE SKIP LOCKED
+"""
+MARK_REVOKED = "UPDATE quarantines SET revoked_at = compute_now() WHERE node_id = $1 AND epoch = $2"
+HELD = "SELECT count(*) FROM quarantines WHERE revoked_at IS NULL AND released_at IS NULL"
+
+
+async def hold(
+    tx: Tx,
+    node_id: str,
+    epoch: int,
+    gateway_id: str,
+    gateways: Sequence[str],
+    serials: Sequence[str],
+    alternations: int,
+    breaker: Breaker,
+) -> str | None:
+    """Decide and record a quarantine of `node_id` (completed by `gateway_id`'s Hello at
+    `epoch`): None when it revokes now (the caller revokes and publishes), else why it is
+    held (its events are queued here)."""
+    conn = tx.conn
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtext('bcw-quarantine-breaker'))")
+    recent = {row["gateway_id"]: row["revoked"] for row in await conn.fetch(RECENT, breaker.window)}
+    held = hold_revocation(gateways, gateway_id, recent, int(await conn.fetchval(FLEET)), breaker)
+    opened = held == BREAKER and not await conn.fetchval(OPEN_ALREADY, gateway_id, breaker.window)
+    await conn.execute(
+        RECORD, node_id, epoch, gateway_id, alternations, list(gateways), list(serials), held
+    )
+    if held is None:
+        return None
+    log.warning(
+        "quarantine of node %s held for an operator (%s; alternations through %s): "
+        "bcw quarantine release",
+        node_id,
+        held,
+        ", ".join(gateways) or "?",
+    )
+    event = QuarantineHeld(
+        node_id=node_id,
+        gateway_id=gateway_id,
+        reason=held,  # type: ignore[arg-type]  # one of the two reasons
+        alternations=alternations,
+        gateways=list(gateways),
+        serials=list(serials),
+    )
+    tx.publish(event, tx.subjects.event(event.BC_TYPE), order_key=node_id)
+    if opened:
+        notice = QuarantineBreakerOpen(
+            gateway_id=gateway_id,
+            revoked=recent.get(gateway_id, 0),
+            window_seconds=int(breaker.window.total_seconds()),
+        )
+        tx.publish(notice, tx.subjects.event(notice.BC_TYPE), order_key=gateway_id)
+    return held
+
+
+async def revoke_released(runtime: Runtime) -> int:
+    """Revoke what an operator released, each with its events; how many."""
+    outbox = OutboxBatch("quarantine")
+    async with runtime.pool.acquire() as conn, conn.transaction():
+        rows = await conn.fetch(RELEASED)
+        for row in rows:
+            serials = list(row["serials"])
+            await conn.execute(REVOKE_RELEASED, serials, row["node_id"], REASON)
+            await conn.execute(MARK_REVOKED, row["node_id"], row["epoch"])
+            event = Quarantined(
+                node_id=row["node_id"],
+                reason=REASON,
+                alternations=row["alternations"],
+                revoked_serials=serials,
+            )
+            outbox.add(event, runtime.subjects.event(event.BC_TYPE), order_key=row["node_id"])
+            notice = Revocations(node_id=row["node_id"], serials=serials, reason=REASON)
+            outbox.add(notice, runtime.subjects.revocations, order_key=row["node_id"])
+        if rows:
+            await outbox.write(conn)
+        held = int(await conn.fetchval(HELD))
+    runtime.metrics.quarantines_held.set(held)
+    return len(rows)
+
+
+def release_loop(every: float = 2.0) -> Loop:
+    """Now and then: revoke what an operator released, and say how many wait."""
+
+    async def loop(runtime: Runtime, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            try:
+                if await revoke_released(runtime):
+                    runtime.wake_outbox()
+            except (TimeoutError, OSError, asyncpg.PostgresError) as error:
+                log.info("quarantine: released revocations not applied yet (%r)", error)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), every)
+
+    return loop
