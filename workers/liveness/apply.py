@@ -11,9 +11,12 @@ import logging
 import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from typing import Any
+
+import asyncpg
 
 from schemas.events import NodeDisconnected
-from schemas.facts import CLOSE_CODES, Closed, Fact, Hello, Liveness, newest_per_node
+from schemas.facts import CLOSE_CODES, Closed, Fact, Hello, Liveness, LivenessEntry, newest_per_node
 from schemas.notices import Zombie
 from workers.liveness.decide import closes_its_row, connected
 from workers.runtime.effects import outcome
@@ -30,26 +33,30 @@ SELECT s.node_id, s.session_epoch
 
 # One statement for every entry of every flush in the batch: last_seen moves only
 # forward (and the daemon's free credits per lane are kept, when the entry has them),
-# on rows matching node, epoch and gateway (one entry per node: its newest epoch, its
-# smallest age); every entry that matches no row (as it was before this
-# statement) is returned, for a zombie notice to its gateway. The rows are locked in
-# node order first (`locked`), as every other writer of node_sessions locks them: an
-# UPDATE … FROM would lock them in whatever order its join produces, and deadlock with
-# the recorder or the labeler.
+# on rows matching node, epoch and gateway (one entry per node and gateway: its newest
+# epoch, its smallest age — folded per gateway, so that one gateway's entries, at any
+# epoch, never stand in for another's); every entry that matches no row (as it was
+# before this statement) is returned, for a zombie notice to its gateway. The rows are
+# locked in node order first (`locked`), as every other writer of node_sessions locks
+# them: an UPDATE … FROM would lock them in whatever order its join produces, and
+# deadlock with the recorder or the labeler. A row locked elsewhere is skipped and
+# returned (`skipped`), to be waited for on its own (`_flush`): a transaction a gateway
+# keeps open on one node's row never holds back the flush of every other node.
 FLUSH = """
 WITH e AS (
     SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::real[],
                          $7::text[])
         AS e(node_id, epoch, age_ms, gateway_id, credits, load, node_load)
 ), folded AS (
-    SELECT DISTINCT ON (node_id) * FROM e ORDER BY node_id, epoch DESC, age_ms
+    SELECT DISTINCT ON (node_id, gateway_id) * FROM e
+     ORDER BY node_id, gateway_id, epoch DESC, age_ms
 ), locked AS (
     SELECT s.node_id, f.age_ms, f.credits, f.load, f.node_load
       FROM node_sessions s
       JOIN folded f
         ON s.node_id = f.node_id AND s.session_epoch = f.epoch AND s.gateway_id = f.gateway_id
      ORDER BY s.node_id
-       FOR UPDATE OF s
+       FOR UPDATE OF s {skip}
 ), seen AS (
     UPDATE node_sessions s
        SET last_seen = GREATEST(s.last_seen, compute_now() - l.age_ms * interval '1 millisecond'),
@@ -59,13 +66,22 @@ WITH e AS (
       FROM locked l
      WHERE s.node_id = l.node_id
 )
-SELECT DISTINCT e.node_id, e.epoch, e.gateway_id
-  FROM e
-  LEFT JOIN node_sessions s
-    ON s.node_id = e.node_id AND s.session_epoch = e.epoch AND s.gateway_id = e.gateway_id
- WHERE s.node_id IS NULL
- ORDER BY e.gateway_id, e.node_id, e.epoch
+SELECT z.node_id, z.epoch, z.gateway_id, false AS skipped
+  FROM (SELECT DISTINCT e.node_id, e.epoch, e.gateway_id
+          FROM e
+          LEFT JOIN node_sessions s
+            ON s.node_id = e.node_id AND s.session_epoch = e.epoch AND s.gateway_id = e.gateway_id
+         WHERE s.node_id IS NULL
+         ORDER BY e.gateway_id, e.node_id, e.epoch) z
+UNION ALL
+SELECT f.node_id, f.epoch, f.gateway_id, true
+  FROM folded f
+  JOIN node_sessions s
+    ON s.node_id = f.node_id AND s.session_epoch = f.epoch AND s.gateway_id = f.gateway_id
+ WHERE NOT EXISTS (SELECT 1 FROM locked l WHERE l.node_id = f.node_id)
 """
+FLUSH_SKIPPING = FLUSH.format(skip="SKIP LOCKED")
+FLUSH_WAITING = FLUSH.format(skip="")
 
 # Fenced on node, epoch and gateway; rows locked in node order (see FLUSH). A session
 # its gateway already closed (it writes a normal close at once, `gateway/store.py`: the
@@ -150,16 +166,20 @@ async def _flush(tx: Tx, flushes: list[Liveness], max_zombie_notices: int) -> No
     entries = [(e, fact) for fact in flushes for e in fact.entries]
     if not entries:
         return
-    zombies = await tx.conn.fetch(
-        FLUSH,
-        [e.node_id for e, _ in entries],
-        [e.epoch for e, _ in entries],
-        [e.age_ms for e, _ in entries],
-        [fact.gateway_id for _, fact in entries],
-        [json.dumps(e.credits) if e.credits is not None else None for e, _ in entries],
-        [e.load for e, _ in entries],
-        [e.node_load.model_dump_json() if e.node_load else None for e, _ in entries],
-    )
+    rows = await tx.conn.fetch(FLUSH_SKIPPING, *_flush_arguments(entries))
+    zombies = [row for row in rows if not row["skipped"]]
+    skipped = {(row["node_id"], row["gateway_id"]) for row in rows if row["skipped"]}
+    if skipped:  # rows another transaction holds: waited for alone, up to lock_timeout
+        waiting = [(e, f) for e, f in entries if (e.node_id, f.gateway_id) in skipped]
+        try:
+            async with tx.conn.transaction():  # a savepoint: a lock not had loses only these
+                await tx.conn.fetch(FLUSH_WAITING, *_flush_arguments(waiting))
+        except asyncpg.LockNotAvailableError:
+            log.info(
+                "flush: %d session row(s) locked elsewhere past lock_timeout; their next "
+                "flush moves them",
+                len(skipped),
+            )
     cause = {fact.gateway_id: fact for fact in flushes}
     sent: Counter[str] = Counter()
     for row in zombies:
@@ -179,6 +199,18 @@ async def _flush(tx: Tx, flushes: list[Liveness], max_zombie_notices: int) -> No
             "zombie notices held back: %d beyond %d per gateway and batch (gateways %s)",
             held_back, max_zombie_notices, ", ".join(sorted(sent)),
         )  # fmt: skip
+
+
+def _flush_arguments(entries: list[tuple[LivenessEntry, Liveness]]) -> list[list[Any]]:
+    return [
+        [e.node_id for e, _ in entries],
+        [e.epoch for e, _ in entries],
+        [e.age_ms for e, _ in entries],
+        [fact.gateway_id for _, fact in entries],
+        [json.dumps(e.credits) if e.credits is not None else None for e, _ in entries],
+        [e.load for e, _ in entries],
+        [e.node_load.model_dump_json() if e.node_load else None for e, _ in entries],
+    ]
 
 
 async def _disconnect(tx: Tx, closed: list[Closed]) -> dict[uuid.UUID, Outcome]:

@@ -1,7 +1,9 @@
 """The fact recorder's I/O: store event batches and status reports set-based.
 
 Called by the runtime with one transaction per batch. Node rows are locked in node order
-before they are written. Facts are not fenced on the session epoch (DESIGN §4).
+before they are written, and each fact is fenced on what it reads there: events count
+only from the gateway that holds their journal now, a status report only from the
+node's current session (`provenance.FENCES`); the others are STALE and change nothing.
 """
 
 from __future__ import annotations
@@ -14,15 +16,23 @@ import asyncpg
 
 from schemas.facts import Events, Fact, Status
 from schemas.notices import EventAck
-from workers.recorder.decide import StoredStatus, apply_reports, highest_contiguous, unique_events
+from workers.recorder.decide import (
+    StoredStatus,
+    apply_reports,
+    from_current_session,
+    highest_contiguous,
+    holds_journal,
+    unique_events,
+)
+from workers.runtime.effects import outcome
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.worker import Tx
 
 # Key-by-key LATERAL lookups on the primary key (see workers/labeler/apply.py); the
 # caller passes the keys sorted, so rows are locked in a stable order.
 LOCK_SESSIONS = """
-SELECT s.node_id, s.journal_id, s.acked_event_seq, s.observed_generation, s.trust_version,
-       s.approver_set_epoch, s.approver_set_sha256
+SELECT s.node_id, s.session_epoch, s.gateway_id, s.journal_id, s.acked_event_seq,
+       s.observed_generation, s.trust_version, s.approver_set_epoch, s.approver_set_sha256
   FROM unnest($1::text[]) AS n(node_id)
  CROSS JOIN LATERAL (SELECT * FROM node_sessions WHERE node_id = n.node_id FOR UPDATE) AS s
 """
@@ -65,11 +75,30 @@ async def handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
     statuses = [fact for fact in facts if isinstance(fact, Status)]
     nodes = sorted({fact.node_id for fact in (*events, *statuses)})
     rows = {row["node_id"]: row for row in await tx.conn.fetch(LOCK_SESSIONS, nodes)}
-    if events:
-        await _record_events(tx, events, rows)
-    if statuses:
-        await _record_statuses(tx, statuses, rows)
-    return {}
+    outcomes: dict[uuid.UUID, Outcome] = {}
+    held = [f for f in events if _holds_journal(rows.get(f.node_id), f)]
+    current = [f for f in statuses if _from_current(rows.get(f.node_id), f)]
+    for fact in (*events, *statuses):
+        outcomes[fact.fact_id] = outcome.STALE
+    for fact in (*held, *current):
+        del outcomes[fact.fact_id]
+    if held:
+        await _record_events(tx, held, rows)
+    if current:
+        await _record_statuses(tx, current, rows)
+    return outcomes
+
+
+def _holds_journal(row: asyncpg.Record | None, fact: Events) -> bool:
+    return row is not None and holds_journal(
+        row["gateway_id"], row["journal_id"], fact.gateway_id, fact.journal_id
+    )
+
+
+def _from_current(row: asyncpg.Record | None, fact: Status) -> bool:
+    return row is not None and from_current_session(
+        row["session_epoch"], row["gateway_id"], fact.epoch, fact.gateway_id
+    )
 
 
 async def _record_events(tx: Tx, facts: list[Events], rows: Mapping[str, asyncpg.Record]) -> None:

@@ -66,3 +66,20 @@ def highest_contiguous(base: int, stored_seqs: Iterable[int]) -> int:
     while n + 1 in present:
         n += 1
     return n
+
+
+def holds_journal(
+    session_gateway: str | None, session_journal: str | None, gateway: str, journal: str
+) -> bool:
+    """Events count only from the gateway that holds their journal now: the node's session
+    is routed to that gateway, on that journal. A former holder's, or a stranger's, change
+    nothing (the daemon sends again what was not acked, to its gateway of now). Pure."""
+    return session_gateway == gateway and session_journal == journal
+
+
+def from_current_session(
+    session_epoch: int, session_gateway: str | None, epoch: int, gateway: str
+) -> bool:
+    """A status report counts only from the node's current session: its epoch, at its
+    gateway. Pure."""
+    return session_epoch == epoch and session_gateway == gateway

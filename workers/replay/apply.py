@@ -301,6 +301,12 @@ async def _answers(
         if row is None or row.command.node_id != fact.node_id:
             outcomes[fact.fact_id] = outcome.STALE  # unknown command, or not this node's
             continue
+        # an answer counts only from the session the command is at (whose epoch
+        # `provenance` bound to the answer's gateway); a Hello's results, proven by
+        # the epoch's one Hello, settle what the daemon ran in its sessions before
+        if causes is None and row.command.session_epoch != fact.epoch:
+            outcomes[fact.fact_id] = outcome.STALE
+            continue
         applied = _answer(tx, row, fact, now, settings, (causes or {}).get(fact.fact_id, fact))
         if not applied:
             outcomes[fact.fact_id] = outcome.STALE

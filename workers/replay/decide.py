@@ -233,8 +233,10 @@ def progress_to(state: str, reported: str) -> str | None:
 
 
 def finishes(state: str) -> bool:
-    """A result finishes a command once; a terminal state never changes. Pure."""
-    return state not in TERMINAL
+    """A result finishes a command once, and only one that was sent: a terminal state never
+    changes, and a pending command — never sent, or handed back (BUSY) — was not run by
+    anyone a result could come from. Pure."""
+    return state in IN_FLIGHT
 
 
 #: once asked, a session whose Hello still has not come is asked again after this many

@@ -86,20 +86,23 @@ async def test_a_gap_keeps_the_ack_at_the_last_contiguous_seq(
     assert [a["seq"] for a in await drive.published("event-ack", stream="notices")] == [2, 5]
 
 
-async def test_an_old_journals_batch_does_not_move_the_new_journals_ack(
+async def test_an_old_journals_batch_from_its_former_gateway_changes_nothing(
     drive: Driver, db: asyncpg.Connection
 ) -> None:
+    """Events count only from the gateway that holds their journal now: gw-0 held the
+    node's old journal at epoch 1; its late batch is stale — nothing stored, no ack, the
+    new journal's ack unmoved."""
     await fleet.session(db, "n1", epoch=2, journal_id="journal-new")
     await fleet.issued(db, "n1", 1, "gw-0", journal_id="journal-old")  # the session before
     await drive.send(events([1, 2], journal="journal-new"))
     await drive.send(events([1, 2, 3, 4, 5, 6], journal="journal-old", gateway="gw-0"))
     assert await _acked(db) == 2
     stored = await db.fetchval("SELECT count(*) FROM node_events WHERE journal_id = 'journal-old'")
-    assert stored == 6  # stored all the same
+    assert stored == 0
+    assert drive.settled("stale") == 1
     acks = await drive.published("event-ack", stream="notices")
     assert [(a["journal_id"], a["seq"], a["_subject"].split(".")[2]) for a in acks] == [
         ("journal-new", 2, "gw-1"),
-        ("journal-old", 6, "gw-0"),
     ]
 
 

@@ -218,9 +218,11 @@ class ReplayMachine(RuleBasedStateMachine):
             st.sampled_from(sorted(self.model.commands.values(), key=lambda c: c.seq))
         )
         order = {"dispatched": 0, "acked": 1, "running": 2}
-        if command.state in order and order[state] > order[command.state]:
-            command.state = state
         epoch = self.model.epoch - 1 if stale else self.model.epoch
+        # an answer counts only from the session the command is at
+        moves = command.state in order and order[state] > order[command.state]
+        if moves and command.epoch == max(1, epoch):
+            command.state = state
         fact = make_fact(
             "progress",
             node_id=self.node,
@@ -236,7 +238,8 @@ class ReplayMachine(RuleBasedStateMachine):
         command = data.draw(
             st.sampled_from(sorted(self.model.commands.values(), key=lambda c: c.seq))
         )
-        if command.state not in TERMINAL:
+        # only a command sent, and only from the session it is at: never a pending one
+        if command.state in ("dispatched", "acked", "running") and command.epoch == self.model.epoch:
             command.state = outcome
         fact = make_fact(
             "result", node_id=self.node, epoch=self.model.epoch, command_id=str(command.id),

@@ -231,7 +231,9 @@ def test_progress_moves_forward_only(state: str, reported: str, expected: str | 
     ("state", "finishes_it"),
     [
         ("dispatched", True),
-        ("pending", True),
+        ("acked", True),
+        ("running", True),
+        ("pending", False),  # never sent (or handed back): nobody ran it
         ("done", False),
         ("failed", False),
         ("cancelled", False),

@@ -88,12 +88,19 @@ def test_bad_settings_name_their_variable(
     assert "hunter2" not in described
 
 
-def test_our_sessions_end_when_idle_in_a_transaction_unless_told_not_to() -> None:
+def test_our_sessions_end_when_idle_in_a_transaction_and_wait_for_no_lock_for_long() -> None:
     from workers.runtime.base.runtime_settings import DatabaseSettings
     from workers.runtime.store.db import server_settings
 
-    assert server_settings(DatabaseSettings()) == {"idle_in_transaction_session_timeout": "30000"}
-    assert server_settings(DatabaseSettings(idle_in_transaction_timeout=0)) == {}
+    assert server_settings(DatabaseSettings()) == {
+        "idle_in_transaction_session_timeout": "30000",
+        "lock_timeout": "5000",
+    }
+    assert server_settings(DatabaseSettings(lock_timeout=0.5)) == {
+        "idle_in_transaction_session_timeout": "30000",
+        "lock_timeout": "500",
+    }
+    assert server_settings(DatabaseSettings(idle_in_transaction_timeout=0, lock_timeout=0)) == {}
 
 
 def test_a_log_level_is_taken_in_any_case(monkeypatch: pytest.MonkeyPatch) -> None:

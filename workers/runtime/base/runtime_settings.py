@@ -43,6 +43,13 @@ class DatabaseSettings(BaseSettings):
         "(idle_in_transaction_session_timeout): a worker cut off by a partition must not hold its row locks for hours; "
         "0 sends nothing (e.g. behind a PgBouncer that refuses the startup parameter)",
     )
+    lock_timeout: Seconds = Field(
+        default=5.0,
+        ge=0,
+        description="the longest one of our statements waits for a row lock (lock_timeout): a "
+        "transaction kept open on a node's row elsewhere (a hostile gateway's) holds back "
+        "that node's fact only, retried later; 0 sends nothing",
+    )
     statement_cache_size: int = Field(
         default=100, ge=0, description="0 behind PgBouncer (transaction mode) older than 1.21"
     )

@@ -49,6 +49,10 @@ from workers.runtime.observability import tracing
 from workers.runtime.observability.metrics import Metrics
 from workers.runtime.store import db
 
+#: a fact whose row another session kept locked past `lock_timeout` is redelivered after
+#: this (a nak: it counts towards `max_deliver`)
+LOCKED_RETRY_SECONDS = 10.0
+
 log = logging.getLogger(__name__)
 
 
@@ -246,6 +250,8 @@ class FactConsumer:
             nonlocal healthy_failures
             try:
                 await self._apply(items)
+            except asyncpg.LockNotAvailableError as error:  # a row held elsewhere: not ours
+                raise Pinned(error, "locked") from error
             except Exception as error:
                 severity = classify(error)
                 if severity is Severity.FATAL:
@@ -280,6 +286,10 @@ class FactConsumer:
                 item.outcome = outcome.RELEASED
             return
         except Pinned as pinned:
+            if len(items) == 1 and pinned.cause == "locked":
+                log.info("%s: fact %s waits for a row locked elsewhere", name, items[0].fact_id)
+                items[0].outcome = outcome.retry_after(LOCKED_RETRY_SECONDS)
+                return
             if len(items) == 1:
                 if pinned.cause == "handler":
                     log.error(

@@ -35,9 +35,19 @@ def server_settings(settings: DatabaseSettings) -> dict[str, str]:
     its backends waiting, in a transaction, for commands that never come; PostgreSQL
     would keep them (and their row locks, blocking every other replica) until TCP
     keepalive gives up — hours by default. This ends them after the configured time.
+
+    `lock_timeout`: no statement of ours waits longer than this for a lock another
+    session holds (a gateway may keep a transaction open on a node's row); the fact
+    behind it is tried again later, alone (`consumer`).
     """
-    idle = settings.idle_in_transaction_timeout
-    return {"idle_in_transaction_session_timeout": f"{int(idle * 1000)}"} if idle else {}
+    out = {}
+    if settings.idle_in_transaction_timeout:
+        out["idle_in_transaction_session_timeout"] = (
+            f"{int(settings.idle_in_transaction_timeout * 1000)}"
+        )
+    if settings.lock_timeout:
+        out["lock_timeout"] = f"{int(settings.lock_timeout * 1000)}"
+    return out
 
 
 def _options(settings: DatabaseSettings) -> dict[str, Any]:
