@@ -59,8 +59,9 @@ SELECT DISTINCT c.node_id
  LIMIT $1
 """
 
-# A session held for the quarantine (its Hello was a duplicate identity, not yet counted)
-# gets nothing. Sessions routed to a gateway whose lease has expired get nothing: the
+# A session held for the quarantine (its Hello was a duplicate identity, not yet counted,
+# or quarantined) gets nothing, nor one that presented a revoked certificate (its gateway
+# drops it on the revocation notice; until then it is nobody's to send to). Sessions routed to a gateway whose lease has expired get nothing: the
 # gateway may be gone, and its sessions are moving (or the liveness controller's
 # gateway-loss rule will disconnect them). A gateway without a lease row at all has not expired.
 LOCK_CONNECTED = """
@@ -73,7 +74,7 @@ SELECT s.node_id, s.session_epoch, s.gateway_id, s.transport, s.upgrade_required
                       FOR SHARE) AS s
   LEFT JOIN node_certs c ON c.serial = s.cert_serial
   LEFT JOIN gateways g ON g.gateway_id = s.gateway_id
- WHERE g.gateway_id IS NULL OR g.lease_expires_at > compute_now()
+ WHERE (g.gateway_id IS NULL OR g.lease_expires_at > compute_now()) AND c.revoked_at IS NULL
 """
 
 PENDING_OF = """

@@ -27,14 +27,20 @@ log = logging.getLogger(__name__)
 CONSUMER = "replay"
 
 # Rows locked in node order, skipping those a Hello or a dispatch round holds right now
-# (the next look gets them).
+# (the next look gets them). Never a session the quarantine judged (quarantined, or its
+# revocation held for an operator: `alternations_judged_epoch` at or past the hold), nor
+# one whose certificate is revoked: the bound is for a quarantine worker that is late,
+# not one that decided.
 RELEASE = """
 WITH expired AS (
-    SELECT node_id FROM node_sessions
-     WHERE held_epoch IS NOT NULL AND connected_at <= compute_now() - $1::interval
-     ORDER BY node_id
+    SELECT s.node_id FROM node_sessions s
+     WHERE s.held_epoch IS NOT NULL AND s.connected_at <= compute_now() - $1::interval
+       AND (s.alternations_judged_epoch IS NULL OR s.alternations_judged_epoch < s.held_epoch)
+       AND NOT EXISTS (SELECT 1 FROM node_certs c
+                        WHERE c.serial = s.cert_serial AND c.revoked_at IS NOT NULL)
+     ORDER BY s.node_id
      LIMIT $2
-       FOR UPDATE SKIP LOCKED
+       FOR UPDATE OF s SKIP LOCKED
 )
 UPDATE node_sessions s SET held_epoch = NULL
   FROM expired e

@@ -311,3 +311,53 @@ async def test_a_hold_the_quarantine_never_counts_is_released_after_its_bound(
     assert await db.fetchval("SELECT held_epoch FROM node_sessions") is None
     [warning] = [r for r in caplog.records if "BCW_QUARANTINE_HOLD_MAX" in r.getMessage()]
     assert warning.levelname == "WARNING" and "released n1 (epoch 1)" in warning.getMessage()
+
+
+@pytest.mark.parametrize("why", ["quarantined", "held-for-an-operator", "certificate-revoked"])
+async def test_the_hold_bound_never_releases_what_the_quarantine_decided(
+    servers: Servers,
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
+    clock: Clock,
+    why: str,
+) -> None:
+    """The quarantine judged the held session (it quarantined the node, or held the
+    revocation for an operator), or its certificate was revoked: past the bound, the
+    session stays held and gets nothing; another node's held session is released as
+    usual. A revoked certificate's session gets nothing even when not held."""
+    await fleet.session(db, "n1", epoch=4, gateway_id="gw-9")
+    await fleet.session(db, "n2", epoch=1, gateway_id="gw-9")
+    await db.execute("UPDATE node_sessions SET held_epoch = session_epoch")
+    await db.execute("UPDATE node_sessions SET cert_serial = node_id || '-serial'")
+    if why == "certificate-revoked":
+        await db.execute(
+            "UPDATE node_certs SET revoked_at = now(), revocation_reason = 'duplicate-identity' "
+            "WHERE node_id = 'n1'"
+        )
+    else:  # the quarantine counted epoch 4's Hello and acted on it (revoking, or holding)
+        await db.execute(
+            "UPDATE node_sessions SET alternations_judged_epoch = 4 WHERE node_id = 'n1'"
+        )
+    settings = make_settings(servers.nats_url, database_url, subjects).model_copy(
+        update={
+            "replay": ReplaySettings(hello_check_interval=0.2),
+            "quarantine": QuarantineSettings(hold_max=timedelta(minutes=5)),
+        }
+    )
+    async with running(settings, [replay.build(settings)]) as (runtime, _port):
+        mine = await enqueue(db, "n1")
+        await enqueue(db, "n2")
+        await clock.advance(timedelta(minutes=30))
+        await eventually(lambda: _dispatched(db, 1), what="n2's command, its hold expired")
+        if why == "certificate-revoked":  # not held any more, still nobody's to send to
+            await db.execute("UPDATE node_sessions SET held_epoch = NULL WHERE node_id = 'n1'")
+            await db.execute("SELECT pg_notify('bcw_dispatch', '')")
+        await asyncio.sleep(1.5)  # several looks and dispatch rounds
+        assert await db.fetchval("SELECT state FROM commands WHERE command_id = $1", mine) == (
+            "pending"
+        )
+        assert runtime.metrics.holds_expired.value() == 1  # n2's only
+    held = await db.fetchval("SELECT held_epoch FROM node_sessions WHERE node_id = 'n1'")
+    assert held == (None if why == "certificate-revoked" else 4)

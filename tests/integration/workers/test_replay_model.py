@@ -239,7 +239,10 @@ class ReplayMachine(RuleBasedStateMachine):
             st.sampled_from(sorted(self.model.commands.values(), key=lambda c: c.seq))
         )
         # only a command sent, and only from the session it is at: never a pending one
-        if command.state in ("dispatched", "acked", "running") and command.epoch == self.model.epoch:
+        if (
+            command.state in ("dispatched", "acked", "running")
+            and command.epoch == self.model.epoch
+        ):
             command.state = outcome
         fact = make_fact(
             "result", node_id=self.node, epoch=self.model.epoch, command_id=str(command.id),
