@@ -26,3 +26,9 @@ CREATE INDEX quarantines_waiting ON quarantines (decided_at) WHERE revoked_at IS
 
 -- The gateway each alternation's epoch was issued to.
 ALTER TABLE node_alternations ADD COLUMN gateway_id text;
+
+-- The new events' sender, for rows written without an owner (0025).
+INSERT INTO outbox_senders (bc_type, worker) VALUES
+    ('security.quarantine.held', 'quarantine'),
+    ('security.quarantine.breaker-open', 'quarantine')
+ON CONFLICT (bc_type) DO NOTHING;

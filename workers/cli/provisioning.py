@@ -89,8 +89,11 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     from workers.runtime.store import db, migrate, roles
 
     if args.print_grants:  # no connection: for a DBA who runs it by hand
+        from workers.runtime.store.limits import LIMITS, limits_sql
+
         policies = "".join(roles.policies_sql().values())
-        print(roles.create_roles_sql() + roles.grants_sql() + policies, end="")
+        logins = "".join(limits_sql(group) + "\n" for group in LIMITS if group in roles.GROUPS)
+        print(roles.create_roles_sql() + roles.grants_sql() + policies + logins, end="")
         return 0
 
     if args.wait is not None:

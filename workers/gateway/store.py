@@ -20,6 +20,7 @@ from typing import Any
 import asyncpg
 
 from workers.gateway.admission import CertRow, DesiredState, HelloRequest
+from workers.runtime.store import limits
 
 log = logging.getLogger(__name__)
 
@@ -272,6 +273,8 @@ async def bind(conn: asyncpg.Connection, login: str, gateway_id: str) -> None:
         login,
         gateway_id,
     )
+    # its connections and statements bounded as the group's (`limits`), when we may
+    await limits.apply(conn, ("bcw_gateway_bound",), login)
 
 
 async def unbind(conn: asyncpg.Connection, login: str) -> bool:

@@ -276,16 +276,16 @@ async def test_stale_outcome_acks_and_keeps_going(
 async def test_a_fact_failing_while_the_servers_answer_is_dead_lettered_after_its_retries(
     servers: Servers, nc: NATS, subjects: Subjects, tally_db: str
 ) -> None:
-    """A transient failure that repeats while PostgreSQL and NATS both answer (a lock that
-    always times out) is the fact's: after `retry_attempts` tries it is dead-lettered, in
-    its first delivery (no nak spent a delivery on it)."""
+    """A transient failure that repeats while PostgreSQL and NATS both answer (a statement
+    that always times out) is the fact's: after `retry_attempts` tries it is dead-lettered,
+    in its first delivery (no nak spent a delivery on it)."""
     settings = make_settings(servers.nats_url, tally_db, subjects, retry_attempts=3)
     js = nc.jetstream()
     conn = await asyncpg.connect(tally_db)
     try:
-        # every transaction touching tally waits on this lock and times out: transient
+        # every statement touching tally waits on this lock and is cancelled: transient
         await conn.execute(
-            "ALTER DATABASE " + tally_db.rsplit("/", 1)[1] + " SET lock_timeout = '200ms'"
+            "ALTER DATABASE " + tally_db.rsplit("/", 1)[1] + " SET statement_timeout = '200ms'"
         )
         async with running(settings, [build_tally()]) as (runtime, _port), conn.transaction():
             await conn.execute("LOCK TABLE tally IN ACCESS EXCLUSIVE MODE")
@@ -296,10 +296,41 @@ async def test_a_fact_failing_while_the_servers_answer_is_dead_lettered_after_it
         [letter] = await deadletter.list_dead_letters(js, subjects, "tally")
         assert letter.cause == "retries"
         assert "failed 3 times while PostgreSQL and NATS answered" in letter.reason
-        assert "LockNotAvailableError" in letter.reason
+        assert "QueryCanceledError" in letter.reason
         assert runtime.metrics.dead_letters.value("tally", "retries") == 1
         info = await js.consumer_info(subjects.facts_stream, "tally")
         assert info.num_redelivered == 0
+    finally:
+        await conn.close()
+
+
+async def test_a_fact_whose_rows_another_session_keeps_locked_waits_and_is_not_dead_lettered(
+    servers: Servers, nc: NATS, subjects: Subjects, tally_db: str
+) -> None:
+    """Another session (a gateway's transaction kept open) holds what the fact must lock:
+    each try waits at most BCW_DATABASE_LOCK_TIMEOUT, then the fact is handed back for a
+    later delivery — never dead-lettered for it — and applies once the lock is gone."""
+    base = make_settings(servers.nats_url, tally_db, subjects, retry_attempts=3)
+    settings = base.model_copy(
+        update={"database": base.database.model_copy(update={"lock_timeout": 0.2})}
+    )
+    js = nc.jetstream()
+    conn = await asyncpg.connect(tally_db)
+    try:
+        async with running(settings, [build_tally()]) as (runtime, _port):
+            async with conn.transaction():
+                await conn.execute("LOCK TABLE tally IN ACCESS EXCLUSIVE MODE")
+                await publish_fact(js, subjects, status_fact(node_id="held"))
+                await eventually(
+                    lambda: already(runtime.metrics.facts.value("tally", "status", "retry") >= 1),
+                    what="handed back for later",
+                )
+            await eventually(
+                lambda: already(runtime.metrics.facts.value("tally", "status", "applied") == 1),
+                what="applied once the lock is gone",
+                within=30,
+            )
+        assert await deadletter.list_dead_letters(js, subjects, "tally") == []
     finally:
         await conn.close()
 

@@ -51,7 +51,7 @@ from workers.runtime.store import db
 
 #: a fact whose row another session kept locked past `lock_timeout` is redelivered after
 #: this (a nak: it counts towards `max_deliver`)
-LOCKED_RETRY_SECONDS = 10.0
+LOCKED_RETRY_SECONDS = 2.0
 
 log = logging.getLogger(__name__)
 

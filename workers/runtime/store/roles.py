@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from workers.runtime.base.runtime_settings import HISTORY_FLOOR
+from workers.runtime.store import limits
 from workers.runtime.store.leases import inbox_pruning
 
 log = logging.getLogger(__name__)
@@ -365,6 +366,7 @@ async def apply(conn: asyncpg.Connection) -> list[str]:
     for table, sql in policies_sql(granted).items():
         await _with_lock_patience(conn, table, sql)
     await _no_temp_for_public(conn)
+    await limits.apply(conn, granted)
     return list(granted)
 
 
