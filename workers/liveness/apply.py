@@ -81,6 +81,9 @@ SELECT f.node_id, f.epoch, f.gateway_id, true
  WHERE NOT EXISTS (SELECT 1 FROM locked l WHERE l.node_id = f.node_id)
 """
 FLUSH_SKIPPING = FLUSH.format(skip="SKIP LOCKED")
+#: how long the rows a flush skipped are waited for (a worker's own transactions hold a
+#: node's row for milliseconds; a gateway's open transaction, as long as it likes)
+SKIPPED_WAIT = "1s"
 FLUSH_WAITING = FLUSH.format(skip="")
 
 # Fenced on node, epoch and gateway; rows locked in node order (see FLUSH). A session
@@ -169,15 +172,16 @@ async def _flush(tx: Tx, flushes: list[Liveness], max_zombie_notices: int) -> No
     rows = await tx.conn.fetch(FLUSH_SKIPPING, *_flush_arguments(entries))
     zombies = [row for row in rows if not row["skipped"]]
     skipped = {(row["node_id"], row["gateway_id"]) for row in rows if row["skipped"]}
-    if skipped:  # rows another transaction holds: waited for alone, up to lock_timeout
+    if skipped:  # rows another transaction holds: waited for alone, a second at most
         waiting = [(e, f) for e, f in entries if (e.node_id, f.gateway_id) in skipped]
         try:
             async with tx.conn.transaction():  # a savepoint: a lock not had loses only these
+                await tx.conn.execute(f"SET LOCAL lock_timeout = '{SKIPPED_WAIT}'")
                 await tx.conn.fetch(FLUSH_WAITING, *_flush_arguments(waiting))
+                await tx.conn.execute("SET LOCAL lock_timeout TO DEFAULT")
         except asyncpg.LockNotAvailableError:
             log.info(
-                "flush: %d session row(s) locked elsewhere past lock_timeout; their next "
-                "flush moves them",
+                "flush: %d session row(s) locked elsewhere; their next flush moves them",
                 len(skipped),
             )
     cause = {fact.gateway_id: fact for fact in flushes}

@@ -29,7 +29,8 @@ class LoginLimits:
 
 #: a worker's pool (BCW_DATABASE_POOL_MAX, 8) times its processes on one login, with room;
 #: a statement above BCW_DATABASE_COMMAND_TIMEOUT (20 s), idle above the relay's PubAcks
-WORKER = LoginLimits(connections=64, statement_timeout="60s", idle_in_transaction="60s")
+#: (written as PostgreSQL shows them)
+WORKER = LoginLimits(connections=64, statement_timeout="1min", idle_in_transaction="1min")
 
 LIMITS: dict[str, LoginLimits] = {
     "bcw_liveness": WORKER,
@@ -55,7 +56,7 @@ def limits_sql(group: str, login: str | None = None) -> str:
     """A DO block that sets `group`'s limits on each of its login members (or on `login`
     alone), superusers excepted."""
     limits = LIMITS[group]
-    which = f"AND r.rolname = {_literal(login)}" if login is not None else ""
+    which = f"AND m.rolname = {_literal(login)}" if login is not None else ""
     return (
         "DO $$ DECLARE r record; BEGIN FOR r IN "
         "SELECT m.rolname FROM pg_auth_members a JOIN pg_roles g ON g.oid = a.roleid "

@@ -1,0 +1,364 @@
+"""A compromised gateway, as an attacker would use it: gw-1's own database login (bound to
+gw-1) and the reference gateway's code, but no node's key. The honest gateway gw-2 holds
+the fleet, its daemons proving their Hellos. Each test is one finding of the issue "a
+compromised gateway cannot reach nodes that never connected to it", played on real
+servers, asserting what the honest nodes keep:
+
+- the fleet-wide quarantine run: none revoked when proofs are required, the breaker's few
+  at most when they are not;
+- the rolled-back probe (it learns no boot or journal id), then the takeover with a
+  command in flight (refused; or, unproven, held: no command reaches gw-1);
+- a forged flush at a huge epoch in the honest flush's batch (the honest one applies);
+- a transaction kept open on a node's row (others' flushes and Hellos go on; the Hello of
+  that node is refused within the lock timeout, not queued);
+- a connection flood (its login's CONNECTION LIMIT).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+from nats.aio.client import Client as NATS
+
+from schemas.proof import prove
+from schemas.subjects import Subjects
+from tests.conftest import Servers
+from tests.factories import make_fact
+from tests.integration import fleet
+from tests.integration.security.conftest import url_as
+from tests.integration.streams import RecordingStream
+from tests.integration.support import (
+    eventually,
+    make_settings,
+    publish_fact,
+    running,
+    stream_messages,
+)
+from workers import liveness, quarantine, replay
+from workers.gateway import Code, Gateway, HelloRequest, Refused, store
+from workers.replay.commands import enqueue_command as enqueue
+from workers.runtime.bus import streams
+from workers.runtime.store import limits, migrate
+
+pytestmark = pytest.mark.slow
+
+NODES = [f"n{i}" for i in range(1, 13)]
+
+
+def _key(node: str) -> bytes:
+    return node.encode().ljust(32, b"k")
+
+
+def _honest(node: str, boot: str | None = None) -> HelloRequest:
+    """The node's own daemon, dialling gw-2 and proving its Hello."""
+    boot = boot or f"{node}-boot"
+    proof = prove(_key(node), node, boot, "j1", "gw-2", int(time.time()))
+    return HelloRequest(node_id=node, cert_serial=f"{node}-serial", role="worker",
+                        boot_id=boot, journal_id="j1", proof=proof)  # fmt: skip
+
+
+def _forged(node: str, boot: str) -> HelloRequest:
+    """gw-1 saying Hello for a node it never held: any boot id, no key to prove it."""
+    return HelloRequest(node_id=node, cert_serial=f"{node}-serial", role="worker",
+                        boot_id=boot, journal_id="j1")  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def _gateways(
+    logins: dict[str, str], nc: NATS, subjects: Subjects, db: asyncpg.Connection, nodes: list[str]
+) -> AsyncIterator[tuple[Gateway, Gateway]]:
+    """(attacker gw-1, honest gw-2), each under its own bound login; `nodes` joined with
+    their keys and connected to gw-2."""
+    await streams.provision_streams(nc.jetstream(), subjects)
+    with contextlib.suppress(asyncpg.DuplicateObjectError):
+        await db.execute("CREATE ROLE gw2_login_t LOGIN IN ROLE bcw_gateway_bound")
+    await store.bind(db, "gw2_login_t", "gw-2")
+    for node in nodes:
+        await fleet.join(db, node)
+        await db.execute("SELECT enroll_hello_key($1, $2)", node, _key(node))
+    async with contextlib.AsyncExitStack() as stack:
+        started = []
+        for gateway_id, url in (
+            ("gw-1", logins["bcw_gateway_bound"]),
+            ("gw-2", url_as(logins["bcw_gateway_bound"], "gw2_login_t")),
+        ):
+            pool = await asyncpg.create_pool(url, min_size=1, max_size=4)
+            stack.push_async_callback(pool.close)
+            gateway = Gateway(gateway_id, pool, nc, subjects)
+            await gateway.start(autotick=None)
+            stack.push_async_callback(gateway.stop, graceful=False)
+            started.append(gateway)
+        attacker, honest = started
+        for node in nodes:
+            await honest.hello(_honest(node), RecordingStream())
+        yield attacker, honest
+
+
+async def _sessions(db: asyncpg.Connection) -> list[tuple[object, ...]]:
+    rows = await db.fetch(
+        "SELECT node_id, session_epoch, gateway_id, boot_id, held_epoch FROM node_sessions "
+        "ORDER BY node_id"
+    )
+    return [tuple(r) for r in rows]
+
+
+async def _revoked(db: asyncpg.Connection) -> int:
+    return int(await db.fetchval("SELECT count(*) FROM node_certs WHERE revoked_at IS NOT NULL"))
+
+
+@pytest.mark.parametrize("policy", ["require", "warn"])
+async def test_a_fleet_wide_quarantine_run_revokes_none_or_the_breakers_few(
+    servers: Servers,
+    logins: dict[str, str],
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
+    policy: str,
+) -> None:
+    """gw-1 says Hello for each of twelve nodes it never held, four boot ids each, and
+    each honest daemon, kicked, says Hello again to gw-2 (its alternations then come
+    through two gateways). With proofs required, every forged Hello is refused: nothing
+    moves, nothing is counted or revoked. Without, the breaker revokes three at most (the
+    fleet's floor) and holds the rest for an operator."""
+    await migrate.set_hello_proof(db, policy)
+    async with _gateways(logins, nc, subjects, db, NODES) as (attacker, honest):
+        before = await _sessions(db)
+        settings = make_settings(servers.nats_url, database_url, subjects)
+        async with running(settings, [quarantine.build(settings)]) as (runtime, _port):
+            published = 0
+            for round_ in range(4):
+                for node in NODES:
+                    with contextlib.suppress(Refused):
+                        await attacker.hello(_forged(node, f"evil-{round_}"), RecordingStream())
+                        published += 1
+                    if policy == "warn":  # the honest daemon was kicked: it comes back
+                        with contextlib.suppress(Refused):  # its certificate revoked
+                            await honest.hello(_honest(node), RecordingStream())
+                            published += 1
+
+            async def settled() -> bool:
+                facts = runtime.metrics.facts.by_labels()
+                return sum(facts.values()) >= published
+
+            await eventually(settled, what=f"{published} Hellos settled by the quarantine")
+            await asyncio.sleep(0.5)  # its outbox
+        if policy == "require":
+            assert published == 0  # every forged Hello refused before it changed anything
+            assert await _sessions(db) == before
+            assert await _revoked(db) == 0
+            assert await db.fetchval("SELECT count(*) FROM node_alternations") == 0
+            return
+        assert 1 <= await _revoked(db) <= 3
+        held = await db.fetchval("SELECT count(*) FROM quarantines WHERE held IS NOT NULL")
+        assert held >= 1
+        events = [
+            m.headers["Bc-Type"]
+            for m in await stream_messages(nc.jetstream(), subjects.events_stream)
+        ]
+        assert "security.quarantine.breaker-open" in events
+        assert events.count("security.node.quarantined") == await _revoked(db)
+
+
+@pytest.mark.parametrize("policy", ["require", "warn"])
+async def test_a_rolled_back_probe_learns_nothing_and_a_takeover_gets_no_command(
+    servers: Servers,
+    logins: dict[str, str],
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
+    pool: asyncpg.Pool,
+    policy: str,
+) -> None:
+    await migrate.set_hello_proof(db, policy)
+    async with _gateways(logins, nc, subjects, db, ["n1"]) as (attacker, _honest_gw):
+        settings = make_settings(servers.nats_url, database_url, subjects)
+        async with running(settings, [replay.build(settings)]):
+            first = await enqueue(db, "n1", "exec", {"secret": "s3cr3t"})
+
+            async def dispatched() -> bool:
+                state = await db.fetchval("SELECT state FROM commands WHERE command_id = $1", first)
+                return bool(state == "dispatched")
+
+            await eventually(dispatched, what="the command in flight at gw-2")
+            # 1. the probe: a Hello transaction rolled back tells nothing of the node
+            conn = await asyncpg.connect(logins["bcw_gateway_bound"])
+            try:
+                tx = conn.transaction()
+                await tx.start()
+                lease = await conn.fetchval("SELECT gateway_acquire('gw-1', '15s')")
+                row = await conn.fetchrow(
+                    "SELECT * FROM gateway_hello('gw-1', $1, 'n1', 'n1-serial', 'guess', 'j9', "
+                    "'worker', '1.0.0', 1, 'grpc', false, 0, 0, '', '90s', NULL, "
+                    "gen_random_uuid(), NULL, NULL, NULL)",
+                    lease,
+                )
+                await tx.rollback()
+            finally:
+                await conn.close()
+            assert set(row.keys()) == {
+                "outcome", "epoch", "session_id", "acked_event_seq", "duplicate", "proven",
+                "inventory",
+            }  # fmt: skip
+            assert "n1-boot" not in json.dumps(dict(row), default=str)
+            # 2. the takeover, with the command in flight and a second one waiting
+            second = await enqueue(db, "n1", "exec", {"secret": "s3cr3t-2"})
+            stream = RecordingStream()
+            if policy == "require":
+                with pytest.raises(Refused) as refused:
+                    await attacker.hello(_forged("n1", "guess"), stream)
+                assert refused.value.code is Code.UNAUTHENTICATED
+            else:  # opens, unproven: a duplicate identity of a live node, held
+                await attacker.hello(_forged("n1", "guess"), stream)
+                assert await db.fetchval("SELECT held_epoch FROM node_sessions") == 2
+            await asyncio.sleep(2.0)  # the replay and several dispatch rounds
+        notices = await stream_messages(nc.jetstream(), subjects.gateway_stream)
+        to_attacker = [m for m in notices if m.subject.split(".")[2] == "gw-1"]
+        assert [m.headers["Bc-Type"] for m in to_attacker if m.headers] == []
+        assert stream.delivered == []
+        states = {
+            r["command_id"]: (r["state"], r["session_epoch"])
+            for r in await db.fetch("SELECT command_id, state, session_epoch FROM commands")
+        }
+        if policy == "require":  # nothing moved: the first still at gw-2's epoch
+            assert states[first] == ("dispatched", 1)
+        else:  # parked for the held session, never sent to it
+            assert states[first] == ("pending", None)
+        assert states[second][0] in ("pending", "dispatched")
+        assert states[second] != ("dispatched", 2)
+
+
+async def test_a_forged_flush_at_a_huge_epoch_wins_nothing_over_the_holders(
+    servers: Servers,
+    logins: dict[str, str],
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
+) -> None:
+    """In one batch: gw-1's entry for n1 at epoch 2^40, then gw-2's at n1's epoch. The
+    liveness worker applies gw-2's (the fold is per gateway), so n1 stays seen."""
+    async with _gateways(logins, nc, subjects, db, ["n1"]):
+        await db.execute("UPDATE node_sessions SET last_seen = compute_now() - interval '1 hour'")
+        for gateway, epoch in (("gw-1", 2**40), ("gw-2", 1)):
+            await publish_fact(nc.jetstream(), subjects, make_fact(
+                "liveness", gateway_id=gateway, entries=[{"node_id": "n1", "epoch": epoch, "age_ms": 0}],
+            ))  # fmt: skip
+        settings = make_settings(servers.nats_url, database_url, subjects)
+        async with running(settings, [liveness.build(settings)]):
+
+            async def seen() -> bool:
+                return bool(
+                    await db.fetchval(
+                        "SELECT last_seen > compute_now() - interval '1 minute' FROM node_sessions"
+                    )
+                )
+
+            await eventually(seen, what="gw-2's entry applied")
+
+
+async def test_a_lock_kept_open_on_one_nodes_row_holds_back_only_that_node(
+    servers: Servers,
+    logins: dict[str, str],
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
+) -> None:
+    """gw-1 opens a Hello transaction for n1 (unproven, allowed under warn) and keeps it
+    open. gw-2's flush moves n2 and n3 within seconds, a Hello of n2 goes through, and
+    the honest Hello of n1 is refused within the lock timeout instead of queueing; once
+    gw-1's transaction ends, n1's next flush moves it."""
+    await migrate.set_hello_proof(db, "warn")
+    nodes = ["n1", "n2", "n3"]
+    async with _gateways(logins, nc, subjects, db, nodes) as (_attacker, honest):
+        await db.execute("UPDATE node_sessions SET last_seen = compute_now() - interval '1 hour'")
+        settings = make_settings(servers.nats_url, database_url, subjects)
+        conn = await asyncpg.connect(logins["bcw_gateway_bound"])
+        try:
+            async with running(settings, [liveness.build(settings)]):
+                tx = conn.transaction()
+                await tx.start()
+                lease = await conn.fetchval("SELECT gateway_acquire('gw-1', '15s')")
+                row = await conn.fetchrow(
+                    "SELECT * FROM gateway_hello('gw-1', $1, 'n1', 'n1-serial', 'guess', 'j9', "
+                    "'worker', '1.0.0', 1, 'grpc', false, 0, 0, '', '90s', NULL, "
+                    "gen_random_uuid(), NULL, NULL, NULL)",
+                    lease,
+                )
+                assert row["outcome"] == "opened"  # n1's row is now locked by gw-1
+                started = time.monotonic()
+                await _flush(nc, subjects, nodes)
+                await eventually(
+                    lambda: _seen(db, {"n2", "n3"}), within=8, what="n2 and n3 flushed meanwhile"
+                )
+                assert time.monotonic() - started < 8
+                await honest.hello(_honest("n2", "n2-boot"), RecordingStream())
+                started = time.monotonic()
+                with pytest.raises(Refused) as refused:
+                    await honest.hello(_honest("n1"), RecordingStream())
+                assert refused.value.code is Code.UNAVAILABLE
+                assert time.monotonic() - started < 5
+                assert "n1" not in await _seen_nodes(db)
+                await tx.rollback()
+                await _flush(nc, subjects, nodes)  # the next flush
+                await eventually(lambda: _seen(db, set(nodes)), what="n1 flushed once free")
+        finally:
+            await conn.close()
+
+
+async def _flush(nc: NATS, subjects: Subjects, nodes: list[str]) -> None:
+    epochs = {n: 1 for n in nodes}
+    await publish_fact(nc.jetstream(), subjects, make_fact(
+        "liveness", gateway_id="gw-2",
+        entries=[{"node_id": n, "epoch": e, "age_ms": 0} for n, e in epochs.items()],
+    ))  # fmt: skip
+
+
+async def _seen_nodes(db: asyncpg.Connection) -> set[str]:
+    rows = await db.fetch(
+        "SELECT node_id FROM node_sessions WHERE last_seen > compute_now() - interval '1 minute'"
+    )
+    return {r["node_id"] for r in rows}
+
+
+async def _seen(db: asyncpg.Connection, nodes: set[str]) -> bool:
+    return nodes <= await _seen_nodes(db)
+
+
+async def test_a_gateway_login_holds_its_connection_limit_and_timeouts(
+    logins: dict[str, str], db: asyncpg.Connection
+) -> None:
+    """`bcw migrate` (and `bcw auth db --bind`) give each gateway login a CONNECTION LIMIT
+    and short statement and idle-in-transaction timeouts: a flood of connections is refused
+    past the limit, and a worker's login still connects."""
+    await migrate.grant(db)  # as `bcw migrate` does, now that the logins exist
+    gateway = limits.LIMITS["bcw_gateway_bound"]
+    opened: list[asyncpg.Connection] = []
+    try:
+        for _ in range(gateway.connections):
+            opened.append(await asyncpg.connect(logins["bcw_gateway_bound"]))
+        assert await opened[0].fetchval("SHOW statement_timeout") == gateway.statement_timeout
+        assert await opened[0].fetchval("SHOW idle_in_transaction_session_timeout") == (
+            gateway.idle_in_transaction
+        )
+        with pytest.raises(asyncpg.TooManyConnectionsError):
+            opened.append(await asyncpg.connect(logins["bcw_gateway_bound"]))
+        worker = await asyncpg.connect(logins["bcw_liveness"])
+        assert await worker.fetchval("SHOW statement_timeout") == limits.WORKER.statement_timeout
+        await worker.close()
+    finally:
+        await asyncio.gather(*(c.close() for c in opened), return_exceptions=True)
+    roles = await db.fetch(
+        "SELECT rolname, rolconnlimit FROM pg_roles WHERE rolname LIKE 'bcw_%_login_t'"
+    )
+    for role in roles:
+        group = role["rolname"].removesuffix("_login_t")
+        assert role["rolconnlimit"] == limits.LIMITS[group].connections, group
