@@ -5,8 +5,10 @@ proofs, never without one. The gateway's login, gw-1's, reads no key and tests n
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -17,7 +19,9 @@ from nats.aio.client import Client as NATS
 from schemas.proof import HelloProof, message, prove
 from schemas.subjects import Subjects
 from tests.integration import fleet
+from tests.integration.security.conftest import SUBJECTS, client_as, violated
 from tests.integration.streams import RecordingStream
+from tests.integration.support import eventually
 from workers.gateway import Code, Gateway, HelloRequest, Refused
 from workers.runtime.bus import streams
 from workers.runtime.store import migrate
@@ -194,3 +198,16 @@ async def test_the_sql_signs_the_bytes_the_contract_gives(
         nonce,
     )
     assert sql == message(node, boot, journal, gateway, at, nonce)
+
+
+async def test_a_gateways_nkey_cannot_list_the_other_gateways(keys: Path, secured: str) -> None:
+    """Reconnaissance on the bus: STREAM.INFO of the notices stream with a subject filter
+    would list every gateway's notice subjects (so every gateway id); a gateway may not
+    ask it, and its own consumer still works without it (tests/integration/security/
+    test_bus_principals.py)."""
+    async with client_as(keys, secured, "gateway-gw-1") as (nc, errors):
+        subject = f"$JS.API.STREAM.INFO.{SUBJECTS.gateway_stream}"
+        with contextlib.suppress(Exception):
+            await nc.request(subject, b'{"subjects_filter": ">"}', timeout=1.0)
+        await nc.flush()
+        await eventually(lambda: violated(errors, "Publish"), what="the server refused it")

@@ -202,7 +202,8 @@ def principals(subjects: Subjects, gateways: Sequence[str]) -> list[Principal]:
                 f"the gateway {gateway}",
                 publish=(
                     _api("INFO"),
-                    _api("STREAM.INFO", notices),
+                    # no STREAM.INFO: with a subject filter it lists every gateway's
+                    # notice subjects, and so every gateway id
                     # its own facts, type by type (nothing else under its subject)
                     *(subjects.fact(gateway, t.BC_TYPE) for t in FACT_TYPES),
                     _api("CONSUMER.CREATE", notices, durable, subjects.gateway_notices(gateway)),
