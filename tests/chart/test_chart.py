@@ -320,3 +320,16 @@ def test_the_otlp_endpoint_and_protocol_reach_every_worker() -> None:
         assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
     with pytest.raises(Exception, match="protocol"):
         render({**MINIMAL, "otel": {"endpoint": "x", "protocol": "http/json"}})
+
+
+def test_the_hello_proof_policy_reaches_bcw_migrate_only_when_set() -> None:
+    def migrate_env(values: dict[str, Any]) -> dict[str, Any]:
+        job = by_kind(render(values), "Job")["fleet-bc-workers-migrate-1"]
+        [migrate] = job["spec"]["template"]["spec"]["initContainers"]
+        return {e["name"]: e.get("value") for e in migrate["env"]}
+
+    assert "BCW_HELLO_PROOF" not in migrate_env(MINIMAL)  # the database keeps its policy
+    set_ = migrate_env({**MINIMAL, "migrations": {"helloProof": "require"}})
+    assert set_["BCW_HELLO_PROOF"] == "require"
+    with pytest.raises(Exception, match="helloProof"):
+        render({**MINIMAL, "migrations": {"helloProof": "sometimes"}})
