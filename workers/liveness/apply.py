@@ -73,12 +73,11 @@ SELECT z.node_id, z.epoch, z.gateway_id, false AS skipped
             ON s.node_id = e.node_id AND s.session_epoch = e.epoch AND s.gateway_id = e.gateway_id
          WHERE s.node_id IS NULL
          ORDER BY e.gateway_id, e.node_id, e.epoch) z
-UNION ALL
-SELECT f.node_id, f.epoch, f.gateway_id, true
-  FROM folded f
-  JOIN node_sessions s
-    ON s.node_id = f.node_id AND s.session_epoch = f.epoch AND s.gateway_id = f.gateway_id
- WHERE NOT EXISTS (SELECT 1 FROM locked l WHERE l.node_id = f.node_id)
+UNION ALL  -- one row more when some matching row was locked elsewhere and skipped
+SELECT NULL, NULL, NULL, true
+ WHERE (SELECT count(*) FROM locked) < (
+        SELECT count(*) FROM folded f JOIN node_sessions s
+            ON s.node_id = f.node_id AND s.session_epoch = f.epoch AND s.gateway_id = f.gateway_id)
 """
 FLUSH_SKIPPING = FLUSH.format(skip="SKIP LOCKED")
 #: how long the rows a flush skipped are waited for (a worker's own transactions hold a
@@ -169,21 +168,17 @@ async def _flush(tx: Tx, flushes: list[Liveness], max_zombie_notices: int) -> No
     entries = [(e, fact) for fact in flushes for e in fact.entries]
     if not entries:
         return
-    rows = await tx.conn.fetch(FLUSH_SKIPPING, *_flush_arguments(entries))
+    arguments = _flush_arguments(entries)
+    rows = await tx.conn.fetch(FLUSH_SKIPPING, *arguments)
     zombies = [row for row in rows if not row["skipped"]]
-    skipped = {(row["node_id"], row["gateway_id"]) for row in rows if row["skipped"]}
-    if skipped:  # rows another transaction holds: waited for alone, a second at most
-        waiting = [(e, f) for e, f in entries if (e.node_id, f.gateway_id) in skipped]
-        try:
-            async with tx.conn.transaction():  # a savepoint: a lock not had loses only these
+    if len(zombies) < len(rows):  # rows another transaction holds: a second at most for them
+        try:  # again, idempotent (last_seen only moves forward), in a savepoint: a lock not
+            async with tx.conn.transaction():  # had loses only this second pass
                 await tx.conn.execute(f"SET LOCAL lock_timeout = '{SKIPPED_WAIT}'")
-                await tx.conn.fetch(FLUSH_WAITING, *_flush_arguments(waiting))
+                await tx.conn.fetch(FLUSH_WAITING, *arguments)
                 await tx.conn.execute("SET LOCAL lock_timeout TO DEFAULT")
         except asyncpg.LockNotAvailableError:
-            log.info(
-                "flush: %d session row(s) locked elsewhere; their next flush moves them",
-                len(skipped),
-            )
+            log.info("flush: session rows locked elsewhere; their next flush moves them")
     cause = {fact.gateway_id: fact for fact in flushes}
     sent: Counter[str] = Counter()
     for row in zombies:

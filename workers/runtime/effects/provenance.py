@@ -69,7 +69,7 @@ class Fence:
 
 
 #: Every fact type's fencing, in one place (docs/contract.md, "Every fact fenced on its
-#: holder"); tests/integration/security/test_fences.py tries each row as a former holder
+#: holder"); tests/integration/security/gateways/test_fences.py tries each row as a former holder
 #: and as a stranger.
 FENCES: dict[type[Fact], Fence] = {
     Hello: Fence(Binding.HELLO, "the node's row at the Hello's epoch (a later one: stale)"),

@@ -27,7 +27,7 @@ from tests.integration.security.conftest import (
     url_as,
     violated,
 )
-from tests.integration.security.forgery import FOREIGN, counted, forged_facts, state
+from tests.integration.security.gateways.forgery import FOREIGN, counted, forged_facts, state
 from tests.integration.streams import RecordingStream
 from tests.integration.support import (
     already,

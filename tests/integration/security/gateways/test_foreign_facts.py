@@ -23,7 +23,7 @@ from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.factories import hello, make_fact
 from tests.integration import fleet
-from tests.integration.security.forgery import FOREIGN, counted, forged_facts, state
+from tests.integration.security.gateways.forgery import FOREIGN, counted, forged_facts, state
 from tests.integration.streams import RecordingStream
 from tests.integration.support import (
     eventually,
