@@ -30,6 +30,7 @@ from tests.integration.workers.replay_steps import (
 )
 from workers import replay
 from workers.runtime.base.rule_settings import QuarantineSettings, ReplaySettings
+from workers.runtime.base.settings import Settings
 
 
 async def test_dispatch_in_seq_order_within_credits_to_the_current_route(
@@ -273,6 +274,16 @@ async def test_enqueue_is_safe_under_concurrent_callers_and_listed_by_bcw_comman
     assert {c["command_id"] for c in parsed} <= {str(i) for i in ids}
 
 
+def _with_hold_bound(settings: Settings) -> Settings:
+    """Holds bounded at 5 minutes, looked for every 0.2 s."""
+    return settings.model_copy(
+        update={
+            "replay": ReplaySettings(hello_check_interval=0.2),
+            "quarantine": QuarantineSettings(hold_max=timedelta(minutes=5)),
+        }
+    )
+
+
 async def test_a_hold_the_quarantine_never_counts_is_released_after_its_bound(
     servers: Servers,
     nc: NATS,
@@ -287,12 +298,7 @@ async def test_a_hold_the_quarantine_never_counts_is_released_after_its_bound(
     with a WARNING, a security.node.hold-expired event and a counter."""
     await fleet.session(db, "n1", epoch=1, gateway_id="gw-9")
     await db.execute("UPDATE node_sessions SET held_epoch = 1")  # the Hello transaction held it
-    settings = make_settings(servers.nats_url, database_url, subjects).model_copy(
-        update={
-            "replay": ReplaySettings(hello_check_interval=0.2),
-            "quarantine": QuarantineSettings(hold_max=timedelta(minutes=5)),
-        }
-    )
+    settings = _with_hold_bound(make_settings(servers.nats_url, database_url, subjects))
     async with running(settings, [replay.build(settings)]) as (runtime, _port):
         drive = Driver(nc, subjects, runtime, "replay", database_url)
         command = await enqueue(db, "n1")
@@ -340,12 +346,7 @@ async def test_the_hold_bound_never_releases_what_the_quarantine_decided(
         await db.execute(
             "UPDATE node_sessions SET alternations_judged_epoch = 4 WHERE node_id = 'n1'"
         )
-    settings = make_settings(servers.nats_url, database_url, subjects).model_copy(
-        update={
-            "replay": ReplaySettings(hello_check_interval=0.2),
-            "quarantine": QuarantineSettings(hold_max=timedelta(minutes=5)),
-        }
-    )
+    settings = _with_hold_bound(make_settings(servers.nats_url, database_url, subjects))
     async with running(settings, [replay.build(settings)]) as (runtime, _port):
         mine = await enqueue(db, "n1")
         await enqueue(db, "n2")

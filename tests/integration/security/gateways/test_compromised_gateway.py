@@ -108,6 +108,17 @@ async def _sessions(db: asyncpg.Connection) -> list[tuple[object, ...]]:
     return [tuple(r) for r in rows]
 
 
+async def _hello_as_gw1(conn: asyncpg.Connection, node: str) -> asyncpg.Record:
+    """gw-1's Hello transaction for `node`, by hand, with a guessed boot id and no proof."""
+    lease = await conn.fetchval("SELECT gateway_acquire('gw-1', '15s')")
+    return await conn.fetchrow(
+        "SELECT * FROM gateway_hello('gw-1', $1, $2, $2 || '-serial', 'guess', 'j9', 'worker', "
+        "'1.0.0', 1, 'grpc', false, 0, 0, '', '90s', NULL, gen_random_uuid(), NULL, NULL, NULL)",
+        lease,
+        node,
+    )
+
+
 async def _revoked(db: asyncpg.Connection) -> int:
     return int(await db.fetchval("SELECT count(*) FROM node_certs WHERE revoked_at IS NOT NULL"))
 
@@ -193,13 +204,7 @@ async def test_a_rolled_back_probe_learns_nothing_and_a_takeover_gets_no_command
             try:
                 tx = conn.transaction()
                 await tx.start()
-                lease = await conn.fetchval("SELECT gateway_acquire('gw-1', '15s')")
-                row = await conn.fetchrow(
-                    "SELECT * FROM gateway_hello('gw-1', $1, 'n1', 'n1-serial', 'guess', 'j9', "
-                    "'worker', '1.0.0', 1, 'grpc', false, 0, 0, '', '90s', NULL, "
-                    "gen_random_uuid(), NULL, NULL, NULL)",
-                    lease,
-                )
+                row = await _hello_as_gw1(conn, "n1")
                 await tx.rollback()
             finally:
                 await conn.close()
@@ -286,13 +291,7 @@ async def test_a_lock_kept_open_on_one_nodes_row_holds_back_only_that_node(
             async with running(settings, [liveness.build(settings)]):
                 tx = conn.transaction()
                 await tx.start()
-                lease = await conn.fetchval("SELECT gateway_acquire('gw-1', '15s')")
-                row = await conn.fetchrow(
-                    "SELECT * FROM gateway_hello('gw-1', $1, 'n1', 'n1-serial', 'guess', 'j9', "
-                    "'worker', '1.0.0', 1, 'grpc', false, 0, 0, '', '90s', NULL, "
-                    "gen_random_uuid(), NULL, NULL, NULL)",
-                    lease,
-                )
+                row = await _hello_as_gw1(conn, "n1")
                 assert row["outcome"] == "opened"  # n1's row is now locked by gw-1
                 started = time.monotonic()
                 await _flush(nc, subjects, nodes)
