@@ -3,7 +3,7 @@
 it; otherwise it is held for an operator — `security.quarantine.held`, the first of a
 gateway's window also `security.quarantine.breaker-open`, the gauge
 `bcw_quarantines_held` and its alert — until `bcw quarantine release`, after which the
-release loop here revokes it.
+release loop here (leased: one replica) revokes it.
 
 Called by `apply` inside the batch's transaction, and by the worker's release loop. The
 breaker's count is taken under a transaction-scoped advisory lock, so that two replicas
@@ -13,16 +13,15 @@ deciding at once do not both see room for one more.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
-
-import asyncpg
+from datetime import timedelta
 
 from schemas.events import QuarantineBreakerOpen, Quarantined, QuarantineHeld, Revocations
 from workers.quarantine.decide import BREAKER, REASON, Breaker, hold_revocation
 from workers.runtime.effects.batch import OutboxBatch
 from workers.runtime.effects.worker import Loop, Runtime, Tx
+from workers.runtime.store import leases
 
 log = logging.getLogger(__name__)
 
@@ -116,10 +115,11 @@ async def hold(
     return held
 
 
-async def revoke_released(runtime: Runtime) -> int:
+async def revoke_released(runtime: Runtime, lease: leases.Lease) -> int:
     """Revoke what an operator released, each with its events; how many."""
     outbox = OutboxBatch("quarantine")
     async with runtime.pool.acquire() as conn, conn.transaction():
+        await leases.fence(conn, lease)
         rows = await conn.fetch(RELEASED)
         for row in rows:
             serials = list(row["serials"])
@@ -141,17 +141,28 @@ async def revoke_released(runtime: Runtime) -> int:
     return len(rows)
 
 
+#: the release loop's lease: one replica revokes what an operator released
+LEASE = "quarantine-release"
+
+
 def release_loop(every: float = 2.0) -> Loop:
-    """Now and then: revoke what an operator released, and say how many wait."""
+    """Now and then, in the replica holding its lease: revoke what an operator released,
+    and say how many wait. Outages are waited out as every leased loop's are."""
 
     async def loop(runtime: Runtime, stopping: asyncio.Event) -> None:
-        while not stopping.is_set():
-            try:
-                if await revoke_released(runtime):
-                    runtime.wake_outbox()
-            except (TimeoutError, OSError, asyncpg.PostgresError) as error:
-                log.info("quarantine: released revocations not applied yet (%r)", error)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), every)
+        async def body(lease: leases.Lease) -> None:
+            if await revoke_released(runtime, lease):
+                runtime.wake_outbox()
+
+        await leases.run_leased(
+            runtime.pool,
+            LEASE,
+            runtime.instance,
+            body,
+            period=every,
+            ttl=timedelta(seconds=max(10.0, 5 * every)),
+            stopping=stopping,
+            held=runtime.metrics.lease_held,
+        )
 
     return loop
