@@ -12,18 +12,24 @@ every effect is applied (labels, replays, `node.connected` in the session histor
 outbox empty). Then what the herd cost: CPU seconds and milliseconds per Hello of each
 worker, of the servers and of this harness, and the cores that much CPU needs to meet
 the 30 s target at the specification's rate (`cores_for`).
+
+`bcw bench hello` (`run_hello`, below) measures the other side of a Hello: the Hello
+transaction itself, with and without the daemon's proof.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import statistics
 import time
+import uuid
 
 import asyncpg
 import nats
 from nats.js import JetStreamContext
 
+from schemas.proof import prove
 from schemas.subjects import Subjects
 from workers.bench.common import (
     bench_target,
@@ -233,3 +239,75 @@ async def run(
         rows,
     )
     return 0
+
+
+# -- `bcw bench hello`: the Hello transaction with and without a proof -----------------------
+HELLO_TRANSACTION = """
+SELECT outcome FROM gateway_hello('gw-bench', $1, $2, $3, 'boot', 'journal', 'worker', '1.0.0', 1,
+    'grpc', false, 0, 0, '', '45s', NULL, $4, $5, $6, $7)
+"""
+
+
+async def run_hello(settings: Settings, nodes: int, embedded: bool, rounds: int) -> int:
+    """`bcw bench hello`: what a Hello's proof costs the Hello transaction — the same
+    number of `gateway_hello` calls for fresh nodes, without a proof and with one
+    (HMAC-SHA256 checked in SQL, its one-time id recorded), in alternating rounds on one
+    connection."""
+    per_round = max(100, nodes // (2 * rounds))
+    async with bench_target(settings, embedded) as target:
+        conn = await asyncpg.connect(target.database_url)
+        try:
+            keys = await _keyed_fleet(conn, per_round * 2 * rounds)
+            lease = await conn.fetchval("SELECT gateway_acquire('gw-bench', '1 hour')")
+            took: dict[bool, list[float]] = {False: [], True: []}
+            node = 0
+            for _ in range(rounds):
+                for proven in (False, True):
+                    started = time.perf_counter()
+                    for _ in range(per_round):
+                        node += 1
+                        await _hello_transaction(
+                            conn, lease, node, keys[node - 1] if proven else None
+                        )
+                    took[proven].append((time.perf_counter() - started) / per_round * 1e6)
+        finally:
+            await conn.close()
+    without, with_ = statistics.median(took[False]), statistics.median(took[True])
+    print_table(
+        f"bcw bench hello: {per_round:,} Hello transactions a round, {rounds} rounds each way "
+        "(medians; one connection, a round trip each)",
+        ("Hello transaction", "µs each"),
+        [
+            ("without a proof", f"{without:,.0f}"),
+            ("with a proof (HMAC-SHA256 in SQL, its one-time id taken)", f"{with_:,.0f}"),
+            ("what the proof adds", f"{with_ - without:,.0f}"),
+        ],
+    )
+    return 0
+
+
+async def _keyed_fleet(conn: asyncpg.Connection, nodes: int) -> list[bytes]:
+    """`nodes` joined, each with a Hello key; the keys."""
+    await conn.execute(
+        "SELECT join_node('h' || i, 'worker', 'h-serial-' || i, NULL) FROM generate_series(1, $1) i",
+        nodes,
+    )
+    keys = [i.to_bytes(4, "big") * 8 for i in range(1, nodes + 1)]
+    await conn.execute(
+        "SELECT enroll_hello_key('h' || i, k) FROM unnest($1::bytea[]) WITH ORDINALITY AS t(k, i)",
+        keys,
+    )
+    return keys
+
+
+async def _hello_transaction(
+    conn: asyncpg.Connection, lease: int, node: int, key: bytes | None
+) -> None:
+    node_id = f"h{node}"
+    proof = prove(key, node_id, "boot", "journal", "gw-bench", int(time.time())) if key else None
+    outcome = await conn.fetchval(
+        HELLO_TRANSACTION, lease, node_id, f"h-serial-{node}", uuid.uuid4(),
+        proof.at if proof else None, proof.nonce if proof else None, proof.mac if proof else None,
+    )  # fmt: skip
+    if outcome != "opened":
+        raise RuntimeError(f"the Hello transaction of {node_id} answered {outcome!r}")

@@ -19,10 +19,22 @@ def add(commands: Commands) -> None:
     bench = commands.add_parser("bench", help="benchmarks that print figures")
     bench.add_argument(
         "bench",
-        choices=["runtime", "labeler", "sweep", "replay", "storm", "herd", "chaos", "soak"],
+        choices=[
+            "runtime",
+            "labeler",
+            "sweep",
+            "replay",
+            "storm",
+            "herd",
+            "chaos",
+            "soak",
+            "hello",
+        ],
         help="which benchmark",
     )
-    bench.add_argument("--nodes", type=int, default=None, help="fleet size (100,000; soak: 300)")
+    bench.add_argument(
+        "--nodes", type=int, default=None, help="fleet size (100,000; soak: 300; hello: 12,000)"
+    )
     bench.add_argument("--facts", type=int, default=50_000, help="facts to push through")
     bench.add_argument(
         "--gateways", type=int, default=None, help="gateways (storm, herd: 20; soak: 3)"
@@ -123,6 +135,12 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         from workers.bench import storm
 
         return asyncio.run(storm.run(settings, nodes, gateways, args.embedded, args.processes))
+    if args.bench == "hello":
+        from workers.bench import herd
+
+        return asyncio.run(
+            herd.run_hello(settings, args.nodes or 12_000, args.embedded, args.rounds)
+        )
     if args.bench == "herd":
         from workers.bench import herd
 
