@@ -75,13 +75,10 @@ async def handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
     statuses = [fact for fact in facts if isinstance(fact, Status)]
     nodes = sorted({fact.node_id for fact in (*events, *statuses)})
     rows = {row["node_id"]: row for row in await tx.conn.fetch(LOCK_SESSIONS, nodes)}
-    outcomes: dict[uuid.UUID, Outcome] = {}
     held = [f for f in events if _holds_journal(rows.get(f.node_id), f)]
     current = [f for f in statuses if _from_current(rows.get(f.node_id), f)]
-    for fact in (*events, *statuses):
-        outcomes[fact.fact_id] = outcome.STALE
-    for fact in (*held, *current):
-        del outcomes[fact.fact_id]
+    kept = {id(f) for f in (*held, *current)}
+    outcomes = {f.fact_id: outcome.STALE for f in (*events, *statuses) if id(f) not in kept}
     if held:
         await _record_events(tx, held, rows)
     if current:
@@ -102,6 +99,8 @@ def _from_current(row: asyncpg.Record | None, fact: Status) -> bool:
 
 
 async def _record_events(tx: Tx, facts: list[Events], rows: Mapping[str, asyncpg.Record]) -> None:
+    """Events of each node's journal of now (`_holds_journal`), their ack raised, the
+    gateway told."""
     by_journal = unique_events(facts)
     flat = [
         (node, journal, e) for (node, journal), seqs in by_journal.items() for e in seqs.values()
@@ -115,25 +114,23 @@ async def _record_events(tx: Tx, facts: list[Events], rows: Mapping[str, asyncpg
         [json.dumps(e.body) for _, _, e in flat],
         [e.at for _, _, e in flat],
     )
-    # the ack counts from the current journal's ack; an old journal's from its start
+    # the ack counts from the journal's ack (every journal here is its node's of now)
     keys = sorted(by_journal)
-    bases = [_current_ack(rows.get(node), journal) for node, journal in keys]
+    bases = [int(rows[node]["acked_event_seq"]) for node, _ in keys]
     stored = await tx.conn.fetch(STORED_AFTER, [n for n, _ in keys], [j for _, j in keys], bases)
     contiguous = {
         (r["node_id"], r["journal_id"]): highest_contiguous(r["base"], r["seqs"]) for r in stored
     }
-    current = [(n, j, seq) for (n, j), seq in contiguous.items() if _is_current(rows.get(n), j)]
-    if current:
-        await tx.conn.execute(
-            RAISE_ACKED,
-            [n for n, _, _ in current],
-            [j for _, j, _ in current],
-            [s for _, _, s in current],
-        )
+    await tx.conn.execute(
+        RAISE_ACKED,
+        [n for n, _ in contiguous],
+        [j for _, j in contiguous],
+        list(contiguous.values()),
+    )
     acked: set[tuple[str, str, str]] = set()
     for fact in facts:
         key = (fact.node_id, fact.journal_id, fact.gateway_id)
-        if key in acked or fact.node_id not in rows:
+        if key in acked:
             continue
         acked.add(key)
         notice = EventAck(
@@ -147,14 +144,6 @@ async def _record_events(tx: Tx, facts: list[Events], rows: Mapping[str, asyncpg
             cause=fact,
             order_key=fact.node_id,
         )
-
-
-def _is_current(row: asyncpg.Record | None, journal_id: str) -> bool:
-    return row is not None and row["journal_id"] == journal_id
-
-
-def _current_ack(row: asyncpg.Record | None, journal_id: str) -> int:
-    return int(row["acked_event_seq"]) if row is not None and _is_current(row, journal_id) else 0
 
 
 async def _record_statuses(tx: Tx, facts: list[Status], rows: Mapping[str, asyncpg.Record]) -> None:
