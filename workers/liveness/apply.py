@@ -66,18 +66,15 @@ WITH e AS (
       FROM locked l
      WHERE s.node_id = l.node_id
 )
-SELECT z.node_id, z.epoch, z.gateway_id, false AS skipped
+SELECT z.node_id, z.epoch, z.gateway_id, NULL::bigint AS locked
   FROM (SELECT DISTINCT e.node_id, e.epoch, e.gateway_id
           FROM e
           LEFT JOIN node_sessions s
             ON s.node_id = e.node_id AND s.session_epoch = e.epoch AND s.gateway_id = e.gateway_id
          WHERE s.node_id IS NULL
          ORDER BY e.gateway_id, e.node_id, e.epoch) z
-UNION ALL  -- one row more when some matching row was locked elsewhere and skipped
-SELECT NULL, NULL, NULL, true
- WHERE (SELECT count(*) FROM locked) < (
-        SELECT count(*) FROM folded f JOIN node_sessions s
-            ON s.node_id = f.node_id AND s.session_epoch = f.epoch AND s.gateway_id = f.gateway_id)
+UNION ALL  -- and a last row: how many rows it locked (and moved)
+SELECT NULL, NULL, NULL, (SELECT count(*) FROM locked)
 """
 FLUSH_SKIPPING = FLUSH.format(skip="SKIP LOCKED")
 #: how long the rows a flush skipped are waited for (a worker's own transactions hold a
@@ -170,8 +167,8 @@ async def _flush(tx: Tx, flushes: list[Liveness], max_zombie_notices: int) -> No
         return
     arguments = _flush_arguments(entries)
     rows = await tx.conn.fetch(FLUSH_SKIPPING, *arguments)
-    zombies = [row for row in rows if not row["skipped"]]
-    if len(zombies) < len(rows):  # rows another transaction holds: a second at most for them
+    zombies = rows[:-1]
+    if rows[-1]["locked"] < _matched(entries, zombies):  # some held elsewhere: a second at most
         try:  # again, idempotent (last_seen only moves forward), in a savepoint: a lock not
             async with tx.conn.transaction():  # had loses only this second pass
                 await tx.conn.execute(f"SET LOCAL lock_timeout = '{SKIPPED_WAIT}'")
@@ -198,6 +195,18 @@ async def _flush(tx: Tx, flushes: list[Liveness], max_zombie_notices: int) -> No
             "zombie notices held back: %d beyond %d per gateway and batch (gateways %s)",
             held_back, max_zombie_notices, ", ".join(sorted(sent)),
         )  # fmt: skip
+
+
+def _matched(entries: list[tuple[LivenessEntry, Liveness]], zombies: Sequence[Any]) -> int:
+    """How many rows the flush matches: its entries folded as the statement folds them
+    (per node and gateway, the newest epoch), less the zombies. Pure."""
+    newest: dict[tuple[str, str], int] = {}
+    for entry, fact in entries:
+        key = (entry.node_id, fact.gateway_id)
+        if entry.epoch > newest.get(key, 0):
+            newest[key] = entry.epoch
+    dead = {(z["node_id"], z["gateway_id"], z["epoch"]) for z in zombies}
+    return sum(1 for (node, gateway), epoch in newest.items() if (node, gateway, epoch) not in dead)
 
 
 def _flush_arguments(entries: list[tuple[LivenessEntry, Liveness]]) -> list[list[Any]]:
