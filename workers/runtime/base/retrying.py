@@ -25,7 +25,8 @@ class Waiting(Exception):
 
 
 class Pinned(Exception):
-    """A failure the batch itself causes: its fact is found and dead-lettered."""
+    """A failure the batch itself causes: its fact is found and dead-lettered (or, for a
+    row another session keeps locked, `cause` "locked", handed back for later)."""
 
     def __init__(self, error: Exception, cause: str, tries: int = 0) -> None:
         super().__init__(str(error))

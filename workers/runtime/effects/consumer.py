@@ -239,8 +239,10 @@ class FactConsumer:
         the outage lasts (or until the process stops: then the batch is released for
         redelivery). A permanent failure, or `retry_attempts` transient ones while both
         servers answer (a statement that always times out, say), splits the batch into
-        single facts; a single fact that fails so is dead-lettered. Fatal errors are
-        raised: they stop the process.
+        single facts; a single fact that fails so is dead-lettered. A lock another
+        session kept past `lock_timeout` splits the batch at once, and the fact behind it
+        is handed back for a later delivery (RETRY), never dead-lettered for it. Fatal
+        errors are raised: they stop the process.
         """
         name = self.worker.name
         patience = Patience(f"{name}: applying {len(items)} fact(s)", log)
