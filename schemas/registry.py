@@ -7,6 +7,7 @@ the tests. It never raises anything but `MessageError` on bad input.
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import TypeVar
@@ -75,6 +76,26 @@ class InvalidMessage(MessageError):
 # JSON can carry a NUL (`\u0000`) or a lone UTF-16 surrogate (`\ud800`) in a string;
 # PostgreSQL stores neither (text nor jsonb). A body with such an escape is walked.
 _MAYBE_UNSTORABLE = re.compile(rb"\\u(0000|[dD][89a-fA-F])")
+#: a body that may hold a number that is not finite: the parser takes `NaN`, `Infinity`
+#: and an exponent too large for a float (`1e999` is infinity), which no `jsonb` stores
+_MAYBE_NOT_FINITE = re.compile(rb"NaN|Infinity|[eE][+]?0*[0-9]{3,}")
+
+
+def _not_finite(value: object, path: str) -> str | None:
+    """The dotted path of the first number that is not finite, if any."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _not_finite(item, f"{path}.{key}"[:200] if path else str(key)[:64])
+            if found is not None:
+                return found
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = _not_finite(item, f"{path}.{index}" if path else str(index))
+            if found is not None:
+                return found
+    return None
 
 
 def _unstorable(value: object, path: str) -> str | None:
@@ -166,6 +187,12 @@ class Registry:
             if where is not None:
                 raise InvalidMessage(
                     model.BC_TYPE, where, "a NUL or a lone surrogate, which no database stores"
+                )
+        if _MAYBE_NOT_FINITE.search(body):  # likewise
+            where = _not_finite(message.model_dump(), "")
+            if where is not None:
+                raise InvalidMessage(
+                    model.BC_TYPE, where, "a number that is not finite (NaN, Infinity, -Infinity)"
                 )
         return message
 

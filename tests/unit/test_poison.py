@@ -41,6 +41,9 @@ NUL = "a\u0000b"
         pytest.param("hello", _sample("hello", process_started_at="2026-11-30T00:00:00"), "process_started_at", id="naive-process-start"),
         pytest.param("events", _sample("events", events=[{**WIRE_SAMPLES["events"]["events"][0], "at": "2026-11-30T00:00:00"}]), "events.0.at", id="naive-event-time"),
         pytest.param("result", _sample("result", epoch=2**63), "epoch", id="epoch-beyond-bigint"),
+        pytest.param("result", _sample("result", result={"ratio": float("nan")}), "result.ratio", id="nan-in-json"),
+        pytest.param("events", _sample("events", events=[{**WIRE_SAMPLES["events"]["events"][0], "body": {"t": [1, float("inf")]}}]), "events.0.body.t.1", id="infinity-deep-in-an-event"),
+        pytest.param("dispatch", _sample("dispatch", payload={"x": float("-inf")}), "payload.x", id="minus-infinity-in-a-notice"),
     ],
 )  # fmt: skip
 def test_a_value_postgresql_would_refuse_is_refused_by_validation(
@@ -60,7 +63,16 @@ def test_a_value_postgresql_would_refuse_is_refused_by_validation(
         pytest.param("result", _sample("result", error="a\\u0000b as text"), id="an-escaped-backslash-is-no-nul"),
         pytest.param("liveness", _sample("liveness", entries=[{"node_id": "n", "epoch": 1, "age_ms": AGE_MS_MAX}]), id="the-oldest-age"),
         pytest.param("result", _sample("result", observed_at="2026-11-30T00:00:00+02:00"), id="an-offset-is-a-zone"),
+        pytest.param("result", _sample("result", result={"big": 1e308, "text": "NaN Infinity 1e999"}), id="finite-numbers-and-such-text"),
     ],
 )  # fmt: skip
 def test_what_postgresql_stores_passes(bc_type: str, body: dict[str, Any]) -> None:
     _decode(bc_type, body)
+
+
+def test_an_exponent_too_large_for_a_float_is_refused() -> None:
+    """`1e999` parses as infinity: no `jsonb` stores it."""
+    body = json.dumps(_sample("result", result={"x": 12345})).replace("12345", "1e999")
+    with pytest.raises(InvalidMessage) as refused:
+        REGISTRY.decode({"Bc-Type": "result"}, body.encode())
+    assert refused.value.field == "result.x" and "not finite" in str(refused.value)

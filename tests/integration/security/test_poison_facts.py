@@ -45,6 +45,7 @@ async def test_poison_is_refused_at_validation_and_splits_no_batch(
         _wire(fleet.hello("n1", 1, capabilities=["nvml"]), boot_id="a\u0000b"),  # poison
         _wire(fleet.hello("n1", 1, capabilities=["nvml"])),
         _wire(result(outcome="done"), result={"out": "x\u0000"}),  # poison
+        _wire(result(outcome="done"), result={"ratio": float("nan")}),  # poison: not finite
         _wire(flush, entries=[{"node_id": "n1", "epoch": 1, "age_ms": 10**15}]),  # poison
         _wire(flush, observed_at="2026-11-30T00:00:00"),  # poison: no time zone
         _wire(flush),
@@ -60,7 +61,7 @@ async def test_poison_is_refused_at_validation_and_splits_no_batch(
 
         async def settled() -> bool:
             seen = runtime.metrics.facts.by_labels()
-            return sum(n for (_w, _t, _o), n in seen.items()) >= 3 + 4 + 4
+            return sum(n for (_w, _t, _o), n in seen.items()) >= 3 + 4 + 5
 
         await eventually(settled, what="every fact settled by the workers it concerns")
         splits = {w.name: runtime.metrics.batch_splits.value(w.name) for w in workers}
@@ -70,6 +71,7 @@ async def test_poison_is_refused_at_validation_and_splits_no_batch(
     # each poison fact once, whichever of the workers that read it got to it first
     assert sorted(letter.reason.split(":")[0] for letter in letters) == [
         "invalid hello", "invalid liveness", "invalid liveness", "invalid result",
+        "invalid result",
     ]  # fmt: skip
     row = await db.fetchrow(
         "SELECT c.state, c.failure_reason, s.last_seen > compute_now() - interval '10 seconds' AS seen,"
