@@ -158,9 +158,10 @@ async def _labeled(db: asyncpg.Connection) -> bool:
 async def test_a_row_its_relay_may_not_publish_never_stops_the_worker(
     keys: Path, secured: str, database_url: str, db: asyncpg.Connection
 ) -> None:
-    """The relay of a least-privilege worker meets an outbox row of its own bound to a
-    subject its principal may not publish to: the row goes to `outbox_dead` and, as a dead
-    letter, to `bc.dead.relay`; the worker keeps running and applying facts. Another
+    """The relay of a least-privilege worker meets an outbox row of its own holding what
+    that worker does not send (a fact, to a subject its principal may not publish to
+    either): the relay refuses it before the server would, the row goes to `outbox_dead`
+    and, as a dead letter, to `bc.dead.relay`; the worker keeps running and applying facts. Another
     worker's row (a dispatch, the replay worker's) it never claims: it stays for its owner."""
     code, output = await bcw(
         "provision", BCW_NATS_URL=secured, BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk")
@@ -169,7 +170,7 @@ async def test_a_row_its_relay_may_not_publish_never_stops_the_worker(
     forbidden = SUBJECTS.fact("gw-9", "hello")  # a worker never publishes a fact
     await db.execute(
         "INSERT INTO outbox (msg_id, subject, headers, body, worker) "
-        "VALUES (gen_random_uuid(), $1, '{}', $2, 'labeler')",
+        """VALUES (gen_random_uuid(), $1, '{"Bc-Type": "hello"}', $2, 'labeler')""",
         forbidden, b"{}",
     )  # fmt: skip
     # as an older release writes a row: no owner, which its type then gives (outbox_senders)
@@ -189,7 +190,7 @@ async def test_a_row_its_relay_may_not_publish_never_stops_the_worker(
 
         await eventually(buried, what="the unpublishable row moved to outbox_dead")
         reason = await db.fetchval("SELECT reason FROM outbox_dead")
-        assert reason == f"this principal may not publish to {forbidden}"
+        assert reason == "worker labeler does not send 'hello'"
         # still at work: a Hello from gw-1 is labeled
         await fleet.session(db, "n1", epoch=1, gateway_id="gw-1")
         async with client_as(keys, secured, "gateway-gw-1") as (nc, errors):
@@ -209,9 +210,7 @@ async def test_a_row_its_relay_may_not_publish_never_stops_the_worker(
 
         await eventually(only_the_dispatch_left, what="the labeler's rows relayed, not replay's")
     async with client_as(keys, secured, "admin") as (nc, _errors):
-        letters = await deadletter.list_dead_letters(
-            nc.jetstream(), SUBJECTS, cause="unpublishable"
-        )
+        letters = await deadletter.list_dead_letters(nc.jetstream(), SUBJECTS, cause="forged")
     assert [(letter.worker, letter.subject) for letter in letters] == [("relay", forbidden)]
 
 

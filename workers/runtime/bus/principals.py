@@ -108,6 +108,31 @@ def emitted(subjects: Subjects, worker: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def refusal(
+    subjects: Subjects, worker: str | None, bc_type: str | None, subject: str
+) -> str | None:
+    """Why a relay must not publish a message an outbox row holds, or None when the row's
+    worker could publish it itself: the worker must be one of `EMITS`, a sender of the
+    message's `Bc-Type`, and the subject that type's subject of the worker (`emitted`).
+    The relay trusts no row (a worker's login may write any row of its own). Pure."""
+    if worker not in EMITS:
+        return f"no worker {worker!r} sends messages"
+    if bc_type is None:
+        return "it has no Bc-Type"
+    if bc_type not in EMITTED_TYPES[worker]:
+        return f"worker {worker} does not send {bc_type!r}"
+    made = next(m for m in EMITS[worker] if bc_type == m.BC_TYPE)
+    if made is events.Revocations:
+        allowed = subjects.revocations
+    elif issubclass(made, SnakeMessage):
+        allowed = subjects.notice("*", bc_type)
+    else:
+        allowed = subjects.event(bc_type)
+    if not matches(allowed, subject):
+        return f"worker {worker} does not send {bc_type} to {subject}"
+    return None
+
+
 def matches(pattern: str, subject: str) -> bool:
     """Whether a NATS subject pattern (`*` one token, `>` the rest) covers `subject`."""
     wanted, given = pattern.split("."), subject.split(".")

@@ -16,6 +16,7 @@ shrinks a pack to the messages left.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ class Item(NamedTuple):
     created_at: datetime
     pack: int | None = None  # the pack it is in (None: an `outbox` row)
     place: int = 0  # its place in the pack
+    worker: str | None = None  # the worker whose row it is (the relay checks what it may send)
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ WITH claimed AS (
     SELECT id, order_key FROM outbox WHERE $2::text[] IS NULL OR worker = ANY($2)
      ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
 )
-SELECT o.id, o.msg_id, o.subject, o.headers, o.body, o.order_key, o.created_at
+SELECT o.id, o.msg_id, o.subject, o.headers, o.body, o.order_key, o.created_at, o.worker
   FROM claimed c JOIN outbox o USING (id)
  WHERE c.order_key IS NULL
     OR NOT EXISTS (
@@ -114,7 +116,7 @@ SELECT c.id, c.worker, c.size,
 
 # The messages of the packs chosen (`publishable`), read only for those.
 MESSAGES_SQL = """
-SELECT id, msg_ids, subjects, headers, bodies, order_keys, created_at
+SELECT id, msg_ids, subjects, headers, bodies, order_keys, created_at, worker
   FROM outbox_packs WHERE id = ANY($1::bigint[]) ORDER BY id
 """
 
@@ -123,17 +125,17 @@ async def claim(conn: asyncpg.Connection, limit: int, owners: list[str] | None) 
     """A round's messages, in the order they go out (inside the caller's transaction)."""
     items = [
         Item(r["id"], r["msg_id"], r["subject"], r["headers"], bytes(r["body"]),
-             r["order_key"], r["created_at"])
+             r["order_key"], r["created_at"], worker=r["worker"])
         for r in await conn.fetch(ROWS_SQL, limit, owners)
     ]  # fmt: skip
     claimed = await conn.fetch(PACKS_SQL, limit, owners)
     packs = [Pack(r["id"], r["worker"], r["size"], r["waits"]) for r in claimed]
     chosen = publishable(packs, max(limit - len(items), 1))
     for r in await conn.fetch(MESSAGES_SQL, chosen) if chosen else ():
-        pack, created_at = r["id"], r["created_at"]
+        pack, created_at, worker = r["id"], r["created_at"], r["worker"]
         first = -(pack * PACK_SPAN + 1)  # the item id of its message at place 0
         items += [
-            Item(first - i, msg_id, subject, headers, body, key, created_at, pack, i)
+            Item(first - i, msg_id, subject, headers, body, key, created_at, pack, i, worker)
             for i, (msg_id, subject, headers, body, key) in enumerate(
                 zip(
                     r["msg_ids"], r["subjects"], r["headers"], r["bodies"], r["order_keys"],
@@ -142,6 +144,17 @@ async def claim(conn: asyncpg.Connection, limit: int, owners: list[str] | None) 
             )
         ]  # fmt: skip
     return items
+
+
+def _as_stored(headers: str) -> str:
+    """A buried row's headers as `outbox_dead` keeps them (jsonb): as they were, or — not
+    a JSON object (a row no worker of ours wrote) — their text under `unparsed`. Pure."""
+    try:
+        if isinstance(json.loads(headers), dict):
+            return headers
+    except ValueError:
+        pass
+    return json.dumps({"unparsed": headers})
 
 
 async def settle(
@@ -162,7 +175,8 @@ async def settle(
                                  $5::bytea[], $6::text[], $7::timestamptz[], $8::text[])
             """,
             *(list(column) for column in zip(*(
-                (i.id, i.msg_id, i.subject, i.headers, i.body, i.order_key, i.created_at, dead[i.id])
+                (i.id, i.msg_id, i.subject, _as_stored(i.headers), i.body, i.order_key,
+                 i.created_at, dead[i.id])
                 for i in buried
             ), strict=True)),
         )  # fmt: skip

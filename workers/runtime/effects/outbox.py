@@ -16,7 +16,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import asyncpg
 import nats.errors
@@ -31,6 +31,7 @@ from workers.runtime.base.waiting import Patience, sleep_or_stop, wait_any
 from workers.runtime.bus.acked import BATCH_DISABLED, BATCH_FLOW, AckedPublisher, Message
 from workers.runtime.bus.connection import RefusedSubjects
 from workers.runtime.bus.deadletter import TRUNCATED, dead_letter
+from workers.runtime.bus.principals import EMITS, refusal
 from workers.runtime.effects import claims
 from workers.runtime.effects.claims import Item
 from workers.runtime.observability import tracing
@@ -55,6 +56,12 @@ def _stored_headers(text: str) -> dict[str, str]:
 @functools.lru_cache(maxsize=256)
 def _parsed_headers(text: str) -> dict[str, str]:
     return json.loads(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _refusal(subjects: Subjects, worker: str, bc_type: str | None, subject: str) -> str | None:
+    """`principals.refusal`, remembered (a relay sees the same few a thousand times)."""
+    return refusal(subjects, worker, bc_type, subject)
 
 
 class OutboxRelay:
@@ -109,9 +116,9 @@ class OutboxRelay:
             rows = await claims.claim(conn, self._settings.batch_size, self._owners)
             if not rows:
                 return 0
-            published, dead = await self._publish(rows)
+            published, dead, forged = await self._publish(rows)
             if dead:
-                await self._bury(rows, dead)
+                await self._bury(rows, dead, forged)
             await claims.settle(conn, rows, published, dead)
         self._metrics.outbox_published.inc(by=len(published))
         if len(published) + len(dead) < len(rows):
@@ -120,17 +127,29 @@ class OutboxRelay:
             )
         return len(published) + len(dead)
 
-    async def _publish(self, rows: list[Item]) -> tuple[list[int], dict[int, str]]:
+    async def _publish(self, rows: list[Item]) -> tuple[list[int], dict[int, str], set[int]]:
         """Publish `rows` pipelined — a stream's rows as fast batches where the stream takes
         them, the rest and any a batch did not store one by one; (ids acknowledged,
-        {id: reason} for rows that never can be)."""
+        {id: reason} for rows that never can be, the ids of those no worker of ours could
+        have written: headers that do not parse, what their worker does not send)."""
         spans: dict[int, trace.Span] = {}
         dead: dict[int, str] = {}
+        forged: set[int] = set()
         failed: dict[int, BaseException] = {}
         limit = self._js._nc.max_payload
         ready: dict[int, Message] = {}
         for row in rows:
-            headers = _stored_headers(row.headers)
+            try:
+                headers = _stored_headers(row.headers)
+            except (ValueError, TypeError) as bad:  # a row no worker of ours wrote
+                dead[row.id] = f"its headers do not parse: {bad}"
+                forged.add(row.id)
+                continue
+            refused = self._refusal(row, headers)
+            if refused is not None:
+                dead[row.id] = refused
+                forged.add(row.id)
+                continue
             if self._tracing:  # the message carries this span on; else the stored context
                 span = spans[row.id] = self._producer_span(row, headers)
                 headers.pop("traceparent", None)
@@ -161,7 +180,18 @@ class OutboxRelay:
                     span.record_exception(failed[row_id])
                 span.set_status(trace.StatusCode.ERROR, dead.get(row_id, "not published"))
             span.end()
-        return done, dead
+        return done, dead, forged
+
+    def _refusal(self, row: Item, headers: Mapping[str, str]) -> str | None:
+        """Why this row's message may not go out though it parsed: a fleet worker's row
+        holding what that worker does not send (`principals.refusal`: the relay trusts no
+        row — a worker's login may write any row of its own). Rows of no fleet worker are
+        the schema owner's alone (a test's, a benchmark's)."""
+        if not isinstance(headers, dict):
+            return "its headers are not a map"
+        if row.worker not in EMITS:
+            return None
+        return _refusal(self._subjects, row.worker, headers.get(TYPE_HEADER), row.subject)
 
     async def _publish_batched(
         self, ready: dict[int, Message], failed: dict[int, BaseException]
@@ -256,26 +286,30 @@ class OutboxRelay:
                 done.append(row_id)
         return done
 
-    async def _bury(self, rows: list[Item], dead: dict[int, str]) -> None:
+    async def _bury(self, rows: list[Item], dead: dict[int, str], forged: set[int]) -> None:
         """Say on the bus that rows never can be published (`claims.settle` then moves
-        them to `outbox_dead`, where each is kept whole)."""
+        them to `outbox_dead`, where each is kept whole). A forged row's letter carries
+        none of its headers and the cause `forged`: nothing an operator re-drives as
+        `unpublishable` sends it."""
         limit = self._js._nc.max_payload
         for row in rows:
             reason = dead.get(row.id)
             if reason is None:
                 continue
-            headers = {**_stored_headers(row.headers), "Nats-Msg-Id": str(row.msg_id)}
+            cause = "forged" if row.id in forged else "unpublishable"
+            stored = {} if cause == "forged" else _stored_headers(row.headers)
+            headers = {**stored, "Nats-Msg-Id": str(row.msg_id)}
             fits = len(row.body) <= limit - 4096  # room for the dead letter's own headers
             if not fits:
                 headers[TRUNCATED] = str(len(row.body))
-            self._metrics.dead_letters.inc("relay", "unpublishable")
+            self._metrics.dead_letters.inc("relay", cause)
             if self._subjects.dead("relay") in self._refused:
                 continue  # kept in outbox_dead only (said once, when the server refused it)
             try:
                 await dead_letter(
                     self._js, self._subjects, "relay", subject=row.subject, stream="outbox",
                     stream_seq=row.id, data=row.body if fits else b"", headers=headers,
-                    reason=reason, cause="unpublishable",
+                    reason=reason, cause=cause,
                 )  # fmt: skip
             except Exception as error:  # the row is kept whole in outbox_dead for an operator
                 log.error(
