@@ -65,7 +65,9 @@ async def test_a_workers_login_gets_nothing_published_that_the_worker_could_not_
                      subjects.revocations),
         )  # fmt: skip
         await _pack(labeler, (subjects.event("node.capabilities-changed"), "not json{", b"{}"))
-        await _pack(labeler, (subjects.event("node.capabilities-changed"), '["traceparent"]', b"{}"))
+        await _pack(
+            labeler, (subjects.event("node.capabilities-changed"), '["traceparent"]', b"{}")
+        )
         # its own event, to a subject it does not send it to (upper case, another type's)
         await _pack(labeler, _message(genuine, subjects.event("node.capabilities-changed").upper()))
         await _pack(labeler, _message(genuine, subjects.event("node.capabilities-changed")))
