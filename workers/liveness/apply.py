@@ -78,8 +78,9 @@ SELECT NULL, NULL, NULL, (SELECT count(*) FROM locked)
 """
 FLUSH_SKIPPING = FLUSH.format(skip="SKIP LOCKED")
 #: how long the rows a flush skipped are waited for (a worker's own transactions hold a
-#: node's row for milliseconds; a gateway's open transaction, as long as it likes)
-SKIPPED_WAIT = "1s"
+#: node's row for milliseconds, seconds on a loaded machine; a gateway's open transaction,
+#: as long as it likes)
+SKIPPED_WAIT = "3s"
 FLUSH_WAITING = FLUSH.format(skip="")
 
 # Fenced on node, epoch and gateway; rows locked in node order (see FLUSH). A session
@@ -168,7 +169,7 @@ async def _flush(tx: Tx, flushes: list[Liveness], max_zombie_notices: int) -> No
     arguments = _flush_arguments(entries)
     rows = await tx.conn.fetch(FLUSH_SKIPPING, *arguments)
     zombies = rows[:-1]
-    if rows[-1]["locked"] < _matched(entries, zombies):  # some held elsewhere: a second at most
+    if rows[-1]["locked"] < _matched(entries, zombies):  # some held elsewhere: 3 s at most
         try:  # again, idempotent (last_seen only moves forward), in a savepoint: a lock not
             async with tx.conn.transaction():  # had loses only this second pass
                 await tx.conn.execute(f"SET LOCAL lock_timeout = '{SKIPPED_WAIT}'")
