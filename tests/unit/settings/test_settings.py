@@ -94,7 +94,7 @@ def test_our_sessions_end_when_idle_in_a_transaction_and_wait_for_no_lock_for_lo
 
     assert server_settings(DatabaseSettings()) == {
         "idle_in_transaction_session_timeout": "30000",
-        "lock_timeout": "10000",
+        "lock_timeout": "15000",
     }
     assert server_settings(DatabaseSettings(lock_timeout=0.5)) == {
         "idle_in_transaction_session_timeout": "30000",

@@ -44,7 +44,7 @@ class DatabaseSettings(BaseSettings):
         "0 sends nothing (e.g. behind a PgBouncer that refuses the startup parameter)",
     )
     lock_timeout: Seconds = Field(
-        default=10.0,
+        default=15.0,
         ge=0,
         description="the longest one of our statements waits for a row lock (lock_timeout): a "
         "transaction kept open on a node's row elsewhere (a hostile gateway's) holds back "
