@@ -168,8 +168,12 @@ async def _flush(tx: Tx, flushes: list[Liveness], max_zombie_notices: int) -> No
         return
     arguments = _flush_arguments(entries)
     rows = await tx.conn.fetch(FLUSH_SKIPPING, *arguments)
-    zombies = rows[:-1]
-    if rows[-1]["locked"] < _matched(entries, zombies):  # some held elsewhere: 3 s at most
+    zombies, locked = rows[:-1], rows[-1]["locked"]
+    # an entry is a zombie's or matched (at most one matched per folded key): fewer locked
+    # than entries less zombies is needed for any to have been skipped — so the exact
+    # count (`_matched`) is taken only then, never for a healthy flush nor for a flood
+    # of unknown nodes
+    if locked < len(entries) - len(zombies) and locked < _matched(entries, zombies):
         try:  # again, idempotent (last_seen only moves forward), in a savepoint: a lock not
             async with tx.conn.transaction():  # had loses only this second pass
                 await tx.conn.execute(f"SET LOCAL lock_timeout = '{SKIPPED_WAIT}'")
