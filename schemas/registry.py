@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from pydantic import ValidationError
@@ -81,44 +81,41 @@ _MAYBE_UNSTORABLE = re.compile(rb"\\u(0000|[dD][89a-fA-F])")
 _MAYBE_NOT_FINITE = re.compile(rb"NaN|Infinity|[eE][+]?0*[0-9]{3,}")
 
 
-def _not_finite(value: object, path: str) -> str | None:
-    """The dotted path of the first number that is not finite, if any."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) else path
-    if isinstance(value, dict):
-        for key, item in value.items():
-            found = _not_finite(item, f"{path}.{key}"[:200] if path else str(key)[:64])
-            if found is not None:
-                return found
-    if isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            found = _not_finite(item, f"{path}.{index}" if path else str(index))
-            if found is not None:
-                return found
-    return None
+def _unstorable_text(value: object) -> bool:
+    """A string (or key) PostgreSQL cannot store: a NUL, or a lone surrogate."""
+    if not isinstance(value, str):
+        return False
+    if "\x00" in value:
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
-def _unstorable(value: object, path: str) -> str | None:
-    """The dotted path of the first string (or key) PostgreSQL cannot store, if any."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            return path
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return path
-        return None
+def _not_finite(value: object) -> bool:
+    """A number no `jsonb` stores: NaN or an infinity."""
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def _first(value: object, path: str, bad: Callable[[object], bool]) -> str | None:
+    """The dotted path of the first value (or key) of a decoded message that `bad` refuses,
+    if any."""
+    if bad(value):
+        return path
     if isinstance(value, dict):
         for key, item in value.items():
             shown = "".join(c if c.isprintable() else "?" for c in str(key))[:64]
             where = f"{path}.{shown}" if path else shown
-            found = _unstorable(key, where) if isinstance(key, str) else None
-            found = found or _unstorable(item, where)
+            if bad(key):
+                return where
+            found = _first(item, where, bad)
             if found is not None:
                 return found
     if isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            found = _unstorable(item, f"{path}.{index}" if path else str(index))
+            found = _first(item, f"{path}.{index}" if path else str(index), bad)
             if found is not None:
                 return found
     return None
@@ -183,13 +180,14 @@ class Registry:
             field, detail = _describe(error)
             raise InvalidMessage(model.BC_TYPE, field, detail) from error
         if _MAYBE_UNSTORABLE.search(body):  # cheap: only such a body is walked
-            where = _unstorable(message.model_dump(exclude=set(model.NEVER_STORED)), "")
+            stored = message.model_dump(exclude=set(model.NEVER_STORED))
+            where = _first(stored, "", _unstorable_text)
             if where is not None:
                 raise InvalidMessage(
                     model.BC_TYPE, where, "a NUL or a lone surrogate, which no database stores"
                 )
         if _MAYBE_NOT_FINITE.search(body):  # likewise
-            where = _not_finite(message.model_dump(), "")
+            where = _first(message.model_dump(), "", _not_finite)
             if where is not None:
                 raise InvalidMessage(
                     model.BC_TYPE, where, "a number that is not finite (NaN, Infinity, -Infinity)"
