@@ -121,6 +121,7 @@ def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.subjects import Subjects
     from workers.display import printable
     from workers.runtime.bus import connection, deadletter
+    from workers.runtime.bus import letters as checks
 
     chosen = args.worker or args.cause or args.seq
     if args.action == "redrive" and not chosen and not args.all:
@@ -149,12 +150,16 @@ def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
                 )
             for seq in missing:
                 print(f"no dead letter at {seq}", file=sys.stderr)
+            verdicts = {
+                letter.seq: (await checks.checked(js, subjects, letter))[0] for letter in letters
+            }
             if args.action == "list" and args.json:
                 for letter in letters:
                     print(json.dumps({
                         "seq": letter.seq, "time": _plain(letter.time), "worker": letter.worker,
                         "cause": letter.cause, "subject": letter.subject,
                         "stream_seq": letter.stream_seq, "reason": letter.reason,
+                        "refused": verdicts[letter.seq],
                     }))  # fmt: skip
                 return EXIT_FAILED if missing else 0
             if args.action == "list":
@@ -164,14 +169,23 @@ def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
                         f"{letter.seq:>8} {when} {letter.worker:<12} {letter.cause:<17} "
                         f"{letter.subject}  {letter.reason}"
                     ))  # fmt: skip
+                    if verdicts[letter.seq] is not None:
+                        print(printable(f"{'':>8} REFUSED for redrive: {verdicts[letter.seq]}"))
                 print(f"{len(letters)} dead letter(s)")
+                if refused := sum(1 for why in verdicts.values() if why is not None):
+                    print(f"{refused} refused for redrive (their source could not send them)")
                 if not args.seq and len(letters) == args.limit:
                     print(f"more may follow: --after {letters[-1].seq}")
                 return EXIT_FAILED if missing else 0
             if args.dry_run:
                 for letter in letters:
-                    print(f"would re-drive {letter.seq} to {letter.subject}")
-                print(f"{len(letters)} would be re-driven (--dry-run: nothing was)")
+                    why = verdicts[letter.seq]
+                    print(
+                        f"would re-drive {letter.seq} to {letter.subject}" if why is None
+                        else printable(f"would refuse {letter.seq}: {why}")
+                    )  # fmt: skip
+                good = sum(1 for why in verdicts.values() if why is None)
+                print(f"{good} would be re-driven (--dry-run: nothing was)")
                 return 0
             if letters and sys.stdin.isatty() and not args.yes:
                 question = f"re-drive {len(letters)} dead letter(s)? [y/N] "
@@ -182,9 +196,9 @@ def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
             refused = 0
             for letter in letters:
                 try:
-                    await deadletter.redrive(js, subjects, letter)
-                except deadletter.RedriveError as error:
-                    print(f"not re-driven: {error}", file=sys.stderr)
+                    await checks.redrive(js, subjects, letter)
+                except checks.RedriveError as error:
+                    print(printable(f"not re-driven: {error}"), file=sys.stderr)
                     refused += 1
                     continue
                 print(f"re-drove {letter.seq} to {letter.subject}")

@@ -34,7 +34,7 @@ from tests.integration.support import (
 )
 from workers.bench.common import join_fleet
 from workers.bench.runtime import publishing_handler
-from workers.runtime.bus import deadletter, streams
+from workers.runtime.bus import deadletter, letters, streams
 from workers.runtime.effects.consumer import FactConsumer
 from workers.runtime.effects.items import decode
 from workers.runtime.effects.worker import Tx, Worker
@@ -250,7 +250,7 @@ async def test_a_handler_failure_dead_letters_only_its_fact_and_redrive_applies_
             assert letter.cause == "handler" and "PermanentError" in letter.reason
             # the bug is fixed: re-drive it, it takes effect once
             await conn.execute("DELETE FROM tally_broken")
-            await deadletter.redrive(js, subjects, letter)
+            await letters.redrive(js, subjects, letter)
             await eventually(lambda: tally_rows(tally_db, 12), what="the re-driven fact")
         assert await deadletter.list_dead_letters(js, subjects, "tally") == []
         assert await _effects(tally_db) == [1] * 12

@@ -161,7 +161,7 @@ async def test_a_row_its_relay_may_not_publish_never_stops_the_worker(
     """The relay of a least-privilege worker meets an outbox row of its own holding what
     that worker does not send (a fact, to a subject its principal may not publish to
     either): the relay refuses it before the server would, the row goes to `outbox_dead`
-    and, as a dead letter, to `bc.dead.relay`; the worker keeps running and applying facts. Another
+    and, as a dead letter, to the labeler's own (only the relay principal's say "relay"); the worker keeps running and applying facts. Another
     worker's row (a dispatch, the replay worker's) it never claims: it stays for its owner."""
     code, output = await bcw(
         "provision", BCW_NATS_URL=secured, BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk")
@@ -211,7 +211,7 @@ async def test_a_row_its_relay_may_not_publish_never_stops_the_worker(
         await eventually(only_the_dispatch_left, what="the labeler's rows relayed, not replay's")
     async with client_as(keys, secured, "admin") as (nc, _errors):
         letters = await deadletter.list_dead_letters(nc.jetstream(), SUBJECTS, cause="forged")
-    assert [(letter.worker, letter.subject) for letter in letters] == [("relay", forbidden)]
+    assert [(letter.worker, letter.subject) for letter in letters] == [("labeler", forbidden)]
 
 
 async def test_the_operator_lists_and_redrives_dead_letters_and_reads_events(
@@ -229,9 +229,10 @@ async def test_the_operator_lists_and_redrives_dead_letters_and_reads_events(
             SUBJECTS.event("node.connected"), b'{"nodeId": "op-1", "epoch": 1}',
             headers={"Bc-Type": "node.connected", "Nats-Msg-Id": "op-event-1"},
         )  # fmt: skip
+        stored = await js.publish(SUBJECTS.fact("gw-1", "hello"), b"{}")  # as a gateway would
         await deadletter.dead_letter(
             js, SUBJECTS, "labeler", subject=SUBJECTS.fact("gw-1", "hello"),
-            stream=SUBJECTS.facts_stream, stream_seq=4242, data=b"{}",
+            stream=SUBJECTS.facts_stream, stream_seq=stored.seq, data=b"{}",
             headers={"Bc-Type": "hello", "Nats-Msg-Id": "op-fact-1"}, reason="r", cause="handler",
         )  # fmt: skip
     as_operator = {
@@ -254,3 +255,54 @@ async def test_the_operator_lists_and_redrives_dead_letters_and_reads_events(
         with pytest.raises(nats.errors.TimeoutError):
             await js.delete_stream(SUBJECTS.events_stream)
         assert any("permissions violation" in e.lower() for e in errors)
+
+
+async def test_a_subject_refused_in_upper_case_is_buried_once_and_never_waited_on_again(
+    keys: Path, secured: str, database_url: str, db: asyncpg.Connection
+) -> None:
+    """The server's refusal comes back lower-cased: a row bound for `BC.EVENTS.THING`
+    (the schema owner's: no fleet worker's table applies) costs one publish timeout, then
+    is buried; the next row bound there is buried before it is tried, and a row of the
+    same round bound for an allowed subject is published."""
+    import time
+
+    from opentelemetry import trace
+
+    from workers.runtime.base.runtime_settings import DatabaseSettings, OutboxSettings
+    from workers.runtime.effects.outbox import OutboxRelay
+    from workers.runtime.observability.metrics import Metrics
+
+    code, output = await bcw(
+        "provision", BCW_NATS_URL=secured, BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk")
+    )
+    assert code == 0, output
+    upper = "BC.EVENTS.THING"
+    insert = (
+        "INSERT INTO outbox (msg_id, subject, headers, body) "
+        """VALUES (gen_random_uuid(), $1, '{"Bc-Type": "bench.thing"}', '{}')"""
+    )
+    await db.execute(insert, upper)
+    refused = connection.RefusedSubjects()
+    nc = await connection.connect(
+        nats_as(keys, secured, "relay"), name="relay", on_publish_refused=refused.add
+    )
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    try:
+        relay = OutboxRelay(
+            pool, nc.jetstream(), OutboxSettings(publish_timeout=2.0),
+            DatabaseSettings(url=database_url), Metrics(), trace.NoOpTracer(), SUBJECTS,
+            refused=refused,
+        )  # fmt: skip
+        assert await relay.publish_round() == 1  # waited for its PubAck once, then buried
+        assert upper in refused and "bc.events.thing" not in refused
+        await db.execute(insert, upper)
+        await db.execute(insert, SUBJECTS.event("thing"))
+        started = time.monotonic()
+        assert await relay.publish_round() == 2
+        assert time.monotonic() - started < 1.0  # not a publish timeout
+    finally:
+        await pool.close()
+        await nc.close()
+    reasons = [r["reason"] for r in await db.fetch("SELECT reason FROM outbox_dead")]
+    assert reasons == [f"this principal may not publish to {upper}"] * 2
+    assert await db.fetchval("SELECT count(*) FROM outbox") == 0

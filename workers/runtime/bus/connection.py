@@ -32,19 +32,38 @@ log = logging.getLogger(__name__)
 class RefusedSubjects:
     """Subjects the server refused this principal to publish to. Such a refusal is for
     one subject (the connection stays up), so it does not stop the process: the outbox
-    relay dead-letters the rows bound there instead of retrying them for ever."""
+    relay dead-letters the rows bound there instead of retrying them for ever.
+
+    The client hands the server's error text over lower-cased, so a refusal is kept as
+    said (`said`); a subject is known refused once a publish to it failed while a refusal
+    of its spelling in any case was said (`confirm`). Subjects are case-sensitive: an
+    allowed `bc.events.x` is never taken for a refused `bc.events.X`.
+    """
 
     def __init__(self) -> None:
+        self._said: set[str] = set()
         self._subjects: set[str] = set()
 
     def add(self, subject: str) -> None:
-        if subject not in self._subjects:
-            self._subjects.add(subject)
+        if subject.lower() not in self._said:
+            self._said.add(subject.lower())
             log.error(
                 "NATS refused us to publish to %s: a permission is missing (rows bound there "
                 "are dead-lettered; grant it and re-drive them)",
                 subject,
             )
+
+    def said(self, subject: str) -> bool:
+        """Whether the server refused `subject`, spelled in any case."""
+        return subject.lower() in self._said
+
+    def confirm(self, subject: str) -> bool:
+        """A publish to `subject` failed: whether that was the refusal (it is then known
+        refused, and rows bound there are buried before they are tried)."""
+        if self.said(subject):
+            self._subjects.add(subject)
+            return True
+        return False
 
     def __contains__(self, subject: object) -> bool:
         return subject in self._subjects

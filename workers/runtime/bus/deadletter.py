@@ -32,7 +32,10 @@ ORIGINAL_MSG_ID = "Bc-Dead-Msg-Id"
 #: set (to the body's size) when the body was too large to travel with its dead letter;
 #: the whole message is kept in PostgreSQL (`outbox_dead`)
 TRUNCATED = "Bc-Dead-Truncated"
-_DEAD_HEADERS = (REASON, SUBJECT, STREAM_SEQ, WORKER, CAUSE, ORIGINAL_MSG_ID, TRUNCATED)
+#: a relay's letter: the worker whose outbox row it was (the one whose sending a redrive
+#: is checked against, `letters.refusal`)
+SENDER = "Bc-Dead-Sender"
+_DEAD_HEADERS = (REASON, SUBJECT, STREAM_SEQ, WORKER, CAUSE, ORIGINAL_MSG_ID, TRUNCATED, SENDER)
 
 
 def _header_value(text: str) -> str:
@@ -61,10 +64,18 @@ async def dead_letter(
     headers: Mapping[str, str] | None,
     reason: str,
     cause: str,
+    sender: str | None = None,
+    truncated: int | None = None,
 ) -> None:
-    """Publish the copy and wait for its PubAck. Raises if JetStream did not take it."""
-    out = dict(headers or {})
+    """Publish the copy and wait for its PubAck. Raises if JetStream did not take it.
+    `truncated`: the size of a body too large to travel with its letter (`data` is then
+    empty or a head of it)."""
+    out = {k: v for k, v in (headers or {}).items() if k not in _DEAD_HEADERS}
     original_id = out.pop("Nats-Msg-Id", "")
+    if sender is not None:
+        out[SENDER] = sender
+    if truncated is not None:
+        out[TRUNCATED] = str(truncated)
     out.update(
         {
             REASON: _header_value(reason),
@@ -140,13 +151,11 @@ async def watch_max_deliveries(
     )
 
 
-class RedriveError(RuntimeError):
-    """This dead letter cannot be re-driven as it is."""
-
-
 @dataclass(frozen=True)
 class DeadLetter:
     seq: int
+    #: the subject it is stored on (`<root>.dead.<worker>`: who published it)
+    on: str
     worker: str
     reason: str
     cause: str
@@ -161,6 +170,7 @@ def _letter(seq: int, raw: Any) -> DeadLetter:
     headers = dict(raw.headers or {})
     return DeadLetter(
         seq=seq,
+        on=raw.subject or "",
         worker=headers.get(WORKER, ""),
         reason=headers.get(REASON, ""),
         cause=headers.get(CAUSE, ""),
@@ -215,19 +225,15 @@ async def dead_letters_at(
     return found, missing
 
 
-async def redrive(js: JetStreamContext, subjects: Subjects, letter: DeadLetter) -> None:
-    """Publish the original message to its original subject again, then delete the copy.
+async def resend(js: JetStreamContext, subjects: Subjects, letter: DeadLetter, body: bytes) -> None:
+    """Publish `body` (what `letters.checked` found the letter's source sent) to the
+    letter's original subject again, then delete the letter.
 
     The fact keeps its `fact_id`, so a fact that took effect after all is still absorbed
     by the inbox.
     """
-    if TRUNCATED in letter.headers:
-        raise RedriveError(
-            f"dead letter {letter.seq} carries no body ({letter.headers[TRUNCATED]} bytes, over the "
-            "bus's max payload); the message is kept in the outbox_dead table"
-        )
     headers = {key: value for key, value in letter.headers.items() if key not in _DEAD_HEADERS}
     original = letter.headers.get(ORIGINAL_MSG_ID) or "unknown"
     headers["Nats-Msg-Id"] = f"redrive:{subjects.dead_stream}:{letter.seq}:{original}"
-    await js.publish(letter.subject, letter.data, headers=headers, timeout=5)
+    await js.publish(letter.subject, body, headers=headers, timeout=5)
     await js.delete_msg(subjects.dead_stream, letter.seq)

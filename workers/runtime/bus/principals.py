@@ -4,8 +4,8 @@ shows the same table, generated from `principals()`.
 
 - `admin`: everything (provision, stream setup at migrate time, dead-letter redrive).
 - `worker-<name>`: its own durable consumer on the facts stream; the events, notices and
-  revocations its rules emit (`EMITS`, and nothing another worker emits) and its dead
-  letters; never a fact.
+  revocations its rules emit (`EMITS`, and nothing another worker emits) and its own dead
+  letters (never the relay's); never a fact.
 - `relay`: a dedicated outbox relay (`bcw run relay`): the events, notices and revocations
   every worker's outbox holds, and the relay's dead letters; nothing else.
 - `gateway-<id>`: its own facts, its own consumer (created with its own filter subject)
@@ -178,8 +178,9 @@ def principals(subjects: Subjects, gateways: Sequence[str]) -> list[Principal]:
                     _api("DIRECT.GET", facts),
                     # its relay publishes its own outbox rows: what its rules emit
                     *emitted(subjects, worker),
+                    # its dead letters, and those of its outbox rows its relay cannot
+                    # publish (never `dead.relay`: only the relay's letters say "relay")
                     subjects.dead(worker),
-                    subjects.dead("relay"),  # rows its relay can never publish
                 ),
                 subscribe=(f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{facts}.{worker}",),
             )
@@ -194,6 +195,8 @@ def principals(subjects: Subjects, gateways: Sequence[str]) -> list[Principal]:
                 _api("STREAM.INFO", dead),
                 _api("STREAM.MSG.GET", events),
                 _api("STREAM.MSG.GET", dead),
+                # a fact's letter is re-driven as the facts stream holds it (`letters`)
+                _api("STREAM.MSG.GET", facts),
                 _api("STREAM.MSG.DELETE", dead),  # a re-driven dead letter goes away
                 # a re-drive publishes the message again where it was bound
                 subjects.all_facts,

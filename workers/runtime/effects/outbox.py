@@ -30,7 +30,7 @@ from workers.runtime.base.runtime_settings import DatabaseSettings, OutboxSettin
 from workers.runtime.base.waiting import Patience, sleep_or_stop, wait_any
 from workers.runtime.bus.acked import BATCH_DISABLED, BATCH_FLOW, AckedPublisher, Message
 from workers.runtime.bus.connection import RefusedSubjects
-from workers.runtime.bus.deadletter import TRUNCATED, dead_letter
+from workers.runtime.bus.deadletter import dead_letter
 from workers.runtime.bus.principals import EMITS, refusal
 from workers.runtime.effects import claims
 from workers.runtime.effects.claims import Item
@@ -106,7 +106,7 @@ class OutboxRelay:
         """Claim, publish and delete one batch; returns how many were published.
 
         Each row succeeds or fails on its own: published rows are deleted, rows that can
-        never be published move to `outbox_dead` with a dead letter on `<root>.dead.relay`,
+        never be published move to `outbox_dead` with a dead letter (`_bury`),
         and rows that failed for a passing reason stay for the next round (which then
         raises `OutboxPublishError` so the caller backs off).
         """
@@ -170,7 +170,7 @@ class OutboxRelay:
             self._publisher.forget()
             for row_id, failure in failed.items():
                 subject = ready[row_id][0]
-                if subject in self._refused:  # the server said so meanwhile
+                if self._refused.confirm(subject):  # the server said so meanwhile
                     dead[row_id] = f"this principal may not publish to {subject}"
                 elif classify(failure) is Severity.PERMANENT:
                     dead[row_id] = f"{type(failure).__name__}: {failure}"
@@ -288,9 +288,11 @@ class OutboxRelay:
 
     async def _bury(self, rows: list[Item], dead: dict[int, str], forged: set[int]) -> None:
         """Say on the bus that rows never can be published (`claims.settle` then moves
-        them to `outbox_dead`, where each is kept whole). A forged row's letter carries
-        none of its headers and the cause `forged`: nothing an operator re-drives as
-        `unpublishable` sends it."""
+        them to `outbox_dead`, where each is kept whole). A dedicated relay's letters go to
+        `<root>.dead.relay` (its principal's alone), a worker's own relay's to the worker's
+        dead letters; each names the row's worker as its sender, which a redrive checks
+        (`letters`). A forged row's letter carries none of its headers and the cause
+        `forged`: no redrive sends it."""
         limit = self._js._nc.max_payload
         for row in rows:
             reason = dead.get(row.id)
@@ -300,16 +302,16 @@ class OutboxRelay:
             stored = {} if cause == "forged" else _stored_headers(row.headers)
             headers = {**stored, "Nats-Msg-Id": str(row.msg_id)}
             fits = len(row.body) <= limit - 4096  # room for the dead letter's own headers
-            if not fits:
-                headers[TRUNCATED] = str(len(row.body))
-            self._metrics.dead_letters.inc("relay", cause)
-            if self._subjects.dead("relay") in self._refused:
+            source = "relay" if self._owners is None or row.worker not in EMITS else row.worker
+            self._metrics.dead_letters.inc(source, cause)
+            if self._refused.said(self._subjects.dead(source)):
                 continue  # kept in outbox_dead only (said once, when the server refused it)
             try:
                 await dead_letter(
-                    self._js, self._subjects, "relay", subject=row.subject, stream="outbox",
+                    self._js, self._subjects, source, subject=row.subject, stream="outbox",
                     stream_seq=row.id, data=row.body if fits else b"", headers=headers,
-                    reason=reason, cause=cause,
+                    reason=reason, cause=cause, sender=row.worker or "",
+                    truncated=None if fits else len(row.body),
                 )  # fmt: skip
             except Exception as error:  # the row is kept whole in outbox_dead for an operator
                 log.error(

@@ -15,7 +15,7 @@ from workers.runtime.base.settings_docs import block
 from workers.runtime.bus import principals
 from workers.runtime.store import roles, roles_doc
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_principals_name_every_worker() -> None:
