@@ -333,3 +333,14 @@ def test_the_hello_proof_policy_reaches_bcw_migrate_only_when_set() -> None:
     assert set_["BCW_HELLO_PROOF"] == "require"
     with pytest.raises(Exception, match="helloProof"):
         render({**MINIMAL, "migrations": {"helloProof": "sometimes"}})
+
+
+def test_the_legacy_gateway_role_is_granted_only_when_asked() -> None:
+    def migrate_args(values: dict[str, Any]) -> list[str]:
+        job = by_kind(render(values), "Job")["fleet-bc-workers-migrate-1"]
+        [migrate] = job["spec"]["template"]["spec"]["initContainers"]
+        return list(migrate["args"])
+
+    assert migrate_args(MINIMAL) == ["migrate"]
+    legacy = {**MINIMAL, "migrations": {"legacyGatewayRole": True}}
+    assert migrate_args(legacy) == ["migrate", "--legacy-gateway-role"]

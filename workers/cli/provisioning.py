@@ -34,6 +34,13 @@ def add(commands: Commands) -> None:
         action="store_true",
         help="print the SQL that creates the bcw_* roles and grants them least privilege",
     )
+    migrate.add_argument(
+        "--legacy-gateway-role",
+        action="store_true",
+        help="also create and grant bcw_gateway, for gateways older than 0.4 (direct writes: "
+        "its logins may rebind sessions and move any gateway's lease); without it, an "
+        "existing bcw_gateway keeps no grant",
+    )
     migrate.set_defaults(handler=_cmd_migrate)
 
     schemas = commands.add_parser("schemas", help="the bus contract's JSON Schemas")
@@ -86,14 +93,15 @@ def add(commands: Commands) -> None:
 
 
 def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    from workers.runtime.store import db, migrate, roles
+    from workers.runtime.store import db, migrate, policies, roles
 
     if args.print_grants:  # no connection: for a DBA who runs it by hand
         from workers.runtime.store.limits import LIMITS, limits_sql
 
-        policies = "".join(roles.policies_sql().values())
-        logins = "".join(limits_sql(group) + "\n" for group in LIMITS if group in roles.GROUPS)
-        print(roles.create_roles_sql() + roles.grants_sql() + policies + logins, end="")
+        groups = roles.groups_for(args.legacy_gateway_role)
+        rules = "".join(policies.policies_sql(groups).values())
+        logins = "".join(limits_sql(group) + "\n" for group in LIMITS if group in groups)
+        print(roles.create_roles_sql(groups) + roles.grants_sql(groups) + rules + logins, end="")
         return 0
 
     if args.wait is not None:
@@ -112,7 +120,7 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
                 f"applied {len(applied)} migration(s)"
                 + (": " + ", ".join(applied) if applied else "")
             )
-            granted = await migrate.grant(conn)
+            granted = await migrate.grant(conn, args.legacy_gateway_role)
             print(
                 "granted to " + ", ".join(granted)
                 if granted

@@ -11,6 +11,7 @@ import logging
 import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -87,25 +88,37 @@ FLUSH_WAITING = FLUSH.format(skip="")
 # its gateway already closed (it writes a normal close at once, `gateway/store.py`: the
 # row is at that epoch, routed nowhere, with that reason) is matched too, and left as
 # written: the event is still this worker's to publish.
-DISCONNECT = """
-WITH locked AS (
-    SELECT s.node_id, f.reason, s.gateway_id IS NULL AS written
-      FROM node_sessions s
-      JOIN unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS f(node_id, epoch, gateway_id, reason)
-        ON s.node_id = f.node_id AND s.session_epoch = f.epoch
-       AND (s.gateway_id = f.gateway_id
-            OR (s.gateway_id IS NULL AND s.disconnected_at IS NOT NULL
-                AND s.disconnect_reason = f.reason))
-     ORDER BY s.node_id
-       FOR UPDATE OF s
-), closing AS (
-    UPDATE node_sessions s
-       SET gateway_id = NULL, disconnected_at = compute_now(), disconnect_reason = l.reason
-      FROM locked l
-     WHERE s.node_id = l.node_id AND NOT l.written
-)
-SELECT node_id FROM locked
+CLOSING = """
+SELECT s.node_id, s.session_epoch, s.gateway_id, f.reason, s.gateway_id IS NULL AS written
+  FROM node_sessions s
+  JOIN unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS f(node_id, epoch, gateway_id, reason)
+    ON s.node_id = f.node_id AND s.session_epoch = f.epoch
+   AND (s.gateway_id = f.gateway_id
+        OR (s.gateway_id IS NULL AND s.disconnected_at IS NOT NULL
+            AND s.disconnect_reason = f.reason))
+ ORDER BY s.node_id
+   FOR UPDATE OF s
 """
+
+# The worker's login may not set a session's gateway: it clears it through its group's
+# function (migration 0032), by primary key, each at the epoch and gateway as read.
+DISCONNECT = """
+SELECT d AS node_id FROM liveness_disconnect($1::text[], $2::bigint[], $3::text[], $4::text[], $5) AS d
+"""
+
+
+async def disconnect(
+    conn: asyncpg.Connection, rows: list[asyncpg.Record], at: datetime | None, reasons: list[str]
+) -> list[asyncpg.Record]:
+    """Disconnect the sessions of `rows` (locked by the caller: node_id, session_epoch,
+    gateway_id) for `reasons`, at `at` (None: now); returns the rows disconnected."""
+    if not rows:
+        return []
+    epochs = [r["session_epoch"] for r in rows]
+    gateways = [r["gateway_id"] for r in rows]
+    ids = [r["node_id"] for r in rows]
+    gone = {r["node_id"] for r in await conn.fetch(DISCONNECT, ids, epochs, gateways, reasons, at)}
+    return [r for r in rows if r["node_id"] in gone]
 
 
 # When the controller last applied a flush of each gateway: its own clock, in the flush's
@@ -229,16 +242,16 @@ def _flush_arguments(entries: list[tuple[LivenessEntry, Liveness]]) -> list[list
 async def _disconnect(tx: Tx, closed: list[Closed]) -> dict[uuid.UUID, Outcome]:
     by_node = newest_per_node(closed)
     newest = [by_node[node] for node in sorted(by_node)]  # rows in node order
-    matched = {
-        r["node_id"]
-        for r in await tx.conn.fetch(
-            DISCONNECT,
-            [f.node_id for f in newest],
-            [f.epoch for f in newest],
-            [f.gateway_id for f in newest],
-            [f.reason for f in newest],
-        )
-    }
+    locked = await tx.conn.fetch(
+        CLOSING,
+        [f.node_id for f in newest],
+        [f.epoch for f in newest],
+        [f.gateway_id for f in newest],
+        [f.reason for f in newest],
+    )
+    open_ = [r for r in locked if not r["written"]]
+    await disconnect(tx.conn, open_, None, [r["reason"] for r in open_])
+    matched = {r["node_id"] for r in locked}
     outcomes: dict[uuid.UUID, Outcome] = {}
     for fact in closed:
         if fact.node_id not in matched or fact not in newest:

@@ -35,6 +35,7 @@ from schemas.events import (
     NodeDisconnected,
 )
 from schemas.subjects import Subjects
+from workers.liveness.apply import disconnect
 from workers.liveness.decide import (
     BreakerDecision,
     BreakerView,
@@ -104,46 +105,29 @@ SELECT s.gateway_id, count(*) AS n
 """
 
 # Candidates are locked in node order, skipping rows a Hello holds right now (the next
-# sweep sees them); the write re-checks epoch and gateway as read.
+# sweep sees them); `apply.disconnect` then clears their gateway, re-checking epoch and
+# gateway as read.
 GATEWAY_LOST = """
-WITH lost AS (
-    SELECT s.node_id, s.session_epoch, s.gateway_id
-      FROM gateways g
-      JOIN node_sessions s ON s.gateway_id = g.gateway_id
-     WHERE g.lease_expires_at < $1
-     ORDER BY s.node_id
-       FOR UPDATE OF s SKIP LOCKED
-), gone AS (  -- locked above, as read: by primary key (see STALE)
-    UPDATE node_sessions s
-       SET gateway_id = NULL, disconnected_at = $2, disconnect_reason = 'gateway-lost'
-     WHERE s.node_id = ANY(ARRAY(SELECT node_id FROM lost)) AND s.gateway_id IS NOT NULL
-    RETURNING s.node_id
-)
-SELECT lost.node_id, lost.session_epoch, lost.gateway_id FROM lost JOIN gone USING (node_id)
+SELECT s.node_id, s.session_epoch, s.gateway_id
+  FROM gateways g
+  JOIN node_sessions s ON s.gateway_id = g.gateway_id
+ WHERE g.lease_expires_at < $1
+ ORDER BY s.node_id
+   FOR UPDATE OF s SKIP LOCKED
 """
 
 # Only sessions of gateways the controller can see ($3) are aged, and not those the
 # breaker holds ($4). A session on a gateway whose lease has expired is not aged here:
 # nobody could flush it, and the gateway-loss rule (with its grace to move) decides.
 STALE = """
-WITH stale AS (
-    SELECT s.node_id, s.session_epoch, s.gateway_id
-      FROM node_sessions s
-     WHERE s.gateway_id = ANY($3::text[]) AND s.gateway_id <> ALL($4::text[])
-       AND s.last_seen < $1
-       AND NOT EXISTS (SELECT 1 FROM gateways g
-                        WHERE g.gateway_id = s.gateway_id AND g.lease_expires_at < $2)
-     ORDER BY s.node_id
-       FOR UPDATE OF s SKIP LOCKED
-), gone AS (
-    -- the candidates are locked above, as read: updated by primary key (a join back to
-    -- the table would hash all of it: 0.5 s for a million sessions)
-    UPDATE node_sessions s
-       SET gateway_id = NULL, disconnected_at = $2, disconnect_reason = 'liveness-timeout'
-     WHERE s.node_id = ANY(ARRAY(SELECT node_id FROM stale)) AND s.gateway_id IS NOT NULL
-    RETURNING s.node_id
-)
-SELECT stale.node_id, stale.session_epoch, stale.gateway_id FROM stale JOIN gone USING (node_id)
+SELECT s.node_id, s.session_epoch, s.gateway_id
+  FROM node_sessions s
+ WHERE s.gateway_id = ANY($3::text[]) AND s.gateway_id <> ALL($4::text[])
+   AND s.last_seen < $1
+   AND NOT EXISTS (SELECT 1 FROM gateways g
+                    WHERE g.gateway_id = s.gateway_id AND g.lease_expires_at < $2)
+ ORDER BY s.node_id
+   FOR UPDATE OF s SKIP LOCKED
 """
 
 
@@ -202,10 +186,12 @@ async def sweep_once(
             stale: list[asyncpg.Record] = []
             breakers: dict[str, tuple[BreakerView, BreakerDecision]] = {}
             if plan.age_transitions:
-                lost = await conn.fetch(GATEWAY_LOST, plan.gateway_expired_before, now)
+                lost = await conn.fetch(GATEWAY_LOST, plan.gateway_expired_before)
+                lost = await disconnect(conn, lost, now, ["gateway-lost"] * len(lost))
                 breakers = await _breakers(conn, plan.stale_before, now, seeing, rows, rules)
                 held = [gw for gw, (_, decision) in breakers.items() if decision.hold]
                 stale = await conn.fetch(STALE, plan.stale_before, now, seeing, held)
+                stale = await disconnect(conn, stale, now, ["liveness-timeout"] * len(stale))
             await _write_sights(conn, rows, changes, breakers, now)
             await conn.execute(WRITE_STATE, plan.state.last_sweep_at, plan.state.grace_until)
             if tracer is not None and (lost or stale or changes or breakers):

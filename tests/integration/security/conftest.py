@@ -45,7 +45,8 @@ async def logins(servers: Servers, database_url: str) -> dict[str, str]:
     The `bcw_gateway_bound` login is bound to gateway gw-1."""
     conn = await asyncpg.connect(database_url)
     try:
-        await migrate.grant(conn)  # as `bcw migrate` does on this very database
+        # as `bcw migrate --legacy-gateway-role` does on this very database (every group)
+        await migrate.grant(conn, legacy_gateway=True)
         for group in GROUPS:
             with contextlib.suppress(asyncpg.DuplicateObjectError, asyncpg.UniqueViolationError):
                 await conn.execute(f"CREATE ROLE {login_of(group)} LOGIN IN ROLE {group}")

@@ -181,7 +181,21 @@ async def test_retention_may_lock_and_delete_what_it_prunes(
 async def test_migrate_grants_again_and_prints_the_same_grants(database_url: str) -> None:
     conn = await asyncpg.connect(database_url)
     try:
-        assert await migrate.grant(conn) == list(GROUPS)
+        # every group but the 0.3 gateways' (a login of which could rebind sessions and
+        # move any gateway's lease): created and granted only when asked
+        assert await migrate.grant(conn, legacy_gateway=True) == list(GROUPS)
+        legacy = "has_column_privilege('bcw_gateway', 'node_sessions', 'gateway_id', 'UPDATE')"
+        assert await conn.fetchval(f"SELECT {legacy}") is True
+        assert await migrate.grant(conn) == [g for g in GROUPS if g != "bcw_gateway"]
+        assert await conn.fetchval(f"SELECT {legacy}") is False  # it exists, and keeps nothing
+        for table in roles.TABLES:
+            assert not await conn.fetchval(
+                "SELECT has_table_privilege('bcw_gateway', $1, 'SELECT')", table
+            ), table
+        code, printed = await bcw("migrate", "--print-grants")
+        assert code == 0 and "bcw_gateway;" not in printed and "TO bcw_gateway " not in printed
+        code, printed = await bcw("migrate", "--print-grants", "--legacy-gateway-role")
+        assert code == 0 and "ON node_sessions TO bcw_gateway;" in printed
         tables = {
             r["tablename"]
             for r in await conn.fetch(

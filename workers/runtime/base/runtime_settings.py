@@ -232,7 +232,9 @@ class RetentionSettings(BaseSettings):
     model_config = env_group("BCW_RETENTION_")
 
     node_events: Duration = Field(
-        default=timedelta(days=30), description="keep node events this long"
+        default=timedelta(days=30),
+        description="keep node events this long; at least 1 day (the recorder's login may "
+        "not delete a younger event)",
     )
     processed_facts: Duration = Field(
         default=timedelta(hours=25),
@@ -245,13 +247,13 @@ class RetentionSettings(BaseSettings):
     )
     interval: Seconds = Field(default=60.0, gt=0, description="between pruning passes")
 
-    @field_validator("session_history")
+    @field_validator("session_history", "node_events")
     @classmethod
     def _history_kept_a_day(cls, value: timedelta) -> timedelta:
         if value < HISTORY_FLOOR:
             raise ValueError(
                 f"must be at least {format_duration(HISTORY_FLOOR)}: "
-                "a younger session history cannot be deleted"
+                "a worker's login may not delete a younger row"
             )
         return value
 

@@ -170,13 +170,14 @@ async def settle(
     if buried:
         await conn.execute(
             """
-            INSERT INTO outbox_dead (id, msg_id, subject, headers, body, order_key, created_at, reason)
+            INSERT INTO outbox_dead (id, msg_id, subject, headers, body, order_key, created_at,
+                                     reason, worker)
             SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::text[]::jsonb[],
-                                 $5::bytea[], $6::text[], $7::timestamptz[], $8::text[])
+                                 $5::bytea[], $6::text[], $7::timestamptz[], $8::text[], $9::text[])
             """,
             *(list(column) for column in zip(*(
                 (i.id, i.msg_id, i.subject, _as_stored(i.headers), i.body, i.order_key,
-                 i.created_at, dead[i.id])
+                 i.created_at, dead[i.id], i.worker)
                 for i in buried
             ), strict=True)),
         )  # fmt: skip

@@ -38,7 +38,7 @@ class Lease:
 
 def inbox_pruning(workers: list[str]) -> str:
     """The lease under which one replica of these workers prunes their inbox (a worker's
-    login may hold it: `roles.OWNED_ROWS`)."""
+    login may hold it: `policies.OWNED_ROWS`)."""
     return "inbox-retention-" + "+".join(sorted(workers))
 
 

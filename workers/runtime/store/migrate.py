@@ -140,14 +140,14 @@ async def status(conn: asyncpg.Connection, directory: Path | None = None) -> lis
     return out
 
 
-async def grant(conn: asyncpg.Connection) -> list[str]:
+async def grant(conn: asyncpg.Connection, legacy_gateway: bool = False) -> list[str]:
     """Create the bcw_* group roles when this role may, and (re)apply their grants, under
-    the migrations' advisory lock (`roles`). Returns the groups granted to."""
-    from workers.runtime.store import roles
+    the migrations' advisory lock (`grants`). Returns the groups granted to."""
+    from workers.runtime.store import grants
 
     await conn.execute("SELECT pg_advisory_lock($1)", ADVISORY_LOCK_KEY)
     try:
-        return await roles.apply(conn)
+        return await grants.apply(conn, legacy_gateway)
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", ADVISORY_LOCK_KEY)
 

@@ -20,16 +20,50 @@ from workers.runtime.store import db
 log = logging.getLogger(__name__)
 
 
+#: at most one wake-up per this many seconds: any login may NOTIFY any channel, and a
+#: storm of them would otherwise wake a loop for a round each (the first of a quiet spell
+#: wakes it at once; the rest of its 50 ms, once, at its end)
+DEBOUNCE = 0.05
+
+
 class Listener:
-    """Sets `wake` on every notification of `channels` (and after each reconnect)."""
+    """Sets `wake` on notifications of `channels` — at once, then at most once per
+    `debounce` seconds however many come — and after each reconnect."""
 
     def __init__(
-        self, database: DatabaseSettings, channels: Sequence[str], wake: asyncio.Event
+        self,
+        database: DatabaseSettings,
+        channels: Sequence[str],
+        wake: asyncio.Event,
+        debounce: float = DEBOUNCE,
     ) -> None:
         self._database = database
         self._channels = tuple(channels)
         self._wake = wake
+        self._debounce = debounce
+        self._last = -debounce
+        self._later: asyncio.TimerHandle | None = None
         self.listening = False
+        #: notifications received, and wake-ups they made (a storm shows as many to few)
+        self.notified = 0
+        self.woken = 0
+
+    def _notified(self, *_args: object) -> None:
+        self.notified += 1
+        if self._later is not None:
+            return  # a wake-up is due at the end of the spell
+        loop = asyncio.get_running_loop()
+        wait = self._last + self._debounce - loop.time()
+        if wait <= 0:
+            self._set()
+        else:
+            self._later = loop.call_later(wait, self._set)
+
+    def _set(self) -> None:
+        self._later = None
+        self._last = asyncio.get_running_loop().time()
+        self.woken += 1
+        self._wake.set()
 
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
@@ -39,7 +73,7 @@ class Listener:
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
                 for channel in self._channels:
-                    await conn.add_listener(channel, lambda *_args: self._wake.set())
+                    await conn.add_listener(channel, self._notified)
                 self.listening = True
                 self._wake.set()  # something may have come while we were not listening
                 await lost.wait()
@@ -49,6 +83,9 @@ class Listener:
                 log.debug("listener on %s: %s", ",".join(self._channels), error)
             finally:
                 self.listening = False
+                if self._later is not None:
+                    self._later.cancel()
+                    self._later = None
                 if conn is not None and not conn.is_closed():
                     with contextlib.suppress(Exception):
                         await conn.close(timeout=1)

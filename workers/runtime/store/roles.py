@@ -2,9 +2,10 @@
 for readers, each granted only what its rules read and write.
 
 `bcw migrate` creates the groups when it may (CREATEROLE) and (re)applies the grants of
-every group that exists, after the migrations, so a new table is never left open or
-closed by mistake; `bcw migrate --print-grants` prints the same SQL for a DBA. An
-operator gives each worker a login role `IN ROLE bcw_<worker>`.
+every group that exists, after the migrations (`grants.apply`), so a new table is never
+left open or closed by mistake; `bcw migrate --print-grants` prints the same SQL for a
+DBA. Which rows of a table a group may touch is `policies`. An operator gives each worker
+a login role `IN ROLE bcw_<worker>`.
 
 Row locks (`FOR UPDATE`, `FOR SHARE`) need the UPDATE privilege on some column of the
 table locked. Where a role locks rows it never writes, it gets UPDATE on one column
@@ -15,17 +16,7 @@ retention reads.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from dataclasses import dataclass
-
-import asyncpg
-
-from workers.runtime.base.runtime_settings import HISTORY_FLOOR
-from workers.runtime.store import limits
-from workers.runtime.store.leases import inbox_pruning
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -79,8 +70,8 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         *RUNTIME,
         Grant("SELECT", "node_sessions"),
         Grant(
-            "UPDATE (last_seen, lane_credits, load, node_load, gateway_id, disconnected_at, "
-            "disconnect_reason)",
+            # never `gateway_id`: it disconnects through `liveness_disconnect` (EXECUTES)
+            "UPDATE (last_seen, lane_credits, load, node_load, disconnected_at, disconnect_reason)",
             "node_sessions",
         ),
         Grant("SELECT", "gateways"),
@@ -176,87 +167,10 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
     ),
 }
 
-#: Row-level security on the runtime tables whose rows belong to one worker (table → which
-#: rows are worker `{w}`'s): a worker's login sees, writes and deletes only its own rows —
-#: its inbox, its outbox rows, the session history it wrote, its leases (its loops' and
-#: its inbox pruning's); any other group granted the table sees every row (the relay,
-#: the readers). Owners and superusers are not bound. Applied after the grants, one table
-#: per transaction (`policies_sql`): a policy takes its table's strongest lock, and two
-#: tables in one transaction could deadlock with the workers running beside it.
-OWNED_ROWS = {
-    "outbox": "worker = '{w}'",
-    "outbox_packs": "worker = '{w}'",
-    "processed_facts": "consumer = '{w}'",
-    "session_history": "worker = '{w}'",
-    "session_history_packs": "worker = '{w}'",
-    "controller_leases": "(name = '{w}' OR name LIKE '{w}-%' OR name = '{inbox_pruning}')",
-}
-
-#: The session history is written once: a worker inserts and reads its own rows, and may
-#: delete (or lock, to delete) only those older than `HISTORY_FLOOR` — its retention's
-#: pruning — so no login of a worker can change or erase what `bcw explain` shows of the
-#: last day. (Policies per command, `{group}_history_<command>`; see `policies_sql`.)
-HISTORY_OLD = f"at < compute_now() - interval '{HISTORY_FLOOR.total_seconds():g} seconds'"
-_HISTORY_POLICIES = {
-    "SELECT": ("worker = '{w}'", None),
-    "INSERT": (None, "worker = '{w}'"),
-    "DELETE": (f"worker = '{{w}}' AND {HISTORY_OLD}", None),
-    "UPDATE": (f"worker = '{{w}}' AND {HISTORY_OLD}", "false"),  # a lock, never a change
-}
-BY_COMMAND = {"session_history": _HISTORY_POLICIES, "session_history_packs": _HISTORY_POLICIES}
-
 
 def worker_of(group: str) -> str | None:
     """The worker a group role is the role of (it has the runtime's grants), if any."""
     return group.removeprefix("bcw_") if set(RUNTIME) <= set(GROUPS[group]) else None
-
-
-def policies_sql(groups: tuple[str, ...] | None = None) -> dict[str, str]:
-    """Per table: the SQL that enables its row-level security and creates each group's
-    policy on it — only what is missing, so that a database that has them is not locked."""
-    names = groups if groups is not None else tuple(GROUPS)
-    out = {}
-    for table, own in OWNED_ROWS.items():
-        lines = [
-            "DO $$ BEGIN",
-            f"IF NOT (SELECT relrowsecurity FROM pg_class WHERE oid = '{table}'::regclass) THEN",
-            f"    ALTER TABLE {table} ENABLE ROW LEVEL SECURITY; END IF;",
-        ]
-        for group in names:
-            if not any(grant.table == table for grant in GROUPS[group]):
-                continue
-            worker = worker_of(group)
-            if worker and table in BY_COMMAND:
-                lines += [  # one for all commands (main before 0.4.0) would allow them all
-                    "IF EXISTS (SELECT 1 FROM pg_policies WHERE schemaname = current_schema()"
-                    f" AND tablename = '{table}' AND policyname = '{group}_rows') THEN",
-                    f"    DROP POLICY {group}_rows ON {table}; END IF;",
-                ]
-                for command, (using, check) in BY_COMMAND[table].items():
-                    clauses = "".join(
-                        f" {word} ({expression.format(w=worker)})"
-                        for word, expression in (("USING", using), ("WITH CHECK", check))
-                        if expression is not None
-                    )
-                    lines += _policy(
-                        table, f"{group}_history_{command.lower()}", group, command, clauses
-                    )
-                continue
-            rows = own.format(w=worker, inbox_pruning=inbox_pruning([worker])) if worker else "true"
-            lines += _policy(
-                table, f"{group}_rows", group, "ALL", f" USING ({rows}) WITH CHECK ({rows})"
-            )
-        lines.append("END $$;")
-        out[table] = "\n".join(lines) + "\n"
-    return out
-
-
-def _policy(table: str, name: str, group: str, command: str, clauses: str) -> list[str]:
-    return [
-        "IF NOT EXISTS (SELECT 1 FROM pg_policies WHERE schemaname = current_schema()"
-        f" AND tablename = '{table}' AND policyname = '{name}') THEN",
-        f"    CREATE POLICY {name} ON {table} FOR {command} TO {group}{clauses}; END IF;",
-    ]
 
 
 #: The functions that run with their owner's rights and write for a gateway
@@ -276,7 +190,24 @@ GATEWAY_FUNCTIONS = (
 
 #: group → the functions only it (and the owner) may execute; every other function of the
 #: schema runs with its caller's rights, and any group may call it
-EXECUTES: dict[str, tuple[str, ...]] = {"bcw_gateway_bound": GATEWAY_FUNCTIONS}
+EXECUTES: dict[str, tuple[str, ...]] = {
+    "bcw_gateway_bound": GATEWAY_FUNCTIONS,
+    # clears the gateway of sessions at the epoch and gateway it read: never sets one
+    "bcw_liveness": (
+        "liveness_disconnect(text[],bigint[],text[],text[],timestamp with time zone)",
+    ),
+}
+
+#: the group of gateways older than 0.4 (direct writes: it may rebind sessions and move
+#: leases): created and granted only when asked (`bcw migrate --legacy-gateway-role`)
+LEGACY_GATEWAY = "bcw_gateway"
+
+
+def groups_for(legacy_gateway: bool) -> tuple[str, ...]:
+    """The groups `bcw migrate` creates and grants: every one but the legacy gateway
+    group, unless asked for."""
+    return tuple(g for g in GROUPS if legacy_gateway or g != LEGACY_GATEWAY)
+
 
 #: the owner's alone: the clock's test hook, the gateway functions' binding and proof
 #: checks, a node's Hello key, the Hello transaction of 0.4's development builds
@@ -328,10 +259,10 @@ def grants_sql(groups: tuple[str, ...] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def create_roles_sql() -> str:
-    """The SQL that creates the missing group roles (NOLOGIN)."""
+def create_roles_sql(groups: tuple[str, ...] | None = None) -> str:
+    """The SQL that creates the missing group roles (NOLOGIN) of `groups` (all by default)."""
     lines = []
-    for group in GROUPS:
+    for group in groups if groups is not None else tuple(GROUPS):
         lines.append(
             "DO $$ BEGIN "
             f"IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{group}') THEN "
@@ -341,60 +272,9 @@ def create_roles_sql() -> str:
     return "\n".join(lines) + "\n"
 
 
-async def apply(conn: asyncpg.Connection) -> list[str]:
-    """Create the groups when this role may, then grant to every group that exists.
-
-    Returns the groups granted to. Each group's grants go in one transaction, so a group
-    is never left half-granted.
-    """
-    may_create = await conn.fetchval(
-        "SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user"
+def strip_sql(group: str) -> str:
+    """The SQL that takes every grant of `group` away (its tables and functions)."""
+    functions = "".join(
+        f" REVOKE EXECUTE ON FUNCTION {f} FROM {group};" for f in EXECUTES.get(group, ())
     )
-    if may_create:
-        await conn.execute(create_roles_sql())
-    else:
-        log.info("this role may not create roles: granting to the bcw_* roles that exist")
-    existing = {
-        r["rolname"]
-        for r in await conn.fetch(
-            "SELECT rolname FROM pg_roles WHERE rolname = ANY($1)", list(GROUPS)
-        )
-    }
-    granted = tuple(group for group in GROUPS if group in existing)
-    async with conn.transaction():
-        await conn.execute(grants_sql(granted))
-    for table, sql in policies_sql(granted).items():
-        await _with_lock_patience(conn, table, sql)
-    await _no_temp_for_public(conn)
-    await limits.apply(conn, granted)
-    return list(granted)
-
-
-async def _with_lock_patience(conn: asyncpg.Connection, table: str, sql: str) -> None:
-    """Run one table's policies in a transaction of its own, waiting for its lock a few
-    seconds at a time (the workers' transactions are short), a few times."""
-    for attempt in range(1, 7):
-        try:
-            async with conn.transaction():
-                await conn.execute("SET LOCAL lock_timeout = '5s'")
-                await conn.execute(sql)
-            return
-        except (asyncpg.LockNotAvailableError, asyncpg.DeadlockDetectedError):
-            if attempt == 6:
-                raise
-            log.info("row-level security of %s: its lock is busy, trying again", table)
-            await asyncio.sleep(attempt)
-
-
-async def _no_temp_for_public(conn: asyncpg.Connection) -> None:
-    """Revoke TEMP on the database from PUBLIC when this role may (it owns the database):
-    no role of ours needs temporary objects, and none can then shadow ours with them."""
-    owns = await conn.fetchval(
-        "SELECT pg_has_role(current_user, datdba, 'MEMBER') FROM pg_database"
-        " WHERE datname = current_database()"
-    )
-    if owns:
-        database = await conn.fetchval("SELECT quote_ident(current_database())")
-        await conn.execute(f"REVOKE TEMPORARY ON DATABASE {database} FROM PUBLIC")
-    else:
-        log.info("this role does not own the database: TEMP left as it is for PUBLIC")
+    return f"REVOKE ALL ON {', '.join(TABLES)} FROM {group};{functions}\n"

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from workers.runtime.base.settings_docs import rewrite_block
-from workers.runtime.store.roles import EXECUTES, GROUPS, OWNED_ROWS, READABLE, worker_of
+from workers.runtime.store.policies import BY_COMMAND, GROUP_RULES, OWNED_ROWS
+from workers.runtime.store.roles import EXECUTES, GROUPS, READABLE, worker_of
 
 #: what each group is for, in one line
 PURPOSES = {
@@ -54,8 +55,16 @@ def markdown() -> str:
     for group in GROUPS:
         writes = "; ".join(_writes(group)) or "nothing"
         if worker_of(group):
-            owned = ", ".join(f"`{t}`" for t in OWNED_ROWS)
-            writes += f" (of {owned}: its own rows only)"
+            owned = ", ".join(f"`{t}`" for t in dict.fromkeys([*OWNED_ROWS, *BY_COMMAND]))
+            writes += f" (of {owned}: its own rows only; its session history once, deleted old)"
+        for table, rules in GROUP_RULES.items():
+            for command, (using, check) in rules.get(group, {}).items():
+                if command == "INSERT" and check != "true":
+                    writes += f"; `{table}`: inserts only rows where `{check}`"
+                elif command in ("UPDATE", "DELETE") and using != "true":
+                    writes += f"; `{table}`: {command.lower()}s only rows where `{using}`"
+                elif command == "UPDATE" and check != "true":
+                    writes += f"; `{table}`: updates only to rows where `{check}`"
         executes = ", ".join(f"`{f.split('(')[0]}`" for f in EXECUTES.get(group, ())) or "—"
         rows.append(f"| `{group}` | {PURPOSES[group]} | {_reads(group)} | {writes} | {executes} |")
     return "\n".join(rows) + "\n"

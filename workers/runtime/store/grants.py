@@ -1,0 +1,83 @@
+"""Applying the database's permissions: the group roles, their grants (`roles`), their
+row rules (`policies`) and their logins' limits (`limits`), as `bcw migrate` does after
+the migrations, under their advisory lock (`migrate.grant`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import asyncpg
+
+from workers.runtime.store import limits, policies, roles
+
+log = logging.getLogger(__name__)
+
+
+async def apply(conn: asyncpg.Connection, legacy_gateway: bool = False) -> list[str]:
+    """Create the groups when this role may, then grant to every group that exists —
+    the legacy gateway group only when asked (`legacy_gateway`): else, if it exists, it
+    keeps no grant.
+
+    Returns the groups granted to. Each group's grants go in one transaction, so a group
+    is never left half-granted.
+    """
+    wanted = roles.groups_for(legacy_gateway)
+    may_create = await conn.fetchval(
+        "SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user"
+    )
+    if may_create:
+        await conn.execute(roles.create_roles_sql(wanted))
+    else:
+        log.info("this role may not create roles: granting to the bcw_* roles that exist")
+    existing = {
+        r["rolname"]
+        for r in await conn.fetch(
+            "SELECT rolname FROM pg_roles WHERE rolname = ANY($1)", list(roles.GROUPS)
+        )
+    }
+    granted = tuple(group for group in wanted if group in existing)
+    async with conn.transaction():
+        await conn.execute(roles.grants_sql(granted))
+        if roles.LEGACY_GATEWAY in existing and roles.LEGACY_GATEWAY not in wanted:
+            await conn.execute(roles.strip_sql(roles.LEGACY_GATEWAY))
+            log.warning(
+                "%s (gateways older than 0.4) keeps no grant: its logins may rebind sessions "
+                "and move leases; `bcw migrate --legacy-gateway-role` grants it while such "
+                "gateways run", roles.LEGACY_GATEWAY,
+            )  # fmt: skip
+    for table, sql in policies.policies_sql(granted).items():
+        await _with_lock_patience(conn, table, sql)
+    await _no_temp_for_public(conn)
+    await limits.apply(conn, granted)
+    return list(granted)
+
+
+async def _with_lock_patience(conn: asyncpg.Connection, table: str, sql: str) -> None:
+    """Run one table's policies in a transaction of its own, waiting for its lock a few
+    seconds at a time (the workers' transactions are short), a few times."""
+    for attempt in range(1, 7):
+        try:
+            async with conn.transaction():
+                await conn.execute("SET LOCAL lock_timeout = '5s'")
+                await conn.execute(sql)
+            return
+        except (asyncpg.LockNotAvailableError, asyncpg.DeadlockDetectedError):
+            if attempt == 6:
+                raise
+            log.info("row-level security of %s: its lock is busy, trying again", table)
+            await asyncio.sleep(attempt)
+
+
+async def _no_temp_for_public(conn: asyncpg.Connection) -> None:
+    """Revoke TEMP on the database from PUBLIC when this role may (it owns the database):
+    no role of ours needs temporary objects, and none can then shadow ours with them."""
+    owns = await conn.fetchval(
+        "SELECT pg_has_role(current_user, datdba, 'MEMBER') FROM pg_database"
+        " WHERE datname = current_database()"
+    )
+    if owns:
+        database = await conn.fetchval("SELECT quote_ident(current_database())")
+        await conn.execute(f"REVOKE TEMPORARY ON DATABASE {database} FROM PUBLIC")
+    else:
+        log.info("this role does not own the database: TEMP left as it is for PUBLIC")
