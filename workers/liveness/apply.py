@@ -82,6 +82,8 @@ FLUSH_SKIPPING = FLUSH.format(skip="SKIP LOCKED")
 #: node's row for milliseconds, seconds on a loaded machine; a gateway's open transaction,
 #: as long as it likes)
 SKIPPED_WAIT = "3s"
+#: flush entries per statement, at most (a batch of 10,000-entry flushes is many)
+FLUSH_CHUNK = 20_000
 FLUSH_WAITING = FLUSH.format(skip="")
 
 # Fenced on node, epoch and gateway; rows locked in node order (see FLUSH). A session
@@ -176,24 +178,14 @@ async def _announce(tx: Tx, hellos: list[Hello]) -> dict[uuid.UUID, Outcome]:
 
 
 async def _flush(tx: Tx, flushes: list[Liveness], max_zombie_notices: int) -> None:
-    entries = [(e, fact) for fact in flushes for e in fact.entries]
-    if not entries:
-        return
-    arguments = _flush_arguments(entries)
-    rows = await tx.conn.fetch(FLUSH_SKIPPING, *arguments)
-    zombies, locked = rows[:-1], rows[-1]["locked"]
-    # an entry is a zombie's or matched (at most one matched per folded key): fewer locked
-    # than entries less zombies is needed for any to have been skipped — so the exact
-    # count (`_matched`) is taken only then, never for a healthy flush nor for a flood
-    # of unknown nodes
-    if locked < len(entries) - len(zombies) and locked < _matched(entries, zombies):
-        try:  # again, idempotent (last_seen only moves forward), in a savepoint: a lock not
-            async with tx.conn.transaction():  # had loses only this second pass
-                await tx.conn.execute(f"SET LOCAL lock_timeout = '{SKIPPED_WAIT}'")
-                await tx.conn.fetch(FLUSH_WAITING, *arguments)
-                await tx.conn.execute("SET LOCAL lock_timeout TO DEFAULT")
-        except asyncpg.LockNotAvailableError:
-            log.info("flush: session rows locked elsewhere; their next flush moves them")
+    # in node order, a statement per `FLUSH_CHUNK` entries: what one statement holds is
+    # bounded whatever the flushes carry, and the chunks still lock rows in node order
+    entries = sorted(
+        ((e, fact) for fact in flushes for e in fact.entries), key=lambda pair: pair[0].node_id
+    )
+    zombies: list[Any] = []
+    for start in range(0, len(entries), FLUSH_CHUNK):
+        zombies += await _flush_chunk(tx, entries[start : start + FLUSH_CHUNK])
     cause = {fact.gateway_id: fact for fact in flushes}
     sent: Counter[str] = Counter()
     for row in zombies:
@@ -213,6 +205,26 @@ async def _flush(tx: Tx, flushes: list[Liveness], max_zombie_notices: int) -> No
             "zombie notices held back: %d beyond %d per gateway and batch (gateways %s)",
             held_back, max_zombie_notices, ", ".join(sorted(sent)),
         )  # fmt: skip
+
+
+async def _flush_chunk(tx: Tx, entries: list[tuple[LivenessEntry, Liveness]]) -> list[Any]:
+    """Apply one chunk of a batch's flush entries; returns its zombies' rows."""
+    arguments = _flush_arguments(entries)
+    rows = await tx.conn.fetch(FLUSH_SKIPPING, *arguments)
+    zombies, locked = rows[:-1], rows[-1]["locked"]
+    # an entry is a zombie's or matched (at most one matched per folded key): fewer locked
+    # than entries less zombies is needed for any to have been skipped — so the exact
+    # count (`_matched`) is taken only then, never for a healthy flush nor for a flood
+    # of unknown nodes
+    if locked < len(entries) - len(zombies) and locked < _matched(entries, zombies):
+        try:  # again, idempotent (last_seen only moves forward), in a savepoint: a lock not
+            async with tx.conn.transaction():  # had loses only this second pass
+                await tx.conn.execute(f"SET LOCAL lock_timeout = '{SKIPPED_WAIT}'")
+                await tx.conn.fetch(FLUSH_WAITING, *arguments)
+                await tx.conn.execute("SET LOCAL lock_timeout TO DEFAULT")
+        except asyncpg.LockNotAvailableError:
+            log.info("flush: session rows locked elsewhere; their next flush moves them")
+    return list(zombies)
 
 
 def _matched(entries: list[tuple[LivenessEntry, Liveness]], zombies: Sequence[Any]) -> int:

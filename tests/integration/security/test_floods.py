@@ -1,17 +1,32 @@
 """Floods any login can send, bounded in what they cost the others (issue #41, "a quota
-per gateway"): a NOTIFY storm on the workers' channels, and a node's epoch churn."""
+per gateway"): a NOTIFY storm on the workers' channels, a node's epoch churn, and
+flushes of 10,000 unknown nodes."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import sys
 import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
 
 import asyncpg
+import nats.js.errors
 import pytest
+from nats.aio.client import Client as NATS
 
+from schemas import REGISTRY
+from schemas.subjects import Subjects
+from tests.conftest import Servers
+from tests.factories import make_fact
 from tests.integration import fleet
+from tests.integration.support import eventually, publish_fact
 from workers.replay.apply import DISPATCH_CHANNEL
 from workers.runtime.base.runtime_settings import DatabaseSettings
+from workers.runtime.bus import streams
 from workers.runtime.store.notify import DEBOUNCE, Listener
 
 pytestmark = pytest.mark.slow
@@ -97,3 +112,64 @@ async def test_a_nodes_hello_prunes_its_epochs_without_reading_its_history(
     )
     assert "session_epochs_node_issued" in plan, plan
     assert "Rows Removed by Filter" not in plan, plan
+
+
+async def test_ten_thousand_entry_flushes_keep_the_liveness_worker_under_its_memory_limit(
+    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection
+) -> None:
+    """gw-1's nkey publishes 100 flushes of 10,000 unknown nodes each (a million entries,
+    queued before the worker starts: it meets full batches). A `bcw run liveness` process
+    applies them within the chart's 512 MiB — a batch holds at most `batch_bytes` of facts,
+    a statement `FLUSH_CHUNK` entries — and gw-2's flush behind them still takes effect."""
+    js = nc.jetstream()
+    await streams.provision_streams(js, subjects)
+    await fleet.session(db, "honest", epoch=1, gateway_id="gw-2", seen_ago=timedelta(minutes=5))
+    template = make_fact("liveness", gateway_id="gw-1", entries=[])
+    for flush in range(100):
+        wire = json.loads(REGISTRY.encode(template)[0])
+        wire["fact_id"] = str(uuid.uuid4())
+        wire["entries"] = [
+            {"node_id": f"flood-{flush}-{n}", "epoch": 1, "age_ms": 100} for n in range(10_000)
+        ]
+        await js.publish(
+            subjects.fact("gw-1", "liveness"), json.dumps(wire).encode(),
+            headers={**REGISTRY.encode(template)[1], "Nats-Msg-Id": wire["fact_id"]},
+        )  # fmt: skip
+    honest = make_fact("liveness", gateway_id="gw-2",
+                       entries=[{"node_id": "honest", "epoch": 1, "age_ms": 0}])  # fmt: skip
+    await publish_fact(js, subjects, honest)
+    env = {
+        **os.environ, "BCW_DATABASE_URL": database_url, "BCW_NATS_URL": servers.nats_url,
+        "BCW_SUBJECT_ROOT": subjects.root, "BCW_HEALTH_PORT": "0",
+    }  # fmt: skip
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "workers.cli", "run", "liveness", env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+
+        async def drained() -> bool:
+            seen = await db.fetchval(
+                "SELECT last_seen > compute_now() - interval '1 minute' FROM node_sessions "
+                "WHERE node_id = 'honest'"
+            )
+            try:
+                info = await js.consumer_info(subjects.facts_stream, "liveness")
+            except nats.js.errors.NotFoundError:
+                return False  # the worker has not made it yet
+            return bool(seen) and info.num_pending == 0 and info.num_ack_pending == 0
+
+        await eventually(drained, within=90, what="the flood applied, gw-2's flush too")
+        peak = _peak_rss_mib(worker.pid)
+    finally:
+        worker.terminate()
+        await worker.wait()
+    assert peak < 512, f"the liveness worker peaked at {peak:.0f} MiB"
+
+
+def _peak_rss_mib(pid: int) -> float:
+    """A process's peak resident set (VmHWM), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")

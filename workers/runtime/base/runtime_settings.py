@@ -170,6 +170,13 @@ class ConsumerSettings(BaseSettings):
     batch_size: int = Field(
         default=256, ge=1, le=1000, description="facts fetched and applied at once"
     )
+    batch_bytes: int = Field(
+        default=4 * 2**20,
+        ge=65536,
+        description="bytes of facts fetched and applied at once, at most (but one fact); no more "
+        "is fetched while twice this is in hand: a worker's memory stays bounded whatever "
+        "its facts carry (10,000-entry flushes)",
+    )
     lanes: int = Field(
         default=2,
         ge=1,

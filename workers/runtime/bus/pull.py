@@ -17,7 +17,7 @@ import itertools
 import json
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from nats.aio.client import Client as NATS
@@ -45,9 +45,19 @@ class ContinuousPull:
         window: int,
         expires: float = 2.0,
         on_message: Callable[[Msg], None] = lambda _msg: None,
+        max_bytes: int = 0,
     ) -> None:
-        """`on_message` is told of each delivery as it arrives (the consumer keeps it alive)."""
+        """`on_message` is told of each delivery as it arrives (the consumer keeps it alive).
+
+        `max_bytes` (0: unbounded) bounds memory whatever the facts carry: each request
+        asks for at most that many bytes (at least one message of the largest the bus
+        takes), a batch holds at most that many bytes (at least one message), and no new
+        batch is handed out while the batches taken and not yet `done` hold twice that."""
         self._nc = nc
+        self._max_bytes = max_bytes
+        self._taken = 0  # bytes handed out and not yet done
+        self._room = asyncio.Event()
+        self._room.set()
         self._api = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
         self._batch = batch
         self._window = max(window, batch)
@@ -109,20 +119,43 @@ class ContinuousPull:
         while owed + len(self._buffer) + self._batch <= self._window:
             reply_id = str(next(self._ids))
             self._requests[reply_id] = _Request(self._batch, now + self._expires + 1.0)
-            body = {"batch": self._batch, "expires": int(self._expires * 1e9)}
+            body: dict[str, int] = {"batch": self._batch, "expires": int(self._expires * 1e9)}
+            if self._max_bytes:  # never below one message: a larger one would block the rest
+                body["max_bytes"] = max(self._max_bytes, self._nc.max_payload + 65536)
             await self._nc.publish(
                 self._api, json.dumps(body).encode(), reply=f"{self._inbox}.{reply_id}"
             )
             owed += self._batch
 
     async def next_batch(self, wait: float) -> list[Msg]:
-        """Up to `batch` messages; waits at most `wait` seconds for the first; [] if none came."""
+        """Up to `batch` messages (and `max_bytes`); waits at most `wait` seconds for room
+        and for the first; [] if none came."""
+        if self._max_bytes and self._taken >= 2 * self._max_bytes:
+            self._room.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._room.wait(), wait)
+            if not self._room.is_set():
+                return []
         await self._top_up()
         if not self._buffer:
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), wait)
-        out = [self._buffer.popleft() for _ in range(min(self._batch, len(self._buffer)))]
+        out: list[Msg] = []
+        size = 0
+        while self._buffer and len(out) < self._batch:
+            more = len(self._buffer[0].data)
+            if out and self._max_bytes and size + more > self._max_bytes:
+                break
+            out.append(self._buffer.popleft())
+            size += more
+        self._taken += size
         if out:
             await self._top_up()
         return out
+
+    def done(self, msgs: Sequence[Msg]) -> None:
+        """`msgs` (handed out by `next_batch`) are settled: their bytes make room."""
+        self._taken -= sum(len(msg.data) for msg in msgs)
+        if self._taken < 2 * self._max_bytes:
+            self._room.set()

@@ -41,7 +41,7 @@ from workers.runtime.bus.frames import FrameWriter
 from workers.runtime.bus.pull import ContinuousPull
 from workers.runtime.effects import outcome
 from workers.runtime.effects.inhand import InHand
-from workers.runtime.effects.items import Item, decode, lane_of, start_span
+from workers.runtime.effects.items import Item, decode, lane_of, merge_queued, start_span
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.provenance import ForeignLog, KnownBindings
 from workers.runtime.effects.worker import Tx, Worker, apply_batch
@@ -103,6 +103,7 @@ class FactConsumer:
                 window=2 * self._settings.batch_size,
                 expires=1.0,  # what a stop waits for, at most, before it releases
                 on_message=self._in_hand.hold,
+                max_bytes=self._settings.batch_bytes,
             )
             await pull.start()
             self._pull = pull
@@ -156,16 +157,17 @@ class FactConsumer:
             if items is None:
                 break
             # what queued up while the last batch was applied goes in one transaction
-            while len(items) < self._settings.batch_size and not queue.empty():
-                more = queue.get_nowait()
-                if more is None:
-                    ending = True
-                    break
-                items.extend(more)
-            if stopping.is_set():
-                await self._release(items)  # not started: leave it to another replica now
-            else:
-                await self.handle_items(items)
+            ending = merge_queued(
+                items, queue, self._settings.batch_size, self._settings.batch_bytes
+            )
+            try:
+                if stopping.is_set():
+                    await self._release(items)  # not started: leave it to another replica now
+                else:
+                    await self.handle_items(items)
+            finally:
+                assert self._pull is not None
+                self._pull.done([item.msg for item in items])
 
     async def _fetch_loop(
         self, queues: list[asyncio.Queue[list[Item] | None]], stopping: asyncio.Event

@@ -3,6 +3,7 @@ given its lane and its CONSUMER span. Used by the consume loop (`consumer`); no 
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -96,3 +97,19 @@ def start_span(tracer: trace.Tracer, item: Item, group: str, nc: Any) -> Span:
         nc,
         fact.BC_TYPE if fact else None,
     )
+
+
+def merge_queued(
+    items: list[Item], queue: asyncio.Queue[list[Item] | None], most: int, most_bytes: int
+) -> bool:
+    """Add to `items` what waits in `queue`, up to `most` facts and `most_bytes` bytes of
+    them (what queued up while a batch was applied goes in one transaction); whether the
+    queue's end (None) was met."""
+    size = sum(len(item.msg.data) for item in items)
+    while len(items) < most and size < most_bytes and not queue.empty():
+        more = queue.get_nowait()
+        if more is None:
+            return True
+        items.extend(more)
+        size += sum(len(item.msg.data) for item in more)
+    return False
