@@ -23,10 +23,18 @@ from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.factories import make_fact
 from tests.integration import fleet
-from tests.integration.support import eventually, publish_fact
+from tests.integration.support import (
+    eventually,
+    make_settings,
+    publish_fact,
+    publish_raw,
+    running,
+    stream_messages,
+)
+from workers.registry import WORKERS
 from workers.replay.apply import DISPATCH_CHANNEL
 from workers.runtime.base.runtime_settings import DatabaseSettings
-from workers.runtime.bus import streams
+from workers.runtime.bus import deadletter, letters, streams
 from workers.runtime.store.notify import DEBOUNCE, Listener
 
 pytestmark = pytest.mark.slow
@@ -173,3 +181,52 @@ def _peak_rss_mib(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     raise AssertionError("no VmHWM")
+
+
+async def test_a_flood_of_junk_evicts_no_other_gateways_letter_nor_a_parked_fact(
+    servers: Servers, nc: NATS, subjects: Subjects, database_url: str
+) -> None:
+    """gw-1 sends 300 invalid facts of 100 KB each (30 MB). Their letters keep 4 KiB of body
+    each, and the dead stream keeps at most `dead_letters_per_source` of them (here 100):
+    gw-2's invalid fact's letter and gw-1's own parked fact (a schema major this release
+    does not speak) are still there, and gw-2's is re-driven as the facts stream holds it."""
+    js = nc.jetstream()
+    await streams.provision_streams(js, subjects, limits=streams.StreamLimits(dead_per_source=100))
+    genuine = make_fact("hello", gateway_id="gw-2", node_id="n2")
+    body, headers = REGISTRY.encode(genuine)
+    await publish_raw(
+        js, subjects.fact("gw-2", "hello"), json.dumps({**json.loads(body), "epoch": "x"}).encode(),
+        {**headers, "Nats-Msg-Id": str(genuine.fact_id)},
+    )  # fmt: skip
+    parked = make_fact("hello", gateway_id="gw-1", node_id="n1")
+    body, headers = REGISTRY.encode(parked)
+    await publish_raw(js, subjects.fact("gw-1", "hello"), body,
+                      {**headers, "Bc-Schema": "2", "Nats-Msg-Id": str(parked.fact_id)})  # fmt: skip
+    junk = b'{"x": "' + b"j" * 100_000 + b'"}'
+    for i in range(300):
+        await publish_raw(js, subjects.fact("gw-1", "hello"), junk,
+                          {"Bc-Type": "hello", "Nats-Msg-Id": f"junk-{i}"})  # fmt: skip
+    settings = make_settings(servers.nats_url, database_url, subjects)
+    async with running(settings, [WORKERS["labeler"](settings)]):
+
+        async def all_lettered() -> bool:
+            info = await js.consumer_info(subjects.facts_stream, "labeler")
+            return info.num_pending == 0 and info.num_ack_pending == 0
+
+        await eventually(all_lettered, within=60, what="every fact read")
+    letters_by_subject: dict[str, int] = {}
+    kept = await deadletter.list_dead_letters(js, subjects, limit=10_000)
+    for letter in kept:
+        letters_by_subject[letter.on] = letters_by_subject.get(letter.on, 0) + 1
+    assert letters_by_subject == {
+        f"{subjects.root}.dead.labeler.invalid.gw-1": 100,
+        f"{subjects.root}.dead.labeler.invalid.gw-2": 1,
+        f"{subjects.root}.dead.labeler.unsupported-major.gw-1": 1,
+    }
+    assert (await js.stream_info(subjects.dead_stream)).state.bytes < 100 * 6000
+    [theirs] = [x for x in kept if x.on.endswith(".gw-2")]
+    [mine] = [x for x in kept if x.cause == "unsupported-major"]
+    assert mine.data == body  # parked whole
+    await letters.redrive(js, subjects, theirs)
+    facts = await stream_messages(js, subjects.facts_stream)
+    assert facts[-1].subject == subjects.fact("gw-2", "hello") and facts[-1].data == facts[0].data

@@ -99,3 +99,23 @@ def test_a_refusal_said_in_lower_case_buries_only_the_subject_that_failed() -> N
     assert refused.said("BC.EVENTS.X") and refused.confirm("BC.EVENTS.X")
     assert "BC.EVENTS.X" in refused and "bc.events.x" not in refused
     assert not refused.confirm("bc.events.y")  # a failure of another subject: passing
+
+
+def test_a_letter_goes_under_its_worker_by_cause_and_source() -> None:
+    """Bounded per subject by the dead stream: one gateway's junk of one cause evicts only
+    its own oldest letters; a parked fact has a subject of its own."""
+    from workers.runtime.bus.deadletter import subject_of
+
+    hello = S.fact("gw-1", "hello")
+    assert subject_of(S, "labeler", "invalid", hello) == "bc.dead.labeler.invalid.gw-1"
+    parked = subject_of(S, "labeler", "unsupported-major", hello)
+    assert parked == "bc.dead.labeler.unsupported-major.gw-1"
+    assert subject_of(S, "relay", "unpublishable", DISPATCH) == "bc.dead.relay.unpublishable.outbox"
+    assert subject_of(S, "replay", "a cause.with dots", "x.y") == "bc.dead.replay.other.outbox"
+    # under its worker's subject: the refusal takes it as the worker's
+    letter = _letter("labeler", "invalid", hello, on="bc.dead.labeler.invalid.gw-1")
+    assert letters.refusal(S, letter) is None
+    planted = _letter("replay", "invalid", hello, on="bc.dead.labeler.invalid.gw-1")
+    assert "but names the worker replay" in str(letters.refusal(S, planted))
+    elsewhere = _letter("labeler", "invalid", hello, on="bc.dead.labelerx.invalid")
+    assert letters.refusal(S, elsewhere) is not None

@@ -129,6 +129,13 @@ class NatsSettings(BaseSettings):
     max_msg_size: int = Field(
         default=2**20, ge=4096, description="bytes a message on any stream may have at most"
     )
+    dead_letters_per_source: int = Field(
+        default=10_000,
+        ge=100,
+        description="dead letters kept per worker, cause and source (a gateway, or the outbox): "
+        "a flood of one gateway's junk evicts only its own oldest letters, never another's nor a "
+        "parked fact",
+    )
     stream_max_consumers: int = Field(
         default=64, ge=8,
         description="consumers a stream may have at most (set when the stream is created)",

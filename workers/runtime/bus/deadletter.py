@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,7 +20,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from schemas.subjects import Subjects
+from schemas.subjects import SubjectError, Subjects
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,27 @@ def _copy_owner(worker: str, cause: str) -> str:
     return "all" if cause in SHARED_CAUSES else worker
 
 
+#: an `invalid` fact's letter keeps this much of its body (the facts stream keeps it whole,
+#: and a redrive re-sends that copy): a flood of large junk costs little
+INVALID_KEPT = 4096
+
+
+def subject_of(subjects: Subjects, worker: str, cause: str, subject: str) -> str:
+    """Where a letter goes: `<root>.dead.<worker>.<cause>.<source>`, the source being the
+    fact's gateway (or `outbox` for what an outbox held). The dead stream keeps a bounded
+    number of letters per subject, so one gateway's flood of junk evicts only its own
+    oldest letters of that cause — never another gateway's, nor a parked fact. Pure."""
+    try:
+        source = subjects.parse_fact(subject)[0]
+    except SubjectError:
+        source = "outbox" if subjects.stream_of(subject) != subjects.facts_stream else "unknown"
+    token = cause if _TOKEN.fullmatch(cause) else "other"
+    return f"{subjects.dead(worker)}.{token}.{source}"
+
+
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
 async def dead_letter(
     js: JetStreamContext,
     subjects: Subjects,
@@ -70,6 +92,8 @@ async def dead_letter(
     """Publish the copy and wait for its PubAck. Raises if JetStream did not take it.
     `truncated`: the size of a body too large to travel with its letter (`data` is then
     empty or a head of it)."""
+    if cause == "invalid" and len(data) > INVALID_KEPT and truncated is None:
+        data, truncated = data[:INVALID_KEPT], len(data)
     out = {k: v for k, v in (headers or {}).items() if k not in _DEAD_HEADERS}
     original_id = out.pop("Nats-Msg-Id", "")
     if sender is not None:
@@ -89,7 +113,7 @@ async def dead_letter(
             "Nats-Msg-Id": f"dead:{_copy_owner(worker, cause)}:{stream}:{stream_seq}",
         }
     )
-    await js.publish(subjects.dead(worker), data, headers=out, timeout=5)
+    await js.publish(subject_of(subjects, worker, cause, subject), data, headers=out, timeout=5)
     log.warning("dead-lettered %s seq %d for %s: %s", subject, stream_seq, worker, reason)
 
 

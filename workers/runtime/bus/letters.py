@@ -2,8 +2,9 @@
 have sent itself (issue #41). A dead letter's headers are written by whoever published it
 — any principal that may publish to its subject — so none of them is taken on trust:
 
-- a letter is stored on `<root>.dead.<worker>` of the worker it names (`Bc-Dead-Worker`);
-  only the relay principal publishes `<root>.dead.relay`, each worker only its own;
+- a letter is stored under `<root>.dead.<worker>` of the worker it names
+  (`Bc-Dead-Worker`; `deadletter.subject_of`); only the relay principal publishes under
+  `<root>.dead.relay`, each worker only under its own;
 - a consumer's letter holds a fact it read: it goes back to a facts subject only, and
   only as the facts stream still holds it at `Bc-Dead-Stream-Seq` (same subject, same
   body) — what is re-sent is that stored copy, a gateway's own, not the letter's body;
@@ -36,7 +37,8 @@ RELAY = "relay"
 def refusal(subjects: Subjects, letter: DeadLetter) -> str | None:
     """Why `letter` must not be re-driven as it is, from the letter alone; None when its
     source could have sent it (a fact letter still needs `checked`). Pure."""
-    if letter.on != subjects.dead(letter.worker):
+    home = subjects.dead(letter.worker)
+    if letter.on != home and not letter.on.startswith(home + "."):
         return f"stored on {letter.on or '?'} but names the worker {letter.worker or '?'}"
     if letter.cause == "forged":
         return "a forged outbox row: no worker of ours wrote it"
@@ -90,7 +92,8 @@ async def checked(
         ), None
     if stored.subject != letter.subject:
         return f"the fact at seq {letter.stream_seq} was published to {stored.subject}", None
-    if TRUNCATED not in letter.headers and (stored.data or b"") != letter.data:
+    kept = (stored.data or b"")[: len(letter.data)] if TRUNCATED in letter.headers else stored.data
+    if (kept or b"") != letter.data:
         return f"its body is not the fact stored at seq {letter.stream_seq}", None
     return None, stored.data or b""
 

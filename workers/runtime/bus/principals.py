@@ -181,6 +181,7 @@ def principals(subjects: Subjects, gateways: Sequence[str]) -> list[Principal]:
                     # its dead letters, and those of its outbox rows its relay cannot
                     # publish (never `dead.relay`: only the relay's letters say "relay")
                     subjects.dead(worker),
+                    f"{subjects.dead(worker)}.>",
                 ),
                 subscribe=(f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{facts}.{worker}",),
             )
@@ -218,6 +219,7 @@ def principals(subjects: Subjects, gateways: Sequence[str]) -> list[Principal]:
                 subjects.revocations,
                 subjects.all_notices,
                 subjects.dead("relay"),
+                f"{subjects.dead('relay')}.>",
             ),
             subscribe=(),
         )

@@ -46,6 +46,8 @@ class StreamLimits:
     max_msgs: int = 50_000_000
     max_msg_size: int = 2**20
     max_consumers: int = 64
+    #: dead letters per subject (worker, cause, source): `deadletter.subject_of`
+    dead_per_source: int = 10_000
 
 
 def limits_of(settings: NatsSettings) -> StreamLimits:
@@ -54,6 +56,7 @@ def limits_of(settings: NatsSettings) -> StreamLimits:
         settings.stream_max_msgs,
         settings.max_msg_size,
         settings.stream_max_consumers,
+        settings.dead_letters_per_source,
     )
 
 
@@ -64,9 +67,14 @@ def stream_configs(
     limits = limits or StreamLimits()
 
     def stream(
-        name: str, subject_list: list[str], max_age: float, discard: DiscardPolicy
+        name: str,
+        subject_list: list[str],
+        max_age: float,
+        discard: DiscardPolicy,
+        per_subject: int = -1,
     ) -> StreamConfig:
         return StreamConfig(
+            max_msgs_per_subject=per_subject,
             name=name,
             subjects=subject_list,
             retention=RetentionPolicy.LIMITS,
@@ -91,7 +99,9 @@ def stream_configs(
         stream(subjects.facts_stream, [subjects.all_facts], DAY, DiscardPolicy.NEW),
         stream(subjects.events_stream, [subjects.all_events, subjects.revocations], 7 * DAY, old),
         stream(subjects.gateway_stream, [subjects.all_notices], HOUR, old),
-        stream(subjects.dead_stream, [subjects.all_dead], 14 * DAY, old),
+        # each worker, cause and source keeps its newest letters: one gateway's junk never
+        # evicts another's letters, nor a parked fact (`deadletter.subject_of`)
+        stream(subjects.dead_stream, [subjects.all_dead], 14 * DAY, old, limits.dead_per_source),
     ]
 
 
@@ -104,6 +114,7 @@ _UPDATABLE = (
     "max_bytes",
     "max_msgs",
     "max_msg_size",
+    "max_msgs_per_subject",
     "allow_batched",
 )  # fmt: skip  (max_consumers is set at creation: the server refuses to change it)
 _FIXED = ("retention", "storage")

@@ -30,7 +30,7 @@ from workers.runtime.base.runtime_settings import DatabaseSettings, OutboxSettin
 from workers.runtime.base.waiting import Patience, sleep_or_stop, wait_any
 from workers.runtime.bus.acked import BATCH_DISABLED, BATCH_FLOW, AckedPublisher, Message
 from workers.runtime.bus.connection import RefusedSubjects
-from workers.runtime.bus.deadletter import dead_letter
+from workers.runtime.bus.deadletter import dead_letter, subject_of
 from workers.runtime.bus.principals import EMITS, refusal
 from workers.runtime.effects import claims
 from workers.runtime.effects.claims import Item
@@ -304,7 +304,7 @@ class OutboxRelay:
             fits = len(row.body) <= limit - 4096  # room for the dead letter's own headers
             source = "relay" if self._owners is None or row.worker not in EMITS else row.worker
             self._metrics.dead_letters.inc(source, cause)
-            if self._refused.said(self._subjects.dead(source)):
+            if self._refused.said(subject_of(self._subjects, source, cause, row.subject)):
                 continue  # kept in outbox_dead only (said once, when the server refused it)
             try:
                 await dead_letter(
