@@ -230,3 +230,46 @@ async def test_a_flood_of_junk_evicts_no_other_gateways_letter_nor_a_parked_fact
     await letters.redrive(js, subjects, theirs)
     facts = await stream_messages(js, subjects.facts_stream)
     assert facts[-1].subject == subjects.fact("gw-2", "hello") and facts[-1].data == facts[0].data
+
+
+async def test_a_gateways_flood_of_foreign_facts_is_shed_and_the_others_flushes_go_on(
+    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection
+) -> None:
+    """gw-1 floods `closed` facts about sessions it never held (20,000, queued before the
+    worker starts). Past 1,000 foreign ones its `closed` facts are shed — acknowledged
+    unread, counted — so gw-2's flush behind the flood takes effect, and so does gw-1's
+    own flush of its own session (only the flooded type is shed)."""
+    js = nc.jetstream()
+    await streams.provision_streams(js, subjects)
+    await fleet.session(db, "theirs", epoch=3, gateway_id="gw-2", seen_ago=timedelta(minutes=5))
+    await fleet.session(db, "mine", epoch=1, gateway_id="gw-1", seen_ago=timedelta(minutes=5))
+    template = make_fact("closed", gateway_id="gw-1", node_id="theirs", epoch=3)
+    body, headers = REGISTRY.encode(template)
+    wire = json.loads(body)
+    for _ in range(20_000):
+        wire["fact_id"] = str(uuid.uuid4())
+        await js.publish(subjects.fact("gw-1", "closed"), json.dumps(wire).encode(),
+                         headers={**headers, "Nats-Msg-Id": wire["fact_id"]})  # fmt: skip
+    for gateway, node, epoch in (("gw-2", "theirs", 3), ("gw-1", "mine", 1)):
+        flush = make_fact("liveness", gateway_id=gateway,
+                          entries=[{"node_id": node, "epoch": epoch, "age_ms": 0}])  # fmt: skip
+        await publish_fact(js, subjects, flush)
+    settings = make_settings(servers.nats_url, database_url, subjects)
+    async with running(settings, [WORKERS["liveness"](settings)]) as (runtime, _port):
+
+        async def both_seen() -> bool:
+            fresh = await db.fetchval(
+                "SELECT count(*) FROM node_sessions WHERE node_id IN ('theirs', 'mine') "
+                "AND last_seen > compute_now() - interval '1 minute'"
+            )
+            return bool(fresh == 2)
+
+        await eventually(both_seen, within=60, what="both flushes applied behind the flood")
+        shed = runtime.metrics.facts.value("liveness", "closed", "shed")
+        checked = runtime.metrics.facts.value("liveness", "closed", "foreign")
+    assert shed + checked == 20_000 and shed >= 15_000, (shed, checked)
+    # the flood changed nothing: gw-2's session is still routed to gw-2
+    row = await db.fetchrow(
+        "SELECT gateway_id, session_epoch FROM node_sessions WHERE node_id = 'theirs'"
+    )
+    assert (row["gateway_id"], row["session_epoch"]) == ("gw-2", 3)

@@ -70,3 +70,24 @@ def test_known_bindings_hold_for_their_time_and_start_afresh_when_full() -> None
     assert known.holds(a, 101.0) and known.holds(c, 101.0)
     known.confirmed([(1, "n1", "gw-1", 1, None)], now=102.0)  # a fourth: afresh
     assert not known.holds(a, 102.0) and known.holds((1, "n1", "gw-1", 1, None), 102.0)
+
+
+def test_a_gateway_is_shed_only_for_the_type_it_floods_and_only_for_a_window() -> None:
+    from workers.runtime.effects.shedding import Shedder
+
+    shedder = Shedder("liveness", threshold=3, window=10.0)
+    closed = make_fact("closed", gateway_id="gw-1")
+    for _ in range(3):
+        shedder.saw(closed, now=100.0)
+    assert not shedder.shedding  # at the threshold: not yet
+    shedder.saw(closed, now=101.0)
+    assert shedder.sheds(("gw-1", "closed"), now=101.0)
+    assert not shedder.sheds(("gw-1", "liveness"), now=101.0)  # its flushes still go through
+    assert not shedder.sheds(("gw-2", "closed"), now=101.0)  # nor another gateway's
+    assert shedder.sheds(("gw-1", "closed"), now=110.9)
+    assert not shedder.sheds(("gw-1", "closed"), now=111.0)  # the window is over
+    assert not shedder.shedding
+    # a new window counts afresh: a few foreign facts a window shed nothing
+    for t in (120.0, 125.0, 131.0, 135.0):
+        shedder.saw(closed, now=t)
+    assert not shedder.shedding

@@ -44,6 +44,7 @@ from workers.runtime.effects.inhand import InHand
 from workers.runtime.effects.items import Item, decode, lane_of, merge_queued, start_span
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.provenance import ForeignLog, KnownBindings
+from workers.runtime.effects.shedding import Shedder, shed
 from workers.runtime.effects.worker import Tx, Worker, apply_batch
 from workers.runtime.observability import tracing
 from workers.runtime.observability.metrics import Metrics
@@ -87,6 +88,7 @@ class FactConsumer:
         self._stopping = asyncio.Event()
         self._in_hand = InHand(settings.ack_wait)
         self._foreign = ForeignLog(log, worker.name)
+        self._shedder = Shedder(worker.name)
         self._bindings = KnownBindings()
 
     @property
@@ -166,8 +168,7 @@ class FactConsumer:
                 else:
                     await self.handle_items(items)
             finally:
-                assert self._pull is not None
-                self._pull.done([item.msg for item in items])
+                self._pull.done([item.msg for item in items])  # type: ignore[union-attr]
 
     async def _fetch_loop(
         self, queues: list[asyncio.Queue[list[Item] | None]], stopping: asyncio.Event
@@ -181,6 +182,7 @@ class FactConsumer:
             except Exception as error:  # the connection is down: requests wait for it
                 await sleep_or_stop(stopping, patience.failed(error))
                 continue
+            msgs = await shed(msgs, self._shedder, self._subjects, self._shed)
             if not msgs:
                 continue
             for queue, items in zip(queues, self._partition(msgs), strict=True):
@@ -188,6 +190,11 @@ class FactConsumer:
                     await queue.put(items)
         for queue in queues:
             await queue.put(None)  # ends each lane once it has taken what is queued
+
+    def _shed(self, msg: Msg, fact_type: str) -> None:
+        self._in_hand.drop(msg)
+        self._pull.done([msg])  # type: ignore[union-attr]
+        self._metrics.facts.inc(self.worker.name, fact_type, "shed")
 
     def _partition(self, msgs: Sequence[Msg]) -> list[list[Item]]:
         lanes: list[list[Item]] = [[] for _ in range(self._settings.lanes)]
@@ -379,6 +386,7 @@ class FactConsumer:
             self._metrics.fencing_misses.inc(self.worker.name, fact_type)
         if result.kind is outcome.Kind.FOREIGN and item.fact is not None:
             self._foreign.saw(item.fact)
+            self._shedder.saw(item.fact)
         if item.span is not None:
             item.span.set_attribute("bcw.outcome", result.kind.value)
             if result.kind is outcome.Kind.DEAD:
