@@ -110,15 +110,9 @@ CREATE TRIGGER liveness_gateways_first_flush_not_ahead
 
 ALTER TABLE outbox_dead ADD COLUMN worker text;
 
-CREATE FUNCTION outbox_dead_owner() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    NEW.worker := (SELECT s.worker FROM outbox_senders s WHERE s.bc_type = NEW.headers->>'Bc-Type');
-    RETURN NEW;
-END $$;
-
+-- the owner an outbox row gets (0025): the same function, on the same columns
 CREATE TRIGGER outbox_dead_owned BEFORE INSERT ON outbox_dead
-    FOR EACH ROW WHEN (NEW.worker IS NULL) EXECUTE FUNCTION outbox_dead_owner();
+    FOR EACH ROW WHEN (NEW.worker IS NULL) EXECUTE FUNCTION outbox_owner();
 
 -- Functions with their owner's rights search this schema, then pg_temp last (as 0024).
 DO $$

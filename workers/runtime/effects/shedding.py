@@ -18,6 +18,7 @@ still go through. What a shed gateway sent genuinely of that type in the window 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -95,8 +96,7 @@ async def shed(
         if not shedder.sheds(key, now):
             kept.append(msg)
             continue
-        try:
+        with contextlib.suppress(Exception):  # not acked: redelivered, and shed again
             await msg.ack()
-        finally:
-            settled(msg, key[1])
+        settled(msg, key[1])
     return kept
