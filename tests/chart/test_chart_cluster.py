@@ -63,7 +63,7 @@ def test_the_prometheus_rule_alerts_on_exported_metrics_with_a_runbook_line_each
     alerts = {r["alert"]: r for r in group["rules"]}
     assert set(alerts) == {
         "BcwConsumerLag", "BcwFactAgeHigh", "BcwGatewayBlind", "BcwBreakerOpen",
-        "BcwQuarantineHeld", "BcwDeadLetters", "BcwOutboxStuck",
+        "BcwQuarantineHeld", "BcwFactsStreamFilling", "BcwDeadLetters", "BcwOutboxStuck",
     }  # fmt: skip
     exported = {
         sample.name

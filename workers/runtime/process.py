@@ -340,4 +340,7 @@ async def _observe(
             await relay.observe()
             for consumer in consumers:
                 await consumer.observe()
+            if consumers:  # a full facts stream refuses every gateway's facts
+                facts = runtime.subjects.facts_stream
+                runtime.metrics.facts_stream_full.set(await streams.fill_ratio(runtime.js, facts))
         await sleep_or_stop(stopping, 5.0)

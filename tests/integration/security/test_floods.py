@@ -273,3 +273,25 @@ async def test_a_gateways_flood_of_foreign_facts_is_shed_and_the_others_flushes_
         "SELECT gateway_id, session_epoch FROM node_sessions WHERE node_id = 'theirs'"
     )
     assert (row["gateway_id"], row["session_epoch"]) == ("gw-2", 3)
+
+
+async def test_a_filling_facts_stream_is_said_before_it_refuses_every_gateway(
+    servers: Servers, nc: NATS, subjects: Subjects, database_url: str
+) -> None:
+    """One gateway fills the facts stream (nothing bounds its share yet: docs/kubernetes.md).
+    Every worker process says how full it is (`bcw_facts_stream_full_ratio`, the alert
+    `BcwFactsStreamFilling`) while there is still room for the others."""
+    js = nc.jetstream()
+    await streams.provision_streams(js, subjects, limits=streams.StreamLimits(max_bytes=2**20))
+    junk = b'{"x": "' + b"j" * 100_000 + b'"}'
+    for i in range(9):  # about 900 kB of 1 MiB
+        await publish_raw(js, subjects.fact("gw-1", "hello"), junk,
+                          {"Bc-Type": "hello", "Nats-Msg-Id": f"fill-{i}"})  # fmt: skip
+    settings = make_settings(servers.nats_url, database_url, subjects)
+    async with running(settings, [WORKERS["labeler"](settings)]) as (runtime, _port):
+
+        async def said() -> bool:
+            return runtime.metrics.facts_stream_full.value() > 0.8
+
+        await eventually(said, within=20, what="the facts stream's fill said")
+    assert 0.8 < await streams.fill_ratio(js, subjects.facts_stream) < 1.0

@@ -296,3 +296,10 @@ def write_jetstream_fragment(directory: Path) -> Path:
     path = directory / "jetstream.conf"
     path.write_text(JETSTREAM_FRAGMENT)
     return path
+
+
+async def fill_ratio(js: JetStreamContext, stream: str) -> float:
+    """A stream's bytes over its `max_bytes` (0.0 when it has no such bound)."""
+    info = await js.stream_info(stream)
+    bound = info.config.max_bytes or -1
+    return 0.0 if bound <= 0 else info.state.bytes / bound

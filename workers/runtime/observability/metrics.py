@@ -152,6 +152,11 @@ class Metrics:
         self.consumer_ack_pending = Gauge(
             r, "bcw_consumer_ack_pending", "Facts delivered and not yet acknowledged.", ("worker",)
         )
+        self.facts_stream_full = Gauge(
+            r, "bcw_facts_stream_full_ratio",
+            "The facts stream's bytes over its max_bytes (0: unbounded): at 1 it refuses every "
+            "gateway's facts.",
+        )  # fmt: skip
         self.outbox_backlog = Gauge(r, "bcw_outbox_backlog", "Rows waiting in the outbox.")
         self.outbox_oldest_seconds = Gauge(
             r, "bcw_outbox_oldest_seconds", "Age of the oldest row waiting in the outbox (0: none)."
