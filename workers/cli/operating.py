@@ -150,9 +150,10 @@ def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
                 )
             for seq in missing:
                 print(f"no dead letter at {seq}", file=sys.stderr)
-            verdicts = {
-                letter.seq: (await checks.checked(js, subjects, letter))[0] for letter in letters
-            }
+            # each letter checked once: the verdict listed is the one a redrive acts on,
+            # and a fact's body is read from its stream once
+            checked = {letter.seq: await checks.checked(js, subjects, letter) for letter in letters}
+            verdicts = {seq: why for seq, (why, _body) in checked.items()}
             if args.action == "list" and args.json:
                 for letter in letters:
                     print(json.dumps({
@@ -195,12 +196,15 @@ def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
                     return 0
             refused = 0
             for letter in letters:
-                try:
-                    await checks.redrive(js, subjects, letter)
-                except checks.RedriveError as error:
-                    print(printable(f"not re-driven: {error}"), file=sys.stderr)
+                why, body = checked[letter.seq]
+                if why is not None or body is None:
+                    print(
+                        printable(f"not re-driven: dead letter {letter.seq}: {why}"),
+                        file=sys.stderr,
+                    )
                     refused += 1
                     continue
+                await deadletter.resend(js, subjects, letter, body)
                 print(f"re-drove {letter.seq} to {letter.subject}")
             print(f"{len(letters) - refused} re-driven")
             return EXIT_FAILED if refused or missing else 0
