@@ -235,7 +235,6 @@ def grants_sql(groups: tuple[str, ...] | None = None) -> str:
     """The SQL that (re)applies the grants of `groups` (all by default): everything on
     the schema's tables revoked first, then granted as `GROUPS` says."""
     names = groups if groups is not None else tuple(GROUPS)
-    tables = ", ".join(TABLES)
     lines = [
         "-- bc-workers: least-privilege grants of its group roles (bcw migrate --print-grants)",
         "-- Run as the owner of the schema's tables, in the database, after `bcw migrate`.",
@@ -249,7 +248,7 @@ def grants_sql(groups: tuple[str, ...] | None = None) -> str:
     )
     for group in names:
         lines.append(f"-- {group}")
-        lines.append(f"REVOKE ALL ON {tables} FROM {group};")
+        lines.append(strip_sql(group))
         lines.append(
             f"DO $$ BEGIN EXECUTE format('GRANT USAGE ON SCHEMA %I TO {group}', current_schema()); "
             "END $$;"
@@ -273,8 +272,6 @@ def create_roles_sql(groups: tuple[str, ...] | None = None) -> str:
 
 
 def strip_sql(group: str) -> str:
-    """The SQL that takes every grant of `group` away (its tables and functions)."""
-    functions = "".join(
-        f" REVOKE EXECUTE ON FUNCTION {f} FROM {group};" for f in EXECUTES.get(group, ())
-    )
-    return f"REVOKE ALL ON {', '.join(TABLES)} FROM {group};{functions}\n"
+    """The SQL that takes every grant of `group` on the schema's tables away (the first
+    step of `grants_sql`; alone, for a group no longer granted)."""
+    return f"REVOKE ALL ON {', '.join(TABLES)} FROM {group};"
