@@ -40,6 +40,15 @@ class Subjects:
     def facts_stream(self) -> str:
         return f"{self.stream_prefix}_FACTS"
 
+    def gateway_facts_stream(self, gateway_id: str) -> str:
+        """The stream that takes one gateway's facts, bounded in bytes, when each gateway
+        has its own (`BCW_NATS_FACTS_GATEWAYS`); the facts stream then sources them all."""
+        return f"{self.facts_stream}_{gateway_id}"
+
+    def gateway_facts(self, gateway_id: str) -> str:
+        """Every fact of one gateway (its own facts stream's subject)."""
+        return f"{self.root}.facts.{gateway_id}.>"
+
     @property
     def events_stream(self) -> str:
         return f"{self.stream_prefix}_EVENTS"

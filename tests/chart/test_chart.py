@@ -106,6 +106,11 @@ def test_production_values_reach_the_pods() -> None:
     assert "deployment.environment=production" in env["OTEL_RESOURCE_ATTRIBUTES"]
     assert env["BCW_DATABASE_STATEMENT_CACHE_SIZE"] == "0"
     assert env["BCW_CONSUMER_BATCH_SIZE"] == "256"
+    # the worker that says how full each gateway's facts stream is, and the Job that makes them
+    assert env["BCW_NATS_FACTS_GATEWAYS"] == "gw-eu-1,gw-eu-2,gw-us-1"
+    job = by_kind(docs, "Job")["fleet-bc-workers-migrate-1"]
+    [provision] = [c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "provision"]
+    assert {"name": "BCW_NATS_FACTS_GATEWAYS", "value": "gw-eu-1,gw-eu-2,gw-us-1"} in provision["env"]
     assert labeler["spec"]["replicas"] == 3
     assert pod["containers"][0]["resources"]["limits"]["cpu"] == "2"
     assert by_kind(docs, "ServiceMonitor") and by_kind(docs, "NetworkPolicy")
@@ -305,6 +310,7 @@ def _every_metric_once() -> str:
     m.consumer_pending.set(1, "w")
     m.consumer_ack_pending.set(1, "w")
     m.lease_held.set(1, "sweep")
+    m.facts_stream_full.set(0.5, "BC_FACTS")
     m.dead_letters.inc("w", "invalid")
     m.outbox_published.inc()
     m.outbox_failures.inc()

@@ -341,6 +341,9 @@ async def _observe(
             for consumer in consumers:
                 await consumer.observe()
             if consumers:  # a full facts stream refuses every gateway's facts
-                facts = runtime.subjects.facts_stream
-                runtime.metrics.facts_stream_full.set(await streams.fill_ratio(runtime.js, facts))
+                limits = streams.limits_of(runtime.settings.nats)
+                for stream, ratio in (
+                    await streams.facts_fill(runtime.js, runtime.subjects, limits)
+                ).items():
+                    runtime.metrics.facts_stream_full.set(ratio, stream)
         await sleep_or_stop(stopping, 5.0)

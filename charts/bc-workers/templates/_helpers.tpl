@@ -131,6 +131,10 @@ app.kubernetes.io/component: {{ .component }}
   value: {{ $v.nats.streamMaxConsumers | int64 | quote }}
 - name: BCW_NATS_DEAD_LETTERS_PER_SOURCE
   value: {{ $v.nats.deadLettersPerSource | int64 | quote }}
+- name: BCW_NATS_FACTS_GATEWAYS
+  value: {{ join "," $v.nats.factsGateways | quote }}
+- name: BCW_NATS_FACTS_BYTES_PER_GATEWAY
+  value: {{ $v.nats.factsBytesPerGateway | int64 | quote }}
 {{- if index $s 2 }}
 - name: {{ ternary "BCW_NATS_NKEY_SEED_FILE" "BCW_NATS_CREDS_FILE" (eq (index $s 4) "nkey") }}
   value: /etc/bcw/nats/{{ index $s 3 }}

@@ -23,6 +23,7 @@ from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.factories import make_fact
 from tests.integration import fleet
+from tests.integration.security.conftest import SUBJECTS, client_as, nats_as
 from tests.integration.support import (
     eventually,
     make_settings,
@@ -275,23 +276,61 @@ async def test_a_gateways_flood_of_foreign_facts_is_shed_and_the_others_flushes_
     assert (row["gateway_id"], row["session_epoch"]) == ("gw-2", 3)
 
 
-async def test_a_filling_facts_stream_is_said_before_it_refuses_every_gateway(
-    servers: Servers, nc: NATS, subjects: Subjects, database_url: str
+async def test_a_gateway_that_fills_the_facts_stream_fills_only_its_own(
+    keys: Path, secured: str, database_url: str, db: asyncpg.Connection
 ) -> None:
-    """One gateway fills the facts stream (nothing bounds its share yet: docs/kubernetes.md).
-    Every worker process says how full it is (`bcw_facts_stream_full_ratio`, the alert
-    `BcwFactsStreamFilling`) while there is still room for the others."""
-    js = nc.jetstream()
-    await streams.provision_streams(js, subjects, limits=streams.StreamLimits(max_bytes=2**20))
+    """With each gateway's facts in a stream of its own (`BCW_NATS_FACTS_GATEWAYS`), gw-1's
+    nkey floods 100 KB facts: its 1 MiB is refused from the eleventh on, and it can neither
+    raise its bound nor purge anything. gw-2's flush is still accepted and applied by the
+    liveness worker, logged in as its own principal, which says how full each stream is."""
+    settings = make_settings(secured, database_url, SUBJECTS)
+    own = {"facts_gateways": "gw-1,gw-2", "facts_bytes_per_gateway": 2**20}
+    admin = nats_as(keys, secured, "admin").model_copy(update=own)
+    async with client_as(keys, secured, "admin") as (nc, _):
+        await streams.provision_streams(nc.jetstream(), SUBJECTS, limits=streams.limits_of(admin))
+    await fleet.session(db, "theirs", epoch=3, gateway_id="gw-2", seen_ago=timedelta(minutes=5))
     junk = b'{"x": "' + b"j" * 100_000 + b'"}'
-    for i in range(9):  # about 900 kB of 1 MiB
-        await publish_raw(js, subjects.fact("gw-1", "hello"), junk,
-                          {"Bc-Type": "hello", "Nats-Msg-Id": f"fill-{i}"})  # fmt: skip
-    settings = make_settings(servers.nats_url, database_url, subjects)
-    async with running(settings, [WORKERS["labeler"](settings)]) as (runtime, _port):
+    async with client_as(keys, secured, "gateway-gw-1") as (attacker, errors):
+        js = attacker.jetstream()
+        stored = 0
+        with pytest.raises(nats.js.errors.ServiceUnavailableError, match="maximum bytes"):
+            for i in range(30):
+                await js.publish(SUBJECTS.fact("gw-1", "hello"), junk,
+                                 headers={"Bc-Type": "hello", "Nats-Msg-Id": f"fill-{i}"})  # fmt: skip
+                stored += 1
+        assert stored == 10
+        for api in ("STREAM.UPDATE", "STREAM.PURGE", "STREAM.DELETE"):
+            await attacker.publish(f"$JS.API.{api}.{SUBJECTS.gateway_facts_stream('gw-1')}", b"{}")
+        await attacker.flush()
+        await asyncio.sleep(0.2)
+        assert sum("permissions violation" in e.lower() for e in errors) == 3
+    async with client_as(keys, secured, "gateway-gw-2") as (honest, _):
+        flush = make_fact("liveness", gateway_id="gw-2",
+                          entries=[{"node_id": "theirs", "epoch": 3, "age_ms": 0}])  # fmt: skip
+        body, headers = REGISTRY.encode(flush)
+        ack = await honest.jetstream().publish(
+            SUBJECTS.fact("gw-2", "liveness"),
+            body,
+            headers={**headers, "Nats-Msg-Id": str(flush.fact_id)},
+        )
+        assert ack.stream == SUBJECTS.gateway_facts_stream("gw-2")
+    worker = settings.model_copy(
+        update={"nats": nats_as(keys, secured, "worker-liveness").model_copy(update=own)}
+    )
+    async with running(worker, [WORKERS["liveness"](worker)]) as (runtime, _port):
+
+        async def seen() -> bool:
+            return bool(await db.fetchval(
+                "SELECT last_seen > compute_now() - interval '1 minute' FROM node_sessions "
+                "WHERE node_id = 'theirs'"
+            ))  # fmt: skip
+
+        await eventually(seen, within=30, what="gw-2's flush applied")
 
         async def said() -> bool:
-            return runtime.metrics.facts_stream_full.value() > 0.8
+            return (
+                runtime.metrics.facts_stream_full.value(SUBJECTS.gateway_facts_stream("gw-1")) > 0.9
+            )
 
-        await eventually(said, within=20, what="the facts stream's fill said")
-    assert 0.8 < await streams.fill_ratio(js, subjects.facts_stream) < 1.0
+        await eventually(said, within=20, what="gw-1's full stream said")
+        assert runtime.metrics.facts_stream_full.value(SUBJECTS.gateway_facts_stream("gw-2")) < 0.01

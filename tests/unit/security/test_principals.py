@@ -7,13 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from nats.js.api import DiscardPolicy
 
 from schemas.subjects import Subjects
 from workers.cli import main
 from workers.registry import WORKERS
 from workers.runtime.base.settings_docs import block
-from workers.runtime.bus import principals
+from workers.runtime.bus import principals, streams
 from workers.runtime.store import roles, roles_doc
+
+SUBJECTS = Subjects("bc")
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -171,3 +174,32 @@ def test_an_outbox_refuses_what_its_worker_does_not_emit() -> None:
         node_id="n1", epoch=1, capabilities=["gpu"], added=["gpu"], removed=[]
     )
     assert OutboxBatch("labeler").add(changed, subjects.event(changed.BC_TYPE))
+
+
+def test_each_listed_gateway_has_a_stream_of_its_own_that_only_it_fills() -> None:
+    """With gateways listed, the facts stream takes no subject (it sources their streams,
+    and holds what they hold: no bound of its own); each gateway's stream takes exactly
+    that gateway's facts, bounded in bytes, refusing new ones when full. No subject is
+    taken by two streams (the server would refuse the overlap)."""
+    limits = streams.StreamLimits(max_bytes=8 * 2**30, gateways=("gw-1", "gw-2"), per_gateway=2**30)
+    configs = {c.name: c for c in streams.stream_configs(SUBJECTS, limits=limits)}
+    facts = configs[SUBJECTS.facts_stream]
+    assert facts.subjects is None and facts.max_bytes == -1
+    assert [s.name for s in facts.sources or []] == ["BC_FACTS_gw-1", "BC_FACTS_gw-2"]
+    for gateway in ("gw-1", "gw-2"):
+        own = configs[SUBJECTS.gateway_facts_stream(gateway)]
+        assert own.subjects == [f"bc.facts.{gateway}.>"]
+        assert (own.max_bytes, own.discard, own.max_age) == (2**30, DiscardPolicy.NEW, 86400)
+    taken = [s for c in configs.values() for s in c.subjects or ()]
+    assert len(taken) == len(set(taken))
+    assert configs[SUBJECTS.events_stream].max_bytes == 8 * 2**30
+    # and without: one facts stream takes them all, as before
+    [single] = [c for c in streams.stream_configs(SUBJECTS) if c.name == SUBJECTS.facts_stream]
+    assert single.subjects == ["bc.facts.>"] and not single.sources
+
+
+def test_every_worker_may_read_how_full_each_gateways_stream_is_and_nobody_else_may_more() -> None:
+    table = {p.name: p for p in principals.principals(SUBJECTS, ["gw-1"])}
+    info = "$JS.API.STREAM.INFO.BC_FACTS_gw-1"
+    assert all(info in table[f"worker-{w}"].publish for w in principals.WORKER_NAMES)
+    assert info not in table["gateway-gw-1"].publish  # a gateway reads no stream's info

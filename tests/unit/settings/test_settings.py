@@ -50,6 +50,15 @@ def test_bad_settings_are_refused(monkeypatch: pytest.MonkeyPatch, name: str, va
             "BCW_LOG_LEVEL: Input should be 'DEBUG', 'INFO', 'WARNING', 'ERROR' or 'CRITICAL' (got 'LOUD')",
         ),
         (
+            {"BCW_NATS_FACTS_GATEWAYS": "gw-1, gw.2"},
+            "BCW_NATS_FACTS_GATEWAYS: 'gw.2' is not a gateway id (^[A-Za-z0-9_-]{1,64}$) "
+            "(got 'gw-1, gw.2')",
+        ),
+        (
+            {"BCW_NATS_FACTS_GATEWAYS": "gw-1,gw-2,gw-1"},
+            "BCW_NATS_FACTS_GATEWAYS: 'gw-1' is listed twice (got 'gw-1,gw-2,gw-1')",
+        ),
+        (
             {"BCW_DATABASE_URL": "mysql://u:hunter2@h/d"},
             "BCW_DATABASE_URL: must be a postgresql:// URL",
         ),

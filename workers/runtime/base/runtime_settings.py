@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, FilePath, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings
 
+from schemas.base import GATEWAY_ID_RE
 from workers.runtime.base.setting_types import Duration, Seconds, env_group, format_duration
 
 
@@ -95,6 +96,10 @@ def database_hosts(url: str) -> list[tuple[str, int]]:
     return out
 
 
+def _listed(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
 class NatsSettings(BaseSettings):
     """NATS and JetStream."""
 
@@ -136,6 +141,20 @@ class NatsSettings(BaseSettings):
         "a flood of one gateway's junk evicts only its own oldest letters, never another's nor a "
         "parked fact",
     )
+    facts_gateways: str = Field(
+        default="",
+        description="comma-separated gateway ids whose facts each go to a stream of their own, "
+        "bounded by BCW_NATS_FACTS_BYTES_PER_GATEWAY, that the facts stream sources: one "
+        "gateway's flood then fills only its own (empty: one facts stream takes every "
+        "gateway's facts, and one gateway can fill it for all). Every gateway must be listed "
+        "(`bcw provision` creates the streams); see docs/kubernetes.md",
+    )
+    facts_bytes_per_gateway: int = Field(
+        default=4 * 2**30, ge=2**20,
+        description="bytes each listed gateway's facts stream keeps at most (24 h of its facts: "
+        "its flushes alone are about 1.6 GB a day for 5,000 sessions); beyond it that "
+        "gateway's new facts are refused, and only its own",
+    )  # fmt: skip
     stream_max_consumers: int = Field(
         default=64, ge=8,
         description="consumers a stream may have at most (set when the stream is created)",
@@ -157,6 +176,23 @@ class NatsSettings(BaseSettings):
                 raise ValueError(f"{server!r} is not a nats://host:port URL")
             del port
         return value
+
+    @field_validator("facts_gateways")
+    @classmethod
+    def _gateway_ids(cls, value: str) -> str:
+        seen: set[str] = set()
+        for gateway in _listed(value):
+            if not GATEWAY_ID_RE.match(gateway):
+                raise ValueError(f"{gateway!r} is not a gateway id ({GATEWAY_ID_RE.pattern})")
+            if gateway in seen:
+                raise ValueError(f"{gateway!r} is listed twice")
+            seen.add(gateway)
+        return value
+
+    @property
+    def gateways_with_own_facts(self) -> tuple[str, ...]:
+        """`facts_gateways`, in the order given."""
+        return tuple(_listed(self.facts_gateways))
 
     @model_validator(mode="after")
     def _tls_pair(self) -> NatsSettings:

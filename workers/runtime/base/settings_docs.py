@@ -58,7 +58,7 @@ def _default(info: FieldInfo) -> str:
     if info.default_factory is not None:
         return "—"
     value = info.default
-    if value is None:
+    if value is None or value == "":
         return "—"
     if isinstance(value, SecretStr):
         value = value.get_secret_value()

@@ -36,7 +36,12 @@ TRUNCATED = "Bc-Dead-Truncated"
 #: a relay's letter: the worker whose outbox row it was (the one whose sending a redrive
 #: is checked against, `letters.refusal`)
 SENDER = "Bc-Dead-Sender"
-_DEAD_HEADERS = (REASON, SUBJECT, STREAM_SEQ, WORKER, CAUSE, ORIGINAL_MSG_ID, TRUNCATED, SENDER)
+#: what a letter says of itself, and what the server wrote on the stored fact (where a
+#: gateway's own facts stream sourced it from): neither goes back with a re-drive
+_DEAD_HEADERS = (
+    REASON, SUBJECT, STREAM_SEQ, WORKER, CAUSE, ORIGINAL_MSG_ID, TRUNCATED, SENDER,
+    "Nats-Stream-Source",
+)  # fmt: skip
 
 
 def _header_value(text: str) -> str:

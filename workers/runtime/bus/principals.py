@@ -169,6 +169,8 @@ def principals(subjects: Subjects, gateways: Sequence[str]) -> list[Principal]:
                 publish=(
                     _api("INFO"),
                     *(_api("STREAM.INFO", s) for s in streams),
+                    # how full each gateway's own facts stream is (BCW_NATS_FACTS_GATEWAYS)
+                    *(_api("STREAM.INFO", subjects.gateway_facts_stream(g)) for g in gateways),
                     _api("CONSUMER.CREATE", facts, worker),
                     _api("CONSUMER.CREATE", facts, worker, ">"),
                     _api("CONSUMER.INFO", facts, worker),

@@ -21,6 +21,7 @@ from nats.js.api import (
     RetentionPolicy,
     StorageType,
     StreamConfig,
+    StreamSource,
 )
 from nats.js.errors import BadRequestError, NotFoundError
 
@@ -48,6 +49,10 @@ class StreamLimits:
     max_consumers: int = 64
     #: dead letters per subject (worker, cause, source): `deadletter.subject_of`
     dead_per_source: int = 10_000
+    #: gateways whose facts each go to a stream of their own (`per_gateway` bytes at most)
+    #: that the facts stream sources; none: the facts stream takes every gateway's facts
+    gateways: tuple[str, ...] = ()
+    per_gateway: int = 4 * 2**30
 
 
 def limits_of(settings: NatsSettings) -> StreamLimits:
@@ -57,6 +62,8 @@ def limits_of(settings: NatsSettings) -> StreamLimits:
         settings.max_msg_size,
         settings.stream_max_consumers,
         settings.dead_letters_per_source,
+        settings.gateways_with_own_facts,
+        settings.facts_bytes_per_gateway,
     )
 
 
@@ -72,11 +79,14 @@ def stream_configs(
         max_age: float,
         discard: DiscardPolicy,
         per_subject: int = -1,
+        max_bytes: int = limits.max_bytes,
+        sources: list[StreamSource] | None = None,
     ) -> StreamConfig:
         return StreamConfig(
             max_msgs_per_subject=per_subject,
             name=name,
-            subjects=subject_list,
+            subjects=subject_list or None,
+            sources=sources,
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             discard=discard,
@@ -85,7 +95,7 @@ def stream_configs(
             # every stream: the outbox relay and the dead-letter path re-publish with the
             # same Nats-Msg-Id after a failure, and rely on JetStream to drop the double
             duplicate_window=DUPLICATE_WINDOW,
-            max_bytes=limits.max_bytes,
+            max_bytes=max_bytes,
             max_msgs=limits.max_msgs,
             max_msg_size=limits.max_msg_size,
             max_consumers=limits.max_consumers,
@@ -93,10 +103,27 @@ def stream_configs(
             allow_batched=True,
         )
 
-    old = DiscardPolicy.OLD
+    old, new = DiscardPolicy.OLD, DiscardPolicy.NEW
+    # full: new facts are refused (their gateways retry) rather than unapplied ones dropped
+    facts = [stream(subjects.facts_stream, [subjects.all_facts], DAY, new)]
+    if limits.gateways:
+        # each gateway fills a stream of its own, and only its own; the facts stream (what
+        # the workers consume) sources them all, so it holds at most what they hold
+        facts = [
+            stream(
+                subjects.facts_stream, [], DAY, new, max_bytes=-1,
+                sources=[StreamSource(name=subjects.gateway_facts_stream(g)) for g in limits.gateways],
+            ),
+            *(
+                stream(
+                    subjects.gateway_facts_stream(g), [subjects.gateway_facts(g)], DAY, new,
+                    max_bytes=limits.per_gateway,
+                )
+                for g in limits.gateways
+            ),
+        ]  # fmt: skip
     return [
-        # full: new facts are refused (their gateways retry) rather than unapplied ones dropped
-        stream(subjects.facts_stream, [subjects.all_facts], DAY, DiscardPolicy.NEW),
+        *facts,
         stream(subjects.events_stream, [subjects.all_events, subjects.revocations], 7 * DAY, old),
         stream(subjects.gateway_stream, [subjects.all_notices], HOUR, old),
         # each worker, cause and source keeps its newest letters: one gateway's junk never
@@ -116,6 +143,7 @@ _UPDATABLE = (
     "max_msg_size",
     "max_msgs_per_subject",
     "allow_batched",
+    "sources",
 )  # fmt: skip  (max_consumers is set at creation: the server refuses to change it)
 _FIXED = ("retention", "storage")
 
@@ -142,7 +170,7 @@ def _drift(current: StreamConfig, wanted: StreamConfig) -> dict[str, tuple[objec
     return _differences(current, wanted, _UPDATABLE)
 
 
-async def ensure_stream(js: JetStreamContext, wanted: StreamConfig) -> str:
+async def ensure_stream(js: JetStreamContext, wanted: StreamConfig, subjects: Subjects) -> str:
     """Create the stream, or correct its drift. Returns `created`, `updated` or `unchanged`."""
     assert wanted.name is not None
     try:
@@ -151,6 +179,7 @@ async def ensure_stream(js: JetStreamContext, wanted: StreamConfig) -> str:
         await js.add_stream(wanted)
         log.info("stream %s created", wanted.name)
         return "created"
+    _check_switch(info.config, wanted, subjects)
     drift = _drift(info.config, wanted)
     if not drift:
         return "unchanged"
@@ -160,11 +189,44 @@ async def ensure_stream(js: JetStreamContext, wanted: StreamConfig) -> str:
 
 
 def _differs(current: object, wanted: object) -> bool:
+    if _is_sources(current) or _is_sources(wanted):  # the streams they name, in any order
+        return _source_names(current) != _source_names(wanted)
     if isinstance(current, float) or isinstance(wanted, float):
         return abs(float(current or 0) - float(wanted or 0)) > 1e-6  # type: ignore[arg-type]
     if isinstance(current, list) and isinstance(wanted, list):
         return sorted(current) != sorted(wanted)
     return current != wanted
+
+
+def _is_sources(value: object) -> bool:
+    return isinstance(value, list) and any(isinstance(v, StreamSource) for v in value)
+
+
+def _source_names(value: object) -> list[str]:
+    return sorted(str(s.name) for s in value) if isinstance(value, list) else []
+
+
+def _is_gateway_facts(config: StreamConfig, subjects: Subjects) -> bool:
+    """Whether `config` is a gateway's own facts stream."""
+    return str(config.name).startswith(f"{subjects.facts_stream}_") and bool(config.subjects)
+
+
+def _takes_own_facts(config: StreamConfig) -> bool:
+    """Whether a facts stream takes its facts from the gateways' own streams (sources)."""
+    return bool(config.sources) and not config.subjects
+
+
+def _check_switch(current: StreamConfig, wanted: StreamConfig, subjects: Subjects) -> None:
+    """Going back from the gateways' own facts streams to one facts stream is not done in
+    place: those streams hold its subjects (the server refuses the overlap) and may hold
+    facts not yet sourced. ProvisionError says what to do."""
+    if wanted.name == subjects.facts_stream and _takes_own_facts(current) and wanted.subjects:
+        raise ProvisionError(
+            f"stream {wanted.name} takes its facts from each gateway's own stream "
+            f"({', '.join(_source_names(current.sources))}) and BCW_NATS_FACTS_GATEWAYS lists "
+            "none: list the gateways again, or, to go back to one facts stream, delete those "
+            "streams once the workers have consumed their facts (docs/kubernetes.md)"
+        )
 
 
 async def _as_they_are(
@@ -208,7 +270,17 @@ async def streams_for_a_worker(
     is never reverted, only reported. A stream whose retention or storage the contract
     cannot work with stops the start (ProvisionError)."""
     out: dict[str, str] = {}
+    sourced: list[str] = []  # the gateways' streams the facts stream as it is sources
     async for wanted, current in _as_they_are(js, subjects, replicas, limits):
+        if wanted.name == subjects.facts_stream:
+            sourced = _source_names((current or wanted).sources)
+        if current is None and _is_gateway_facts(wanted, subjects) and wanted.name not in sourced:
+            # it would take facts nobody consumes (or that the facts stream still takes):
+            # switching is `bcw provision`'s, which gives the facts stream its sources
+            log.warning("stream %s not created: the facts stream does not source it "
+                        "(bcw provision creates it)", wanted.name)  # fmt: skip
+            out[str(wanted.name)] = "missing"
+            continue
         if current is None:
             await js.add_stream(wanted)
             log.info("stream %s created", wanted.name)
@@ -227,8 +299,10 @@ async def streams_for_a_worker(
 async def provision_streams(
     js: JetStreamContext, subjects: Subjects, replicas: int = 1, limits: StreamLimits | None = None
 ) -> dict[str, str]:
+    """Create or correct every stream; the facts stream first, so that it gives up its
+    subjects before the gateways' own streams take them."""
     return {
-        str(config.name): await ensure_stream(js, config)
+        str(config.name): await ensure_stream(js, config, subjects)
         for config in stream_configs(subjects, replicas, limits)
     }
 
@@ -303,3 +377,17 @@ async def fill_ratio(js: JetStreamContext, stream: str) -> float:
     info = await js.stream_info(stream)
     bound = info.config.max_bytes or -1
     return 0.0 if bound <= 0 else info.state.bytes / bound
+
+
+async def facts_fill(
+    js: JetStreamContext, subjects: Subjects, limits: StreamLimits
+) -> dict[str, float]:
+    """`fill_ratio` of the facts stream and of each gateway's own facts stream that exists
+    (a missing or unreadable one is left out: it holds nothing to say)."""
+    out: dict[str, float] = {}
+    for name in (subjects.facts_stream, *map(subjects.gateway_facts_stream, limits.gateways)):
+        try:
+            out[name] = await fill_ratio(js, name)
+        except Exception as error:
+            log.debug("no fill of stream %s: %r", name, error)
+    return out

@@ -154,8 +154,9 @@ class Metrics:
         )
         self.facts_stream_full = Gauge(
             r, "bcw_facts_stream_full_ratio",
-            "The facts stream's bytes over its max_bytes (0: unbounded): at 1 it refuses every "
-            "gateway's facts.",
+            "A facts stream's bytes over its max_bytes (0: unbounded): at 1 the facts stream "
+            "refuses every gateway's facts, a gateway's own facts stream that gateway's.",
+            ("stream",),
         )  # fmt: skip
         self.outbox_backlog = Gauge(r, "bcw_outbox_backlog", "Rows waiting in the outbox.")
         self.outbox_oldest_seconds = Gauge(
