@@ -109,8 +109,10 @@ def test_production_values_reach_the_pods() -> None:
     # the worker that says how full each gateway's facts stream is, and the Job that makes them
     assert env["BCW_NATS_FACTS_GATEWAYS"] == "gw-eu-1,gw-eu-2,gw-us-1"
     job = by_kind(docs, "Job")["fleet-bc-workers-migrate-1"]
-    [provision] = [c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "provision"]
-    assert {"name": "BCW_NATS_FACTS_GATEWAYS", "value": "gw-eu-1,gw-eu-2,gw-us-1"} in provision["env"]
+    containers = job["spec"]["template"]["spec"]["containers"]
+    [provision] = [c for c in containers if c["name"] == "provision"]
+    listed = {"name": "BCW_NATS_FACTS_GATEWAYS", "value": "gw-eu-1,gw-eu-2,gw-us-1"}
+    assert listed in provision["env"]
     assert labeler["spec"]["replicas"] == 3
     assert pod["containers"][0]["resources"]["limits"]["cpu"] == "2"
     assert by_kind(docs, "ServiceMonitor") and by_kind(docs, "NetworkPolicy")
