@@ -29,6 +29,7 @@ def add(commands: Commands) -> None:
             "chaos",
             "soak",
             "hello",
+            "ingest",
         ],
         help="which benchmark",
     )
@@ -37,7 +38,7 @@ def add(commands: Commands) -> None:
     )
     bench.add_argument("--facts", type=int, default=50_000, help="facts to push through")
     bench.add_argument(
-        "--gateways", type=int, default=None, help="gateways (storm, herd: 20; soak: 3)"
+        "--gateways", type=int, default=None, help="gateways (storm, herd, ingest: 20; soak: 3)"
     )
     bench.add_argument(
         "--processes", type=int, default=4, help="processes the gateways run in (storm)"
@@ -115,18 +116,22 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
                 settings, args.facts, args.embedded, args.rounds, args.sync_always, args.parts
             )
         )
-    if args.bench == "labeler":
-        from workers.bench import labeler
+    if args.bench == "ingest":
+        from workers.bench import ingest
 
-        return asyncio.run(labeler.run(settings, nodes, args.embedded))
+        return asyncio.run(ingest.run(settings, args.facts, gateways, args.embedded, args.rounds))
+    if args.bench == "labeler":
+        from workers.bench import reconnect
+
+        return asyncio.run(reconnect.run_labeler(settings, nodes, args.embedded))
     if args.bench == "sweep":
         from workers.bench import sweep
 
         return asyncio.run(sweep.run(settings, nodes, args.embedded, args.rounds))
     if args.bench == "replay":
-        from workers.bench import replay
+        from workers.bench import reconnect
 
-        return asyncio.run(replay.run(settings, nodes, args.embedded))
+        return asyncio.run(reconnect.run_replay(settings, nodes, args.embedded))
     if args.bench == "chaos":
         from workers.bench import chaos
 
