@@ -1,6 +1,7 @@
 """`bcw bench storm` runs its gateways in processes of their own: a small herd through
 them reaches every worker, and the figures are printed (the bench itself waits for every
-effect — labels, replays, the outbox published — before it prints them)."""
+effect — labels, replays, the outbox published — before it prints them). `bcw bench hello`
+and `bcw bench ingest` print their figures."""
 
 from __future__ import annotations
 
@@ -41,3 +42,21 @@ async def test_bench_hello_prints_what_a_proof_adds_to_the_hello_transaction(
     assert without is not None and proven is not None, out
     assert int(without.group(1).replace(",", "")) > 0 and int(proven.group(1).replace(",", "")) > 0
     assert "what the proof adds" in out and "Traceback" not in out
+
+
+async def test_bench_ingest_prints_both_layouts_and_the_second_keeps_each_fact_twice(
+    servers: Servers,
+) -> None:
+    code, out = await bcw(
+        "bench", "ingest", "--facts", "600", "--gateways", "3", "--rounds", "1",
+        BCW_NATS_URL=servers.nats_url, BCW_DATABASE_URL=servers.postgres_url,
+    )  # fmt: skip
+    assert code == 0, out
+    rows = {
+        m.group(1): [float(x.replace(",", "")) for x in m.groups()[1:]]
+        for m in re.finditer(r"(one stream|own streams)\s+([\d,]+)\s+([\d,]+)\s+([\d,]+)", out)
+    }
+    assert set(rows) == {"one stream", "own streams"}, out
+    assert all(r[0] > 0 for r in rows.values())
+    assert 1.9 < rows["own streams"][2] / rows["one stream"][2] < 2.1  # bytes per fact
+    assert "the facts/s of one stream" in out and "Traceback" not in out
