@@ -46,6 +46,16 @@ async def run_scenario(
             "does not own (--own-clock on a simulation database makes it faster)"
         )
     nc = await connection.connect(settings.nats, name="bcw sim")
+    sourced = await streams.gateways_sourced(nc.jetstream(), subjects)
+    if sourced:
+        await nc.close()
+        await pool.close()
+        raise SettingError(
+            "BCW_SUBJECT_ROOT",
+            f"refused: {subjects.facts_stream} takes its facts from each listed gateway's own "
+            f"stream ({len(sourced)}, BCW_NATS_FACTS_GATEWAYS), and the simulator's gateways "
+            "would have none: run it under a subject root of its own",
+        )
     prefix = f"sim{uuid.uuid4().hex[:6]}"
     sim = Simulator(
         pool, nc, subjects, nodes=nodes, gateways=gateways, seed=seed, prefix=prefix,

@@ -180,3 +180,20 @@ async def test_a_sourced_fact_is_dead_lettered_and_redriven_through_its_gateways
     again = (await stream_messages(js, subjects.facts_stream))[-1]
     assert (again.subject, again.data) == (stored.subject, stored.data)
     assert (await js.stream_info(subjects.gateway_facts_stream("gw-1"))).state.messages == 2
+
+
+async def test_the_simulator_refuses_a_bus_whose_gateways_each_have_their_own_stream(
+    servers: Servers, nc: NATS, subjects: Subjects, database_url: str
+) -> None:
+    """Its gateways (ids of its own) would have no stream: their facts would be refused."""
+    await streams.provision_streams(nc.jetstream(), subjects, limits=OWN)
+    code, output = await bcw(
+        "sim", "--scenario", "power-on", "--nodes", "2", "--gateways", "1",
+        BCW_NATS_URL=servers.nats_url, BCW_DATABASE_URL=database_url,
+        BCW_SUBJECT_ROOT=subjects.root,
+    )  # fmt: skip
+    assert code == 2, output
+    assert "BCW_SUBJECT_ROOT" in output and "own stream" in output and "Traceback" not in output
+    assert await streams.gateways_sourced(nc.jetstream(), subjects) == [
+        subjects.gateway_facts_stream("gw-1"), subjects.gateway_facts_stream("gw-2")
+    ]  # fmt: skip

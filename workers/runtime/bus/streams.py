@@ -229,6 +229,16 @@ def _check_switch(current: StreamConfig, wanted: StreamConfig, subjects: Subject
         )
 
 
+async def gateways_sourced(js: JetStreamContext, subjects: Subjects) -> list[str]:
+    """The gateways' own facts streams the facts stream takes its facts from (none: it
+    takes every gateway's facts itself, or does not exist yet)."""
+    try:
+        config = (await js.stream_info(subjects.facts_stream)).config
+    except NotFoundError:
+        return []
+    return _source_names(config.sources) if _takes_own_facts(config) else []
+
+
 async def _as_they_are(
     js: JetStreamContext, subjects: Subjects, replicas: int, limits: StreamLimits | None
 ) -> AsyncIterator[tuple[StreamConfig, StreamConfig | None]]:
@@ -372,22 +382,18 @@ def write_jetstream_fragment(directory: Path) -> Path:
     return path
 
 
-async def fill_ratio(js: JetStreamContext, stream: str) -> float:
-    """A stream's bytes over its `max_bytes` (0.0 when it has no such bound)."""
-    info = await js.stream_info(stream)
-    bound = info.config.max_bytes or -1
-    return 0.0 if bound <= 0 else info.state.bytes / bound
-
-
 async def facts_fill(
     js: JetStreamContext, subjects: Subjects, limits: StreamLimits
 ) -> dict[str, float]:
-    """`fill_ratio` of the facts stream and of each gateway's own facts stream that exists
-    (a missing or unreadable one is left out: it holds nothing to say)."""
+    """Bytes over `max_bytes` (0.0: no such bound) of the facts stream and of each gateway's
+    own facts stream that exists (a missing or unreadable one is left out)."""
     out: dict[str, float] = {}
     for name in (subjects.facts_stream, *map(subjects.gateway_facts_stream, limits.gateways)):
         try:
-            out[name] = await fill_ratio(js, name)
+            info = await js.stream_info(name)
         except Exception as error:
             log.debug("no fill of stream %s: %r", name, error)
+            continue
+        bound = info.config.max_bytes or -1
+        out[name] = 0.0 if bound <= 0 else info.state.bytes / bound
     return out
