@@ -61,6 +61,25 @@ def children_cpu_seconds() -> float:
     return used.ru_utime + used.ru_stime
 
 
+def nats_server_pid(url: str) -> int | None:
+    """The pid of the nats-server on this machine serving `url`'s port (`-p PORT`, as the
+    embedded servers are started), or None."""
+    port = url.rsplit(":", 1)[-1].strip("/")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                args = cmdline.read().split(b"\0")
+        except OSError:
+            continue
+        if args and args[0].endswith(b"nats-server") and b"-p" in args:
+            at = args.index(b"-p")
+            if at + 1 < len(args) and args[at + 1].decode() == port:
+                return int(entry)
+    return None
+
+
 SERVER_NAMES = ("postgres", "nats-server")
 
 

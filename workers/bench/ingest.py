@@ -5,13 +5,15 @@ Each round provisions both layouts under fresh subject roots, in alternating ord
 publishes N liveness flushes (100 entries each, as a gateway's flush of 100 sessions) from
 G gateways, pipelined. It times them until the facts stream (what the workers consume)
 holds every one — sourced, in the second layout — and prints, per layout (medians): facts
-stored a second, nats-server CPU per fact, and the bytes stored per fact over every
-facts stream (the second layout keeps each fact twice).
+stored a second, the CPU per fact of the nats-server serving BCW_NATS_URL (when it runs on
+this machine), and the bytes stored per fact over every facts stream (the second layout
+keeps each fact twice).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import statistics
 import time
 import uuid
@@ -23,7 +25,7 @@ from schemas import Liveness
 from schemas.facts import LivenessEntry
 from schemas.subjects import Subjects
 from workers.bench.common import BenchTarget, bench_target, print_table, publish_facts, wire
-from workers.bench.costs import CpuSpent
+from workers.bench.costs import cpu_seconds, nats_server_pid
 from workers.runtime.base.settings import Settings
 from workers.runtime.bus import streams
 
@@ -61,7 +63,8 @@ async def _one_run(
         js = nc.jetstream()
         await streams.provision_streams(js, subjects, limits=limits)
         messages = _flushes(subjects, facts, gateways)
-        before, started = CpuSpent.now(), time.monotonic()
+        server = nats_server_pid(target.nats_url)  # None: a server elsewhere, not measured
+        before, started = cpu_seconds(server) if server else math.nan, time.monotonic()
         await publish_facts(target.nats_url, messages)
         for _ in range(30_000):  # 10 minutes at most
             if (await js.stream_info(subjects.facts_stream)).state.messages >= facts:
@@ -70,12 +73,12 @@ async def _one_run(
         else:
             raise RuntimeError(f"{layout}: the facts stream never held the {facts} facts")
         seconds = time.monotonic() - started
-        spent = CpuSpent.now() - before
+        spent = (cpu_seconds(server) if server else math.nan) - before
         names = [subjects.facts_stream, *map(subjects.gateway_facts_stream, ids)]
         stored = sum([(await js.stream_info(name)).state.bytes for name in names])
         for config in streams.stream_configs(subjects, limits=limits):
             await js.delete_stream(str(config.name))
-        return facts / seconds, spent.nats / facts * 1e6, stored / facts
+        return facts / seconds, spent / facts * 1e6, stored / facts
     finally:
         await nc.close()
 
@@ -93,7 +96,8 @@ async def run(settings: Settings, facts: int, gateways: int, embedded: bool, rou
     rows = []
     for layout in LAYOUTS:
         rate, cpu, size = (statistics.median(r[i] for r in results[layout]) for i in range(3))
-        rows.append((layout, f"{rate:,.0f}", f"{cpu:,.0f}", f"{size:,.0f}"))
+        cpu_text = f"{cpu:,.0f}" if math.isfinite(cpu) else "n/a"
+        rows.append((layout, f"{rate:,.0f}", cpu_text, f"{size:,.0f}"))
     print_table("medians", ("layout", "facts/s stored", "nats-server µs/fact", "bytes/fact"), rows)
     one, own = (statistics.median(r[0] for r in results[layout]) for layout in LAYOUTS)
     print(f"each gateway's own stream: {own / one:.2f}x the facts/s of one stream")
