@@ -23,6 +23,7 @@ from workers.sim.scenarios import (
     journal_loss,
     mixed,
     power_on,
+    reconnect,
     restart,
 )
 
@@ -66,6 +67,15 @@ async def test_restarted_daemons_get_the_commands_their_old_process_held(
     assert_all_hold(await restart(sim, nodes=5))
     events = await sim.events()
     assert events[("command.replayed", "")] >= 10
+
+
+async def test_commands_enqueued_inside_reconnects_finish_without_a_second_hello(
+    simulator: Make,
+) -> None:
+    """The seed: "a command enqueued during a reconnect cannot be stranded"."""
+    sim = await simulator(20, 2)
+    assert_all_hold(await power_on(sim))
+    assert_all_hold(await reconnect(sim, nodes=8))
 
 
 async def test_a_clone_is_quarantined(simulator: Make) -> None:

@@ -15,7 +15,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -47,6 +47,7 @@ from workers.gateway.notices import Notices
 from workers.gateway.types import (
     DaemonStream,
     GatewaySettings,
+    Opening,
     Refused,
     Session,
     TokenBucket,
@@ -76,12 +77,17 @@ class Gateway(Frames):
     settings: GatewaySettings = field(default_factory=GatewaySettings)
     #: spans of Hellos, published facts and obeyed notices (default: the global provider's)
     tracer: trace.Tracer = field(default_factory=lambda: trace.get_tracer(tracing.TRACER_NAME))
+    #: a test's hook, awaited in each Hello with (point, node, epoch) at `committed` (the
+    #: Hello transaction committed, the session not registered yet) and `registered` (not
+    #: welcomed yet): it holds those windows open
+    pause: Callable[[str, str, int], Awaitable[None]] | None = None
 
     def __post_init__(self) -> None:
         self.js: JetStreamContext = self.nc.jetstream()
         self.facts = FactPublisher(self.gateway_id, self.js, self.subjects, self.wall, self.tracer)
         self.lease_epoch: int | None = None
         self.sessions: dict[str, Session] = {}
+        self.opening: dict[str, Opening] = {}  # Hellos under way, by node
         self.bucket = TokenBucket(self.settings.handshakes_per_second)
         self.pending_hellos = 0
         self._renewed_at = 0.0
@@ -90,8 +96,9 @@ class Gateway(Frames):
         self._flushing: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self.notices = Notices(
-            self.gateway_id, self.nc, self.subjects, self.facts, self.sessions, self._end
-        )
+            self.gateway_id, self.nc, self.subjects, self.facts, self.sessions, self._end,
+            self.opening,
+        )  # fmt: skip
 
     # -- life ------------------------------------------------------------------------------
     async def start(self, autotick: float | None = LIVENESS_LOOP) -> None:
@@ -141,6 +148,7 @@ class Gateway(Frames):
             except Exception as error:  # it expires by itself within its TTL
                 log.warning("gateway %s: lease not released (%r)", self.gateway_id, error)
         self.sessions.clear()
+        self.opening.clear()
 
     async def drain(self, draining: bool = True) -> None:
         """Refuse new Hellos from now on (their nodes go to other gateways) and keep the
@@ -171,6 +179,7 @@ class Gateway(Frames):
                 Code.RESOURCE_EXHAUSTED, "handshake rate limit", retry_after=self._pushback(wait)
             )
         self.pending_hellos += 1
+        opening = self.opening[request.node_id] = Opening()
         try:
             with self.tracer.start_as_current_span(
                 "Hello",
@@ -180,20 +189,26 @@ class Gateway(Frames):
                 set_status_on_exception=False,
             ) as span:
                 try:
-                    welcome = await self._hello(request, stream)
+                    welcome = await self._hello(request, stream, opening)
                 except Refused as refused:
                     span.set_status(trace.StatusCode.ERROR, refused.code.value)
                     span.set_attribute("bc.refusal.reason", refused.reason)
                     raise
                 span.set_attribute("bc.session.epoch", welcome.epoch)
                 return welcome
+        except BaseException:  # no session opened: what waited for it is stale
+            if self.opening.get(request.node_id) is opening:
+                del self.opening[request.node_id]
+            raise
         finally:
             self.pending_hellos -= 1
 
     def _pushback(self, base: float) -> float:
         return base + random.uniform(0, base)  # jittered, so a herd spreads out
 
-    async def _hello(self, request: HelloRequest, stream: DaemonStream) -> Welcome:
+    async def _hello(
+        self, request: HelloRequest, stream: DaemonStream, opening: Opening
+    ) -> Welcome:
         assert self.lease_epoch is not None
         async with self.pool.acquire() as conn:
             rows = await store.read_for_admission(conn, self.gateway_id, request)
@@ -238,6 +253,8 @@ class Gateway(Frames):
                 raise Refused(
                     Code.UNAVAILABLE, str(busy), retry_after=self._pushback(1.0)
                 ) from busy
+        opening.epoch = opened.epoch  # its notices may come from now on: they wait
+        await self._paused("committed", request.node_id, opened.epoch)
         hello = self.facts.hello(request, opened, upgrade, kinds, generation, fact_id)
         older = self.sessions.get(request.node_id)
         if older is not None:  # the same node again on this gateway: the old stream is superseded
@@ -254,8 +271,12 @@ class Gateway(Frames):
             requested=set(sections_to_request(request.inventory_hashes, opened.inventory)),
             hello=hello,
         )
+        await self._paused("registered", request.node_id, opened.epoch)
         await self.facts.publish(hello)
-        follow_welcome(stream, [r.command_id for r in hello.results], desired_state_due(rows.desired, request, upgrade))  # fmt: skip
+        follow_welcome(
+            stream, [r.command_id for r in hello.results], desired_state_due(rows.desired, request, upgrade),
+            lambda: self.notices.release(request.node_id, opening),
+        )  # fmt: skip
         return Welcome(
             opened.epoch,
             opened.session_id,
@@ -265,6 +286,10 @@ class Gateway(Frames):
             credits=self.settings.credits,
             request_sections=sections_to_request(request.inventory_hashes, opened.inventory),
         )
+
+    async def _paused(self, point: str, node_id: str, epoch: int) -> None:
+        if self.pause is not None:
+            await self.pause(point, node_id, epoch)
 
     async def disconnect(
         self, node_id: str, epoch: int, reason: CloseReason = "stream-closed"

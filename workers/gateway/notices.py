@@ -1,20 +1,21 @@
 """What a reference gateway obeys: the notices workers send it (`dispatch`, `zombie`,
 `event-ack`, on its durable consumer `gw-<id>`) and the revocations every gateway hears.
 Owned by `workers.gateway.gateway.Gateway`; a notice reaches only a live session at its
-epoch, and the gateway's sessions are the one state it touches."""
+epoch, and the gateway's sessions are the one state it touches. A notice for the epoch a
+Hello under way opens waits for that session's Welcome (`Opening`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from opentelemetry import trace
+from opentelemetry import context, trace
 
 from schemas import REGISTRY, MessageError
 from schemas.events import Revocations
@@ -22,7 +23,7 @@ from schemas.facts import CloseReason
 from schemas.notices import Dispatch, EventAck, HelloAgain, Zombie
 from schemas.subjects import Subjects
 from workers.gateway.facts import FactPublisher
-from workers.gateway.types import Session
+from workers.gateway.types import Opening, Session
 from workers.runtime.base.runtime_settings import ConsumerSettings
 from workers.runtime.bus import streams
 from workers.runtime.bus.pull import ContinuousPull
@@ -42,6 +43,7 @@ class Notices:
         facts: FactPublisher,
         sessions: Mapping[str, Session],
         end: End,
+        opening: MutableMapping[str, Opening],
     ) -> None:
         self.gateway_id = gateway_id
         self.nc = nc
@@ -50,6 +52,7 @@ class Notices:
         self.facts = facts  # the gateway's publisher: a Hello asked again goes out as it went
         self.sessions = sessions  # the gateway's own (read here; `end` removes one)
         self.end = end
+        self.opening = opening  # the gateway's Hellos under way, by node (read here)
         self._pull: ContinuousPull | None = None
         self._revocations: Subscription | None = None
 
@@ -113,27 +116,64 @@ class Notices:
                 span.set_attribute("bcw.outcome", "unreadable")
                 log.warning("gateway %s skips a notice: %s", self.gateway_id, error.reason)
                 return
-            session = self.sessions.get(getattr(notice, "node_id", ""))
-            if session is None or getattr(notice, "epoch", session.epoch) != session.epoch:
-                span.set_attribute("bcw.outcome", "stale")  # only to a live session at that epoch
+            if self._held(notice):
+                span.set_attribute("bcw.outcome", "held")  # until its session's Welcome
                 return
-            if isinstance(notice, Dispatch):
-                with self.tracer.start_as_current_span(
-                    f"deliver {notice.kind}",
-                    kind=trace.SpanKind.PRODUCER,  # onto the daemon's stream
-                    attributes={
-                        "bc.node.id": notice.node_id,
-                        "bc.command.id": str(notice.command_id),
-                        "bc.command.attempt": notice.attempt,
-                    },
-                ):
-                    await session.stream.deliver(notice)
-            elif isinstance(notice, Zombie):
-                await self.end(session, "fenced")
-            elif isinstance(notice, EventAck):
-                await session.stream.event_ack(notice.journal_id, notice.seq)
-            elif isinstance(notice, HelloAgain) and session.hello is not None:
-                await self.facts.publish(session.hello)  # the same fact: inboxes know its id
+            await self._act(notice)
+
+    def _held(self, notice: object) -> bool:
+        """Keep `notice` for the session a Hello under way opens, when it is for that epoch
+        (or, before the Hello's commit says which, for any epoch but the live session's)."""
+        node_id, epoch = getattr(notice, "node_id", ""), getattr(notice, "epoch", None)
+        opening = self.opening.get(node_id)
+        if opening is None or epoch is None:
+            return False
+        live = self.sessions.get(node_id)
+        if opening.epoch == epoch or (
+            opening.epoch is None and (live is None or live.epoch != epoch)
+        ):
+            opening.held.append((notice, context.get_current()))
+            return True
+        return False
+
+    async def release(self, node_id: str, opening: Opening) -> None:
+        """The session `opening` opened has its Welcome (and what follows it): obey what
+        waited for it, in order — stale by now if its epoch is not that session's."""
+        if self.opening.get(node_id) is opening:
+            del self.opening[node_id]
+        for notice, arrived in opening.held:
+            token = context.attach(arrived)
+            try:
+                await self._act(notice)
+            except Exception:
+                log.exception("gateway %s could not obey a held notice", self.gateway_id)
+            finally:
+                context.detach(token)
+        opening.held.clear()
+
+    async def _act(self, notice: object) -> None:
+        """Obey one notice: only a live session at its epoch takes it."""
+        session = self.sessions.get(getattr(notice, "node_id", ""))
+        if session is None or getattr(notice, "epoch", session.epoch) != session.epoch:
+            trace.get_current_span().set_attribute("bcw.outcome", "stale")
+            return
+        if isinstance(notice, Dispatch):
+            with self.tracer.start_as_current_span(
+                f"deliver {notice.kind}",
+                kind=trace.SpanKind.PRODUCER,  # onto the daemon's stream
+                attributes={
+                    "bc.node.id": notice.node_id,
+                    "bc.command.id": str(notice.command_id),
+                    "bc.command.attempt": notice.attempt,
+                },
+            ):
+                await session.stream.deliver(notice)
+        elif isinstance(notice, Zombie):
+            await self.end(session, "fenced")
+        elif isinstance(notice, EventAck):
+            await session.stream.event_ack(notice.journal_id, notice.seq)
+        elif isinstance(notice, HelloAgain) and session.hello is not None:
+            await self.facts.publish(session.hello)  # the same fact: inboxes know its id
 
     async def on_revocation(self, msg: Msg) -> None:
         """Sessions holding a revoked serial end (`revoked`)."""

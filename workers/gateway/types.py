@@ -10,6 +10,8 @@ from datetime import timedelta
 from typing import Protocol
 from uuid import UUID
 
+from opentelemetry.context import Context
+
 from schemas.facts import Hello, NodeLoad
 from schemas.notices import Dispatch
 from workers.gateway.admission import Code, DesiredState
@@ -61,6 +63,18 @@ class Session:
     applied_generation: int = 0  # the highest its heartbeats reported
     reported_generation: int = 0  # the highest published in a status fact
     hello: Hello | None = None  # the fact published for it, kept to publish again if asked
+
+
+@dataclass
+class Opening:
+    """A Hello of one node under way on this gateway. The workers may send notices for the
+    epoch it opens as soon as its transaction commits — before the gateway has registered
+    the session, before the daemon has its Welcome. They wait here, and go out after the
+    Welcome and what follows it (`Notices.release`): never dropped, never acked away."""
+
+    epoch: int | None = None  # known once the Hello transaction committed
+    #: (notice, the trace context it arrived in), in arrival order
+    held: list[tuple[object, Context]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ same servers) and returns `Check`s; `mixed` chains them the way `bcw demo` shows
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 from workers.sim.daemon import FakeDaemon
@@ -183,6 +184,41 @@ async def restart(sim: Simulator, nodes: int = 10) -> list[Check]:
     return [check("commands re-sent after a daemon restart, then done", 2 * len(chosen), resent)]
 
 
+async def reconnect(sim: Simulator, nodes: int = 10) -> list[Check]:
+    """Nodes reconnect while commands are enqueued for them. Each command is enqueued inside
+    its node's Hello, on the gateway (its test hook): once the Hello transaction committed,
+    before the session is registered or before its Welcome (the seeded choice), so its
+    dispatch reaches the gateway before the daemon has its Welcome. Every command finishes,
+    and no node needs a Hello beyond the reconnect."""
+    chosen = sim.rng.sample(sim.daemons[1:], min(nodes, len(sim.daemons) - 1))
+    windows = {d.node_id: sim.rng.choice(("committed", "registered")) for d in chosen}
+    enqueued: list[object] = []
+
+    async def in_the_window(point: str, node_id: str, epoch: int) -> None:
+        if windows.get(node_id) != point:
+            return
+        del windows[node_id]  # once a node
+        enqueued.append(await sim.fetchval("SELECT enqueue_command($1, 'exec', '{}')", node_id))
+        await asyncio.sleep(0.3)  # the window held open: its dispatch arrives meanwhile
+
+    before = {d.node_id: d.welcomes for d in chosen}
+    for gateway in sim.gateways:
+        gateway.pause = in_the_window
+    try:
+        for daemon in chosen:
+            daemon.crash()  # a new process: it says Hello at once
+        finished = await commands_done(sim, within=60, speed=2)
+    finally:
+        for gateway in sim.gateways:
+            gateway.pause = None
+    beyond = sum(d.welcomes - before[d.node_id] - 1 for d in chosen)
+    return [
+        check("commands enqueued inside a reconnect's Hello", len(chosen), len(enqueued)),
+        check("every command finished, no second Hello", True, finished),
+        check("Hellos beyond the reconnect", 0, beyond),
+    ]
+
+
 async def clone(sim: Simulator, original: FakeDaemon | None = None) -> list[Check]:
     """One identity on two machines (the first daemon's, unless told): they alternate
     until the node is quarantined and both are refused."""
@@ -294,6 +330,7 @@ SCENARIOS: dict[str, Scenario] = {
     "clone": clone,
     "journal-loss": journal_loss,
     "restart": restart,
+    "reconnect": reconnect,
     "busy": busy,
     "mixed": mixed,
 }
