@@ -6,6 +6,7 @@ Snake_case field names, as in the session protocol. Pure data: no I/O here.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal, Protocol, TypeVar
 from uuid import UUID
@@ -97,6 +98,22 @@ class DoneResult(SnakeMessage):
     outcome: Literal["done", "failed"]
     result: dict[str, Any] | None = None
     error: Annotated[str, Field(max_length=4096)] | None = None
+
+
+#: a capability name the labeler keeps (and the Hello transaction stores)
+CAPABILITY_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+MAX_CAPABILITIES = 64
+
+
+def sanitize(advertised: Iterable[object]) -> tuple[str, ...]:
+    """Valid names only, de-duplicated, sorted, at most 64. Never raises, whatever it is given.
+
+    Pure. Invalid entries (wrong characters, too long, not strings) are dropped, not
+    fatal; the 65th name and after (in sorted order) are not kept. The Hello transaction
+    stores them as the session's capabilities; the labeler labels them.
+    """
+    valid = {name for name in advertised if isinstance(name, str) and CAPABILITY_RE.fullmatch(name)}
+    return tuple(sorted(valid))[:MAX_CAPABILITIES]
 
 
 class Hello(NodeFact):

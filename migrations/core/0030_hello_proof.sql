@@ -183,13 +183,15 @@ END $$;
 -- epoch, the session id, whether the Hello is a duplicate identity (the session is then
 -- held for the quarantine), what the node's journal and inventory hold. The outcome says
 -- why nothing was written: 'lease-gone', 'draining', 'not-joined', 'revoked', 'unproven'.
+-- The session's capabilities are the Hello's (the valid names, as `sanitize` keeps them;
+-- none given: none), never the session's before.
 CREATE FUNCTION gateway_hello(
     p_gateway text, p_lease bigint, p_node text, p_cert_serial text, p_boot text,
     p_journal text, p_role text, p_daemon_version text, p_proto_max integer,
     p_transport text, p_upgrade_required boolean, p_trust_version bigint,
     p_approver_set_epoch bigint, p_approver_set_sha256 text, p_live_window interval,
     p_trace_context text, p_hello_fact_id uuid,
-    p_proof_at bigint, p_proof_nonce text, p_proof_mac text,
+    p_proof_at bigint, p_proof_nonce text, p_proof_mac text, p_capabilities text[] DEFAULT NULL,
     OUT outcome text, OUT epoch bigint, OUT session_id text, OUT acked_event_seq bigint,
     OUT duplicate boolean, OUT proven boolean, OUT inventory jsonb)
 LANGUAGE plpgsql SECURITY DEFINER SET lock_timeout = '2s' AS $$
@@ -245,13 +247,25 @@ BEGIN
            connected_at = compute_now(), last_seen = compute_now(), disconnected_at = NULL,
            disconnect_reason = NULL, cert_serial = p_cert_serial, lane_credits = NULL, load = NULL,
            node_load = NULL, held_epoch = CASE WHEN duplicate THEN s.session_epoch + 1 END,
-           trace_context = p_trace_context
+           trace_context = p_trace_context, capabilities = coalesce(p_capabilities, '{}')
      WHERE s.node_id = p_node
     RETURNING s.session_epoch, s.acked_event_seq INTO epoch, acked_event_seq;
     PERFORM set_config('bcw.hello_previous_live', '', true), set_config('bcw.hello_proven', '', true);
     outcome := 'opened';
     inventory := coalesce((SELECT jsonb_object_agg(i.section, i.hash) FROM node_inventory i
                             WHERE i.node_id = p_node), '{}'::jsonb);
+END $$;
+
+-- A session is labeled (placement offers it for its system labels) when the labeler
+-- writes its capabilities at its epoch; the Hello transaction, which writes them while it
+-- bumps the epoch, leaves it unlabeled until the labeler has kept the labels in step.
+CREATE OR REPLACE FUNCTION mark_labeled_epoch() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    IF NEW.session_epoch = OLD.session_epoch THEN
+        NEW.labeled_epoch := NEW.session_epoch;
+    END IF;
+    RETURN NEW;
 END $$;
 
 -- What admission reads, for one node and the one serial it presents (a gateway's login

@@ -17,7 +17,16 @@ from workers.runtime.base.settings import Settings
 from workers.runtime.effects.worker import Worker
 
 #: the simulator's scenarios (`workers.sim.scenarios.SCENARIOS`, not imported for a help page)
-SCENARIO_NAMES = ["power-on", "gateway-loss", "clone", "journal-loss", "restart", "reconnect", "busy", "mixed"]
+SCENARIO_NAMES = [
+    "power-on",
+    "gateway-loss",
+    "clone",
+    "journal-loss",
+    "restart",
+    "reconnect",
+    "busy",
+    "mixed",
+]
 
 
 def add(commands: Commands) -> None:

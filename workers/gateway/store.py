@@ -19,6 +19,7 @@ from typing import Any
 
 import asyncpg
 
+from schemas.facts import sanitize
 from workers.gateway.admission import CertRow, DesiredState, HelloRequest
 from workers.runtime.store import limits
 
@@ -59,7 +60,7 @@ READ_FOR_ADMISSION = "SELECT * FROM gateway_admission($1, $2, $3)"
 # gateway, its lease, and the node's binding to it; the gateway's login writes no table.
 HELLO = """
 SELECT * FROM gateway_hello($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-                            $16, $17, $18, $19, $20)
+                            $16, $17, $18, $19, $20, $21)
 """
 
 
@@ -166,8 +167,9 @@ async def open_session(
     hello_fact_id: uuid.UUID,
 ) -> Opened:
     """The Hello transaction: fenced on the lease, the proof checked, the node's row locked
-    (2 s at most: else `Busy`), its epoch bumped, the id of the one Hello fact of that
-    epoch recorded."""
+    (2 s at most: else `Busy`), its epoch bumped with the session's fields (its
+    capabilities the Hello's valid names), the id of the one Hello fact of that epoch
+    recorded."""
     proof = request.proof
     try:
         row = await conn.fetchrow(
@@ -192,6 +194,7 @@ async def open_session(
             proof.at if proof is not None else None,
             proof.nonce if proof is not None else None,
             proof.mac if proof is not None else None,
+            list(sanitize(request.capabilities)),  # the session's, from this Hello on
         )
     except asyncpg.LockNotAvailableError as busy:
         raise Busy(f"node {request.node_id}: its row is locked elsewhere") from busy

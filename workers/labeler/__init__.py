@@ -1,8 +1,10 @@
 """Capability labeler (`bcw run labeler`): Hello → capabilities and system labels.
 
-Sanitizes what a daemon advertises, writes `node_sessions.capabilities` fenced on the
-Hello's epoch, keeps the system labels `bc.dev/cap.<name>=1` in step (operator labels
-are never touched), and publishes `node.capabilities-changed` when the set changed.
+Keeps the system labels `bc.dev/cap.<name>=1` in step with the valid names a daemon
+advertises (operator labels are never touched) and publishes `node.capabilities-changed`
+when that set changed from the labels. The Hello transaction stores the session's
+capabilities; the labeler writes them again, fenced on the Hello's epoch, which marks the
+session labeled (`labeled_epoch`: placement offers it from then on).
 
 Without an inbox: every effect is idempotent by construction. The writes are fenced on
 the Hello's epoch and set values (capabilities, labels); the event is published only

@@ -93,6 +93,8 @@ async def handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
 async def _write(tx: Tx, labelings: list[Labeling]) -> None:
     if not labelings:
         return
+    # also where the Hello transaction stored them: the write marks the session labeled
+    # (`labeled_epoch`, a trigger), and a gateway older than 0.4 stores none
     await tx.conn.execute(
         WRITE_CAPABILITIES,
         [x.node_id for x in labelings],

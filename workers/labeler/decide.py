@@ -1,30 +1,17 @@
 """The capability labeler's rules, pure: no await, no clock, no I/O.
 
-`sanitize` cleans what a daemon advertises; `decide` compares a Hello with its node's
-row and says what to write. Applied by `workers.labeler.apply`.
+`decide` compares a Hello with its node's labels and says what to write (`sanitize`, in
+`schemas.facts`, cleans what a daemon advertises: the Hello transaction stores that). Applied by `workers.labeler.apply`.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from schemas.facts import Hello, newest_per_node
+from schemas.facts import Hello, newest_per_node, sanitize
 
-CAPABILITY_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
-MAX_CAPABILITIES = 64
 LABEL_PREFIX = "bc.dev/cap."
-
-
-def sanitize(advertised: Iterable[object]) -> tuple[str, ...]:
-    """Valid names only, de-duplicated, sorted, at most 64. Never raises, whatever it is given.
-
-    Pure. Invalid entries (wrong characters, too long, not strings) are dropped, not
-    fatal; the 65th name and after (in sorted order) are not kept.
-    """
-    valid = {name for name in advertised if isinstance(name, str) and CAPABILITY_RE.fullmatch(name)}
-    return tuple(sorted(valid))[:MAX_CAPABILITIES]
 
 
 def label_key(capability: str) -> str:
@@ -33,7 +20,8 @@ def label_key(capability: str) -> str:
 
 @dataclass(frozen=True)
 class SessionRow:
-    """What the labeler reads of a node: its epoch, stored capabilities and system cap labels."""
+    """What the labeler reads of a node: its epoch, stored capabilities (the Hello
+    transaction's since 0.4) and system cap labels (what the labeler last labeled)."""
 
     session_epoch: int
     capabilities: tuple[str, ...]
@@ -49,7 +37,7 @@ class Labeling:
     capabilities: tuple[str, ...]
     labels_to_add: tuple[str, ...]  # capability names
     labels_to_remove: tuple[str, ...]
-    added: tuple[str, ...]  # vs the stored capabilities: the event's fields
+    added: tuple[str, ...]  # vs the labels: the event's fields
     removed: tuple[str, ...]
 
     @property
@@ -60,21 +48,24 @@ class Labeling:
 def decide(hello: Hello, row: SessionRow | None) -> Labeling | None:
     """The labeling of a current Hello; None when it is stale (or its node is unknown).
 
-    Pure. Labels are reconciled with the sanitized set (so a missing label is repaired);
-    the event reports the change against the stored capabilities.
+    Pure. Labels are reconciled with the sanitized set, and the event reports that change:
+    the labels are what the node had before this Hello (the Hello transaction already
+    stored this session's capabilities).
     """
     if row is None or row.session_epoch != hello.epoch:
         return None
     wanted = sanitize(hello.capabilities)
-    wanted_set, stored = set(wanted), set(row.capabilities)
+    wanted_set = set(wanted)
+    to_add = tuple(sorted(wanted_set - row.system_cap_labels))
+    to_remove = tuple(sorted(row.system_cap_labels - wanted_set))
     return Labeling(
         node_id=hello.node_id,
         epoch=hello.epoch,
         capabilities=wanted,
-        labels_to_add=tuple(sorted(wanted_set - row.system_cap_labels)),
-        labels_to_remove=tuple(sorted(row.system_cap_labels - wanted_set)),
-        added=tuple(sorted(wanted_set - stored)),
-        removed=tuple(sorted(stored - wanted_set)),
+        labels_to_add=to_add,
+        labels_to_remove=to_remove,
+        added=to_add,
+        removed=to_remove,
     )
 
 

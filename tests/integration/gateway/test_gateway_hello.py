@@ -282,15 +282,30 @@ async def test_the_hello_transaction_and_its_fact(
 ) -> None:
     await fleet.join(db, "n1")
     first = await gateway.hello(request(), RecordingStream())
-    await db.execute("UPDATE node_sessions SET acked_event_seq = 7")
+    await db.execute(
+        "UPDATE node_sessions SET acked_event_seq = 7, capabilities = '{old}', role = 'stale', "
+        "daemon_version = '0.1', proto_max = 1, "
+        "disconnected_at = compute_now() - interval '1 hour', connected_at = '2020-01-01Z'"
+    )
     old_stream = RecordingStream()
     gateway.sessions["n1"].stream = old_stream
-    second = await gateway.hello(request(boot_id="b2", journal_id="j2"), RecordingStream())
+    second = await gateway.hello(
+        request(boot_id="b2", journal_id="j2", daemon_version="2.1.0",
+                proto_max=2, capabilities=["nvml", "NOT VALID", "cpu", "cpu"]),
+        RecordingStream(),
+    )  # fmt: skip
     assert (first.epoch, second.epoch) == (1, 2)
-    row = await db.fetchrow("SELECT * FROM node_sessions WHERE node_id = 'n1'")
+    row = await db.fetchrow(
+        "SELECT *, connected_at > compute_now() - interval '1 minute' AS connected_now "
+        "FROM node_sessions WHERE node_id = 'n1'"
+    )
     assert (row["session_epoch"], row["gateway_id"], row["boot_id"], row["journal_id"], row["acked_event_seq"]) == (
         2, "gw-a", "b2", "j2", 0,  # a new journal resets the ack
     )  # fmt: skip
+    # the statement's other fields: the session's own from this Hello on
+    assert (row["role"], row["daemon_version"], row["proto_max"]) == ("worker", "2.1.0", 2)
+    assert row["connected_now"] and row["disconnected_at"] is None
+    assert row["capabilities"] == ["cpu", "nvml"]  # the valid names, never the previous session's
     assert old_stream.dropped == ["superseded"]
     facts = [m for m in await stream_messages(nc.jetstream(), subjects.facts_stream)]
     types = [m.headers["Bc-Type"] for m in facts]
@@ -314,3 +329,23 @@ async def test_the_hello_transaction_and_its_fact(
     )
     assert tuple(recorded) == (1, "gw-a", "b1", "j1", True, False)
     assert hello["epoch"] == 2 and hello["cert"]["serial"] == "n1-serial"
+
+
+async def test_the_hello_transaction_stores_the_capabilities_and_leaves_the_session_unlabeled(
+    gateway: Gateway, db: asyncpg.Connection
+) -> None:
+    """The Hello transaction writes the session's capabilities, but the session is labeled
+    (offered by placement) only once the labeler has kept its labels in step: a reconnect
+    without `nvml` is offered for nothing meanwhile, not for its previous session's labels."""
+    await fleet.join(db, "n1")
+    await gateway.hello(request(capabilities=["nvml"]), RecordingStream())
+    # the labeler's write for session 1: its label, and its capabilities at that epoch
+    await db.execute(
+        "INSERT INTO node_labels (node_id, key, value, source) VALUES ('n1', 'bc.dev/cap.nvml', '1', 'system')"
+    )
+    await db.execute("UPDATE node_sessions SET capabilities = '{nvml}' WHERE session_epoch = 1")
+    assert await db.fetchval("SELECT array_agg(n) FROM nodes_with_capability('nvml') n") == ["n1"]
+    await gateway.hello(request(boot_id="b2", capabilities=["cpu"]), RecordingStream())
+    row = await db.fetchrow("SELECT capabilities, session_epoch, labeled_epoch FROM node_sessions")
+    assert (row["capabilities"], row["session_epoch"], row["labeled_epoch"]) == (["cpu"], 2, 1)
+    assert await db.fetchval("SELECT count(*) FROM nodes_with_capability('nvml')") == 0

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from schemas.facts import CAPABILITY_RE, sanitize
 from tests.factories import hello
-from workers.labeler.decide import CAPABILITY_RE, SessionRow, decide, decide_batch, sanitize
+from workers.labeler.decide import SessionRow, decide, decide_batch
 
 names = st.one_of(
     st.text(max_size=80),
@@ -77,8 +78,14 @@ ROW = SessionRow(session_epoch=3, capabilities=("a", "b"), system_cap_labels=fro
         pytest.param(
             ["a", "b"],
             SessionRow(3, ("a", "b"), frozenset({"a"})),
-            (("b",), (), (), ()),
-            id="missing-label-repaired-no-event",
+            (("b",), (), ("b",), ()),
+            id="a-label-the-node-lacked-is-added-and-said",
+        ),
+        pytest.param(
+            ["a", "c"],
+            SessionRow(3, ("a", "c"), frozenset({"a", "b"})),
+            (("c",), ("b",), ("c",), ("b",)),
+            id="the-hello-transaction-stored-them-the-labels-say-what-changed",
         ),
     ],
 )

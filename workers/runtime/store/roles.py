@@ -182,7 +182,7 @@ GATEWAY_FUNCTIONS = (
     "gateway_drain(text,bigint,boolean)",
     "gateway_release(text,bigint)",
     "gateway_hello(text,bigint,text,text,text,text,text,text,integer,text,boolean,bigint,bigint,"
-    "text,interval,text,uuid,bigint,text,text)",
+    "text,interval,text,uuid,bigint,text,text,text[])",
     "gateway_admission(text,text,text)",
     "gateway_close(text,bigint,text,bigint,text)",
     "gateway_write_section(text,bigint,text,bigint,text,text,jsonb)",
