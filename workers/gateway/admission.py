@@ -114,6 +114,10 @@ def admit(
     """
     if not request.boot_id or not request.journal_id:
         return Refusal(Code.INVALID_ARGUMENT, "boot_id and journal_id must be set")
+    if (request.approver_set_epoch is None) != (not request.approver_set_sha256):
+        return Refusal(
+            Code.INVALID_ARGUMENT, "approver_set_epoch and approver_set_sha256 go together"
+        )
     if request.cert_node_id is not None and request.cert_node_id != request.node_id:
         # whatever the serial's record says, or if it has none
         return Refusal(Code.PERMISSION_DENIED, "the certificate names another node")

@@ -45,11 +45,9 @@ class Frames:
         NodeLoad; a bare number is a load average) go out with the next flush; a higher
         `applied_generation` goes out as a status fact then; `inventory_hashes` (every
         10th heartbeat) are compared with the stored ones. The answer carries the server
-        time and the sections that differ: the daemon sends them (`inventory()`)."""
-        session = self.sessions.get(node_id)
-        if session is None or session.epoch != epoch:
-            return HeartbeatAck(self.wall())
-        session.last_seen = self.clock()
+        time and the sections that differ: the daemon sends them (`inventory()`). Without
+        a session at that epoch it is refused, like every frame."""
+        session = self._frame(node_id, epoch)  # refused without a session at that epoch
         if credits is not None:
             session.credits = dict(credits)
         if isinstance(load, NodeLoad):

@@ -252,16 +252,20 @@ class FakeDaemon:
         if now - self.last_heartbeat >= HEARTBEAT:
             self.last_heartbeat = now
             self.heartbeats += 1
-            ack = self.gateway.heartbeat(
-                self.node_id,
-                self.epoch,
-                self.free_credits(),
-                load=self.node_load(),
-                applied_generation=self.generation,
-                inventory_hashes=self.inventory_hashes()
-                if self.heartbeats % INVENTORY_EVERY == 0
-                else None,
-            )
+            try:
+                ack = self.gateway.heartbeat(
+                    self.node_id,
+                    self.epoch,
+                    self.free_credits(),
+                    load=self.node_load(),
+                    applied_generation=self.generation,
+                    inventory_hashes=self.inventory_hashes()
+                    if self.heartbeats % INVENTORY_EVERY == 0
+                    else None,
+                )
+            except Refused:  # its session ended meanwhile: say Hello again
+                self.drop("refused")
+                return
             self.server_time_mark = max(self.server_time_mark, ack.server_time)
             await self._send_sections(ack.request_sections)
         await self._finish_due(now)

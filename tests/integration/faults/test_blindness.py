@@ -38,7 +38,7 @@ from tests.integration.support import (
 from workers import liveness
 from workers.bench.proxy import Mode, TcpProxy
 from workers.demo import fresh_sweep_history
-from workers.gateway import Gateway, GatewaySettings, HelloRequest
+from workers.gateway import Gateway, GatewaySettings, HelloRequest, Refused
 from workers.liveness.decide import Rules
 from workers.liveness.sweep import sweep_once
 from workers.runtime.base.rule_settings import LivenessSettings
@@ -101,7 +101,8 @@ class Fleet:
         while True:
             for gateway, node, epoch in self.held.values():
                 if gateway.alive:
-                    gateway.heartbeat(node, epoch)
+                    with contextlib.suppress(Refused):  # a session ended meanwhile
+                        gateway.heartbeat(node, epoch)
             await asyncio.sleep(0.25)
 
     async def stop(self) -> None:

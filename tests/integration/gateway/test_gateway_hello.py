@@ -247,9 +247,18 @@ async def test_the_first_frame_must_be_hello_and_any_frame_refreshes_last_seen(
     with pytest.raises(Refused) as refused:
         await gateway.progress("n1", 1, command, "acked")
     assert refused.value.code is Code.INVALID_ARGUMENT
+    with pytest.raises(Refused) as refused:  # a heartbeat too: no frame before the Hello
+        gateway.heartbeat("n1", 1)
+    assert refused.value.code is Code.INVALID_ARGUMENT
     welcome = await gateway.hello(request(), RecordingStream())
     with pytest.raises(Refused):  # another epoch: not this stream's
         await gateway.result("n1", welcome.epoch + 1, command, "done", {}, None)
+    with pytest.raises(Refused):
+        gateway.heartbeat("n1", welcome.epoch + 1)
+    for half in ({"approver_set_sha256": "a" * 64}, {"approver_set_epoch": 3}):
+        with pytest.raises(Refused) as refused:  # not a database error
+            await gateway.hello(request(boot_id="b9", **half), RecordingStream())
+        assert refused.value.code is Code.INVALID_ARGUMENT
     gateway.sessions["n1"].last_seen = 0.0
     await gateway.progress("n1", welcome.epoch, command, "acked")
     assert gateway.sessions["n1"].last_seen > 0.0

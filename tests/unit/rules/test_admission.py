@@ -31,6 +31,27 @@ CERT = CertRow("s1", "n1", 2, "worker", NOW + timedelta(days=1), revoked=False)
         pytest.param(
             replace(REQUEST, journal_id=""), CERT, 2, Code.INVALID_ARGUMENT, id="no-journal-id"
         ),
+        pytest.param(
+            replace(REQUEST, approver_set_sha256="a" * 64),
+            CERT,
+            2,
+            Code.INVALID_ARGUMENT,
+            id="approver-digest-without-epoch",
+        ),
+        pytest.param(
+            replace(REQUEST, approver_set_epoch=3),
+            CERT,
+            2,
+            Code.INVALID_ARGUMENT,
+            id="approver-epoch-without-digest",
+        ),
+        pytest.param(
+            replace(REQUEST, approver_set_epoch=3, approver_set_sha256="a" * 64),
+            CERT,
+            2,
+            None,
+            id="approver-set-whole",
+        ),
         pytest.param(REQUEST, CERT, None, Code.PERMISSION_DENIED, id="never-joined"),
         pytest.param(REQUEST, None, 2, None, id="unrecorded-certificate-admitted"),
         pytest.param(
