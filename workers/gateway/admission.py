@@ -8,7 +8,8 @@ Applied by `workers.gateway.gateway.Gateway.hello`.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+import random
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -93,6 +94,13 @@ class CertRow:
 class Refusal:
     code: Code
     reason: str
+
+
+def pushback(base: float, draw: Callable[[], float] = random.random) -> float:
+    """When a refused Hello may come back: in [base, 2·base), jittered by `draw` (in
+    [0, 1)) so that a herd spreads out instead of coming back at once. Pure but for
+    `draw`."""
+    return base * (1.0 + draw())
 
 
 def admit(

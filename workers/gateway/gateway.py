@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
@@ -38,6 +37,7 @@ from workers.gateway.admission import (
     HelloRequest,
     admit,
     desired_state_due,
+    pushback,
     upgrade_required,
 )
 from workers.gateway.facts import FactPublisher
@@ -204,7 +204,7 @@ class Gateway(Frames):
             self.pending_hellos -= 1
 
     def _pushback(self, base: float) -> float:
-        return base + random.uniform(0, base)  # jittered, so a herd spreads out
+        return pushback(base)
 
     async def _hello(
         self, request: HelloRequest, stream: DaemonStream, opening: Opening

@@ -138,6 +138,7 @@ async def test_a_session_ends_when_its_certificate_expires(
     gateway.heartbeat("n1", 1)  # still heartbeating: only the certificate ends it
     await gateway.tick()
     assert "n1" not in gateway.sessions and stream.dropped == ["certificate-expired"]
+    assert stream.codes == ["UNAUTHENTICATED"]  # the status the stream ends with
     closed = [json.loads(m.data) for m in await stream_messages(nc.jetstream(), subjects.facts_stream)
               if m.headers["Bc-Type"] == "closed"]  # fmt: skip
     assert [c["reason"] for c in closed] == ["certificate-expired"]
@@ -315,7 +316,7 @@ async def test_the_hello_transaction_and_its_fact(
     assert (row["role"], row["daemon_version"], row["proto_max"]) == ("worker", "2.1.0", 2)
     assert row["connected_now"] and row["disconnected_at"] is None
     assert row["capabilities"] == ["cpu", "nvml"]  # the valid names, never the previous session's
-    assert old_stream.dropped == ["superseded"]
+    assert (old_stream.dropped, old_stream.codes) == (["superseded"], ["ABORTED"])
     facts = [m for m in await stream_messages(nc.jetstream(), subjects.facts_stream)]
     types = [m.headers["Bc-Type"] for m in facts]
     assert types == ["hello", "closed", "hello"]
@@ -358,3 +359,35 @@ async def test_the_hello_transaction_stores_the_capabilities_and_leaves_the_sess
     row = await db.fetchrow("SELECT capabilities, session_epoch, labeled_epoch FROM node_sessions")
     assert (row["capabilities"], row["session_epoch"], row["labeled_epoch"]) == (["cpu"], 2, 1)
     assert await db.fetchval("SELECT count(*) FROM nodes_with_capability('nvml')") == 0
+
+
+async def test_the_live_window_is_three_heartbeats_of_a_quiet_but_routed_row(
+    gateway: Gateway, db: asyncpg.Connection
+) -> None:
+    """A session still routed to its gateway (never disconnected) is live for 30 s after it
+    was last seen (3 heartbeat intervals of 10 s): another boot's Hello within them is a
+    duplicate identity, past them it is not."""
+    assert gateway.settings.live_window.total_seconds() == 30
+    for node in ("quiet-29", "quiet-31"):
+        await fleet.join(db, node)
+        await gateway.hello(request(node_id=node, cert_serial=f"{node}-serial"), RecordingStream())
+    await db.execute(
+        "UPDATE node_sessions SET last_seen = compute_now() - "
+        "CASE node_id WHEN 'quiet-29' THEN interval '29 seconds' ELSE interval '31 seconds' END"
+    )
+    assert await db.fetchval(
+        "SELECT bool_and(gateway_id = 'gw-a' AND disconnected_at IS NULL) FROM node_sessions"
+    )
+    for node in ("quiet-29", "quiet-31"):
+        await gateway.hello(
+            request(node_id=node, cert_serial=f"{node}-serial", boot_id="another-boot"),
+            RecordingStream(),
+        )
+    rows = await db.fetch(
+        "SELECT node_id, previous_live FROM session_epochs WHERE epoch = 2 ORDER BY node_id"
+    )
+    assert [(r["node_id"], r["previous_live"]) for r in rows] == [
+        ("quiet-29", True), ("quiet-31", False)
+    ]  # fmt: skip
+    held = await db.fetch("SELECT node_id FROM node_sessions WHERE held_epoch IS NOT NULL")
+    assert [r["node_id"] for r in held] == ["quiet-29"]  # the duplicate identity is held

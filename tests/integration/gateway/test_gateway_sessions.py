@@ -214,6 +214,7 @@ async def test_silent_sessions_time_out_and_revoked_ones_are_dropped(
         assert (
             daemon_streams["quiet"].dropped == ["heartbeat-timeout"] and "quiet" not in gw.sessions
         )
+        assert daemon_streams["quiet"].codes == ["UNAVAILABLE"]
         assert daemon_streams["talker"].dropped == [] and "talker" in gw.sessions
         body, headers = REGISTRY.encode(
             Revocations(node_id="revoked", serials=["revoked-serial"], reason="duplicate-identity")
@@ -224,6 +225,7 @@ async def test_silent_sessions_time_out_and_revoked_ones_are_dropped(
                 break
             await asyncio.sleep(0.05)
         assert daemon_streams["revoked"].dropped == ["revoked"]
+        assert daemon_streams["revoked"].codes == ["UNAUTHENTICATED"]
         facts = await stream_messages(nc.jetstream(), subjects.facts_stream)
         closed = sorted(
             (json.loads(m.data)["node_id"], json.loads(m.data)["reason"])

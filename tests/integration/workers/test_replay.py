@@ -74,7 +74,12 @@ async def test_replay_moves_in_flight_commands_and_resends_in_seq_order(
         subjects,
         make_fact("progress", node_id="n1", epoch=1, command_id=str(ids[1]), state="running"),
     )
+    await apply(  # acked, not yet running: in flight, replayed like a dispatched one
+        db, WORKER, subjects,
+        make_fact("progress", node_id="n1", epoch=1, command_id=str(ids[2]), state="acked"),
+    )  # fmt: skip
     await take_outbox(db)
+    assert [s[1] for s in await states(db)] == ["dispatched", "running", "acked", "dispatched"]
     await fleet.session(db, "n1", epoch=2, gateway_id="gw-2")  # the node reconnects elsewhere
     await apply(
         db, WORKER, subjects, hello(2, gateway_id="gw-2", running_command_ids=[str(ids[1])])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -14,6 +15,7 @@ from workers.gateway.admission import (
     HelloRequest,
     admit,
     desired_state_due,
+    pushback,
     upgrade_required,
     version_tuple,
 )
@@ -160,3 +162,17 @@ def test_the_desired_state_follows_the_welcome_when_the_daemon_is_behind(
         transport=transport, applied_generation=applied, spec_hash=spec_hash,
     )  # fmt: skip
     assert desired_state_due(desired, request, upgrade_only) == (desired if sent else None)
+
+
+@pytest.mark.parametrize("base", [0.2, 1.0, 7.5])
+def test_a_pushback_is_jittered_over_base_to_twice_base(base: float) -> None:
+    """A herd refused at once comes back spread over [base, 2·base): never sooner than
+    the base, never at twice it, and over the whole of that range."""
+    assert pushback(base, lambda: 0.0) == base
+    assert pushback(base, lambda: 0.999999) < 2 * base
+    rng = random.Random(7)
+    draws = [pushback(base, rng.random) for _ in range(10_000)]
+    assert all(base <= d < 2 * base for d in draws)
+    assert min(draws) < 1.01 * base and max(draws) > 1.99 * base
+    halves = sum(d < 1.5 * base for d in draws)
+    assert 4_700 < halves < 5_300  # evenly: half in each half of the range

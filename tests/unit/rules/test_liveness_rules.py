@@ -4,12 +4,13 @@ which gateways it can see, and the fleet breaker."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import get_args
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.facts import Closed, newest_per_node
+from schemas.facts import Closed, CloseReason, newest_per_node
 from tests.factories import hello, make_fact
 from workers.liveness.decide import (
     BreakerDecision,
@@ -18,6 +19,7 @@ from workers.liveness.decide import (
     Rules,
     SightChange,
     SweepState,
+    closes_its_row,
     connected,
     decide_breaker,
     plan_sweep,
@@ -173,6 +175,8 @@ def _breaker(
         # (hold, open, opened, closed)
         (1, 40, False, False, (False, False, False, False)),  # one node gone: normal
         (19, 20, False, False, (False, False, False, False)),  # under the minimum
+        (20, 20, False, False, (True, True, True, False)),  # exactly the minimum: trips
+        (20, 39, False, False, (True, True, True, False)),  # the minimum, just over half
         (20, 40, False, False, (False, False, False, False)),  # half: not more than half
         (21, 40, False, False, (True, True, True, False)),  # more than half: opens
         (30, 40, False, False, (True, True, True, False)),  # the issue's example
@@ -181,7 +185,7 @@ def _breaker(
         (3, 40, True, False, (False, False, False, True)),  # share fell back: closes
         (0, 0, True, True, (False, False, False, True)),
     ],
-    ids=["one", "under-minimum", "half", "over-half", "30-of-40", "stays-open", "released",
+    ids=["one", "under-minimum", "at-the-minimum", "minimum-over-half", "half", "over-half", "30-of-40", "stays-open", "released",
          "fell-back", "nothing-left"],
 )  # fmt: skip
 def test_the_breaker_holds_a_wholesale_disconnect(
@@ -212,3 +216,12 @@ def test_the_breaker_is_consistent(
     assert got.closed == (open and not got.hold)  # closes only what was open
     if not too_many:
         assert not got.hold  # never holds a sweep that disconnects few
+
+
+@pytest.mark.parametrize("reason", get_args(CloseReason))
+def test_a_close_writes_its_row_unless_a_newer_session_owns_it(reason: str) -> None:
+    """`superseded` and `fenced` closes are of a session whose row a newer one owns: they
+    write nothing; every other close writes the disconnect (fenced on its epoch)."""
+    closed = make_fact("closed", node_id="n1", epoch=3, reason=reason)
+    assert isinstance(closed, Closed)
+    assert closes_its_row(closed) is (reason not in ("superseded", "fenced"))
