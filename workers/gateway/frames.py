@@ -5,18 +5,32 @@ refreshes the session's last-seen; a frame without a session at that epoch is re
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import asyncpg
 
-from schemas.facts import Events, NodeLoad, Progress, Rejected, Result, Status
+from schemas.facts import (
+    MAX_INVENTORY_SECTIONS,
+    Events,
+    NodeLoad,
+    Progress,
+    Rejected,
+    Result,
+    Status,
+)
 from workers.gateway import store
 from workers.gateway.admission import Code
 from workers.gateway.facts import FactPublisher
-from workers.gateway.inventory import section_problem, sections_to_request
+from workers.gateway.inventory import agreed, section_problem, sections_to_request, to_apply
 from workers.gateway.types import HeartbeatAck, Refused, Session
+
+log = logging.getLogger(__name__)
+
+_applying: set[asyncio.Task[None]] = set()
 
 
 class Frames:
@@ -56,33 +70,77 @@ class Frames:
             session.load = load
         if applied_generation is not None:
             session.applied_generation = max(session.applied_generation, applied_generation)
-        wanted = (
-            ()
-            if inventory_hashes is None
-            else sections_to_request(inventory_hashes, session.inventory)
-        )
-        session.requested.update(wanted)
+        wanted: tuple[str, ...] = ()
+        if inventory_hashes is not None:
+            session.reported = dict(inventory_hashes)
+            held = {s: digest for s, (digest, _) in session.held_sections.items()}
+            wanted = tuple(
+                s for s in sections_to_request(inventory_hashes, session.inventory)
+                if held.get(s) != inventory_hashes[s]
+            )  # fmt: skip
+            session.requested.update(wanted)
+            if session.held_sections:  # sent before these hashes: they may agree now
+                reported = dict(session.reported)  # the collection as this heartbeat told it
+                task = asyncio.create_task(self._apply_inventory(session, epoch, reported))
+                _applying.add(task)
+                task.add_done_callback(_applying.discard)
         return HeartbeatAck(self.wall(), wanted)
 
     async def inventory(
         self, node_id: str, epoch: int, section: str, digest: str, body: Mapping[str, Any]
     ) -> None:
-        """An inventory frame: one section the gateway asked for (any other is refused),
-        stored under the session's fence (a frame of a session no longer current writes
-        nothing), at most `MAX_INVENTORY_SECTIONS` per node."""
+        """An inventory frame: a section the gateway asked for, or one the daemon pushes
+        because it changed (one the store holds with that hash changes nothing). It is held
+        until the stored and held sections agree with the hashes last reported, then the
+        inventory is applied: every held section in one transaction, under the session's
+        fence (a session no longer current writes nothing), at most
+        `MAX_INVENTORY_SECTIONS` per node."""
         session = self._frame(node_id, epoch)
         problem = section_problem(section, digest, body)
         if problem is None and section not in session.requested:
-            problem = f"inventory section {section!r} was not asked for"
+            if session.inventory.get(section) == digest:
+                return  # pushed, and stored as it is
+            if section not in session.held_sections and (
+                len(session.held_sections) >= MAX_INVENTORY_SECTIONS
+            ):
+                problem = f"more than {MAX_INVENTORY_SECTIONS} inventory sections held"
         if problem is not None:
             raise Refused(Code.INVALID_ARGUMENT, problem)
         session.requested.discard(section)
-        async with self.pool.acquire() as conn:
-            written = await store.write_section(
-                conn, self.gateway_id, self.lease_epoch or 0, node_id, epoch, section, digest, body
-            )
-        if written:
-            session.inventory[section] = digest
+        session.held_sections[section] = (digest, dict(body))
+        await self._apply_inventory(session, epoch)
+
+    async def _apply_inventory(
+        self, session: Session, epoch: int, reported: Mapping[str, str] | None = None
+    ) -> None:
+        """Store the held sections once they and the stored ones agree with the hashes
+        reported (`reported`, else the last report); else keep holding them."""
+        reported = session.reported if reported is None else reported
+        held = {s: digest for s, (digest, _) in session.held_sections.items()}
+        if not agreed(reported, session.inventory, held):
+            return
+        # what is held and not reported (yet) waits for the report that names it
+        sections = [(s, *session.held_sections.pop(s)) for s in to_apply(reported, held)]
+        if not sections:
+            return
+        lease = self.lease_epoch or 0
+        try:
+            async with self.pool.acquire() as conn, conn.transaction():
+                written = [
+                    await store.write_section(
+                        conn, self.gateway_id, lease, session.node_id, epoch, s, digest, body
+                    )
+                    for s, digest, body in sections
+                ]
+        except Exception as error:  # the next report asks for them again
+            log.warning(
+                "gateway %s: inventory of %s not applied (%r)",
+                self.gateway_id, session.node_id, error,
+            )  # fmt: skip
+            return
+        for (section, digest, _), stored in zip(sections, written, strict=True):
+            if stored:
+                session.inventory[section] = digest
 
     def _frame(self, node_id: str, epoch: int | None = None) -> Session:
         """A frame of an open stream (not the first): its session, seen now. A frame

@@ -269,6 +269,7 @@ class Gateway(Frames):
             cert.not_after.timestamp() if cert is not None else float("inf"),
             inventory=dict(opened.inventory),
             requested=set(sections_to_request(request.inventory_hashes, opened.inventory)),
+            reported=dict(request.inventory_hashes),
             hello=hello,
         )
         await self._paused("registered", request.node_id, opened.epoch)

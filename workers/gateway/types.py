@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Protocol
+from typing import Any, Protocol
 from uuid import UUID
 
 from opentelemetry.context import Context
@@ -60,6 +60,10 @@ class Session:
     node_load: NodeLoad | None = None  # the whole NodeLoad of that heartbeat
     inventory: dict[str, str] = field(default_factory=dict)  # section → hash the store holds
     requested: set[str] = field(default_factory=set)  # sections asked for and not yet sent
+    reported: dict[str, str] = field(default_factory=dict)  # the hashes last reported
+    #: section → (hash, body) sent and not yet applied: the inventory is applied whole,
+    #: once it agrees with `reported`
+    held_sections: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     applied_generation: int = 0  # the highest its heartbeats reported
     reported_generation: int = 0  # the highest published in a status fact
     hello: Hello | None = None  # the fact published for it, kept to publish again if asked

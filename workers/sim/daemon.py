@@ -11,15 +11,14 @@ gateway's pushback (a negative or malformed one is ignored; its doubling restart
 one). A new process (restart, upgrade, reboot, crash) holds no command of the old one.
 Its working clock never moves back. Its heartbeats carry its free credits, its NodeLoad
 (load average, available memory, running commands, pending events) and the generation it
-applied, and their answers move its server-time mark forward, and every 10th its inventory hashes; it sends the inventory
-sections the gateway asks for. It can reboot, crash, lose its journal, be cloned onto a
-second machine and be upgraded. Driven by `tick()` from the simulator.
+applied, and their answers move its server-time mark forward; the first heartbeat after
+its inventory changed, and every 10th, carry its inventory hashes, and it pushes the
+sections that changed before that heartbeat, and those the gateway asks for. It can
+reboot, crash, lose its journal, be cloned and be upgraded. Driven by `tick()`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import random
 import uuid
@@ -34,7 +33,7 @@ from schemas.notices import Dispatch
 from schemas.proof import HelloProof, prove
 from workers.gateway import Gateway, HelloRequest, Refused
 from workers.gateway.admission import DesiredState
-from workers.gateway.inventory import INVENTORY_EVERY
+from workers.gateway.inventory import INVENTORY_EVERY, section_hashes
 
 HEARTBEAT = 10.0
 #: a gateway's pushback (retry_after) is honoured up to this many seconds
@@ -100,6 +99,7 @@ class FakeDaemon:
         self.sections_sent = 0
         self.process_started = self.now()  # its Hello's proof of a restart
         self.server_time_mark = 0.0  # the latest server time a Welcome told it; never back
+        self.told: dict[str, str] = {}  # the inventory hashes it last told its gateway
         self.behind_welcomes = 0  # Welcomes refused for being behind the mark
         self.distrusted: Gateway | None = None  # the gateway of the last such Welcome
 
@@ -145,9 +145,7 @@ class FakeDaemon:
         if self.gateway is None:
             return
         self.generation = desired.generation
-        self.spec_hash = hashlib.sha256(
-            json.dumps(dict(desired.spec), sort_keys=True).encode()
-        ).hexdigest()
+        self.spec_hash = section_hashes({"spec": dict(desired.spec)})["spec"]
         self._journal("desired-state.applied", {"generation": desired.generation})
 
     def drop(self, reason: str, code: str = "CANCELLED") -> None:
@@ -252,6 +250,13 @@ class FakeDaemon:
         if now - self.last_heartbeat >= HEARTBEAT:
             self.last_heartbeat = now
             self.heartbeats += 1
+            # collected again since it told the hashes: it pushes the changed sections, and
+            # this heartbeat tells the hashes (as every 10th does anyway)
+            hashes = self.inventory_hashes()
+            tell = hashes != self.told or self.heartbeats % INVENTORY_EVERY == 0
+            await self._send_sections(sorted(s for s in hashes if self.told.get(s) != hashes[s]))
+            if self.gateway is None:
+                return
             try:
                 ack = self.gateway.heartbeat(
                     self.node_id,
@@ -259,13 +264,13 @@ class FakeDaemon:
                     self.free_credits(),
                     load=self.node_load(),
                     applied_generation=self.generation,
-                    inventory_hashes=self.inventory_hashes()
-                    if self.heartbeats % INVENTORY_EVERY == 0
-                    else None,
+                    inventory_hashes=hashes if tell else None,
                 )
             except Refused:  # its session ended meanwhile: say Hello again
                 self.drop("refused")
                 return
+            if tell:
+                self.told = hashes
             self.server_time_mark = max(self.server_time_mark, ack.server_time)
             await self._send_sections(ack.request_sections)
         await self._finish_due(now)
@@ -317,6 +322,7 @@ class FakeDaemon:
         self.last_heartbeat = self.now()
         self.heartbeats = 0
         self.sent_seq = 0  # re-send what was not acked to the new session
+        self.told = request.inventory_hashes
         await self._send_sections(welcome.request_sections)
 
     def proof(self, gateway: Gateway) -> HelloProof | None:
@@ -329,11 +335,7 @@ class FakeDaemon:
         )  # fmt: skip
 
     def inventory_hashes(self) -> dict[str, str]:
-        """Each inventory section's hash: SHA-256 of its canonical JSON."""
-        return {
-            section: hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-            for section, body in self.inventory.items()
-        }
+        return section_hashes(self.inventory)
 
     async def _send_sections(self, sections: Sequence[str]) -> None:
         gateway, hashes = self.gateway, self.inventory_hashes()

@@ -22,7 +22,7 @@ from schemas.subjects import Subjects
 from tests.integration import fleet
 from tests.integration.gateway.hellos import request
 from tests.integration.streams import RecordingStream
-from tests.integration.support import stream_messages
+from tests.integration.support import eventually, stream_messages
 from workers.gateway import Code, Gateway, GatewaySettings, Refused, store
 from workers.runtime.bus import streams
 from workers.sim.daemon import FakeDaemon
@@ -242,17 +242,17 @@ async def test_silent_sessions_time_out_and_revoked_ones_are_dropped(
         await gw.stop(graceful=False)
 
 
-async def test_only_sections_asked_for_are_stored_and_a_node_holds_a_bounded_number(
+async def test_only_reported_sections_are_stored_whole_and_a_node_holds_a_bounded_number(
     gateway: Gateway, db: asyncpg.Connection
 ) -> None:
     await fleet.join(db, "n1")
     welcome = await gateway.hello(request(inventory_hashes={"cpu": "c1"}), RecordingStream())
-    with pytest.raises(Refused) as refused:  # never asked for: not stored
-        await gateway.inventory("n1", welcome.epoch, "secrets", "s1", {"x": 1})
-    assert refused.value.code is Code.INVALID_ARGUMENT
+    # pushed, never reported: held, never stored
+    await gateway.inventory("n1", welcome.epoch, "secrets", "s1", {"x": 1})
     await gateway.inventory("n1", welcome.epoch, "cpu", "c1", {"cores": 8})
-    with pytest.raises(Refused):  # asked once: sent once
-        await gateway.inventory("n1", welcome.epoch, "cpu", "c1", {"cores": 8})
+    await gateway.inventory("n1", welcome.epoch, "cpu", "c1", {"cores": 8})  # stored: nothing
+    stored_now = await db.fetch("SELECT section, hash FROM node_inventory WHERE node_id = 'n1'")
+    assert [tuple(r) for r in stored_now] == [("cpu", "c1")]
     # a node holds at most 256 sections: the 256th is stored, no new one after it (an old
     # one is still updated)
     assert MAX_INVENTORY_SECTIONS == 256
@@ -265,6 +265,8 @@ async def test_only_sections_asked_for_are_stored_and_a_node_holds_a_bounded_num
     assert again.request_sections == ("cpu", "new", "newer")
     await gateway.inventory("n1", again.epoch, "new", "n1", {"x": 1})
     await gateway.inventory("n1", again.epoch, "newer", "n2", {"x": 2})
+    unapplied = await db.fetchval("SELECT count(*) FROM node_inventory WHERE section LIKE 'new%'")
+    assert unapplied == 0  # half a collection is never applied: cpu is still to come
     await gateway.inventory("n1", again.epoch, "cpu", "c2", {"cores": 16})
     stored = dict(await db.fetch("SELECT section, hash FROM node_inventory WHERE node_id = 'n1'"))
     assert len(stored) == 256 and "new" in stored and "newer" not in stored
@@ -291,6 +293,11 @@ async def test_the_welcome_and_every_10th_heartbeat_ask_for_the_sections_not_hel
     assert (
         beat("n1", again.epoch, inventory_hashes={"cpu": "c1", "gpu": "g2"}).request_sections == ()
     )
+
+    async def gpu_applied() -> bool:  # disk is no longer reported: the collection agrees
+        return await db.fetchval("SELECT hash FROM node_inventory WHERE section = 'gpu'") == "g2"
+
+    await eventually(gpu_applied, what="the held gpu section applied after the heartbeat")
     assert beat(
         "n1", again.epoch, inventory_hashes={"cpu": "c9", "gpu": "g2"}
     ).request_sections == ("cpu",)
@@ -344,7 +351,7 @@ async def test_heartbeats_carry_load_and_the_applied_generation_to_the_flush(
     assert status["trust_version"] == 0  # unchanged
 
 
-async def test_the_fake_daemon_sends_what_is_asked_and_its_10th_heartbeat_tells_a_change(
+async def test_the_fake_daemon_sends_what_is_asked_and_its_next_heartbeat_tells_a_change(
     gateway: Gateway, db: asyncpg.Connection
 ) -> None:
     await fleet.join(db, "n1")
@@ -359,9 +366,18 @@ async def test_the_fake_daemon_sends_what_is_asked_and_its_10th_heartbeat_tells_
         return {r["section"]: json.loads(r["body"]) for r in rows}
 
     assert await stored() == daemon.inventory
+    # collected again: the first heartbeat after it carries the hashes, the changed
+    # section pushed with it; the gateway applies it then, not ten heartbeats later
     daemon.inventory["hardware"] = {"cpus": 16, "memory_gib": 64}
-    for beat in range(1, 11):
+    now[0] += 10
+    await daemon.tick([gateway])
+    assert daemon.sections_sent == 3
+
+    async def applied() -> bool:
+        return (await stored()).get("hardware") == {"cpus": 16, "memory_gib": 64}
+
+    await eventually(applied, what="the changed section applied at the first heartbeat")
+    for _ in range(10):  # nothing changed since: nothing is sent again
         now[0] += 10
         await daemon.tick([gateway])
-        assert daemon.sections_sent == (2 if beat < 10 else 3), beat
-    assert (await stored())["hardware"] == {"cpus": 16, "memory_gib": 64}
+    assert daemon.sections_sent == 3 and await stored() == daemon.inventory
