@@ -57,11 +57,13 @@ class HelloRequest:
 
 @dataclass(frozen=True)
 class DesiredState:
-    """The node's spec as the control plane wants it, sent whole (`nodes.spec`)."""
+    """The node's spec as the control plane wants it, sent whole: `body`, the exact bytes
+    stored (those its `signature` covers, relayed verbatim), and `spec`, their JSON."""
 
     generation: int
     spec: Mapping[str, Any]
     signature: str | None = None
+    body: str = ""
 
 
 def desired_state_due(

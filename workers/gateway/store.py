@@ -132,8 +132,8 @@ async def read_for_admission(
         )
     desired = None
     if row["spec"] is not None:
-        desired = DesiredState(
-            row["spec_generation"], json.loads(row["spec"]), row["spec_signature"]
+        desired = DesiredState(  # the bytes as stored: what the signature covers
+            row["spec_generation"], json.loads(row["spec"]), row["spec_signature"], row["spec"]
         )
     return AdmissionRows(row["now"], row["node_generation"], row["node_role"], cert, desired)
 

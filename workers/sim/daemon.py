@@ -19,6 +19,7 @@ reboot, crash, lose its journal, be cloned and be upgraded. Driven by `tick()`.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import uuid
@@ -141,11 +142,12 @@ class FakeDaemon:
             self._journal("results.acked", {"command_ids": [str(c) for c in acked]})
 
     async def desired_state(self, desired: DesiredState) -> None:
-        """Apply the node's desired state (its heartbeats then report the generation)."""
+        """Apply the node's desired state, its hash that of the bytes it was sent (its
+        heartbeats then report the generation)."""
         if self.gateway is None:
             return
         self.generation = desired.generation
-        self.spec_hash = section_hashes({"spec": dict(desired.spec)})["spec"]
+        self.spec_hash = hashlib.sha256(desired.body.encode()).hexdigest()
         self._journal("desired-state.applied", {"generation": desired.generation})
 
     def drop(self, reason: str, code: str = "CANCELLED") -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import uuid
 
 import asyncpg
 from nats.aio.client import Client as NATS
@@ -16,9 +17,12 @@ from nats.aio.client import Client as NATS
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration import fleet
+from tests.integration.gateway.hellos import request
+from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, make_settings, running, stream_messages
 from workers import replay
 from workers.gateway import Gateway
+from workers.gateway.admission import DesiredState
 from workers.sim.daemon import FakeDaemon
 
 SPEC = {"sysctl": {"vm.swappiness": 10}}
@@ -86,3 +90,31 @@ async def _running(daemon: FakeDaemon, command: object) -> bool:
 
 async def _is(db: asyncpg.Connection, state: str) -> bool:
     return await _state(db) == state
+
+
+async def test_the_desired_state_goes_out_as_its_signed_bytes_after_the_welcome_and_the_ack(
+    gateway: Gateway, db: asyncpg.Connection
+) -> None:
+    """A spec set as bytes (`set_node_spec_bytes`) is relayed verbatim — key order and
+    spacing as signed, which `jsonb` would not keep — and follows the Welcome and the Ack
+    of the Hello's results, in that order, from the next turn of the event loop."""
+    await fleet.join(db, "n1")
+    body = '{"z": 1,   "a": {"y": [3, 2, 1], "b": "x"}}'
+    assert await db.fetchval("SELECT set_node_spec_bytes('n1', $1, 'sig-1')", body) == 1
+    stream = RecordingStream()
+    done = {"command_id": str(uuid.uuid4()), "outcome": "done", "result": {}, "error": None}
+    welcome = await gateway.hello(request(results=[done]), stream)
+    assert welcome.epoch == 1 and stream.followed == []  # nothing before the Welcome is taken
+    await asyncio.sleep(0.05)
+    assert [kind for kind, _ in stream.followed] == ["ack", "desired"]
+    desired = stream.followed[1][1]
+    assert isinstance(desired, DesiredState)
+    assert (desired.body, desired.signature, desired.generation) == (body, "sig-1", 1)
+    assert desired.spec == json.loads(body)
+    # a spec set as JSON afterwards has no bytes of its own: its JSON view's text goes out
+    assert await db.fetchval("SELECT set_node_spec('n1', $1::jsonb)", json.dumps(SPEC)) == 2
+    again = RecordingStream()
+    await gateway.hello(request(boot_id="b2"), again)
+    await asyncio.sleep(0.05)
+    [(kind, state)] = again.followed
+    assert kind == "desired" and json.loads(state.body) == SPEC and state.signature is None
