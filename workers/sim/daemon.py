@@ -34,7 +34,8 @@ from schemas.notices import Dispatch
 from schemas.proof import HelloProof, prove
 from workers.gateway import Gateway, HelloRequest, Refused
 from workers.gateway.admission import DesiredState
-from workers.gateway.inventory import INVENTORY_EVERY, section_hashes
+from workers.gateway.inventory import INVENTORY_EVERY
+from workers.sim.reports import Reports
 
 HEARTBEAT = 10.0
 #: a gateway's pushback (retry_after) is honoured up to this many seconds
@@ -54,7 +55,7 @@ class _Running:
 
 
 @dataclass
-class FakeDaemon:
+class FakeDaemon(Reports):
     node_id: str
     serial: str
     clock: Callable[[], float]
@@ -336,23 +337,6 @@ class FakeDaemon:
             int(self.now()),
         )  # fmt: skip
 
-    def inventory_hashes(self) -> dict[str, str]:
-        return section_hashes(self.inventory)
-
-    async def _send_sections(self, sections: Sequence[str]) -> None:
-        gateway, hashes = self.gateway, self.inventory_hashes()
-        if gateway is None:
-            return
-        try:
-            for section in sections:
-                if section in self.inventory:
-                    await gateway.inventory(
-                        self.node_id, self.epoch, section, hashes[section], self.inventory[section]
-                    )
-                    self.sections_sent += 1
-        except Refused:  # the session ended meanwhile: the next Welcome asks again
-            self.drop("refused")
-
     async def _finish_due(self, now: float) -> None:
         for command_id, run in list(self.running.items()):
             if run.finish_at > now:
@@ -373,28 +357,3 @@ class FakeDaemon:
                 "command_id": str(command_id), "outcome": "done", "result": {"exit": 0},
                 "error": None,
             }  # fmt: skip
-
-    def _journal(self, kind: str, body: dict[str, Any]) -> None:
-        self.journal.append({"seq": self.next_seq, "kind": kind, "body": body, "at": self.now()})
-        self.next_seq += 1
-
-    async def _report(self) -> None:
-        gateway = self.gateway
-        if gateway is None:
-            return
-        try:
-            for command_id, done in list(self.results.items()):
-                if command_id in self.in_hello:
-                    continue  # its Hello carried it: the Ack that follows the Welcome settles it
-                await gateway.result(
-                    self.node_id, self.epoch, command_id, done["outcome"], done["result"],
-                    done["error"],
-                )  # fmt: skip
-                self.results.pop(command_id, None)  # the gateway stored it
-            unsent = [e for e in self.journal if e["seq"] > self.sent_seq]
-            if unsent:
-                events = [{**e, "at": datetime.fromtimestamp(e["at"], UTC)} for e in unsent[:1000]]
-                await gateway.events(self.node_id, self.journal_id, events)
-                self.sent_seq = unsent[: len(events)][-1]["seq"]
-        except Refused:  # the session ended meanwhile: reported again on the next one
-            self.drop("refused")
