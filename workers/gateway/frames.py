@@ -183,10 +183,19 @@ class Frames:
         await self.facts.fact(Events, node_id=node_id, journal_id=journal_id, events=events)
 
     async def status(
-        self, node_id: str, epoch: int, observed_generation: int, trust_version: int = 0
+        self,
+        node_id: str,
+        epoch: int,
+        observed_generation: int,
+        trust_version: int = 0,
+        approver_set_epoch: int | None = None,
+        approver_set_sha256: str | None = None,
     ) -> None:
+        """A status report (StatusReport): the generation applied, the trust version and
+        the approver set the daemon holds (fields 10 and 11), published as it is."""
         self._frame(node_id, epoch)
         await self.facts.fact(
             Status, node_id=node_id, epoch=epoch, observed_generation=observed_generation,
-            trust_version=trust_version,
+            trust_version=trust_version, approver_set_epoch=approver_set_epoch,
+            approver_set_sha256=approver_set_sha256,
         )  # fmt: skip

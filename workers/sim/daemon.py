@@ -1,6 +1,8 @@
 """A fake daemon (`bcd`): what a node does on its side of the stream, in memory.
 
-Says Hello with its capabilities, running commands and the done results not acked yet;
+Says Hello with its capabilities, running commands, the done results not acked yet and
+the trust it holds; honours the Welcome's `acked_event_seq` (forgets those events) and
+`credits` (at most that many per lane), and never fences on the epoch;
 heartbeats; runs dispatched commands within its own credits per lane and answers BUSY
 when a lane (or its journal) is full; acks, runs and completes them (a `node.reboot`
 reboots it, a `daemon.upgrade` upgrades it); keeps each result until it is stored (sent
@@ -71,6 +73,9 @@ class FakeDaemon(Reports):
     memory_available_bytes: int = 24 * 2**30
     #: the key it proves its Hellos with (None: a daemon that does not sign)
     hello_key: bytes | None = None
+    trust_version: int = 1  # of the trust bundle it holds
+    #: the approver set it holds: (epoch, sha256), or None
+    approver_set: tuple[int, str] | None = None
 
     def __post_init__(self) -> None:
         self._now = float("-inf")  # its working clock: never moves back
@@ -92,6 +97,7 @@ class FakeDaemon(Reports):
         self.refusals: Counter[str] = Counter()
         self.busy_answers = 0
         self.welcomes = 0
+        self.welcome_credits = self.lane_credits  # what its last Welcome allows per lane
         self.generation = 0  # the configuration generation it applied (heartbeats say)
         self.inventory: dict[str, dict[str, Any]] = {
             "hardware": {"cpus": 8, "memory_gib": 32},
@@ -119,8 +125,8 @@ class FakeDaemon(Reports):
         if dispatch.command_id in self.running:
             return  # a replay of what runs already
         in_lane = sum(1 for r in self.running.values() if r.dispatch.lane == dispatch.lane)
-        try:
-            if in_lane >= self.lane_credits or len(self.journal) >= JOURNAL_MAX:
+        try:  # never fenced on the epoch: the gateway delivers only its session's
+            if in_lane >= self.credits_per_lane or len(self.journal) >= JOURNAL_MAX:
                 self.busy_answers += 1
                 await gateway.busy(self.node_id, self.epoch, dispatch.command_id)
                 return
@@ -150,6 +156,13 @@ class FakeDaemon(Reports):
         self.generation = desired.generation
         self.spec_hash = hashlib.sha256(desired.body.encode()).hexdigest()
         self._journal("desired-state.applied", {"generation": desired.generation})
+        epoch, approvers = self.epoch, self.approver_set or (None, None)
+        try:  # its status report: what it applied and the trust it holds
+            await self.gateway.status(
+                self.node_id, epoch, desired.generation, self.trust_version, *approvers
+            )
+        except Refused:
+            self.drop("refused")
 
     def drop(self, reason: str, code: str = "CANCELLED") -> None:
         self.gateway = None
@@ -217,7 +230,12 @@ class FakeDaemon(Reports):
         """What its heartbeats report: free credits per lane it knows of."""
         lanes = {"default", "system", *(r.dispatch.lane for r in self.running.values())}
         used = Counter(r.dispatch.lane for r in self.running.values())
-        return {lane: max(0, self.lane_credits - used[lane]) for lane in sorted(lanes)}
+        return {lane: max(0, self.credits_per_lane - used[lane]) for lane in sorted(lanes)}
+
+    @property
+    def credits_per_lane(self) -> int:
+        """Its own capacity per lane, never above what its gateway's Welcome allows."""
+        return min(self.lane_credits, self.welcome_credits)
 
     @property
     def connected(self) -> bool:
@@ -293,7 +311,10 @@ class FakeDaemon(Reports):
         request = HelloRequest(
             node_id=self.node_id, cert_serial=self.serial, cert_node_id=self.node_id, role="worker", boot_id=self.boot_id,
             journal_id=self.journal_id, daemon_version=self.version, capabilities=list(self.capabilities),
-            running_command_ids=[str(c) for c in self.running], transport=self.transport, trust_version=1,
+            running_command_ids=[str(c) for c in self.running], transport=self.transport,
+            trust_version=self.trust_version,
+            approver_set_epoch=self.approver_set[0] if self.approver_set else None,
+            approver_set_sha256=self.approver_set[1] if self.approver_set else None,
             process_started_at=datetime.fromtimestamp(self.process_started, UTC),
             inventory_hashes=self.inventory_hashes(), results=list(self.results.values()),
             applied_generation=self.generation, spec_hash=self.spec_hash, proof=self.proof(gateway),
@@ -324,7 +345,11 @@ class FakeDaemon(Reports):
         self.welcomes += 1
         self.last_heartbeat = self.now()
         self.heartbeats = 0
-        self.sent_seq = 0  # re-send what was not acked to the new session
+        # the control plane holds its journal up to acked_event_seq: forget those events,
+        # re-send only the rest; hold no more per lane than the Welcome allows
+        self.journal = [e for e in self.journal if e["seq"] > welcome.acked_event_seq]
+        self.sent_seq = welcome.acked_event_seq
+        self.welcome_credits = welcome.credits
         self.told = request.inventory_hashes
         await self._send_sections(welcome.request_sections)
 

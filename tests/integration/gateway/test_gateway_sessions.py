@@ -295,7 +295,8 @@ async def test_the_welcome_and_every_10th_heartbeat_ask_for_the_sections_not_hel
     )
 
     async def gpu_applied() -> bool:  # disk is no longer reported: the collection agrees
-        return await db.fetchval("SELECT hash FROM node_inventory WHERE section = 'gpu'") == "g2"
+        stored = await db.fetchval("SELECT hash FROM node_inventory WHERE section = 'gpu'")
+        return stored == "g2" == gateway.sessions["n1"].inventory.get("gpu")  # and it knows
 
     await eventually(gpu_applied, what="the held gpu section applied after the heartbeat")
     assert beat(

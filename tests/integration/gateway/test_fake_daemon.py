@@ -1,0 +1,132 @@
+"""The fake daemon as the seed's `bcd`, against a reference gateway on real servers: it
+honours the Welcome's acked event sequence and credits, keeps its server-time mark across
+a lost journal (a Welcome 4 minutes behind it is taken, 6 minutes ends the session),
+reports its status with the trust it holds, and never fences on the epoch."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+import uuid
+from dataclasses import replace
+
+import asyncpg
+from nats.aio.client import Client as NATS
+
+from schemas.notices import Dispatch
+from schemas.subjects import Subjects
+from tests.integration import fleet
+from tests.integration.support import eventually, stream_messages
+from workers.gateway import Gateway
+from workers.sim.daemon import FakeDaemon
+
+
+def dispatch(daemon: FakeDaemon, seq: int, epoch: int | None = None) -> Dispatch:
+    return Dispatch(
+        node_id=daemon.node_id, epoch=epoch or daemon.epoch, command_id=uuid.uuid4(), seq=seq,
+        kind="exec", lane="default", attempt=1, payload={},
+    )  # fmt: skip
+
+
+async def _facts(nc: NATS, subjects: Subjects, kind: str) -> list[dict[str, object]]:
+    messages = await stream_messages(nc.jetstream(), subjects.facts_stream)
+    return [json.loads(m.data) for m in messages if m.headers["Bc-Type"] == kind]
+
+
+async def test_it_forgets_the_events_the_welcome_says_are_held_and_resends_the_rest(
+    gateway: Gateway, db: asyncpg.Connection, nc: NATS, subjects: Subjects
+) -> None:
+    await fleet.join(db, "n1")
+    now = [1_000.0]
+    daemon = FakeDaemon("n1", "n1-serial", lambda: now[0], random.Random(1))
+    await daemon.tick([gateway])
+    await gateway.disconnect("n1", daemon.epoch)
+    daemon.drop("test")
+    for i in range(5):
+        daemon._journal("test.event", {"i": i})
+    first_seq = daemon.journal[0]["seq"]
+    # the control plane holds its journal up to the third of them
+    await db.execute("UPDATE node_sessions SET acked_event_seq = $1", first_seq + 2)
+    daemon.next_try = 0.0
+    await daemon.tick([gateway])  # Hello → Welcome (acked_event_seq), then its reports
+    assert daemon.epoch == 2 and [e["seq"] for e in daemon.journal][:1] == [first_seq + 3]
+    await daemon.tick([gateway])  # its reports: the events after the acked ones
+
+    async def sent() -> bool:
+        events = await _facts(nc, subjects, "events")
+        return bool(events) and any(e["events"] for e in events)
+
+    await eventually(sent, what="the events sent again")
+    seqs = [e["seq"] for f in await _facts(nc, subjects, "events") for e in f["events"]]  # type: ignore[attr-defined]
+    assert first_seq + 3 in seqs and all(s > first_seq + 2 for s in seqs)
+
+
+async def test_it_holds_no_more_per_lane_than_the_welcome_allows_and_never_fences_on_the_epoch(
+    gateway: Gateway, db: asyncpg.Connection
+) -> None:
+    await fleet.join(db, "n1")
+    gateway.settings = replace(gateway.settings, credits=1)
+    daemon = FakeDaemon("n1", "n1-serial", time.time, random.Random(1), lane_credits=4)
+    await daemon.tick([gateway])
+    assert (daemon.welcome_credits, daemon.credits_per_lane) == (1, 1)
+    # a dispatch naming another epoch is run all the same: only the gateway fences
+    other = dispatch(daemon, 1, epoch=daemon.epoch + 5)
+    await daemon.deliver(other)
+    assert other.command_id in daemon.running
+    await daemon.deliver(dispatch(daemon, 2))  # the lane's one credit is taken
+    assert daemon.busy_answers == 1 and len(daemon.running) == 1
+    assert daemon.free_credits()["default"] == 0
+
+
+async def test_its_mark_survives_a_lost_journal_and_bounds_how_far_behind_a_welcome_may_be(
+    gateway: Gateway, db: asyncpg.Connection, pool: asyncpg.Pool, nc: NATS, subjects: Subjects
+) -> None:
+    await fleet.join(db, "n1")
+    four = Gateway("gw-four", pool, nc, subjects, wall=lambda: time.time() - 240)
+    six = Gateway("gw-six", pool, nc, subjects, wall=lambda: time.time() - 360)
+    await four.start()
+    await six.start()
+    try:
+        daemon = FakeDaemon("n1", "n1-serial", time.time, random.Random(1))
+        await daemon.tick([gateway])
+        mark = daemon.server_time_mark
+        assert mark > 0
+        await gateway.disconnect("n1", daemon.epoch)
+        daemon.lose_journal()  # a reinstalled disk: the mark stays
+        assert daemon.server_time_mark == mark
+        daemon.next_try = 0.0
+        await daemon.tick([six])  # 6 minutes behind the mark: ends the session
+        assert daemon.gateway is None and daemon.behind_welcomes == 1
+        daemon.next_try = 0.0
+        await daemon.tick([four])  # 4 minutes behind: taken
+        assert daemon.gateway is four and daemon.behind_welcomes == 1
+        assert daemon.server_time_mark == mark  # never back
+    finally:
+        await four.stop(graceful=False)
+        await six.stop(graceful=False)
+
+
+async def test_its_status_report_carries_the_trust_version_and_the_approver_set_it_holds(
+    gateway: Gateway, db: asyncpg.Connection, nc: NATS, subjects: Subjects
+) -> None:
+    await fleet.join(db, "n1")
+    await db.fetchval("SELECT set_node_spec('n1', '{\"sysctl\": {}}'::jsonb)")
+    daemon = FakeDaemon(
+        "n1", "n1-serial", time.time, random.Random(1), trust_version=2,
+        approver_set=(3, "a" * 64),
+    )  # fmt: skip
+    await daemon.tick([gateway])  # its Hello, then the desired state it is behind
+    await asyncio.sleep(0.1)
+    assert daemon.generation == 1
+
+    async def reported() -> bool:
+        return bool(await _facts(nc, subjects, "status"))
+
+    await eventually(reported, what="its status report")
+    [status] = await _facts(nc, subjects, "status")
+    assert (status["observed_generation"], status["trust_version"]) == (1, 2)
+    assert (status["approver_set_epoch"], status["approver_set_sha256"]) == (3, "a" * 64)
+    [hello] = await _facts(nc, subjects, "hello")
+    assert (hello["trust_version"], hello["approver_set_epoch"]) == (2, 3)
