@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 
 #: seconds between a started gateway's own ticks (its liveness loop and lease renewal)
 LIVENESS_LOOP = 5.0
+#: why a duplicate identity's Hello is refused once the quarantine revoked its certificate
+QUARANTINED = "certificate quarantined: duplicate identity"
 
 
 @dataclass
@@ -274,6 +276,8 @@ class Gateway(Frames):
         )
         await self._paused("registered", request.node_id, opened.epoch)
         await self.facts.publish(hello)
+        if opened.duplicate:
+            await self._verdict(request.node_id, opened.epoch)
         follow_welcome(
             stream, [r.command_id for r in hello.results], desired_state_due(rows.desired, request, upgrade),
             lambda: self.notices.release(request.node_id, opening),
@@ -287,6 +291,24 @@ class Gateway(Frames):
             credits=self.settings.credits,
             request_sections=sections_to_request(request.inventory_hashes, opened.inventory),
         )
+
+    async def _verdict(self, node_id: str, epoch: int) -> None:
+        """A duplicate identity's Hello waits, `verdict_wait` at most, for what the
+        quarantine makes of it. Revoked: its session ends (`revoked`) and the Hello is
+        refused UNAUTHENTICATED, as the seed has it. Otherwise it is welcomed — held until
+        the quarantine counts it, as the hold bound rules when the quarantine is down."""
+        deadline = time.monotonic() + self.settings.verdict_wait
+        while True:
+            async with self.pool.acquire() as conn:
+                verdict = await store.hello_verdict(conn, self.gateway_id, node_id, epoch)
+            if verdict == "revoked":
+                session = self.sessions.get(node_id)
+                if session is not None and session.epoch == epoch:
+                    await self._end(session, "revoked")
+                raise Refused(Code.UNAUTHENTICATED, QUARANTINED)
+            if verdict != "held" or time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(0.05)
 
     async def _paused(self, point: str, node_id: str, epoch: int) -> None:
         if self.pause is not None:

@@ -219,6 +219,14 @@ async def open_session(
     )
 
 
+async def hello_verdict(conn: asyncpg.Connection, gateway_id: str, node_id: str, epoch: int) -> str:
+    """What the quarantine made of a duplicate identity's session: `revoked`, `released`,
+    `held` (not decided yet, or held for an operator) or `gone`."""
+    return str(
+        await conn.fetchval("SELECT gateway_hello_verdict($1, $2, $3)", gateway_id, node_id, epoch)
+    )
+
+
 async def write_section(
     conn: asyncpg.Connection,
     gateway_id: str,

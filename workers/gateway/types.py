@@ -119,6 +119,9 @@ class GatewaySettings:
     max_pending_hellos: int = 64
     min_daemon_version: str = "0"
     credits: int = 8  # per lane, told to each daemon in its Welcome
+    #: how long a duplicate identity's Hello waits for the quarantine's verdict before it
+    #: is welcomed held (revoked meanwhile: refused UNAUTHENTICATED)
+    verdict_wait: float = 3.0
 
     @property
     def live_window(self) -> timedelta:

@@ -10,6 +10,7 @@ in turn, each while the other's session is live.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import asyncpg
 import pytest
@@ -21,7 +22,7 @@ from tests.integration import fleet
 from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, make_settings, running
 from workers import liveness, quarantine, replay
-from workers.gateway import Code, Gateway, HelloRequest, Refused
+from workers.gateway import Code, Gateway, GatewaySettings, HelloRequest, Refused
 from workers.runtime.bus import streams
 
 
@@ -45,8 +46,8 @@ async def test_the_quarantined_clone_gets_no_command(
     try:
         async with running(settings, workers):
 
-            async def hello(turn: int) -> RecordingStream:
-                stream = RecordingStream()
+            async def hello(turn: int, stream: RecordingStream | None = None) -> RecordingStream:
+                stream = stream or RecordingStream()
                 request = HelloRequest(node_id="n1", cert_serial=serial, role="worker",
                                        boot_id=f"machine-{turn % 2}", journal_id="j1")  # fmt: skip
                 await gateways[turn % 2].hello(request, stream)
@@ -60,9 +61,14 @@ async def test_the_quarantined_clone_gets_no_command(
             await eventually(lambda: _delivered(stream), what="a counted session gets its work")
             assert [d.command_id for d in stream.delivered] == [command]
 
-            clone = await hello(4)  # the fourth alternation: quarantined
-            await eventually(lambda: _revoked(db, serial), what="the certificate revoked")
-            await eventually(lambda: _dropped(clone), what="the revocation closes the clone")
+            # the fourth alternation: quarantined. The gateway waits for the verdict, and
+            # the Hello is refused once the revocation has committed (the seed's words)
+            clone = RecordingStream()
+            with pytest.raises(Refused) as refused:
+                await hello(4, clone)
+            assert refused.value.code is Code.UNAUTHENTICATED
+            assert refused.value.reason == "certificate quarantined: duplicate identity"
+            assert await _revoked(db, serial)
             await asyncio.sleep(1.0)  # a dispatch round or two, had it been sent anything
             assert clone.delivered == [] and clone.dropped == ["revoked"]
             row = await db.fetchrow("SELECT session_epoch, held_epoch FROM node_sessions")
@@ -97,3 +103,25 @@ async def _revoked(db: asyncpg.Connection, serial: str) -> bool:
 
 async def _dropped(stream: RecordingStream) -> bool:
     return bool(stream.dropped)
+
+
+async def test_with_the_quarantine_down_a_duplicates_hello_is_welcomed_held_after_the_wait(
+    nc: NATS, subjects: Subjects, db: asyncpg.Connection, pool: asyncpg.Pool
+) -> None:
+    """No verdict comes (the quarantine worker is down): the Hello waits `verdict_wait`,
+    then is welcomed, its session held — the hold bound rules from there."""
+    await streams.provision_streams(nc.jetstream(), subjects)
+    await fleet.join(db, "n1")
+    gateway = Gateway("gw-a", pool, nc, subjects, settings=GatewaySettings(verdict_wait=0.5))
+    await gateway.start()
+    try:
+        first = HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker",
+                             boot_id="machine-0", journal_id="j1")  # fmt: skip
+        await gateway.hello(first, RecordingStream())
+        started = asyncio.get_running_loop().time()
+        welcome = await gateway.hello(replace(first, boot_id="machine-1"), RecordingStream())
+        waited = asyncio.get_running_loop().time() - started
+        assert welcome.epoch == 2 and 0.5 <= waited < 3.0
+        assert await db.fetchval("SELECT held_epoch FROM node_sessions") == 2
+    finally:
+        await gateway.stop(graceful=False)

@@ -186,6 +186,7 @@ GATEWAY_FUNCTIONS = (
     "gateway_admission(text,text,text)",
     "gateway_close(text,bigint,text,bigint,text)",
     "gateway_write_section(text,bigint,text,bigint,text,text,jsonb)",
+    "gateway_hello_verdict(text,text,bigint)",
 )
 
 #: group → the functions only it (and the owner) may execute; every other function of the
