@@ -57,7 +57,9 @@ SELECT node_id, at, what, epoch, gateway_id, worker, fact_id, trace_id, detail
 SESSION = """
 SELECT s.session_epoch, s.gateway_id, s.connected_at, s.last_seen, s.disconnected_at,
        s.disconnect_reason, s.held_epoch, s.duplicate_hellos, s.cert_serial,
-       is_revoked(s.cert_serial) AS revoked, compute_now() AS now
+       is_revoked(s.cert_serial) AS revoked, compute_now() AS now,
+       coalesce((SELECT array_agg(c.condition ORDER BY c.condition) FROM node_conditions c
+                  WHERE c.node_id = s.node_id), '{}') AS conditions
   FROM node_sessions s WHERE s.node_id = $1
 """
 
@@ -184,6 +186,8 @@ def state_line(row: Mapping[str, Any] | None) -> str:
         line = "never connected"
     if row["revoked"]:
         line += f"; certificate {row['cert_serial']} revoked"
+    if row.get("conditions"):
+        line += f"; condition {', '.join(row['conditions'])}"
     return line
 
 
@@ -216,6 +220,7 @@ def state_fields(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "alternations": row.get("duplicate_hellos"),
         "cert_serial": row.get("cert_serial"),
         "cert_revoked": bool(row["revoked"]),
+        "conditions": list(row.get("conditions") or []),  # DuplicateIdentity: quarantined
     }
 
 

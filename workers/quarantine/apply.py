@@ -14,7 +14,7 @@ import asyncpg
 
 from schemas.events import DuplicateSession, Quarantined, Revocations
 from schemas.facts import Fact, Hello
-from workers.quarantine import breaker
+from workers.quarantine import breaker, conditions
 from workers.quarantine.decide import (
     REASON,
     Alternation,
@@ -180,6 +180,7 @@ async def _judge(
     recorded = {row["serial"] for row in await tx.conn.fetch(RECORDED, presented)}
     counters: dict[str, Counter] = {}
     revoked: list[tuple[str, str]] = []  # (serial, node)
+    quarantined: list[tuple[str, int]] = []  # (node, the epoch of the Hello that did it)
     released: dict[str, int] = {}  # node → the epoch whose hold ends
     mine: dict[str, list[Hello]] = {}  # each node's, in stream order (one per epoch)
     for hello in counted:
@@ -215,6 +216,7 @@ async def _judge(
                 live[node] = live.get(node, set()) - set(serials)
                 recorded.update(serials)
                 revoked += [(serial, node) for serial in serials]
+                quarantined.append((node, hello.epoch))
                 _publish_quarantine(tx, hello, first.number, serials)
             judged_up_to[node] = max(first.epoch, hello.epoch)
         # held for good: the clone gets nothing, its revocation closes it (or, held for an
@@ -222,6 +224,7 @@ async def _judge(
         if act is not None:
             released.pop(node, None)
     await _write(tx.conn, counters, {n: judged_up_to[n] for n in nodes}, revoked)
+    await conditions.set_duplicate_identity(tx.conn, quarantined, REASON)
     if released:
         nodes_released = sorted(released)
         await tx.conn.execute(RELEASE_HOLDS, nodes_released, [released[n] for n in nodes_released])

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from schemas.events import QuarantineBreakerOpen, Quarantined, QuarantineHeld, Revocations
+from workers.quarantine import conditions
 from workers.quarantine.decide import BREAKER, REASON, Breaker, hold_revocation
 from workers.runtime.effects.batch import OutboxBatch
 from workers.runtime.effects.worker import Loop, Runtime, Tx
@@ -116,7 +117,8 @@ async def hold(
 
 
 async def revoke_released(runtime: Runtime, lease: leases.Lease) -> int:
-    """Revoke what an operator released, each with its events; how many."""
+    """Revoke what an operator released, each with its events (and its node's condition);
+    clear the condition of nodes that hold a good session again; how many revoked."""
     outbox = OutboxBatch("quarantine")
     async with runtime.pool.acquire() as conn, conn.transaction():
         await leases.fence(conn, lease)
@@ -125,6 +127,7 @@ async def revoke_released(runtime: Runtime, lease: leases.Lease) -> int:
             serials = list(row["serials"])
             await conn.execute(REVOKE_RELEASED, serials, row["node_id"], REASON)
             await conn.execute(MARK_REVOKED, row["node_id"], row["epoch"])
+            await conditions.set_duplicate_identity(conn, [(row["node_id"], row["epoch"])], REASON)
             event = Quarantined(
                 node_id=row["node_id"],
                 reason=REASON,
@@ -137,6 +140,7 @@ async def revoke_released(runtime: Runtime, lease: leases.Lease) -> int:
         if rows:
             await outbox.write(conn)
         held = int(await conn.fetchval(HELD))
+        await conditions.clear_recovered(conn)  # re-joined machines hold good sessions
     runtime.metrics.quarantines_held.set(held)
     return len(rows)
 

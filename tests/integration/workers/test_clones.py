@@ -21,7 +21,7 @@ from tests.conftest import Servers
 from tests.integration import fleet
 from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, make_settings, running
-from workers import liveness, quarantine, replay
+from workers import explain, liveness, quarantine, replay
 from workers.gateway import Code, Gateway, GatewaySettings, HelloRequest, Refused
 from workers.runtime.bus import streams
 
@@ -82,6 +82,24 @@ async def test_the_quarantined_clone_gets_no_command(
             assert await db.fetchval(
                 "SELECT count(*) FROM node_certs WHERE revoked_at IS NULL"
             ) == (1 if serial == "unrecorded" else 0)
+            # the node's DuplicateIdentity condition, as readers see it
+            condition = await db.fetchrow("SELECT condition, epoch FROM node_conditions")
+            assert tuple(condition) == ("DuplicateIdentity", 5)
+            state = await db.fetchrow(explain.SESSION, "n1")
+            assert explain.state_fields(state)["conditions"] == ["DuplicateIdentity"]  # type: ignore[index]
+            assert "condition DuplicateIdentity" in explain.state_line(state)
+            # re-joined with a new certificate, one machine says Hello: the condition clears
+            await fleet.join(db, "n1", serial="n1-serial-2")
+            await gateways[0].hello(
+                HelloRequest(node_id="n1", cert_serial="n1-serial-2", role="worker",
+                             boot_id="machine-new", journal_id="j1"),
+                RecordingStream(),
+            )  # fmt: skip
+
+            async def cleared() -> bool:
+                return await db.fetchval("SELECT count(*) FROM node_conditions") == 0
+
+            await eventually(cleared, what="the condition cleared by the quarantine worker")
     finally:
         for gateway in gateways:
             if gateway.alive:

@@ -29,7 +29,8 @@ class Grant:
 TABLES = (
     "clock_offset", "commands", "controller_leases", "fleet_policy", "gateway_logins", "gateways",
     "hello_nonces", "hello_seen", "liveness_gateways",
-    "liveness_sweeps", "node_alternations", "node_certs", "node_events", "node_hello_keys",
+    "liveness_sweeps", "node_alternations", "node_certs", "node_conditions", "node_events",
+    "node_hello_keys",
     "node_inventory", "node_labels",
     "node_sessions", "nodes", "quarantines", "session_history", "session_history_packs",
     "outbox", "outbox_dead", "outbox_packs", "outbox_senders", "processed_facts",
@@ -98,6 +99,8 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         Grant("SELECT", "nodes"),
         Grant("SELECT, INSERT", "node_certs"),  # an unrecorded serial is recorded revoked
         Grant("UPDATE (revoked_at, revocation_reason)", "node_certs"),
+        Grant("SELECT, INSERT, DELETE", "node_conditions"),  # DuplicateIdentity, its own
+        Grant("UPDATE (epoch, reason)", "node_conditions"),  # set again by a later quarantine
     ),
     "bcw_replay": (
         *RUNTIME,
