@@ -248,11 +248,18 @@ async def test_a_silent_gateway_is_held_while_its_lease_holds_then_lost_after_th
                 await fleet.session(db, "orphan", epoch=1, gateway_id="gw-a", join_first=True)
                 await eventually(lambda: _seen(db, "gw-b"), what="gw-b seen")
 
+                # (on a loaded machine gw-b may have been blind a moment before its first
+                # flush was applied: only what follows the break counts)
+                mark = (await nc.jetstream().stream_info(subjects.events_stream)).state.last_seq
                 await proxy.set_mode(Mode.REFUSE)  # gw-b's flushes stop; its lease does not
-                await eventually(lambda: _has(nc, subjects, "gateway.blind"), what="blind")
+
+                async def blind_now() -> bool:
+                    return bool(await _events(nc, subjects, "gateway.blind", after=mark))
+
+                await eventually(blind_now, what="blind")
                 assert await _watch_for_disconnects(db, 6.0) == 1  # the orphan only
                 assert await _routed(db, "gw-b") == 10
-                [blind] = await _events(nc, subjects, "gateway.blind")
+                [blind] = await _events(nc, subjects, "gateway.blind", after=mark)
                 assert (blind["gatewayId"], blind["sessions"]) == ("gw-b", 10)
                 assert blind["lastFlushAgeSeconds"] >= 2
 
