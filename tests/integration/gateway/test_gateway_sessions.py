@@ -226,13 +226,21 @@ async def test_silent_sessions_time_out_and_revoked_ones_are_dropped(
             await asyncio.sleep(0.05)
         assert daemon_streams["revoked"].dropped == ["revoked"]
         assert daemon_streams["revoked"].codes == ["UNAUTHENTICATED"]
+
+        async def closed_facts() -> list[tuple[str, str]]:  # the stream drops first, then says so
+            facts = await stream_messages(nc.jetstream(), subjects.facts_stream)
+            return sorted(
+                (json.loads(m.data)["node_id"], json.loads(m.data)["reason"])
+                for m in facts
+                if m.headers["Bc-Type"] == "closed"
+            )
+
+        async def both_said() -> bool:
+            return len(await closed_facts()) == 2
+
+        await eventually(both_said, what="both closes said")
+        assert await closed_facts() == [("quiet", "heartbeat-timeout"), ("revoked", "revoked")]
         facts = await stream_messages(nc.jetstream(), subjects.facts_stream)
-        closed = sorted(
-            (json.loads(m.data)["node_id"], json.loads(m.data)["reason"])
-            for m in facts
-            if m.headers["Bc-Type"] == "closed"
-        )
-        assert closed == [("quiet", "heartbeat-timeout"), ("revoked", "revoked")]
         flushes = [json.loads(m.data) for m in facts if m.headers["Bc-Type"] == "liveness"]
         assert flushes and {e["node_id"] for e in flushes[-1]["entries"]} == {
             "talker",
