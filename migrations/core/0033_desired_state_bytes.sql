@@ -6,19 +6,15 @@
 ALTER TABLE nodes ADD COLUMN spec_body text CHECK (length(spec_body) <= 1048576);
 
 -- The entry point for a signed spec: its exact bytes (a JSON object), their signature;
--- raises and returns the generation, as `set_node_spec` does.
+-- raises and returns the generation, as `set_node_spec` does (which now keeps no bytes).
 CREATE FUNCTION set_node_spec_bytes(p_node_id text, p_body text, p_signature text DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     generation bigint;
 BEGIN
-    UPDATE nodes SET spec = p_body::jsonb, spec_body = p_body,
-                     spec_generation = spec_generation + 1, spec_signature = p_signature
-     WHERE node_id = p_node_id
-    RETURNING spec_generation INTO generation;
-    IF generation IS NULL THEN
-        RAISE EXCEPTION 'unknown node %', p_node_id USING ERRCODE = 'foreign_key_violation';
-    END IF;
+    -- the JSON view first: the bytes it keeps beside it, once set_node_spec raised
+    generation := set_node_spec(p_node_id, p_body::jsonb, p_signature);
+    UPDATE nodes SET spec_body = p_body WHERE node_id = p_node_id;
     RETURN generation;
 END $$;
 
