@@ -76,6 +76,8 @@ class FakeDaemon(Reports):
     trust_version: int = 1  # of the trust bundle it holds
     #: the approver set it holds: (epoch, sha256), or None
     approver_set: tuple[int, str] | None = None
+    #: when its certificate expires, in server time (None: it does not say)
+    cert_not_after: float | None = None
 
     def __post_init__(self) -> None:
         self._now = float("-inf")  # its working clock: never moves back
@@ -259,8 +261,21 @@ class FakeDaemon(Reports):
             and (not self.journal or self.journal[-1]["seq"] <= self.sent_seq)
         )
 
+    @property
+    def expired(self) -> bool:
+        """Its certificate expired by its server-time clock (the latest of the server times
+        it was told, the mark, and its own clock): it says Hello no more."""
+        server_clock = max(self.server_time_mark, self.now())
+        return self.cert_not_after is not None and server_clock >= self.cert_not_after
+
     async def tick(self, gateways: Sequence[Gateway]) -> None:
         now = self.now()
+        if self.expired:  # ends its session, and waits for a new certificate
+            gateway, epoch = self.gateway, self.epoch
+            self.gateway, self.epoch = None, 0
+            if gateway is not None and gateway.alive:
+                await gateway.disconnect(self.node_id, epoch, "certificate-expired")
+            return
         if self.gateway is not None and not self.gateway.alive:
             self.drop("gateway gone")
         if self.gateway is None:

@@ -130,3 +130,37 @@ async def test_its_status_report_carries_the_trust_version_and_the_approver_set_
     assert (status["approver_set_epoch"], status["approver_set_sha256"]) == (3, "a" * 64)
     [hello] = await _facts(nc, subjects, "hello")
     assert (hello["trust_version"], hello["approver_set_epoch"]) == (2, 3)
+
+
+async def test_its_certificate_expires_by_its_server_time_clock_not_its_own(
+    gateway: Gateway, db: asyncpg.Connection, pool: asyncpg.Pool, nc: NATS, subjects: Subjects
+) -> None:
+    """Its own clock says the certificate has 10 minutes left; a gateway's server time
+    (the mark its Welcome moved) is past its `not_after`: it ends its session
+    (`certificate-expired`) and says Hello no more."""
+    await fleet.join(db, "n1")
+    ahead = Gateway("gw-ahead", pool, nc, subjects, wall=lambda: time.time() + 3600)
+    await ahead.start()
+    try:
+        now = [time.time()]
+        daemon = FakeDaemon("n1", "n1-serial", lambda: now[0], random.Random(1))
+        daemon.cert_not_after = now[0] + 600
+        await daemon.tick([gateway])  # server time as its own: welcomed, not expired
+        assert daemon.connected and not daemon.expired
+        await gateway.disconnect("n1", daemon.epoch)
+        daemon.drop("test")
+        daemon.next_try = 0.0
+        await daemon.tick([ahead])  # this Welcome's server time is an hour ahead
+        assert daemon.server_time_mark > daemon.cert_not_after and daemon.expired
+        epoch = daemon.epoch
+        await daemon.tick([ahead])
+        assert daemon.gateway is None and "n1" not in ahead.sessions
+        closed = [f for f in await _facts(nc, subjects, "closed") if f["epoch"] == epoch]
+        assert [c["reason"] for c in closed] == ["certificate-expired"]
+        welcomes = daemon.welcomes
+        now[0] += 120
+        daemon.next_try = 0.0
+        await daemon.tick([gateway, ahead])
+        assert daemon.welcomes == welcomes and not daemon.connected  # no Hello any more
+    finally:
+        await ahead.stop(graceful=False)
