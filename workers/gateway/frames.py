@@ -5,10 +5,9 @@ refreshes the session's last-seen; a frame without a session at that epoch is re
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 import asyncpg
@@ -30,8 +29,6 @@ from workers.gateway.types import HeartbeatAck, Refused, Session
 
 log = logging.getLogger(__name__)
 
-_applying: set[asyncio.Task[None]] = set()
-
 
 class Frames:
     """What a gateway does with a daemon's frames (its state lives in `Gateway`)."""
@@ -43,6 +40,7 @@ class Frames:
     sessions: dict[str, Session]
     facts: FactPublisher
     lease_epoch: int | None
+    _spawn: Callable[[Coroutine[Any, Any, None], str], None]
 
     def heartbeat(
         self,
@@ -80,10 +78,8 @@ class Frames:
             )  # fmt: skip
             session.requested.update(wanted)
             if session.held_sections:  # sent before these hashes: they may agree now
-                reported = dict(session.reported)  # the collection as this heartbeat told it
-                task = asyncio.create_task(self._apply_inventory(session, epoch, reported))
-                _applying.add(task)
-                task.add_done_callback(_applying.discard)
+                # (as this heartbeat told them: a later report replaces, never changes, them)
+                self._spawn(self._apply_inventory(session, epoch, session.reported), "inventory")
         return HeartbeatAck(self.wall(), wanted)
 
     async def inventory(

@@ -11,6 +11,7 @@ revocations). `tick()` drives the periodic work, so a simulator can move time.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -94,7 +95,7 @@ class Gateway(Frames):
         self.pending_hellos = 0
         self._renewed_at = 0.0
         self._flushed_at = 0.0
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: set[asyncio.Task[None]] = set()  # running: each leaves it when done
         self._flushing: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self.notices = Notices(
@@ -118,7 +119,10 @@ class Gateway(Frames):
             self._spawn(self._ticking(autotick), "tick")
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
-        self._tasks.append(asyncio.create_task(work, name=f"{self.gateway_id}-{name}"))
+        """Run `work` beside the gateway's other work (until it ends, or `stop()`)."""
+        task = asyncio.create_task(work, name=f"{self.gateway_id}-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _ticking(self, every: float) -> None:
         while not self._stopping.is_set():
@@ -135,7 +139,7 @@ class Gateway(Frames):
             return
         self._stopping.set()
         if self._flushing is not None:
-            self._tasks.append(self._flushing)
+            self._tasks.add(self._flushing)
         others = [t for t in self._tasks if t is not asyncio.current_task()]  # tick() may stop us
         for task in others:
             task.cancel()
@@ -168,17 +172,15 @@ class Gateway(Frames):
         if not self.alive or self.lease_epoch is None:
             raise Refused(Code.UNAVAILABLE, "gateway stopped")
         if len(self.sessions) >= self.settings.max_streams and request.node_id not in self.sessions:
-            raise Refused(
-                Code.RESOURCE_EXHAUSTED, "maxStreams reached", retry_after=self._pushback(1.0)
-            )
+            raise Refused(Code.RESOURCE_EXHAUSTED, "maxStreams reached", retry_after=pushback(1.0))
         if self.pending_hellos >= self.settings.max_pending_hellos:
             raise Refused(
-                Code.RESOURCE_EXHAUSTED, "maxPendingHellos reached", retry_after=self._pushback(0.2)
+                Code.RESOURCE_EXHAUSTED, "maxPendingHellos reached", retry_after=pushback(0.2)
             )
         wait = self.bucket.take()
         if wait > 0:
             raise Refused(
-                Code.RESOURCE_EXHAUSTED, "handshake rate limit", retry_after=self._pushback(wait)
+                Code.RESOURCE_EXHAUSTED, "handshake rate limit", retry_after=pushback(wait)
             )
         self.pending_hellos += 1
         opening = self.opening[request.node_id] = Opening()
@@ -204,9 +206,6 @@ class Gateway(Frames):
             raise
         finally:
             self.pending_hellos -= 1
-
-    def _pushback(self, base: float) -> float:
-        return pushback(base)
 
     async def _hello(
         self, request: HelloRequest, stream: DaemonStream, opening: Opening
@@ -245,16 +244,14 @@ class Gateway(Frames):
                 raise Refused(Code.UNAVAILABLE, str(gone)) from gone
             except store.Draining as draining:
                 raise Refused(
-                    Code.UNAVAILABLE, str(draining), retry_after=self._pushback(1.0)
+                    Code.UNAVAILABLE, str(draining), retry_after=pushback(1.0)
                 ) from draining
             except store.NotJoined as missing:
                 raise Refused(Code.PERMISSION_DENIED, str(missing)) from missing
             except (store.Revoked, store.Unproven) as refused:
                 raise Refused(Code.UNAUTHENTICATED, str(refused)) from refused
             except store.Busy as busy:
-                raise Refused(
-                    Code.UNAVAILABLE, str(busy), retry_after=self._pushback(1.0)
-                ) from busy
+                raise Refused(Code.UNAVAILABLE, str(busy), retry_after=pushback(1.0)) from busy
         opening.epoch = opened.epoch  # its notices may come from now on: they wait
         await self._paused("committed", request.node_id, opened.epoch)
         hello = self.facts.hello(request, opened, upgrade, kinds, generation, fact_id)
@@ -278,10 +275,10 @@ class Gateway(Frames):
         await self.facts.publish(hello)
         if opened.duplicate:
             await self._verdict(request.node_id, opened.epoch)
-        follow_welcome(
-            stream, [r.command_id for r in hello.results], desired_state_due(rows.desired, request, upgrade),
-            lambda: self.notices.release(request.node_id, opening),
-        )  # fmt: skip
+        acked = [r.command_id for r in hello.results]
+        desired = desired_state_due(rows.desired, request, upgrade)
+        release = functools.partial(self.notices.release, request.node_id, opening)
+        self._spawn(follow_welcome(stream, acked, desired, release), "welcome")
         return Welcome(
             opened.epoch,
             opened.session_id,

@@ -21,28 +21,16 @@ from workers.gateway.types import DaemonStream
 
 log = logging.getLogger(__name__)
 
-_following: set[asyncio.Task[None]] = set()
 
-
-def follow(
+async def follow(
     stream: DaemonStream,
     acked: Sequence[UUID],
     desired: DesiredState | None,
     then: Callable[[], Awaitable[None]],
 ) -> None:
-    """Send, right after the Welcome the caller is returning, what follows it; `then` last
-    (the session opens: what waited for it goes out), whatever became of the rest."""
-    task = asyncio.create_task(_send(stream, tuple(acked), desired, then))
-    _following.add(task)
-    task.add_done_callback(_following.discard)
-
-
-async def _send(
-    stream: DaemonStream,
-    acked: Sequence[UUID],
-    desired: DesiredState | None,
-    then: Callable[[], Awaitable[None]],
-) -> None:
+    """Send, right after the Welcome the caller is returning (the gateway runs this as a
+    task of its own), what follows it; `then` last (the session opens: what waited for it
+    goes out), whatever became of the rest."""
     await asyncio.sleep(0)  # the Welcome first: the daemon has read it when these arrive
     try:
         if acked:
