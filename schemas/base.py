@@ -9,6 +9,7 @@ error; `docs/contract.md`, "Compatibility").
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Annotated, ClassVar
 
 from pydantic import BaseModel, ConfigDict, StringConstraints
@@ -19,6 +20,20 @@ GATEWAY_ID_RE = re.compile(GATEWAY_ID_PATTERN)
 
 #: A gateway id is a single subject token: letters, digits, `_` and `-`, 1 to 64 long.
 GatewayId = Annotated[str, StringConstraints(pattern=GATEWAY_ID_PATTERN)]
+
+
+def check_gateway_ids(gateways: Iterable[str]) -> list[str]:
+    """The gateway ids, each subject-safe and given once (ValueError names the bad one)."""
+    seen: list[str] = []
+    for gateway in gateways:
+        if not GATEWAY_ID_RE.fullmatch(gateway):  # fullmatch: no newline after it either
+            raise ValueError(f"{gateway!r} is not a gateway id ({GATEWAY_ID_PATTERN})")
+        if gateway in seen:
+            raise ValueError(f"{gateway!r} is given twice")
+        seen.append(gateway)
+    return seen
+
+
 #: A node id: printable, no whitespace, 1 to 253 long (a DNS name fits).
 NodeId = Annotated[str, StringConstraints(pattern=r"^[!-~]{1,253}$")]
 #: An opaque identifier (boot, journal, session, certificate serial).

@@ -56,7 +56,7 @@ def test_bad_settings_are_refused(monkeypatch: pytest.MonkeyPatch, name: str, va
         ),
         (
             {"BCW_NATS_FACTS_GATEWAYS": "gw-1,gw-2,gw-1"},
-            "BCW_NATS_FACTS_GATEWAYS: 'gw-1' is listed twice (got 'gw-1,gw-2,gw-1')",
+            "BCW_NATS_FACTS_GATEWAYS: 'gw-1' is given twice (got 'gw-1,gw-2,gw-1')",
         ),
         (
             {"BCW_DATABASE_URL": "mysql://u:hunter2@h/d"},

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, FilePath, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings
 
-from schemas.base import GATEWAY_ID_RE
+from schemas.base import check_gateway_ids
 from workers.runtime.base.setting_types import Duration, Seconds, env_group, format_duration
 
 
@@ -180,13 +180,7 @@ class NatsSettings(BaseSettings):
     @field_validator("facts_gateways")
     @classmethod
     def _gateway_ids(cls, value: str) -> str:
-        seen: set[str] = set()
-        for gateway in _listed(value):
-            if not GATEWAY_ID_RE.match(gateway):
-                raise ValueError(f"{gateway!r} is not a gateway id ({GATEWAY_ID_RE.pattern})")
-            if gateway in seen:
-                raise ValueError(f"{gateway!r} is listed twice")
-            seen.add(gateway)
+        check_gateway_ids(_listed(value))
         return value
 
     @property

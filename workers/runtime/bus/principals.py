@@ -23,7 +23,6 @@ read another's replies (a worker's pulled facts, say).
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 import nkeys
 
 from schemas import events, notices
-from schemas.base import GATEWAY_ID_PATTERN, CamelMessage, SnakeMessage
+from schemas.base import CamelMessage, SnakeMessage, check_gateway_ids
 from schemas.facts import FACT_TYPES
 from schemas.subjects import Subjects
 from workers.runtime.base.settings_docs import rewrite_block
@@ -261,16 +260,8 @@ def principals(subjects: Subjects, gateways: Sequence[str]) -> list[Principal]:
     return made
 
 
-def check_gateways(gateways: Sequence[str]) -> list[str]:
-    """The gateway ids, each subject-safe and given once (ValueError names the bad one)."""
-    seen: list[str] = []
-    for gateway in gateways:
-        if not re.fullmatch(GATEWAY_ID_PATTERN, gateway):
-            raise ValueError(f"{gateway!r} is not a gateway id ({GATEWAY_ID_PATTERN})")
-        if gateway in seen:
-            raise ValueError(f"{gateway!r} is given twice")
-        seen.append(gateway)
-    return seen
+#: the gateway ids, each subject-safe and given once (ValueError names the bad one)
+check_gateways = check_gateway_ids
 
 
 def _quoted(subjects: Sequence[str]) -> str:
