@@ -20,7 +20,7 @@ from workers.runtime.effects.worker import Tx
 # `unnest($1)` or `= ANY($1)` is planned as a sequential scan of the table once the fleet
 # is large and the prepared statement's plan is generic.
 READ_ROWS = """
-SELECT s.node_id, s.session_epoch, s.capabilities,
+SELECT s.node_id, s.session_epoch,
        coalesce((SELECT array_agg(substr(l.key, $2::int)) FROM node_labels l
                   WHERE l.node_id = s.node_id AND l.source = 'system' AND l.key LIKE 'bc.dev/cap.%'),
                 '{}') AS labels
@@ -62,7 +62,6 @@ async def handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
     rows = {
         row["node_id"]: SessionRow(
             session_epoch=row["session_epoch"],
-            capabilities=tuple(row["capabilities"]),
             system_cap_labels=frozenset(row["labels"]),
         )
         for row in await tx.conn.fetch(READ_ROWS, nodes, len(LABEL_PREFIX) + 1)

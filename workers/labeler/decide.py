@@ -20,11 +20,11 @@ def label_key(capability: str) -> str:
 
 @dataclass(frozen=True)
 class SessionRow:
-    """What the labeler reads of a node: its epoch, stored capabilities (the Hello
-    transaction's since 0.4) and system cap labels (what the labeler last labeled)."""
+    """What the labeler reads of a node: its epoch and system cap labels (what the labeler
+    last labeled: the node's capabilities before this Hello, whose transaction stored the
+    session's own)."""
 
     session_epoch: int
-    capabilities: tuple[str, ...]
     system_cap_labels: frozenset[str]  # capability names with a system label
 
 
@@ -37,8 +37,15 @@ class Labeling:
     capabilities: tuple[str, ...]
     labels_to_add: tuple[str, ...]  # capability names
     labels_to_remove: tuple[str, ...]
-    added: tuple[str, ...]  # vs the labels: the event's fields
-    removed: tuple[str, ...]
+
+    @property
+    def added(self) -> tuple[str, ...]:
+        """The event's: what the node gained, against its labels."""
+        return self.labels_to_add
+
+    @property
+    def removed(self) -> tuple[str, ...]:
+        return self.labels_to_remove
 
     @property
     def changed(self) -> bool:
@@ -56,16 +63,12 @@ def decide(hello: Hello, row: SessionRow | None) -> Labeling | None:
         return None
     wanted = sanitize(hello.capabilities)
     wanted_set = set(wanted)
-    to_add = tuple(sorted(wanted_set - row.system_cap_labels))
-    to_remove = tuple(sorted(row.system_cap_labels - wanted_set))
     return Labeling(
         node_id=hello.node_id,
         epoch=hello.epoch,
         capabilities=wanted,
-        labels_to_add=to_add,
-        labels_to_remove=to_remove,
-        added=to_add,
-        removed=to_remove,
+        labels_to_add=tuple(sorted(wanted_set - row.system_cap_labels)),
+        labels_to_remove=tuple(sorted(row.system_cap_labels - wanted_set)),
     )
 
 

@@ -66,7 +66,7 @@ def test_the_65th_capability_is_not_kept() -> None:
     assert sanitize(advertised)[-1] == "c63" and len(sanitize(advertised)) == 64
 
 
-ROW = SessionRow(session_epoch=3, capabilities=("a", "b"), system_cap_labels=frozenset({"a", "b"}))
+ROW = SessionRow(session_epoch=3, system_cap_labels=frozenset({"a", "b"}))
 
 
 @pytest.mark.parametrize(
@@ -77,13 +77,13 @@ ROW = SessionRow(session_epoch=3, capabilities=("a", "b"), system_cap_labels=fro
         pytest.param([], ROW, ((), ("a", "b"), (), ("a", "b")), id="all-dropped"),
         pytest.param(
             ["a", "b"],
-            SessionRow(3, ("a", "b"), frozenset({"a"})),
+            SessionRow(3, frozenset({"a"})),
             (("b",), (), ("b",), ()),
             id="a-label-the-node-lacked-is-added-and-said",
         ),
         pytest.param(
             ["a", "c"],
-            SessionRow(3, ("a", "c"), frozenset({"a", "b"})),
+            SessionRow(3, frozenset({"a", "b"})),
             (("c",), ("b",), ("c",), ("b",)),
             id="the-hello-transaction-stored-them-the-labels-say-what-changed",
         ),
