@@ -335,13 +335,13 @@ async def _observe(
     runtime: Runtime, relay: OutboxRelay, consumers: Sequence[FactConsumer], stopping: asyncio.Event
 ) -> None:
     """Refresh the gauges that need a question to the servers, every few seconds."""
+    limits = streams.limits_of(runtime.settings.nats)  # which facts streams there are
     while not stopping.is_set():
         with contextlib.suppress(Exception):
             await relay.observe()
             for consumer in consumers:
                 await consumer.observe()
             if consumers:  # a full facts stream refuses every gateway's facts
-                limits = streams.limits_of(runtime.settings.nats)
                 for stream, ratio in (
                     await streams.facts_fill(runtime.js, runtime.subjects, limits)
                 ).items():
