@@ -1,7 +1,7 @@
 """A fake daemon (`bcd`): what a node does on its side of the stream, in memory.
 
-Says Hello with its capabilities, running commands, the done results not acked yet and
-the trust it holds; honours the Welcome's `acked_event_seq` (forgets those events) and
+Says Hello with its capabilities (bcd's, unless a skew profile of `workers.sim.profiles`
+gives others), running commands, the done results not acked yet and the trust it holds; honours the Welcome's `acked_event_seq` (forgets those events) and
 `credits` (at most that many per lane), and never fences on the epoch;
 heartbeats; runs dispatched commands within its own credits per lane and answers BUSY
 when a lane (or its journal) is full; acks, runs and completes them (a `node.reboot`
@@ -37,6 +37,7 @@ from schemas.proof import HelloProof, prove
 from workers.gateway import Gateway, HelloRequest, Refused
 from workers.gateway.admission import DesiredState
 from workers.gateway.inventory import INVENTORY_EVERY
+from workers.sim.profiles import BCD_CAPABILITIES, BCD_VERSION
 from workers.sim.reports import Reports
 
 HEARTBEAT = 10.0
@@ -62,8 +63,8 @@ class FakeDaemon(Reports):
     serial: str
     clock: Callable[[], float]
     rng: random.Random
-    capabilities: list[str] = field(default_factory=list)
-    version: str = "1.0.0"
+    capabilities: list[str] = field(default_factory=lambda: list(BCD_CAPABILITIES))
+    version: str = BCD_VERSION
     lane_credits: int = 4
     work_seconds: tuple[float, float] = (0.2, 1.0)
     transport: str = "grpc"

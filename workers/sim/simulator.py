@@ -31,10 +31,13 @@ from workers.gateway import Gateway, GatewaySettings
 from workers.runtime.bus import deadletter
 from workers.sim.clock import SimClock
 from workers.sim.daemon import FakeDaemon
+from workers.sim.profiles import pick
 
 log = logging.getLogger(__name__)
 
-CAPABILITY_POOL = ["cpu", "mem", "nvml", "cuda.12", "ib", "nvme", "gpu.h100", "gpu.a100", "fpga"]
+#: The share of simulated daemons that run a skew profile (an older bcd, a node without
+#: a GPU) instead of bcd's: their capabilities and versions differ from the rest.
+SKEW_SHARE = 0.25
 
 #: An operator label on every node a simulator joined (its value: the run's prefix). Only
 #: a database whose sessions all carry it may have its clock moved by `bcw sim`.
@@ -143,14 +146,15 @@ class Simulator:
         keys = [self.rng.randbytes(32) for _ in range(self.n_nodes)]
         signing = await self._enrolled(keys)
         for i in range(1, self.n_nodes + 1):
-            caps = sorted(self.rng.sample(CAPABILITY_POOL, self.rng.randint(2, 5)))
+            profile = pick(self.rng, SKEW_SHARE)
             self.daemons.append(
                 FakeDaemon(
                     f"{self.prefix}-{i}",
                     f"{self.prefix}-serial-{i}",
                     self.clock,
                     self.rng,
-                    caps,
+                    list(profile.capabilities),
+                    profile.version,
                     home=i % self.n_gateways,
                     hello_key=keys[i - 1] if signing else None,
                 )

@@ -8,8 +8,10 @@ import uuid
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from schemas.facts import NodeLoad
+from schemas.facts import NodeLoad, sanitize
 from schemas.notices import Dispatch
 from workers.gateway import Code, HeartbeatAck, HelloRequest, Refused, Welcome
 from workers.sim.daemon import (
@@ -20,6 +22,7 @@ from workers.sim.daemon import (
     FakeDaemon,
     _Running,
 )
+from workers.sim.profiles import BCD, BCD_CAPABILITIES, BCD_VERSION, SKEW_PROFILES, Profile, pick
 
 
 class Scripted:
@@ -235,3 +238,49 @@ def test_a_disconnected_daemon_waits_idle_for_its_retry_or_while_partitioned() -
     assert not fake.idle(now[0] + 5)
     fake.partitioned = True
     assert fake.idle(now[0] + 5)
+
+
+async def test_its_hello_says_what_bcd_advertises_unless_a_skew_profile_differs() -> None:
+    now = [1000.0]
+    gateway = Scripted(Welcome(1, "s", False, server_time=now[0]))
+    await daemon(now).tick([gateway])  # type: ignore[list-item]
+    hello = gateway.hellos[0]
+    assert tuple(hello.capabilities) == BCD_CAPABILITIES and hello.daemon_version == BCD_VERSION
+    for name in (
+        "cdi",
+        "devices.limits",
+        "binding.kubernetes",
+        "nvml",
+        "nvidia",
+        "tunnel.instance-dial",
+    ):
+        assert name in hello.capabilities
+    assert {"driver.runc", "enforce.cgroups"} <= set(hello.capabilities)  # runtimes, enforcement
+    older = next(p for p in SKEW_PROFILES if p.name == "bcd-0.9")
+    skewed = FakeDaemon(
+        "n2", "s2", lambda: now[0], random.Random(7), list(older.capabilities), older.version
+    )
+    gateway = Scripted(Welcome(1, "s", False, server_time=now[0]))
+    await skewed.tick([gateway])  # type: ignore[list-item]
+    assert gateway.hellos[0].daemon_version == "0.9.0"
+    assert "tunnel.instance-dial" not in gateway.hellos[0].capabilities
+
+
+@pytest.mark.parametrize("profile", [BCD, *SKEW_PROFILES], ids=lambda p: p.name)
+def test_every_profile_advertises_only_names_the_labeler_keeps(profile: Profile) -> None:
+    assert sanitize(profile.capabilities) == tuple(sorted(profile.capabilities))
+    assert len(set(profile.capabilities)) == len(profile.capabilities)
+
+
+@given(st.integers(0, 2**32), st.floats(0.0, 1.0))
+def test_a_skew_share_of_daemons_runs_a_skew_profile(seed: int, share: float) -> None:
+    rng = random.Random(seed)
+    picked = [pick(rng, share) for _ in range(400)]
+    skewed = sum(p is not BCD for p in picked)
+    assert all(p is BCD or p in SKEW_PROFILES for p in picked)
+    if share == 0.0:
+        assert skewed == 0
+    elif share == 1.0:
+        assert skewed == 400
+    else:  # binomial(400, share): five standard deviations either side
+        assert abs(skewed - 400 * share) <= 5 * (400 * share * (1 - share)) ** 0.5 + 1
