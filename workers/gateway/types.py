@@ -114,7 +114,9 @@ class GatewaySettings:
     flush_period: float = 15.0
     lease_ttl: float = 15.0
     renew_every: float = 5.0
-    handshakes_per_second: float = 200.0  # shared with join
+    #: one bucket for every Hello of this gateway (the real gateway shares it with Join,
+    #: which this core does not serve)
+    handshakes_per_second: float = 200.0
     max_streams: int = 5_000
     max_pending_hellos: int = 64
     min_daemon_version: str = "0"

@@ -119,7 +119,7 @@ def test_version_tuple() -> None:
     assert version_tuple("1.10.2") > version_tuple("1.9.12")
 
 
-def test_the_handshake_bucket_is_shared_and_refills() -> None:
+def test_the_handshake_bucket_holds_a_seconds_worth_and_refills() -> None:
     from workers.gateway.types import TokenBucket
 
     now = [0.0]
