@@ -244,7 +244,12 @@ async def gateway_loss(sim: Simulator) -> list[Check]:
     delivered; after its lease and the 120 s grace its sessions are disconnected
     `gateway-lost`; when the rack is back, its nodes reconnect elsewhere and what was in
     flight is replayed."""
-    victim = sim.gateways[-1]
+    # the live gateway holding the most sessions (on a loaded machine one may have lost
+    # its lease already, and its nodes gone elsewhere)
+    victim = max(
+        (g for g in sim.gateways if g.alive),
+        key=lambda g: sum(d.gateway is g for d in sim.daemons),
+    )
     stranded = [d for d in sim.daemons if d.gateway is victim]
     ids = [d.node_id for d in stranded]
     for daemon in stranded:
