@@ -1,8 +1,10 @@
 """A rolling upgrade from the previous release, on real servers (docs/contract.md,
 "Compatibility"): the previous release, installed in a virtualenv of its own, sets the
 system up and runs its five workers while Hellos flow; this release's `bcw migrate` runs
-under them; this release's workers start beside them; the old ones stop. Every effect is
-applied exactly once, nothing is dead-lettered, no event is lost or duplicated.
+under them; this release's workers start beside them; the old ones stop. Then it rolls
+back: this release's workers stop and the previous release's run again, on the schema this
+release's migrations left (within a major they only expand). Every effect is applied
+exactly once, nothing is dead-lettered, no event is lost or duplicated.
 
 `make test-upgrade` runs this alone; `make test` runs it with the rest."""
 
@@ -103,10 +105,11 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
     await eventually(lambda: workers_bound(nc.jetstream(), subjects), what="old workers bound")
     news: dict[str, asyncio.subprocess.Process] = {}
     # the Hellos of the previous release's gateways (gateways are upgraded last): three
-    # quarters while the workers roll, the last quarter once the old ones stopped — on a
-    # loaded machine the roll may outlast the first part, never the second
+    # fifths while the workers roll, one once the old ones stopped — on a loaded machine
+    # the roll may outlast the first part, never the second — and the last one after the
+    # rollback, for the previous release's workers again
     shape = as_sent_by(old, "hello")
-    rolling, after = nodes[: 3 * n // 4], nodes[3 * n // 4 :]
+    rolling, after, back = nodes[: 3 * n // 5], nodes[3 * n // 5 : 4 * n // 5], nodes[4 * n // 5 :]
     publishing = asyncio.create_task(publish_hellos(nc, subjects, rolling, RATE, shape=shape))
     try:
         await eventually(
@@ -129,6 +132,15 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
         codes = await asyncio.wait_for(asyncio.gather(*(p.wait() for p in olds.values())), 60)
         await publishing
         await publish_hellos(nc, subjects, after, RATE, shape=shape)  # for the new ones alone
+        upgraded = await wait_settled(database_url, n - len(back), within=180)
+        # 4. the rollback: this release's workers stop, the previous release's run again
+        for proc in news.values():
+            proc.send_signal(signal.SIGTERM)
+        new_codes = await asyncio.wait_for(asyncio.gather(*(p.wait() for p in news.values())), 60)
+        olds = await spawn_workers(env, tmp_path, old_bcw, f"v{old.version}-again-")
+        if relays == "dedicated":
+            olds["relay"] = await _relay(old_bcw, env, tmp_path, f"v{old.version}-again-")
+        await publish_hellos(nc, subjects, back, RATE, shape=shape)
         settled = await wait_settled(database_url, n, within=180)
         figures = await count_effects(database_url, subjects, nc, nodes)
     finally:
@@ -144,6 +156,8 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
         [(k, str(v)) for k, v in figures.items()],
     )
     assert codes == [0] * len(WORKERS), "every old worker stops cleanly on SIGTERM"
+    assert new_codes == [0] * len(news), "every new worker stops cleanly on SIGTERM"
+    assert upgraded >= 0, "every Hello so far handled by this release's workers"
     assert settled >= 0, "every Hello handled by its three workers, the outbox empty"
     assert (figures["effects applied"], figures["duplicates"], figures["lost"]) == (n, 0, 0)
     assert figures["dead-lettered"] == 0

@@ -11,9 +11,14 @@ import asyncio
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, Commands, positive_duration
+from workers.runtime.base.release import release
 from workers.runtime.base.settings import Settings
+
+if TYPE_CHECKING:
+    from workers.runtime.store.migrate import MigrationStatus
 
 
 def add(commands: Commands) -> None:
@@ -113,13 +118,15 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
             if args.status:
                 rows = await migrate.status(conn)
                 for row in rows:
-                    print(f"{row.state:<8} {row.name}  {row.applied_at or ''}".rstrip())
-                return 1 if any(row.state == "changed" for row in rows) else 0
+                    by = f"  (release {row.release})" if row.state.startswith("newer") else ""
+                    print(f"{row.state:<8} {row.name}  {row.applied_at or ''}{by}".rstrip())
+                return 1 if any(row.refused for row in rows) else 0
             applied = await migrate.migrate(conn)
             print(
                 f"applied {len(applied)} migration(s)"
                 + (": " + ", ".join(applied) if applied else "")
             )
+            _say_newer(await migrate.status(conn))
             granted = await migrate.grant(conn, args.legacy_gateway_role)
             print(
                 "granted to " + ", ".join(granted)
@@ -160,18 +167,16 @@ async def _wait_for_schema(settings: Settings, patience: float) -> int:
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
             waiting = f"the database ({type(error).__name__})"
         else:
-            odd = [
-                f"{row.name} ({row.state})" for row in rows if row.state in ("changed", "missing")
-            ]
-            if odd:
-                print(
-                    f"bcw migrate --wait: not this release's schema: {', '.join(odd)}",
-                    file=sys.stderr,
-                )
+            why = migrate.refusal(rows, release())
+            if why is not None:
+                print(f"bcw migrate --wait: {why}", file=sys.stderr)
                 return EXIT_BAD_SETTINGS
             pending = [row.name for row in rows if row.state == "pending"]
             if not pending:
-                print(f"schema current: {len(rows)} migrations applied")
+                print(
+                    f"schema current: {sum(row.state == 'applied' for row in rows)} migrations applied"
+                )
+                _say_newer(rows)
                 return 0
             waiting = f"{len(pending)} pending migration(s): {', '.join(pending[:3])}"
         if time.monotonic() >= deadline:
@@ -182,6 +187,17 @@ async def _wait_for_schema(settings: Settings, patience: float) -> int:
             )
             return 1
         await asyncio.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+
+
+def _say_newer(rows: list[MigrationStatus]) -> None:
+    """Say which migrations a newer release of this major applied (a rollback runs on them)."""
+    newer = [row for row in rows if row.state == "newer"]
+    if newer:
+        releases = ", ".join(sorted({row.release or "?" for row in newer}))
+        print(
+            f"the schema also holds {len(newer)} migration(s) of release {releases}, newer "
+            f"within this major: release {release()} runs on it (migrations only expand)"
+        )
 
 
 def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:

@@ -12,3 +12,19 @@ def release() -> str:
         return metadata.version("bc-workers")
     except metadata.PackageNotFoundError:  # pragma: no cover - a bare checkout
         return "unknown"
+
+
+def parse(version: str | None) -> tuple[int, ...] | None:
+    """`0.4.0` → (0, 4, 0); a version with a suffix (`0.5.0rc1`, `0.5.0+local`) by its
+    numbers; None when it does not start with `N.N`. Pure."""
+    if not version:
+        return None
+    numbers = []
+    for part in version.split("."):
+        digits = part[: len(part) - len(part.lstrip("0123456789"))]
+        if not digits:
+            break
+        numbers.append(int(digits))
+        if len(digits) < len(part):  # a suffix ends the numbers
+            break
+    return tuple(numbers) if len(numbers) >= 2 else None

@@ -1,8 +1,11 @@
 """Schema migrations: `bcw migrate` and `bcw migrate --status`.
 
 Applies `migrations/core/NNNN_name.sql` in order under an advisory lock, each once in its
-own transaction, recording name and checksum. Refuses to go on when an applied file was
-changed. Safe to run twice, or from several processes at once.
+own transaction, recording name, checksum and the release that applied it. Refuses to go
+on when an applied file was changed, or when the schema holds a migration this release
+does not know — unless a newer release of the same major recorded it: within a major,
+migrations only expand, so a rolled-back release runs on the schema its successor left
+(docs/contract.md, "Compatibility"). Safe to run twice, or from several processes at once.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from importlib import resources
 from pathlib import Path
 
 import asyncpg
+
+from workers.runtime.base.release import parse, release
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +34,14 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
     applied_at timestamptz NOT NULL DEFAULT now()
 )
 """
+#: Which release applied each migration (NULL: one before 0.4.0, which did not record it).
+LEDGER_RELEASE_DDL = "ALTER TABLE schema_migrations ADD COLUMN IF NOT EXISTS release text"
+#: Read whether or not the ledger has its `release` column yet (a release before 0.4.0
+#: made it without; `bcw migrate --wait` reads before this release's `bcw migrate` ran).
+LEDGER_SELECT = (
+    "SELECT name, checksum, applied_at, to_jsonb(m) ->> 'release' AS release "
+    "FROM schema_migrations m"
+)
 
 
 class MigrationError(RuntimeError):
@@ -48,8 +61,80 @@ class Migration:
 @dataclass(frozen=True)
 class MigrationStatus:
     name: str
-    state: str  # "applied" | "pending" | "changed" | "missing"
+    #: "applied" | "pending" | "changed" | "missing" (in the ledger, not on disk, not a
+    #: newer release's of this major) | "newer" (a newer release of this major applied
+    #: it: a rollback runs on it) | "newer-major" (a release of a later major applied it)
+    state: str
     applied_at: str | None = None
+    release: str | None = None  # the release that applied it, when recorded
+
+    @property
+    def refused(self) -> bool:
+        """Whether this release may not run on a schema with this migration in this state."""
+        return self.state in REFUSED
+
+
+#: States of a migration on which this release does not run.
+REFUSED = ("changed", "missing", "newer-major")
+
+
+def classify(
+    on_disk: list[Migration], ledger: dict[str, dict[str, object]], this_release: str
+) -> list[MigrationStatus]:
+    """Every migration on disk or in the ledger (`name` → `checksum`, `applied_at`,
+    `release`), with its state as this release sees it. Pure.
+
+    One not on disk is `newer` only when the release that recorded it is of this release's
+    major and later than it; of a later major, `newer-major`; otherwise (no release
+    recorded, this release's own or an earlier one's, or a version that does not parse)
+    `missing`: a file this release should have and has not.
+    """
+    ledger = dict(ledger)
+    out = []
+    for migration in on_disk:
+        row = ledger.pop(migration.name, None)
+        if row is None:
+            out.append(MigrationStatus(migration.name, "pending"))
+            continue
+        state = "applied" if row["checksum"] == migration.checksum else "changed"
+        out.append(MigrationStatus(migration.name, state, _when(row), _release(row)))
+    mine = parse(this_release)
+    for name, row in sorted(ledger.items()):
+        theirs = parse(_release(row))
+        if mine is None or theirs is None or theirs <= mine:
+            state = "missing"
+        elif theirs[0] == mine[0]:
+            state = "newer"
+        else:
+            state = "newer-major"
+        out.append(MigrationStatus(name, state, _when(row), _release(row)))
+    return out
+
+
+def _when(row: dict[str, object]) -> str | None:
+    applied_at = row.get("applied_at")
+    return applied_at.isoformat() if hasattr(applied_at, "isoformat") else None
+
+
+def _release(row: dict[str, object]) -> str | None:
+    value = row.get("release")
+    return value if isinstance(value, str) else None
+
+
+def refusal(statuses: list[MigrationStatus], this_release: str) -> str | None:
+    """Why this release may not run on the schema these statuses describe, or None. Pure."""
+    odd = [s for s in statuses if s.refused]
+    if not odd:
+        return None
+    later = sorted({s.release or "" for s in odd if s.state == "newer-major"})
+    parts = [f"{s.name} ({s.state}{', ' + s.release if s.release else ''})" for s in odd]
+    why = f"not release {this_release}'s schema: {', '.join(parts)}"
+    if later:
+        why += (
+            f"; release {', '.join(later)} is a later major, whose schema an earlier major "
+            "cannot run on: roll forward, or restore the database from before its migration"
+        )
+    return why
 
 
 def default_directory() -> Path:
@@ -80,20 +165,23 @@ def load(directory: Path) -> list[Migration]:
     return migrations
 
 
-async def _applied(conn: asyncpg.Connection) -> dict[str, asyncpg.Record]:
-    rows = await conn.fetch("SELECT name, checksum, applied_at FROM schema_migrations")
-    return {row["name"]: row for row in rows}
+async def _applied(conn: asyncpg.Connection) -> dict[str, dict[str, object]]:
+    rows = await conn.fetch(LEDGER_SELECT)
+    return {row["name"]: dict(row) for row in rows}
 
 
-def _check_unchanged(migrations: list[Migration], applied: dict[str, asyncpg.Record]) -> None:
+def _check(migrations: list[Migration], applied: dict[str, dict[str, object]]) -> None:
     for migration in migrations:
         row = applied.get(migration.name)
         if row is not None and row["checksum"] != migration.checksum:
             raise MigrationError(
                 f"{migration.name} was changed after it was applied "
-                f"(recorded sha256 {row['checksum'][:12]}…, file {migration.checksum[:12]}…); "
+                f"(recorded sha256 {str(row['checksum'])[:12]}…, file {migration.checksum[:12]}…); "
                 "write a new migration instead of editing an applied one"
             )
+    why = refusal(classify(migrations, applied, release()), release())
+    if why is not None:
+        raise MigrationError(why)
 
 
 async def migrate(conn: asyncpg.Connection, directory: Path | None = None) -> list[str]:
@@ -102,8 +190,14 @@ async def migrate(conn: asyncpg.Connection, directory: Path | None = None) -> li
     await conn.execute("SELECT pg_advisory_lock($1)", ADVISORY_LOCK_KEY)
     try:
         await conn.execute(LEDGER_DDL)
+        if not await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM information_schema.columns WHERE "
+            "table_name = 'schema_migrations' AND column_name = 'release' "
+            "AND table_schema = current_schema())"
+        ):
+            await conn.execute(LEDGER_RELEASE_DDL)
         applied = await _applied(conn)
-        _check_unchanged(migrations, applied)
+        _check(migrations, applied)
         done = []
         for migration in migrations:
             if migration.name in applied:
@@ -112,9 +206,10 @@ async def migrate(conn: asyncpg.Connection, directory: Path | None = None) -> li
             async with conn.transaction():
                 await conn.execute(migration.sql)
                 await conn.execute(
-                    "INSERT INTO schema_migrations (name, checksum) VALUES ($1, $2)",
+                    "INSERT INTO schema_migrations (name, checksum, release) VALUES ($1, $2, $3)",
                     migration.name,
                     migration.checksum,
+                    release(),
                 )
             done.append(migration.name)
         return done
@@ -127,17 +222,7 @@ async def status(conn: asyncpg.Connection, directory: Path | None = None) -> lis
     migrations = load(directory or default_directory())
     exists = await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL")
     applied = await _applied(conn) if exists else {}
-    out = []
-    for migration in migrations:
-        row = applied.pop(migration.name, None)
-        if row is None:
-            out.append(MigrationStatus(migration.name, "pending"))
-        else:
-            state = "applied" if row["checksum"] == migration.checksum else "changed"
-            out.append(MigrationStatus(migration.name, state, row["applied_at"].isoformat()))
-    for name, row in sorted(applied.items()):
-        out.append(MigrationStatus(name, "missing", row["applied_at"].isoformat()))
-    return out
+    return classify(migrations, applied, release())
 
 
 async def grant(conn: asyncpg.Connection, legacy_gateway: bool = False) -> list[str]:
