@@ -4,8 +4,10 @@ It reads the events stream message by message (`STREAM.MSG.GET` with `next_by_su
 the next event of the type asked for, from a sequence on) and is woken by the events'
 own subjects as they are published: no consumer is created, so a read-only principal
 (`subscriber`) can do all of it, and nothing is left on the server. Filtered by type
-(NATS wildcards) on the server and by node on the client. The equivalent with the `nats`
-CLI: `nats stream view BC_EVENTS`, or `nats sub 'bc.events.node.>'` for new ones.
+(NATS wildcards) on the server and by node on the client. `--json` lines carry each
+event's stream sequence: a subscriber resumes with `--start-seq` one past the last it
+handled. The equivalent with the `nats` CLI: `nats stream view BC_EVENTS`, or
+`nats sub 'bc.events.node.>'` for new ones (which sees a re-published event twice).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
@@ -28,12 +31,17 @@ from workers.runtime.bus import connection
 
 def render(
     subject: str, headers: Mapping[str, str] | None, when: datetime | None,
-    body: dict[str, Any], as_json: bool,
+    body: dict[str, Any], as_json: bool, seq: int | None = None,
 ) -> str:  # fmt: skip
+    """One event as a line: JSON (with its stream sequence, to resume from, and its
+    `Nats-Msg-Id`, to drop a re-publication by) or text for a terminal."""
     bc_type = (headers or {}).get("Bc-Type", "?")
     stamp = when.isoformat(timespec="seconds") if when else "-"
     if as_json:
-        return json.dumps({"time": stamp, "type": bc_type, "subject": subject, "event": body})
+        return json.dumps({
+            "seq": seq, "msgId": (headers or {}).get("Nats-Msg-Id"), "time": stamp,
+            "type": bc_type, "subject": subject, "event": body,
+        })  # fmt: skip
     rest = " ".join(f"{k}={v}" for k, v in body.items() if k not in ("nodeId", "epoch"))
     line = (
         f"{stamp} {bc_type:<32} {body.get('nodeId', '-'):<24} epoch={body.get('epoch', '-')} {rest}"
@@ -42,12 +50,21 @@ def render(
 
 
 async def first_sequence(
-    nc: NATS, subjects: Subjects, wanted: str, since: datetime | None, everything: bool
-) -> int:
-    """Where reading starts: the stream's first event, the first at or after `since`, or
-    (neither) the next one published."""
+    nc: NATS, subjects: Subjects, wanted: str, since: datetime | None, everything: bool,
+    start_seq: int | None = None, warn: Callable[[str], None] = print,
+) -> int:  # fmt: skip
+    """Where reading starts: the stream's first event, the event at `start_seq` (or the
+    first kept after it, with a warning when the stream no longer holds it), the first at
+    or after `since`, or (none of them) the next one published."""
     js = nc.jetstream()
     state = (await js.stream_info(subjects.events_stream)).state
+    if start_seq is not None:
+        if start_seq < state.first_seq:
+            warn(
+                f"bcw events: the stream no longer holds events {start_seq} to "
+                f"{state.first_seq - 1} (past its retention): reading on from {state.first_seq}"
+            )
+        return max(start_seq, state.first_seq, 1)
     if everything:
         return max(1, state.first_seq)
     if since is None:
@@ -67,10 +84,12 @@ async def follow(
     node: str | None = None,
     since: datetime | None = None,
     everything: bool = False,
+    start_seq: int | None = None,
     as_json: bool = False,
     count: int | None = None,
     idle_exit: float | None = None,
     out: Callable[[str], None] = print,
+    warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
 ) -> int:
     subjects = Subjects(settings.subject_root)
     wanted = subjects.event(event_type)
@@ -86,7 +105,7 @@ async def follow(
     try:
         js = nc.jetstream()
         await nc.subscribe(wanted, cb=woken)
-        seq = await first_sequence(nc, subjects, wanted, since, everything)
+        seq = await first_sequence(nc, subjects, wanted, since, everything, start_seq, warn)
         while count is None or shown < count:
             try:
                 msg = await js.get_msg(subjects.events_stream, seq=seq, subject=wanted, next=True)
@@ -104,7 +123,7 @@ async def follow(
                 continue
             if not isinstance(body, dict) or (node is not None and body.get("nodeId") != node):
                 continue
-            out(render(msg.subject or "", msg.headers, msg.time, body, as_json))
+            out(render(msg.subject or "", msg.headers, msg.time, body, as_json, msg.seq))
             shown += 1
     finally:
         await nc.close()

@@ -90,10 +90,17 @@ def add(commands: Commands) -> None:
         "--type", default=">", help="event type, NATS wildcards allowed: node.*, command.>"
     )
     events.add_argument("--node", help="only this node's events")
-    events.add_argument(
+    start = events.add_mutually_exclusive_group()
+    start.add_argument(
         "--since", type=_start, help="from this long ago (10m, 2h, 1d) or this ISO 8601 time"
     )
-    events.add_argument("--all", action="store_true", help="from the start of the stream")
+    start.add_argument(
+        "--start-seq",
+        type=_sequence,
+        metavar="N",
+        help="from the event at stream sequence N on (resume with the last `seq` handled + 1)",
+    )
+    start.add_argument("--all", action="store_true", help="from the start of the stream")
     events.add_argument("--json", action="store_true", help="one JSON object per line")
     events.add_argument("--count", type=int, help="exit after this many events")
     events.add_argument(
@@ -285,6 +292,13 @@ def _start(text: str) -> datetime:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _sequence(text: str) -> int:
+    """A stream sequence: a whole number from 1 (argparse: exit 2, before any connection)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a stream sequence (1, 2, …)")
+    return int(text)
+
+
 def _cmd_liveness_status(args: argparse.Namespace, settings: Settings) -> int:
     from workers.display import printable
     from workers.liveness.breaker import status
@@ -357,6 +371,7 @@ def _cmd_events(args: argparse.Namespace, settings: Settings) -> int:
         return asyncio.run(
             tail.follow(
                 settings, event_type=args.type, node=args.node, since=args.since, everything=args.all,
+                start_seq=args.start_seq,
                 as_json=args.json, count=args.count, idle_exit=args.idle_exit,
             )
         )  # fmt: skip

@@ -13,7 +13,7 @@ import asyncpg
 import nats
 import nats.js.errors
 import pytest
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from schemas import REGISTRY
 from tests.conftest import Servers
@@ -108,6 +108,17 @@ async def test_each_principal_does_its_work_and_nothing_else(
                     await eventually(lambda: violated(errors, "Publish"), what="refused")
                 with pytest.raises(nats.errors.TimeoutError):
                     await js.delete_consumer(SUBJECTS.events_stream, "labeler")
+                # but it pulls from, and acks on, a durable an operator made for it
+                await _dashboards(keys, secured)
+                pulled = await js.pull_subscribe_bind("dashboards", SUBJECTS.events_stream)
+                [first] = await pulled.fetch(1, timeout=5)
+                assert first.headers and first.headers["Bc-Type"] == "node.connected"
+                await first.ack_sync()
+                async with client_as(keys, secured, "admin") as (admin, _):
+                    info = await admin.jetstream().consumer_info(
+                        SUBJECTS.events_stream, "dashboards"
+                    )
+                    assert info.ack_floor is not None and info.ack_floor.stream_seq >= 1
             code, output = await bcw(
                 "events", "--all", "--type", "node.connected", "--count", "1", "--idle-exit", "10",
                 BCW_NATS_URL=secured, BCW_SUBJECT_ROOT="bc",
@@ -306,3 +317,19 @@ async def test_a_subject_refused_in_upper_case_is_buried_once_and_never_waited_o
     reasons = [r["reason"] for r in await db.fetch("SELECT reason FROM outbox_dead")]
     assert reasons == [f"this principal may not publish to {upper}"] * 2
     assert await db.fetchval("SELECT count(*) FROM outbox") == 0
+
+
+async def _dashboards(keys: Path, secured: str) -> None:
+    """As docs/contract.md's recipe: the admin adds a durable pull consumer of the node
+    events for a subscriber."""
+    async with client_as(keys, secured, "admin") as (admin, _):
+        await admin.jetstream().add_consumer(
+            SUBJECTS.events_stream,
+            ConsumerConfig(
+                durable_name="dashboards",
+                deliver_policy=DeliverPolicy.ALL,
+                filter_subject=SUBJECTS.event("node.*"),
+                ack_policy=AckPolicy.EXPLICIT,
+                max_ack_pending=1000,
+            ),
+        )

@@ -13,7 +13,8 @@ shows the same table, generated from `principals()`.
 - `operator`: a person operating the fleet: lists and re-drives dead letters, reads the
   events; creates no stream or consumer.
 - `subscriber`: reads the events stream message by message and is told of new events
-  on their subjects; it creates, changes and deletes no consumer (read-only).
+  on their subjects, or pulls from (and acks on) a durable consumer of the events stream
+  an operator made for it; it creates, changes and deletes no consumer.
 
 Every principal's replies come to an inbox of its own, `_INBOX.<its public key>.>`
 (`connection.connect` sets that prefix when it logs in with an nkey seed), so no principal can
@@ -253,6 +254,11 @@ def principals(subjects: Subjects, gateways: Sequence[str]) -> list[Principal]:
                 _api("INFO"),
                 _api("STREAM.INFO", events),
                 _api("STREAM.MSG.GET", events),  # reads message by message: no consumer
+                # or pulls from a durable consumer an operator made for it (every
+                # subscriber shares this principal: one trust), and acks what it handled
+                _api("CONSUMER.INFO", events, "*"),
+                _api("CONSUMER.MSG.NEXT", events, "*"),
+                f"$JS.ACK.{events}.>",
             ),
             subscribe=(subjects.all_events,),
         )
