@@ -41,6 +41,13 @@ def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
     return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
 
 
+def migration_job(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The one migration Job (its name ends with a digest of what it runs)."""
+    [job] = [d for d in docs if d["kind"] == "Job"]
+    assert re.fullmatch(r".+-migrate-[0-9a-f]{10}", job["metadata"]["name"])
+    return job
+
+
 @pytest.mark.parametrize("values", [MINIMAL, production()], ids=["defaults", "production"])
 def test_lint_is_clean(values: dict[str, Any]) -> None:
     report = helm.lint(str(CHART), values, strict=True, kube_version=f"v{KUBE_VERSION}.0")
@@ -62,7 +69,8 @@ def test_every_manifest_is_valid_for_kubernetes(values: dict[str, Any]) -> None:
 def test_each_worker_deployment(values: dict[str, Any]) -> None:
     docs = render(values)
     deployments = by_kind(docs, "Deployment")
-    assert sorted(deployments) == [f"fleet-bc-workers-{w}" for w in WORKERS]
+    relay = ["relay"] if values.get("relay", {}).get("enabled") else []
+    assert sorted(deployments) == sorted(f"fleet-bc-workers-{w}" for w in [*WORKERS, *relay])
     for worker in WORKERS:
         deployment = deployments[f"fleet-bc-workers-{worker}"]
         pod = deployment["spec"]["template"]["spec"]
@@ -108,7 +116,7 @@ def test_production_values_reach_the_pods() -> None:
     assert env["BCW_CONSUMER_BATCH_SIZE"] == "256"
     # the worker that says how full each gateway's facts stream is, and the Job that makes them
     assert env["BCW_NATS_FACTS_GATEWAYS"] == "gw-eu-1,gw-eu-2,gw-us-1"
-    job = by_kind(docs, "Job")["fleet-bc-workers-migrate-1"]
+    job = migration_job(docs)
     containers = job["spec"]["template"]["spec"]["containers"]
     [provision] = [c for c in containers if c["name"] == "provision"]
     listed = {"name": "BCW_NATS_FACTS_GATEWAYS", "value": "gw-eu-1,gw-eu-2,gw-us-1"}
@@ -131,7 +139,7 @@ def test_no_object_is_an_install_hook_and_every_pod_waits_for_the_schema() -> No
     secret = by_kind(docs, "Secret")["fleet-bc-workers-database"]
     assert secret["stringData"]["url"] == "postgresql://bcw@db/bcw"
     assert by_kind(docs, "ServiceAccount")
-    job = by_kind(docs, "Job")["fleet-bc-workers-migrate-1"]  # one per release revision
+    job = migration_job(docs)  # named after what it runs
     assert job["spec"]["ttlSecondsAfterFinished"] == 86400
     pod = job["spec"]["template"]["spec"]
     assert [c["args"] for c in pod["initContainers"]] == [["migrate"]]
@@ -226,7 +234,7 @@ def test_each_worker_logs_in_as_itself_and_each_job_container_gets_only_what_it_
         pod = _pod(docs, "Deployment", f"fleet-bc-workers-{worker}")
         expected = (f"bcw-{worker}-database", f"bcw-{worker}-nats", "BCW_NATS_NKEY_SEED_FILE")
         assert _secrets_of(pod["containers"][0], pod) == expected, worker
-    job = _pod(docs, "Job", "fleet-bc-workers-migrate-1")
+    job = dict(migration_job(docs)["spec"]["template"]["spec"])
     [migrate], [provision] = job["initContainers"], job["containers"]
     assert _secrets_of(migrate, job) == ("bc-workers-database-owner", None, "")
     assert _secrets_of(provision, job) == (None, "bcw-admin-nats", "BCW_NATS_NKEY_SEED_FILE")
@@ -332,7 +340,7 @@ def test_the_otlp_endpoint_and_protocol_reach_every_worker() -> None:
 
 def test_the_hello_proof_policy_reaches_bcw_migrate_only_when_set() -> None:
     def migrate_env(values: dict[str, Any]) -> dict[str, Any]:
-        job = by_kind(render(values), "Job")["fleet-bc-workers-migrate-1"]
+        job = migration_job(render(values))
         [migrate] = job["spec"]["template"]["spec"]["initContainers"]
         return {e["name"]: e.get("value") for e in migrate["env"]}
 
@@ -345,7 +353,7 @@ def test_the_hello_proof_policy_reaches_bcw_migrate_only_when_set() -> None:
 
 def test_the_legacy_gateway_role_is_granted_only_when_asked() -> None:
     def migrate_args(values: dict[str, Any]) -> list[str]:
-        job = by_kind(render(values), "Job")["fleet-bc-workers-migrate-1"]
+        job = migration_job(render(values))
         [migrate] = job["spec"]["template"]["spec"]["initContainers"]
         return list(migrate["args"])
 

@@ -21,6 +21,7 @@ from tests.chart.test_chart import (
     _every_metric_once,
     _pod,
     by_kind,
+    migration_job,
     production,
     render,
 )
@@ -117,13 +118,15 @@ def test_a_cluster_install_can_shape_each_worker() -> None:
     )
     labeler = _pod(docs, "Deployment", "fleet-bc-workers-labeler")
     assert labeler["priorityClassName"] == "fleet-default" and "nodeSelector" not in labeler
-    for pod in (replay, labeler, _pod(docs, "Job", "fleet-bc-workers-migrate-1")):
+    for pod in (replay, labeler, dict(migration_job(docs)["spec"]["template"]["spec"])):
         assert any(v["name"] == "db-ca" for v in pod["volumes"])
         assert all(
             any(m["mountPath"] == "/etc/bcw/ca" for m in c["volumeMounts"])
             for c in pod.get("initContainers", []) + pod["containers"]
         )
-        assert pod["containers"][0]["image"].startswith("registry.example.com/ghcr.io/")
+        assert pod["containers"][0]["image"].startswith(
+            "registry.example.com/bc-fleet/bc-workers:"
+        )  # replaced, not prefixed
     for doc in docs:
         kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
 

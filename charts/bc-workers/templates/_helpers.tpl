@@ -40,10 +40,39 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{/* The image: [registry/]repository, then @digest or :tag (the chart's appVersion by
+   default). The registry is global.imageRegistry, else image.registry, else none; a
+   repository whose first part names a registry (it has a dot or a port, or is
+   localhost) keeps it only when neither is set — global.imageRegistry replaces it, so
+   no image ever has two registries. */}}
 {{- define "bcw.image" -}}
-{{- $registry := "" -}}
-{{- with .Values.global }}{{ $registry = default "" .imageRegistry }}{{ end -}}
-{{ if $registry }}{{ trimSuffix "/" $registry }}/{{ end }}{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
+{{- $image := .Values.image -}}
+{{- $repository := $image.repository -}}
+{{- $parts := splitList "/" $repository -}}
+{{- $first := first $parts -}}
+{{- $named := and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- $registry := default "" $image.registry -}}
+{{- if $named }}{{ $repository = join "/" (rest $parts) }}{{ if not $registry }}{{ $registry = $first }}{{ end }}{{ end -}}
+{{- with .Values.global }}{{ with .imageRegistry }}{{ $registry = . }}{{ end }}{{ end -}}
+{{- if $registry }}{{ trimSuffix "/" $registry }}/{{ end }}{{ $repository }}
+{{- if $image.digest }}@{{ $image.digest }}{{ else }}:{{ default .Chart.AppVersion $image.tag }}{{ end -}}
+{{- end -}}
+
+{{/* Every pod's pull secrets: imagePullSecrets and global.imagePullSecrets, each a
+   name or {name: …}, once each. */}}
+{{- define "bcw.imagePullSecrets" -}}
+{{- $names := list -}}
+{{- $global := list -}}
+{{- with .Values.global }}{{ $global = default list .imagePullSecrets }}{{ end -}}
+{{- range concat (default list .Values.imagePullSecrets) $global -}}
+{{- if kindIs "string" . }}{{ $names = append $names . }}{{ else }}{{ $names = append $names .name }}{{ end -}}
+{{- end -}}
+{{- with ($names | compact | uniq) -}}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . }}
+{{- end }}
+{{- end -}}
 {{- end -}}
 
 {{- define "bcw.databaseSecret" -}}
@@ -85,8 +114,26 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/* The environment every container gets. Call with (dict "root" $ "service" "bcw-liveness"
-   "secrets" (include "bcw.secrets" …)). */}}
+   "secrets" (include "bcw.secrets" …)), and "extra": a container's own variables. A
+   variable of extraEnv or "extra" replaces the chart's of the same name (a container's
+   own wins over extraEnv): each name is set once. */}}
 {{- define "bcw.env" -}}
+{{- $overrides := concat (default list .root.Values.extraEnv) (default list .extra) -}}
+{{- $names := list -}}
+{{- range $overrides }}{{ $names = append $names .name }}{{ end -}}
+{{- $env := list -}}
+{{- range (include "bcw.envBase" . | fromYamlArray) }}
+{{- if not (has .name $names) }}{{ $env = append $env . }}{{ end }}
+{{- end }}
+{{- range $i, $e := $overrides }}
+{{- $later := false }}
+{{- range $j, $f := $overrides }}{{ if and (gt $j $i) (eq $f.name $e.name) }}{{ $later = true }}{{ end }}{{ end }}
+{{- if not $later }}{{ $env = append $env $e }}{{ end }}
+{{- end }}
+{{- toYaml $env }}
+{{- end -}}
+
+{{- define "bcw.envBase" -}}
 {{- $v := .root.Values -}}
 {{- $s := splitList "|" .secrets -}}
 {{- $db := or (not (hasKey . "database")) .database -}}
@@ -159,9 +206,6 @@ app.kubernetes.io/component: {{ .component }}
   value: {{ $v.otel.endpoint | quote }}
 - name: OTEL_EXPORTER_OTLP_PROTOCOL
   value: {{ $v.otel.protocol | quote }}
-{{- end }}
-{{- with $v.extraEnv }}
-{{ toYaml . }}
 {{- end }}
 {{- end -}}
 
