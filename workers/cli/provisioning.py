@@ -203,24 +203,28 @@ def _say_newer(rows: list[MigrationStatus]) -> None:
 def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.subjects import Subjects
     from workers.registry import WORKERS
-    from workers.runtime.bus import connection, streams
+    from workers.runtime.bus import connection, server, streams
 
     async def run() -> int:
         subjects = Subjects(settings.subject_root)
         nc = await connection.connect(settings.nats, name="bcw provision")
         try:
             js = nc.jetstream()
+            limits = streams.limits_of(settings.nats, server.server_version(nc))
+            if not limits.batched:
+                print(
+                    f"nats-server {server.server_version(nc)} has no fast batches (2.14+): the "
+                    "streams are made without them, the relay publishes one message at a time"
+                )
             if args.check:
                 checked = await streams.check_streams(
-                    js, subjects, settings.nats.stream_replicas, streams.limits_of(settings.nats)
+                    js, subjects, settings.nats.stream_replicas, limits
                 )
                 for stream, state in checked.items():
                     print(f"stream   {stream:<24} {state}")
                 return EXIT_FAILED if "missing" in checked.values() else 0
             for stream, state in (
-                await streams.provision_streams(
-                    js, subjects, settings.nats.stream_replicas, streams.limits_of(settings.nats)
-                )
+                await streams.provision_streams(js, subjects, settings.nats.stream_replicas, limits)
             ).items():
                 print(f"stream   {stream:<24} {state}")
             for name, build in sorted(WORKERS.items()):
@@ -255,14 +259,14 @@ def _cmd_schemas_export(args: argparse.Namespace, settings: Settings) -> int:
 
 def _cmd_auth_nats(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.subjects import Subjects
-    from workers.runtime.bus import principals, streams
+    from workers.runtime.bus import principals, server
 
     gateways = [g.strip() for g in args.gateways.split(",") if g.strip()] if args.gateways else []
     try:
         written = principals.write(
             Path(args.out), Subjects(settings.subject_root), principals.check_gateways(gateways)
         )
-        written.insert(1, streams.write_jetstream_fragment(Path(args.out)))
+        written.insert(1, server.write_jetstream_fragment(Path(args.out)))
     except principals.SeedFileError as error:
         print(f"bcw auth nats: --out: {error}", file=sys.stderr)
         return EXIT_BAD_SETTINGS

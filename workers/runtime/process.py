@@ -28,7 +28,7 @@ from schemas.subjects import Subjects
 from workers.runtime.base.errors import SettingError, Severity, classify
 from workers.runtime.base.settings import Settings
 from workers.runtime.base.waiting import Patience, sleep_or_stop
-from workers.runtime.bus import connection, streams
+from workers.runtime.bus import connection, server, streams
 from workers.runtime.bus.deadletter import watch_max_deliveries
 from workers.runtime.effects.consumer import FactConsumer
 from workers.runtime.effects.outbox import OutboxRelay
@@ -190,8 +190,9 @@ async def _serve(
         async def provision() -> None:
             # created when missing, never changed: only `bcw provision` updates a stream
             await streams.streams_for_a_worker(
-                js, subjects, settings.nats.stream_replicas, streams.limits_of(settings.nats)
-            )
+                js, subjects, settings.nats.stream_replicas,
+                streams.limits_of(settings.nats, server.server_version(nc)),
+            )  # fmt: skip
             for consumer in parts.consumers:
                 spec = consumer.worker.consumer_spec(subjects)
                 await streams.ensure_consumer(js, subjects.facts_stream, spec, settings.consumer)

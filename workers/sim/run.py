@@ -16,7 +16,7 @@ from rich.table import Table
 from schemas.subjects import Subjects
 from workers.runtime.base.errors import SettingError
 from workers.runtime.base.settings import Settings
-from workers.runtime.bus import connection, streams
+from workers.runtime.bus import connection, server, streams
 from workers.runtime.store import db
 from workers.sim.scenarios import SCENARIOS
 from workers.sim.simulator import Simulator, foreign_sessions
@@ -66,7 +66,7 @@ async def run_scenario(
             nc.jetstream(),
             subjects,
             settings.nats.stream_replicas,
-            streams.limits_of(settings.nats),
+            streams.limits_of(settings.nats, server.server_version(nc)),
         )
         await sim.start()
         sim.progress = lambda phase: console.log(phase)

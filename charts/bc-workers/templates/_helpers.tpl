@@ -182,6 +182,18 @@ imagePullSecrets:
   value: {{ join "," $v.nats.factsGateways | quote }}
 - name: BCW_NATS_FACTS_BYTES_PER_GATEWAY
   value: {{ $v.nats.factsBytesPerGateway | int64 | quote }}
+- name: BCW_NATS_FACTS_MAX_AGE
+  value: {{ $v.nats.retention.facts | quote }}
+- name: BCW_NATS_EVENTS_MAX_AGE
+  value: {{ $v.nats.retention.events | quote }}
+- name: BCW_NATS_NOTICES_MAX_AGE
+  value: {{ $v.nats.retention.notices | quote }}
+- name: BCW_NATS_DEAD_MAX_AGE
+  value: {{ $v.nats.retention.deadLetters | quote }}
+- name: BCW_NATS_EVENTS_MAX_BYTES
+  value: {{ $v.nats.retention.eventsBytes | int64 | quote }}
+- name: BCW_NATS_DEAD_MAX_BYTES
+  value: {{ $v.nats.retention.deadLettersBytes | int64 | quote }}
 {{- if index $s 2 }}
 - name: {{ ternary "BCW_NATS_NKEY_SEED_FILE" "BCW_NATS_CREDS_FILE" (eq (index $s 4) "nkey") }}
   value: /etc/bcw/nats/{{ index $s 3 }}

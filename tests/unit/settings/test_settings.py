@@ -79,6 +79,14 @@ def test_bad_settings_are_refused(monkeypatch: pytest.MonkeyPatch, name: str, va
             "BCW_NATS_TLS_CERT_FILE and BCW_NATS_TLS_KEY_FILE go together",
         ),
         (
+            {"BCW_NATS_FACTS_MAX_AGE": "2d"},
+            "BCW_RETENTION_PROCESSED_FACTS (90000 s) must be above BCW_NATS_FACTS_MAX_AGE (172800 s)",
+        ),
+        (
+            {"BCW_NATS_EVENTS_MAX_AGE": "30s"},
+            "BCW_NATS_EVENTS_MAX_AGE: ",
+        ),
+        (
             {"BCW_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT": "3"},
             "BCW_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT (3) must be above BCW_OUTBOX_PUBLISH_TIMEOUT (5)",
         ),

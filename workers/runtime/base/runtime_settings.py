@@ -159,6 +159,38 @@ class NatsSettings(BaseSettings):
         default=64, ge=8,
         description="consumers a stream may have at most (set when the stream is created)",
     )  # fmt: skip
+    # each stream's retention: at least the 2-minute duplicate window (JetStream's rule)
+    facts_max_age: Seconds = Field(
+        default=86400.0, ge=120,
+        description="how long the facts stream (and each gateway's own) keeps a fact: a worker "
+        "stopped longer loses what it has not read, and a parked fact can be re-driven only "
+        "this long; below BCW_RETENTION_PROCESSED_FACTS (the inbox must outlive a redelivery)",
+    )  # fmt: skip
+    events_max_age: Seconds = Field(
+        default=7 * 86400.0, ge=120,
+        description="how long the events stream keeps an event: how far back a subscriber can "
+        "resume (bcw events --start-seq, --since)",
+    )  # fmt: skip
+    notices_max_age: Seconds = Field(
+        default=3600.0,
+        ge=120,
+        description="how long the notices stream keeps a notice for a gateway that is away",
+    )
+    dead_max_age: Seconds = Field(
+        default=14 * 86400.0,
+        ge=120,
+        description="how long the dead-letter stream keeps a letter (to list and re-drive)",
+    )
+    events_max_bytes: int = Field(
+        default=0, ge=-1,
+        description="bytes the events stream keeps at most, its oldest dropped beyond (0: "
+        "BCW_NATS_STREAM_MAX_BYTES; -1: no bound but its age)",
+    )  # fmt: skip
+    dead_max_bytes: int = Field(
+        default=0, ge=-1,
+        description="bytes the dead-letter stream keeps at most, its oldest dropped beyond (0: "
+        "BCW_NATS_STREAM_MAX_BYTES; -1: no bound but its age)",
+    )  # fmt: skip
 
     @field_validator("url")
     @classmethod

@@ -93,6 +93,17 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _inbox_outlives_the_facts(self) -> Settings:
+        kept = self.retention.processed_facts.total_seconds()
+        if kept <= self.nats.facts_max_age:
+            raise ValueError(
+                f"BCW_RETENTION_PROCESSED_FACTS ({kept:g} s) must be above BCW_NATS_FACTS_MAX_AGE "
+                f"({self.nats.facts_max_age:g} s): a fact redelivered after its inbox row was "
+                "pruned would be applied twice"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _timeouts_fit(self) -> Settings:
         if self.database.command_timeout >= self.consumer.ack_wait:
             raise ValueError(

@@ -24,7 +24,7 @@ from workers.runtime.base.errors import (
 )
 from workers.runtime.base.runtime_settings import NatsSettings
 from workers.runtime.base.waiting import Patience
-from workers.runtime.bus import principals
+from workers.runtime.bus import principals, server
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +152,10 @@ async def connect(
         if isinstance(failure, Exception):
             raise _named(failure, seen, settings) from failure
         raise
+    refusal = server.too_old(server.server_version(client))
+    if refusal is not None:  # one floor everywhere (`server.FLOOR`)
+        await client.close()
+        raise SettingError("BCW_NATS_URL", refusal)
     client.options["max_reconnect_attempts"] = -1
     connected = True
     return client

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -27,6 +26,7 @@ from nats.js.errors import BadRequestError, NotFoundError
 
 from schemas.subjects import Subjects
 from workers.runtime.base.runtime_settings import ConsumerSettings, NatsSettings
+from workers.runtime.bus import server
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +53,21 @@ class StreamLimits:
     #: that the facts stream sources; none: the facts stream takes every gateway's facts
     gateways: tuple[str, ...] = ()
     per_gateway: int = 4 * 2**30
+    #: each stream's max age, in seconds
+    facts_age: float = DAY
+    events_age: float = 7 * DAY
+    notices_age: float = HOUR
+    dead_age: float = 14 * DAY
+    #: the events' and the dead letters' own bounds in bytes (0: `max_bytes`)
+    events_bytes: int = 0
+    dead_bytes: int = 0
+    #: JetStream fast batches (`allow_batched`): only where the server has them (2.14+)
+    batched: bool = True
 
 
-def limits_of(settings: NatsSettings) -> StreamLimits:
+def limits_of(settings: NatsSettings, server_version: str | None = None) -> StreamLimits:
+    """The streams' bounds these settings give, on nats-server `server_version` (None: a
+    server with every feature; an older one gets no fast batches: `server`)."""
     return StreamLimits(
         settings.stream_max_bytes,
         settings.stream_max_msgs,
@@ -64,6 +76,13 @@ def limits_of(settings: NatsSettings) -> StreamLimits:
         settings.dead_letters_per_source,
         settings.gateways_with_own_facts,
         settings.facts_bytes_per_gateway,
+        settings.facts_max_age,
+        settings.events_max_age,
+        settings.notices_max_age,
+        settings.dead_max_age,
+        settings.events_max_bytes,
+        settings.dead_max_bytes,
+        server_version is None or server.has_fast_batches(server_version),
     )
 
 
@@ -99,24 +118,26 @@ def stream_configs(
             max_msgs=limits.max_msgs,
             max_msg_size=limits.max_msg_size,
             max_consumers=limits.max_consumers,
-            # the outbox relay publishes a batch of rows as one fast batch (one PubAck)
-            allow_batched=True,
+            # the outbox relay publishes a batch of rows as one fast batch (one PubAck);
+            # a server before 2.14 refuses the field itself: not sent there
+            allow_batched=True if limits.batched else None,
         )
 
     old, new = DiscardPolicy.OLD, DiscardPolicy.NEW
     # full: new facts are refused (their gateways retry) rather than unapplied ones dropped
-    facts = [stream(subjects.facts_stream, [subjects.all_facts], DAY, new)]
+    facts_age = limits.facts_age
+    facts = [stream(subjects.facts_stream, [subjects.all_facts], facts_age, new)]
     if limits.gateways:
         # each gateway fills a stream of its own, and only its own; the facts stream (what
         # the workers consume) sources them all, so it holds at most what they hold
         facts = [
             stream(
-                subjects.facts_stream, [], DAY, new, max_bytes=-1,
+                subjects.facts_stream, [], facts_age, new, max_bytes=-1,
                 sources=[StreamSource(name=subjects.gateway_facts_stream(g)) for g in limits.gateways],
             ),
             *(
                 stream(
-                    subjects.gateway_facts_stream(g), [subjects.gateway_facts(g)], DAY, new,
+                    subjects.gateway_facts_stream(g), [subjects.gateway_facts(g)], facts_age, new,
                     max_bytes=limits.per_gateway,
                 )
                 for g in limits.gateways
@@ -124,12 +145,18 @@ def stream_configs(
         ]  # fmt: skip
     return [
         *facts,
-        stream(subjects.events_stream, [subjects.all_events, subjects.revocations], 7 * DAY, old),
-        stream(subjects.gateway_stream, [subjects.all_notices], HOUR, old),
+        stream(
+            subjects.events_stream, [subjects.all_events, subjects.revocations],
+            limits.events_age, old, max_bytes=limits.events_bytes or limits.max_bytes,
+        ),
+        stream(subjects.gateway_stream, [subjects.all_notices], limits.notices_age, old),
         # each worker, cause and source keeps its newest letters: one gateway's junk never
         # evicts another's letters, nor a parked fact (`deadletter.subject_of`)
-        stream(subjects.dead_stream, [subjects.all_dead], 14 * DAY, old, limits.dead_per_source),
-    ]
+        stream(
+            subjects.dead_stream, [subjects.all_dead], limits.dead_age, old,
+            limits.dead_per_source, max_bytes=limits.dead_bytes or limits.max_bytes,
+        ),
+    ]  # fmt: skip
 
 
 _UPDATABLE = (
@@ -191,6 +218,8 @@ async def ensure_stream(js: JetStreamContext, wanted: StreamConfig, subjects: Su
 def _differs(current: object, wanted: object) -> bool:
     if _is_sources(current) or _is_sources(wanted):  # the streams they name, in any order
         return _source_names(current) != _source_names(wanted)
+    if isinstance(current, bool) or isinstance(wanted, bool):  # a server may omit a false one
+        return bool(current) != bool(wanted)
     if isinstance(current, float) or isinstance(wanted, float):
         return abs(float(current or 0) - float(wanted or 0)) > 1e-6  # type: ignore[arg-type]
     if isinstance(current, list) and isinstance(wanted, list):
@@ -352,34 +381,6 @@ async def ensure_consumer(
             f"consumer {spec.durable} on {stream} cannot take the configured settings: {error}; "
             "delete it (`nats consumer rm`) to recreate it"
         ) from error
-
-
-#: The nats-server configuration bc-workers needs of JetStream (`bcw auth nats` writes it
-#: beside `auth.conf`; docs/durability.md says why).
-JETSTREAM_FRAGMENT = """\
-# Written by `bcw auth nats`: JetStream as bc-workers needs it.
-#
-# sync_interval: always -- JetStream writes each message to disk before it acknowledges
-# it. With the default (a flush every 2 minutes, acknowledged at once) a power loss of a
-# majority of an R3 cluster's servers, or one server's OS crash with a pause or a
-# partition, can lose messages JetStream had acknowledged (Jepsen, NATS 2.12.1;
-# nats-server issue 7564): a lost fact is a lost effect until something repeats it, a
-# lost event is lost for its subscribers. It costs throughput: docs/benchmarks.md.
-#
-# Include this file only if your configuration has no `jetstream { }` block of its own:
-# a second block replaces the first whole (its store_dir and limits fall back to their
-# defaults). If it has one, add `sync_interval: always` to it instead.
-jetstream {
-  sync_interval: always
-}
-"""
-
-
-def write_jetstream_fragment(directory: Path) -> Path:
-    """`DIR/jetstream.conf`: the JetStream settings above; the path written."""
-    path = directory / "jetstream.conf"
-    path.write_text(JETSTREAM_FRAGMENT)
-    return path
 
 
 async def facts_fill(

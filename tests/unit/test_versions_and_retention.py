@@ -1,5 +1,7 @@
-"""How this release sees each migration of the ledger: `migrate.classify` and
-`migrate.refusal` (docs/contract.md, "Compatibility": a rollback within a major)."""
+"""Versions and what follows from them: how this release sees each migration of the
+ledger (`migrate.classify`, `migrate.refusal`: docs/contract.md, "Compatibility", a
+rollback within a major); which nats-server it runs on and what that server keeps
+(`server`); each stream's retention from the settings (`streams.stream_configs`)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from schemas.subjects import Subjects
 from workers.runtime.base.release import parse
+from workers.runtime.base.runtime_settings import NatsSettings
+from workers.runtime.bus import server, streams
 from workers.runtime.store.migrate import Migration, classify, refusal
 
 DISK = [Migration("0001_a.sql", "SELECT 1;"), Migration("0002_b.sql", "SELECT 2;")]
@@ -82,3 +87,58 @@ def test_a_refusal_names_every_migration_in_the_way() -> None:
 def test_versions_order_by_their_numbers(a: list[int], b: list[int]) -> None:
     va, vb = ".".join(map(str, a)), ".".join(map(str, b))
     assert (parse(va) < parse(vb)) == (tuple(a) < tuple(b))  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("version", "refused", "batches"),
+    [
+        ("2.9.25", True, False),
+        ("2.10.0", False, False),
+        ("2.12.8", False, False),
+        ("v2.14.0-RC.1", False, True),
+        ("2.15.1", False, True),
+        ("3.0.0", False, True),
+        ("", True, False),
+        ("garbage", True, False),
+    ],
+)
+def test_one_nats_server_floor_and_fast_batches_from_2_14(
+    version: str, refused: bool, batches: bool
+) -> None:
+    why = server.too_old(version)
+    assert (why is not None) == refused
+    if why is not None:
+        assert "older than 2.10" in why and "2.14" in why
+    assert server.has_fast_batches(version) == batches
+
+
+def test_each_streams_retention_is_its_setting() -> None:
+    settings = NatsSettings(
+        facts_max_age="2d", events_max_age="30d", notices_max_age="10m", dead_max_age="3d",
+        stream_max_bytes=2**30, events_max_bytes=2**34, dead_max_bytes=0,
+    )  # fmt: skip
+    subjects = Subjects("bc")
+    configs = {c.name: c for c in streams.stream_configs(subjects, 1, streams.limits_of(settings))}
+    ages = {name: c.max_age for name, c in configs.items()}
+    assert ages == {
+        "BC_FACTS": 2 * 86400,
+        "BC_EVENTS": 30 * 86400,
+        "BC_GATEWAY": 600,
+        "BC_DEAD": 3 * 86400,
+    }
+    assert configs["BC_EVENTS"].max_bytes == 2**34 and configs["BC_DEAD"].max_bytes == 2**30
+    assert configs["BC_FACTS"].max_bytes == 2**30 and configs["BC_GATEWAY"].max_bytes == 2**30
+    assert all(c.allow_batched for c in configs.values())
+    older = streams.stream_configs(subjects, 1, streams.limits_of(settings, "2.12.8"))
+    assert all(c.allow_batched is None for c in older)  # a 2.12 server refuses the field
+    own = NatsSettings(facts_max_age="2d", facts_gateways="gw-1")
+    per_gateway = streams.stream_configs(subjects, 1, streams.limits_of(own))
+    assert {c.name: c.max_age for c in per_gateway if "FACTS" in str(c.name)} == {
+        "BC_FACTS": 2 * 86400, "BC_FACTS_gw-1": 2 * 86400,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("age", ["1m", "0", "-5"])
+def test_a_retention_under_the_duplicate_window_is_refused(age: str) -> None:
+    with pytest.raises(ValueError, match="facts_max_age"):
+        NatsSettings(facts_max_age=age)
