@@ -52,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in describe(error):
             print(redact(f"bcw: {line}"), file=sys.stderr)
         return EXIT_BAD_SETTINGS
+    if not settings.database.application_name:  # bcw-liveness, bcw-migrate, …
+        database = settings.database.model_copy(update={"application_name": _named(args)})
+        settings = settings.model_copy(update={"database": database})
     unknown = unknown_variables(os.environ)
     if unknown:  # a misspelt setting would otherwise be silently ignored
         for line in unknown:
@@ -68,6 +71,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         _explain(args.command, f"{type(error).__name__}: {error}")
         return EXIT_FAILED
     return code
+
+
+def _named(args: argparse.Namespace) -> str:
+    """This process's name in PostgreSQL: `bcw-<worker>` for `bcw run`, else `bcw-<command>`."""
+    if args.command == "run":
+        return f"bcw-{args.worker}"[:63]
+    return f"bcw-{args.command}"[:63]
 
 
 def _explain(command: str, line: str) -> None:

@@ -119,6 +119,41 @@ async def test_health_readiness_and_metrics(
         assert (await _get(port, "/nope"))[0] == 404
 
 
+async def test_each_process_names_itself_to_postgresql(
+    servers: Servers, subjects: Subjects, database_url: str
+) -> None:
+    """`bcw run labeler` is `bcw-labeler` in pg_stat_activity (and the server's log)."""
+    import os
+    import signal
+    import sys
+
+    env = {
+        **os.environ, "BCW_NATS_URL": servers.nats_url, "BCW_DATABASE_URL": database_url,
+        "BCW_SUBJECT_ROOT": subjects.root, "BCW_HEALTH_PORT": "0",
+    }  # fmt: skip
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "workers.cli", "run", "labeler", env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+
+    async def named() -> bool:
+        conn = await asyncpg.connect(database_url)
+        try:
+            names = await conn.fetch(
+                "SELECT application_name FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                "AND datname = current_database()"
+            )
+        finally:
+            await conn.close()
+        return {"bcw-labeler"} <= {r["application_name"] for r in names}
+
+    try:
+        await eventually(named, what="the labeler's sessions named bcw-labeler")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(worker.wait(), 30) == 0
+
+
 # -- helpers ---------------------------------------------------------------------------
 def _has_span(exporter: InMemorySpanExporter, name: str) -> bool:
     return any(s.name == name for s in exporter.get_finished_spans())

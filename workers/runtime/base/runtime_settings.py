@@ -54,6 +54,11 @@ class DatabaseSettings(BaseSettings):
     statement_cache_size: int = Field(
         default=100, ge=0, description="0 behind PgBouncer (transaction mode) older than 1.21"
     )
+    application_name: str = Field(
+        default="", max_length=63, pattern=r"^[ -~]*$",
+        description="how this process's sessions appear in pg_stat_activity and the server's "
+        "log (empty: bcw-<command>, e.g. bcw-liveness for `bcw run liveness`, bcw-migrate)",
+    )  # fmt: skip
 
     @field_validator("url")
     @classmethod

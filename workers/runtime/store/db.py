@@ -41,6 +41,8 @@ def server_settings(settings: DatabaseSettings) -> dict[str, str]:
     behind it is tried again later, alone (`consumer`).
     """
     out = {}
+    if settings.application_name:  # who a backend is, in pg_stat_activity
+        out["application_name"] = settings.application_name
     if settings.idle_in_transaction_timeout:
         out["idle_in_transaction_session_timeout"] = (
             f"{int(settings.idle_in_transaction_timeout * 1000)}"
