@@ -70,16 +70,44 @@ def test_the_protocol_picks_the_exporter(
 
 @pytest.mark.parametrize(
     ("variable", "value"),
-    [("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"), ("OTEL_TRACES_EXPORTER", "zipkin")],
+    [
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+        ("OTEL_TRACES_EXPORTER", "zipkin"),
+        ("OTEL_TRACES_SAMPLER", "sometimes"),
+        ("OTEL_TRACES_SAMPLER_ARG", "ten percent"),
+        ("OTEL_TRACES_SAMPLER_ARG", "1.5"),
+    ],
 )
 def test_an_unsupported_choice_is_a_setting_error_naming_the_variable(
     env: pytest.MonkeyPatch, variable: str, value: str
 ) -> None:
     env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+    if variable == "OTEL_TRACES_SAMPLER_ARG":
+        env.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
     env.setenv(variable, value)
     with pytest.raises(SettingError) as error:
         tracing.build_provider("bcw-x")
     assert error.value.setting == variable and value in str(error.value)
+
+
+def test_the_sampler_is_the_parent_based_ratio_the_environment_sets(
+    env: pytest.MonkeyPatch,
+) -> None:
+    env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+    provider = tracing.build_provider("bcw-x")
+    try:  # by default: every trace (a sampled producer's, and every new one)
+        assert isinstance(provider, TracerProvider)
+        assert provider.sampler.get_description().startswith("ParentBased{root:AlwaysOnSampler")
+    finally:
+        provider.shutdown()
+    env.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    env.setenv("OTEL_TRACES_SAMPLER_ARG", "0.1")
+    provider = tracing.build_provider("bcw-x")
+    try:
+        assert isinstance(provider, TracerProvider)
+        assert "TraceIdRatioBased{0.1}" in provider.sampler.get_description()
+    finally:
+        provider.shutdown()
 
 
 def test_the_service_name_defaults_and_yields_to_the_environment(env: pytest.MonkeyPatch) -> None:

@@ -31,6 +31,34 @@ MESSAGING_SYSTEM = "nats"  # not a registered value yet: a custom one, as the co
 
 
 PROTOCOLS = ("http/protobuf", "grpc")
+#: `OTEL_TRACES_SAMPLER` values the SDK knows, and those that read a ratio from
+#: `OTEL_TRACES_SAMPLER_ARG`
+SAMPLERS = (
+    "always_on", "always_off", "traceidratio",
+    "parentbased_always_on", "parentbased_always_off", "parentbased_traceidratio",
+)  # fmt: skip
+RATIO_SAMPLERS = ("traceidratio", "parentbased_traceidratio")
+
+
+def check_sampler(env: Mapping[str, str]) -> None:
+    """The sampler variables as the SDK reads them, refused by name where the SDK would
+    only warn and fall back (to sampling everything). Pure."""
+    sampler = env.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
+    if sampler not in SAMPLERS:
+        raise SettingError(
+            "OTEL_TRACES_SAMPLER", f"{sampler!r} is not one of {', '.join(SAMPLERS)}"
+        )
+    if sampler in RATIO_SAMPLERS and "OTEL_TRACES_SAMPLER_ARG" in env:
+        text = env["OTEL_TRACES_SAMPLER_ARG"].strip()
+        try:
+            ratio = float(text)
+        except ValueError:
+            ratio = -1.0
+        if not 0.0 <= ratio <= 1.0:
+            raise SettingError(
+                "OTEL_TRACES_SAMPLER_ARG",
+                f"{text!r} is not a ratio from 0 to 1 (0.1: one trace in ten)",
+            )
 
 
 def build_provider(service_name: str) -> trace.TracerProvider:
@@ -48,7 +76,10 @@ def build_provider(service_name: str) -> trace.TracerProvider:
 
     The resource comes from `OTEL_RESOURCE_ATTRIBUTES` and `OTEL_SERVICE_NAME`;
     `service_name` (`bcw-<worker>`) is the default only when neither names the service.
-    A protocol or exporter that is not supported is a SettingError naming the variable.
+    The sampler is the SDK's, from `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG`
+    (default: every trace the producer sampled, and every new one).
+    A protocol, exporter or sampler that is not supported is a SettingError naming the
+    variable.
     """
     env = os.environ
     exporter_name = env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
@@ -67,6 +98,7 @@ def build_provider(service_name: str) -> trace.TracerProvider:
     protocol = env.get(protocol_variable, "http/protobuf").strip().lower() or "http/protobuf"
     if protocol not in PROTOCOLS:
         raise SettingError(protocol_variable, f"{protocol!r} is not one of {', '.join(PROTOCOLS)}")
+    check_sampler(env)
     disabled = env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
     if disabled or exporter_name == "none" or (exporter_name == "otlp" and not endpoint):
         return trace.NoOpTracerProvider()
@@ -202,13 +234,14 @@ def start_producer_span(
     context: Context | None = None,
 ) -> trace.Span:
     """A PRODUCER span `publish <template>` for one message; its context goes in the
-    message's headers (`inject`)."""
-    return tracer.start_span(
-        f"publish {destination_template(subject)}",
-        context=context,
-        kind=trace.SpanKind.PRODUCER,
-        attributes=messaging_attributes("publish", subject, message_id, nc),
+    message's headers (`inject`). Its attributes are built only when the sampler kept it
+    (the samplers of the SDK decide without them)."""
+    span = tracer.start_span(
+        f"publish {destination_template(subject)}", context=context, kind=trace.SpanKind.PRODUCER
     )
+    if span.is_recording():
+        span.set_attributes(messaging_attributes("publish", subject, message_id, nc))
+    return span
 
 
 def start_consumer_span(
@@ -220,7 +253,14 @@ def start_consumer_span(
     fact_type: str | None = None,
 ) -> trace.Span:
     """A message's CONSUMER span `process <template>`, child of the producer's context
-    carried in its headers."""
+    carried in its headers; its attributes built only when the sampler kept it."""
+    span = tracer.start_span(
+        f"process {destination_template(msg.subject)}",
+        context=extract(msg.headers),
+        kind=trace.SpanKind.CONSUMER,
+    )
+    if not span.is_recording():
+        return span
     attributes = messaging_attributes("process", msg.subject, message_id, nc)
     attributes["messaging.consumer.group.name"] = group
     if fact_type:
@@ -231,12 +271,8 @@ def start_consumer_span(
         attributes["messaging.nats.delivery_count"] = meta.num_delivered or 1
     except Exception:  # not a JetStream message
         pass
-    return tracer.start_span(
-        f"process {destination_template(msg.subject)}",
-        context=extract(msg.headers),
-        kind=trace.SpanKind.CONSUMER,
-        attributes=attributes,
-    )
+    span.set_attributes(attributes)
+    return span
 
 
 def batch_span(
