@@ -336,6 +336,33 @@ def test_the_otlp_endpoint_and_protocol_reach_every_worker() -> None:
         assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
     with pytest.raises(Exception, match="protocol"):
         render({**MINIMAL, "otel": {"endpoint": "x", "protocol": "http/json"}})
+    sampled = {**MINIMAL, "otel": {"endpoint": "http://tempo:4318", "samplerRatio": "0.1"}}
+    env = {
+        e["name"]: e.get("value")
+        for e in _pod(render(sampled), "Deployment", "fleet-bc-workers-replay")["containers"][0][
+            "env"
+        ]
+    }
+    assert (env["OTEL_TRACES_SAMPLER"], env["OTEL_TRACES_SAMPLER_ARG"]) == (
+        "parentbased_traceidratio",
+        "0.1",
+    )
+    every = {
+        **MINIMAL,
+        "otel": {"endpoint": "http://tempo:4318", "sampler": "parentbased_always_on"},
+    }
+    env = {
+        e["name"]: e.get("value")
+        for e in _pod(render(every), "Deployment", "fleet-bc-workers-replay")["containers"][0][
+            "env"
+        ]
+    }
+    assert (
+        env["OTEL_TRACES_SAMPLER"] == "parentbased_always_on"
+        and "OTEL_TRACES_SAMPLER_ARG" not in env
+    )
+    with pytest.raises(Exception, match="samplerRatio"):
+        render({**MINIMAL, "otel": {"samplerRatio": "10%"}})
 
 
 def test_the_hello_proof_policy_reaches_bcw_migrate_only_when_set() -> None:

@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
+import promql_parser
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.chart.test_chart import (
@@ -65,7 +70,10 @@ def test_the_prometheus_rule_alerts_on_exported_metrics_with_a_runbook_line_each
     assert set(alerts) == {
         "BcwConsumerLag", "BcwFactAgeHigh", "BcwGatewayBlind", "BcwBreakerOpen",
         "BcwQuarantineHeld", "BcwFactsStreamFilling", "BcwDeadLetters", "BcwOutboxStuck",
+        "BcwLoopUnheld", "BcwWorkerAbsent",
     }  # fmt: skip
+    absent = [r for r in group["rules"] if r["alert"] == "BcwWorkerAbsent"]
+    assert sorted(r["labels"]["worker"] for r in absent) == sorted(WORKERS)  # one each
     exported = {
         sample.name
         for family in text_string_to_metric_families(_every_metric_once())
@@ -159,3 +167,22 @@ def test_a_relay_deployment_takes_the_outbox_off_the_workers_and_helm_test_check
     with pytest.raises(Exception, match=r"relay\.database\.existingSecret is empty"):
         render({"database": {"existingSecret": "shared"}, "relay": {"enabled": True},
                 "workers": {w: {"enabled": False} for w in WORKERS}})  # fmt: skip
+
+
+def test_the_alerting_rules_parse_as_prometheus_reads_them(tmp_path: Path) -> None:
+    """Every expression parses as PromQL (promql-parser, the Rust parser); where promtool
+    is installed, `promtool check rules` passes the rendered groups as well."""
+    values = {**production(), "prometheusRule": {"enabled": True}}
+    [rule] = by_kind(render(values), "PrometheusRule").values()
+    for alert in rule["spec"]["groups"][0]["rules"]:
+        promql_parser.parse(alert["expr"])  # raises ValueError on a syntax error
+        assert re.fullmatch(r"[0-9]+[smhdwy]", alert.get("for", "0s")), alert["alert"]
+    with pytest.raises(ValueError):
+        promql_parser.parse("sum(up{")  # the parser does refuse
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        return
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump(rule["spec"]))
+    done = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr

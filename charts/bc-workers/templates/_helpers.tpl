@@ -218,6 +218,12 @@ imagePullSecrets:
   value: {{ $v.otel.endpoint | quote }}
 - name: OTEL_EXPORTER_OTLP_PROTOCOL
   value: {{ $v.otel.protocol | quote }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ $v.otel.sampler | quote }}
+{{- if hasSuffix "traceidratio" $v.otel.sampler }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ $v.otel.samplerRatio | toString | quote }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
