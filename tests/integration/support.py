@@ -229,6 +229,40 @@ async def bcw(*args: str, **env: str) -> tuple[int, str]:
     return proc.returncode or 0, out.decode()
 
 
+async def bcw_process(*args: str, **env: str) -> asyncio.subprocess.Process:
+    """A long-running `bcw` command (`run labeler`, say) in a subprocess with `env` added,
+    its output dropped."""
+    import os
+    import sys
+
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "workers.cli", *args, env={**os.environ, **env},
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+async def hellos_applied_by_workers(
+    env: dict[str, str], logs: Any, nc: Any, subjects: Subjects, database_url: str, nodes: list[str]
+) -> list[int]:
+    """The five workers, each a `bcw run` process with `env`, apply a Hello of each of
+    `nodes` (joined here) and stop on SIGTERM; their exit codes (each 0 when clean)."""
+    import signal
+
+    from workers.bench.chaos import join_fleet, publish_hellos, wait_settled
+    from workers.bench.common import spawn_workers
+
+    await join_fleet(database_url, nodes)
+    procs = await spawn_workers(env, logs)
+    try:
+        await publish_hellos(nc, subjects, nodes, rate=200.0)
+        assert await wait_settled(database_url, len(nodes), within=120) >= 0, "Hellos not applied"
+    finally:
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+        codes = await asyncio.wait_for(asyncio.gather(*(p.wait() for p in procs.values())), 60)
+    return list(codes)
+
+
 async def already(value: bool) -> bool:
     """A value already known, for `eventually` (which awaits what it is given)."""
     return value

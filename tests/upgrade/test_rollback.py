@@ -9,8 +9,6 @@ itself, and the next release's rolling-upgrade test covers both."""
 
 from __future__ import annotations
 
-import asyncio
-import signal
 from pathlib import Path
 
 import asyncpg
@@ -19,9 +17,7 @@ from nats.aio.client import Client as NATS
 
 from schemas.subjects import Subjects
 from tests.conftest import Servers
-from tests.integration.support import bcw
-from workers.bench.chaos import join_fleet, publish_hellos, wait_settled
-from workers.bench.common import spawn_workers
+from tests.integration.support import bcw, hellos_applied_by_workers
 from workers.registry import WORKERS
 from workers.runtime.base.release import parse, release
 from workers.runtime.store import migrate
@@ -79,15 +75,9 @@ async def test_a_schema_a_newer_release_of_this_major_expanded_is_run_on(
     }  # fmt: skip
     code, out = await bcw("provision", **run_env)
     assert code == 0, out
-    await join_fleet(empty_database_url, nodes)
-    procs = await spawn_workers(run_env, tmp_path)
-    try:
-        await publish_hellos(nc, subjects, nodes, rate=200.0)
-        assert await wait_settled(empty_database_url, len(nodes), within=120) >= 0
-    finally:
-        for proc in procs.values():
-            proc.send_signal(signal.SIGTERM)
-        codes = await asyncio.wait_for(asyncio.gather(*(p.wait() for p in procs.values())), 60)
+    codes = await hellos_applied_by_workers(
+        run_env, tmp_path, nc, subjects, empty_database_url, nodes
+    )
     assert codes == [0] * len(WORKERS)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -18,9 +17,7 @@ import nats
 import pytest
 
 from schemas.subjects import Subjects
-from tests.integration.support import bcw
-from workers.bench.chaos import join_fleet, publish_hellos, wait_settled
-from workers.bench.common import spawn_workers
+from tests.integration.support import bcw, hellos_applied_by_workers
 from workers.embedded import EmbeddedNats
 from workers.registry import WORKERS
 from workers.runtime.bus import server
@@ -82,15 +79,9 @@ async def test_without_fast_batches_provisioning_settles_and_the_relay_publishes
         code, out = await bcw("migrate", **env)
         assert code == 0, out
         nodes = [f"old-{i:03d}" for i in range(40)]
-        await join_fleet(empty_database_url, nodes)
-        procs = await spawn_workers(env, tmp_path)
-        try:
-            await publish_hellos(nc, subjects, nodes, rate=200.0)
-            assert await wait_settled(empty_database_url, len(nodes), within=120) >= 0
-        finally:
-            for proc in procs.values():
-                proc.send_signal(signal.SIGTERM)
-            codes = await asyncio.wait_for(asyncio.gather(*(p.wait() for p in procs.values())), 60)
+        codes = await hellos_applied_by_workers(
+            env, tmp_path, nc, subjects, empty_database_url, nodes
+        )
         assert codes == [0] * len(WORKERS)
         events = await nc.jetstream().stream_info(subjects.events_stream)
         assert events.state.messages >= len(nodes)  # node.connected each, published one by one

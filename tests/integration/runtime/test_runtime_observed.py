@@ -22,6 +22,7 @@ from tests.conftest import Servers
 from tests.integration.support import (
     TALLY_DDL,
     already,
+    bcw_process,
     build_tally,
     dead_letters_at_least,
     eventually,
@@ -123,17 +124,11 @@ async def test_each_process_names_itself_to_postgresql(
     servers: Servers, subjects: Subjects, database_url: str
 ) -> None:
     """`bcw run labeler` is `bcw-labeler` in pg_stat_activity (and the server's log)."""
-    import os
     import signal
-    import sys
 
-    env = {
-        **os.environ, "BCW_NATS_URL": servers.nats_url, "BCW_DATABASE_URL": database_url,
-        "BCW_SUBJECT_ROOT": subjects.root, "BCW_HEALTH_PORT": "0",
-    }  # fmt: skip
-    worker = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "workers.cli", "run", "labeler", env=env,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    worker = await bcw_process(
+        "run", "labeler", BCW_NATS_URL=servers.nats_url, BCW_DATABASE_URL=database_url,
+        BCW_SUBJECT_ROOT=subjects.root, BCW_HEALTH_PORT="0",
     )  # fmt: skip
 
     async def named() -> bool:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 import time
 import uuid
 from datetime import timedelta
@@ -25,6 +23,7 @@ from tests.factories import make_fact
 from tests.integration import fleet
 from tests.integration.security.conftest import SUBJECTS, client_as, nats_as
 from tests.integration.support import (
+    bcw_process,
     eventually,
     make_settings,
     publish_fact,
@@ -147,13 +146,9 @@ async def test_ten_thousand_entry_flushes_keep_the_liveness_worker_under_its_mem
     honest = make_fact("liveness", gateway_id="gw-2",
                        entries=[{"node_id": "honest", "epoch": 1, "age_ms": 0}])  # fmt: skip
     await publish_fact(js, subjects, honest)
-    env = {
-        **os.environ, "BCW_DATABASE_URL": database_url, "BCW_NATS_URL": servers.nats_url,
-        "BCW_SUBJECT_ROOT": subjects.root, "BCW_HEALTH_PORT": "0",
-    }  # fmt: skip
-    worker = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "workers.cli", "run", "liveness", env=env,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    worker = await bcw_process(
+        "run", "liveness", BCW_DATABASE_URL=database_url, BCW_NATS_URL=servers.nats_url,
+        BCW_SUBJECT_ROOT=subjects.root, BCW_HEALTH_PORT="0",
     )  # fmt: skip
     try:
 
