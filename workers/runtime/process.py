@@ -28,7 +28,7 @@ from schemas.subjects import Subjects
 from workers.runtime.base.errors import SettingError, Severity, classify
 from workers.runtime.base.settings import Settings
 from workers.runtime.base.waiting import Patience, sleep_or_stop
-from workers.runtime.bus import connection, server, streams
+from workers.runtime.bus import connection, frames, server, streams
 from workers.runtime.bus.deadletter import watch_max_deliveries
 from workers.runtime.effects.consumer import FactConsumer
 from workers.runtime.effects.outbox import OutboxRelay
@@ -161,6 +161,7 @@ async def _serve(
     if parts.nc is None:
         return
     nc = parts.nc
+    await frames.verify(nc, settings.nats.fast_path)  # or the public API, said once
     # each statement run inside a span becomes a CLIENT span of it (none without tracing)
     sql_spans = tracing.SqlSpans(tracer).install if tracing.is_recording(tracer) else None
     try:

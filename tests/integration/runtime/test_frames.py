@@ -1,7 +1,9 @@
 """Frames written at once (`bus.frames`) on a real nats-server: a fast batch framed here
 arrives as nats-py would have sent it — subject, body and headers, values trimmed and
 CR/LF made spaces — is refused where nats-py's publish refuses (and then sends nothing),
-and a batch of acks acks every message once."""
+and a batch of acks acks every message once. The probe at start keeps the fast path on
+this nats-py and takes the public API where frames do not arrive as sent, or where the
+operator turned it off; a worker applies, acks and relays the same on either path."""
 
 from __future__ import annotations
 
@@ -15,7 +17,19 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, StreamConfig
 
-from tests.integration.support import eventually
+from schemas.subjects import Subjects
+from tests.conftest import Servers
+from tests.integration.support import (
+    build_tally,
+    eventually,
+    make_settings,
+    outbox_empty,
+    publish_fact,
+    running,
+    status_fact,
+    tally_rows,
+)
+from workers.runtime.bus import frames
 from workers.runtime.bus.acked import AckedPublisher
 from workers.runtime.bus.frames import FrameWriter
 
@@ -112,3 +126,50 @@ async def test_a_message_without_a_reply_subject_is_not_acked_as_msg_ack_refuses
     with pytest.raises(nats.errors.NotJSMessageError):
         await FrameWriter(nc).write_acks([plain])
     assert not plain._ackd and nc.is_connected  # nothing malformed went out
+
+
+async def test_the_probe_keeps_the_fast_path_and_a_client_that_mangles_frames_loses_it(
+    servers: Servers,
+) -> None:
+    good, mangling, off = [await nats.connect(servers.nats_url) for _ in range(3)]
+    try:
+        assert await frames.verify(good) and FrameWriter(good).buffered
+        send = mangling._send_command
+
+        async def mangled(cmd: bytes, priority: bool = False) -> None:
+            # a buffer that takes the bytes but not as they were meant: the second message
+            # arrives with the first one's body
+            await send(cmd.replace(b"probe-2", b"probe-1"), priority)
+
+        mangling._send_command = mangled  # type: ignore[method-assign]
+        assert not await frames.verify(mangling, within=1.0)
+        assert not FrameWriter(mangling).buffered and mangling.is_connected  # it lives on
+        assert not await frames.verify(off, enabled=False) and not FrameWriter(off).buffered
+    finally:
+        for nc in (good, mangling, off):
+            await nc.close()
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["frames", "public-api"])
+async def test_a_worker_applies_acks_and_relays_the_same_on_either_path(
+    servers: Servers, subjects: Subjects, tally_db: str, fast_path: bool
+) -> None:
+    settings = make_settings(servers.nats_url, tally_db, subjects)
+    settings = settings.model_copy(
+        update={"nats": settings.nats.model_copy(update={"fast_path": fast_path})}
+    )
+    async with running(settings, [build_tally()]) as (runtime, _port):
+        assert FrameWriter(runtime.nc).buffered is fast_path
+        js = runtime.js
+        for i in range(20):
+            await publish_fact(js, subjects, status_fact(node_id=f"node-{i}"))
+        await eventually(lambda: tally_rows(tally_db, 20), what="20 facts applied")
+        await eventually(lambda: outbox_empty(tally_db), what="what they published relayed")
+
+        async def acked() -> bool:
+            info = await js.consumer_info(subjects.facts_stream, "tally")
+            return info.num_ack_pending == 0 and info.num_pending == 0
+
+        await eventually(acked, what="every fact acked")
+        info = await js.consumer_info(subjects.facts_stream, "tally")
+        assert info.num_redelivered == 0

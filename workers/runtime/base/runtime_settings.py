@@ -164,6 +164,13 @@ class NatsSettings(BaseSettings):
         default=64, ge=8,
         description="consumers a stream may have at most (set when the stream is created)",
     )  # fmt: skip
+    fast_path: bool = Field(
+        default=True,
+        description="write a batch's acks and the relay's fast batches as one write through "
+        "nats-py's internals, checked by a probe at start (false: one publish and one ack "
+        "a message through its public API, about twice the CPU a message; for a nats-py "
+        "upgrade that has not been tested, docs/runtime.md)",
+    )  # fmt: skip
     # each stream's retention: at least the 2-minute duplicate window (JetStream's rule)
     facts_max_age: Seconds = Field(
         default=86400.0, ge=120,

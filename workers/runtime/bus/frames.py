@@ -6,15 +6,21 @@ about 5 µs of a core per message, paid for every ack of a fact and every messag
 relay publishes. A batch's acks, and a fast batch of the relay's, are framed here in
 one pass and handed to the client's write buffer at once: the same bytes on the wire,
 the same checks (`nats.aio.client` refuses the same subjects, header keys and
-payloads), one buffer append. Where the client does not have the buffer this uses (a
-nats-py other than the one tested: `FrameWriter.buffered` is false), the callers publish
-message by message as before.
+payloads), one buffer append. Where the client does not have the buffer this uses, where
+a probe at start finds the frames do not arrive as sent (`verify`: a nats-py whose
+internals changed), or where the operator turned it off (`BCW_NATS_FAST_PATH=false`),
+`FrameWriter.buffered` is false and the callers publish and ack message by message
+through nats-py's public API, as before.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
+import logging
 import re
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 
 import nats.errors
@@ -26,8 +32,59 @@ from nats.aio.msg import Msg
 _SUBJECT_INVALID = re.compile(r"[ \t\r\n]")
 _HEADER_KEY = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEADER_LINE = b"NATS/1.0\r\n"
+log = logging.getLogger(__name__)
+
 #: the client internals a write uses (nats-py 2.x); without them, one publish a message
 _INTERNALS = ("_send_command", "_flush_pending", "_flush_queue", "_pending_data_size")
+#: what `verify` found of each connection (absent: not verified, the internals decide)
+_VERIFIED: weakref.WeakKeyDictionary[NATS, bool] = weakref.WeakKeyDictionary()
+
+
+def has_internals(nc: NATS) -> bool:
+    return all(hasattr(nc, name) for name in _INTERNALS)
+
+
+async def verify(nc: NATS, enabled: bool = True, within: float = 2.0) -> bool:
+    """Whether this process writes frames on `nc` (the fast path): it must be `enabled`
+    (`BCW_NATS_FAST_PATH`), the client must have the internals, and a probe — two
+    messages with headers to an inbox of this connection, written as frames — must come
+    back exactly as sent. Otherwise every `FrameWriter` of `nc` takes the public API,
+    with a WARNING that says why. Run once per connection, at start."""
+    if not enabled:
+        _VERIFIED[nc] = False
+        log.info(
+            "the fast path is off (BCW_NATS_FAST_PATH=false): one publish and one ack a message"
+        )
+        return False
+    if not has_internals(nc):
+        _VERIFIED[nc] = False
+        log.warning("this nats-py has not the internals the fast path writes through: "
+                    "one publish and one ack a message")  # fmt: skip
+        return False
+    inbox, reply = nc.new_inbox(), nc.new_inbox()  # nobody answers the reply: a probe
+    got: asyncio.Queue[Msg] = asyncio.Queue()
+    sub = await nc.subscribe(inbox, cb=got.put)
+    sent = [(b"probe-1", {"Bc-Probe": "1"}), (b"probe-2", {"Bc-Probe": "2"})]
+    ok = False
+    try:
+        frames = b"".join(
+            hpub(check_subject(inbox), reply, header_block(headers), body) for body, headers in sent
+        )
+        await FrameWriter(nc, probing=True).write(frames, len(sent))
+        received = [await asyncio.wait_for(got.get(), within) for _ in sent]
+        ok = [(m.data, dict(m.headers or {})) for m in received] == [
+            (body, headers) for body, headers in sent
+        ]
+    except Exception as error:  # anything but the frames back as sent: the public API
+        log.debug("fast path probe failed: %r", error)
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    _VERIFIED[nc] = ok
+    if not ok:
+        log.warning("frames written through this nats-py's internals did not arrive as sent: "
+                    "one publish and one ack a message")  # fmt: skip
+    return ok
 
 
 @functools.lru_cache(maxsize=4096)  # a relay publishes to a few subjects, over and over
@@ -100,9 +157,10 @@ def acks(msgs: Iterable[Msg]) -> bytes:
 class FrameWriter:
     """Hands frames to a connection's write buffer, checked as nats-py checks a publish."""
 
-    def __init__(self, nc: NATS) -> None:
+    def __init__(self, nc: NATS, probing: bool = False) -> None:
         self._nc = nc
-        self.buffered = all(hasattr(nc, name) for name in _INTERNALS)
+        # what `verify` found of this connection, else whether the internals are there
+        self.buffered = has_internals(nc) and (probing or _VERIFIED.get(nc, True))
 
     async def write(self, frames: bytes, count: int) -> None:
         """Send `frames` (`count` messages) in one write; only where `buffered`."""
