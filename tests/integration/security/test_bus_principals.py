@@ -26,7 +26,7 @@ from workers.gateway import Gateway, HelloRequest
 from workers.registry import WORKERS
 from workers.runtime.base.errors import RefusedError
 from workers.runtime.base.runtime_settings import NatsSettings
-from workers.runtime.bus import connection, deadletter
+from workers.runtime.bus import connection, deadletter, frames
 
 pytestmark = pytest.mark.slow
 
@@ -35,6 +35,17 @@ async def test_nobody_unauthenticated_gets_in(secured: str) -> None:
     with pytest.raises(RefusedError) as refused:
         await connection.connect(NatsSettings(url=secured, connect_timeout=2.0), name="anonymous")
     assert refused.value.setting == "BCW_NATS_URL"
+
+
+async def test_each_worker_principal_keeps_the_fast_path(keys: Path, secured: str) -> None:
+    """Its start's probe publishes to its own inbox: a worker's grants allow it, so a
+    least-privilege worker writes its acks and batches at once, as a trusted one does."""
+    for name in WORKERS:
+        nc = await connection.connect(nats_as(keys, secured, f"worker-{name}"), name=name)
+        try:
+            assert await frames.verify(nc), name
+        finally:
+            await nc.close()
 
 
 async def test_a_seed_that_is_not_one_names_its_setting(tmp_path: Path, secured: str) -> None:

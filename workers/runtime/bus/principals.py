@@ -16,7 +16,9 @@ shows the same table, generated from `principals()`.
   on their subjects, or pulls from (and acks on) a durable consumer of the events stream
   an operator made for it; it creates, changes and deletes no consumer.
 
-Every principal's replies come to an inbox of its own, `_INBOX.<its public key>.>`
+Every principal's replies come to an inbox of its own, `_INBOX.<its public key>.>`, to
+which it may also publish (a process probes its own connection there at start:
+`frames.verify`)
 (`connection.connect` sets that prefix when it logs in with an nkey seed), so no principal can
 read another's replies (a worker's pulled facts, say).
 """
@@ -274,6 +276,13 @@ def _quoted(subjects: Sequence[str]) -> str:
     return ", ".join(f'"{s}"' for s in subjects)
 
 
+def grants_of(principal: Principal, inbox: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What `principal` may publish and subscribe to, given its own inbox (`_INBOX.<key>.>`):
+    its grants and its inbox, both ways. What the server is told, the docs show and the
+    permissions test tries."""
+    return (inbox, *principal.publish), (inbox, *principal.subscribe)
+
+
 def render(users: Sequence[tuple[Principal, str]]) -> str:
     """The configuration fragment: one nkey user per (principal, public key)."""
     lines = [
@@ -284,12 +293,12 @@ def render(users: Sequence[tuple[Principal, str]]) -> str:
         "  users = [",
     ]
     for principal, key in users:
-        inbox = f"{inbox_prefix(key)}.>"
+        publish, subscribe = grants_of(principal, f"{inbox_prefix(key)}.>")
         lines += [
             f"    # {principal.name}: {principal.does}",
             f'    {{ nkey: "{key}", permissions: {{',
-            f"        publish: {{ allow: [{_quoted(principal.publish)}] }},",
-            f"        subscribe: {{ allow: [{_quoted((inbox, *principal.subscribe))}] }}",
+            f"        publish: {{ allow: [{_quoted(publish)}] }},",
+            f"        subscribe: {{ allow: [{_quoted(subscribe)}] }}",
             "    } },",
         ]
     lines += ["  ]", "}", ""]
@@ -351,12 +360,12 @@ def markdown(subjects: Subjects) -> str:
     """The principals as `docs/kubernetes.md` shows them (one gateway, `<id>`)."""
     rows = ["| principal | used by | publish | subscribe |", "|---|---|---|---|"]
     for principal in principals(subjects, ["<id>"]):
-        inbox = f"{INBOX}.{INBOX_PLACEHOLDER}.>"
+        publish, subscribe = grants_of(principal, f"{INBOX}.{INBOX_PLACEHOLDER}.>")
         rows.append(
             f"| `{principal.name}` | {principal.does} | "
-            + ", ".join(f"`{s}`" for s in principal.publish)
+            + ", ".join(f"`{s}`" for s in publish)
             + " | "
-            + ", ".join(f"`{s}`" for s in (inbox, *principal.subscribe))
+            + ", ".join(f"`{s}`" for s in subscribe)
             + " |"
         )
     return "\n".join(rows) + "\n"
