@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from pathlib import Path
 
 import asyncpg
@@ -22,6 +23,7 @@ from tests.integration import fleet
 from tests.integration.security.conftest import SUBJECTS, client_as, nats_as, violated
 from tests.integration.streams import RecordingStream
 from tests.integration.support import bcw, eventually, make_settings, running
+from workers.embedded import EmbeddedNats
 from workers.gateway import Gateway, HelloRequest
 from workers.registry import WORKERS
 from workers.runtime.base.errors import RefusedError
@@ -46,6 +48,38 @@ async def test_each_worker_principal_keeps_the_fast_path(keys: Path, secured: st
             assert await frames.verify(nc), name
         finally:
             await nc.close()
+
+
+async def test_under_an_auth_conf_of_0_3_a_worker_takes_the_public_api_and_lives_on(
+    keys: Path, tmp_path: Path
+) -> None:
+    """0.3's `auth.conf` gave no principal its own inbox to publish to: the probe is
+    refused, the worker keeps its connection and publishes one message at a time."""
+    old = keys / "auth.conf"
+    conf = tmp_path / "auth-0.3.conf"
+    conf.write_text(
+        re.sub(
+            r'publish: \{ allow: \["_INBOX\.[A-Z0-9]+\.>", ', "publish: { allow: [", old.read_text()
+        )
+    )
+    assert conf.read_text().count('publish: { allow: ["_INBOX') == 0
+    (tmp_path / "server.conf").write_text(f'include "{conf.name}"\n')
+    server = EmbeddedNats(tmp_path / "nats", extra=["-c", str(tmp_path / "server.conf")]).start()
+    refused: list[str] = []
+    try:
+        nc = await connection.connect(
+            nats_as(keys, server.url, "worker-labeler"),
+            name="labeler",
+            on_publish_refused=refused.append,
+        )
+        try:
+            assert not await frames.verify(nc, within=1.0)
+            assert nc.is_connected and refused and refused[0].startswith("_inbox.")
+            await nc.jetstream().account_info()  # the connection still serves the worker
+        finally:
+            await nc.close()
+    finally:
+        server.stop()
 
 
 async def test_a_seed_that_is_not_one_names_its_setting(tmp_path: Path, secured: str) -> None:
