@@ -82,8 +82,12 @@ async def verify(nc: NATS, enabled: bool = True, within: float = 2.0) -> bool:
             await sub.unsubscribe()
     _VERIFIED[nc] = ok
     if not ok:
-        log.warning("frames written through this nats-py's internals did not arrive as sent: "
-                    "one publish and one ack a message")  # fmt: skip
+        log.warning(
+            "the fast path's probe did not come back from this connection's inbox as sent "
+            "(a nats-py whose internals changed, or an auth.conf from before 0.4 that lets "
+            "no principal publish to its own inbox: apply `bcw auth nats`'s): one publish "
+            "and one ack a message"
+        )
     return ok
 
 
