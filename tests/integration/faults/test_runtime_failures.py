@@ -15,8 +15,10 @@ import time
 from pathlib import Path
 
 import asyncpg
+import nats.js.errors
 import pytest
 from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
 
 from schemas.subjects import Subjects
 from tests.conftest import Servers
@@ -54,6 +56,14 @@ def _spawn(servers: Servers, database_url: str, subjects: Subjects) -> asyncio.s
         # machine) would block on a full pipe and stall the very thing under test
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
+
+
+async def _pulling(js: JetStreamContext, subjects: Subjects) -> bool:
+    """Whether a process waits on the tally consumer for facts (a pull request open)."""
+    try:
+        return (await js.consumer_info(subjects.facts_stream, "tally")).num_waiting > 0
+    except nats.js.errors.NotFoundError:
+        return False
 
 
 async def _effect_histogram(database_url: str) -> dict[int, int]:
@@ -116,6 +126,9 @@ async def test_sigterm_drains_and_exits_zero_within_10_seconds(
     # what it did was committed and its outbox flushed or left for the next process
     restarted = await _spawn(servers, tally_db, subjects)
     try:
+        # up and pulling before it is told to stop: the first may have left it nothing to
+        # do, and a SIGTERM while the interpreter itself boots ends any Python process
+        await eventually(lambda: _pulling(js, subjects), within=30, what="the restart pulling")
         await eventually(lambda: _exactly(tally_db, 2000), within=60, what="every fact")
         await eventually(lambda: _outbox_empty(tally_db), what="outbox drained")
     finally:
