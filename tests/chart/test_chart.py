@@ -314,6 +314,7 @@ def _every_metric_once() -> str:
     m.facts.inc("w", "hello", "applied")
     m.fencing_misses.inc("w", "hello")
     m.batch_seconds.observe(0.1, "w")
+    m.liveness_sweep_seconds.observe(0.2)
     m.batch_retries.inc("w")
     m.batch_splits.inc("w")
     m.fact_age.observe(1.0, "w", "hello")

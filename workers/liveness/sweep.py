@@ -361,7 +361,9 @@ def sweep_loop(settings: LivenessSettings) -> Loop:
 
     async def sweep(runtime: Runtime, stopping: asyncio.Event) -> None:
         async def body(lease: leases.Lease) -> None:
+            started = time.perf_counter()
             result = await sweep_once(runtime.pool, lease, runtime.subjects, rules, runtime.tracer)
+            runtime.metrics.liveness_sweep_seconds.observe(time.perf_counter() - started)
             runtime.metrics.liveness_blind_gateways.set(float(len(result.blind)))
             runtime.metrics.liveness_breakers_open.set(float(len(result.held)))
             runtime.wake_outbox()

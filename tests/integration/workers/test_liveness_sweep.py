@@ -19,6 +19,7 @@ from nats.aio.client import Client as NATS
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.subjects import Subjects
 from tests.conftest import Clock, Servers
@@ -238,7 +239,7 @@ async def test_two_replicas_sweep_once_and_the_standby_takes_over_when_the_leade
                 ),
             }
         )
-        async with running(settings, [liveness.build(settings)]):
+        async with running(settings, [liveness.build(settings)]) as (runtime, _port):
             for i in range(20):
                 await fleet.session(db, f"a{i}", epoch=1, seen_ago=600 * S)
             await eventually(lambda: _disconnected(db, 20), what="the leader's transitions")
@@ -253,6 +254,13 @@ async def test_two_replicas_sweep_once_and_the_standby_takes_over_when_the_leade
                 lambda: _disconnected(db, 40), within=10, what="the standby's transitions"
             )
             await eventually(lambda: _outbox_empty(db), what="outbox drained")
+            swept = [  # the sweeps it led, each timed (bcw_liveness_sweep_seconds)
+                sample.value
+                for family in text_string_to_metric_families(runtime.metrics.render())
+                for sample in family.samples
+                if sample.name == "bcw_liveness_sweep_seconds_count"
+            ]
+            assert swept and swept[0] >= 1
         events = await stream_messages(nc.jetstream(), subjects.events_stream)
         assert sorted(m.data for m in events) == sorted(set(m.data for m in events))  # each once
         assert len(events) == 40

@@ -134,6 +134,12 @@ class Metrics:
         self.batch_seconds = Histogram(
             r, "bcw_batch_seconds", "Time to apply one batch (transaction included).", ("worker",)
         )
+        self.liveness_sweep_seconds = Histogram(
+            r, "bcw_liveness_sweep_seconds",
+            "Time one liveness sweep takes, its transaction included; observed by the replica "
+            "that sweeps (well under BCW_LIVENESS_SWEEP_INTERVAL, or sweeps queue up).",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0),
+        )  # fmt: skip
         self.batch_splits = Counter(
             r, "bcw_batch_splits_total",
             "Batches split into single facts to find the one that cannot be applied "
