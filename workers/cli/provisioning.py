@@ -210,10 +210,11 @@ def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
         nc = await connection.connect(settings.nats, name="bcw provision")
         try:
             js = nc.jetstream()
-            limits = streams.limits_of(settings.nats, server.server_version(nc))
+            version = server.server_version(nc)
+            limits = streams.limits_of(settings.nats, version)
             if not limits.batched:
                 print(
-                    f"nats-server {server.server_version(nc)} has no fast batches (2.14+): the "
+                    f"nats-server {version} has no fast batches (2.14+): the "
                     "streams are made without them, the relay publishes one message at a time"
                 )
             if args.check:

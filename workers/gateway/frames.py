@@ -71,7 +71,7 @@ class Frames:
         wanted: tuple[str, ...] = ()
         if inventory_hashes is not None:
             session.reported = dict(inventory_hashes)
-            held = {s: digest for s, (digest, _) in session.held_sections.items()}
+            held = session.held_hashes
             wanted = tuple(
                 s for s in sections_to_request(inventory_hashes, session.inventory)
                 if held.get(s) != inventory_hashes[s]
@@ -112,7 +112,7 @@ class Frames:
         """Store the held sections once they and the stored ones agree with the hashes
         reported (`reported`, else the last report); else keep holding them."""
         reported = session.reported if reported is None else reported
-        held = {s: digest for s, (digest, _) in session.held_sections.items()}
+        held = session.held_hashes
         if not agreed(reported, session.inventory, held):
             return
         # what is held and not reported (yet) waits for the report that names it

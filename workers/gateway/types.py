@@ -68,6 +68,11 @@ class Session:
     reported_generation: int = 0  # the highest published in a status fact
     hello: Hello | None = None  # the fact published for it, kept to publish again if asked
 
+    @property
+    def held_hashes(self) -> dict[str, str]:
+        """section → hash of what is held and not yet applied."""
+        return {section: digest for section, (digest, _) in self.held_sections.items()}
+
 
 @dataclass
 class Opening:

@@ -32,6 +32,18 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{/* A worker's replicas: its own `replicas`, else `defaults.replicas` (0 is kept). Call
+   with (dict "root" $ "spec" <the worker's values>). */}}
+{{- define "bcw.replicas" -}}
+{{- ternary .spec.replicas .root.Values.defaults.replicas (hasKey .spec "replicas") -}}
+{{- end -}}
+
+{{/* The streams' names start with the subject root, upper case (`bc` → BC_…), as
+   `schemas.subjects` names them. */}}
+{{- define "bcw.streamPrefix" -}}
+{{- .Values.subjectRoot | upper | replace "-" "_" -}}
+{{- end -}}
+
 {{- define "bcw.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "bcw.fullname" .) .Values.serviceAccount.name -}}

@@ -15,12 +15,13 @@ def release() -> str:
 
 
 def parse(version: str | None) -> tuple[int, ...] | None:
-    """`0.4.0` → (0, 4, 0); a version with a suffix (`0.5.0rc1`, `0.5.0+local`) by its
-    numbers; None when it does not start with `N.N`. Pure."""
+    """`0.4.0` → (0, 4, 0); a version with a suffix (`0.5.0rc1`, `0.5.0+local`,
+    `2.14.0-RC.1`) by its numbers, a tag's `v` left out; None when it does not start with
+    `N.N`. Pure: the one reader of versions, ours and nats-server's."""
     if not version:
         return None
     numbers = []
-    for part in version.split("."):
+    for part in version.removeprefix("v").split("."):
         digits = part[: len(part) - len(part.lstrip("0123456789"))]
         if not digits:
             break

@@ -14,27 +14,22 @@ from pathlib import Path
 
 from nats.aio.client import Client as NATS
 
+from workers.runtime.base.release import parse
+
 #: the oldest nats-server bc-workers runs on
 FLOOR = (2, 10)
 #: the first with JetStream fast batches (`allow_batched`)
 FAST_BATCHES = (2, 14)
 
 
-def version_of(text: str) -> tuple[int, int, int]:
-    """`2.12.8` → (2, 12, 8); `v2.14.0-RC.1` → (2, 14, 0); what does not parse → (0, 0, 0). Pure."""
-    numbers = []
-    for part in text.lstrip("v").split("-", 1)[0].split(".")[:3]:
-        if not part.isdigit():
-            return (0, 0, 0)
-        numbers.append(int(part))
-    while len(numbers) < 3:
-        numbers.append(0)
-    return (numbers[0], numbers[1], numbers[2])
+def _minor(text: str) -> tuple[int, ...]:
+    """(major, minor) of a nats-server version; (0,) for one that does not parse."""
+    return (parse(text) or (0,))[:2]
 
 
 def too_old(text: str) -> str | None:
     """Why bc-workers does not run on nats-server `text`, or None. Pure."""
-    if version_of(text)[:2] >= FLOOR:
+    if _minor(text) >= FLOOR:
         return None
     return (
         f"nats-server {text or '(no version)'} is older than "
@@ -45,7 +40,7 @@ def too_old(text: str) -> str | None:
 
 def has_fast_batches(text: str) -> bool:
     """Whether nats-server `text` keeps `allow_batched` on a stream. Pure."""
-    return version_of(text)[:2] >= FAST_BATCHES
+    return _minor(text) >= FAST_BATCHES
 
 
 def server_version(nc: NATS) -> str:
