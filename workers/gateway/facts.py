@@ -36,6 +36,26 @@ log = logging.getLogger(__name__)
 
 #: entries of one liveness fact at most
 MAX_FLUSH_ENTRIES = 10_000
+#: bytes of one liveness fact's entries at most: an entry with a heartbeat's credits and
+#: load is ~200 bytes (more with long node ids), so 5,000 sessions — the default
+#: maxStreams — would pass the 1 MiB a NATS message may have; smaller facts also spread
+#: over the liveness replicas and keep each flush transaction short
+MAX_FLUSH_BYTES = 256 * 1024
+
+
+def flush_chunks(sizes: Sequence[int], budget: int = MAX_FLUSH_BYTES) -> list[tuple[int, int]]:
+    """The `(start, end)` slices of a flush's entries, in order, each at most `budget`
+    bytes of encoded entries (`sizes`, one per entry; an entry over it goes alone) and
+    `MAX_FLUSH_ENTRIES` entries; one empty slice when there is no entry. Pure."""
+    slices: list[tuple[int, int]] = []
+    start, used = 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and (used + size + 1 > budget or i - start >= MAX_FLUSH_ENTRIES):
+            slices.append((start, i))
+            start, used = i, 0
+        used += size + 1  # and its comma
+    slices.append((start, len(sizes)))
+    return slices
 
 
 class FactPublisher:
@@ -137,8 +157,8 @@ class FactPublisher:
                 delay = min(delay * 2, 2.0)
 
     async def flush(self, sessions: Sequence[Session], now: float) -> None:
-        """The liveness flush of `sessions` (at most 10,000 entries a fact; one empty fact
-        when there is none), then a status fact for each session whose daemon applied a
+        """The liveness flush of `sessions` (facts of at most `MAX_FLUSH_BYTES` of entries;
+        one empty fact when there is none), then a status fact for each session whose daemon applied a
         higher generation than was last published."""
         entries = [
             LivenessEntry(
@@ -151,9 +171,9 @@ class FactPublisher:
             )
             for s in sessions
         ]
-        for start in range(0, max(1, len(entries)), MAX_FLUSH_ENTRIES):
-            chunk = entries[start : start + MAX_FLUSH_ENTRIES]
-            await self.publish(Liveness(**self.base(), entries=chunk))
+        sizes = [len(e.model_dump_json(by_alias=True)) for e in entries]
+        for start, end in flush_chunks(sizes):
+            await self.publish(Liveness(**self.base(), entries=entries[start:end]))
         # the recorder raises observed_generation from it (a status report may come sooner)
         for session in [s for s in sessions if s.applied_generation > s.reported_generation]:
             generation = session.applied_generation

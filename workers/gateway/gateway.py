@@ -360,7 +360,7 @@ class Gateway(Frames):
             log.warning("gateway %s: flush not published (%r)", self.gateway_id, error)
 
     async def flush(self) -> None:
-        """The liveness fact: every session's age, at most 10,000 entries a fact.
+        """The liveness fact: every session's age, in facts of at most 256 KiB of entries.
 
         Published every flush period even with no session: an empty flush is the
         gateway's heartbeat on the bus, by which the liveness controller knows it can

@@ -3,6 +3,7 @@ which gateways it can see, and the fleet breaker."""
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 from typing import get_args
 
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from schemas.facts import Closed, CloseReason, newest_per_node
 from tests.factories import hello, make_fact
+from workers.gateway.facts import MAX_FLUSH_BYTES, MAX_FLUSH_ENTRIES, flush_chunks
 from workers.liveness.decide import (
     BreakerDecision,
     BreakerView,
@@ -225,3 +227,31 @@ def test_a_close_writes_its_row_unless_a_newer_session_owns_it(reason: str) -> N
     closed = make_fact("closed", node_id="n1", epoch=3, reason=reason)
     assert isinstance(closed, Closed)
     assert closes_its_row(closed) is (reason not in ("superseded", "fenced"))
+
+
+@given(st.lists(st.integers(0, 3_000), max_size=400), st.integers(1, 20_000))
+def test_a_flush_is_cut_in_facts_under_the_byte_budget_in_order(
+    sizes: list[int], budget: int
+) -> None:
+    """The reference gateway's flush facts: every entry once, in order; each fact within
+    the budget (an entry over it alone) and its entry count; cut no earlier than needed."""
+    slices = flush_chunks(sizes, budget)
+    assert [i for start, end in slices for i in range(start, end)] == list(range(len(sizes)))
+    assert slices[0][0] == 0 and all(a[1] == b[0] for a, b in itertools.pairwise(slices))
+    for start, end in slices:
+        used = sum(size + 1 for size in sizes[start:end])
+        assert used <= budget or end - start == 1
+        assert end - start <= MAX_FLUSH_ENTRIES
+        if end < len(sizes):  # the next entry did not fit
+            assert used + sizes[end] + 1 > budget or end - start == MAX_FLUSH_ENTRIES
+    if not sizes:
+        assert slices == [(0, 0)]  # an empty flush is still the gateway's heartbeat
+
+
+def test_a_gateway_at_its_stream_bound_flushes_under_what_nats_carries() -> None:
+    """5,000 sessions (the maxStreams default) whose heartbeats carry credits and load:
+    ~200 bytes an entry, more than 1 MiB in one fact; cut into facts NATS carries."""
+    entry = len(b'{"node_id":"7c9e6679-7425-40de-944b-e07fc1f90ae7","epoch":1,"age_ms":9999}') + 150
+    slices = flush_chunks([entry] * 5_000)
+    assert entry * 5_000 > 2**20 and len(slices) == 5
+    assert all(sum(entry + 1 for _ in range(s, e)) <= MAX_FLUSH_BYTES for s, e in slices)
