@@ -77,8 +77,13 @@ class InvalidMessage(MessageError):
 # PostgreSQL stores neither (text nor jsonb). A body with such an escape is walked.
 _MAYBE_UNSTORABLE = re.compile(rb"\\u(0000|[dD][89a-fA-F])")
 #: a body that may hold a number that is not finite: the parser takes `NaN`, `Infinity`
-#: and an exponent too large for a float (`1e999` is infinity), which no `jsonb` stores
-_MAYBE_NOT_FINITE = re.compile(rb"NaN|Infinity|[eE][+]?0*[0-9]{3,}")
+#: and an exponent too large for a float (`1e999` is infinity), which no `jsonb` stores.
+#: Only where a value starts (after `:`, `,` or `[`): a fact id's hex (`…-4e123…`) or a
+#: string is not a number, and walking a 1,000-entry flush for it costs more than
+#: validating it
+_MAYBE_NOT_FINITE = re.compile(
+    rb"[:,\[]\s*-?(?:NaN|Infinity|[0-9]+(?:\.[0-9]*)?[eE][+]?0*[0-9]{3,})"
+)
 
 
 def _unstorable_text(value: object) -> bool:
