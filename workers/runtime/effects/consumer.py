@@ -41,7 +41,12 @@ from workers.runtime.bus.frames import FrameWriter
 from workers.runtime.bus.pull import ContinuousPull
 from workers.runtime.effects import outcome
 from workers.runtime.effects.inhand import InHand
-from workers.runtime.effects.items import Item, decode, lane_of, merge_queued, start_span
+from workers.runtime.effects.items import (
+    Item,
+    decode_into_lanes,
+    merge_queued,
+    start_span,
+)
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.provenance import ForeignLog, KnownBindings
 from workers.runtime.effects.shedding import Shedder, shed
@@ -185,7 +190,8 @@ class FactConsumer:
             msgs = await shed(msgs, self._shedder, self._subjects, self._shed)
             if not msgs:
                 continue
-            for queue, items in zip(queues, self._partition(msgs), strict=True):
+            lanes = await decode_into_lanes(msgs, self._subjects, self.worker, len(queues))
+            for queue, items in zip(queues, lanes, strict=True):
                 if items:
                     await queue.put(items)
         for queue in queues:
@@ -195,13 +201,6 @@ class FactConsumer:
         self._in_hand.drop(msg)
         self._pull.done([msg])  # type: ignore[union-attr]
         self._metrics.facts.inc(self.worker.name, fact_type, "shed")
-
-    def _partition(self, msgs: Sequence[Msg]) -> list[list[Item]]:
-        lanes: list[list[Item]] = [[] for _ in range(self._settings.lanes)]
-        for msg in msgs:
-            item = decode(msg, self._subjects, self.worker)
-            lanes[lane_of(item, len(lanes))].append(item)
-        return lanes
 
     async def _release(self, items: Sequence[Item]) -> None:
         """Hand messages back for redelivery at once (the process is stopping)."""
