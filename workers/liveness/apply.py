@@ -73,6 +73,9 @@ SELECT z.node_id, z.epoch, z.gateway_id, NULL::bigint AS locked
           LEFT JOIN node_sessions s
             ON s.node_id = e.node_id AND s.session_epoch = e.epoch AND s.gateway_id = e.gateway_id
          WHERE s.node_id IS NULL
+           -- looked for only when an entry was not locked: every entry distinct and
+           -- locked leaves no zombie, and a healthy flush no second lookup per entry
+           AND (SELECT count(*) FROM locked) < (SELECT count(*) FROM e)
          ORDER BY e.gateway_id, e.node_id, e.epoch) z
 UNION ALL  -- and a last row: how many rows it locked (and moved)
 SELECT NULL, NULL, NULL, (SELECT count(*) FROM locked)

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -93,15 +94,16 @@ SELECT t.gateway_id,
   FROM unnest($1::text[], $2::bigint[]) AS t(gateway_id, k)
 """
 
-# How many sessions the stale rule would take, per gateway it can see (the breaker's
-# question); the partial index on last_seen finds them.
-STALE_COUNTS = """
-SELECT s.gateway_id, count(*) AS n
+# The sessions the stale rule would take, of every gateway it can see: one sequential
+# scan (no index holds `last_seen`, so that a flush's update of it stays HOT: migration
+# 0036), read without locking; the breaker counts them per gateway (`_breakers`), and
+# those it lets go are then locked by key (`STALE`).
+STALE_CANDIDATES = """
+SELECT s.node_id, s.session_epoch, s.gateway_id
   FROM node_sessions s
  WHERE s.gateway_id = ANY($3::text[]) AND s.last_seen < $1
    AND NOT EXISTS (SELECT 1 FROM gateways g
                     WHERE g.gateway_id = s.gateway_id AND g.lease_expires_at < $2)
- GROUP BY s.gateway_id
 """
 
 # Candidates are locked in node order, skipping rows a Hello holds right now (the next
@@ -116,16 +118,16 @@ SELECT s.node_id, s.session_epoch, s.gateway_id
    FOR UPDATE OF s SKIP LOCKED
 """
 
-# Only sessions of gateways the controller can see ($3) are aged, and not those the
-# breaker holds ($4). A session on a gateway whose lease has expired is not aged here:
-# nobody could flush it, and the gateway-loss rule (with its grace to move) decides.
+# Candidates (`STALE_CANDIDATES`, less those the breaker holds) locked in node order,
+# by key, at the epoch and gateway read, skipping rows a Hello holds right now (the next
+# sweep sees them); a row flushed since the scan is read again as locked, and left
+# (`last_seen < $4`). `apply.disconnect` then clears their gateway.
 STALE = """
 SELECT s.node_id, s.session_epoch, s.gateway_id
-  FROM node_sessions s
- WHERE s.gateway_id = ANY($3::text[]) AND s.gateway_id <> ALL($4::text[])
-   AND s.last_seen < $1
-   AND NOT EXISTS (SELECT 1 FROM gateways g
-                    WHERE g.gateway_id = s.gateway_id AND g.lease_expires_at < $2)
+  FROM unnest($1::text[], $2::bigint[], $3::text[]) AS c(node_id, epoch, gateway_id)
+  JOIN node_sessions s
+    ON s.node_id = c.node_id AND s.session_epoch = c.epoch AND s.gateway_id = c.gateway_id
+ WHERE s.last_seen < $4
  ORDER BY s.node_id
    FOR UPDATE OF s SKIP LOCKED
 """
@@ -188,9 +190,17 @@ async def sweep_once(
             if plan.age_transitions:
                 lost = await conn.fetch(GATEWAY_LOST, plan.gateway_expired_before)
                 lost = await disconnect(conn, lost, now, ["gateway-lost"] * len(lost))
-                breakers = await _breakers(conn, plan.stale_before, now, seeing, rows, rules)
-                held = [gw for gw, (_, decision) in breakers.items() if decision.hold]
-                stale = await conn.fetch(STALE, plan.stale_before, now, seeing, held)
+                candidates = await conn.fetch(STALE_CANDIDATES, plan.stale_before, now, seeing)
+                breakers = await _breakers(conn, candidates, rows, rules)
+                held = {gw for gw, (_, decision) in breakers.items() if decision.hold}
+                going = [c for c in candidates if c["gateway_id"] not in held]
+                stale = await conn.fetch(
+                    STALE,
+                    [c["node_id"] for c in going],
+                    [c["session_epoch"] for c in going],
+                    [c["gateway_id"] for c in going],
+                    plan.stale_before,
+                )
                 stale = await disconnect(conn, stale, now, ["liveness-timeout"] * len(stale))
             await _write_sights(conn, rows, changes, breakers, now)
             await conn.execute(WRITE_STATE, plan.state.last_sweep_at, plan.state.grace_until)
@@ -229,16 +239,13 @@ async def sweep_once(
 
 async def _breakers(
     conn: asyncpg.Connection,
-    stale_before: datetime,
-    now: datetime,
-    seeing: list[str],
+    candidates: list[asyncpg.Record],
     rows: dict[str, asyncpg.Record],
     rules: Rules,
 ) -> dict[str, tuple[BreakerView, BreakerDecision]]:
-    """The breaker's view and decision for every gateway with stale sessions or an open breaker."""
-    would = {
-        r["gateway_id"]: r["n"] for r in await conn.fetch(STALE_COUNTS, stale_before, now, seeing)
-    }
+    """The breaker's view and decision for every gateway with stale sessions (`candidates`)
+    or an open breaker."""
+    would = Counter(c["gateway_id"] for c in candidates)
     opened = {gw for gw, r in rows.items() if r["breaker_opened_at"] is not None}
     asked = sorted(gw for gw, n in would.items() if n >= rules.breaker_minimum)
     bounds = [math.floor(would[gw] / rules.breaker_share) + 1 for gw in asked]
