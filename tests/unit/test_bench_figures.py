@@ -6,12 +6,27 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from schemas import REGISTRY
+from schemas.facts import Liveness
+from schemas.subjects import Subjects
 from workers.bench.costs import CpuSpent, ceiling
 from workers.bench.herd import cores_for
 from workers.bench.soak import Sample, figures_of, levels, problems, slope_per_hour
+from workers.bench.steady.figures import (
+    Minute,
+    growth_percent,
+    percentile,
+    summarize,
+    warm_minute,
+)
+from workers.bench.steady.figures import problems as steady_problems
+from workers.bench.steady.fleet import HEADERS, HEARTBEAT_MS, Gateway, silenced
 from workers.demo import kept_up
 from workers.embedded import EmbeddedNats, EmbeddedPostgres
+from workers.gateway.facts import MAX_FLUSH_BYTES, flush_chunks
 
 
 def test_cores_for_spreads_the_work_over_the_herd_and_the_time_after_it() -> None:
@@ -152,3 +167,82 @@ def test_the_cpu_ratios_per_round_compare_each_round_with_its_own_floor() -> Non
     assert cpu_ratios_per_round(rounds) == (
         "cpu a/b, a'/b per round (same round): 1.50/1.40, 1.60/1.50"
     )
+
+
+# -- bcw bench steady ------------------------------------------------------------------------
+def test_the_steady_bench_flushes_what_the_reference_gateway_would() -> None:
+    """The spliced bodies are byte for byte the reference gateway's facts of those entries,
+    cut where it cuts them; the silenced nodes leave the flushes."""
+    gateway = Gateway(3, nodes=20_000, gateways=4, subjects=Subjects("bench"))
+    flushed = gateway.flush()
+    facts = [REGISTRY.decode(dict(HEADERS), body) for _, body in flushed]
+    assert all(isinstance(f, Liveness) for f in facts)
+    entries = [e for f in facts for e in f.entries]  # type: ignore[attr-defined]
+    assert [e.node_id for e in entries] == [f"node-{i}" for i in range(3, 20_001, 4)]
+    assert all(e.epoch == 1 and 0 <= e.age_ms < HEARTBEAT_MS and e.node_load for e in entries)
+    sizes = [len(e.model_dump_json(by_alias=True)) for e in entries]
+    cuts = [end - start for start, end in flush_chunks(sizes)]
+    assert [len(f.entries) for f in facts] == cuts and len(cuts) > 1  # type: ignore[attr-defined]
+    for (fact_id, body), fact in zip(flushed, facts, strict=True):
+        assert fact.fact_id == fact_id
+        assert REGISTRY.encode(fact)[0] == body
+        assert len(body) < MAX_FLUSH_BYTES + 1024
+    quiet = gateway.silence(0.01, gateways=4)
+    assert len(quiet) == 50
+    again = [
+        e.node_id for _, b in gateway.flush() for e in REGISTRY.decode(dict(HEADERS), b).entries
+    ]  # type: ignore[attr-defined]
+    assert len(again) == 4_950 and not set(again) & set(quiet)
+
+
+@given(st.integers(1, 300), st.sampled_from([0.0, 0.001, 0.01, 0.05, 0.5]))
+def test_the_silenced_share_is_the_same_on_every_gateway(gateways: int, share: float) -> None:
+    per_gateway = 1_000
+    quiet = Counter(
+        i % gateways for i in range(1, gateways * per_gateway + 1) if silenced(i, gateways, share)
+    )
+    for g in range(gateways):
+        assert abs(quiet[g] - share * per_gateway) <= 1
+
+
+def _minute(m: int, lags: list[float], size: int, rss: float = 100.0, **kw: object) -> Minute:
+    base: dict[str, object] = {
+        "minute": m, "lags": lags, "sweep_max": 0.2, "blind": 0, "expected": 0, "wrong": 0,
+        "cores": {"postgres": 0.5, "liveness-1": 0.25}, "sizes": {"node_sessions": size},
+        "rss": {"liveness-1": rss, "postgres": 100.0 * m},
+    }  # fmt: skip
+    return Minute(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_the_steady_summary_reads_as_the_issue_asks() -> None:
+    minutes = [_minute(m, [0.5] * 99 + [3.0], 1000) for m in range(1, 10)]
+    minutes.append(_minute(10, [0.5, 12.0], 1050, expected=50, sweep_max=0.4))
+    summary = summarize(1_000_000, minutes, silenced_in_time=50, silenced=50)
+    assert summary.last_line() == (
+        "held 1000000 nodes for 10 min: flush lag p99 3.00 s, sweep max 0.40 s, blind 0, "
+        "wrong disconnects 0, silenced disconnected 50 of 50, size growth 5.0 % after "
+        "warm-up, cpu 0.75 cores"
+    )
+    assert steady_problems(summary) == []  # the servers' memory is not judged, the workers' is
+    assert "flush lag p50 0.50 p99 0.50 max 3.00 s (100 facts)" in minutes[0].line()
+
+
+def test_every_broken_bound_is_said() -> None:
+    minutes = [
+        _minute(m, [20.0], 1000 + 200 * m, rss=100.0 + m, blind=1, wrong=2) for m in range(1, 11)
+    ]
+    minutes[-1] = _minute(10, [20.0], 3000, rss=200.0, blind=1, wrong=2, sweep_max=1.5)
+    said = steady_problems(summarize(100, minutes, silenced_in_time=3, silenced=5))
+    assert len(said) == 7, said
+    assert any("flush lag p99 20.00 s" in s for s in said)
+    assert any("sweep max 1.50 s" in s for s in said)
+    assert any("2 silenced node(s)" in s for s in said)
+    assert any(s.startswith("liveness-1 RSS grows") for s in said)
+
+
+def test_size_growth_is_against_minute_five_or_the_middle_of_a_short_run() -> None:
+    assert warm_minute(30) == 5 == warm_minute(6) and warm_minute(4) == 2 and warm_minute(1) == 1
+    assert growth_percent([100, 100, 100, 100, 200, 220, 210], 7) == pytest.approx(5.0)
+    assert growth_percent([100, 150, 150], 3) == pytest.approx(50.0)
+    assert percentile([], 0.5) != percentile([], 0.5)  # NaN: nothing measured
+    assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0 and percentile([1.0, 2.0], 0.99) == 2.0

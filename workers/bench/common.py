@@ -39,10 +39,11 @@ class BenchTarget:
 
 @contextlib.asynccontextmanager
 async def bench_target(
-    settings: Settings, embedded: bool, sync_always: bool = False
+    settings: Settings, embedded: bool, sync_always: bool = False, facts_max_age: float | None = None
 ) -> AsyncIterator[BenchTarget]:
     """Servers for one benchmark run, and a scratch database dropped afterwards.
-    `sync_always`: the embedded nats-server syncs each message before its PubAck."""
+    `sync_always`: the embedded nats-server syncs each message before its PubAck;
+    `facts_max_age`: the facts stream keeps a fact this long (seconds), not a day."""
     stack = contextlib.ExitStack()
     if embedded:
         base = Path(tempfile.mkdtemp(prefix="bcw-bench-"))
@@ -64,22 +65,23 @@ async def bench_target(
             finally:
                 await conn.close()
             target = BenchTarget(nats_url, database_url, f"bench{uuid.uuid4().hex[:6]}")
-            await _provision(target)
+            await _provision(target, facts_max_age)
             yield target
         finally:
             await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             await admin.close()
 
 
-async def _provision(target: BenchTarget) -> None:
+async def _provision(target: BenchTarget, facts_max_age: float | None = None) -> None:
     import nats
 
     from schemas.subjects import Subjects
     from workers.runtime.bus import streams
 
+    limits = None if facts_max_age is None else streams.StreamLimits(facts_age=facts_max_age)
     nc = await nats.connect(target.nats_url)
     try:
-        await streams.provision_streams(nc.jetstream(), Subjects(target.subject_root))
+        await streams.provision_streams(nc.jetstream(), Subjects(target.subject_root), limits=limits)
     finally:
         await nc.close()
 

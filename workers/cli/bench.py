@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import math
 import sys
 
 from workers.cli.common import EXIT_BAD_SETTINGS, Commands
@@ -30,6 +31,7 @@ def add(commands: Commands) -> None:
             "soak",
             "hello",
             "ingest",
+            "steady",
         ],
         help="which benchmark",
     )
@@ -68,6 +70,15 @@ def add(commands: Commands) -> None:
         help="Hellos a second (chaos: 20 in all; herd: 200 per gateway)",
     )
     bench.add_argument("--seed", type=int, default=1, help="the faults' random seed (chaos)")
+    bench.add_argument(
+        "--silent-share",
+        type=float,
+        default=0.01,
+        help="steady: the share of nodes whose flushes stop at minute 2 (0.01)",
+    )
+    bench.add_argument(
+        "--replicas", type=int, default=1, help="steady: `bcw run liveness` processes (1)"
+    )
     bench.add_argument(
         "--sync-always",
         action="store_true",
@@ -145,6 +156,20 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
 
         return asyncio.run(
             herd.run_hello(settings, args.nodes or 12_000, args.embedded, args.rounds)
+        )
+    if args.bench == "steady":
+        from workers.bench.steady import run as steady
+
+        return asyncio.run(
+            steady.run(
+                settings,
+                nodes,
+                args.gateways or 200,
+                math.ceil(args.minutes),
+                args.silent_share,
+                args.replicas,
+                args.embedded,
+            )
         )
     if args.bench == "herd":
         from workers.bench import herd

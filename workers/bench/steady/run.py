@@ -1,0 +1,314 @@
+"""`bcw bench steady`: N connected nodes held for M minutes by G simulated gateways
+flushing every flush period, the liveness controller in `bcw run liveness` processes.
+
+At minute 2 a share S of the nodes (the same share of every gateway's) stops being
+flushed: they, and only they, must be disconnected, within the stale threshold plus two
+sweeps. Every minute one line: the flush lag (a flush fact's publish to its commit seen
+in the liveness inbox, polled every half second), the slowest sweep (read from each
+liveness process's `bcw_liveness_sweep_seconds`, once a second: the sum of a sweep that
+ended), gateways reported blind, `node.disconnected` expected and wrong, CPU cores per
+process, the session tables' sizes, and every process's RSS. The last line is the run's
+summary; exit 1 when a bound of `figures.Bounds` is broken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import socket
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import asyncpg
+import nats
+from nats.aio.msg import Msg
+
+from schemas import REGISTRY
+from schemas.subjects import Subjects
+from workers.bench.common import bench_target, spawn_workers, stop_workers, wait_until, worker_env
+from workers.bench.costs import cpu_seconds, memory_mib, nats_server_pid, servers_cpu_seconds
+from workers.bench.steady import fleet
+from workers.bench.steady.figures import Minute, problems, summarize
+from workers.runtime.base.settings import Settings
+
+#: the facts stream keeps a fact this long in the run (a day of a million nodes' flushes
+#: is ~1 TB; docs/capacity.md)
+FACTS_MAX_AGE = 300.0
+SILENCE_AT_MINUTE = 2
+#: the sweep holds age transitions this long after the sessions are made (as after an
+#: outage), while every gateway's first flush arrives
+START_GRACE = "1 minute"
+
+SIZES = """
+SELECT c.relname, pg_relation_size(c.oid) AS bytes FROM pg_class c
+ WHERE c.oid IN ('node_sessions'::regclass, 'liveness_gateways'::regclass)
+    OR c.oid = (SELECT reltoastrelid FROM pg_class WHERE oid = 'node_sessions'::regclass)
+    OR c.oid IN (SELECT indexrelid FROM pg_index
+                  WHERE indrelid IN ('node_sessions'::regclass, 'liveness_gateways'::regclass))
+ ORDER BY c.relname
+"""
+UPDATES = """
+SELECT n_tup_upd, n_tup_hot_upd, n_dead_tup FROM pg_stat_user_tables WHERE relname = 'node_sessions'
+"""
+INBOX = """
+SELECT fact_id FROM processed_facts WHERE consumer = 'liveness' AND processed_at >= $1
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _postgres_rss_mib() -> float:
+    """The PostgreSQL processes' own memory and their shared memory counted once."""
+    anon, shared = 0.0, 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as status:
+                fields = dict(line.split(":", 1) for line in status if ":" in line)
+        except OSError:
+            continue
+        if fields.get("Name", "").strip() == "postgres":
+            anon += int(fields.get("RssAnon", "0 kB").split()[0]) / 1024
+            shared = max(shared, int(fields.get("RssShmem", "0 kB").split()[0]) / 1024)
+    return anon + shared
+
+
+async def _scrape_sweeps(port: int) -> tuple[float, float] | None:
+    """(sum, count) of `bcw_liveness_sweep_seconds` on a process's metrics port."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        body = (await reader.read()).decode(errors="replace")
+        writer.close()
+    except OSError:
+        return None
+    total = count = math.nan
+    for line in body.splitlines():
+        if line.startswith("bcw_liveness_sweep_seconds_sum"):
+            total = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("bcw_liveness_sweep_seconds_count"):
+            count = float(line.rsplit(" ", 1)[1])
+    return None if math.isnan(total) or math.isnan(count) else (total, count)
+
+
+class Watch:
+    """What the run sees as it goes: lags, sweeps, disconnections, sight."""
+
+    def __init__(self) -> None:
+        self.published: dict[uuid.UUID, float] = {}
+        self.lags: list[float] = []
+        self.sweeps: list[float] = []
+        self.quiet: set[str] = set()
+        self.expected: set[str] = set()
+        self.wrong: set[str] = set()
+        self.blind: set[str] = set()
+
+    def publish(self, fact_id: uuid.UUID, at: float) -> None:
+        self.published[fact_id] = at
+
+    async def inbox(self, conn: asyncpg.Connection) -> None:
+        """Each flush fact's commit, as it becomes visible in the liveness inbox."""
+        since = time.time() - 60
+        while True:
+            seen = time.time()
+            window = time.time() - 60  # a transaction that began long ago commits late
+            rows = await conn.fetch(INBOX, _ts(max(since, window)))
+            for row in rows:
+                at = self.published.pop(row["fact_id"], None)
+                if at is not None:
+                    self.lags.append(max(0.0, seen - at))
+            since = window
+            await asyncio.sleep(0.5)
+
+    async def sweeps_of(self, ports: list[int]) -> None:
+        last: dict[int, tuple[float, float]] = {}
+        while True:
+            for port in ports:
+                now = await _scrape_sweeps(port)
+                if now is None:
+                    continue
+                before = last.get(port)
+                if before is not None and now[1] > before[1]:
+                    self.sweeps.append(now[0] - before[0])  # one sweep, or an upper bound
+                last[port] = now
+            await asyncio.sleep(1.0)
+
+    def event(self, msg: Msg) -> None:
+        event = REGISTRY.decode(msg.headers, msg.data)
+        if event.BC_TYPE == "gateway.blind":
+            self.blind.add(event.gateway_id)  # type: ignore[attr-defined]
+            return
+        node = event.node_id  # type: ignore[attr-defined]
+        (self.expected if node in self.quiet else self.wrong).add(node)
+
+
+def _ts(at: float):  # type: ignore[no-untyped-def]
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(at, UTC)
+
+
+async def run(
+    settings: Settings,
+    nodes: int,
+    gateways: int,
+    minutes: int,
+    share: float,
+    replicas: int,
+    embedded: bool,
+) -> int:
+    period = settings.liveness.flush_period.total_seconds()
+    async with bench_target(settings, embedded, facts_max_age=FACTS_MAX_AGE) as target:
+        subjects = Subjects(target.subject_root)
+        conn = await asyncpg.connect(target.database_url)
+        print(f"making {nodes:,} sessions on {gateways} gateways ...", flush=True)
+        await fleet.prepare(conn, nodes, gateways)
+        await conn.execute("VACUUM (ANALYZE) node_sessions")
+        await conn.execute("CHECKPOINT")
+        await conn.execute(
+            "UPDATE liveness_sweeps SET last_sweep_at = compute_now(), "
+            f"grace_until = compute_now() + interval '{START_GRACE}'"
+        )
+        logs = Path(tempfile.mkdtemp(prefix="bcw-steady-"))
+        ports = [_free_port() for _ in range(replicas)]
+        procs: dict[str, asyncio.subprocess.Process] = {}
+        for k, port in enumerate(ports):
+            env = {**worker_env(target), "BCW_HEALTH_PORT": str(port)}
+            name = f"liveness-{k + 1}"
+            spawned = await spawn_workers(env, logs, names=["liveness"], tag=f"{k + 1}-")
+            procs[name] = spawned["liveness"]
+        nc = await nats.connect(target.nats_url, pending_size=256 * 2**20)
+        js = nc.jetstream()
+        watch = Watch()
+        for kind in ("node.disconnected", "gateway.blind"):
+            await nc.subscribe(subjects.event(kind), cb=_sync(watch.event))
+        stopping = asyncio.Event()
+        tasks: list[asyncio.Task[object]] = []
+        try:
+            await wait_until(lambda: _bound(js, subjects), within=60)
+            sims = [fleet.Gateway(g, nodes, gateways, subjects) for g in range(gateways)]
+            start = time.monotonic()
+            tasks += [
+                asyncio.create_task(
+                    fleet.flushing(js, gw, period, start + period * g / gateways, stopping, watch.publish)
+                )
+                for g, gw in enumerate(sims)
+            ]  # fmt: skip
+            watcher = await asyncpg.connect(target.database_url)
+            tasks += [
+                asyncio.create_task(watch.inbox(watcher)),
+                asyncio.create_task(watch.sweeps_of(ports)),
+            ]
+            print(
+                f"holding {nodes:,} nodes: {gateways} gateways flushing every {period:g} s, "
+                f"{replicas} liveness process(es); {share:.1%} silenced at minute "
+                f"{SILENCE_AT_MINUTE} (logs: {logs})",
+                flush=True,
+            )
+            lines = await _minutes(
+                conn, procs, target.nats_url, watch, sims, share, gateways, minutes, start
+            )
+        finally:
+            stopping.set()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await stop_workers(procs)
+            await nc.close()
+        bound = settings.liveness.stale_after.total_seconds() + 2 * settings.liveness.sweep_interval
+        in_time = await conn.fetchval(
+            "SELECT count(*) FROM node_sessions WHERE node_id = ANY($1::text[]) "
+            "AND gateway_id IS NULL AND disconnected_at - last_seen <= $2 * interval '1 second'",
+            sorted(watch.quiet),
+            bound,
+        )
+        wrong = await conn.fetchval(
+            "SELECT count(*) FROM node_sessions WHERE gateway_id IS NULL AND node_id <> ALL($1::text[])",
+            sorted(watch.quiet),
+        )
+        await conn.close()
+    summary = summarize(nodes, lines, in_time, len(watch.quiet))
+    if wrong > summary.wrong:  # a disconnect the events did not say (or not yet)
+        summary = type(summary)(**{**summary.__dict__, "wrong": wrong})
+    broken = problems(summary)
+    for line in broken:
+        print(f"BOUND BROKEN: {line}")
+    print(summary.last_line())
+    return 1 if broken else 0
+
+
+async def _bound(js: nats.js.JetStreamContext, subjects: Subjects) -> bool:
+    try:
+        await js.consumer_info(subjects.facts_stream, "liveness")
+    except Exception:
+        return False
+    return True
+
+
+def _sync(callback):  # type: ignore[no-untyped-def]
+    async def handler(msg):  # type: ignore[no-untyped-def]
+        callback(msg)
+
+    return handler
+
+
+async def _minutes(
+    conn: asyncpg.Connection,
+    procs: dict[str, asyncio.subprocess.Process],
+    nats_url: str,
+    watch: Watch,
+    sims: list[fleet.Gateway],
+    share: float,
+    gateways: int,
+    minutes: int,
+    start: float,
+) -> list[Minute]:
+    nats_pid = nats_server_pid(nats_url)
+
+    def cpu() -> dict[str, float]:
+        servers = servers_cpu_seconds()
+        spent = {"postgres": servers["postgres"], "nats-server": servers["nats-server"]}
+        spent |= {name: cpu_seconds(proc.pid) for name, proc in procs.items()}
+        return spent | {"gateways": time.process_time()}
+
+    lines: list[Minute] = []
+    before, updates_before = cpu(), await conn.fetchrow(UPDATES)
+    for minute in range(1, minutes + 1):
+        await asyncio.sleep(max(0.0, start + 60 * minute - time.monotonic()))
+        if minute == SILENCE_AT_MINUTE and share > 0:
+            for gw in sims:
+                watch.quiet.update(gw.silence(share, gateways))
+        now, updates = cpu(), await conn.fetchrow(UPDATES)
+        moved = updates["n_tup_upd"] - updates_before["n_tup_upd"]
+        hot = updates["n_tup_hot_upd"] - updates_before["n_tup_hot_upd"]
+        rss = {name: memory_mib(proc.pid, "VmRSS") for name, proc in procs.items()}
+        rss |= {"postgres": _postgres_rss_mib(), "gateways": memory_mib(os.getpid(), "VmRSS")}
+        if nats_pid is not None:
+            rss["nats-server"] = memory_mib(nats_pid, "VmRSS")
+        lags, watch.lags = watch.lags, []
+        sweeps, watch.sweeps = watch.sweeps, []
+        line = Minute(
+            minute=minute,
+            lags=lags,
+            sweep_max=max(sweeps, default=math.nan),
+            blind=len(watch.blind),
+            expected=len(watch.expected),
+            wrong=len(watch.wrong),
+            cores={k: (now[k] - before.get(k, now[k])) / 60 for k in now},
+            sizes={r["relname"]: r["bytes"] for r in await conn.fetch(SIZES)},
+            rss=rss,
+            hot=hot / moved if moved else math.nan,
+            dead=updates["n_dead_tup"],
+        )
+        print(line.line(), flush=True)
+        lines.append(line)
+        before, updates_before = now, updates
+    return lines
