@@ -39,18 +39,23 @@ class BenchTarget:
 
 @contextlib.asynccontextmanager
 async def bench_target(
-    settings: Settings, embedded: bool, sync_always: bool = False, facts_max_age: float | None = None
+    settings: Settings,
+    embedded: bool,
+    sync_always: bool = False,
+    facts_max_age: float | None = None,
+    postgres: dict[str, str] | None = None,
 ) -> AsyncIterator[BenchTarget]:
     """Servers for one benchmark run, and a scratch database dropped afterwards.
     `sync_always`: the embedded nats-server syncs each message before its PubAck;
-    `facts_max_age`: the facts stream keeps a fact this long (seconds), not a day."""
+    `facts_max_age`: the facts stream keeps a fact this long (seconds), not a day;
+    `postgres`: settings of the embedded PostgreSQL (`shared_buffers`, say)."""
     stack = contextlib.ExitStack()
     if embedded:
         base = Path(tempfile.mkdtemp(prefix="bcw-bench-"))
         stack.callback(shutil.rmtree, base, True)  # runs last: after the servers stopped
         nats = stack.enter_context(_started(EmbeddedNats(base / "nats", sync_always=sync_always)))
-        postgres = stack.enter_context(_started(EmbeddedPostgres(base / "postgres")))
-        nats_url, admin_url = nats.url, postgres.url
+        database = EmbeddedPostgres(base / "postgres", settings=dict(postgres or {}))
+        nats_url, admin_url = nats.url, stack.enter_context(_started(database)).url
     else:
         nats_url, admin_url = settings.nats.url, settings.database.url.get_secret_value()
     name = f"bcw_bench_{uuid.uuid4().hex[:8]}"
@@ -81,7 +86,9 @@ async def _provision(target: BenchTarget, facts_max_age: float | None = None) ->
     limits = None if facts_max_age is None else streams.StreamLimits(facts_age=facts_max_age)
     nc = await nats.connect(target.nats_url)
     try:
-        await streams.provision_streams(nc.jetstream(), Subjects(target.subject_root), limits=limits)
+        await streams.provision_streams(
+            nc.jetstream(), Subjects(target.subject_root), limits=limits
+        )
     finally:
         await nc.close()
 

@@ -33,6 +33,8 @@ class Minute:
     rss: Mapping[str, float]  # MiB, by process
     hot: float = math.nan  # share of the minute's row updates that were HOT
     dead: int = 0  # dead rows of node_sessions now
+    wal: float = math.nan  # bytes a second PostgreSQL wrote to its WAL in the minute
+    stream: float = math.nan  # bytes the facts stream holds now
 
     def line(self) -> str:
         cores = " ".join(f"{k} {v:.2f}" for k, v in self.cores.items())
@@ -43,7 +45,9 @@ class Minute:
             f"p99 {percentile(self.lags, 0.99):.2f} max {max(self.lags, default=math.nan):.2f} s"
             f" ({len(self.lags)} facts), sweep max {self.sweep_max:.2f} s, blind {self.blind}, "
             f"disconnected {self.expected} expected {self.wrong} wrong | cores {cores} "
-            f"| MiB {sizes}, HOT {self.hot:.0%}, dead rows {self.dead:,} | RSS MiB {rss}"
+            f"| MiB {sizes}, HOT {self.hot:.0%}, dead rows {self.dead:,}, WAL "
+            f"{self.wal / 2**20:.1f} MiB/s, facts stream {self.stream / 2**20:.0f} MiB "
+            f"| RSS MiB {rss}"
         )
 
 

@@ -38,6 +38,11 @@ from workers.runtime.base.settings import Settings
 #: is ~1 TB; docs/capacity.md)
 FACTS_MAX_AGE = 300.0
 SILENCE_AT_MINUTE = 2
+#: the embedded PostgreSQL's shared buffers: the session table whole (~1 KiB a session
+#: with its free room, docs/capacity.md), as a primary for a fleet this size is given;
+#: with 256 MB the sweep's scan read 400,000 sessions back from the OS and wrote out the
+#: pages the flushes had dirtied (0.3 to 0.8 s a scan)
+SHARED_BUFFERS = "2GB"
 #: the sweep holds age transitions this long after the sessions are made (as after an
 #: outage), while every gateway's first flush arrives
 START_GRACE = "1 minute"
@@ -51,7 +56,8 @@ SELECT c.relname, pg_relation_size(c.oid) AS bytes FROM pg_class c
  ORDER BY c.relname
 """
 UPDATES = """
-SELECT n_tup_upd, n_tup_hot_upd, n_dead_tup FROM pg_stat_user_tables WHERE relname = 'node_sessions'
+SELECT n_tup_upd, n_tup_hot_upd, n_dead_tup, (SELECT wal_bytes FROM pg_stat_wal) AS wal
+  FROM pg_stat_user_tables WHERE relname = 'node_sessions'
 """
 INBOX = """
 SELECT fact_id FROM processed_facts WHERE consumer = 'liveness' AND processed_at >= $1
@@ -166,7 +172,10 @@ async def run(
     embedded: bool,
 ) -> int:
     period = settings.liveness.flush_period.total_seconds()
-    async with bench_target(settings, embedded, facts_max_age=FACTS_MAX_AGE) as target:
+    server = {"shared_buffers": SHARED_BUFFERS}
+    async with bench_target(
+        settings, embedded, facts_max_age=FACTS_MAX_AGE, postgres=server
+    ) as target:
         subjects = Subjects(target.subject_root)
         conn = await asyncpg.connect(target.database_url)
         print(f"making {nodes:,} sessions on {gateways} gateways ...", flush=True)
@@ -213,8 +222,9 @@ async def run(
                 f"{SILENCE_AT_MINUTE} (logs: {logs})",
                 flush=True,
             )
+            streams = (js, subjects.facts_stream)
             lines = await _minutes(
-                conn, procs, target.nats_url, watch, sims, share, gateways, minutes, start
+                conn, procs, target.nats_url, streams, watch, sims, share, gateways, minutes, start
             )
         finally:
             stopping.set()
@@ -245,6 +255,13 @@ async def run(
     return 1 if broken else 0
 
 
+async def _stream_bytes(js: nats.js.JetStreamContext, stream: str) -> float:
+    try:
+        return float((await js.stream_info(stream)).state.bytes)
+    except Exception:
+        return math.nan
+
+
 async def _bound(js: nats.js.JetStreamContext, subjects: Subjects) -> bool:
     try:
         await js.consumer_info(subjects.facts_stream, "liveness")
@@ -264,6 +281,7 @@ async def _minutes(
     conn: asyncpg.Connection,
     procs: dict[str, asyncio.subprocess.Process],
     nats_url: str,
+    streams: tuple[nats.js.JetStreamContext, str],
     watch: Watch,
     sims: list[fleet.Gateway],
     share: float,
@@ -307,6 +325,8 @@ async def _minutes(
             rss=rss,
             hot=hot / moved if moved else math.nan,
             dead=updates["n_dead_tup"],
+            wal=float(updates["wal"] - updates_before["wal"]) / 60,
+            stream=await _stream_bytes(*streams),
         )
         print(line.line(), flush=True)
         lines.append(line)
