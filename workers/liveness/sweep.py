@@ -94,10 +94,12 @@ SELECT t.gateway_id,
   FROM unnest($1::text[], $2::bigint[]) AS t(gateway_id, k)
 """
 
-# The sessions the stale rule would take, of every gateway it can see: one sequential
-# scan (no index holds `last_seen`, so that a flush's update of it stays HOT: migration
-# 0036), read without locking; the breaker counts them per gateway (`_breakers`), and
-# those it lets go are then locked by key (`STALE`).
+# The sessions the stale rule would take: only of gateways the controller can see ($3),
+# and not of a gateway whose lease has expired (nobody could flush those; the
+# gateway-loss rule, with its grace to move, decides). One sequential scan (no index
+# holds `last_seen`, so that a flush's update of it stays HOT: migration 0036), read
+# without locking; the breaker counts them per gateway (`_breakers`), and those it lets
+# go are then locked by key (`STALE`).
 STALE_CANDIDATES = """
 SELECT s.node_id, s.session_epoch, s.gateway_id
   FROM node_sessions s
