@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TypeVar
 
 from pydantic import ValidationError
@@ -78,12 +78,41 @@ class InvalidMessage(MessageError):
 _MAYBE_UNSTORABLE = re.compile(rb"\\u(0000|[dD][89a-fA-F])")
 #: a body that may hold a number that is not finite: the parser takes `NaN`, `Infinity`
 #: and an exponent too large for a float (`1e999` is infinity), which no `jsonb` stores.
-#: Only where a value starts (after `:`, `,` or `[`): a fact id's hex (`…-4e123…`) or a
+#: A hint, checked where it is (`_maybe_not_finite`): a fact id's hex (`…-4e123…`) or a
 #: string is not a number, and walking a 1,000-entry flush for it costs more than
 #: validating it
-_MAYBE_NOT_FINITE = re.compile(
-    rb"[:,\[]\s*-?(?:NaN|Infinity|[0-9]+(?:\.[0-9]*)?[eE][+]?0*[0-9]{3,})"
-)
+_NOT_FINITE_WORDS = (b"NaN", b"Infinity")
+#: an exponent of three digits or more; one pattern per letter, so that each is searched
+#: from its literal (a class `[eE]` is tried at every byte: 20 times slower)
+_BIG_EXPONENTS = (re.compile(rb"e\+?0*[0-9]{3}"), re.compile(rb"E\+?0*[0-9]{3}"))
+_NUMBER_CHARS = frozenset(b"0123456789.+-")
+_SPACE = frozenset(b" \t\r\n")
+_VALUE_STARTS = frozenset(b":,[")
+
+
+def _hints_of_not_finite(body: bytes) -> Iterator[int]:
+    for word in _NOT_FINITE_WORDS:
+        at = body.find(word)
+        while at >= 0:
+            yield at
+            at = body.find(word, at + 1)
+    for pattern in _BIG_EXPONENTS:
+        for hint in pattern.finditer(body):
+            yield hint.start()
+
+
+def _maybe_not_finite(body: bytes) -> bool:
+    """Whether a hint of a non-finite number stands where a JSON value starts: after `:`,
+    `,` or `[` and spaces, with only a number's characters between. A string that looks
+    like one (`"x:1e999"`) is walked for nothing; no value that is one is missed."""
+    for at in _hints_of_not_finite(body):
+        while at and body[at - 1] in _NUMBER_CHARS:
+            at -= 1
+        while at and body[at - 1] in _SPACE:
+            at -= 1
+        if at and body[at - 1] in _VALUE_STARTS:
+            return True
+    return False
 
 
 def _unstorable_text(value: object) -> bool:
@@ -191,7 +220,7 @@ class Registry:
                 raise InvalidMessage(
                     model.BC_TYPE, where, "a NUL or a lone surrogate, which no database stores"
                 )
-        if _MAYBE_NOT_FINITE.search(body):  # likewise
+        if _maybe_not_finite(body):  # likewise
             where = _first(message.model_dump(), "", _not_finite)
             if where is not None:
                 raise InvalidMessage(
