@@ -302,12 +302,15 @@ async def stop_workers(procs: dict[str, asyncio.subprocess.Process]) -> None:
     await asyncio.gather(*(p.wait() for p in procs.values()))
 
 
-async def workers_bound(js: JetStreamContext, subjects: Subjects) -> bool:
-    """Every worker's durable consumer exists (so no fact is published before it)."""
+async def workers_bound(
+    js: JetStreamContext, subjects: Subjects, names: Iterable[str] | None = None
+) -> bool:
+    """Every worker's durable consumer (or `names`') exists, so that no fact is published
+    before it."""
     from workers.registry import WORKERS
 
     try:
-        for name in WORKERS:
+        for name in WORKERS if names is None else names:
             await js.consumer_info(subjects.facts_stream, name)
     except Exception:
         return False

@@ -158,8 +158,8 @@ class FactPublisher:
 
     async def flush(self, sessions: Sequence[Session], now: float) -> None:
         """The liveness flush of `sessions` (facts of at most `MAX_FLUSH_BYTES` of entries;
-        one empty fact when there is none), then a status fact for each session whose daemon applied a
-        higher generation than was last published."""
+        one empty fact when there is none), then a status fact for each session whose
+        daemon applied a higher generation than was last published."""
         entries = [
             LivenessEntry(
                 node_id=s.node_id,

@@ -14,6 +14,7 @@ summary; exit 1 when a bound of `figures.Bounds` is broken.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import os
 import socket
@@ -28,7 +29,14 @@ from nats.aio.msg import Msg
 
 from schemas import REGISTRY
 from schemas.subjects import Subjects
-from workers.bench.common import bench_target, spawn_workers, stop_workers, wait_until, worker_env
+from workers.bench.common import (
+    bench_target,
+    spawn_workers,
+    stop_workers,
+    wait_until,
+    worker_env,
+    workers_bound,
+)
 from workers.bench.costs import cpu_seconds, memory_mib, nats_server_pid, servers_cpu_seconds
 from workers.bench.steady import fleet
 from workers.bench.steady.figures import Minute, problems, summarize
@@ -59,8 +67,10 @@ UPDATES = """
 SELECT n_tup_upd, n_tup_hot_upd, n_dead_tup, (SELECT wal_bytes FROM pg_stat_wal) AS wal
   FROM pg_stat_user_tables WHERE relname = 'node_sessions'
 """
+# the last minute's: a transaction that began long ago commits late
 INBOX = """
-SELECT fact_id FROM processed_facts WHERE consumer = 'liveness' AND processed_at >= $1
+SELECT fact_id FROM processed_facts
+ WHERE consumer = 'liveness' AND processed_at >= compute_now() - interval '1 minute'
 """
 
 
@@ -122,16 +132,12 @@ class Watch:
 
     async def inbox(self, conn: asyncpg.Connection) -> None:
         """Each flush fact's commit, as it becomes visible in the liveness inbox."""
-        since = time.time() - 60
         while True:
             seen = time.time()
-            window = time.time() - 60  # a transaction that began long ago commits late
-            rows = await conn.fetch(INBOX, _ts(max(since, window)))
-            for row in rows:
+            for row in await conn.fetch(INBOX):
                 at = self.published.pop(row["fact_id"], None)
                 if at is not None:
                     self.lags.append(max(0.0, seen - at))
-            since = window
             await asyncio.sleep(0.5)
 
     async def sweeps_of(self, ports: list[int]) -> None:
@@ -147,19 +153,13 @@ class Watch:
                 last[port] = now
             await asyncio.sleep(1.0)
 
-    def event(self, msg: Msg) -> None:
+    async def event(self, msg: Msg) -> None:
         event = REGISTRY.decode(msg.headers, msg.data)
         if event.BC_TYPE == "gateway.blind":
             self.blind.add(event.gateway_id)  # type: ignore[attr-defined]
             return
         node = event.node_id  # type: ignore[attr-defined]
         (self.expected if node in self.quiet else self.wrong).add(node)
-
-
-def _ts(at: float):  # type: ignore[no-untyped-def]
-    from datetime import UTC, datetime
-
-    return datetime.fromtimestamp(at, UTC)
 
 
 async def run(
@@ -198,11 +198,11 @@ async def run(
         js = nc.jetstream()
         watch = Watch()
         for kind in ("node.disconnected", "gateway.blind"):
-            await nc.subscribe(subjects.event(kind), cb=_sync(watch.event))
+            await nc.subscribe(subjects.event(kind), cb=watch.event)
         stopping = asyncio.Event()
         tasks: list[asyncio.Task[object]] = []
         try:
-            await wait_until(lambda: _bound(js, subjects), within=60)
+            await wait_until(lambda: workers_bound(js, subjects, ["liveness"]), within=60)
             sims = [fleet.Gateway(g, nodes, gateways, subjects) for g in range(gateways)]
             start = time.monotonic()
             tasks += [
@@ -247,7 +247,7 @@ async def run(
         await conn.close()
     summary = summarize(nodes, lines, in_time, len(watch.quiet))
     if wrong > summary.wrong:  # a disconnect the events did not say (or not yet)
-        summary = type(summary)(**{**summary.__dict__, "wrong": wrong})
+        summary = dataclasses.replace(summary, wrong=wrong)
     broken = problems(summary)
     for line in broken:
         print(f"BOUND BROKEN: {line}")
@@ -260,21 +260,6 @@ async def _stream_bytes(js: nats.js.JetStreamContext, stream: str) -> float:
         return float((await js.stream_info(stream)).state.bytes)
     except Exception:
         return math.nan
-
-
-async def _bound(js: nats.js.JetStreamContext, subjects: Subjects) -> bool:
-    try:
-        await js.consumer_info(subjects.facts_stream, "liveness")
-    except Exception:
-        return False
-    return True
-
-
-def _sync(callback):  # type: ignore[no-untyped-def]
-    async def handler(msg):  # type: ignore[no-untyped-def]
-        callback(msg)
-
-    return handler
 
 
 async def _minutes(
