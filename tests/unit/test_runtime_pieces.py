@@ -4,12 +4,9 @@ classification, lane choice, redaction (the settings: `tests/unit/settings/`).""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 import uuid
 
 import asyncpg
@@ -21,7 +18,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from workers.runtime.base import heap
 from workers.runtime.base.errors import (
     PermanentError,
     RefusedError,
@@ -324,39 +320,3 @@ def test_message_ids_are_random_uuid4s_across_reads_and_never_repeated_in_a_fork
     os.close(read)
     os.waitpid(child, 0)
     assert in_child != ids()  # the parent's next id was not the child's too
-
-
-_SETTLED_WORKER = """
-import gc, json, weakref
-import workers.runtime.process as process
-from workers.cli.running import run_workers
-from workers.runtime.base import heap
-from workers.runtime.base.settings import Settings
-
-before = gc.get_freeze_count()
-seen = {}
-
-async def run_process(settings, workers, stopping):
-    seen["frozen"], seen["young"] = gc.get_freeze_count(), gc.get_threshold()[0]
-    class Cycle: pass
-    cycle = Cycle(); cycle.me = cycle
-    gone = weakref.ref(cycle)
-    del cycle
-    junk = [[] for _ in range(2 * heap.YOUNG)]  # young objects enough for a collection
-    seen["cycle collected"] = gone() is None
-
-process.run_process = run_process
-run_workers(Settings(), [])
-print(json.dumps({"before": before, **seen}))
-"""
-
-
-def test_a_worker_process_freezes_its_start_up_heap_and_still_collects_cycles() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _SETTLED_WORKER], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout)
-    assert seen["before"] == 0 and seen["frozen"] > 10_000  # modules, schemas, settings
-    assert seen["young"] == heap.YOUNG
-    assert seen["cycle collected"]

@@ -41,6 +41,7 @@ from workers.bench.common import (
 )
 from workers.bench.costs import memory_mib
 from workers.demo import fresh_sweep_history
+from workers.runtime.base import heap
 from workers.runtime.base.settings import Settings
 from workers.sim import Simulator
 from workers.sim.scenarios import busy, clone, commands_done, gateway_loss, journal_loss, power_on
@@ -211,13 +212,18 @@ async def run(
     embedded: bool,
     max_slope: float,
     warmup_minutes: float | None,
+    heap: bool = False,
 ) -> int:
     warmup = 60 * (minutes / 3 if warmup_minutes is None else warmup_minutes)
     logs = Path(tempfile.mkdtemp(prefix="bcw-soak-"))
+    every = max(1.0, min(60.0, minutes * 3))  # a minute; 20 snapshots in a short run
+    traced = {"BCW_HEAP_SNAPSHOTS": str(logs / "heap"), "BCW_HEAP_SNAPSHOT_EVERY": f"{every:g}"}
     async with bench_target(settings, embedded) as target:
         subjects = Subjects(target.subject_root)
         ports = (urlsplit(target.database_url).port or 5432, urlsplit(target.nats_url).port or 4222)
-        procs = await spawn_workers({**worker_env(target), **FAST_FLEET}, logs)
+        procs = await spawn_workers(
+            {**worker_env(target), **FAST_FLEET, **(traced if heap else {})}, logs
+        )
         nc = await nats.connect(target.nats_url)
         pool = await asyncpg.create_pool(target.database_url, min_size=2, max_size=8)
         samples: dict[str, list[Sample]] = {name: [] for name in procs}
@@ -256,6 +262,8 @@ async def run(
     ]
     _print(figures, minutes, warmup, rounds, sum(failed.values()), dead, logs)
     _print_memory(samples, minutes)
+    if heap:
+        _print_heap({name: proc.pid for name, proc in procs.items()}, logs / "heap", warmup)
     for name, times in sorted(failed.items()):
         print(f"failed check: {name} ({times} round(s))")
     found = problems(figures, dead, max_slope)
@@ -312,3 +320,27 @@ def _print_memory(samples: dict[str, list[Sample]], minutes: float) -> None:
 
 def _nearest(samples: Sequence[Sample], at: float) -> Sample:
     return min(samples, key=lambda sample: abs(sample.at - at))
+
+
+def _print_heap(pids: dict[str, int], snapshots: Path, warmup: float) -> None:
+    """Per worker, what its traced heap gained from the first snapshot after the warm-up
+    to its last one (`bcw heap diff`)."""
+    files = heap.snapshot_files(snapshots)
+    for name, pid in sorted(pids.items()):
+        taken = files.get(pid, [])
+        warm = [path for path in taken if heap.snapshot_age(path) >= warmup]
+        if len(warm) < 2:
+            print(f"{name}: fewer than two heap snapshots after the warm-up")
+            continue
+        total, places = heap.growth(warm[0], warm[-1], top=5)
+        hours = (heap.snapshot_age(warm[-1]) - heap.snapshot_age(warm[0])) / 3600
+        print(f"{name}: traced heap {total / 1024 / hours:+,.0f} KiB/h after the warm-up "
+              f"({warm[0].name} → {warm[-1].name})")  # fmt: skip
+        for place in places:
+            at = max(i for i, frame in enumerate(place.stack) if frame == place.where)
+            inner = f" -> {place.stack[-1]}" if at < len(place.stack) - 1 else ""
+            callers = "".join(
+                f" <- {frame}" for frame in reversed(place.stack[max(0, at - 3) : at])
+            )
+            print(f"  {place.size_diff / 1024:+9,.1f} KiB {place.count_diff:+7,d} blocks  "
+                  f"{place.where}{inner}{callers}")  # fmt: skip

@@ -60,8 +60,14 @@ def add(commands: Commands) -> None:
     bench.add_argument(
         "--max-slope",
         type=float,
-        default=5.0,
-        help="MiB per hour a soaked process may grow after its warm-up (5)",
+        default=1.0,
+        help="MiB per hour a soaked process may grow after its warm-up (1)",
+    )
+    bench.add_argument(
+        "--heap",
+        action="store_true",
+        help="soak: trace each worker's allocations and print what grew after the warm-up "
+        "(BCW_HEAP_SNAPSHOTS; tracing costs CPU and memory of its own)",
     )
     bench.add_argument(
         "--rate",
@@ -116,7 +122,14 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
 
         return asyncio.run(
             soaking.run(
-                settings, args.minutes, nodes, gateways, args.embedded, args.max_slope, args.warmup
+                settings,
+                args.minutes,
+                nodes,
+                gateways,
+                args.embedded,
+                args.max_slope,
+                args.warmup,
+                heap=args.heap,
             )
         )
     if args.bench == "runtime":

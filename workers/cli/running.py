@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from workers.cli.common import Commands
+from workers.cli.common import EXIT_FAILED, Commands
 from workers.runtime.base.settings import Settings
 from workers.runtime.effects.worker import Worker
 
@@ -53,6 +53,17 @@ def add(commands: Commands) -> None:
         "(refused while it holds sessions no simulator created); without it, real time",
     )
     sim.set_defaults(handler=_cmd_sim)
+
+    heap = commands.add_parser("heap", help="what a process's heap holds (BCW_HEAP_SNAPSHOTS)")
+    heap_commands = heap.add_subparsers(dest="action", required=True)
+    diff = heap_commands.add_parser(
+        "diff", help="the places holding more memory in a later snapshot than in an earlier one"
+    )
+    diff.add_argument("before", type=Path, help="the earlier snapshot (.tracemalloc)")
+    diff.add_argument("after", type=Path, help="the later snapshot of the same process")
+    diff.add_argument("--top", type=int, default=10, help="how many places (default 10)")
+    diff.add_argument("--stacks", action="store_true", help="each place's whole stack too")
+    diff.set_defaults(handler=_cmd_heap_diff)
 
     demo = commands.add_parser("demo", help="run the whole flow on embedded NATS and PostgreSQL")
     demo.add_argument("--directory", default=".bcw/demo", help="where the servers keep their data")
@@ -96,6 +107,8 @@ def run_workers(settings: Settings, workers: Sequence[Worker]) -> int:
     defer_stop_signals()  # a stop asked for while this process starts is not lost
     logs.configure(settings.log_format, settings.log_level)
     heap.settle()  # everything it runs is imported and built: the collector leaves it be
+    if settings.heap_snapshots:
+        heap.snapshots(Path(settings.heap_snapshots), settings.heap_snapshot_every)
 
     async def main() -> None:
         stopping = asyncio.Event()
@@ -120,6 +133,25 @@ def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         )
         return 2
     return run_workers(settings, [WORKERS[name](settings) for name in names])
+
+
+def _cmd_heap_diff(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.runtime.base import heap
+
+    try:
+        total, places = heap.growth(args.before, args.after, args.top)
+    except (OSError, ValueError) as error:  # a missing, truncated or foreign file
+        print(f"bcw heap diff: cannot read the snapshots: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"traced memory {total / 1024:+,.1f} KiB from {args.before.name} to {args.after.name}")
+    for place in places:
+        print(
+            f"{place.size_diff / 1024:+10,.1f} KiB {place.count_diff:+8,d} blocks "
+            f"({place.size / 1024:,.1f} KiB held)  {place.where}"
+        )
+        if args.stacks:
+            print("".join(f"      {frame}\n" for frame in place.stack), end="")
+    return 0
 
 
 def _cmd_sim(args: argparse.Namespace, settings: Settings) -> int:

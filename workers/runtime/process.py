@@ -25,6 +25,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from schemas.subjects import Subjects
+from workers.runtime.base import heap
 from workers.runtime.base.errors import SettingError, Severity, classify
 from workers.runtime.base.settings import Settings
 from workers.runtime.base.waiting import Patience, sleep_or_stop
@@ -336,9 +337,14 @@ async def _prune_inbox(
 async def _observe(
     runtime: Runtime, relay: OutboxRelay, consumers: Sequence[FactConsumer], stopping: asyncio.Event
 ) -> None:
-    """Refresh the gauges that need a question to the servers, every few seconds."""
+    """Refresh the gauges that need a question to the servers, every few seconds; hand
+    the allocator's free memory back every minute (`heap.release`)."""
     limits = streams.limits_of(runtime.settings.nats)  # which facts streams there are
+    released = time.monotonic()
     while not stopping.is_set():
+        if time.monotonic() - released >= heap.RELEASE_SECONDS:
+            heap.release()
+            released = time.monotonic()
         with contextlib.suppress(Exception):
             await relay.observe()
             for consumer in consumers:

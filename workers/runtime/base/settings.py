@@ -30,7 +30,7 @@ from workers.runtime.base.runtime_settings import (
     OutboxSettings,
     RetentionSettings,
 )
-from workers.runtime.base.setting_types import LogLevel
+from workers.runtime.base.setting_types import LogLevel, Seconds
 
 
 class Settings(BaseSettings):
@@ -64,6 +64,15 @@ class Settings(BaseSettings):
         "checked), `warn` (checked when given; a Hello without one opens, recorded unproven), "
         "`require` (a Hello without a valid proof is refused); unset: left as it is (a new "
         "database starts at `warn`)",
+    )
+    heap_snapshots: str | None = Field(
+        default=None,
+        description="a directory: trace allocations and write a snapshot of the heap there "
+        "every BCW_HEAP_SNAPSHOT_EVERY, for `bcw heap diff` (finding what grows; slower, "
+        "and more memory); unset: off",
+    )
+    heap_snapshot_every: Seconds = Field(
+        default=600.0, gt=0, description="how often BCW_HEAP_SNAPSHOTS writes one"
     )
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     nats: NatsSettings = Field(default_factory=NatsSettings)
