@@ -72,6 +72,22 @@ def test_known_bindings_hold_for_their_time_and_start_afresh_when_full() -> None
     assert not known.holds(a, 102.0) and known.holds((1, "n1", "gw-1", 1, None), 102.0)
 
 
+def test_known_bindings_past_their_time_are_dropped_once_a_ttl() -> None:
+    """Epochs come and go (each Hello raises one): a binding of an old one is dropped with
+    the next confirmation a ttl after the last drop, not kept until the whole is full."""
+    known = KnownBindings(ttl=10.0, size=1000)
+    known.confirmed([(0, f"n{i}", "gw-1", 1, None) for i in range(100)], now=0.0)
+    known.confirmed([(0, f"n{i}", "gw-1", 2, None) for i in range(50)], now=5.0)
+    assert len(known) == 150  # within a ttl of the last drop: nothing dropped
+    known.confirmed([(0, "n0", "gw-1", 3, None)], now=12.0)  # epoch 1's expired at 10
+    assert len(known) == 51 and not known.holds((0, "n1", "gw-1", 1, None), 12.0)
+    assert known.holds((0, "n1", "gw-1", 2, None), 12.0)  # until 15
+    known.confirmed([(0, "n0", "gw-1", 4, None)], now=21.9)  # a ttl since 12: not yet
+    assert len(known) == 52
+    known.confirmed([(0, "n0", "gw-1", 5, None)], now=22.0)
+    assert len(known) == 2  # epochs 4 and 5 of n0, confirmed in the last ttl
+
+
 def test_a_gateway_is_shed_only_for_the_type_it_floods_and_only_for_a_window() -> None:
     from workers.runtime.effects.shedding import Shedder
 

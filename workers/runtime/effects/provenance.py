@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -163,18 +164,27 @@ class KnownBindings:
     are remembered: a fact found foreign is asked again the next time (its Hello may
     have committed since). A Hello's binding names the Hello fact itself
     (`Binding.HELLO`): never remembered, each Hello is asked. One per consumer (one
-    database); at most `size` bindings (about 12 MiB), then it starts afresh."""
+    database); at most `size` bindings (about 12 MiB), then it starts afresh. Those past
+    their time are dropped once a `ttl`: what a process remembers follows the sessions of
+    the last minute, not every epoch it ever saw."""
 
     def __init__(self, ttl: float = 60.0, size: int = 50_000) -> None:
         self._ttl = ttl
         self._size = size
         self._until: dict[BindingKey, float] = {}
+        self._pruned = -math.inf
+
+    def __len__(self) -> int:
+        return len(self._until)
 
     def holds(self, binding: BindingKey, now: float) -> bool:
         until = self._until.get(binding)
         return until is not None and until > now
 
     def confirmed(self, bindings: Sequence[BindingKey], now: float) -> None:
+        if now - self._pruned >= self._ttl:
+            self._until = {b: until for b, until in self._until.items() if until > now}
+            self._pruned = now
         if len(self._until) + len(bindings) > self._size:
             self._until.clear()
         until = now + self._ttl
