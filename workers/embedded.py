@@ -36,7 +36,10 @@ from workers.embedded_ready import (
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(sig: int) -> Callable[[], None]:
+def die_with_parent(sig: int) -> Callable[[], None]:
+    """A `preexec_fn`: the child is sent `sig` when the process that started it dies (a
+    bench or a demo killed, even by SIGKILL, leaves nothing running)."""
+
     def preexec() -> None:  # in the child, before exec (kept across it)
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, sig)
@@ -147,7 +150,7 @@ class EmbeddedNats(_Child):
         ]  # fmt: skip
         since = log_size(log)
         self.process = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent(signal.SIGTERM)
+            args, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent(signal.SIGTERM)
         )
         # a server answering under another name is someone else's, on a port taken meanwhile
         self._wait("nats-server", log, since, lambda: nats_name(self.port) == self.name, 30)
@@ -301,7 +304,7 @@ class EmbeddedPostgres(_Child):
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=self.directory,
-                preexec_fn=_die_with_parent(signal.SIGINT),
+                preexec_fn=die_with_parent(signal.SIGINT),
             )
         # this postmaster by its pid: not a server of someone else's on the same port, nor
         # a stale lock file

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -246,3 +249,40 @@ def test_size_growth_is_against_minute_five_or_the_middle_of_a_short_run() -> No
     assert growth_percent([100, 150, 150], 3) == pytest.approx(50.0)
     assert percentile([], 0.5) != percentile([], 0.5)  # NaN: nothing measured
     assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0 and percentile([1.0, 2.0], 0.99) == 2.0
+
+
+_BENCH_KILLED = """
+import asyncio, sys
+from workers.bench.common import spawn_workers
+
+async def main():
+    procs = await spawn_workers({}, command=(sys.executable, "-c", "import time; time.sleep(60)", "x"), names=["relay"])
+    print(procs["relay"].pid, flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+def test_a_bench_killed_leaves_no_worker_running() -> None:
+    """A bench's workers die with it, even when it is killed with SIGKILL (no `finally`
+    of its own runs)."""
+    with subprocess.Popen(
+        [sys.executable, "-c", _BENCH_KILLED], stdout=subprocess.PIPE, text=True
+    ) as bench:
+        assert bench.stdout is not None
+        worker = int(bench.stdout.readline())
+        assert _alive(worker)
+        bench.kill()
+    deadline = time.monotonic() + 10
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(worker)
+
+
+def _alive(pid: int) -> bool:
+    try:  # dead, or a zombie its new parent has not reaped yet
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

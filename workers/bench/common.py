@@ -23,7 +23,7 @@ from nats.js import JetStreamContext
 from schemas import REGISTRY, Fact, Hello
 from schemas.subjects import Subjects
 from workers.bench.costs import cpu_seconds
-from workers.embedded import EmbeddedNats, EmbeddedPostgres
+from workers.embedded import EmbeddedNats, EmbeddedPostgres, die_with_parent
 from workers.runtime.base.runtime_settings import ConsumerSettings
 from workers.runtime.base.settings import Settings
 from workers.runtime.effects.worker import Worker
@@ -288,6 +288,7 @@ async def spawn_workers(
         procs[name] = await asyncio.create_subprocess_exec(
             *command, "run", name, env={**os.environ, **target_env},
             stdout=out, stderr=None if logs is None else asyncio.subprocess.STDOUT,
+            preexec_fn=die_with_parent(signal.SIGTERM),  # a bench killed stops its workers
         )  # fmt: skip
         if logs is not None:
             out.close()  # type: ignore[union-attr]  # the child holds its own descriptor
