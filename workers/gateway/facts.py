@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
 from opentelemetry import trace
 
@@ -140,6 +141,8 @@ class FactPublisher:
             try:
                 await self.js.publish(subject, body, headers=headers, timeout=5)
                 return
+            except MaxPayloadError:
+                raise  # no retry makes it fit (a flush is cut to fit: `flush_chunks`)
             except Exception as error:
                 if attempt == 29:
                     raise

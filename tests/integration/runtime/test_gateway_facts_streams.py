@@ -197,3 +197,40 @@ async def test_the_simulator_refuses_a_bus_whose_gateways_each_have_their_own_st
     assert await streams.gateways_sourced(nc.jetstream(), subjects) == [
         subjects.gateway_facts_stream("gw-1"), subjects.gateway_facts_stream("gw-2")
     ]  # fmt: skip
+
+
+async def test_a_flush_too_large_for_one_message_is_cut_and_every_session_arrives(
+    nc: NATS, subjects: Subjects
+) -> None:
+    """9,000 sessions' entries, each with its lanes' credits, are about 2 MB: one fact
+    would be refused by nats-server (max_payload 1 MiB here), and the flush lost. The
+    reference gateway cuts it into facts of at most 256 KiB of entries; every session is in
+    exactly one of them."""
+    from types import SimpleNamespace
+
+    from schemas import REGISTRY
+    from schemas.facts import Liveness
+    from workers.gateway.facts import MAX_FLUSH_BYTES, FactPublisher
+
+    js = nc.jetstream()
+    await streams.provision_streams(js, subjects)
+    sessions = [
+        SimpleNamespace(node_id=f"node-{n:05d}-{'x' * 40}", epoch=n + 1, last_seen=99.0,
+                        credits={f"lane-{k}-{'y' * 20}": k for k in range(4)}, load=0.5, node_load=None,
+                        applied_generation=0, reported_generation=0)
+        for n in range(9_000)
+    ]  # fmt: skip
+    publisher = FactPublisher("gw-big", js, subjects, clock=lambda: 100.0)
+    await publisher.flush(sessions, now=100.0)  # type: ignore[arg-type]  # what it reads of one
+
+    stored = await stream_messages(js, subjects.facts_stream, subjects.fact("gw-big", "liveness"))
+    assert len(stored) >= 8  # about 2 MB in pieces of at most 256 KiB
+    assert sum(len(msg.data) for msg in stored) > nc.max_payload  # one would have been refused
+    seen: list[tuple[str, int]] = []
+    for msg in stored:
+        assert len(msg.data) <= MAX_FLUSH_BYTES + 1024  # entries, and the fact's few fields
+        fact = REGISTRY.decode(msg.headers, msg.data)
+        assert isinstance(fact, Liveness) and fact.gateway_id == "gw-big"
+        seen += [(entry.node_id, entry.epoch) for entry in fact.entries]
+        assert all(entry.age_ms == 1000 for entry in fact.entries)
+    assert sorted(seen) == [(s.node_id, s.epoch) for s in sessions]
