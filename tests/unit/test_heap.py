@@ -6,6 +6,7 @@ would slow every other test it runs."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -133,6 +134,7 @@ def test_snapshot_files_are_grouped_by_process_in_time_order(tmp_path: Path) -> 
         (tmp_path / f"{name}.tracemalloc").touch()
     (tmp_path / "heap-7-00000180.000.part").touch()  # being written
     (tmp_path / "notes.txt").touch()
+    (tmp_path / "heap-of-mine.tracemalloc").touch()  # not one of ours
     found = heap.snapshot_files(tmp_path)
     assert {pid: [p.name for p in paths] for pid, paths in found.items()} == {
         7: ["heap-7-00000060.500.tracemalloc", "heap-7-00000120.000.tracemalloc"],
@@ -150,3 +152,20 @@ def test_a_frame_is_named_from_its_package() -> None:
     )
     assert heap._short("/usr/lib/python3.11/asyncio/events.py:80") == "asyncio/events.py:80"
     assert heap._short("/tmp/grower.py:5") == "/tmp/grower.py:5"
+
+
+def test_a_heap_snapshot_directory_that_cannot_be_written_is_named_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """`bcw run` with BCW_HEAP_SNAPSHOTS under a file: one line naming the setting, exit
+    2, before it connects to anything."""
+    (tmp_path / "file").write_text("")
+    done = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "run", "relay"],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "BCW_HEAP_SNAPSHOTS": str(tmp_path / "file" / "heap")},
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"bcw run: BCW_HEAP_SNAPSHOTS: cannot write to {tmp_path}/file/heap: Not a directory"
+    ], done.stderr

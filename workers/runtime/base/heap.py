@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import logging
 import os
 import pickle
 import sysconfig
@@ -31,6 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
+
+from workers.runtime.base.errors import SettingError
+
+log = logging.getLogger(__name__)
 
 #: container objects allocated (less those freed) between two collections of the youngest
 #: generation; the older generations keep CPython's thresholds
@@ -89,8 +94,14 @@ def snapshots(directory: Path, every: float) -> threading.Thread:
     costs each allocation a few hundred nanoseconds and its stack's memory, so it is off
     unless `BCW_HEAP_SNAPSHOTS` names a directory. A daemon thread: it stops with the
     process, and a snapshot is written under a temporary name, then renamed — a reader
-    never sees half of one."""
-    directory.mkdir(parents=True, exist_ok=True)
+    never sees half of one; one that cannot be written is logged, and the next tried.
+    Raises SettingError when `directory` cannot be made or written to."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / ".written").touch()
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise SettingError("BCW_HEAP_SNAPSHOTS", f"cannot write to {directory}: {reason}") from None
     if not tracemalloc.is_tracing():
         tracemalloc.start(FRAMES)
     started = time.monotonic()
@@ -101,8 +112,11 @@ def snapshots(directory: Path, every: float) -> threading.Thread:
             time.sleep(every)
             path = directory / f"heap-{pid}-{time.monotonic() - started:012.3f}{_SUFFIX}"
             part = path.with_suffix(".part")
-            tracemalloc.take_snapshot().dump(str(part))
-            part.rename(path)
+            try:
+                tracemalloc.take_snapshot().dump(str(part))
+                part.rename(path)
+            except OSError as error:  # a full disk, the directory gone: tried again later
+                log.warning("heap snapshot %s not written: %s", path.name, error)
 
     thread = threading.Thread(target=write, name="heap-snapshots", daemon=True)
     thread.start()
@@ -113,8 +127,9 @@ def snapshot_files(directory: Path) -> dict[int, list[Path]]:
     """The snapshots in `directory`, by process id, each process's in time order."""
     found: dict[int, list[Path]] = {}
     for path in sorted(directory.glob(f"heap-*{_SUFFIX}")):
-        _, pid, _ = path.stem.split("-")
-        found.setdefault(int(pid), []).append(path)
+        _, pid, age = path.stem.split("-", 2)
+        if pid.isdigit() and age.replace(".", "", 1).isdigit():  # not another's file
+            found.setdefault(int(pid), []).append(path)
     return found
 
 
