@@ -40,9 +40,9 @@ SELECT s.node_id, s.session_epoch
 # before this statement) is returned, for a zombie notice to its gateway. The rows are
 # locked in node order first (`locked`), as every other writer of node_sessions locks
 # them: an UPDATE … FROM would lock them in whatever order its join produces, and
-# deadlock with the recorder or the labeler. A row locked elsewhere is skipped and
-# returned (`skipped`), to be waited for on its own (`_flush`): a transaction a gateway
-# keeps open on one node's row never holds back the flush of every other node.
+# deadlock with the recorder or the labeler. A row locked elsewhere is skipped (SKIP
+# LOCKED) and the chunk redone waiting, in order (`_flush_chunk`): a transaction a
+# gateway keeps open on one node's row never holds back the flush of every other node.
 FLUSH = """
 WITH e AS (
     SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::real[],
@@ -210,24 +210,43 @@ async def _flush(tx: Tx, flushes: list[Liveness], max_zombie_notices: int) -> No
         )  # fmt: skip
 
 
+class _Skipped(Exception):
+    """The first pass of a flush chunk skipped rows locked elsewhere: undone, to redo."""
+
+
 async def _flush_chunk(tx: Tx, entries: list[tuple[LivenessEntry, Liveness]]) -> list[Any]:
-    """Apply one chunk of a batch's flush entries; returns its zombies' rows."""
+    """Apply one chunk of a batch's flush entries; returns its zombies' rows.
+
+    A first pass skips the rows locked elsewhere. When it skipped any, it is undone (its
+    savepoint rolled back: its row locks go with it) and the chunk is applied again,
+    waiting for every row in node order — waiting for a skipped row while holding rows
+    after it would lock out of order and deadlock with any writer that locks in order
+    (the dispatch loop, the recorder). The wait is bounded (`SKIPPED_WAIT`); past it, the
+    rows that are free are moved without waiting, and the others by their next flush: a
+    transaction a gateway keeps open on one node's row holds back that node only."""
     arguments = _flush_arguments(entries)
-    rows = await tx.conn.fetch(FLUSH_SKIPPING, *arguments)
-    zombies, locked = rows[:-1], rows[-1]["locked"]
-    # an entry is a zombie's or matched (at most one matched per folded key): fewer locked
-    # than entries less zombies is needed for any to have been skipped — so the exact
-    # count (`_matched`) is taken only then, never for a healthy flush nor for a flood
-    # of unknown nodes
-    if locked < len(entries) - len(zombies) and locked < _matched(entries, zombies):
-        try:  # again, idempotent (last_seen only moves forward), in a savepoint: a lock not
-            async with tx.conn.transaction():  # had loses only this second pass
-                await tx.conn.execute(f"SET LOCAL lock_timeout = '{SKIPPED_WAIT}'")
-                await tx.conn.fetch(FLUSH_WAITING, *arguments)
-                await tx.conn.execute("SET LOCAL lock_timeout TO DEFAULT")
-        except asyncpg.LockNotAvailableError:
-            log.info("flush: session rows locked elsewhere; their next flush moves them")
-    return list(zombies)
+    try:
+        async with tx.conn.transaction():  # a savepoint
+            rows = await tx.conn.fetch(FLUSH_SKIPPING, *arguments)
+            zombies, locked = rows[:-1], rows[-1]["locked"]
+            # an entry is a zombie's or matched (at most one matched per folded key): fewer
+            # locked than entries less zombies is needed for any to have been skipped — so
+            # the exact count (`_matched`) is taken only then, never for a healthy flush
+            # nor for a flood of unknown nodes
+            if locked < len(entries) - len(zombies) and locked < _matched(entries, zombies):
+                raise _Skipped
+        return list(zombies)
+    except _Skipped:
+        pass
+    try:  # in a savepoint too: a lock not had loses only this pass
+        async with tx.conn.transaction():
+            await tx.conn.execute(f"SET LOCAL lock_timeout = '{SKIPPED_WAIT}'")
+            rows = await tx.conn.fetch(FLUSH_WAITING, *arguments)
+            await tx.conn.execute("SET LOCAL lock_timeout TO DEFAULT")
+        return list(rows[:-1])
+    except asyncpg.LockNotAvailableError:
+        log.info("flush: session rows locked elsewhere; their next flush moves them")
+    return list((await tx.conn.fetch(FLUSH_SKIPPING, *arguments))[:-1])
 
 
 def _matched(entries: list[tuple[LivenessEntry, Liveness]], zombies: Sequence[Any]) -> int:

@@ -1,5 +1,5 @@
 """The liveness controller's facts on real servers: Hello announcements, flushes (zombies,
-credits, a 10,000-entry flush) and fenced disconnects; the sweep is in
+credits, a 10,000-entry flush, a locked row waited for in node order) and fenced disconnects; the sweep is in
 test_liveness_sweep.py."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from tests.conftest import Servers
 from tests.factories import make_fact
 from tests.integration import fleet
 from tests.integration.driver import Driver, driving
+from tests.integration.support import eventually, publish_fact
 from workers import liveness
 
 S = timedelta(seconds=1)
@@ -164,6 +165,52 @@ async def test_a_flush_of_10000_entries(
         assert fresh == 9900
         assert len(await drive.published("zombie", stream="notices")) == 100
         assert drive.settled("dead") == 0
+
+
+async def test_a_flush_that_met_a_locked_row_waits_for_it_in_node_order(
+    drive: Driver, db: asyncpg.Connection, database_url: str
+) -> None:
+    """A writer that locks session rows in node order (as the dispatch loop does, FOR
+    SHARE) holds n2 when gw-1's flush of n1, n2, n3 comes: the flush skips n2, and must
+    not then wait for it while holding n3 — the writer's next row, which would close a
+    cycle (a deadlock the soak met at every power-on). The window is held open: the
+    writer asks for n3 only once the flush waits for its n2."""
+    for node in ("n1", "n2", "n3"):
+        await fleet.session(db, node, epoch=1, gateway_id="gw-1", seen_ago=60 * S)
+    writer = await asyncpg.connect(database_url)
+    try:
+        before = drive.settled()
+        async with writer.transaction():
+            await writer.fetch("SELECT 1 FROM node_sessions WHERE node_id = 'n2' FOR SHARE")
+            js = drive.nc.jetstream()
+            await publish_fact(
+                js, drive.subjects, flush("gw-1", *((n, 1, 0) for n in ("n1", "n2", "n3")))
+            )
+            await eventually(lambda: _waiting_for(db, writer), what="the flush waiting for n2")
+            # the writer's next row: free, since the flush holds no row after the one it
+            # waits for (it did: a lock timeout here, a deadlock without one)
+            await writer.execute("SET LOCAL lock_timeout = '500ms'")
+            await writer.fetch("SELECT 1 FROM node_sessions WHERE node_id = 'n3' FOR SHARE")
+        await eventually(lambda: _at_least(drive, before + 1), what="the flush settled")
+        assert (drive.settled("applied"), drive.settled("retry")) == (1, 0)
+        moved = await db.fetchval(
+            "SELECT count(*) FROM node_sessions WHERE last_seen > compute_now() - interval '10 seconds'"
+        )
+        assert moved == 3
+    finally:
+        await writer.close()
+
+
+async def _waiting_for(db: asyncpg.Connection, holder: asyncpg.Connection) -> bool:
+    waiting = await db.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+        holder.get_server_pid(),
+    )
+    return bool(waiting)
+
+
+async def _at_least(drive: Driver, n: int) -> bool:
+    return drive.settled() >= n
 
 
 async def test_closed_writes_the_fenced_disconnect(drive: Driver, db: asyncpg.Connection) -> None:
