@@ -34,6 +34,8 @@ EXAMPLES: dict[str, str] = {
     "quarantine release": "bcw quarantine release --node node-17 --by alice",
     "events": "bcw events --type 'node.*' --since 10m --json",
     "bench": "bcw bench runtime --embedded",
+    "heap diff": "bcw heap diff heap/heap-7-00000600.000.tracemalloc "
+    "heap/heap-7-00007200.000.tracemalloc --stacks",
 }
 
 

@@ -1,0 +1,2 @@
+"""The runtime's pieces, each alone: its heap, errors and waiting, metrics, tracing, and
+its checks of poison values."""
