@@ -195,12 +195,14 @@ async def _churn(sim: Simulator, until: float) -> tuple[int, Counter[str]]:
         checks = await busy(sim, nodes=busy_nodes)
         checks += await journal_loss(sim, nodes=lost_journals)
         checks += await clone(sim, clonable[rounds % len(clonable)])
-        victim = sim.gateways[-1]
         checks += await gateway_loss(sim)
-        await sim.revive(victim)
+        for gateway in [g for g in sim.gateways if not g.alive]:  # the one it lost: back
+            await sim.revive(gateway)
         await commands_done(sim, within=60)
         rounds += 1
         failed.update(c.name for c in checks if not c.ok)
+        if not all(gateway.alive for gateway in sim.gateways):
+            failed["every gateway up after the round"] += 1
     return rounds, failed
 
 
