@@ -1,6 +1,6 @@
 """Running workers: `bcw run` (one worker, all of them, or a relay), `bcw demo` (the
-whole flow on embedded servers) and `bcw sim` (a simulated fleet against running
-workers). SIGTERM and SIGINT stop them through `waiting.stop_on_signals`; `run_workers`
+whole flow on embedded servers), `bcw sim` (a simulated fleet against running workers)
+and `bcw heap diff` (what a running worker's heap snapshots say grew). SIGTERM and SIGINT stop them through `waiting.stop_on_signals`; `run_workers`
 defers them from its first line (`waiting.defer_stop_signals`), so none is lost at start.
 """
 
