@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import socket
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ class TcpProxy:
         self.port = port
         self.mode = Mode.FORWARD
         self._server: asyncio.Server | None = None
+        self._holder: socket.socket | None = None  # the port, held while refusing
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._healed = asyncio.Event()
@@ -48,10 +50,16 @@ class TcpProxy:
             self._accept, "127.0.0.1", self.port, reuse_address=True
         )
         self.port = int(self._server.sockets[0].getsockname()[1])
+        if self._holder is not None:  # listening again: the port is the listener's
+            self._holder.close()
+            self._holder = None
         return self
 
     async def stop(self) -> None:
         await self._close_listener()
+        if self._holder is not None:
+            self._holder.close()
+            self._holder = None
         self.cut()
         for task in list(self._tasks):
             task.cancel()
@@ -71,6 +79,7 @@ class TcpProxy:
             self.cut()
         if mode is Mode.REFUSE:
             await self._close_listener()
+            self._hold_port()
         elif self._server is None:
             await self.start()
         self.mode = mode
@@ -87,6 +96,16 @@ class TcpProxy:
             await asyncio.sleep(seconds)
         finally:
             await self.set_mode(Mode.FORWARD)
+
+    def _hold_port(self) -> None:
+        """Keep the port while refusing: a socket bound to it and not listening, so a
+        connect is still refused, and no outgoing connection takes the port as its own
+        meanwhile (one did, in a 90-second outage: the listener could not come back)."""
+        if self._holder is None:
+            holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            holder.bind(("127.0.0.1", self.port))
+            self._holder = holder
 
     async def _close_listener(self) -> None:
         if self._server is not None:
