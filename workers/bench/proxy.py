@@ -50,16 +50,12 @@ class TcpProxy:
             self._accept, "127.0.0.1", self.port, reuse_address=True
         )
         self.port = int(self._server.sockets[0].getsockname()[1])
-        if self._holder is not None:  # listening again: the port is the listener's
-            self._holder.close()
-            self._holder = None
+        self._release_port()  # listening again: the port is the listener's
         return self
 
     async def stop(self) -> None:
         await self._close_listener()
-        if self._holder is not None:
-            self._holder.close()
-            self._holder = None
+        self._release_port()
         self.cut()
         for task in list(self._tasks):
             task.cancel()
@@ -106,6 +102,11 @@ class TcpProxy:
             holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             holder.bind(("127.0.0.1", self.port))
             self._holder = holder
+
+    def _release_port(self) -> None:
+        if self._holder is not None:
+            self._holder.close()
+            self._holder = None
 
     async def _close_listener(self) -> None:
         if self._server is not None:
