@@ -8,7 +8,7 @@ from workers.runtime.base.waiting import defer_stop_signals
 defer_stop_signals()  # before the imports below: a test may stop it while it starts
 
 from tests.integration.support import build_tally  # noqa: E402
-from workers.cli import run_workers  # noqa: E402
+from workers.cli.running import run_workers  # noqa: E402
 from workers.runtime.base.settings import Settings  # noqa: E402
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from schemas.export import JSON_DIR, export, json_schemas, render
-from workers.cli import main
+from workers.cli.main import main
 
 
 def test_committed_json_schemas_are_up_to_date() -> None:

@@ -4,10 +4,6 @@
 one place that turns errors into what an operator reads: one line naming the setting,
 and an exit code (`common`). The groups: `provisioning` (migrate, provision, schemas,
 auth), `running` (run, demo, sim), `operating` (dead-letters, commands, explain,
-liveness, events) and `bench`.
+liveness, events) and `bench`. `entry` is the command itself: this package imports
+nothing, so that `bcw run` defers its stop signals before any heavy import.
 """
-
-from workers.cli.main import main
-from workers.cli.running import run_workers
-
-__all__ = ["main", "run_workers"]

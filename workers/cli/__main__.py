@@ -2,6 +2,6 @@
 
 import sys
 
-from workers.cli.main import main
+from workers.cli.entry import main
 
 sys.exit(main())

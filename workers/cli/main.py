@@ -4,7 +4,8 @@ Parses arguments, reads settings, and hands over to the command group's handler.
 one place that turns errors into what an operator reads: one line naming the setting,
 and an exit code (0 done; 1 failed, e.g. a server out of reach; 2 a bad setting or
 usage; 3 credentials or permissions refused). A traceback only with
-`BCW_LOG_LEVEL=DEBUG`. Signal handlers are installed by `running.run_workers` alone.
+`BCW_LOG_LEVEL=DEBUG`. Signal handlers are installed by `running.run_workers` alone (`bcw
+run` defers the stop signals earlier, in `entry`, before this module's imports).
 """
 
 from __future__ import annotations

@@ -116,7 +116,8 @@ def run_workers(settings: Settings, workers: Sequence[Worker]) -> int:
         await run_process(settings, workers, stopping=stopping)
 
     asyncio.run(main())
-    return 0
+    defer_stop_signals()  # the loop closed gave them back to the default: a second one
+    return 0  # now, as the interpreter exits, would end a drained process with -15
 
 
 def _cmd_run(args: argparse.Namespace, settings: Settings) -> int:

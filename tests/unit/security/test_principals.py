@@ -10,7 +10,7 @@ import pytest
 from nats.js.api import DiscardPolicy
 
 from schemas.subjects import Subjects
-from workers.cli import main
+from workers.cli.main import main
 from workers.registry import WORKERS
 from workers.runtime.base.settings_docs import block
 from workers.runtime.bus import principals, streams
