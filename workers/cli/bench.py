@@ -32,15 +32,22 @@ def add(commands: Commands) -> None:
             "hello",
             "ingest",
             "steady",
+            "flush",
         ],
         help="which benchmark",
     )
     bench.add_argument(
-        "--nodes", type=int, default=None, help="fleet size (100,000; soak: 300; hello: 12,000)"
+        "--nodes",
+        type=int,
+        default=None,
+        help="fleet size (100,000; soak: 300; hello: 12,000; flush: 1,000,000)",
     )
     bench.add_argument("--facts", type=int, default=50_000, help="facts to push through")
     bench.add_argument(
-        "--gateways", type=int, default=None, help="gateways (storm, herd, ingest: 20; soak: 3)"
+        "--gateways",
+        type=int,
+        default=None,
+        help="gateways (storm, herd, ingest: 20; soak: 3; steady, flush: 200)",
     )
     bench.add_argument(
         "--processes", type=int, default=4, help="processes the gateways run in (storm)"
@@ -182,6 +189,14 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
                 args.silent_share,
                 args.replicas,
                 args.embedded,
+            )
+        )
+    if args.bench == "flush":
+        from workers.bench.steady import flushcost
+
+        return asyncio.run(
+            flushcost.run(
+                settings, args.nodes or 1_000_000, args.gateways or 200, args.rounds, args.embedded
             )
         )
     if args.bench == "herd":

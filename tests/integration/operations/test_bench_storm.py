@@ -1,7 +1,7 @@
 """`bcw bench storm` runs its gateways in processes of their own: a small herd through
 them reaches every worker, and the figures are printed (the bench itself waits for every
-effect — labels, replays, the outbox published — before it prints them). `bcw bench hello`
-and `bcw bench ingest` print their figures."""
+effect — labels, replays, the outbox published — before it prints them). `bcw bench hello`,
+`bcw bench ingest` and `bcw bench flush` print their figures."""
 
 from __future__ import annotations
 
@@ -62,3 +62,25 @@ async def test_bench_ingest_prints_both_layouts_and_the_second_keeps_each_fact_t
     assert all(r[0] > 0 for r in rows.values())
     assert 1.9 < rows["own streams"][1] / rows["one stream"][1] < 2.1  # bytes per fact
     assert "the facts/s of one stream" in out and "Traceback" not in out
+
+
+async def test_bench_flush_prints_what_each_part_of_a_flush_costs_per_entry(
+    servers: Servers,
+) -> None:
+    code, out = await bcw(
+        "bench", "flush", "--nodes", "4000", "--gateways", "2", "--rounds", "1",
+        BCW_NATS_URL=servers.nats_url, BCW_DATABASE_URL=servers.postgres_url,
+    )  # fmt: skip
+    assert code == 0, out
+    assert "4,000 sessions on 2 gateways, 2 flushes a part" in out, out
+    costs = {
+        m.group(1).strip(): float(m.group(2))
+        for m in re.finditer(
+            r"^\s+(\S.*?)\s+(?:liveness|postgres(?:, wall)?)\s+([\d.]+)$", out, re.M
+        )
+    }
+    assert len(costs) == 9, out
+    # what a liveness replica and PostgreSQL spend on a flush of 2,000 entries is seen
+    assert costs["decode the flush facts (the consumer)"] > 0, out
+    assert costs["the flush as the worker applies it"] > 0, out
+    assert "Traceback" not in out

@@ -1,0 +1,211 @@
+"""`bcw bench flush`: where a liveness flush's cost goes, per entry, at fleet size.
+
+Makes N sessions on G gateways as `bcw bench steady` does, takes one flush of each of
+`SAMPLE` gateways as its simulated gateway publishes it (5,000 sessions, bcd's heartbeat
+fields), and measures per entry:
+
+- in this process, as a liveness replica spends it: decoding the facts as the consumer
+  does, and building the flush statement's arrays;
+- in PostgreSQL, the backend's CPU (read from /proc, so the server runs on this
+  machine: `--embedded`, or a local one): the flush statement as the liveness worker
+  runs it, and the variants a design could take instead (`VARIANTS`), each flush in a
+  transaction of its own, committed.
+
+Every round runs every part once over the sample, the parts interleaved; a figure is
+the median of the rounds. What a million nodes need is ~66,700 entries a second: 15 µs
+an entry is a core.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from schemas.facts import Liveness
+from schemas.registry import REGISTRY
+from schemas.subjects import Subjects
+from workers.bench.common import bench_target, print_table
+from workers.bench.steady import fleet
+from workers.liveness.apply import FLUSH_SKIPPING, _flush_arguments
+from workers.runtime.base.settings import Settings
+
+#: gateways whose flush each part is measured over (5,000 entries each)
+SAMPLE = 40
+SHARED_BUFFERS = "2GB"
+
+#: the statement as the liveness worker runs it, without its lock pass: an UPDATE … FROM
+#: locks rows in the order the join yields them (docs/runtime.md, "Lock order")
+NO_LOCK_PASS = """
+WITH e AS (
+    SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::real[],
+                         $7::text[]) AS e(node_id, epoch, age_ms, gateway_id, credits, load, node_load)
+)
+UPDATE node_sessions s
+   SET last_seen = GREATEST(s.last_seen, compute_now() - e.age_ms * interval '1 millisecond'),
+       lane_credits = coalesce(e.credits::jsonb, s.lane_credits),
+       load = coalesce(e.load, s.load),
+       node_load = coalesce(e.node_load::jsonb, s.node_load)
+  FROM e
+ WHERE s.node_id = e.node_id AND s.session_epoch = e.epoch AND s.gateway_id = e.gateway_id
+"""
+LAST_SEEN_ALONE = """
+UPDATE node_sessions s
+   SET last_seen = GREATEST(s.last_seen, compute_now() - e.age_ms * interval '1 millisecond')
+  FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[]) AS e(node_id, epoch, age_ms, gateway_id)
+ WHERE s.node_id = e.node_id AND s.session_epoch = e.epoch AND s.gateway_id = e.gateway_id
+"""
+ROWS_TABLE = """
+CREATE TABLE bench_flush_rows (
+    gateway_id text NOT NULL, flushed_at timestamptz NOT NULL,
+    node_ids text[] NOT NULL, epochs bigint[] NOT NULL, ages_ms bigint[] NOT NULL
+)"""
+ONE_ROW = "INSERT INTO bench_flush_rows VALUES ($4, compute_now(), $1, $2, $3)"
+GATEWAY_SESSIONS = "SELECT node_id, session_epoch FROM node_sessions WHERE gateway_id = $1"
+ZOMBIE_JOIN = """
+SELECT e.node_id
+  FROM unnest($1::text[], $2::bigint[], $3::text[]) AS e(node_id, epoch, gateway_id)
+  LEFT JOIN node_sessions s
+    ON s.node_id = e.node_id AND s.session_epoch = e.epoch AND s.gateway_id = e.gateway_id
+ WHERE s.node_id IS NULL
+"""
+
+
+Arguments = list[Any]
+
+
+def _full(arrays: list[list[Any]]) -> Arguments:
+    return arrays
+
+
+def _no_heartbeat(arrays: list[list[Any]]) -> Arguments:
+    """The arrays without the heartbeat's fields: a flush that only says ages."""
+    n = len(arrays[0])
+    return [*arrays[:4], [None] * n, [None] * n, [None] * n]
+
+
+def _ages(arrays: list[list[Any]]) -> Arguments:
+    return arrays[:4]  # node ids, epochs, ages, gateway ids
+
+
+def _one_row(arrays: list[list[Any]]) -> Arguments:
+    return [*arrays[:3], arrays[3][0]]
+
+
+def _gateway(arrays: list[list[Any]]) -> Arguments:
+    return [arrays[3][0]]
+
+
+def _keys(arrays: list[list[Any]]) -> Arguments:
+    return [arrays[0], arrays[1], arrays[3]]
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    sql: str
+    #: the statement's arguments, from the arrays the liveness worker builds for a flush
+    arguments: Callable[[list[list[Any]]], Arguments]
+
+
+VARIANTS = (
+    Variant("the flush as the worker applies it", FLUSH_SKIPPING, _full),
+    Variant("  the same, without the heartbeat's fields", FLUSH_SKIPPING, _no_heartbeat),
+    Variant("  without its lock pass (UPDATE … FROM)", NO_LOCK_PASS, _full),
+    Variant("  last_seen alone, no lock pass", LAST_SEEN_ALONE, _ages),
+    Variant("one row per flush (arrays), no session row", ONE_ROW, _one_row),
+    Variant("the gateway's sessions, read by index", GATEWAY_SESSIONS, _gateway),
+    Variant("the zombie check alone (a join, no write)", ZOMBIE_JOIN, _keys),
+)
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User and system CPU of process `pid`, or None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _measured(backend: int, entries: int, work: Callable[[], Awaitable[None]]) -> float:
+    """µs of the backend's CPU per entry that `work` took (its wall time where /proc
+    does not show the backend)."""
+    cpu, wall = _cpu_seconds(backend), time.monotonic()
+    await work()
+    after = _cpu_seconds(backend)
+    spent = after - cpu if after is not None and cpu is not None else time.monotonic() - wall
+    return spent / entries * 1e6
+
+
+async def _apply(
+    conn: asyncpg.Connection, variant: Variant, flushes: list[list[list[Any]]]
+) -> None:
+    for arrays in flushes:
+        async with conn.transaction():
+            await conn.fetch(variant.sql, *variant.arguments(arrays))
+
+
+def _in_process(bodies: list[bytes]) -> tuple[float, float, list[list[list[Any]]]]:
+    """µs of this process's CPU per entry to decode the flushes and to build their
+    arrays, and the arrays (one set per flush, as `_flush` builds them)."""
+    started = time.process_time()
+    facts = [REGISTRY.validate(Liveness, body) for body in bodies]
+    decoded = time.process_time()
+    arguments = [
+        _flush_arguments(sorted(((e, f) for e in f.entries), key=lambda p: p[0].node_id))
+        for f in facts
+    ]
+    built = time.process_time()
+    entries = sum(len(f.entries) for f in facts)
+    return (decoded - started) / entries * 1e6, (built - decoded) / entries * 1e6, arguments
+
+
+async def run(settings: Settings, nodes: int, gateways: int, rounds: int, embedded: bool) -> int:
+    server = {"shared_buffers": SHARED_BUFFERS}
+    async with bench_target(settings, embedded, postgres=server) as target:
+        conn = await asyncpg.connect(target.database_url)
+        try:
+            print(f"making {nodes:,} sessions on {gateways} gateways ...", flush=True)
+            await fleet.prepare(conn, nodes, gateways)
+            await conn.execute(ROWS_TABLE)
+            await conn.execute("VACUUM (ANALYZE) node_sessions")
+            await conn.execute("CHECKPOINT")
+            subjects = Subjects(target.subject_root)
+            sample = [fleet.Gateway(g, nodes, gateways, subjects) for g in range(gateways)]
+            sample = sample[:SAMPLE]
+            backend = await conn.fetchval("SELECT pg_backend_pid()")
+            where = "postgres" if _cpu_seconds(backend) is not None else "postgres, wall"
+            figures: dict[str, list[float]] = {}
+            for _ in range(rounds):
+                bodies = [body for gw in sample for _, body in gw.flush()]
+                decode, build, flushes = _in_process(bodies)
+                figures.setdefault("decode", []).append(decode)
+                figures.setdefault("build", []).append(build)
+                entries = sum(len(f[0]) for f in flushes)
+                for variant in VARIANTS:
+                    work = functools.partial(_apply, conn, variant, flushes)
+                    spent = await _measured(backend, entries, work)
+                    figures.setdefault(variant.name, []).append(spent)
+        finally:
+            await conn.close()
+    rows = [
+        ("decode the flush facts (the consumer)", "liveness", figures["decode"]),
+        ("build the statement's arrays", "liveness", figures["build"]),
+        *((v.name, where, figures[v.name]) for v in VARIANTS),
+    ]
+    print_table(
+        f"bcw bench flush: {nodes:,} sessions on {gateways} gateways, {len(sample)} flushes "
+        f"a part, median of {rounds} rounds (µs of a core per entry; 15 µs is a core at a "
+        "million nodes)",
+        ("part", "where", "µs/entry"),
+        [(name, place, f"{statistics.median(spent):.2f}") for name, place, spent in rows],
+    )
+    return 0
