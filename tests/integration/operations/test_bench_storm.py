@@ -79,7 +79,7 @@ async def test_bench_flush_prints_what_each_part_of_a_flush_costs_per_entry(
             r"^\s+(\S.*?)\s+(?:liveness|postgres(?:, wall)?)\s+([\d.]+)$", out, re.M
         )
     }
-    assert len(costs) == 9, out
+    assert len(costs) == 11, out
     # what a liveness replica and PostgreSQL spend on a flush of 2,000 entries is seen
     assert costs["decode the flush facts (the consumer)"] > 0, out
     assert costs["the flush as the worker applies it"] > 0, out
