@@ -6,18 +6,27 @@ session's epoch and gateway; a write that matches nothing is a stale fact, not a
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from json.encoder import encode_basestring
 from typing import Any
 
 import asyncpg
 
 from schemas.events import NodeDisconnected
-from schemas.facts import CLOSE_CODES, Closed, Fact, Hello, Liveness, LivenessEntry, newest_per_node
+from schemas.facts import (
+    CLOSE_CODES,
+    Closed,
+    Fact,
+    Hello,
+    Liveness,
+    LivenessEntry,
+    NodeLoad,
+    newest_per_node,
+)
 from schemas.notices import Zombie
 from workers.liveness.decide import closes_its_row, connected
 from workers.runtime.effects import outcome
@@ -267,10 +276,28 @@ def _flush_arguments(entries: list[tuple[LivenessEntry, Liveness]]) -> list[list
         [e.epoch for e, _ in entries],
         [e.age_ms for e, _ in entries],
         [fact.gateway_id for _, fact in entries],
-        [json.dumps(e.credits) if e.credits is not None else None for e, _ in entries],
+        [credits_json(e.credits) if e.credits is not None else None for e, _ in entries],
         [e.load for e, _ in entries],
-        [e.node_load.model_dump_json() if e.node_load else None for e, _ in entries],
+        [node_load_json(e.node_load) if e.node_load else None for e, _ in entries],
     ]
+
+
+def credits_json(credits: Mapping[str, int]) -> str:
+    """An entry's free credits per lane as the JSON text the statement casts to `jsonb`.
+    Written here rather than by `json.dumps`, which costs four times as much: ~2 µs an
+    entry, a tenth of all the worker spends on one. Pure."""
+    return "{" + ",".join([f"{encode_basestring(k)}:{v}" for k, v in credits.items()]) + "}"
+
+
+def node_load_json(load: NodeLoad) -> str:
+    """A heartbeat's `NodeLoad` as JSON text, every field of the model (a test checks it
+    against `model_dump`): a third of what `model_dump_json` costs. The load average is
+    finite (the schema refuses the others), so its `repr` is a JSON number. Pure."""
+    return (
+        f'{{"load_average":{load.load_average!r},'
+        f'"memory_available_bytes":{load.memory_available_bytes},'
+        f'"running_commands":{load.running_commands},"pending_events":{load.pending_events}}}'
+    )
 
 
 async def _disconnect(tx: Tx, closed: list[Closed]) -> dict[uuid.UUID, Outcome]:

@@ -4,6 +4,7 @@ which gateways it can see, and the fleet breaker."""
 from __future__ import annotations
 
 import itertools
+import json
 from datetime import UTC, datetime, timedelta
 from typing import get_args
 
@@ -11,9 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.facts import Closed, CloseReason, newest_per_node
+from schemas.facts import Closed, CloseReason, NodeLoad, newest_per_node
 from tests.factories import hello, make_fact
 from workers.gateway.facts import MAX_FLUSH_BYTES, MAX_FLUSH_ENTRIES, flush_chunks
+from workers.liveness.apply import credits_json, node_load_json
 from workers.liveness.decide import (
     BreakerDecision,
     BreakerView,
@@ -255,3 +257,23 @@ def test_a_gateway_at_its_stream_bound_flushes_under_what_nats_carries() -> None
     slices = flush_chunks([entry] * 5_000)
     assert entry * 5_000 > 2**20 and len(slices) == 5
     assert all(sum(entry + 1 for _ in range(s, e)) <= MAX_FLUSH_BYTES for s, e in slices)
+
+
+@given(st.dictionaries(st.text(max_size=12), st.integers(0, 2**31 - 1), max_size=8))
+def test_an_entrys_credits_are_written_as_json_of_the_same_value(credits: dict[str, int]) -> None:
+    assert json.loads(credits_json(credits)) == credits
+
+
+@given(
+    st.builds(
+        NodeLoad,
+        load_average=st.floats(0, 1e9, allow_nan=False, allow_infinity=False),
+        memory_available_bytes=st.integers(0, 2**63 - 1),
+        running_commands=st.integers(0, 2**31 - 1),
+        pending_events=st.integers(0, 2**31 - 1),
+    )
+)
+def test_a_heartbeats_load_is_written_as_json_of_every_field(load: NodeLoad) -> None:
+    """Every field of the model, with its value: a field added to `NodeLoad` and not to
+    the hand-written encoder fails here instead of going missing from the row."""
+    assert json.loads(node_load_json(load)) == load.model_dump()
