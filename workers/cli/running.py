@@ -98,7 +98,8 @@ def add(commands: Commands) -> None:
 
 
 def run_workers(settings: Settings, workers: Sequence[Worker]) -> int:
-    """Run `workers` in this process until SIGTERM/SIGINT; exit 0 after a clean drain."""
+    """Run `workers` in this process until SIGTERM/SIGINT; exit 0 after a clean drain.
+    The last thing a process does: once it returns, a stop signal is only remembered."""
     from workers.runtime.base import heap
     from workers.runtime.base.waiting import defer_stop_signals, stop_on_signals
     from workers.runtime.observability import logs

@@ -233,7 +233,7 @@ async def _flush_chunk(tx: Tx, entries: list[tuple[LivenessEntry, Liveness]]) ->
     (the dispatch loop, the recorder). The wait is bounded (`SKIPPED_WAIT`); past it, the
     rows that are free are moved without waiting, and the others by their next flush: a
     transaction a gateway keeps open on one node's row holds back that node only."""
-    arguments = _flush_arguments(entries)
+    arguments = flush_arguments(entries)
     try:
         async with tx.conn.transaction():  # a savepoint
             rows = await tx.conn.fetch(FLUSH_SKIPPING, *arguments)
@@ -270,7 +270,9 @@ def _matched(entries: list[tuple[LivenessEntry, Liveness]], zombies: Sequence[An
     return sum(1 for (node, gateway), epoch in newest.items() if (node, gateway, epoch) not in dead)
 
 
-def _flush_arguments(entries: list[tuple[LivenessEntry, Liveness]]) -> list[list[Any]]:
+def flush_arguments(entries: list[tuple[LivenessEntry, Liveness]]) -> list[list[Any]]:
+    """The flush statement's seven arrays for `entries` (each with its fact), in their
+    order. Pure."""
     return [
         [e.node_id for e, _ in entries],
         [e.epoch for e, _ in entries],

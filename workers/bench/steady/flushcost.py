@@ -4,8 +4,9 @@ Makes N sessions on G gateways as `bcw bench steady` does, takes one flush of ea
 `SAMPLE` gateways as its simulated gateway publishes it (5,000 sessions, bcd's heartbeat
 fields), and measures per entry:
 
-- in this process, as a liveness replica spends it: decoding the facts as the consumer
-  does, and building the flush statement's arrays;
+- in this process, as a liveness replica spends it: parsing the facts' JSON alone (the
+  floor of any validation), decoding them as the consumer does, and building the flush
+  statement's arrays;
 - in PostgreSQL, the backend's CPU (read from /proc, so the server runs on this
   machine: `--embedded`, or a local one): the flush statement as the liveness worker
   runs it, and the variants a design could take instead (`VARIANTS`), each flush in a
@@ -34,7 +35,7 @@ from schemas.registry import REGISTRY
 from schemas.subjects import Subjects
 from workers.bench.common import bench_target, print_table
 from workers.bench.steady import fleet
-from workers.liveness.apply import FLUSH_SKIPPING, _flush_arguments
+from workers.liveness.apply import FLUSH_SKIPPING, flush_arguments
 from workers.runtime.base import heap
 from workers.runtime.base.settings import Settings
 
@@ -180,14 +181,18 @@ def _in_process(bodies: list[bytes]) -> tuple[float, float, float, list[list[lis
     parsed = time.process_time()
     facts = [REGISTRY.validate(Liveness, body) for body in bodies]
     decoded = time.process_time()
-    parse = (parsed - started) / sum(len(f.entries) for f in facts) * 1e6
     arguments = [
-        _flush_arguments(sorted(((e, f) for e in f.entries), key=lambda p: p[0].node_id))
+        flush_arguments(sorted(((e, f) for e in f.entries), key=lambda p: p[0].node_id))
         for f in facts
     ]
     built = time.process_time()
-    entries = sum(len(f.entries) for f in facts)
-    return parse, (decoded - parsed) / entries * 1e6, (built - decoded) / entries * 1e6, arguments
+    per_entry = 1e6 / sum(len(f.entries) for f in facts)
+    return (
+        (parsed - started) * per_entry,
+        (decoded - parsed) * per_entry,
+        (built - decoded) * per_entry,
+        arguments,
+    )
 
 
 async def run(settings: Settings, nodes: int, gateways: int, rounds: int, embedded: bool) -> int:
