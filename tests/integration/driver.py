@@ -38,6 +38,11 @@ class Driver:
     worker: str
     database_url: str
 
+    def final(self) -> int:
+        """Facts settled for good: a RETRY or a RELEASE hands the fact back for a later
+        delivery, which settles it again."""
+        return self.settled() - self.settled("retry") - self.settled("released")
+
     def settled(self, outcome: str | None = None) -> int:
         counter = self.runtime.metrics.facts
         return int(
@@ -49,17 +54,18 @@ class Driver:
         )
 
     async def send(self, *facts: Fact, again: bool = False) -> None:
-        """Publish `facts` in order and wait until the worker settled every one.
+        """Publish `facts` in order and wait until the worker settled every one for good
+        (`final`: a retry is not the end of a fact).
 
         `again`: publish under a new Nats-Msg-Id, as a re-publish after the duplicate
         window would (JetStream stores it; only the inbox can catch it).
         """
-        before = self.settled()
+        before = self.final()
         js = self.nc.jetstream()
         for fact in facts:
             await publish_fact(js, self.subjects, fact, msg_id=str(uuid.uuid4()) if again else None)
         await eventually(
-            lambda: _at_least(self, before + len(facts)), what=f"{len(facts)} facts settled"
+            lambda: _finally_settled(self, before + len(facts)), what=f"{len(facts)} facts settled"
         )
 
     async def published(
@@ -81,8 +87,8 @@ class Driver:
         return out
 
 
-async def _at_least(driver: Driver, n: int) -> bool:
-    return driver.settled() >= n
+async def _finally_settled(driver: Driver, n: int) -> bool:
+    return driver.final() >= n
 
 
 async def _outbox_empty(database_url: str) -> bool:

@@ -229,15 +229,18 @@ async def bcw(*args: str, **env: str) -> tuple[int, str]:
     return proc.returncode or 0, out.decode()
 
 
-async def bcw_process(*args: str, **env: str) -> asyncio.subprocess.Process:
-    """A long-running `bcw` command (`run labeler`, say) in a subprocess with `env` added,
-    its output dropped."""
+async def bcw_process(*args: str, output: bool = False, **env: str) -> asyncio.subprocess.Process:
+    """A long-running `bcw` command (`run labeler`, say) in a subprocess with `env` added;
+    its output dropped, or with `output` kept (stdout and stderr in one pipe) for
+    `communicate()`."""
     import os
     import sys
 
+    out = asyncio.subprocess.PIPE if output else asyncio.subprocess.DEVNULL
+    err = asyncio.subprocess.STDOUT if output else asyncio.subprocess.DEVNULL
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "workers.cli", *args, env={**os.environ, **env},
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        stdout=out, stderr=err,
     )  # fmt: skip
 
 

@@ -11,9 +11,7 @@ blackholes. The 20 seconds of waiting are the point of one test.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,7 +25,7 @@ import pytest
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration.flow import HelloFlow, capabilities
-from tests.integration.support import bcw, count, eventually
+from tests.integration.support import bcw, bcw_process, count, eventually
 from workers.bench.proxy import Mode, TcpProxy
 from workers.embedded import EmbeddedNats, free_port
 from workers.runtime.bus import streams
@@ -146,11 +144,7 @@ async def _http_status(port: int, path: str) -> int:
 
 
 async def _spawn_run(env: dict[str, str]) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "workers.cli", "run", "labeler",
-        env={**os.environ, **env}, cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
+    return await bcw_process("run", "labeler", output=True, **env)
 
 
 async def _probes(port: int, within: float = 10.0) -> tuple[int, int]:

@@ -13,14 +13,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import time
 import uuid
 from pathlib import Path
 
 from tests.conftest import Servers
+from tests.integration.support import bcw_process
 
-ROOT = Path(__file__).resolve().parents[3]
 SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 LATE_IMPORT = "asyncpg/protocol/protocol."  # a library `bcw run` loads long after it starts
 
@@ -48,11 +47,7 @@ async def test_a_sigterm_while_bcw_run_still_imports_ends_it_with_exit_0(
         "BCW_NATS_URL": servers.nats_url, "BCW_DATABASE_URL": database_url,
         "BCW_HEALTH_PORT": "0", "BCW_SUBJECT_ROOT": f"t{uuid.uuid4().hex[:10]}",
     }  # fmt: skip
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "workers.cli", "run", "labeler",
-        env={**os.environ, **env}, cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
+    process = await bcw_process("run", "labeler", output=True, **env)
     try:
         loaded = await asyncio.to_thread(_freeze_once_it_catches_sigterm, process.pid, 30)
         process.send_signal(signal.SIGTERM)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
-import os
+import math
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -34,6 +34,7 @@ from schemas.facts import Liveness
 from schemas.registry import REGISTRY
 from schemas.subjects import Subjects
 from workers.bench.common import bench_target, print_table
+from workers.bench.costs import cpu_seconds
 from workers.bench.steady import fleet
 from workers.liveness.apply import FLUSH_SKIPPING, flush_arguments
 from workers.runtime.base import heap
@@ -143,24 +144,13 @@ VARIANTS = (
 )
 
 
-def _cpu_seconds(pid: int) -> float | None:
-    """User and system CPU of process `pid`, or None where it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def _measured(backend: int, entries: int, work: Callable[[], Awaitable[None]]) -> float:
     """µs of the backend's CPU per entry that `work` took (its wall time where /proc
     does not show the backend)."""
-    cpu, wall = _cpu_seconds(backend), time.monotonic()
+    cpu, wall = cpu_seconds(backend), time.monotonic()
     await work()
-    after = _cpu_seconds(backend)
-    spent = after - cpu if after is not None and cpu is not None else time.monotonic() - wall
-    return spent / entries * 1e6
+    spent = cpu_seconds(backend) - cpu
+    return (time.monotonic() - wall if math.isnan(spent) else spent) / entries * 1e6
 
 
 async def _apply(
@@ -214,7 +204,7 @@ async def run(settings: Settings, nodes: int, gateways: int, rounds: int, embedd
             # be (here, the simulated gateways' million encoded sessions, which a
             # replica never holds and the collector would walk at every decode)
             heap.settle()
-            where = "postgres" if _cpu_seconds(backend) is not None else "postgres, wall"
+            where = "postgres, wall" if math.isnan(cpu_seconds(backend)) else "postgres"
             figures: dict[str, list[float]] = {}
             for _ in range(rounds):
                 bodies = [body for gw in sample for _, body in gw.flush()]
