@@ -89,3 +89,66 @@ def test_only_a_value_that_may_not_be_finite_has_the_body_walked() -> None:
     for body in (b'{"fact_id":"9e123456-4e12-4e99-8e77-1e0000000000"}', b'{"t":"x:1e9"}',
                  b'{"n": 12e99, "m": 0.5e-300}'):  # fmt: skip
         assert not _maybe_not_finite(body), body
+
+
+_NOT_FINITE = (b"NaN", b"Infinity", b"-Infinity", b"1e999", b"-1E+400")
+#: a flush with every field a heartbeat adds (the wire sample has none)
+_HEARTBEAT_FLUSH = _sample(
+    "liveness",
+    entries=[{"node_id": "n", "epoch": 1, "age_ms": 5, "credits": {"default": 4}, "load": 0.5,
+              "node_load": {"load_average": 0.5, "memory_available_bytes": 8, "running_commands": 0,
+                            "pending_events": 0}}],
+)  # fmt: skip
+
+
+def _numbers(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """The path of every number in a decoded JSON value."""
+    if isinstance(value, dict):
+        return [p for key, item in value.items() for p in _numbers(item, (*path, key))]
+    if isinstance(value, list):
+        return [p for index, item in enumerate(value) for p in _numbers(item, (*path, index))]
+    return [path] if isinstance(value, int | float) and not isinstance(value, bool) else []
+
+
+def _with(body: Any, path: tuple[Any, ...], token: bytes) -> bytes:
+    body = json.loads(json.dumps(body))
+    *parents, last = path
+    place = body
+    for key in parents:
+        place = place[key]
+    place[last] = "\x01marker"
+    return json.dumps(body).encode().replace(b'"\\u0001marker"', token)
+
+
+def test_a_body_not_searched_for_non_finite_numbers_is_refused_one_by_its_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A model whose numbers all refuse NaN and the infinities is not searched for them
+    (a flush's search cost a sixth of its decode): every number of its samples, made
+    NaN, ±Infinity or too large for a float, is refused by validation alone."""
+    from schemas import registry
+
+    monkeypatch.setattr(registry, "_maybe_not_finite", lambda body: pytest.fail("searched"))
+    samples = [(t, b) for t, b in WIRE_SAMPLES.items()] + [("liveness", _HEARTBEAT_FLUSH)]
+    tried = set()
+    for bc_type, body in samples:
+        model = REGISTRY.model_for({"Bc-Type": bc_type})
+        if registry.may_hold_not_finite(model):
+            continue
+        for path in _numbers(body):
+            for token in _NOT_FINITE:
+                with pytest.raises(InvalidMessage):
+                    REGISTRY.decode({"Bc-Type": bc_type}, _with(body, path, token))
+                tried.add((bc_type, path[-1]))
+    assert {("liveness", "load"), ("liveness", "load_average"), ("liveness", "age_ms")} <= tried
+
+
+def test_a_model_that_can_hold_a_number_not_finite_is_searched() -> None:
+    """Any field (`dict[str, Any]`) or a float left to allow them keeps the search."""
+    from schemas.events import GatewayBlind
+    from schemas.facts import Liveness, Result
+    from schemas.registry import may_hold_not_finite
+
+    assert may_hold_not_finite(Result)  # its result: any JSON
+    assert may_hold_not_finite(GatewayBlind)  # a float without allow_inf_nan=False
+    assert not may_hold_not_finite(Liveness)
