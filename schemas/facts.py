@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Annotated, Any, Literal, Protocol, TypeVar
+from typing import Annotated, Any, Literal, NotRequired, Protocol, TypeVar
 from uuid import UUID
 
-from pydantic import AwareDatetime, Field
+from pydantic import AwareDatetime, ConfigDict, Field, with_config
+from typing_extensions import TypedDict
 
 from schemas.base import GatewayId, Ident, Name, NodeId, Sha256Hex, SnakeMessage
 from schemas.proof import HelloProof
@@ -179,7 +180,17 @@ def is_duplicate_identity(previous_live: bool, previous_boot_id: str | None, boo
     return previous_live and previous_boot_id is not None and previous_boot_id != boot_id
 
 
-class NodeLoad(SnakeMessage):
+#: an entry of a flush is a plain dict, not a model: a liveness replica validates a
+#: million nodes' entries every 15 s, and a model per entry and per heartbeat load cost
+#: it about twice what the dicts do (docs/benchmarks.md, "bcw bench flush"). Validated
+#: as strictly as a message, unknown keys dropped alike.
+_ENTRY = ConfigDict(strict=True, extra="ignore")
+#: what the schema says of an optional field of an entry, as of a model's field
+_ABSENT_IS_NONE = Field(json_schema_extra={"default": None})
+
+
+@with_config(_ENTRY)
+class NodeLoad(TypedDict):
     """What a daemon's heartbeat says of its node's load."""
 
     load_average: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
@@ -188,17 +199,24 @@ class NodeLoad(SnakeMessage):
     pending_events: SmallNonNegative  # journal events not acked yet
 
 
-class LivenessEntry(SnakeMessage):
+@with_config(_ENTRY)
+class LivenessEntry(TypedDict):
+    # one session of a flush (a dict: `entry["node_id"]`; an optional field is absent or
+    # None alike, `entry.get("credits")`); no docstring: it would enter the JSON Schema
     node_id: NodeId
     epoch: Positive
     age_ms: Annotated[int, Field(ge=0, le=AGE_MS_MAX)]
     #: the daemon's free credits per lane at its last heartbeat (optional: a flush without
     #: them keeps the last known ones)
-    credits: dict[Name, SmallNonNegative] | None = Field(default=None, max_length=64)
+    credits: NotRequired[
+        Annotated[dict[Name, SmallNonNegative] | None, Field(max_length=64), _ABSENT_IS_NONE]
+    ]
     #: the daemon's load at its last heartbeat (optional, like `credits`): its load average
-    load: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)] | None = None
+    load: NotRequired[
+        Annotated[float | None, Field(ge=0, le=1e9, allow_inf_nan=False), _ABSENT_IS_NONE]
+    ]
     #: the whole NodeLoad of its last heartbeat (optional; `load` is its load average)
-    node_load: NodeLoad | None = None
+    node_load: NotRequired[Annotated[NodeLoad | None, _ABSENT_IS_NONE]]
 
 
 class Liveness(Fact):

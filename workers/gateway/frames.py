@@ -11,6 +11,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 import asyncpg
+from pydantic import TypeAdapter, ValidationError
 
 from schemas.facts import (
     MAX_INVENTORY_SECTIONS,
@@ -26,6 +27,8 @@ from workers.gateway.admission import Code
 from workers.gateway.facts import FactPublisher
 from workers.gateway.inventory import agreed, section_problem, sections_to_request, to_apply
 from workers.gateway.types import HeartbeatAck, Refused, Session
+
+_NODE_LOAD = TypeAdapter(NodeLoad)
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +61,20 @@ class Frames:
         `applied_generation` goes out as a status fact then; `inventory_hashes` (every
         10th heartbeat) are compared with the stored ones. The answer carries the server
         time and the sections that differ: the daemon sends them (`inventory()`). Without
-        a session at that epoch it is refused, like every frame."""
+        a session at that epoch it is refused, like every frame, and so is a NodeLoad the
+        schema refuses (nothing of the heartbeat is kept)."""
         session = self._frame(node_id, epoch)  # refused without a session at that epoch
+        if isinstance(load, dict):  # a NodeLoad, checked here: a bad one is this frame's
+            try:  # refusal, not a failure of the flush of every session
+                load = _NODE_LOAD.validate_python(load)
+            except ValidationError as error:
+                problem = error.errors(include_url=False)[0]
+                where = ".".join(str(part) for part in problem["loc"])
+                raise Refused(Code.INVALID_ARGUMENT, f"load.{where}: {problem['msg']}") from None
         if credits is not None:
             session.credits = dict(credits)
-        if isinstance(load, NodeLoad):
-            session.node_load, session.load = load, load.load_average
+        if isinstance(load, dict):
+            session.node_load, session.load = load, load["load_average"]
         elif load is not None:
             session.load = load
         if applied_generation is not None:

@@ -341,6 +341,11 @@ async def test_heartbeats_carry_load_and_the_applied_generation_to_the_flush(
     )
     ack = gateway.heartbeat("n1", one.epoch, {"default": 3}, load=node_load, applied_generation=4)
     assert abs(ack.server_time - time.time()) < 5  # its server time: the daemon's mark moves
+    # a load the schema refuses is that heartbeat's refusal, and changes nothing: the
+    # flush (every session's) still goes out, with the last good load
+    bad = NodeLoad(**{**node_load, "load_average": -1.0})
+    with pytest.raises(Refused, match=r"load\.load_average"):
+        gateway.heartbeat("n1", one.epoch, {"default": 0}, load=bad)
     gateway.heartbeat("n1", one.epoch, applied_generation=2)  # older: the highest stays
     gateway.heartbeat("n2", two.epoch)  # an older daemon: nothing but the heartbeat
     await gateway.flush()
@@ -354,7 +359,7 @@ async def test_heartbeats_carry_load_and_the_applied_generation_to_the_flush(
     entries = {e["node_id"]: (e["credits"], e["load"]) for e in flush["entries"]}
     assert entries == {"n1": ({"default": 3}, 1.5), "n2": (None, None)}
     loads = {e["node_id"]: e["node_load"] for e in flush["entries"]}
-    assert loads == {"n1": node_load.model_dump(), "n2": None}
+    assert loads == {"n1": node_load, "n2": None}
     [status] = [body(m) for m in facts if m.headers["Bc-Type"] == "status"]
     assert (status["node_id"], status["epoch"], status["observed_generation"]) == ("n1", 1, 4)
     assert status["trust_version"] == 0  # unchanged

@@ -73,7 +73,10 @@ async def test_bench_flush_prints_what_each_part_of_a_flush_costs_per_entry(
             r"^\s+(\S.*?)\s+(?:liveness|postgres(?:, wall)?)\s+([\d.]+)$", out, re.M
         )
     }
-    assert len(costs) == 11, out
+    assert len(costs) == 15, out
     # what a liveness replica and PostgreSQL spend on a flush of 2,000 entries is seen
     assert costs["decode the flush facts (the consumer)"] > 0, out
     assert costs["the flush as the worker applies it"] > 0, out
+    # the range design's parts, and its check found nothing amiss (the bench exited 0)
+    assert costs["a range's sessions checked both ways (index)"] > 0, out
+    assert "the range check reads the sessions by " in out, out

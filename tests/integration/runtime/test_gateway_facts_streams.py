@@ -231,6 +231,6 @@ async def test_a_flush_too_large_for_one_message_is_cut_and_every_session_arrive
         assert len(msg.data) <= MAX_FLUSH_BYTES + 1024  # entries, and the fact's few fields
         fact = REGISTRY.decode(msg.headers, msg.data)
         assert isinstance(fact, Liveness) and fact.gateway_id == "gw-big"
-        seen += [(entry.node_id, entry.epoch) for entry in fact.entries]
-        assert all(entry.age_ms == 1000 for entry in fact.entries)
+        seen += [(entry["node_id"], entry["epoch"]) for entry in fact.entries]
+        assert all(entry["age_ms"] == 1000 for entry in fact.entries)
     assert sorted(seen) == [(s.node_id, s.epoch) for s in sessions]

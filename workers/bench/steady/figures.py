@@ -73,8 +73,10 @@ class Summary:
     silenced: int
     growth_percent: float
     cores: float
-    #: MiB/h after warm-up, of each liveness process
+    #: MiB/h after warm-up, of each liveness process (none: the run was too short to say)
     rss_slopes: Mapping[str, float] = field(default_factory=dict)
+    #: what the run could not judge, a line each
+    notes: tuple[str, ...] = ()
 
     def last_line(self) -> str:
         return (
@@ -83,6 +85,15 @@ class Summary:
             f"silenced disconnected {self.silenced_in_time} of {self.silenced}, size growth "
             f"{self.growth_percent:.1f} % after warm-up, cpu {self.cores:.2f} cores"
         )
+
+
+#: minutes after the warm minute over which a liveness process's memory slope is judged,
+#: at least: RSS moves in steps (an arena the allocator adds, a batch larger than any
+#: before), and over a few minutes a 4 MiB step reads as +50 MiB/h. Twenty minutes do
+#: not always tell a step from a slope either (a step at minute 21 of a 30-minute run
+#: read as +52 MiB/h): what a process's memory does over weeks is `bcw bench soak`'s,
+#: over hours
+RSS_MINUTES = 20
 
 
 def warm_minute(minutes: int) -> int:
@@ -115,6 +126,15 @@ def summarize(
         for name in minutes[-1].rss
         if name.startswith("liveness")  # the servers' caches fill for longer than a run
     }
+    notes: tuple[str, ...] = ()
+    if len(minutes) - warm < RSS_MINUTES:
+        slopes, notes = (
+            {},
+            (
+                f"memory slopes not judged: {len(minutes) - warm} min after warm-up, "
+                f"{RSS_MINUTES} needed to tell a step from a slope",
+            ),
+        )
     return Summary(
         nodes=nodes,
         minutes=len(minutes),
@@ -127,6 +147,7 @@ def summarize(
         growth_percent=growth_percent([sum(m.sizes.values()) for m in minutes], len(minutes)),
         cores=sum(sum(m.cores.values()) for m in minutes) / len(minutes),
         rss_slopes=slopes,
+        notes=notes,
     )
 
 

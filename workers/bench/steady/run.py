@@ -251,6 +251,8 @@ async def run(
     broken = problems(summary)
     for line in broken:
         print(f"BOUND BROKEN: {line}")
+    for line in summary.notes:
+        print(line)
     print(summary.last_line())
     return 1 if broken else 0
 
