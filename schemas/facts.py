@@ -187,13 +187,15 @@ def is_duplicate_identity(previous_live: bool, previous_boot_id: str | None, boo
 _ENTRY = ConfigDict(strict=True, extra="ignore")
 #: what the schema says of an optional field of an entry, as of a model's field
 _ABSENT_IS_NONE = Field(json_schema_extra={"default": None})
+#: a node's load average, as its heartbeat says it
+LoadAverage = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
 
 
 @with_config(_ENTRY)
 class NodeLoad(TypedDict):
     """What a daemon's heartbeat says of its node's load."""
 
-    load_average: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
+    load_average: LoadAverage
     memory_available_bytes: Annotated[int, Field(ge=0, le=2**63 - 1)]
     running_commands: SmallNonNegative
     pending_events: SmallNonNegative  # journal events not acked yet
@@ -212,9 +214,7 @@ class LivenessEntry(TypedDict):
         Annotated[dict[Name, SmallNonNegative] | None, Field(max_length=64), _ABSENT_IS_NONE]
     ]
     #: the daemon's load at its last heartbeat (optional, like `credits`): its load average
-    load: NotRequired[
-        Annotated[float | None, Field(ge=0, le=1e9, allow_inf_nan=False), _ABSENT_IS_NONE]
-    ]
+    load: NotRequired[Annotated[LoadAverage | None, _ABSENT_IS_NONE]]
     #: the whole NodeLoad of its last heartbeat (optional; `load` is its load average)
     node_load: NotRequired[Annotated[NodeLoad | None, _ABSENT_IS_NONE]]
 

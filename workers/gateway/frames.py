@@ -16,6 +16,7 @@ from pydantic import TypeAdapter, ValidationError
 from schemas.facts import (
     MAX_INVENTORY_SECTIONS,
     Events,
+    LoadAverage,
     NodeLoad,
     Progress,
     Rejected,
@@ -28,7 +29,9 @@ from workers.gateway.facts import FactPublisher
 from workers.gateway.inventory import agreed, section_problem, sections_to_request, to_apply
 from workers.gateway.types import HeartbeatAck, Refused, Session
 
+#: what a heartbeat's load may be: its NodeLoad, or a bare load average
 _NODE_LOAD = TypeAdapter(NodeLoad)
+_LOAD_AVERAGE: TypeAdapter[float] = TypeAdapter(LoadAverage)
 
 log = logging.getLogger(__name__)
 
@@ -61,16 +64,17 @@ class Frames:
         `applied_generation` goes out as a status fact then; `inventory_hashes` (every
         10th heartbeat) are compared with the stored ones. The answer carries the server
         time and the sections that differ: the daemon sends them (`inventory()`). Without
-        a session at that epoch it is refused, like every frame, and so is a NodeLoad the
+        a session at that epoch it is refused, like every frame, and so is a load the
         schema refuses (nothing of the heartbeat is kept)."""
         session = self._frame(node_id, epoch)  # refused without a session at that epoch
-        if isinstance(load, dict):  # a NodeLoad, checked here: a bad one is this frame's
-            try:  # refusal, not a failure of the flush of every session
-                load = _NODE_LOAD.validate_python(load)
+        if load is not None:  # checked here: a bad one is this frame's refusal, not a
+            adapter = _NODE_LOAD if isinstance(load, dict) else _LOAD_AVERAGE
+            try:  # failure of the flush of every session
+                load = adapter.validate_python(load)
             except ValidationError as error:
                 problem = error.errors(include_url=False)[0]
-                where = ".".join(str(part) for part in problem["loc"])
-                raise Refused(Code.INVALID_ARGUMENT, f"load.{where}: {problem['msg']}") from None
+                where = ".".join(["load", *(str(part) for part in problem["loc"])])
+                raise Refused(Code.INVALID_ARGUMENT, f"{where}: {problem['msg']}") from None
         if credits is not None:
             session.credits = dict(credits)
         if isinstance(load, dict):

@@ -344,8 +344,10 @@ async def test_heartbeats_carry_load_and_the_applied_generation_to_the_flush(
     # a load the schema refuses is that heartbeat's refusal, and changes nothing: the
     # flush (every session's) still goes out, with the last good load
     bad = NodeLoad(**{**node_load, "load_average": -1.0})
-    with pytest.raises(Refused, match=r"load\.load_average"):
+    with pytest.raises(Refused, match=r"load\.load_average: Input should be greater"):
         gateway.heartbeat("n1", one.epoch, {"default": 0}, load=bad)
+    with pytest.raises(Refused, match="load: Input should be a finite number"):
+        gateway.heartbeat("n2", two.epoch, {"default": 0}, load=float("nan"))
     gateway.heartbeat("n1", one.epoch, applied_generation=2)  # older: the highest stays
     gateway.heartbeat("n2", two.epoch)  # an older daemon: nothing but the heartbeat
     await gateway.flush()
