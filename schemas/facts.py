@@ -182,8 +182,8 @@ def is_duplicate_identity(previous_live: bool, previous_boot_id: str | None, boo
 
 #: an entry of a flush is a plain dict, not a model: a liveness replica validates a
 #: million nodes' entries every 15 s, and a model per entry and per heartbeat load cost
-#: it about twice what the dicts do (docs/benchmarks.md, "bcw bench flush"). Validated
-#: as strictly as a message, unknown keys dropped alike.
+#: it about three times what the dicts do (docs/benchmarks.md, "bcw bench flush").
+#: Validated as strictly as a message, unknown keys dropped alike.
 _ENTRY = ConfigDict(strict=True, extra="ignore")
 #: what the schema says of an optional field of an entry, as of a model's field
 _ABSENT_IS_NONE = Field(json_schema_extra={"default": None})

@@ -178,7 +178,9 @@ def _first(value: object, path: str, bad: Callable[[object], bool]) -> str | Non
     return None
 
 
-def _describe(error: ValidationError) -> tuple[str, str]:
+def describe(error: ValidationError) -> tuple[str, str]:
+    """The dotted path of a validation error's first problem ("" at the top) and what it
+    says. Pure."""
     first = error.errors(include_url=False)[0]
     field = ".".join(str(part) for part in first["loc"])
     return field, first["msg"]
@@ -234,7 +236,7 @@ class Registry:
         try:
             message = model.model_validate_json(body)
         except ValidationError as error:
-            field, detail = _describe(error)
+            field, detail = describe(error)
             raise InvalidMessage(model.BC_TYPE, field, detail) from error
         if _MAYBE_UNSTORABLE.search(body):  # cheap: only such a body is walked
             stored = message.model_dump(exclude=set(model.NEVER_STORED))

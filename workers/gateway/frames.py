@@ -23,6 +23,7 @@ from schemas.facts import (
     Result,
     Status,
 )
+from schemas.registry import describe
 from workers.gateway import store
 from workers.gateway.admission import Code
 from workers.gateway.facts import FactPublisher
@@ -72,9 +73,9 @@ class Frames:
             try:  # failure of the flush of every session
                 load = adapter.validate_python(load)
             except ValidationError as error:
-                problem = error.errors(include_url=False)[0]
-                where = ".".join(["load", *(str(part) for part in problem["loc"])])
-                raise Refused(Code.INVALID_ARGUMENT, f"{where}: {problem['msg']}") from None
+                field, detail = describe(error)
+                where = f"load.{field}" if field else "load"
+                raise Refused(Code.INVALID_ARGUMENT, f"{where}: {detail}") from None
         if credits is not None:
             session.credits = dict(credits)
         if isinstance(load, dict):
