@@ -6,12 +6,13 @@ Snake_case field names, as in the session protocol. Pure data: no I/O here.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal, NotRequired, Protocol, TypeVar
 from uuid import UUID
 
-from pydantic import AwareDatetime, ConfigDict, Field, with_config
+from pydantic import AwareDatetime, ConfigDict, Field, model_validator, with_config
 from typing_extensions import TypedDict
 
 from schemas.base import GatewayId, Ident, Name, NodeId, Sha256Hex, SnakeMessage
@@ -219,10 +220,38 @@ class LivenessEntry(TypedDict):
     node_load: NotRequired[Annotated[NodeLoad | None, _ABSENT_IS_NONE]]
 
 
+#: node hashes are 32-bit: a range of them is `[range_start, range_end)` within `[0, 2**32)`
+HASH_SPACE = 2**32
+RangeStart = Annotated[int, Field(ge=0, lt=HASH_SPACE)]
+RangeEnd = Annotated[int, Field(ge=1, le=HASH_SPACE)]
+
+
+def node_hash(node_id: str) -> int:
+    """A node's place in the hash space a flush is cut by: the first 4 bytes of the MD5
+    of its id (UTF-8), big-endian — what PostgreSQL's `node_hash(text)` computes (migration
+    0037; a test holds them equal). Not a security measure: it only spreads nodes. Pure."""
+    return int.from_bytes(hashlib.md5(node_id.encode(), usedforsecurity=False).digest()[:4], "big")
+
+
 class Liveness(Fact):
     BC_TYPE = "liveness"
 
     entries: list[LivenessEntry] = Field(max_length=MAX_LIVENESS_ENTRIES)
+    #: the range of node hashes (`node_hash`) the fact covers, `[range_start, range_end)`:
+    #: when it names one, the fact is the gateway's whole set of sessions in it — a session
+    #: of that range it does not name, the gateway no longer holds (optional, both or
+    #: neither, since 0.4: a fact without them says nothing of the sessions it omits)
+    range_start: RangeStart | None = None
+    range_end: RangeEnd | None = None
+
+    @model_validator(mode="after")
+    def _a_range_or_none(self) -> Liveness:
+        if (self.range_start is None) != (self.range_end is None):
+            raise ValueError("range_start and range_end come together, or neither")
+        start, end = self.range_start, self.range_end
+        if start is not None and end is not None and start >= end:
+            raise ValueError("range_start must be below range_end")
+        return self
 
 
 class Closed(NodeFact):

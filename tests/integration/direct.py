@@ -4,6 +4,7 @@ loop adds decoding, the inbox and acks around exactly this call."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from collections.abc import Sequence
@@ -17,12 +18,17 @@ from tests.integration.support import OUTBOX_MESSAGES
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.worker import Tx, Worker, handle_bound
 
+#: the facts' "stream sequences": increasing in the order they are applied, as the
+#: stream's would be in the order they were published
+_PUBLISHED = itertools.count(1)
+
 
 async def apply(
     conn: asyncpg.Connection, worker: Worker, subjects: Subjects, *facts: Fact
 ) -> dict[uuid.UUID, Outcome]:
+    sequences = {fact.fact_id: next(_PUBLISHED) for fact in facts}
     async with conn.transaction():
-        tx = Tx(conn, subjects, {})
+        tx = Tx(conn, subjects, {}, sequence=lambda fact: sequences.get(fact.fact_id))
         outcomes = await handle_bound(tx, worker, list(facts))
         await tx.outbox.write(conn)
     return dict(outcomes)

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas import REGISTRY
-from schemas.facts import Liveness
+from schemas.facts import Liveness, node_hash
 from schemas.subjects import Subjects
 from tests.factories import make_fact
 from workers.bench.costs import CpuSpent, ceiling
@@ -31,7 +31,7 @@ from workers.bench.steady.figures import problems as steady_problems
 from workers.bench.steady.fleet import HEADERS, HEARTBEAT_MS, Gateway, silenced
 from workers.demo import kept_up
 from workers.embedded import EmbeddedNats, EmbeddedPostgres
-from workers.gateway.facts import MAX_FLUSH_BYTES, entry_bytes, flush_chunks
+from workers.gateway.facts import MAX_FLUSH_BYTES, entry_bytes, range_bits, range_cut
 
 
 def test_cores_for_spreads_the_work_over_the_herd_and_the_time_after_it() -> None:
@@ -177,19 +177,24 @@ def test_the_cpu_ratios_per_round_compare_each_round_with_its_own_floor() -> Non
 # -- bcw bench steady ------------------------------------------------------------------------
 def test_the_steady_bench_flushes_what_the_reference_gateway_would() -> None:
     """The spliced bodies are byte for byte the reference gateway's facts of those entries,
-    cut where it cuts them; the silenced nodes leave the flushes."""
+    cut by the ranges it cuts them by; the silenced nodes leave the flushes."""
     gateway = Gateway(3, nodes=20_000, gateways=4, subjects=Subjects("bench"))
     flushed = gateway.flush()
     facts = [REGISTRY.decode(dict(HEADERS), body) for _, body in flushed]
     assert all(isinstance(f, Liveness) for f in facts)
     entries = [e for f in facts for e in f.entries]  # type: ignore[attr-defined]
-    assert [e["node_id"] for e in entries] == [f"node-{i}" for i in range(3, 20_001, 4)]
+    ids = [f"node-{i}" for i in range(3, 20_001, 4)]
+    assert [e["node_id"] for e in entries] == sorted(ids, key=node_hash)
     assert all(
         e["epoch"] == 1 and 0 <= e["age_ms"] < HEARTBEAT_MS and e.get("node_load") for e in entries
     )
     sizes = [entry_bytes(e) for e in entries]
-    cuts = [end - start for start, end in flush_chunks(sizes)]
-    assert [len(f.entries) for f in facts] == cuts and len(cuts) > 1  # type: ignore[attr-defined]
+    hashes = [node_hash(e["node_id"]) for e in entries]
+    cut = range_cut(hashes, sizes, range_bits(5_000, 0))
+    assert [(f.range_start, f.range_end, len(f.entries)) for f in facts] == [  # type: ignore[attr-defined]
+        (start, end, hi - lo) for start, end, lo, hi in cut
+    ]
+    assert len(cut) == 8
     for (fact_id, body), fact in zip(flushed, facts, strict=True):
         assert fact.fact_id == fact_id
         assert REGISTRY.encode(fact)[0] == body

@@ -35,7 +35,7 @@ DESIGN_FIELDS: dict[str, set[str]] = {
         "results",  # DESIGN §10: done results not acked yet (optional)
         "duplicate", "proven", "proof",  # DESIGN §11: the Hello transaction's word, the proof
     },
-    "liveness": {"fact_id", "gateway_id", "observed_at", "entries"},
+    "liveness": {"fact_id", "gateway_id", "observed_at", "entries", "range_start", "range_end"},
     "closed": {"fact_id", "gateway_id", "observed_at", "node_id", "epoch", "reason", "code"},
     "progress": {"fact_id", "gateway_id", "observed_at", "node_id", "epoch", "command_id", "state"},
     "result": {

@@ -5,6 +5,7 @@ JetStream deduplicates)."""
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ from pydantic import TypeAdapter
 from schemas import REGISTRY, Fact
 from schemas.facts import (
     CLOSE_CODES,
+    HASH_SPACE,
     CertInfo,
     Closed,
     CloseReason,
@@ -52,19 +54,60 @@ def entry_bytes(entry: LivenessEntry) -> int:
     return len(_ENTRY_JSON.dump_json(entry))
 
 
-def flush_chunks(sizes: Sequence[int], budget: int = MAX_FLUSH_BYTES) -> list[tuple[int, int]]:
-    """The `(start, end)` slices of a flush's entries, in order, each at most `budget`
-    bytes of encoded entries (`sizes`, one per entry; an entry over it goes alone) and
-    `MAX_FLUSH_ENTRIES` entries; one empty slice when there is no entry. Pure."""
-    slices: list[tuple[int, int]] = []
-    start, used = 0, 0
-    for i, size in enumerate(sizes):
-        if i > start and (used + size + 1 > budget or i - start >= MAX_FLUSH_ENTRIES):
-            slices.append((start, i))
-            start, used = i, 0
-        used += size + 1  # and its comma
-    slices.append((start, len(sizes)))
-    return slices
+#: sessions of one range of a flush, at most, when the gateway's sessions spread evenly
+#: over the ranges: 8 ranges at 5,000 sessions (the default maxStreams), ~625 sessions
+#: each — a range of sessions whose heartbeats carry credits and load (~200 bytes an
+#: entry) stays within `MAX_FLUSH_BYTES` however they spread, small enough to spread over
+#: the liveness replicas, large enough that a fact's own cost stays a small part of its
+#: entries'
+RANGE_SESSIONS = 1_000
+
+
+def range_bits(sessions: int, previous: int) -> int:
+    """How many bits of the node hash cut a flush of `sessions` into ranges (2**bits of
+    them): the fewest that keep `RANGE_SESSIONS` a range, grown as soon as the sessions
+    pass that, shrunk only once they fall to a quarter of what the ranges hold — a
+    gateway whose sessions
+    come and go around a power of two does not re-cut its ranges every period (each cut
+    replaces every range the gateway had). Pure."""
+    bits = previous
+    while bits < 32 and sessions > RANGE_SESSIONS << bits:
+        bits += 1
+    while bits > 0 and sessions <= (RANGE_SESSIONS << bits) // 4:
+        bits -= 1
+    return bits
+
+
+def range_cut(
+    hashes: Sequence[int], sizes: Sequence[int], bits: int, budget: int = MAX_FLUSH_BYTES
+) -> list[tuple[int, int, int, int]]:
+    """A flush cut into facts by ranges of node hashes: `(range_start, range_end, lo, hi)`
+    for each, in order — the sessions `lo:hi` (`hashes` sorted ascending, `sizes` each
+    one's encoded entry) are those whose hash is in `[range_start, range_end)`. The hash
+    space is cut into `2**bits` equal ranges, every one a fact even when empty; a range
+    whose entries pass `budget` bytes or `MAX_FLUSH_ENTRIES` is halved until they fit (a
+    range one hash wide goes as it is). Pure."""
+    ends = [0]
+    for size in sizes:
+        ends.append(ends[-1] + size + 1)  # and its comma
+    cut: list[tuple[int, int, int, int]] = []
+
+    def split(start: int, end: int, lo: int, hi: int) -> None:
+        too_big = ends[hi] - ends[lo] > budget or hi - lo > MAX_FLUSH_ENTRIES
+        if too_big and end - start > 1:
+            middle = (start + end) // 2
+            at = bisect.bisect_left(hashes, middle, lo, hi)
+            split(start, middle, lo, at)
+            split(middle, end, at, hi)
+        else:
+            cut.append((start, end, lo, hi))
+
+    width, lo = HASH_SPACE >> bits, 0
+    for start in range(0, HASH_SPACE, width):
+        hi = bisect.bisect_left(hashes, start + width, lo)
+        split(start, start + width, lo, hi)
+        lo = hi
+    return cut
 
 
 class FactPublisher:
@@ -81,6 +124,8 @@ class FactPublisher:
         self.subjects = subjects
         self.clock = clock
         self.tracer = tracer or trace.NoOpTracer()
+        #: bits of the node hash its flushes are cut by (`range_bits`)
+        self.range_bits = 0
 
     def base(self) -> dict[str, Any]:
         """`fact_id`, `gateway_id` and `observed_at` (the gateway's clock, informational)."""
@@ -150,7 +195,7 @@ class FactPublisher:
                 await self.js.publish(subject, body, headers=headers, timeout=5)
                 return
             except MaxPayloadError:
-                raise  # no retry makes it fit (a flush is cut to fit: `flush_chunks`)
+                raise  # no retry makes it fit (a flush is cut to fit: `range_cut`)
             except Exception as error:
                 if attempt == 29:
                     raise
@@ -168,9 +213,11 @@ class FactPublisher:
                 delay = min(delay * 2, 2.0)
 
     async def flush(self, sessions: Sequence[Session], now: float) -> None:
-        """The liveness flush of `sessions` (facts of at most `MAX_FLUSH_BYTES` of entries;
-        one empty fact when there is none), then a status fact for each session whose
-        daemon applied a higher generation than was last published."""
+        """The liveness flush of `sessions`, a fact per range of their node hashes
+        (`range_cut`: every range, empty ones too), then a status fact for each session
+        whose daemon applied a higher generation than was last published."""
+        sessions = sorted(sessions, key=lambda s: s.hash)
+        self.range_bits = range_bits(len(sessions), self.range_bits)
         entries = [
             LivenessEntry(
                 node_id=s.node_id,
@@ -183,8 +230,11 @@ class FactPublisher:
             for s in sessions
         ]
         sizes = [entry_bytes(e) for e in entries]
-        for start, end in flush_chunks(sizes):
-            await self.publish(Liveness(**self.base(), entries=entries[start:end]))
+        hashes = [s.hash for s in sessions]
+        for start, end, lo, hi in range_cut(hashes, sizes, self.range_bits):
+            await self.publish(
+                Liveness(**self.base(), entries=entries[lo:hi], range_start=start, range_end=end)
+            )
         # the recorder raises observed_generation from it (a status report may come sooner)
         for session in [s for s in sessions if s.applied_generation > s.reported_generation]:
             generation = session.applied_generation

@@ -12,7 +12,7 @@ from uuid import UUID
 
 from opentelemetry.context import Context
 
-from schemas.facts import Hello, NodeLoad
+from schemas.facts import Hello, NodeLoad, node_hash
 from schemas.notices import Dispatch
 from workers.gateway.admission import Code, DesiredState
 
@@ -67,6 +67,11 @@ class Session:
     applied_generation: int = 0  # the highest its heartbeats reported
     reported_generation: int = 0  # the highest published in a status fact
     hello: Hello | None = None  # the fact published for it, kept to publish again if asked
+    #: its place in the hash space its gateway's flushes are cut by (`node_hash`)
+    hash: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.hash = node_hash(self.node_id)
 
     @property
     def held_hashes(self) -> dict[str, str]:

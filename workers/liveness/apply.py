@@ -29,6 +29,7 @@ from schemas.facts import (
 )
 from schemas.notices import Zombie
 from workers.liveness.decide import closes_its_row, connected
+from workers.liveness.ranges import keep_ranges
 from workers.runtime.effects import outcome
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.worker import Handler, Tx
@@ -164,6 +165,7 @@ def make_handler(max_zombie_notices: int) -> Handler:
             outcomes.update(await _announce(tx, hellos))
         flushes = [f for f in facts if isinstance(f, Liveness)]
         if flushes:
+            await keep_ranges(tx, flushes)  # range rows before session rows (`ranges`)
             await _flush(tx, flushes, max_zombie_notices)
         closed = [f for f in facts if isinstance(f, Closed)]
         if closed:

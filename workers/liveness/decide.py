@@ -12,11 +12,12 @@ its gateways then drop every stream); a rule too lax keeps a dead node "connecte
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from schemas.events import NodeConnected
-from schemas.facts import ROW_OF_ANOTHER, Closed, Hello
+from schemas.facts import ROW_OF_ANOTHER, Closed, Hello, Liveness
 
 #: `closed` reasons whose session no longer owns its row: nothing to write, nothing to say.
 NOT_OURS = ROW_OF_ANOTHER
@@ -34,6 +35,30 @@ class Rules:
     #: gateway's connected sessions, and at least `breaker_minimum` of them
     breaker_share: float = 0.5
     breaker_minimum: int = 20
+
+
+def newest_ranges(flushes: Iterable[tuple[Liveness, int]]) -> list[tuple[Liveness, int]]:
+    """Of a batch's range facts (each with its stream sequence), those its range rows are
+    written from: newest first, a fact is kept unless a kept one of its gateway, published
+    later, overlaps its range (a gateway that re-cut its ranges between two flushes of
+    the batch: the newer cut wins where they overlap). In gateway and range order: the
+    order their rows are written in. Facts without a range are not range facts. Pure."""
+    kept: dict[str, list[tuple[Liveness, int]]] = {}
+    ranged = [(f, seq) for f, seq in flushes if f.range_start is not None]
+    for fact, seq in sorted(ranged, key=lambda pair: -pair[1]):
+        mine = kept.setdefault(fact.gateway_id, [])
+        if not any(_overlap(fact, other) for other, _ in mine):
+            mine.append((fact, seq))
+    return sorted(
+        (pair for pairs in kept.values() for pair in pairs),
+        key=lambda pair: (pair[0].gateway_id, pair[0].range_start),
+    )
+
+
+def _overlap(a: Liveness, b: Liveness) -> bool:
+    assert a.range_start is not None and a.range_end is not None
+    assert b.range_start is not None and b.range_end is not None
+    return a.range_start < b.range_end and b.range_start < a.range_end
 
 
 def connected(hello: Hello, current_epoch: int | None) -> NodeConnected | None:

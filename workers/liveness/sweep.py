@@ -36,6 +36,7 @@ from schemas.events import (
     NodeDisconnected,
 )
 from schemas.subjects import Subjects
+from workers.liveness import ranges
 from workers.liveness.apply import disconnect
 from workers.liveness.decide import (
     BreakerDecision,
@@ -372,6 +373,7 @@ def sweep_loop(settings: LivenessSettings) -> Loop:
         async def body(lease: leases.Lease) -> None:
             started = time.perf_counter()
             result = await sweep_once(runtime.pool, lease, runtime.subjects, rules, runtime.tracer)
+            await ranges.prune(runtime.pool)
             runtime.metrics.liveness_sweep_seconds.observe(time.perf_counter() - started)
             runtime.metrics.liveness_blind_gateways.set(float(len(result.blind)))
             runtime.metrics.liveness_breakers_open.set(float(len(result.held)))

@@ -5,6 +5,7 @@ that creates only what it can make consumable."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -204,12 +205,12 @@ async def test_a_flush_too_large_for_one_message_is_cut_and_every_session_arrive
 ) -> None:
     """9,000 sessions' entries, each with its lanes' credits, are about 2 MB: one fact
     would be refused by nats-server (max_payload 1 MiB here), and the flush lost. The
-    reference gateway cuts it into facts of at most 256 KiB of entries; every session is in
-    exactly one of them."""
+    reference gateway cuts it by ranges of node hashes into facts of at most 256 KiB of
+    entries; every session is in exactly one of them, the one of its hash's range."""
     from types import SimpleNamespace
 
     from schemas import REGISTRY
-    from schemas.facts import Liveness
+    from schemas.facts import HASH_SPACE, Liveness, node_hash
     from workers.gateway.facts import MAX_FLUSH_BYTES, FactPublisher
 
     js = nc.jetstream()
@@ -217,7 +218,8 @@ async def test_a_flush_too_large_for_one_message_is_cut_and_every_session_arrive
     sessions = [
         SimpleNamespace(node_id=f"node-{n:05d}-{'x' * 40}", epoch=n + 1, last_seen=99.0,
                         credits={f"lane-{k}-{'y' * 20}": k for k in range(4)}, load=0.5, node_load=None,
-                        applied_generation=0, reported_generation=0)
+                        applied_generation=0, reported_generation=0,
+                        hash=node_hash(f"node-{n:05d}-{'x' * 40}"))
         for n in range(9_000)
     ]  # fmt: skip
     publisher = FactPublisher("gw-big", js, subjects, clock=lambda: 100.0)
@@ -227,10 +229,20 @@ async def test_a_flush_too_large_for_one_message_is_cut_and_every_session_arrive
     assert len(stored) >= 8  # about 2 MB in pieces of at most 256 KiB
     assert sum(len(msg.data) for msg in stored) > nc.max_payload  # one would have been refused
     seen: list[tuple[str, int]] = []
+    ranges: list[tuple[int | None, int | None]] = []
     for msg in stored:
         assert len(msg.data) <= MAX_FLUSH_BYTES + 1024  # entries, and the fact's few fields
         fact = REGISTRY.decode(msg.headers, msg.data)
         assert isinstance(fact, Liveness) and fact.gateway_id == "gw-big"
         seen += [(entry["node_id"], entry["epoch"]) for entry in fact.entries]
         assert all(entry["age_ms"] == 1000 for entry in fact.entries)
+        # a range of node hashes: every entry's is in it
+        assert fact.range_start is not None and fact.range_end is not None
+        assert all(
+            fact.range_start <= node_hash(e["node_id"]) < fact.range_end for e in fact.entries
+        )
+        ranges.append((fact.range_start, fact.range_end))
     assert sorted(seen) == [(s.node_id, s.epoch) for s in sessions]
+    # 16 ranges (9,000 sessions) that tile the hash space, in order
+    assert len(ranges) == 16 and ranges[0][0] == 0 and ranges[-1][1] == HASH_SPACE
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))

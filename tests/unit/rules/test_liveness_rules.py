@@ -12,9 +12,23 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.facts import Closed, CloseReason, NodeLoad, newest_per_node
+from schemas.facts import (
+    HASH_SPACE,
+    Closed,
+    CloseReason,
+    Liveness,
+    NodeLoad,
+    newest_per_node,
+    node_hash,
+)
 from tests.factories import hello, make_fact
-from workers.gateway.facts import MAX_FLUSH_BYTES, MAX_FLUSH_ENTRIES, flush_chunks
+from workers.gateway.facts import (
+    MAX_FLUSH_BYTES,
+    MAX_FLUSH_ENTRIES,
+    RANGE_SESSIONS,
+    range_bits,
+    range_cut,
+)
 from workers.liveness.apply import credits_json, node_load_json
 from workers.liveness.decide import (
     BreakerDecision,
@@ -26,6 +40,7 @@ from workers.liveness.decide import (
     closes_its_row,
     connected,
     decide_breaker,
+    newest_ranges,
     plan_sweep,
     sees,
     sight_change,
@@ -231,32 +246,110 @@ def test_a_close_writes_its_row_unless_a_newer_session_owns_it(reason: str) -> N
     assert closes_its_row(closed) is (reason not in ("superseded", "fenced"))
 
 
-@given(st.lists(st.integers(0, 3_000), max_size=400), st.integers(1, 20_000))
-def test_a_flush_is_cut_in_facts_under_the_byte_budget_in_order(
-    sizes: list[int], budget: int
+@st.composite
+def _flush_sessions(draw: st.DrawFn) -> tuple[list[int], list[int]]:
+    """Sessions' hashes (sorted; clustered sometimes, equal sometimes) and entry sizes."""
+    spread = draw(st.sampled_from([HASH_SPACE, 2**20, 16]))
+    base = draw(st.integers(0, HASH_SPACE - spread))
+    hashes = sorted(draw(st.lists(st.integers(base, base + spread - 1), max_size=300)))
+    sizes = draw(st.lists(st.integers(0, 3_000), min_size=len(hashes), max_size=len(hashes)))
+    return hashes, sizes
+
+
+@given(_flush_sessions(), st.integers(1, 20_000), st.integers(0, 6))
+def test_a_flush_is_cut_by_ranges_of_node_hashes_each_under_the_byte_budget(
+    sessions: tuple[list[int], list[int]], budget: int, bits: int
 ) -> None:
-    """The reference gateway's flush facts: every entry once, in order; each fact within
-    the budget (an entry over it alone) and its entry count; cut no earlier than needed."""
-    slices = flush_chunks(sizes, budget)
-    assert [i for start, end in slices for i in range(start, end)] == list(range(len(sizes)))
-    assert slices[0][0] == 0 and all(a[1] == b[0] for a, b in itertools.pairwise(slices))
-    for start, end in slices:
-        used = sum(size + 1 for size in sizes[start:end])
-        assert used <= budget or end - start == 1
-        assert end - start <= MAX_FLUSH_ENTRIES
-        if end < len(sizes):  # the next entry did not fit
-            assert used + sizes[end] + 1 > budget or end - start == MAX_FLUSH_ENTRIES
-    if not sizes:
-        assert slices == [(0, 0)]  # an empty flush is still the gateway's heartbeat
+    """The reference gateway's flush facts: ranges that tile the hash space in order,
+    every one of the 2**bits equal ranges a fact or halves of one (empty ones too); every
+    session once, in the range of its hash; each fact within the budget and its entry
+    count unless its range is one hash wide; a range halved only when it did not fit."""
+    hashes, sizes = sessions
+    cut = range_cut(hashes, sizes, bits, budget)
+    assert cut[0][0] == 0 and cut[-1][1] == HASH_SPACE
+    assert all(a[1] == b[0] and a[3] == b[2] for a, b in itertools.pairwise(cut))
+    assert cut[0][2] == 0 and cut[-1][3] == len(hashes)
+    width = HASH_SPACE >> bits
+    for start, end, lo, hi in cut:
+        assert all(start <= h < end for h in hashes[lo:hi])
+        # within one of the equal ranges, a power-of-two part of it
+        assert start // width == (end - 1) // width and width % (end - start) == 0
+        used = sum(size + 1 for size in sizes[lo:hi])
+        assert (used <= budget and hi - lo <= MAX_FLUSH_ENTRIES) or end - start == 1
+        if end - start < width:  # halved: the range it was half of did not fit
+            parent = end - start
+            whole = (start // (2 * parent)) * 2 * parent
+            inside = [i for i, h in enumerate(hashes) if whole <= h < whole + 2 * parent]
+            assert sum(sizes[i] + 1 for i in inside) > budget or len(inside) > MAX_FLUSH_ENTRIES
+    assert len(cut) >= 2**bits
+
+
+@given(st.integers(0, 200_000), st.integers(0, 12))
+def test_the_ranges_grow_at_once_and_shrink_late(sessions: int, previous: int) -> None:
+    """As many ranges as keep `RANGE_SESSIONS` a range, at once; fewer only once the
+    sessions fall to a quarter of what the ranges hold — and the answer is its own next."""
+    bits = range_bits(sessions, previous)
+    assert sessions <= RANGE_SESSIONS << bits  # they fit
+    if bits > previous:  # grown: no fewer would do
+        assert sessions > RANGE_SESSIONS << (bits - 1)
+    elif bits < previous:  # shrunk: a quarter or less of what one more bit would hold
+        assert sessions <= (RANGE_SESSIONS << (bits + 1)) // 4
+        assert bits == 0 or sessions > (RANGE_SESSIONS << bits) // 4
+    assert range_bits(sessions, bits) == bits
+
+
+@st.composite
+def _range_facts(draw: st.DrawFn) -> list[tuple[Liveness, int]]:
+    """Range facts of two gateways, cut at several widths, at distinct stream sequences."""
+    facts = []
+    seqs = draw(st.lists(st.integers(1, 10**6), min_size=0, max_size=12, unique=True))
+    for seq in seqs:
+        bits = draw(st.integers(0, 3))
+        width = HASH_SPACE >> bits
+        start = draw(st.integers(0, 2**bits - 1)) * width
+        fact = make_fact(
+            "liveness", gateway_id=draw(st.sampled_from(["gw-1", "gw-2"])), entries=[],
+            range_start=start, range_end=start + width,
+        )  # fmt: skip
+        assert isinstance(fact, Liveness)
+        facts.append((fact, seq))
+    return facts
+
+
+def _overlap(a: Liveness, b: Liveness) -> bool:
+    return a.gateway_id == b.gateway_id and bool(
+        a.range_start < b.range_end and b.range_start < a.range_end  # type: ignore[operator]
+    )
+
+
+@given(_range_facts())
+def test_of_a_batchs_range_facts_the_newest_cut_wins_where_ranges_overlap(
+    facts: list[tuple[Liveness, int]],
+) -> None:
+    """No two kept facts of a gateway overlap; a fact is dropped only for a kept fact of
+    its gateway, published later, that overlaps it; kept in gateway and range order."""
+    kept = newest_ranges(facts)
+    assert all(not _overlap(a, b) for (a, _), (b, _) in itertools.combinations(kept, 2))
+    assert [(f.gateway_id, f.range_start) for f, _ in kept] == sorted(
+        (f.gateway_id, f.range_start)
+        for f, _ in kept  # type: ignore[misc]
+    )
+    for fact, seq in facts:
+        if (fact, seq) not in kept:
+            assert any(_overlap(fact, k) and later > seq for k, later in kept)
+    # a fact without a range is not a range fact
+    plain = make_fact("liveness", entries=[])
+    assert isinstance(plain, Liveness) and newest_ranges([(plain, 1)]) == []
 
 
 def test_a_gateway_at_its_stream_bound_flushes_under_what_nats_carries() -> None:
     """5,000 sessions (the maxStreams default) whose heartbeats carry credits and load:
-    ~200 bytes an entry, more than 1 MiB in one fact; cut into facts NATS carries."""
+    ~200 bytes an entry, more than 1 MiB in one fact; 8 ranges, none halved."""
     entry = len(b'{"node_id":"7c9e6679-7425-40de-944b-e07fc1f90ae7","epoch":1,"age_ms":9999}') + 150
-    slices = flush_chunks([entry] * 5_000)
-    assert entry * 5_000 > 2**20 and len(slices) == 5
-    assert all(sum(entry + 1 for _ in range(s, e)) <= MAX_FLUSH_BYTES for s, e in slices)
+    hashes = sorted(node_hash(f"node-{i}") for i in range(5_000))
+    cut = range_cut(hashes, [entry] * 5_000, range_bits(5_000, 0))
+    assert entry * 5_000 > 2**20 and len(cut) == 8
+    assert all((hi - lo) * (entry + 1) <= MAX_FLUSH_BYTES for _, _, lo, hi in cut)
 
 
 @given(st.dictionaries(st.text(max_size=12), st.integers(0, 2**31 - 1), max_size=8))

@@ -7,8 +7,8 @@ gateway), connected now, with bcd's capabilities; the gateways hold leases for t
 
 A gateway's flush carries one entry per session it holds — its age since the daemon's
 last heartbeat (every 10 s, so 0 to 10 s), its epoch, the heartbeat's free credits and load
-— cut into facts as the reference gateway cuts them (`flush_chunks`), empty when it holds
-none. The bodies are spliced from entries encoded once, so that the harness costs little
+— cut into facts by ranges of node hashes as the reference gateway cuts them
+(`range_cut`: every range, empty ones too). The bodies are spliced from entries encoded once, so that the harness costs little
 beside what it measures; `test_the_steady_bench_flushes_what_the_reference_gateway_would`
 proves the bytes are the reference gateway's.
 """
@@ -27,9 +27,9 @@ import asyncpg
 from nats.js import JetStreamContext
 
 from schemas import REGISTRY
-from schemas.facts import Liveness
+from schemas.facts import Liveness, node_hash
 from schemas.subjects import Subjects
-from workers.gateway.facts import flush_chunks
+from workers.gateway.facts import range_bits, range_cut
 from workers.sim.profiles import BCD_CAPABILITIES
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,10 @@ class Gateway:
     def __init__(self, index: int, nodes: int, gateways: int, subjects: Subjects):
         self.gateway_id = f"gw-{index}"
         self.subject = subjects.fact(self.gateway_id, Liveness.BC_TYPE)
-        self.nodes = list(range(index if index else gateways, nodes + 1, gateways))
+        numbers = range(index if index else gateways, nodes + 1, gateways)
+        self.nodes = sorted(numbers, key=lambda i: node_hash(f"node-{i}"))  # in hash order
+        self.hashes = [node_hash(f"node-{i}") for i in self.nodes]
+        self.range_bits = 0
         self.heads = [f'{{"node_id":"node-{i}","epoch":1,"age_ms":'.encode() for i in self.nodes]
         self.flushes = 0
         self.held: list[int] = list(range(len(self.nodes)))  # positions still flushed
@@ -118,18 +121,22 @@ class Gateway:
             for p in self.held
         ]
         self.flushes += 1
+        self.range_bits = range_bits(len(self.held), self.range_bits)
+        hashes = [self.hashes[p] for p in self.held]
         out = []
-        for start, end in flush_chunks([len(e) for e in entries]):
+        for start, end, lo, hi in range_cut(hashes, [len(e) for e in entries], self.range_bits):
             fact_id = uuid.uuid4()
             empty = Liveness(
                 fact_id=fact_id,
                 gateway_id=self.gateway_id,
                 observed_at=datetime.now(UTC),
                 entries=[],
+                range_start=start,
+                range_end=end,
             )
             body, _ = REGISTRY.encode(empty)
             head, tail = body.rsplit(b"[]", 1)
-            out.append((fact_id, head + b"[" + b",".join(entries[start:end]) + b"]" + tail))
+            out.append((fact_id, head + b"[" + b",".join(entries[lo:hi]) + b"]" + tail))
         return out
 
 

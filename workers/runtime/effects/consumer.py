@@ -43,9 +43,11 @@ from workers.runtime.effects import outcome
 from workers.runtime.effects.inhand import InHand
 from workers.runtime.effects.items import (
     Item,
+    contexts_of,
     decode_into_lanes,
     merge_queued,
     start_span,
+    stream_sequence,
 )
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.provenance import ForeignLog, KnownBindings
@@ -320,16 +322,12 @@ class FactConsumer:
 
     async def _apply(self, items: list[Item]) -> None:
         facts = [item.fact for item in items if item.fact is not None]
-        contexts = {
-            item.fact.fact_id: context
-            for item in items
-            if item.fact and (context := item.context()) is not None
-        }
+        contexts, sequence = contexts_of(items), stream_sequence(items)
         spans = [item.span for item in items if item.span is not None]
         # the transaction's statements are children of the batch's span
         with tracing.batch_span(self._tracer, self.worker.name, spans):
             async with self._pool.acquire() as conn, conn.transaction():
-                tx = Tx(conn, self._subjects, contexts, self.worker.name, self._bindings)
+                tx = Tx(conn, self._subjects, contexts, self.worker.name, self._bindings, sequence)
                 fresh, outcomes = await apply_batch(tx, self.worker, facts)
                 written = await tx.outbox.write(conn)
         firsts = {id(fact) for fact in fresh}

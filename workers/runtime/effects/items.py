@@ -4,7 +4,9 @@ given its lane and its CONSUMER span. Used by the consume loop (`consumer`); no 
 from __future__ import annotations
 
 import asyncio
+import uuid
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,3 +137,24 @@ def merge_queued(
         items.extend(more)
         size += sum(len(item.msg.data) for item in more)
     return False
+
+
+def contexts_of(items: Sequence[Item]) -> dict[uuid.UUID, Context]:
+    """The trace context each fact of `items` carries on to its outbox rows."""
+    return {
+        item.fact.fact_id: context
+        for item in items
+        if item.fact and (context := item.context()) is not None
+    }
+
+
+def stream_sequence(items: Sequence[Item]) -> Callable[[Fact], int | None]:
+    """The facts stream's sequence of each fact of `items` (read from its message's
+    metadata only when asked: few facts need it)."""
+    messages = {item.fact.fact_id: item.msg for item in items if item.fact is not None}
+
+    def sequence(fact: Fact) -> int | None:
+        msg = messages.get(fact.fact_id)
+        return msg.metadata.sequence.stream if msg is not None else None
+
+    return sequence

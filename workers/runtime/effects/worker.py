@@ -54,6 +54,7 @@ class Tx:
         contexts: Mapping[uuid.UUID, Context],
         worker: str = "",
         bindings: provenance.KnownBindings | None = None,
+        sequence: Callable[[Fact], int | None] | None = None,
     ):
         self.conn = conn
         self.subjects = subjects
@@ -61,6 +62,12 @@ class Tx:
         self._contexts = contexts
         #: the gateway bindings its consumer has confirmed lately (`provenance`)
         self.bindings = bindings
+        self._sequence = sequence
+
+    def sequence(self, fact: Fact) -> int | None:
+        """`fact`'s sequence in the facts stream: the order its gateway published it in
+        (None: not known, the fact did not come from the stream)."""
+        return self._sequence(fact) if self._sequence is not None else None
 
     def context(self, fact: Fact) -> Context | None:
         """The trace context of `fact`'s processing (to store with work that waits)."""

@@ -28,7 +28,7 @@ class Grant:
 #: every table of the schema (a test keeps this equal to the migrated database's tables)
 TABLES = (
     "clock_offset", "commands", "controller_leases", "fleet_policy", "gateway_logins", "gateways",
-    "hello_nonces", "hello_seen", "liveness_gateways",
+    "hello_nonces", "hello_seen", "liveness_gateways", "liveness_ranges",
     "liveness_sweeps", "node_alternations", "node_certs", "node_conditions", "node_events",
     "node_hello_keys",
     "node_inventory", "node_labels",
@@ -78,6 +78,7 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         Grant("SELECT", "gateways"),
         Grant("SELECT, INSERT, UPDATE", "liveness_gateways"),
         Grant("SELECT, UPDATE", "liveness_sweeps"),
+        Grant("SELECT, INSERT, UPDATE, DELETE", "liveness_ranges"),  # its flushes' ranges
     ),
     "bcw_labeler": (
         *RUNTIME,
