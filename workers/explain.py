@@ -54,8 +54,11 @@ SELECT node_id, at, what, epoch, gateway_id, worker, fact_id, trace_id, detail
   FROM session_history
 ) AS history"""
 
+# its last sight as every reader reads it: its row's, or its gateway's range row's (0038)
 SESSION = """
-SELECT s.session_epoch, s.gateway_id, s.connected_at, s.last_seen, s.disconnected_at,
+SELECT s.session_epoch, s.gateway_id, s.connected_at,
+       last_sight(s.last_seen, s.node_id, s.session_epoch, s.gateway_id) AS last_seen,
+       s.disconnected_at,
        s.disconnect_reason, s.held_epoch, s.duplicate_hellos, s.cert_serial,
        is_revoked(s.cert_serial) AS revoked, compute_now() AS now,
        coalesce((SELECT array_agg(c.condition ORDER BY c.condition) FROM node_conditions c

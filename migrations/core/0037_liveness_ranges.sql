@@ -12,9 +12,10 @@ CREATE FUNCTION node_hash(node_id text) RETURNS bigint
     AS $$ SELECT ('x' || substr(md5(node_id), 1, 8))::bit(32)::bigint $$;
 
 -- A gateway's sessions in one range of node hashes, `[range_start, range_end)`, as its
--- newest liveness fact of that range named them. `entries` is the fact's entries as they
--- came (JSON text: parsing them into jsonb would cost three times as much), each seen at
--- `applied_at` less its `age_ms`; `oldest_at` is the oldest of those sights. A row is
+-- newest liveness fact of that range named them. `entries` holds one `[node_id, epoch,
+-- age_ms]` per entry of the fact (json: kept as text, where jsonb would parse it three
+-- times as slowly), each seen at `applied_at` less its age; `oldest_at` is the oldest of
+-- those sights. A row is
 -- replaced only by a fact published later (`stream_seq`, the facts stream's sequence), of
 -- the same gateway, whose range overlaps it.
 CREATE TABLE liveness_ranges (

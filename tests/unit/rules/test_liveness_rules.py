@@ -17,6 +17,7 @@ from schemas.facts import (
     Closed,
     CloseReason,
     Liveness,
+    LivenessEntry,
     NodeLoad,
     newest_per_node,
     node_hash,
@@ -45,6 +46,7 @@ from workers.liveness.decide import (
     sees,
     sight_change,
 )
+from workers.liveness.ranges import sightings
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 RULES = Rules()
@@ -372,3 +374,18 @@ def test_a_heartbeats_load_is_written_as_json_of_every_field(load: NodeLoad) -> 
     written = json.loads(node_load_json(load))
     assert written == load
     assert set(written) == NodeLoad.__required_keys__ | NodeLoad.__optional_keys__
+
+
+@given(
+    st.lists(
+        st.tuples(st.text(max_size=20), st.integers(1, 2**63 - 1), st.integers(0, 10**12)),
+        max_size=20,
+    )
+)
+def test_a_range_rows_sightings_are_the_json_of_each_entrys_node_epoch_and_age(
+    triples: list[tuple[str, int, int]],
+) -> None:
+    entries: list[LivenessEntry] = [
+        {"node_id": n, "epoch": e, "age_ms": a, "credits": {"default": 1}} for n, e, a in triples
+    ]
+    assert json.loads(sightings(entries)) == [list(t) for t in triples]

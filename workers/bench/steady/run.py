@@ -55,13 +55,19 @@ SHARED_BUFFERS = "2GB"
 #: outage), while every gateway's first flush arrives
 START_GRACE = "1 minute"
 
+#: the session tables (the range rows too: a flush's rows since 0.4), their indexes and
+#: TOAST (named after their table)
 SIZES = """
-SELECT c.relname, pg_relation_size(c.oid) AS bytes FROM pg_class c
- WHERE c.oid IN ('node_sessions'::regclass, 'liveness_gateways'::regclass)
-    OR c.oid = (SELECT reltoastrelid FROM pg_class WHERE oid = 'node_sessions'::regclass)
-    OR c.oid IN (SELECT indexrelid FROM pg_index
-                  WHERE indrelid IN ('node_sessions'::regclass, 'liveness_gateways'::regclass))
- ORDER BY c.relname
+WITH t(oid) AS (VALUES ('node_sessions'::regclass), ('liveness_gateways'::regclass),
+                       ('liveness_ranges'::regclass))
+SELECT coalesce((SELECT o.relname || '_toast' FROM pg_class o WHERE o.reltoastrelid = c.oid),
+                c.relname) AS relname,
+       pg_relation_size(c.oid) AS bytes
+  FROM pg_class c
+ WHERE c.oid IN (SELECT oid FROM t)
+    OR c.oid IN (SELECT reltoastrelid FROM pg_class WHERE oid IN (SELECT oid FROM t))
+    OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid IN (SELECT oid FROM t))
+ ORDER BY 1
 """
 UPDATES = """
 SELECT n_tup_upd, n_tup_hot_upd, n_dead_tup, (SELECT wal_bytes FROM pg_stat_wal) AS wal

@@ -77,10 +77,7 @@ async def test_a_range_fact_is_kept_as_its_ranges_row_and_moves_the_sessions_as_
     await drive.send(ranged("gw-1", 0, HASH_SPACE, ("n1", 2, 1_500), ("n2", 1, 250)))
     [row] = await rows(db)
     assert row["range_end"] == HASH_SPACE and row["sessions"] == 2
-    assert row["entries"] == [
-        {"node_id": "n1", "epoch": 2, "age_ms": 1_500},
-        {"node_id": "n2", "epoch": 1, "age_ms": 250},
-    ]
+    assert row["entries"] == [["n1", 2, 1_500], ["n2", 1, 250]]  # [node_id, epoch, age_ms]
     assert row["oldest_at"] == row["applied_at"] - timedelta(milliseconds=1_500)
     # the session rows, as a flush without a range moves them
     assert await db.fetchval("SELECT min(last_seen) FROM node_sessions") > before
@@ -105,7 +102,7 @@ async def test_a_range_fact_older_than_its_ranges_row_replaces_nothing(
     seen = await db.fetchval("SELECT last_seen FROM node_sessions WHERE node_id = 'n1'")
     await apply_published(db, subjects, (older, 10))  # redelivered, or applied late
     [row] = await rows(db)
-    assert (row["stream_seq"], row["entries"][0]["age_ms"]) == (20, 0)
+    assert (row["stream_seq"], row["entries"]) == (20, [["n1", 1, 0]])
     assert await db.fetchval("SELECT last_seen FROM node_sessions WHERE node_id = 'n1'") == seen
 
 
@@ -156,7 +153,7 @@ async def test_a_range_fact_naming_another_gateways_session_moves_nothing_of_it(
     )
     assert await db.fetchval("SELECT last_seen FROM node_sessions") == seen
     # its row is gw-1's own claim; gw-2's row is its own gateway's fact, untouched
-    assert [e["node_id"] for r in await rows(db) for e in r["entries"]] == ["theirs"]
+    assert [e[0] for r in await rows(db) for e in r["entries"]] == ["theirs"]
     assert await rows(db, "gw-2") == theirs
 
 
