@@ -19,7 +19,7 @@ def build(settings: Settings) -> Worker:
     return Worker(
         name="liveness",
         fact_types=("hello", "liveness", "closed"),
-        handle=make_handler(settings.liveness.max_zombie_notices),
+        handle=make_handler(settings.liveness.max_zombie_notices, settings.liveness.range_sight),
         wants=wants,
         loops=(sweep_loop(settings.liveness),),
     )

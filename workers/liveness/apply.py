@@ -11,7 +11,6 @@ import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from json.encoder import encode_basestring
 from typing import Any
 
 import asyncpg
@@ -24,12 +23,12 @@ from schemas.facts import (
     Hello,
     Liveness,
     LivenessEntry,
-    NodeLoad,
     newest_per_node,
 )
 from schemas.notices import Zombie
+from workers.liveness import sight
 from workers.liveness.decide import closes_its_row, connected
-from workers.liveness.ranges import keep_ranges
+from workers.liveness.ranges import credits_json, keep_ranges, node_load_json
 from workers.runtime.effects import outcome
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.worker import Handler, Tx
@@ -153,10 +152,11 @@ def wants(fact: Fact) -> bool:
     return not isinstance(fact, Closed) or closes_its_row(fact)
 
 
-def make_handler(max_zombie_notices: int) -> Handler:
+def make_handler(max_zombie_notices: int, range_sight: bool = False) -> Handler:
     """The liveness controller's handler; each gateway gets at most `max_zombie_notices`
     zombie notices per batch of its flushes (a flood of unknown ids earns no row per id:
-    the rest are counted and logged, and named again by its next flush)."""
+    the rest are counted and logged, and named again by its next flush). `range_sight`:
+    range facts write only the session rows that change (`sight`)."""
 
     async def handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
         outcomes: dict[uuid.UUID, Outcome] = {}
@@ -164,9 +164,14 @@ def make_handler(max_zombie_notices: int) -> Handler:
         if hellos:
             outcomes.update(await _announce(tx, hellos))
         flushes = [f for f in facts if isinstance(f, Liveness)]
-        if flushes:
-            await keep_ranges(tx, flushes)  # range rows before session rows (`ranges`)
-            await _flush(tx, flushes, max_zombie_notices)
+        if flushes:  # range rows before session rows (`ranges`)
+            zombies: list[Any] = []
+            one_by_one = flushes
+            if range_sight:
+                zombies, one_by_one = await sight.apply(tx, flushes)
+            else:
+                await keep_ranges(tx, flushes)
+            await _flush(tx, flushes, one_by_one, zombies, max_zombie_notices)
         closed = [f for f in facts if isinstance(f, Closed)]
         if closed:
             outcomes.update(await _disconnect(tx, closed))
@@ -191,13 +196,21 @@ async def _announce(tx: Tx, hellos: list[Hello]) -> dict[uuid.UUID, Outcome]:
     return outcomes
 
 
-async def _flush(tx: Tx, flushes: list[Liveness], max_zombie_notices: int) -> None:
+async def _flush(
+    tx: Tx,
+    flushes: list[Liveness],
+    one_by_one: list[Liveness],
+    zombies: list[Any],
+    max_zombie_notices: int,
+) -> None:
+    """Move the session rows of `one_by_one`'s entries; notice the zombies of `flushes`
+    (theirs, and `zombies` found already)."""
     # in node order, a statement per `FLUSH_CHUNK` entries: what one statement holds is
     # bounded whatever the flushes carry, and the chunks still lock rows in node order
     entries = sorted(
-        ((e, fact) for fact in flushes for e in fact.entries), key=lambda pair: pair[0]["node_id"]
+        ((e, fact) for fact in one_by_one for e in fact.entries),
+        key=lambda pair: pair[0]["node_id"],
     )
-    zombies: list[Any] = []
     for start in range(0, len(entries), FLUSH_CHUNK):
         zombies += await _flush_chunk(tx, entries[start : start + FLUSH_CHUNK])
     cause = {fact.gateway_id: fact for fact in flushes}
@@ -286,24 +299,6 @@ def flush_arguments(entries: list[tuple[LivenessEntry, Liveness]]) -> list[list[
         [e.get("load") for e, _ in entries],
         [node_load_json(load) if load else None for load in loads],
     ]
-
-
-def credits_json(credits: Mapping[str, int]) -> str:
-    """An entry's free credits per lane as the JSON text the statement casts to `jsonb`.
-    Written here rather than by `json.dumps`, which costs four times as much: ~2 µs an
-    entry, a tenth of all the worker spends on one. Pure."""
-    return "{" + ",".join([f"{encode_basestring(k)}:{v}" for k, v in credits.items()]) + "}"
-
-
-def node_load_json(load: NodeLoad) -> str:
-    """A heartbeat's `NodeLoad` as JSON text, every field of it (a test checks it against
-    the type's keys): a third of what `json.dumps` costs. The load average is finite (the
-    schema refuses the others), so its `repr` is a JSON number. Pure."""
-    return (
-        f'{{"load_average":{load["load_average"]!r},'
-        f'"memory_available_bytes":{load["memory_available_bytes"]},'
-        f'"running_commands":{load["running_commands"]},"pending_events":{load["pending_events"]}}}'
-    )
 
 
 async def _disconnect(tx: Tx, closed: list[Closed]) -> dict[uuid.UUID, Outcome]:

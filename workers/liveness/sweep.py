@@ -98,13 +98,15 @@ SELECT t.gateway_id,
 # The sessions the stale rule would take: only of gateways the controller can see ($3),
 # and not of a gateway whose lease has expired (nobody could flush those; the
 # gateway-loss rule, with its grace to move, decides). One sequential scan (no index
-# holds `last_seen`, so that a flush's update of it stays HOT: migration 0036), read
+# holds `last_seen`, so that a flush's update of it stays HOT: migration 0036) for those
+# not ranged, and the stale range rows for those ranged (`ranges.STALE_RANGED`), read
 # without locking; the breaker counts them per gateway (`_breakers`), and those it lets
 # go are then locked by key (`STALE`).
 STALE_CANDIDATES = """
 SELECT s.node_id, s.session_epoch, s.gateway_id
   FROM node_sessions s
  WHERE s.gateway_id = ANY($3::text[]) AND s.last_seen < $1
+   AND s.ranged_epoch IS DISTINCT FROM s.session_epoch
    AND NOT EXISTS (SELECT 1 FROM gateways g
                     WHERE g.gateway_id = s.gateway_id AND g.lease_expires_at < $2)
 """
@@ -124,13 +126,14 @@ SELECT s.node_id, s.session_epoch, s.gateway_id
 # Candidates (`STALE_CANDIDATES`, less those the breaker holds) locked in node order,
 # by key, at the epoch and gateway read, skipping rows a Hello holds right now (the next
 # sweep sees them); a row flushed since the scan is read again as locked, and left
-# (`last_seen < $4`). `apply.disconnect` then clears their gateway.
+# (its last sight, 0038, not before $4). `apply.disconnect` then clears their gateway.
 STALE = """
 SELECT s.node_id, s.session_epoch, s.gateway_id
   FROM unnest($1::text[], $2::bigint[], $3::text[]) AS c(node_id, epoch, gateway_id)
   JOIN node_sessions s
     ON s.node_id = c.node_id AND s.session_epoch = c.epoch AND s.gateway_id = c.gateway_id
- WHERE s.last_seen < $4
+ WHERE s.last_seen < $4 AND (s.ranged_epoch IS DISTINCT FROM s.session_epoch
+       OR coalesce(range_sight(s.node_id, s.session_epoch, s.gateway_id), '-infinity') < $4)
  ORDER BY s.node_id
    FOR UPDATE OF s SKIP LOCKED
 """
@@ -194,6 +197,7 @@ async def sweep_once(
                 lost = await conn.fetch(GATEWAY_LOST, plan.gateway_expired_before)
                 lost = await disconnect(conn, lost, now, ["gateway-lost"] * len(lost))
                 candidates = await conn.fetch(STALE_CANDIDATES, plan.stale_before, now, seeing)
+                candidates += await conn.fetch(ranges.STALE_RANGED, plan.stale_before, now, seeing)
                 breakers = await _breakers(conn, candidates, rows, rules)
                 held = {gw for gw, (_, decision) in breakers.items() if decision.hold}
                 going = [c for c in candidates if c["gateway_id"] not in held]

@@ -378,14 +378,23 @@ def test_a_heartbeats_load_is_written_as_json_of_every_field(load: NodeLoad) -> 
 
 @given(
     st.lists(
-        st.tuples(st.text(max_size=20), st.integers(1, 2**63 - 1), st.integers(0, 10**12)),
+        st.tuples(
+            st.text(max_size=20),
+            st.integers(1, 2**63 - 1),
+            st.integers(0, 10**12),
+            st.none() | st.dictionaries(st.text(max_size=8), st.integers(0, 2**31 - 1)),
+        ),
         max_size=20,
     )
 )
-def test_a_range_rows_sightings_are_the_json_of_each_entrys_node_epoch_and_age(
-    triples: list[tuple[str, int, int]],
+def test_a_range_rows_sightings_are_the_json_of_each_entrys_node_epoch_age_and_credits(
+    entries: list[tuple[str, int, int, dict[str, int] | None]],
 ) -> None:
-    entries: list[LivenessEntry] = [
-        {"node_id": n, "epoch": e, "age_ms": a, "credits": {"default": 1}} for n, e, a in triples
+    """`[node_id, epoch, age_ms]`, and the credits after them when the entry has some
+    (an entry without, or with `credits: None`, has none)."""
+    given: list[LivenessEntry] = [
+        {"node_id": n, "epoch": e, "age_ms": a, "credits": c, "load": 0.5} for n, e, a, c in entries
     ]
-    assert json.loads(sightings(entries)) == [list(t) for t in triples]
+    assert json.loads(sightings(given)) == [
+        [n, e, a] if c is None else [n, e, a, c] for n, e, a, c in entries
+    ]

@@ -224,7 +224,9 @@ async def run(
             ]
             print(
                 f"holding {nodes:,} nodes: {gateways} gateways flushing every {period:g} s, "
-                f"{replicas} liveness process(es); {share:.1%} silenced at minute "
+                f"{replicas} liveness process(es)"
+                f"{', sight by range rows' if settings.liveness.range_sight else ''}; "
+                f"{share:.1%} silenced at minute "
                 f"{SILENCE_AT_MINUTE} (logs: {logs})",
                 flush=True,
             )

@@ -66,6 +66,13 @@ class LivenessSettings(BaseSettings):
     breaker_minimum: int = Field(
         default=20, ge=1, description="the breaker holds only this many stale sessions or more"
     )
+    range_sight: bool = Field(
+        default=False,
+        description="a flush fact that names a range of node hashes writes only the session "
+        "rows that change (a session first named, one no longer named, new credits): its "
+        "range row is the sight of the others. Set it only once no liveness worker older "
+        "than 0.4 runs: an older sweep reads only the session rows",
+    )
 
     @property
     def stale_after(self) -> timedelta:

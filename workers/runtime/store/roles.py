@@ -72,7 +72,8 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         Grant("SELECT", "node_sessions"),
         Grant(
             # never `gateway_id`: it disconnects through `liveness_disconnect` (EXECUTES)
-            "UPDATE (last_seen, lane_credits, load, node_load, disconnected_at, disconnect_reason)",
+            "UPDATE (last_seen, lane_credits, load, node_load, disconnected_at, disconnect_reason, "
+            "ranged_epoch)",
             "node_sessions",
         ),
         Grant("SELECT", "gateways"),
