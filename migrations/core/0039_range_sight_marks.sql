@@ -15,3 +15,10 @@ ALTER TABLE node_sessions ADD COLUMN ranged_epoch bigint;
 CREATE INDEX node_sessions_by_gateway_hash
     ON node_sessions (gateway_id, node_hash(node_id), node_id, session_epoch)
     INCLUDE (ranged_epoch) WHERE gateway_id IS NOT NULL;
+
+-- The sweep's search for stale sessions not ranged (new ones, ones that left a range):
+-- an index of them alone, on no column a flush writes, so that a flush's update of
+-- `last_seen` stays HOT. With range sight it holds few (the sweep reads them, not a
+-- million rows); without, every session, and the sweep still scans the table.
+CREATE INDEX node_sessions_unranged ON node_sessions (node_id)
+    WHERE gateway_id IS NOT NULL AND ranged_epoch IS DISTINCT FROM session_epoch;

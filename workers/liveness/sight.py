@@ -204,7 +204,8 @@ def writes_of(fact: Liveness, found: Sequence[Any], olds: Sequence[Old]) -> list
     for entry in with_credits:
         key = (entry["node_id"], entry["epoch"])
         credits = entry.get("credits")
-        if entry["node_id"] not in newly and (key not in seen or kept_credits[key] != credits):
+        # compared with what the row that saw it kept: a ranged session is named by it
+        if entry["node_id"] not in newly and key in seen and kept_credits[key] != credits:
             writes.append(_written(entry, gateway, None, None))
     return writes
 

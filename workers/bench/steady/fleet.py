@@ -60,8 +60,13 @@ def age_ms(i: int, flush: int) -> int:
     return (i * 7919 + flush * 3331) % HEARTBEAT_MS
 
 
-async def prepare(conn: asyncpg.Connection, nodes: int, gateways: int) -> None:
-    """Join `nodes` nodes and connect each at epoch 1 on its gateway, in batches."""
+async def prepare(
+    conn: asyncpg.Connection, nodes: int, gateways: int, ranged: bool = False
+) -> None:
+    """Join `nodes` nodes and connect each at epoch 1 on its gateway, in batches;
+    `ranged`: each as the first range fact to name it leaves it with range sight
+    (`ranged_epoch`: marked), so that a run starts in the steady state and not with every
+    session's first write at once (what turning range sight on costs: benchmarks.md)."""
     await conn.execute(
         "INSERT INTO gateways (gateway_id, lease_epoch, lease_expires_at) "
         "SELECT 'gw-' || g, 1, compute_now() + interval '1 day' FROM generate_series(0, $1 - 1) g",
@@ -82,7 +87,8 @@ async def prepare(conn: asyncpg.Connection, nodes: int, gateways: int) -> None:
                SET session_epoch = 1, gateway_id = 'gw-' || (t.i % $3), session_id = 's-' || t.i,
                    boot_id = 'boot-1', journal_id = 'journal-1', cert_serial = 'node-serial-' || t.i,
                    daemon_version = '1.0.0', proto_max = 3, transport = 'grpc',
-                   capabilities = $4::text[], connected_at = compute_now(), last_seen = compute_now()
+                   capabilities = $4::text[], connected_at = compute_now(), last_seen = compute_now(),
+                   ranged_epoch = CASE WHEN $5 THEN 1 END
               FROM generate_series($1::int, $2::int) AS t(i)
              WHERE s.node_id = 'node-' || t.i
             """,
@@ -90,6 +96,7 @@ async def prepare(conn: asyncpg.Connection, nodes: int, gateways: int) -> None:
             end,
             gateways,
             list(BCD_CAPABILITIES),
+            ranged,
         )
         print(f"  {end:,} of {nodes:,} sessions ({time.monotonic() - started:.0f} s)", flush=True)
 

@@ -185,7 +185,7 @@ async def run(
         subjects = Subjects(target.subject_root)
         conn = await asyncpg.connect(target.database_url)
         print(f"making {nodes:,} sessions on {gateways} gateways ...", flush=True)
-        await fleet.prepare(conn, nodes, gateways)
+        await fleet.prepare(conn, nodes, gateways, settings.liveness.range_sight)
         await conn.execute("VACUUM (ANALYZE) node_sessions")
         await conn.execute("CHECKPOINT")
         await conn.execute(
