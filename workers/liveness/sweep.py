@@ -106,7 +106,8 @@ STALE_CANDIDATES = """
 SELECT s.node_id, s.session_epoch, s.gateway_id
   FROM node_sessions s
  WHERE s.gateway_id = ANY($3::text[]) AND s.last_seen < $1
-   AND s.ranged_epoch IS DISTINCT FROM s.session_epoch
+   AND (CASE WHEN s.gateway_id IS NOT NULL AND s.ranged_epoch IS DISTINCT FROM s.session_epoch
+             THEN true END)  -- node_sessions_unranged's expression (migration 0039)
    AND NOT EXISTS (SELECT 1 FROM gateways g
                     WHERE g.gateway_id = s.gateway_id AND g.lease_expires_at < $2)
 """
