@@ -77,6 +77,8 @@ async def test_bench_flush_prints_what_each_part_of_a_flush_costs_per_entry(
     # what a liveness replica and PostgreSQL spend on a flush of 2,000 entries is seen
     assert costs["decode the flush facts (the consumer)"] > 0, out
     assert costs["the flush as the worker applies it"] > 0, out
-    # the range design's parts, and its check found nothing amiss (the bench exited 0)
-    assert costs["a range's sessions checked both ways (index)"] > 0, out
+    # the range design's parts, and its check found nothing amiss (the bench exited 0);
+    # at 4,000 sessions the check is ~2 ms of a backend's CPU, below /proc's 10 ms tick,
+    # so its figure may read 0: it is printed, not measured here
+    assert "a range's sessions checked both ways (index)" in costs, out
     assert "the range check reads the sessions by " in out, out
