@@ -5,15 +5,17 @@ A gateway cuts its flush by ranges of node hashes (`workers.gateway.facts.range_
 a fact naming its range is the gateway's whole set of sessions in it. The worker keeps the
 newest such fact of each range — by its sequence in the facts stream, so a fact
 redelivered or applied late never replaces a newer one, whatever the clocks say — as one
-row: its entries as they came, when it was applied, its oldest sight. The session rows
-are still written by every flush (`workers.liveness.apply`), and every reader of
-`last_seen` reads them; these rows are the first step of the flush as rows of hash ranges
-(docs/capacity.md, "The design for a million").
+row: each entry's node, epoch and age (`sightings`), when it was applied, its oldest
+sight. Without range sight the session rows are still written by every flush
+(`workers.liveness.apply`); with it (`workers.liveness.sight`) the row is the sight of
+the sessions it names, read through `last_sight` (migration 0038) and by the sweep
+(`STALE_RANGED`) — the flush as rows of hash ranges (docs/capacity.md, "The design for
+a million").
 
 Lock order: a flush's range rows (in gateway and range order), then its session rows (in
-node order), then its gateways' sight rows — the order the step that stops writing
-matched sessions needs, taken now so that two releases' replicas never lock the other
-way round. Only the liveness worker writes range rows. Two replicas
+node order), then its gateways' sight rows, with range sight or without, so that
+replicas of either never lock the other way round. Only the liveness worker writes range
+rows. Two replicas
 that apply facts of two different cuts of one gateway at once may both keep theirs (no
 row of one is the other's to replace): the ranges then overlap, until that gateway's next
 fact of either replaces both.
