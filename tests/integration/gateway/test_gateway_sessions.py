@@ -390,7 +390,11 @@ async def test_the_fake_daemon_sends_what_is_asked_and_its_next_heartbeat_tells_
     assert daemon.sections_sent == 3
 
     async def applied() -> bool:
-        return (await stored()).get("hardware") == {"cpus": 16, "memory_gib": 64}
+        # stored, and known to the gateway as stored: it commits, then notes what it holds,
+        # and a heartbeat in between (a loaded machine) is asked for the section again
+        digest = await db.fetchval("SELECT hash FROM node_inventory WHERE section = 'hardware'")
+        known = gateway.sessions["n1"].inventory.get("hardware") == digest
+        return known and (await stored()).get("hardware") == {"cpus": 16, "memory_gib": 64}
 
     await eventually(applied, what="the changed section applied at the first heartbeat")
     for _ in range(10):  # nothing changed since: nothing is sent again
