@@ -382,16 +382,13 @@ async def test_the_fake_daemon_sends_what_is_asked_and_its_next_heartbeat_tells_
         return {r["section"]: json.loads(r["body"]) for r in rows}
 
     assert await stored() == daemon.inventory
-    # collected again: the first heartbeat after it carries the hashes, the changed
-    # section pushed with it; the gateway applies it then, not ten heartbeats later
+    # collected again: the next heartbeat carries the hashes, the section pushed with it
     daemon.inventory["hardware"] = {"cpus": 16, "memory_gib": 64}
     now[0] += 10
     await daemon.tick([gateway])
     assert daemon.sections_sent == 3
 
-    async def applied() -> bool:
-        # stored, and known to the gateway as stored: it commits, then notes what it holds,
-        # and a heartbeat in between (a loaded machine) is asked for the section again
+    async def applied() -> bool:  # stored, and noted by the gateway (after its commit)
         digest = await db.fetchval("SELECT hash FROM node_inventory WHERE section = 'hardware'")
         known = gateway.sessions["n1"].inventory.get("hardware") == digest
         return known and (await stored()).get("hardware") == {"cpus": 16, "memory_gib": 64}
