@@ -387,9 +387,9 @@ async def test_the_fake_daemon_sends_what_is_asked_and_its_next_heartbeat_tells_
     now[0] += 10
     await daemon.tick([gateway])
     assert daemon.sections_sent == 3
+    digest = daemon.inventory_hashes()["hardware"]
 
     async def applied() -> bool:  # stored, and noted by the gateway (after its commit)
-        digest = await db.fetchval("SELECT hash FROM node_inventory WHERE section = 'hardware'")
         known = gateway.sessions["n1"].inventory.get("hardware") == digest
         return known and (await stored()).get("hardware") == {"cpus": 16, "memory_gib": 64}
 
