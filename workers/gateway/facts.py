@@ -67,9 +67,8 @@ def range_bits(sessions: int, previous: int) -> int:
     """How many bits of the node hash cut a flush of `sessions` into ranges (2**bits of
     them): the fewest that keep `RANGE_SESSIONS` a range, grown as soon as the sessions
     pass that, shrunk only once they fall to a quarter of what the ranges hold — a
-    gateway whose sessions
-    come and go around a power of two does not re-cut its ranges every period (each cut
-    replaces every range the gateway had). Pure."""
+    gateway whose sessions come and go around a power of two does not re-cut its ranges
+    every period (each cut replaces every range the gateway had). Pure."""
     bits = previous
     while bits < 32 and sessions > RANGE_SESSIONS << bits:
         bits += 1

@@ -15,10 +15,9 @@ a million").
 Lock order: a flush's range rows (in gateway and range order), then its session rows (in
 node order), then its gateways' sight rows, with range sight or without, so that
 replicas of either never lock the other way round. Only the liveness worker writes range
-rows. Two replicas
-that apply facts of two different cuts of one gateway at once may both keep theirs (no
-row of one is the other's to replace): the ranges then overlap, until that gateway's next
-fact of either replaces both.
+rows. Two replicas that apply facts of two different cuts of one gateway at once may both
+keep theirs (no row of one is the other's to replace): the ranges then overlap, until
+that gateway's next fact of either replaces both.
 """
 
 from __future__ import annotations
@@ -145,12 +144,20 @@ def _sighting(e: LivenessEntry) -> str:
     return f"[{encode_basestring(e['node_id'])},{e['epoch']},{e['age_ms']}{tail}"
 
 
+def sequenced(tx: Tx, flushes: list[Liveness]) -> tuple[list[tuple[Liveness, int]], list[Liveness]]:
+    """The batch's range facts, each with its stream sequence; and the other flushes
+    (without a range, or — applied without the stream — without a sequence)."""
+    ranged = [(f, seq) for f in flushes if f.range_start is not None and (seq := tx.sequence(f))]
+    taken = {id(f) for f, _ in ranged}
+    return ranged, [f for f in flushes if id(f) not in taken]
+
+
 async def keep_ranges(tx: Tx, flushes: list[Liveness]) -> None:
     """Write the range rows of the batch's range facts (`newest_ranges`)."""
-    known = [(f, seq) for f in flushes if f.range_start is not None and (seq := tx.sequence(f))]
-    if len(known) < sum(1 for f in flushes if f.range_start is not None):
+    ranged, others = sequenced(tx, flushes)
+    if any(f.range_start is not None for f in others):
         log.debug("range facts without a stream sequence: no range row written for them")
-    await write_rows(tx, newest_ranges(known))
+    await write_rows(tx, newest_ranges(ranged))
 
 
 async def write_rows(tx: Tx, kept: list[tuple[Liveness, int]]) -> None:
@@ -176,8 +183,8 @@ async def write_rows(tx: Tx, kept: list[tuple[Liveness, int]]) -> None:
 
 async def prune(pool: asyncpg.Pool, retention: timedelta = RETENTION) -> int:
     """Delete the range rows no fact replaced for `retention` of gateways that hold no
-    session; returns how many. Its own
-    transaction, after a sweep's: the sweep locks sight rows before sessions, a flush
-    range rows before sight rows, and this locks range rows alone."""
+    session; returns how many. Its own transaction, after a sweep's: the sweep locks
+    sight rows before sessions, a flush range rows before sight rows, and this locks
+    range rows alone."""
     deleted = await pool.execute(PRUNE, retention)
     return int(deleted.split()[-1])

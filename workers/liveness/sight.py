@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 from schemas.facts import Liveness, LivenessEntry
 from workers.liveness.decide import newest_ranges
-from workers.liveness.ranges import credits_json, node_load_json, write_rows
+from workers.liveness.ranges import credits_json, node_load_json, sequenced, write_rows
 from workers.runtime.effects.worker import Tx
 
 # The rows each kept fact's range overlaps, of any age, locked in order.
@@ -133,9 +133,7 @@ async def apply(tx: Tx, flushes: list[Liveness]) -> tuple[list[dict[str, Any]], 
     """Apply the batch's range facts without a row per session; returns their zombies
     (node_id, epoch, gateway_id) and the facts whose entries still go to session rows
     one by one (those without a range, and range facts with no stream sequence)."""
-    ranged = [(f, seq) for f in flushes if f.range_start is not None and (seq := tx.sequence(f))]
-    taken = {id(f) for f, _ in ranged}
-    plain = [f for f in flushes if id(f) not in taken]
+    ranged, plain = sequenced(tx, flushes)
     kept = newest_ranges(ranged)
     if not kept:
         return [], plain

@@ -378,10 +378,10 @@ def sweep_loop(settings: LivenessSettings) -> Loop:
         async def body(lease: leases.Lease) -> None:
             started = time.perf_counter()
             result = await sweep_once(runtime.pool, lease, runtime.subjects, rules, runtime.tracer)
-            await ranges.prune(runtime.pool)
             runtime.metrics.liveness_sweep_seconds.observe(time.perf_counter() - started)
             runtime.metrics.liveness_blind_gateways.set(float(len(result.blind)))
             runtime.metrics.liveness_breakers_open.set(float(len(result.held)))
+            await ranges.prune(runtime.pool)  # not the sweep's: its own, after it
             runtime.wake_outbox()
 
         await leases.run_leased(

@@ -8,8 +8,8 @@ gateway), connected now, with bcd's capabilities; the gateways hold leases for t
 A gateway's flush carries one entry per session it holds — its age since the daemon's
 last heartbeat (every 10 s, so 0 to 10 s), its epoch, the heartbeat's free credits and load
 — cut into facts by ranges of node hashes as the reference gateway cuts them
-(`range_cut`: every range, empty ones too). The bodies are spliced from entries encoded once, so that the harness costs little
-beside what it measures; `test_the_steady_bench_flushes_what_the_reference_gateway_would`
+(`range_cut`: every range, empty ones too). The bodies are spliced from entries encoded
+once, so that the harness costs little beside what it measures; `test_the_steady_bench_flushes_what_the_reference_gateway_would`
 proves the bytes are the reference gateway's.
 """
 
@@ -108,8 +108,9 @@ class Gateway:
         self.gateway_id = f"gw-{index}"
         self.subject = subjects.fact(self.gateway_id, Liveness.BC_TYPE)
         numbers = range(index if index else gateways, nodes + 1, gateways)
-        self.nodes = sorted(numbers, key=lambda i: node_hash(f"node-{i}"))  # in hash order
-        self.hashes = [node_hash(f"node-{i}") for i in self.nodes]
+        by_hash = sorted((node_hash(f"node-{i}"), i) for i in numbers)  # in hash order
+        self.hashes = [h for h, _ in by_hash]
+        self.nodes = [i for _, i in by_hash]
         self.range_bits = 0
         self.heads = [f'{{"node_id":"node-{i}","epoch":1,"age_ms":'.encode() for i in self.nodes]
         self.flushes = 0

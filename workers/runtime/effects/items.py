@@ -150,10 +150,13 @@ def contexts_of(items: Sequence[Item]) -> dict[uuid.UUID, Context]:
 
 def stream_sequence(items: Sequence[Item]) -> Callable[[Fact], int | None]:
     """The facts stream's sequence of each fact of `items` (read from its message's
-    metadata only when asked: few facts need it)."""
-    messages = {item.fact.fact_id: item.msg for item in items if item.fact is not None}
+    metadata only when asked, and the facts mapped to their messages only then: every
+    batch of every worker passes here, and only the liveness worker's range facts ask)."""
+    messages: dict[uuid.UUID, Msg] = {}
 
     def sequence(fact: Fact) -> int | None:
+        if not messages:
+            messages.update({i.fact.fact_id: i.msg for i in items if i.fact is not None})
         msg = messages.get(fact.fact_id)
         return msg.metadata.sequence.stream if msg is not None else None
 
