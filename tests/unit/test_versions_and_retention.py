@@ -1,6 +1,7 @@
 """Versions and what follows from them: how this release sees each migration of the
 ledger (`migrate.classify`, `migrate.refusal`: docs/contract.md, "Compatibility", a
-rollback within a major); which nats-server it runs on and what that server keeps
+rollback within a major); whether range sight may be on beside the releases the ledger
+says may still run (`decide.range_sight_on`); which nats-server it runs on and what that server keeps
 (`server`); each stream's retention from the settings (`streams.stream_configs`)."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas.subjects import Subjects
+from workers.liveness.decide import RANGED_MIGRATION, range_sight_on
 from workers.runtime.base.release import parse
 from workers.runtime.base.runtime_settings import NatsSettings
 from workers.runtime.bus import server, streams
@@ -142,3 +144,40 @@ def test_each_streams_retention_is_its_setting() -> None:
 def test_a_retention_under_the_duplicate_window_is_refused(age: str) -> None:
     with pytest.raises(ValueError, match="facts_max_age"):
         NatsSettings(facts_max_age=age)
+
+
+OLD = {f"00{k:02d}_x.sql": None for k in range(1, 37)}  # applied before 0.4.0: no release
+RANGES = ["0037_liveness_ranges.sql", "0038_last_sight.sql", RANGED_MIGRATION]
+
+
+@pytest.mark.parametrize("setting", [True, False])
+def test_range_sight_set_is_range_sight_whatever_the_ledger_says(setting: bool) -> None:
+    for ledger in ({}, OLD, {**OLD, **dict.fromkeys(RANGES, "0.4.0")}):
+        assert range_sight_on(setting, ledger, "0.4.0")[0] is setting
+
+
+@pytest.mark.parametrize(
+    ("ledger", "own", "on"),
+    [
+        # a fresh schema: every migration applied by this release or another of 0.4+
+        ({**dict.fromkeys(OLD, "0.4.0"), **dict.fromkeys(RANGES, "0.4.0")}, "0.4.0", True),
+        ({**dict.fromkeys(OLD, "0.4.0"), **dict.fromkeys(RANGES, "0.4.0")}, "0.5.0", True),
+        # upgraded from 0.3 by this release: 0.3's liveness workers may still run
+        ({**OLD, **dict.fromkeys(RANGES, "0.4.0")}, "0.4.0", False),
+        ({**OLD, **dict.fromkeys(RANGES, "0.5.0")}, "0.5.0", False),
+        # upgraded from 0.3 by an earlier release of 0.4+: none of 0.3's runs any more
+        ({**OLD, **dict.fromkeys(RANGES, "0.4.0")}, "0.4.1", True),
+        ({**OLD, **dict.fromkeys(RANGES, "0.4.0")}, "0.5.0", True),
+        # rolled back to 0.4 after 0.5 upgraded from 0.3: 0.5's workers replaced 0.3's
+        ({**OLD, **dict.fromkeys(RANGES, "0.5.0")}, "0.4.0", True),
+        # a schema without the marks (not migrated yet): never
+        ({**OLD}, "0.4.0", False),
+        ({}, "0.4.0", False),
+    ],
+)
+def test_range_sight_auto_is_off_only_while_a_release_before_0_4_may_run(
+    ledger: dict[str, str | None], own: str, on: bool
+) -> None:
+    decided, why = range_sight_on("auto", ledger, own)
+    assert decided is on
+    assert why  # the worker logs it

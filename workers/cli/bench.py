@@ -90,7 +90,11 @@ def add(commands: Commands) -> None:
         help="steady: the share of nodes whose flushes stop at minute 2 (0.01)",
     )
     bench.add_argument(
-        "--replicas", type=int, default=1, help="steady: `bcw run liveness` processes (1)"
+        "--replicas",
+        type=int,
+        default=None,
+        help="steady: `bcw run liveness` processes (one per 500,000 nodes, at least one: "
+        "each is one Python process, at most a core)",
     )
     bench.add_argument(
         "--sync-always",
@@ -187,7 +191,7 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
                 args.gateways or 200,
                 math.ceil(args.minutes),
                 args.silent_share,
-                args.replicas,
+                args.replicas or max(1, math.ceil(nodes / 500_000)),
                 args.embedded,
             )
         )

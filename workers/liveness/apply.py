@@ -152,11 +152,13 @@ def wants(fact: Fact) -> bool:
     return not isinstance(fact, Closed) or closes_its_row(fact)
 
 
-def make_handler(max_zombie_notices: int, range_sight: bool = False) -> Handler:
+def make_handler(max_zombie_notices: int, range_sight: bool | str = False) -> Handler:
     """The liveness controller's handler; each gateway gets at most `max_zombie_notices`
     zombie notices per batch of its flushes (a flood of unknown ids earns no row per id:
     the rest are counted and logged, and named again by its next flush). `range_sight`:
-    range facts write only the session rows that change (`sight`)."""
+    range facts write only the session rows that change (`sight`); "auto" is decided by
+    the first batch of flushes (`sight.switched_on`)."""
+    decided: list[bool] = []
 
     async def handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
         outcomes: dict[uuid.UUID, Outcome] = {}
@@ -167,7 +169,9 @@ def make_handler(max_zombie_notices: int, range_sight: bool = False) -> Handler:
         if flushes:  # range rows before session rows (`ranges`)
             zombies: list[Any] = []
             one_by_one = flushes
-            if range_sight:
+            if not decided:
+                decided.append(await sight.switched_on(tx.conn, range_sight))
+            if decided[0]:
                 zombies, one_by_one = await sight.apply(tx, flushes)
             else:
                 await keep_ranges(tx, flushes)

@@ -208,3 +208,39 @@ def decide_breaker(view: BreakerView, rules: Rules) -> BreakerDecision:
     if view.open and view.released:
         return BreakerDecision(hold=False, open=False, opened=False, closed=True)
     return BreakerDecision(hold=True, open=True, opened=not view.open, closed=False)
+
+
+#: The migration that marks sessions ranged (0.4.0): the release that applied it was the
+#: first on this database whose sweep reads range rows.
+RANGED_MIGRATION = "0039_range_sight_marks.sql"
+
+
+def range_sight_on(
+    setting: bool | str, ledger: dict[str, str | None], own: str
+) -> tuple[bool, str]:
+    """Whether range facts write only the session rows that change, and why.
+
+    `setting` is `BCW_LIVENESS_RANGE_SIGHT`: True or False decide; "auto" decides from
+    `ledger` (migration name → the release that applied it; None: a release before
+    0.4.0, which did not record it) and `own` (this release). Range sight is unsafe only
+    while a liveness worker before 0.4 runs (its sweep reads only `last_seen`). One may
+    run only during the rollout that took the schema from before 0.4: the one in which
+    this release applied `RANGED_MIGRATION` over migrations a release before 0.4 had
+    applied. A schema every migration of which a release of 0.4 or later applied, or
+    whose `RANGED_MIGRATION` an earlier release applied, has had no such worker since."""
+    if isinstance(setting, bool):
+        return setting, f"BCW_LIVENESS_RANGE_SIGHT={str(setting).lower()}"
+    if RANGED_MIGRATION not in ledger:
+        return False, f"the schema lacks {RANGED_MIGRATION}"
+    if all(applied is not None for applied in ledger.values()):
+        return True, "every migration was applied by 0.4.0 or later: no older liveness worker"
+    if ledger[RANGED_MIGRATION] != own:
+        return True, (
+            f"{RANGED_MIGRATION} was applied by {ledger[RANGED_MIGRATION]}, before this "
+            f"release: its liveness workers were 0.4.0 or later"
+        )
+    return False, (
+        f"this release ({own}) upgraded the schema from before 0.4.0, whose liveness "
+        "workers may still run (their sweep reads only last_seen); on from the next "
+        "release, or set BCW_LIVENESS_RANGE_SIGHT=true once none runs"
+    )

@@ -26,14 +26,31 @@ Lock order, as every flush: range rows (in gateway and range order), then sessio
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
+import asyncpg
+
 from schemas.facts import Liveness, LivenessEntry
-from workers.liveness.decide import newest_ranges
+from workers.liveness.decide import newest_ranges, range_sight_on
 from workers.liveness.ranges import credits_json, node_load_json, sequenced, write_rows
+from workers.runtime.base.release import release
 from workers.runtime.effects.worker import Tx
+from workers.runtime.store.migrate import LEDGER_SELECT
+
+log = logging.getLogger(__name__)
+
+
+async def switched_on(conn: asyncpg.Connection, setting: bool | str) -> bool:
+    """`BCW_LIVENESS_RANGE_SIGHT` decided (`decide.range_sight_on`: "auto" reads which
+    release applied which migration), and said once at INFO."""
+    ledger = {} if isinstance(setting, bool) else await conn.fetch(LEDGER_SELECT)
+    on, why = range_sight_on(setting, {r["name"]: r["release"] for r in ledger}, release())
+    log.info("range sight %s: %s", "on" if on else "off", why)
+    return on
+
 
 # The rows each kept fact's range overlaps, of any age, locked in order.
 OVERLAPPED = """

@@ -40,6 +40,7 @@ from workers.bench.common import (
 from workers.bench.costs import cpu_seconds, memory_mib, nats_server_pid, servers_cpu_seconds
 from workers.bench.steady import fleet
 from workers.bench.steady.figures import Minute, problems, summarize
+from workers.liveness.sight import switched_on
 from workers.runtime.base.settings import Settings
 
 #: the facts stream keeps a fact this long in the run (a day of a million nodes' flushes
@@ -185,7 +186,8 @@ async def run(
         subjects = Subjects(target.subject_root)
         conn = await asyncpg.connect(target.database_url)
         print(f"making {nodes:,} sessions on {gateways} gateways ...", flush=True)
-        await fleet.prepare(conn, nodes, gateways, settings.liveness.range_sight)
+        ranged = await switched_on(conn, settings.liveness.range_sight)  # as its workers will
+        await fleet.prepare(conn, nodes, gateways, ranged)
         await conn.execute("VACUUM (ANALYZE) node_sessions")
         await conn.execute("CHECKPOINT")
         await conn.execute(
@@ -225,7 +227,7 @@ async def run(
             print(
                 f"holding {nodes:,} nodes: {gateways} gateways flushing every {period:g} s, "
                 f"{replicas} liveness process(es)"
-                f"{', sight by range rows' if settings.liveness.range_sight else ''}; "
+                f"{', sight by range rows' if ranged else ''}; "
                 f"{share:.1%} silenced at minute "
                 f"{SILENCE_AT_MINUTE} (logs: {logs})",
                 flush=True,

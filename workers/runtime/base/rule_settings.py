@@ -6,6 +6,7 @@ Gathered by `settings.Settings`; the runtime only carries them to the workers.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings
@@ -66,12 +67,13 @@ class LivenessSettings(BaseSettings):
     breaker_minimum: int = Field(
         default=20, ge=1, description="the breaker holds only this many stale sessions or more"
     )
-    range_sight: bool = Field(
-        default=False,
+    range_sight: bool | Literal["auto"] = Field(
+        default="auto",
         description="a flush fact that names a range of node hashes writes only the session "
         "rows that change (a session first named, one no longer named, new credits): its "
-        "range row is the sight of the others. Set it only once no liveness worker older "
-        "than 0.4 runs: an older sweep reads only the session rows",
+        "range row is the sight of the others. `auto`: on, unless this release upgraded "
+        "the schema from before 0.4 (a liveness worker of that release may still run, and "
+        "its sweep reads only the session rows); the liveness worker logs which and why",
     )
 
     @property

@@ -223,3 +223,27 @@ async def test_the_sweep_judges_ranged_sessions_by_their_rows_and_never_a_row_be
     assert (
         await db.fetchval("SELECT gateway_id FROM node_sessions WHERE node_id = 'fresh'") == "gw-2"
     )
+
+
+@pytest.mark.parametrize("from_0_3", [False, True])
+async def test_auto_range_sight_is_off_while_this_release_upgrades_a_schema_from_0_3(
+    db: asyncpg.Connection, subjects: Subjects, from_0_3: bool
+) -> None:
+    """`auto` reads the ledger once: a fresh schema gets range sight; one this release took
+    from 0.3 (whose migrations recorded no release) does not — a 0.3 sweep may still run."""
+    if from_0_3:
+        await db.execute("UPDATE schema_migrations SET release = NULL WHERE name < '0037'")
+    await fleet.session(db, "n1", epoch=1, gateway_id="gw-1", seen_ago=60 * S)
+    handler = make_handler(10, range_sight="auto")
+    for seq in (1, 2):
+        async with db.transaction():
+            tx = Tx(db, subjects, {}, sequence=lambda _fact, seq=seq: seq)
+            await handler(tx, [ranged("gw-1", ("n1", 1, 0))])
+            await tx.outbox.write(db)
+        if seq == 1:
+            first = await state(db, "n1")
+    again = await state(db, "n1")
+    assert bool(again["ranged"]) is (not from_0_3)
+    # off: every flush moves the session row, as a 0.3 sweep reads it
+    assert (again["version"] != first["version"]) is from_0_3
+    assert again["last_seen"] == again["sight"] if from_0_3 else again["last_seen"] < again["sight"]
