@@ -227,7 +227,8 @@ def range_sight_on(
     run only during the rollout that took the schema from before 0.4: the one in which
     this release applied `RANGED_MIGRATION` over migrations a release before 0.4 had
     applied. A schema every migration of which a release of 0.4 or later applied, or
-    whose `RANGED_MIGRATION` an earlier release applied, has had no such worker since."""
+    whose `RANGED_MIGRATION` another release applied (an earlier one, whose rollout is
+    over, or a later one this is a rollback from), has had no such worker since."""
     if isinstance(setting, bool):
         return setting, f"BCW_LIVENESS_RANGE_SIGHT={str(setting).lower()}"
     if RANGED_MIGRATION not in ledger:
