@@ -55,6 +55,24 @@ def newest_ranges(flushes: Iterable[tuple[Liveness, int]]) -> list[tuple[Livenes
     )
 
 
+#: how far apart the facts stream stored two facts for the time to order them, not their
+#: sequences: beyond any clock skew of a cluster's servers, within a flush period
+#: (migration 0040's `range_fact_later`, which this mirrors)
+STORED_APART = timedelta(seconds=10)
+
+
+def later(a_seq: int, a_at: datetime | None, b_seq: int, b_at: datetime | None) -> bool:
+    """Whether the facts stream took fact `a` after fact `b`: by the time it stored them
+    when they are more than `STORED_APART` apart (a stream deleted and made again numbers
+    its facts from 1 anew), else by sequence — one stream's order, exact. Pure."""
+    if a_at is not None and b_at is not None:
+        if a_at > b_at + STORED_APART:
+            return True
+        if b_at > a_at + STORED_APART:
+            return False
+    return a_seq > b_seq
+
+
 def _overlap(a: Liveness, b: Liveness) -> bool:
     assert a.range_start is not None and a.range_end is not None
     assert b.range_start is not None and b.range_end is not None

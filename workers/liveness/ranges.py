@@ -36,7 +36,10 @@ from workers.runtime.effects.worker import Tx
 log = logging.getLogger(__name__)
 
 _OVERLAPS = "{r}.gateway_id = f.gateway_id AND {r}.range_start < f.range_end AND {r}.range_end > f.range_start"
-_FACTS = "unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) AS f(gateway_id, range_start, range_end, stream_seq)"
+_FACTS = "unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::timestamptz[]) AS f(gateway_id, range_start, range_end, stream_seq, stored_at)"
+#: `{a}` published after `{b}`: by the stream's sequence, or, across a stream made anew,
+#: by the time it stored them (`range_fact_later`, migration 0040)
+_LATER = "range_fact_later({a}.stream_seq, {a}.stored_at, {b}.stream_seq, {b}.stored_at)"
 
 # The rows a fact replaces: of its gateway, overlapping its range, published before it —
 # unless a row published after it overlaps it too (the fact is then refused whole: its
@@ -47,9 +50,9 @@ DELETE FROM liveness_ranges
        SELECT o.gateway_id, o.range_start
          FROM {_FACTS}
          JOIN liveness_ranges o ON {_OVERLAPS.format(r="o")}
-        WHERE o.stream_seq < f.stream_seq
+        WHERE {_LATER.format(a="f", b="o")}
           AND NOT EXISTS (SELECT 1 FROM liveness_ranges n
-                           WHERE {_OVERLAPS.format(r="n")} AND n.stream_seq > f.stream_seq)
+                           WHERE {_OVERLAPS.format(r="n")} AND {_LATER.format(a="n", b="f")})
         ORDER BY o.gateway_id, o.range_start
           FOR UPDATE OF o)
 """
@@ -58,20 +61,26 @@ DELETE FROM liveness_ranges
 # wrote at the same start since `CLEAR` is replaced only by a later fact.
 WRITE = """
 INSERT INTO liveness_ranges AS r
-       (gateway_id, range_start, range_end, stream_seq, applied_at, oldest_at, sessions, entries)
-SELECT f.gateway_id, f.range_start, f.range_end, f.stream_seq, compute_now(),
+       (gateway_id, range_start, range_end, stream_seq, stored_at, applied_at, oldest_at,
+        sessions, entries)
+SELECT f.gateway_id, f.range_start, f.range_end, f.stream_seq, f.stored_at, compute_now(),
        compute_now() - f.max_age_ms * interval '1 millisecond', f.sessions, f.entries::json
-  FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::integer[],
-              $7::text[]) AS f(gateway_id, range_start, range_end, stream_seq, max_age_ms, sessions, entries)
+  FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::timestamptz[],
+              $6::bigint[], $7::integer[], $8::text[])
+       AS f(gateway_id, range_start, range_end, stream_seq, stored_at, max_age_ms, sessions, entries)
  WHERE NOT EXISTS (SELECT 1 FROM liveness_ranges n
-                    WHERE {overlaps} AND n.stream_seq >= f.stream_seq)
+                    WHERE {overlaps} AND NOT {f_later_n})
  ORDER BY f.gateway_id, f.range_start
     ON CONFLICT (gateway_id, range_start) DO UPDATE
    SET range_end = EXCLUDED.range_end, stream_seq = EXCLUDED.stream_seq,
-       applied_at = EXCLUDED.applied_at, oldest_at = EXCLUDED.oldest_at,
-       sessions = EXCLUDED.sessions, entries = EXCLUDED.entries
- WHERE r.stream_seq < EXCLUDED.stream_seq
-""".format(overlaps=_OVERLAPS.format(r="n"))
+       stored_at = EXCLUDED.stored_at, applied_at = EXCLUDED.applied_at,
+       oldest_at = EXCLUDED.oldest_at, sessions = EXCLUDED.sessions, entries = EXCLUDED.entries
+ WHERE {excluded_later_r}
+""".format(
+    overlaps=_OVERLAPS.format(r="n"),
+    f_later_n=_LATER.format(a="f", b="n"),
+    excluded_later_r=_LATER.format(a="EXCLUDED", b="r"),
+)
 
 # The ranged sessions the stale rule would take (`sweep.STALE_CANDIDATES` takes the
 # others): named at their epoch by a range row of a gateway the controller sees ($3),
@@ -170,6 +179,7 @@ async def write_rows(tx: Tx, kept: list[tuple[Liveness, int]]) -> None:
         [f.range_start for f, _ in kept],
         [f.range_end for f, _ in kept],
         [seq for _, seq in kept],
+        [tx.stored_at(f) for f, _ in kept],
     ]
     await tx.conn.execute(CLEAR, *keys)
     await tx.conn.execute(

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 import asyncpg
 
 from schemas.facts import Liveness, LivenessEntry
-from workers.liveness.decide import newest_ranges, range_sight_on
+from workers.liveness.decide import later, newest_ranges, range_sight_on
 from workers.liveness.ranges import credits_json, node_load_json, sequenced, write_rows
 from workers.runtime.base.release import release
 from workers.runtime.effects.worker import Tx
@@ -54,7 +54,8 @@ async def switched_on(conn: asyncpg.Connection, setting: bool | str) -> bool:
 
 # The rows each kept fact's range overlaps, of any age, locked in order.
 OVERLAPPED = """
-SELECT f.i, o.range_start, o.range_end, o.stream_seq, o.applied_at, o.entries::text AS entries
+SELECT f.i, o.range_start, o.range_end, o.stream_seq, o.stored_at, o.applied_at,
+       o.entries::text AS entries
   FROM unnest($1::text[], $2::bigint[], $3::bigint[]) WITH ORDINALITY
        AS f(gateway_id, range_start, range_end, i)
   JOIN liveness_ranges o ON o.gateway_id = f.gateway_id
@@ -142,6 +143,7 @@ class Old(NamedTuple):
     range_start: int
     range_end: int
     stream_seq: int
+    stored_at: datetime | None
     applied_at: datetime
     entries: str
 
@@ -162,7 +164,10 @@ async def apply(tx: Tx, flushes: list[Liveness]) -> tuple[list[dict[str, Any]], 
     accepted = [
         (i, fact, seq)
         for i, (fact, seq) in enumerate(kept)
-        if all(old.stream_seq < seq for old in overlapped.get(i, []))
+        if all(
+            later(seq, tx.stored_at(fact), old.stream_seq, old.stored_at)
+            for old in overlapped.get(i, [])
+        )
     ]
     zombies: list[dict[str, Any]] = []
     writes: list[Write] = []

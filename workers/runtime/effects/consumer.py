@@ -47,7 +47,7 @@ from workers.runtime.effects.items import (
     decode_into_lanes,
     merge_queued,
     start_span,
-    stream_sequence,
+    stream_positions,
 )
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.provenance import ForeignLog, KnownBindings
@@ -322,12 +322,14 @@ class FactConsumer:
 
     async def _apply(self, items: list[Item]) -> None:
         facts = [item.fact for item in items if item.fact is not None]
-        contexts, sequence = contexts_of(items), stream_sequence(items)
+        contexts, positions = contexts_of(items), stream_positions(items)
         spans = [item.span for item in items if item.span is not None]
         # the transaction's statements are children of the batch's span
         with tracing.batch_span(self._tracer, self.worker.name, spans):
             async with self._pool.acquire() as conn, conn.transaction():
-                tx = Tx(conn, self._subjects, contexts, self.worker.name, self._bindings, sequence)
+                tx = Tx(
+                    conn, self._subjects, contexts, self.worker.name, self._bindings, *positions
+                )
                 fresh, outcomes = await apply_batch(tx, self.worker, facts)
                 written = await tx.outbox.write(conn)
         firsts = {id(fact) for fact in fresh}

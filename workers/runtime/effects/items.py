@@ -8,6 +8,7 @@ import uuid
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -148,16 +149,26 @@ def contexts_of(items: Sequence[Item]) -> dict[uuid.UUID, Context]:
     }
 
 
-def stream_sequence(items: Sequence[Item]) -> Callable[[Fact], int | None]:
-    """The facts stream's sequence of each fact of `items` (read from its message's
-    metadata only when asked, and the facts mapped to their messages only then: every
-    batch of every worker passes here, and only the liveness worker's range facts ask)."""
+def stream_positions(
+    items: Sequence[Item],
+) -> tuple[Callable[[Fact], int | None], Callable[[Fact], datetime | None]]:
+    """Each fact's sequence in the facts stream, and the time the stream stored it (read
+    from its message's metadata only when asked, and the facts mapped to their messages
+    only then: every batch of every worker passes here, and only the liveness worker's
+    range facts ask)."""
     messages: dict[uuid.UUID, Msg] = {}
 
-    def sequence(fact: Fact) -> int | None:
+    def message(fact: Fact) -> Msg | None:
         if not messages:
             messages.update({i.fact.fact_id: i.msg for i in items if i.fact is not None})
-        msg = messages.get(fact.fact_id)
+        return messages.get(fact.fact_id)
+
+    def sequence(fact: Fact) -> int | None:
+        msg = message(fact)
         return msg.metadata.sequence.stream if msg is not None else None
 
-    return sequence
+    def stored_at(fact: Fact) -> datetime | None:
+        msg = message(fact)
+        return msg.metadata.timestamp if msg is not None else None
+
+    return sequence, stored_at

@@ -10,6 +10,7 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -55,6 +56,7 @@ class Tx:
         worker: str = "",
         bindings: provenance.KnownBindings | None = None,
         sequence: Callable[[Fact], int | None] | None = None,
+        stored_at: Callable[[Fact], datetime | None] | None = None,
     ):
         self.conn = conn
         self.subjects = subjects
@@ -63,11 +65,17 @@ class Tx:
         #: the gateway bindings its consumer has confirmed lately (`provenance`)
         self.bindings = bindings
         self._sequence = sequence
+        self._stored_at = stored_at
 
     def sequence(self, fact: Fact) -> int | None:
         """`fact`'s sequence in the facts stream: the order its gateway published it in
         (None: not known, the fact did not come from the stream)."""
         return self._sequence(fact) if self._sequence is not None else None
+
+    def stored_at(self, fact: Fact) -> datetime | None:
+        """When the facts stream stored `fact` (None: not known). A stream deleted and made
+        again numbers its facts from 1: this time still follows the last one's."""
+        return self._stored_at(fact) if self._stored_at is not None else None
 
     def context(self, fact: Fact) -> Context | None:
         """The trace context of `fact`'s processing (to store with work that waits)."""

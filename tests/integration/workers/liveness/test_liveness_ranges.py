@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -26,6 +26,7 @@ from tests.integration.support import eventually
 from workers import liveness
 from workers.liveness import ranges
 from workers.liveness.apply import make_handler
+from workers.liveness.decide import later
 from workers.runtime.effects.worker import Tx
 
 S = timedelta(seconds=1)
@@ -58,13 +59,16 @@ async def rows(db: asyncpg.Connection, gateway: str = "gw-1") -> list[dict[str, 
 
 
 async def apply_published(
-    db: asyncpg.Connection, subjects: Subjects, *facts: tuple[Liveness, int]
-) -> None:
+    db: asyncpg.Connection, subjects: Subjects, *facts: tuple[Liveness, int],
+    stored_at: datetime | None = None,
+) -> None:  # fmt: skip
     """Apply `facts` with the worker's handler in one batch, each as if published at the
-    stream sequence given (the bus would give them in that order; a test gives any)."""
+    stream sequence given (the bus would give them in that order; a test gives any), and
+    stored by the stream at `stored_at` (None: not known)."""
     sequence = {fact.fact_id: seq for fact, seq in facts}
     async with db.transaction():
-        tx = Tx(db, subjects, {}, sequence=lambda fact: sequence.get(fact.fact_id))
+        tx = Tx(db, subjects, {}, sequence=lambda f: sequence.get(f.fact_id),
+                stored_at=lambda _f: stored_at)  # fmt: skip
         await make_handler(10)(tx, [fact for fact, _ in facts])
 
 
@@ -201,3 +205,47 @@ async def test_range_rows_no_fact_replaced_for_an_hour_are_pruned(
 
 async def _equal(value: Awaitable[Any], expected: Any) -> bool:
     return await value == expected
+
+
+async def test_a_stream_made_anew_numbers_from_1_and_its_facts_still_replace_the_rows(
+    db: asyncpg.Connection, subjects: Subjects
+) -> None:
+    """A facts stream deleted and provisioned again (its storage lost) numbers its facts
+    from 1: a fact the stream stored more than 10 s after a row's replaces it whatever its
+    sequence; within 10 s, the sequence decides, as within one stream (migration 0040)."""
+    t = datetime(2026, 12, 3, tzinfo=UTC)
+    await apply_published(db, subjects, (ranged("gw-1", 0, HASH_SPACE), 5000), stored_at=t)
+    steps = [(1, t + 5 * S), (2, t + 20 * S), (4999, t + S), (1, t + 25 * S), (4, t + 21 * S)]
+    kept = []
+    for seq, at in steps:
+        await apply_published(db, subjects, (ranged("gw-1", 0, HASH_SPACE), seq), stored_at=at)
+        [row] = await rows(db)
+        kept.append((row["stream_seq"], row["stored_at"]))
+    assert kept == [
+        (5000, t),  # 5 s later, a lower sequence: an older fact of the same stream
+        (2, t + 20 * S),  # 20 s later: a stream made anew
+        (2, t + 20 * S),  # the old stream's, stored before: refused
+        (2, t + 20 * S),  # within 10 s, a sequence before it: refused
+        (4, t + 21 * S),
+    ]
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.integers(1, 10), st.one_of(st.none(), st.integers(-30_000, 30_000)),
+    st.integers(1, 10), st.one_of(st.none(), st.integers(-30_000, 30_000)),
+)  # fmt: skip
+async def test_postgresql_orders_two_range_facts_as_the_worker_does(
+    db: asyncpg.Connection, a_seq: int, a_ms: int | None, b_seq: int, b_ms: int | None
+) -> None:
+    """`range_fact_later` (SQL, the rows' writes) and `decide.later` (the range-sight
+    check) agree, at the 10 s boundary too, and with a time unknown."""
+    t = datetime(2026, 12, 3, tzinfo=UTC)
+    a_at = None if a_ms is None else t + a_ms * timedelta(milliseconds=1)
+    b_at = None if b_ms is None else t + b_ms * timedelta(milliseconds=1)
+    sql = await db.fetchval("SELECT range_fact_later($1, $2, $3, $4)", a_seq, a_at, b_seq, b_at)
+    assert sql is later(a_seq, a_at, b_seq, b_at)
+    if a_at and b_at and abs(a_ms - b_ms) > 10_000:  # type: ignore[operator]
+        assert later(a_seq, a_at, b_seq, b_at) is (a_at > b_at)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -42,11 +42,16 @@ def ranged(
     return fact
 
 
-async def apply(db: asyncpg.Connection, subjects: Subjects, *facts: tuple[Liveness, int]) -> None:
-    """Apply `facts` in one batch, each at the stream sequence given, sight by range rows."""
+async def apply(
+    db: asyncpg.Connection, subjects: Subjects, *facts: tuple[Liveness, int],
+    stored_at: datetime | None = None,
+) -> None:  # fmt: skip
+    """Apply `facts` in one batch, each at the stream sequence given (stored by the stream
+    at `stored_at`), sight by range rows."""
     sequence = {fact.fact_id: seq for fact, seq in facts}
     async with db.transaction():
-        tx = Tx(db, subjects, {}, sequence=lambda fact: sequence.get(fact.fact_id))
+        tx = Tx(db, subjects, {}, sequence=lambda f: sequence.get(f.fact_id),
+                stored_at=lambda _f: stored_at)  # fmt: skip
         await make_handler(10, range_sight=True)(tx, [fact for fact, _ in facts])
         await tx.outbox.write(db)
 
@@ -247,3 +252,18 @@ async def test_auto_range_sight_is_off_while_this_release_upgrades_a_schema_from
     # off: every flush moves the session row, as a 0.3 sweep reads it
     assert (again["version"] != first["version"]) is from_0_3
     assert again["last_seen"] == again["sight"] if from_0_3 else again["last_seen"] < again["sight"]
+
+
+async def test_after_the_stream_is_made_anew_its_facts_still_move_the_sight(
+    db: asyncpg.Connection, subjects: Subjects
+) -> None:
+    """A facts stream provisioned again numbers from 1: by sequence alone its facts would
+    all be older than the rows, and the ranged sessions' sight would stop (migration 0040)."""
+    t = datetime(2026, 12, 3, tzinfo=UTC)
+    await fleet.session(db, "n1", epoch=1, gateway_id="gw-1", seen_ago=60 * S)
+    await apply(db, subjects, (ranged("gw-1", ("n1", 1, 0)), 90_000), stored_at=t)
+    before = await state(db, "n1")
+    await apply(db, subjects, (ranged("gw-1", ("n1", 1, 0)), 1), stored_at=t + 15 * S)
+    after = await state(db, "n1")
+    assert after["ranged"] and after["version"] == before["version"]  # no session write
+    assert after["sight"] == await row_time(db) > before["sight"]
