@@ -102,7 +102,8 @@ async def main(
             # its simulated daemons prove their Hellos: the demo runs as a fleet should
             await migrate.set_hello_proof(conn, "require")
             await conn.execute(
-                "TRUNCATE nodes, gateways, outbox, outbox_packs, processed_facts, controller_leases CASCADE"
+                "TRUNCATE nodes, gateways, outbox, outbox_packs, processed_facts, controller_leases, "
+                "liveness_ranges CASCADE"
             )
             await conn.execute(
                 "UPDATE liveness_sweeps SET last_sweep_at = NULL, grace_until = NULL"
