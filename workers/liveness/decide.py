@@ -55,22 +55,20 @@ def newest_ranges(flushes: Iterable[tuple[Liveness, int]]) -> list[tuple[Livenes
     )
 
 
-#: how far apart the facts stream stored two facts for the time to order them, not their
-#: sequences: beyond any clock skew of a cluster's servers, within a flush period
-#: (migration 0040's `range_fact_later`, which this mirrors)
+#: how much later the facts stream must have stored a fact of a lower sequence for it to
+#: be newer (a stream made anew): beyond any clock skew of a cluster's servers, within a
+#: flush period (migration 0040's `range_fact_replaces`, which `replaces` mirrors)
 STORED_APART = timedelta(seconds=10)
 
 
-def later(a_seq: int, a_at: datetime | None, b_seq: int, b_at: datetime | None) -> bool:
-    """Whether the facts stream took fact `a` after fact `b`: by the time it stored them
-    when they are more than `STORED_APART` apart (a stream deleted and made again numbers
-    its facts from 1 anew), else by sequence — one stream's order, exact. Pure."""
-    if a_at is not None and b_at is not None:
-        if a_at > b_at + STORED_APART:
-            return True
-        if b_at > a_at + STORED_APART:
-            return False
-    return a_seq > b_seq
+def replaces(f_seq: int, f_at: datetime | None, r_seq: int, r_at: datetime | None) -> bool:
+    """Whether a range fact (`f_*`) is newer than a range row's fact (`r_*`): by its
+    sequence in the facts stream — one stream's order, exact — or, a lower sequence, by
+    the stream having stored it more than `STORED_APART` later: a stream deleted and made
+    again numbers from 1. (A later sequence stored "earlier" — the leader's clock
+    stepped back — is newer by its sequence.) Pure."""
+    later_by_time = f_at is not None and r_at is not None and f_at - r_at > STORED_APART
+    return f_seq > r_seq or later_by_time
 
 
 def _overlap(a: Liveness, b: Liveness) -> bool:

@@ -37,9 +37,10 @@ log = logging.getLogger(__name__)
 
 _OVERLAPS = "{r}.gateway_id = f.gateway_id AND {r}.range_start < f.range_end AND {r}.range_end > f.range_start"
 _FACTS = "unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::timestamptz[]) AS f(gateway_id, range_start, range_end, stream_seq, stored_at)"
-#: `{a}` published after `{b}`: by the stream's sequence, or, across a stream made anew,
-#: by the time it stored them (`range_fact_later`, migration 0040)
-_LATER = "range_fact_later({a}.stream_seq, {a}.stored_at, {b}.stream_seq, {b}.stored_at)"
+#: fact `{f}` is newer than row `{r}`: by the stream's sequence, or stored more than 10 s
+#: after it (a stream made anew numbers from 1): `range_fact_replaces`, migration 0040;
+#: `decide.replaces` in the worker
+_REPLACES = "range_fact_replaces({f}.stream_seq, {f}.stored_at, {r}.stream_seq, {r}.stored_at)"
 
 # The rows a fact replaces: of its gateway, overlapping its range, published before it —
 # unless a row published after it overlaps it too (the fact is then refused whole: its
@@ -50,9 +51,9 @@ DELETE FROM liveness_ranges
        SELECT o.gateway_id, o.range_start
          FROM {_FACTS}
          JOIN liveness_ranges o ON {_OVERLAPS.format(r="o")}
-        WHERE {_LATER.format(a="f", b="o")}
+        WHERE {_REPLACES.format(f="f", r="o")}
           AND NOT EXISTS (SELECT 1 FROM liveness_ranges n
-                           WHERE {_OVERLAPS.format(r="n")} AND {_LATER.format(a="n", b="f")})
+                           WHERE {_OVERLAPS.format(r="n")} AND NOT {_REPLACES.format(f="f", r="n")})
         ORDER BY o.gateway_id, o.range_start
           FOR UPDATE OF o)
 """
@@ -69,17 +70,17 @@ SELECT f.gateway_id, f.range_start, f.range_end, f.stream_seq, f.stored_at, comp
               $6::bigint[], $7::integer[], $8::text[])
        AS f(gateway_id, range_start, range_end, stream_seq, stored_at, max_age_ms, sessions, entries)
  WHERE NOT EXISTS (SELECT 1 FROM liveness_ranges n
-                    WHERE {overlaps} AND NOT {f_later_n})
+                    WHERE {overlaps} AND NOT {f_replaces_n})
  ORDER BY f.gateway_id, f.range_start
     ON CONFLICT (gateway_id, range_start) DO UPDATE
    SET range_end = EXCLUDED.range_end, stream_seq = EXCLUDED.stream_seq,
        stored_at = EXCLUDED.stored_at, applied_at = EXCLUDED.applied_at,
        oldest_at = EXCLUDED.oldest_at, sessions = EXCLUDED.sessions, entries = EXCLUDED.entries
- WHERE {excluded_later_r}
+ WHERE {excluded_replaces_r}
 """.format(
     overlaps=_OVERLAPS.format(r="n"),
-    f_later_n=_LATER.format(a="f", b="n"),
-    excluded_later_r=_LATER.format(a="EXCLUDED", b="r"),
+    f_replaces_n=_REPLACES.format(f="f", r="n"),
+    excluded_replaces_r=_REPLACES.format(f="EXCLUDED", r="r"),
 )
 
 # The ranged sessions the stale rule would take (`sweep.STALE_CANDIDATES` takes the

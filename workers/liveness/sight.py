@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 import asyncpg
 
 from schemas.facts import Liveness, LivenessEntry
-from workers.liveness.decide import later, newest_ranges, range_sight_on
+from workers.liveness.decide import newest_ranges, range_sight_on, replaces
 from workers.liveness.ranges import credits_json, node_load_json, sequenced, write_rows
 from workers.runtime.base.release import release
 from workers.runtime.effects.worker import Tx
@@ -165,7 +165,7 @@ async def apply(tx: Tx, flushes: list[Liveness]) -> tuple[list[dict[str, Any]], 
         (i, fact, seq)
         for i, (fact, seq) in enumerate(kept)
         if all(
-            later(seq, tx.stored_at(fact), old.stream_seq, old.stored_at)
+            replaces(seq, tx.stored_at(fact), old.stream_seq, old.stored_at)
             for old in overlapped.get(i, [])
         )
     ]

@@ -26,7 +26,7 @@ from tests.integration.support import eventually
 from workers import liveness
 from workers.liveness import ranges
 from workers.liveness.apply import make_handler
-from workers.liveness.decide import later
+from workers.liveness.decide import replaces
 from workers.runtime.effects.worker import Tx
 
 S = timedelta(seconds=1)
@@ -212,21 +212,24 @@ async def test_a_stream_made_anew_numbers_from_1_and_its_facts_still_replace_the
 ) -> None:
     """A facts stream deleted and provisioned again (its storage lost) numbers its facts
     from 1: a fact the stream stored more than 10 s after a row's replaces it whatever its
-    sequence; within 10 s, the sequence decides, as within one stream (migration 0040)."""
+    sequence; otherwise the sequence decides, as within one stream (migration 0040)."""
     t = datetime(2026, 12, 3, tzinfo=UTC)
     await apply_published(db, subjects, (ranged("gw-1", 0, HASH_SPACE), 5000), stored_at=t)
-    steps = [(1, t + 5 * S), (2, t + 20 * S), (4999, t + S), (1, t + 25 * S), (4, t + 21 * S)]
+    steps = [(1, 5), (2, 20), (1, 2), (3, 25), (4, 5), (3, 25), (5, 6)]
     kept = []
-    for seq, at in steps:
+    for seq, after in steps:
+        at = t + after * S
         await apply_published(db, subjects, (ranged("gw-1", 0, HASH_SPACE), seq), stored_at=at)
         [row] = await rows(db)
-        kept.append((row["stream_seq"], row["stored_at"]))
+        kept.append((row["stream_seq"], (row["stored_at"] - t) // S))
     assert kept == [
-        (5000, t),  # 5 s later, a lower sequence: an older fact of the same stream
-        (2, t + 20 * S),  # 20 s later: a stream made anew
-        (2, t + 20 * S),  # the old stream's, stored before: refused
-        (2, t + 20 * S),  # within 10 s, a sequence before it: refused
-        (4, t + 21 * S),
+        (5000, 0),  # a lower sequence within 10 s: an older fact of the same stream
+        (2, 20),  # a lower sequence stored 20 s later: the stream made anew
+        (2, 20),  # a lower sequence stored earlier: older both ways
+        (3, 25),  # within 10 s: by sequence
+        (4, 5),  # a later sequence stored 20 s "earlier" (the leader's clock stepped back)
+        (3, 25),  # the price: the fact from before the step, redelivered, wins once …
+        (5, 6),  # … and the next flush, a later sequence, puts the row right
     ]
 
 
@@ -237,15 +240,18 @@ async def test_a_stream_made_anew_numbers_from_1_and_its_facts_still_replace_the
     st.integers(1, 10), st.one_of(st.none(), st.integers(-30_000, 30_000)),
     st.integers(1, 10), st.one_of(st.none(), st.integers(-30_000, 30_000)),
 )  # fmt: skip
-async def test_postgresql_orders_two_range_facts_as_the_worker_does(
-    db: asyncpg.Connection, a_seq: int, a_ms: int | None, b_seq: int, b_ms: int | None
+async def test_postgresql_orders_a_range_fact_and_a_row_as_the_worker_does(
+    db: asyncpg.Connection, f_seq: int, f_ms: int | None, r_seq: int, r_ms: int | None
 ) -> None:
-    """`range_fact_later` (SQL, the rows' writes) and `decide.later` (the range-sight
-    check) agree, at the 10 s boundary too, and with a time unknown."""
+    """`range_fact_replaces` (SQL, the rows' writes) and `decide.replaces` (the range-sight
+    check) agree, at the 10 s boundary too and with a time unknown; unless the fact was
+    stored more than 10 s after the row's, the sequence alone decides."""
     t = datetime(2026, 12, 3, tzinfo=UTC)
-    a_at = None if a_ms is None else t + a_ms * timedelta(milliseconds=1)
-    b_at = None if b_ms is None else t + b_ms * timedelta(milliseconds=1)
-    sql = await db.fetchval("SELECT range_fact_later($1, $2, $3, $4)", a_seq, a_at, b_seq, b_at)
-    assert sql is later(a_seq, a_at, b_seq, b_at)
-    if a_at and b_at and abs(a_ms - b_ms) > 10_000:  # type: ignore[operator]
-        assert later(a_seq, a_at, b_seq, b_at) is (a_at > b_at)
+    f_at = None if f_ms is None else t + f_ms * timedelta(milliseconds=1)
+    r_at = None if r_ms is None else t + r_ms * timedelta(milliseconds=1)
+    sql = await db.fetchval("SELECT range_fact_replaces($1, $2, $3, $4)", f_seq, f_at, r_seq, r_at)
+    assert sql is replaces(f_seq, f_at, r_seq, r_at)
+    if f_ms is None or r_ms is None or f_ms - r_ms <= 10_000:
+        assert sql is (f_seq > r_seq)
+    else:
+        assert sql
