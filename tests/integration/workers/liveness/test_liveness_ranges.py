@@ -6,6 +6,7 @@ newer cut it overlaps, replaces nothing."""
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Awaitable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -255,3 +256,31 @@ async def test_postgresql_orders_a_range_fact_and_a_row_as_the_worker_does(
         assert sql is (f_seq > r_seq)
     else:
         assert sql
+
+
+async def test_a_worker_after_its_facts_stream_was_deleted_and_provisioned_anew(
+    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection
+) -> None:
+    """The fault itself: the facts stream deleted (its storage lost) and made again by the
+    next worker to start, numbering from 1. The range row the old stream's third fact
+    left is replaced by the new stream's first, and the ranged session's sight moves on
+    (range sight on: a fresh schema). The minute the outage took is moved, not slept."""
+    await fleet.session(db, "n1", epoch=1, gateway_id="gw-1", seen_ago=60 * S)
+    named = ranged("gw-1", 0, HASH_SPACE, ("n1", 1, 0))
+    async with driving(servers, nc, subjects, database_url, liveness.build) as drive:
+        for _ in range(3):
+            await drive.send(named.model_copy(update={"fact_id": uuid.uuid4()}))
+    [old] = await rows(db)
+    await nc.jetstream().delete_stream(subjects.facts_stream)
+    await db.execute("UPDATE liveness_ranges SET stored_at = stored_at - interval '1 minute'")
+    sight = "SELECT last_sight(last_seen, node_id, session_epoch, gateway_id) FROM node_sessions"
+    before, version = (
+        await db.fetchval(sight),
+        await db.fetchval("SELECT xmin::text FROM node_sessions"),
+    )
+    async with driving(servers, nc, subjects, database_url, liveness.build) as drive:
+        await drive.send(named.model_copy(update={"fact_id": uuid.uuid4()}))
+    [new] = await rows(db)
+    assert (old["stream_seq"], new["stream_seq"]) == (3, 1)
+    assert new["applied_at"] > old["applied_at"] and await db.fetchval(sight) > before
+    assert await db.fetchval("SELECT xmin::text FROM node_sessions") == version  # ranged: no write
