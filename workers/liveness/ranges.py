@@ -4,9 +4,10 @@ hashes, the newest liveness fact that named the range, as one row.
 A gateway cuts its flush by ranges of node hashes (`workers.gateway.facts.range_cut`), and
 a fact naming its range is the gateway's whole set of sessions in it. The worker keeps the
 newest such fact of each range — by its sequence in the facts stream, so a fact
-redelivered or applied late never replaces a newer one, whatever the clocks say — as one
-row: each entry's node, epoch and age (`sightings`), when it was applied, its oldest
-sight. Without range sight the session rows are still written by every flush
+redelivered or applied late does not replace a newer one, or, for a stream deleted and
+made anew (it numbers from 1), by the stream having stored it more than 10 s after the
+row's fact (`decide.replaces`, migration 0040) — as one row: each entry's node, epoch
+and age (`sightings`), when it was applied, its oldest sight. Without range sight the session rows are still written by every flush
 (`workers.liveness.apply`); with it (`workers.liveness.sight`) the row is the sight of
 the sessions it names, read through `last_sight` (migration 0038) and by the sweep
 (`STALE_RANGED`) — the flush as rows of hash ranges (docs/capacity.md, "The design for

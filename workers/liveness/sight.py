@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 async def switched_on(conn: asyncpg.Connection, setting: bool | str) -> bool:
     """`BCW_LIVENESS_RANGE_SIGHT` decided (`decide.range_sight_on`: "auto" reads which
     release applied which migration), and said once at INFO."""
-    ledger = {} if isinstance(setting, bool) else await conn.fetch(LEDGER_SELECT)
+    ledger = [] if isinstance(setting, bool) else await conn.fetch(LEDGER_SELECT)
     on, why = range_sight_on(setting, {r["name"]: r["release"] for r in ledger}, release())
     log.info("range sight %s: %s", "on" if on else "off", why)
     return on
