@@ -229,3 +229,19 @@ async def test_a_reconnect_is_offered_only_for_what_its_own_session_advertises(
             return await _offered(db, "nvml", "cuda.12") == {"nvml": [], "cuda.12": ["n1"]}
 
         await eventually(labeled, what="the restarted labeler's labels of session 2")
+
+
+async def test_a_batch_reads_its_nodes_labels_by_node_even_before_the_first_analyze(
+    db: asyncpg.Connection,
+) -> None:
+    """A fleet's first power-on: `node_labels` empty and never analyzed. The batch read's
+    plan, made then and kept by its prepared statement, goes to each node's labels through
+    the primary key — not through the placement index (key, node_id), which it searched
+    once per distinct key, PostgreSQL's largest cost in a herd until the first ANALYZE."""
+    reltuples = await db.fetchval("SELECT reltuples FROM pg_class WHERE relname = 'node_labels'")
+    assert reltuples == -1  # never analyzed: what the planner sees on a fresh install
+    await db.execute("SET plan_cache_mode = force_generic_plan")
+    explain = await db.prepare(f"EXPLAIN {apply.READ_ROWS}")
+    plan = "\n".join(row[0] for row in await explain.fetch(["n1", "n2"], 12))
+    assert "node_labels_pkey" in plan, plan
+    assert "node_labels_system_by_key" not in plan, plan
