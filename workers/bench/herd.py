@@ -46,6 +46,8 @@ from workers.bench.common import (
 )
 from workers.bench.costs import CpuSpent, cpu_seconds, peak_rss_mib
 from workers.explain import HISTORY
+from workers.labeler.apply import ADD_LABELS
+from workers.labeler.decide import LABEL_PREFIX
 from workers.runtime.base.settings import Settings
 
 HELLO_WORKERS = ("labeler", "liveness", "quarantine", "replay")
@@ -270,6 +272,7 @@ async def run_hello(settings: Settings, nodes: int, embedded: bool, rounds: int)
                             conn, lease, node, keys[node - 1] if proven else None
                         )
                     took[proven].append((time.perf_counter() - started) / per_round * 1e6)
+            labels = await _first_labels(conn, node)
         finally:
             await conn.close()
     without, with_ = statistics.median(took[False]), statistics.median(took[True])
@@ -281,9 +284,36 @@ async def run_hello(settings: Settings, nodes: int, embedded: bool, rounds: int)
             ("without a proof", f"{without:,.0f}"),
             ("with a proof (HMAC-SHA256 in SQL, its one-time id taken)", f"{with_:,.0f}"),
             ("what the proof adds", f"{with_ - without:,.0f}"),
+            (
+                f"a first power-on's labels ({len(CAPABILITIES) + 1} a node, the labeler's "
+                f"upsert, {LABELED_AT_ONCE} nodes a statement): the backend's CPU",
+                labels,
+            ),
         ],
     )
     return 0
+
+
+#: nodes a labeler's batch labels at once in a herd (its batches merge to about this)
+LABELED_AT_ONCE = 350
+
+
+async def _first_labels(conn: asyncpg.Connection, nodes: int) -> str:
+    """The labeler's write of `nodes` nodes' first labels (none before: a fleet's first
+    power-on), as a herd's batches make it: µs of the PostgreSQL backend's CPU a node —
+    read from /proc, so only where the server runs on this machine."""
+    backend = await conn.fetchval("SELECT pg_backend_pid()")
+    before = cpu_seconds(backend)
+    if before != before:  # NaN: not a process of this machine
+        return "not measured (PostgreSQL is not on this machine)"
+    keys = [LABEL_PREFIX + c for c in (*CAPABILITIES, "rack1")]
+    for start in range(1, nodes + 1, LABELED_AT_ONCE):
+        ids = [f"h{i}" for i in range(start, min(nodes, start + LABELED_AT_ONCE - 1) + 1)]
+        async with conn.transaction():
+            await conn.execute(
+                ADD_LABELS, [n for n in ids for _ in keys], [k for _ in ids for k in keys]
+            )
+    return f"{(cpu_seconds(backend) - before) / nodes * 1e6:,.0f} µs a node"
 
 
 async def _keyed_fleet(conn: asyncpg.Connection, nodes: int) -> list[bytes]:

@@ -29,7 +29,7 @@ from tests.integration.workers.replay_steps import (
     states,
 )
 from workers import replay
-from workers.replay import dispatch
+from workers.replay.dispatch import READY_NODES
 from workers.runtime.base.rule_settings import QuarantineSettings, ReplaySettings
 from workers.runtime.base.settings import Settings
 
@@ -385,7 +385,7 @@ async def test_the_search_for_ready_nodes_reads_the_pending_commands_not_the_fle
         "SELECT node_id, 1, 'exec', 'dispatched', 0, 1 FROM nodes"
     )
     await db.execute("SET plan_cache_mode = force_generic_plan")
-    explain = await db.prepare(f"EXPLAIN (ANALYZE, BUFFERS) {dispatch.READY_NODES}")
+    explain = await db.prepare(f"EXPLAIN (ANALYZE, BUFFERS) {READY_NODES}")
     plan = "\n".join(row[0] for row in await explain.fetch(64, ""))
     assert "commands_pending_by_node" in plan, plan
     assert "commands_node_state_seq" not in plan, plan
