@@ -32,7 +32,7 @@ from schemas.subjects import Subjects
 from workers.replay.apply import DISPATCH_CHANNEL, command_event, command_from_row, dispatch_notice
 from workers.replay.decide import Command, Session, lane_limits, plan_dispatch
 from workers.replay.holds import release_expired_holds
-from workers.replay.lost import ask_for_lost_hellos
+from workers.replay.lost import LostHelloSearch
 from workers.runtime.base.rule_settings import ReplaySettings
 from workers.runtime.base.waiting import wait_any
 from workers.runtime.effects.batch import OutboxBatch
@@ -272,6 +272,7 @@ def dispatch_loop(settings: ReplaySettings, hold_max: timedelta) -> Loop:
         hold = max(0.5, settings.lease_ttl.total_seconds() / 3)
 
         cursor = ""
+        lost_hellos = LostHelloSearch()
 
         next_look = time.monotonic() + settings.hello_check_interval
 
@@ -284,7 +285,7 @@ def dispatch_loop(settings: ReplaySettings, hold_max: timedelta) -> Loop:
             while time.monotonic() < until and not stopping.is_set():
                 if time.monotonic() >= next_look:
                     next_look = time.monotonic() + settings.hello_check_interval
-                    asked = await ask_for_lost_hellos(
+                    asked = await lost_hellos.ask(
                         runtime.pool, runtime.js, lease, runtime.subjects, settings
                     )
                     released = await release_expired_holds(

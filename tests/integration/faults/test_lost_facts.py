@@ -29,8 +29,13 @@ from tests.integration.support import eventually, make_settings, running, stream
 from workers.demo import fresh_sweep_history
 from workers.gateway import Gateway, store
 from workers.registry import WORKERS
+from workers.replay import lost
+from workers.replay.decide import ASK_AGAIN_FACTOR
+from workers.replay.lost import LostHelloSearch
 from workers.runtime.base.rule_settings import LivenessSettings, ReplaySettings
+from workers.runtime.base.runtime_settings import ConsumerSettings
 from workers.runtime.bus import streams
+from workers.runtime.bus.streams import ConsumerSpec
 
 pytestmark = pytest.mark.slow
 
@@ -202,3 +207,58 @@ async def test_a_lost_close_ends_its_session_when_the_silence_is_swept(
             await eventually(swept, what="the silent session swept")
     finally:
         await gateway.stop(graceful=False)
+
+
+async def test_the_search_for_lost_hellos_reads_what_changed_since_its_last_look(
+    js: JetStreamContext, subjects: Subjects, pool: asyncpg.Pool, db: asyncpg.Connection,
+    clock: Clock,
+) -> None:  # fmt: skip
+    """A fleet at rest costs the search nothing: after a process's first look (every
+    session), a look reads the sessions that became old enough since the last one and the
+    asks that came due again — through their indexes, not 2,000 sessions at rest — and
+    still finds each lost Hello: one of a session that connected after the last look, and
+    one asked before it whose time to be asked again came."""
+    await streams.ensure_consumer(
+        js, subjects.facts_stream, ConsumerSpec("replay", (subjects.fact_filter("hello"),)),
+        ConsumerSettings(),
+    )  # fmt: skip
+    await fleet.gateway(db, "gw-1", expires_in=timedelta(days=1))
+    await db.execute(
+        "SELECT join_node('r' || i, 'worker', 'r-serial-' || i, NULL) FROM generate_series(1, 2000) i"
+    )
+    await db.execute(
+        "UPDATE node_sessions SET session_epoch = 1, gateway_id = 'gw-1', "
+        "connected_at = compute_now() - interval '1 day'"
+    )
+    await db.execute("INSERT INTO hello_seen (node_id, seen_epoch) SELECT node_id, 1 FROM nodes")
+    await fleet.session(db, "unseen", epoch=1, gateway_id="gw-1", seen_ago=timedelta(hours=1))
+    settings = ReplaySettings()  # lost after 60 s, asked again after 5 min
+    search = LostHelloSearch()
+
+    async def look() -> list[str]:
+        before = set(await _asked(db))
+        await search.ask(pool, js, None, subjects, settings)
+        return sorted(node for node, _ in set(await _asked(db)) - before)
+
+    assert await look() == ["unseen"]  # the first look reads every session
+    await fleet.session(db, "late", epoch=1, gateway_id="gw-1")
+    await clock.advance(timedelta(minutes=2))
+    assert await look() == ["late"]  # connected since: in the window
+    await clock.advance(timedelta(minutes=4))
+    assert await look() == ["unseen"]  # its ask came due again (asked 6 min ago)
+    await db.execute("SET plan_cache_mode = force_generic_plan")
+    explain = await db.prepare(f"EXPLAIN (ANALYZE, BUFFERS) {lost.CANDIDATES}")
+    plan = "\n".join(
+        row[0]
+        for row in await explain.fetch(
+            settings.hello_lost_after, settings.nodes_per_round, search.since, ASK_AGAIN_FACTOR
+        )
+    )
+    assert "node_sessions_connected_at" in plan and "hello_seen_asked_at" in plan, plan
+    assert "Seq Scan on node_sessions" not in plan and "Seq Scan on hello_seen" not in plan, plan
+
+
+async def _asked(db: asyncpg.Connection) -> list[tuple[str, Any]]:
+    """(node, when it was asked) of every session asked for its Hello."""
+    rows = await db.fetch("SELECT node_id, asked_at FROM hello_seen WHERE asked_at IS NOT NULL")
+    return [(r["node_id"], r["asked_at"]) for r in rows]
