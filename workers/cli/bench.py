@@ -33,6 +33,7 @@ def add(commands: Commands) -> None:
             "ingest",
             "steady",
             "flush",
+            "rest",
         ],
         help="which benchmark",
     )
@@ -56,7 +57,10 @@ def add(commands: Commands) -> None:
         "--rounds", type=int, default=3, help="runs of each pipeline (medians shown)"
     )
     bench.add_argument(
-        "--minutes", type=float, default=10.0, help="how long faults (chaos) or churn (soak) go on"
+        "--minutes",
+        type=float,
+        default=None,
+        help="how long faults (chaos), churn (soak) or the fleet (steady) go on (10; rest: 2)",
     )
     bench.add_argument(
         "--warmup",
@@ -128,13 +132,14 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     soak = args.bench == "soak"
     nodes = args.nodes if args.nodes is not None else 300 if soak else 100_000
     gateways = args.gateways if args.gateways is not None else 3 if soak else 20
+    minutes = args.minutes if args.minutes is not None else 2.0 if args.bench == "rest" else 10.0
     if soak:
         from workers.bench import soak as soaking
 
         return asyncio.run(
             soaking.run(
                 settings,
-                args.minutes,
+                minutes,
                 nodes,
                 gateways,
                 args.embedded,
@@ -170,7 +175,7 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     if args.bench == "chaos":
         from workers.bench import chaos
 
-        return asyncio.run(chaos.run(args.minutes, args.rate or 20.0, args.seed))
+        return asyncio.run(chaos.run(minutes, args.rate or 20.0, args.seed))
     if args.bench == "storm":
         from workers.bench import storm
 
@@ -189,7 +194,7 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
                 settings,
                 nodes,
                 args.gateways or 200,
-                math.ceil(args.minutes),
+                math.ceil(minutes),
                 args.silent_share,
                 args.replicas or max(1, math.ceil(nodes / 500_000)),
                 args.embedded,
@@ -203,6 +208,10 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
                 settings, args.nodes or 1_000_000, args.gateways or 200, args.rounds, args.embedded
             )
         )
+    if args.bench == "rest":
+        from workers.bench.steady import rest
+
+        return asyncio.run(rest.run(settings, nodes, gateways, math.ceil(minutes), args.embedded))
     if args.bench == "herd":
         from workers.bench import herd
 
