@@ -29,7 +29,6 @@ from tests.integration.workers.replay_steps import (
     states,
 )
 from workers import replay
-from workers.replay.dispatch import READY_NODES
 from workers.runtime.base.rule_settings import QuarantineSettings, ReplaySettings
 from workers.runtime.base.settings import Settings
 
@@ -368,24 +367,3 @@ async def test_the_hold_bound_never_releases_what_the_quarantine_decided(
         assert runtime.metrics.holds_expired.value() == 1  # n2's only
     held = await db.fetchval("SELECT held_epoch FROM node_sessions WHERE node_id = 'n1'")
     assert held == (None if why == "certificate-revoked" else 4)
-
-
-async def test_the_search_for_ready_nodes_reads_the_pending_commands_not_the_fleets(
-    db: asyncpg.Connection,
-) -> None:
-    """2,000 commands in flight and none pending (a herd replayed them all): the dispatch
-    loop's search, poked by each replay, finds no node by reading the pending commands'
-    index of node ids — not every command after its cursor. Planned as the worker plans
-    it (a generic plan, on tables never analyzed)."""
-    await db.execute(
-        "SELECT join_node('r' || i, 'worker', 'r-serial-' || i, NULL) FROM generate_series(1, 2000) i"
-    )
-    await db.execute(
-        "INSERT INTO commands (node_id, seq, kind, state, session_epoch, delivery_attempt) "
-        "SELECT node_id, 1, 'exec', 'dispatched', 0, 1 FROM nodes"
-    )
-    await db.execute("SET plan_cache_mode = force_generic_plan")
-    explain = await db.prepare(f"EXPLAIN (ANALYZE, BUFFERS) {READY_NODES}")
-    plan = "\n".join(row[0] for row in await explain.fetch(64, ""))
-    assert "commands_pending_by_node" in plan, plan
-    assert "commands_node_state_seq" not in plan, plan
