@@ -20,6 +20,7 @@ transaction itself, with and without the daemon's proof.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import statistics
 import time
@@ -304,7 +305,7 @@ async def _first_labels(conn: asyncpg.Connection, nodes: int) -> str:
     read from /proc, so only where the server runs on this machine."""
     backend = await conn.fetchval("SELECT pg_backend_pid()")
     before = cpu_seconds(backend)
-    if before != before:  # NaN: not a process of this machine
+    if math.isnan(before):  # not a process of this machine
         return "not measured (PostgreSQL is not on this machine)"
     keys = [LABEL_PREFIX + c for c in (*CAPABILITIES, "rack1")]
     for start in range(1, nodes + 1, LABELED_AT_ONCE):

@@ -125,8 +125,8 @@ class LostHelloSearch:
                 ASK_AGAIN_FACTOR,
             )
             asked = await _ask(conn, subjects, rows, settings)
-        if len(rows) < settings.nodes_per_round:
-            self.since = max(self.since, now - OVERLAP)
+        if len(rows) < settings.nodes_per_round:  # complete: the next starts from here
+            self.since = now - OVERLAP  # (a clock stepped back moves it back: reads more)
         return asked
 
 
