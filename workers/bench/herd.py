@@ -65,7 +65,7 @@ def cores_for(cpu_seconds: float, nodes: int, gateways: int, rate: float, within
     return cpu_seconds / (nodes / (gateways * rate) + within)
 
 
-async def prepare_herd(conn: asyncpg.Connection, nodes: int, gateways: int) -> None:
+async def _prepare(conn: asyncpg.Connection, nodes: int, gateways: int) -> None:
     """Join the fleet, one command in flight each; bump every epoch to 1 on its gateway."""
     await join_herd(conn, nodes)
     for start in range(1, nodes + 1, BATCH):  # as the Hello transactions would, in batches
@@ -132,7 +132,7 @@ async def run(
         subjects = Subjects(target.subject_root)
         conn = await asyncpg.connect(target.database_url)
         print(f"joining {nodes:,} nodes, one command in flight each, epochs bumped ...")
-        await prepare_herd(conn, nodes, gateways)
+        await _prepare(conn, nodes, gateways)
         procs = await spawn_workers(worker_env(target))
         nc = await nats.connect(target.nats_url, pending_size=256 * 1024 * 1024)
         js = nc.jetstream()

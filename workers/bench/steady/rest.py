@@ -1,6 +1,6 @@
 """`bcw bench rest`: what the workers other than the liveness controller cost while a
-fleet is at rest — N sessions connected an hour before, every Hello seen, no command
-waiting, no fact arriving — so that whatever they do on their own grows with nothing.
+fleet is at rest — N sessions connected an hour before, every Hello seen, no command,
+no fact arriving — so that whatever they do on their own grows with nothing.
 
 `bcw bench steady` holds a fleet with the liveness worker alone (its flushes and sweeps
 are what a fleet at rest asks of it); this runs the labeler, the quarantine enforcer,
@@ -20,7 +20,7 @@ import asyncpg
 
 from workers.bench.common import bench_target, print_table, spawn_workers, stop_workers, worker_env
 from workers.bench.costs import CpuSpent, cpu_seconds
-from workers.bench.herd import prepare_herd
+from workers.bench.steady import fleet
 from workers.runtime.base.settings import Settings
 
 AT_REST = ("labeler", "quarantine", "recorder", "replay")
@@ -30,21 +30,14 @@ SETTLE_S = 20.0
 
 async def _at_rest(conn: asyncpg.Connection, nodes: int, gateways: int) -> None:
     """`nodes` sessions as a fleet at rest leaves them: connected an hour before on gateways
-    whose leases hold, every Hello applied, every command done; the tables vacuumed."""
-    await prepare_herd(conn, nodes, gateways)
+    whose leases hold (`fleet.prepare`, as `bcw bench steady` makes its fleet), every Hello
+    applied, no command; the tables vacuumed."""
+    await fleet.prepare(conn, nodes, gateways)
     await conn.execute(
         """
         UPDATE node_sessions SET connected_at = compute_now() - interval '1 hour';
-        UPDATE commands SET state = 'done';
-        INSERT INTO hello_seen (node_id, seen_epoch) SELECT node_id, 1 FROM node_sessions
-            ON CONFLICT (node_id) DO UPDATE SET seen_epoch = 1;
+        INSERT INTO hello_seen (node_id, seen_epoch) SELECT node_id, 1 FROM node_sessions;
         """
-    )
-    await conn.execute(
-        "INSERT INTO gateways (gateway_id, lease_epoch, lease_expires_at) "
-        "SELECT 'gw-' || g, 1, compute_now() + interval '1 day' FROM generate_series(0, $1 - 1) g "
-        "ON CONFLICT (gateway_id) DO UPDATE SET lease_expires_at = EXCLUDED.lease_expires_at",
-        gateways,
     )
     await conn.execute("VACUUM ANALYZE")
 
