@@ -7,11 +7,11 @@ newest such fact of each range — by its sequence in the facts stream, so a fac
 redelivered or applied late does not replace a newer one, or, for a stream deleted and
 made anew (it numbers from 1), by the stream having stored it more than 10 s after the
 row's fact (`decide.replaces`, migration 0040) — as one row: each entry's node, epoch
-and age (`sightings`), when it was applied, its oldest sight. Without range sight the session rows are still written by every flush
-(`workers.liveness.apply`); with it (`workers.liveness.sight`) the row is the sight of
-the sessions it names, read through `last_sight` (migration 0038) and by the sweep
-(`STALE_RANGED`) — the flush as rows of hash ranges (docs/capacity.md, "The design for
-a million").
+and age (`sightings`), when it was applied, its oldest sight. Without range sight the
+session rows are still written by every flush (`workers.liveness.apply`); with it
+(`workers.liveness.sight`) the row is the sight of the sessions it names, read through
+`last_sight` (migration 0038) and by the sweep (`STALE_RANGED`) — the flush as rows of
+hash ranges (docs/capacity.md, "The design for a million").
 
 Lock order: a flush's range rows (in gateway and range order), then its session rows (in
 node order), then its gateways' sight rows, with range sight or without, so that

@@ -55,7 +55,7 @@ WITH due AS (
        AND h.asked_at <= compute_now() - $4::int * $1::interval
 )
 SELECT s.node_id, s.session_epoch, s.gateway_id, s.connected_at, h.seen_epoch, h.asked_epoch,
-       h.asked_at, compute_now() AS now
+       h.asked_at
   FROM due d
  CROSS JOIN LATERAL (SELECT node_id, session_epoch, gateway_id, connected_at FROM node_sessions
                       WHERE node_id = d.node_id AND gateway_id IS NOT NULL) AS s
@@ -124,7 +124,7 @@ class LostHelloSearch:
                 self.since,
                 ASK_AGAIN_FACTOR,
             )
-            asked = await _ask(conn, subjects, rows, settings)
+            asked = await _ask(conn, subjects, rows, settings, now)
         if len(rows) < settings.nodes_per_round:  # complete: the next starts from here
             self.since = now - OVERLAP  # (a clock stepped back moves it back: reads more)
         return asked
@@ -135,7 +135,10 @@ async def _ask(
     subjects: Subjects,
     rows: list[asyncpg.Record],
     settings: ReplaySettings,
+    now: datetime,
 ) -> int:
+    """Ask for the Hellos of the candidates `rows` that `hello_lost` says are lost, as of
+    `now` (the transaction's); how many."""
     lost = [
         r
         for r in rows
@@ -145,7 +148,7 @@ async def _ask(
             r["connected_at"],
             r["asked_epoch"],
             r["asked_at"],
-            r["now"],
+            now,
             settings.hello_lost_after,
         )
     ]
@@ -155,7 +158,6 @@ async def _ask(
     for row in lost:
         notice = HelloAgain(node_id=row["node_id"], epoch=row["session_epoch"])
         outbox.add(notice, subjects.notice(row["gateway_id"], notice.BC_TYPE))
-    now: datetime = lost[0]["now"]
     await conn.execute(
         MARK_ASKED,
         [r["node_id"] for r in lost],
