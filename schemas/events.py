@@ -145,9 +145,14 @@ class GatewaySight(CamelMessage):
 
 
 class GatewayBlind(GatewaySight):
-    """No flush of the gateway was applied lately: its sessions are held, not aged."""
+    """What the controller applied of the gateway's flushes does not cover it lately: its
+    sessions are held, not aged."""
 
     BC_TYPE = "gateway.blind"
+
+    #: why (absent from a release before 0.4): `lag`, the controller's own consumer holds
+    #: flushes stored before the blind threshold; `no-flush`, none reaches it
+    reason: Literal["lag", "no-flush"] | None = None
 
 
 class GatewaySeeing(GatewaySight):

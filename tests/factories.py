@@ -150,7 +150,12 @@ WIRE_SAMPLES: dict[str, dict[str, Any]] = {
         }
         for name in ("command.replayed", "command.cancelled", "command.failed", "command.completed")
     },
-    "gateway.blind": {"gatewayId": "gw-1", "sessions": 40, "lastFlushAgeSeconds": 31.5},
+    "gateway.blind": {
+        "gatewayId": "gw-1",
+        "sessions": 40,
+        "lastFlushAgeSeconds": 31.5,
+        "reason": "lag",
+    },
     "gateway.seeing": {"gatewayId": "gw-1", "sessions": 40, "lastFlushAgeSeconds": 0.2},
     "liveness.breaker-open": {"gatewayId": "gw-1", "wouldDisconnect": 30, "connected": 40},
     "revocations": {"nodeId": "node-1", "serials": ["serial-1"], "reason": "duplicate-identity"},

@@ -68,7 +68,7 @@ def test_the_prometheus_rule_alerts_on_exported_metrics_with_a_runbook_line_each
     [group] = rule["spec"]["groups"]
     alerts = {r["alert"]: r for r in group["rules"]}
     assert set(alerts) == {
-        "BcwConsumerLag", "BcwFactAgeHigh", "BcwGatewayBlind", "BcwBreakerOpen",
+        "BcwConsumerLag", "BcwFactAgeHigh", "BcwGatewayBlind", "BcwLivenessBehind", "BcwBreakerOpen",
         "BcwQuarantineHeld", "BcwFactsStreamFilling", "BcwDeadLetters", "BcwOutboxStuck",
         "BcwLoopUnheld", "BcwWorkerAbsent",
     }  # fmt: skip

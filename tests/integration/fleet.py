@@ -111,12 +111,15 @@ async def gateway(conn: asyncpg.Connection, gateway_id: str, *, expires_in: time
 
 
 async def flushed(conn: asyncpg.Connection, gateway_id: str = "gw-1") -> None:
-    """As if the liveness controller had just applied a flush of `gateway_id` (the gateway
-    keeps flushing, with or without a given node in it): it can see that gateway."""
+    """As if the liveness controller had just applied a whole flush of `gateway_id` (one
+    that names no range: the gateway keeps flushing, with or without a given node in it):
+    it can see that gateway, whatever its range rows say."""
     await conn.execute(
         """
-        INSERT INTO liveness_gateways (gateway_id, last_flush_at) VALUES ($1, compute_now())
-        ON CONFLICT (gateway_id) DO UPDATE SET last_flush_at = EXCLUDED.last_flush_at
+        INSERT INTO liveness_gateways (gateway_id, last_flush_at, whole_flush_at)
+        VALUES ($1, compute_now(), compute_now())
+        ON CONFLICT (gateway_id) DO UPDATE
+           SET last_flush_at = EXCLUDED.last_flush_at, whole_flush_at = EXCLUDED.whole_flush_at
         """,
         gateway_id,
     )

@@ -69,7 +69,7 @@ DESIGN_FIELDS: dict[str, set[str]] = {
         for name in ("command.replayed", "command.cancelled", "command.failed", "command.completed")
     },
     # DESIGN §9: the names shared across the second-round issues
-    "gateway.blind": {"gatewayId", "sessions", "lastFlushAgeSeconds"},
+    "gateway.blind": {"gatewayId", "sessions", "lastFlushAgeSeconds", "reason"},
     "gateway.seeing": {"gatewayId", "sessions", "lastFlushAgeSeconds"},
     "liveness.breaker-open": {"gatewayId", "wouldDisconnect", "connected"},
     "revocations": {"nodeId", "serials", "reason"},

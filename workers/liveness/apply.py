@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -42,26 +42,30 @@ SELECT s.node_id, s.session_epoch
 """
 
 # One statement for every entry of every flush in the batch: last_seen moves only
-# forward (and the daemon's free credits per lane are kept, when the entry has them),
-# on rows matching node, epoch and gateway (one entry per node and gateway: its newest
-# epoch, its smallest age — folded per gateway, so that one gateway's entries, at any
-# epoch, never stand in for another's); every entry that matches no row (as it was
-# before this statement) is returned, for a zombie notice to its gateway. The rows are
-# locked in node order first (`locked`), as every other writer of node_sessions locks
-# them: an UPDATE … FROM would lock them in whatever order its join produces, and
-# deadlock with the recorder or the labeler. A row locked elsewhere is skipped (SKIP
-# LOCKED) and the chunk redone waiting, in order (`_flush_chunk`): a transaction a
-# gateway keeps open on one node's row never holds back the flush of every other node.
+# forward, to when the bus stored the entry's flush less its age (`bus_time`, migration
+# 0043: never the time the flush is applied, so a flush applied late makes nobody look
+# fresher than they were), and the daemon's free credits per lane are kept, when the
+# entry has them; on rows matching node, epoch and gateway (one entry per node and
+# gateway: its newest epoch, its latest sight — folded per gateway, so that one gateway's
+# entries, at any epoch, never stand in for another's); every entry that matches no row
+# (as it was before this statement) is returned, for a zombie notice to its gateway. The
+# rows are locked in node order first (`locked`), as every other writer of
+# node_sessions locks them: an UPDATE … FROM would lock them in whatever order its join
+# produces, and deadlock with the recorder or the labeler. A row locked elsewhere is
+# skipped (SKIP LOCKED) and the chunk redone waiting, in order (`_flush_chunk`): a
+# transaction a gateway keeps open on one node's row never holds back the flush of every
+# other node. `$8` is each entry's fact (1-based) in `$9`, the facts' stored times.
 FLUSH = """
 WITH e AS (
-    SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::real[],
-                         $7::text[])
-        AS e(node_id, epoch, age_ms, gateway_id, credits, load, node_load)
+    SELECT e.*, bus_time(($9::timestamptz[])[e.fact]) - e.age_ms * interval '1 millisecond' AS seen
+      FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::real[],
+                  $7::text[], $8::integer[])
+        AS e(node_id, epoch, age_ms, gateway_id, credits, load, node_load, fact)
 ), folded AS (
     SELECT DISTINCT ON (node_id, gateway_id) * FROM e
-     ORDER BY node_id, gateway_id, epoch DESC, age_ms
+     ORDER BY node_id, gateway_id, epoch DESC, seen DESC
 ), locked AS (
-    SELECT s.node_id, f.age_ms, f.credits, f.load, f.node_load
+    SELECT s.node_id, f.seen, f.credits, f.load, f.node_load
       FROM node_sessions s
       JOIN folded f
         ON s.node_id = f.node_id AND s.session_epoch = f.epoch AND s.gateway_id = f.gateway_id
@@ -69,7 +73,7 @@ WITH e AS (
        FOR UPDATE OF s {skip}
 ), seen AS (
     UPDATE node_sessions s
-       SET last_seen = GREATEST(s.last_seen, compute_now() - l.age_ms * interval '1 millisecond'),
+       SET last_seen = GREATEST(s.last_seen, l.seen),
            lane_credits = coalesce(l.credits::jsonb, s.lane_credits),
            load = coalesce(l.load, s.load),
            node_load = coalesce(l.node_load::jsonb, s.node_load)
@@ -135,15 +139,23 @@ async def disconnect(
     return [r for r in rows if r["node_id"] in gone]
 
 
-# When the controller last applied a flush of each gateway: its own clock, in the flush's
-# own transaction, so a gateway is "seen" exactly when its flushes take effect. Written
-# last in the batch (after every session row it locks), gateways in order: the sweep
-# locks these rows before it locks sessions, and so never waits for a flush.
+# As of when the controller sees each gateway's flushes: the newest it applied, and the
+# newest it applied that named no range (a whole flush: every session), each as the bus
+# stored it (`bus_time`, migration 0043) — never as the time applied, so a controller
+# behind its facts sees each gateway as of what it has read, and knows it is behind
+# (`decide.sees`; the range rows say the rest: `decide.covered_at`). In the flush's own
+# transaction, written last in the batch (after every session row it locks), gateways in
+# order: the sweep locks these rows before it locks sessions, and so never waits for a
+# flush.
 SEEN = """
-INSERT INTO liveness_gateways AS lg (gateway_id, last_flush_at)
-SELECT g, compute_now() FROM unnest($1::text[]) AS g ORDER BY g
+INSERT INTO liveness_gateways AS lg (gateway_id, last_flush_at, whole_flush_at)
+SELECT f.gateway_id, max(bus_time(f.stored_at)), max(bus_time(f.stored_at)) FILTER (WHERE f.whole)
+  FROM unnest($1::text[], $2::timestamptz[], $3::boolean[]) AS f(gateway_id, stored_at, whole)
+ GROUP BY f.gateway_id
+ ORDER BY f.gateway_id
 ON CONFLICT (gateway_id) DO UPDATE
-   SET last_flush_at = GREATEST(lg.last_flush_at, EXCLUDED.last_flush_at)
+   SET last_flush_at = GREATEST(lg.last_flush_at, EXCLUDED.last_flush_at),
+       whole_flush_at = GREATEST(lg.whole_flush_at, EXCLUDED.whole_flush_at)
 """
 
 
@@ -180,7 +192,12 @@ def make_handler(max_zombie_notices: int, range_sight: bool | str = False) -> Ha
         if closed:
             outcomes.update(await _disconnect(tx, closed))
         if flushes:  # empty ones too: an empty flush is the gateway's heartbeat on the bus
-            await tx.conn.execute(SEEN, sorted({f.gateway_id for f in flushes}))
+            await tx.conn.execute(
+                SEEN,
+                [f.gateway_id for f in flushes],
+                [tx.stored_at(f) for f in flushes],
+                [f.range_start is None for f in flushes],
+            )
         return outcomes
 
     return handle
@@ -216,7 +233,7 @@ async def _flush(
         key=lambda pair: pair[0]["node_id"],
     )
     for start in range(0, len(entries), FLUSH_CHUNK):
-        zombies += await _flush_chunk(tx, entries[start : start + FLUSH_CHUNK])
+        zombies += await _flush_chunk(tx, entries[start : start + FLUSH_CHUNK], tx.stored_at)
     cause = {fact.gateway_id: fact for fact in flushes}
     sent: Counter[str] = Counter()
     for row in zombies:
@@ -242,7 +259,11 @@ class _Skipped(Exception):
     """The first pass of a flush chunk skipped rows locked elsewhere: undone, to redo."""
 
 
-async def _flush_chunk(tx: Tx, entries: list[tuple[LivenessEntry, Liveness]]) -> list[Any]:
+async def _flush_chunk(
+    tx: Tx,
+    entries: list[tuple[LivenessEntry, Liveness]],
+    stored_at: Callable[[Liveness], datetime | None],
+) -> list[Any]:
     """Apply one chunk of a batch's flush entries; returns its zombies' rows.
 
     A first pass skips the rows locked elsewhere. When it skipped any, it is undone (its
@@ -252,7 +273,7 @@ async def _flush_chunk(tx: Tx, entries: list[tuple[LivenessEntry, Liveness]]) ->
     (the dispatch loop, the recorder). The wait is bounded (`SKIPPED_WAIT`); past it, the
     rows that are free are moved without waiting, and the others by their next flush: a
     transaction a gateway keeps open on one node's row holds back that node only."""
-    arguments = flush_arguments(entries)
+    arguments = flush_arguments(entries, stored_at)
     try:
         async with tx.conn.transaction():  # a savepoint
             rows = await tx.conn.fetch(FLUSH_SKIPPING, *arguments)
@@ -289,11 +310,21 @@ def _matched(entries: list[tuple[LivenessEntry, Liveness]], zombies: Sequence[An
     return sum(1 for (node, gateway), epoch in newest.items() if (node, gateway, epoch) not in dead)
 
 
-def flush_arguments(entries: list[tuple[LivenessEntry, Liveness]]) -> list[list[Any]]:
-    """The flush statement's seven arrays for `entries` (each with its fact), in their
-    order. Pure."""
+def flush_arguments(
+    entries: list[tuple[LivenessEntry, Liveness]],
+    stored_at: Callable[[Liveness], datetime | None] = lambda _fact: None,
+) -> list[list[Any]]:
+    """The flush statement's nine arrays for `entries` (each with its fact), in their
+    order: seven of the entries' fields, each entry's fact (1-based), and when the bus
+    stored each fact (`stored_at`; None: not known, taken as now). Pure."""
     credits = [e.get("credits") for e, _ in entries]
     loads = [e.get("node_load") for e, _ in entries]
+    numbers: dict[int, int] = {}  # a fact's place in `stored`, from 1
+    stored: list[datetime | None] = []
+    for _, fact in entries:
+        if id(fact) not in numbers:
+            numbers[id(fact)] = len(stored) + 1
+            stored.append(stored_at(fact))
     return [
         [e["node_id"] for e, _ in entries],
         [e["epoch"] for e, _ in entries],
@@ -302,6 +333,8 @@ def flush_arguments(entries: list[tuple[LivenessEntry, Liveness]]) -> list[list[
         [credits_json(c) if c is not None else None for c in credits],
         [e.get("load") for e, _ in entries],
         [node_load_json(load) if load else None for load in loads],
+        [numbers[id(fact)] for _, fact in entries],
+        stored,
     ]
 
 

@@ -12,12 +12,14 @@ its gateways then drop every stream); a rule too lax keeps a dead node "connecte
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import itertools
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Literal
 
 from schemas.events import NodeConnected
-from schemas.facts import ROW_OF_ANOTHER, Closed, Hello, Liveness
+from schemas.facts import HASH_SPACE, ROW_OF_ANOTHER, Closed, Hello, Liveness
 
 #: `closed` reasons whose session no longer owns its row: nothing to write, nothing to say.
 NOT_OURS = ROW_OF_ANOTHER
@@ -53,6 +55,25 @@ def newest_ranges(flushes: Iterable[tuple[Liveness, int]]) -> list[tuple[Livenes
         (pair for pairs in kept.values() for pair in pairs),
         key=lambda pair: (pair[0].gateway_id, pair[0].range_start),
     )
+
+
+def remainders(
+    replaced: Sequence[tuple[int, int]], written: Sequence[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """The parts of the `replaced` ranges (`[start, end)`) that no `written` range covers,
+    in order: what a gateway's re-cut flush has not named anew yet. Pure."""
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(replaced):
+        at = start
+        for w_start, w_end in sorted(written):
+            if w_end <= at or w_start >= end:
+                continue
+            if w_start > at:
+                out.append((at, w_start))
+            at = max(at, w_end)
+        if at < end:
+            out.append((at, end))
+    return out
 
 
 #: how much later the facts stream must have stored a fact of a lower sequence for it to
@@ -131,14 +152,60 @@ def plan_sweep(state: SweepState, now: datetime, rules: Rules) -> SweepPlan:
     )
 
 
+#: A range row as the sweep reads it: `(range_start, range_end, bus time)` — the hashes
+#: `[range_start, range_end)` its fact named every session of, and when the bus stored
+#: that fact (`bus_time`, migration 0043).
+RangeSight = tuple[int, int, datetime]
+
+#: why a gateway is blind (`gateway.blind`'s `reason`): the controller's own consumer holds
+#: flushes stored before the blind threshold, or none of the gateway's flushes reached it
+BlindReason = Literal["lag", "no-flush"]
+
+
 @dataclass(frozen=True)
 class GatewaySight:
-    """What the controller knows of one gateway's flushes (`liveness_gateways`)."""
+    """What the controller knows of one gateway's flushes (`liveness_gateways`, and the
+    gateway's range rows), every time on the bus's clock: when the bus stored the flush."""
 
     gateway_id: str
-    last_flush_at: datetime | None  # when the controller last applied one of its flushes
+    last_flush_at: datetime | None  # the newest of its flushes the controller applied
     blind_since: datetime | None  # set while it is blind (a `gateway.blind` was said)
     known_since: datetime | None = None  # when the controller first heard of the gateway
+    #: its range rows (none: it cuts no ranges, each flush is whole)
+    ranges: tuple[RangeSight, ...] = ()
+    #: the newest of its flushes applied that named no range (each names every session)
+    whole_flush_at: datetime | None = None
+
+
+def covered_at(ranges: Sequence[RangeSight], space: int = HASH_SPACE) -> datetime | None:
+    """The time as of which `ranges` see every hash of `[0, space)`: over every hash, the
+    newest row covering it; of those, the earliest. None when a hash has no row. Pure.
+
+    A gateway's flush names every range, so its rows tile the hash space; the controller
+    applies the facts of one flush unevenly when it is behind (a replica stopped with a
+    batch in hand, a fact redelivered), and then the oldest range is what it knows of the
+    sessions there: one range applied late must not stand for another."""
+    cuts = sorted(
+        {0, space, *(p for start, end, _ in ranges for p in (start, end) if 0 < p < space)}
+    )
+    oldest: datetime | None = None
+    for start, end in itertools.pairwise(cuts):
+        newest = max((at for s, e, at in ranges if s <= start and end <= e), default=None)
+        if newest is None:
+            return None
+        oldest = newest if oldest is None else min(oldest, newest)
+    return oldest
+
+
+def seen_at(sight: GatewaySight) -> datetime | None:
+    """As of when the flushes the controller applied cover every session of the gateway,
+    on the bus's clock; None: they do not (it never flushed, or the range rows of its
+    flushes leave a hash uncovered). A gateway that cuts no ranges: its newest flush; one
+    that does: its range rows (`covered_at`), or a newer whole flush. Pure."""
+    if not sight.ranges:
+        return sight.last_flush_at
+    seen = [at for at in (covered_at(sight.ranges), sight.whole_flush_at) if at is not None]
+    return max(seen, default=None)
 
 
 @dataclass(frozen=True)
@@ -148,37 +215,59 @@ class SightChange:
     gateway_id: str
     blind: bool
     last_flush_age: timedelta | None  # None: no flush of it was ever applied
+    reason: BlindReason | None = None  # why it is blind (None when it sees again)
+
+
+def behind(lag: float | None, rules: Rules) -> bool:
+    """Whether the controller is behind its facts, as the reason a gateway it cannot see is
+    blind: the oldest flush its consumer has not applied was stored more than half of
+    `blind_after` ago (a flush period, by default: a gateway goes blind when what was
+    applied of it is older than two, and a healthy consumer is seconds behind at most), or
+    its consumer's state could not be read (its own link to the bus is down: it cannot
+    read its facts either). Pure."""
+    return lag is None or lag > rules.blind_after.total_seconds() / 2
 
 
 def sees(sight: GatewaySight, now: datetime, rules: Rules) -> bool:
-    """Whether the controller can see the gateway: one of its flushes applied lately. Pure.
+    """Whether the controller can see the gateway: what it applied of the gateway's flushes
+    covers every session of it as of `blind_after` ago at most. Pure.
 
     Whatever stops flushes from being applied — the controller's own bus connection, its
-    consumer's lag, the gateway's link, a gateway that never flushed — makes it blind.
+    consumer's lag (also on one range of the gateway's), the gateway's link, a gateway
+    that never flushed — makes it blind: its sessions are held. Sights are on the bus's
+    clock, so a controller behind its facts by more than `blind_after` sees no gateway.
     """
-    return sight.last_flush_at is not None and now - sight.last_flush_at <= rules.blind_after
+    seen = seen_at(sight)
+    return seen is not None and now - seen <= rules.blind_after
 
 
-def sight_change(sight: GatewaySight, now: datetime, rules: Rules) -> SightChange | None:
-    """The transition to say for a gateway at `now`, if its sight changed. Pure.
+def sight_change(
+    sight: GatewaySight, now: datetime, rules: Rules, lagging: bool = False
+) -> SightChange | None:
+    """The transition to say for a gateway at `now`, if its sight changed; `lagging`: the
+    controller is `behind` its facts (the reason a gateway it goes blind on is given).
+    Pure.
 
-    A gateway that just appeared and has not flushed yet is not seen (its sessions are
-    held) but not said to be blind either, until it has been known for `blind_after`:
-    a gateway's start is not news.
+    A gateway that just appeared and whose flushes do not cover it yet is not seen (its
+    sessions are held) but not said to be blind either, until it has been known for
+    `blind_after`: a gateway's start is not news.
     """
     blind = not sees(sight, now, rules)
     if blind == (sight.blind_since is not None):
         return None
+    seen = seen_at(sight)
     just_started = (
-        sight.last_flush_at is None
+        seen is None
         and sight.known_since is not None
         and now - sight.known_since <= rules.blind_after
     )
     if blind and just_started:
         return None
+    last = seen if seen is not None else sight.last_flush_at
     # a clock that stepped back (NTP; the tests' compute_now offset) gives no negative age
-    age = None if sight.last_flush_at is None else max(timedelta(0), now - sight.last_flush_at)
-    return SightChange(sight.gateway_id, blind, age)
+    age = None if last is None else max(timedelta(0), now - last)
+    reason: BlindReason | None = ("lag" if lagging else "no-flush") if blind else None
+    return SightChange(sight.gateway_id, blind, age, reason)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,11 @@ newest such fact of each range — by its sequence in the facts stream, so a fac
 redelivered or applied late does not replace a newer one, or, for a stream deleted and
 made anew (it numbers from 1), by the stream having stored it more than 10 s after the
 row's fact (`decide.replaces`, migration 0040) — as one row: each entry's node, epoch
-and age (`sightings`), when it was applied, its oldest sight. Without range sight the
+and age (`sightings`), when the bus stored it (`applied_at`: `bus_time`, migration 0043 —
+each entry was seen then less its age, whenever the worker applied it), its oldest
+sight. A gateway's rows tile the hash space (a re-cut keeps what it has not named anew:
+`REMAINDERS`), and the sweep sees a gateway as of its oldest (`decide.covered_at`).
+Without range sight the
 session rows are still written by every flush (`workers.liveness.apply`); with it
 (`workers.liveness.sight`) the row is the sight of the sessions it names, read through
 `last_sight` (migration 0038) and by the sweep (`STALE_RANGED`) — the flush as rows of
@@ -27,11 +31,12 @@ import logging
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from json.encoder import encode_basestring
+from typing import Any
 
 import asyncpg
 
 from schemas.facts import Liveness, LivenessEntry, NodeLoad
-from workers.liveness.decide import newest_ranges
+from workers.liveness.decide import newest_ranges, remainders
 from workers.runtime.effects.worker import Tx
 
 log = logging.getLogger(__name__)
@@ -57,6 +62,7 @@ DELETE FROM liveness_ranges
                            WHERE {_OVERLAPS.format(r="n")} AND NOT {_REPLACES.format(f="f", r="n")})
         ORDER BY o.gateway_id, o.range_start
           FOR UPDATE OF o)
+RETURNING gateway_id, range_start, range_end, stream_seq, stored_at, applied_at
 """
 
 # Each fact's row, unless a row overlapping it is as new or newer. A row another replica
@@ -65,8 +71,8 @@ WRITE = """
 INSERT INTO liveness_ranges AS r
        (gateway_id, range_start, range_end, stream_seq, stored_at, applied_at, oldest_at,
         sessions, entries)
-SELECT f.gateway_id, f.range_start, f.range_end, f.stream_seq, f.stored_at, compute_now(),
-       compute_now() - f.max_age_ms * interval '1 millisecond', f.sessions, f.entries::json
+SELECT f.gateway_id, f.range_start, f.range_end, f.stream_seq, f.stored_at, bus_time(f.stored_at),
+       bus_time(f.stored_at) - f.max_age_ms * interval '1 millisecond', f.sessions, f.entries::json
   FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::timestamptz[],
               $6::bigint[], $7::integer[], $8::text[])
        AS f(gateway_id, range_start, range_end, stream_seq, stored_at, max_age_ms, sessions, entries)
@@ -78,11 +84,32 @@ SELECT f.gateway_id, f.range_start, f.range_end, f.stream_seq, f.stored_at, comp
        stored_at = EXCLUDED.stored_at, applied_at = EXCLUDED.applied_at,
        oldest_at = EXCLUDED.oldest_at, sessions = EXCLUDED.sessions, entries = EXCLUDED.entries
  WHERE {excluded_replaces_r}
+RETURNING gateway_id, range_start, range_end
 """.format(
     overlaps=_OVERLAPS.format(r="n"),
     f_replaces_n=_REPLACES.format(f="f", r="n"),
     excluded_replaces_r=_REPLACES.format(f="EXCLUDED", r="r"),
 )
+
+# What a re-cut leaves of the rows it replaced. A gateway that cuts its flush anew (its
+# sessions grew past what its ranges hold, or fell) replaces rows by facts of other
+# bounds, and the facts of the new cut that name the rest may come in a later batch. The
+# rest of each replaced row stays, without entries (range sight let its sessions go to
+# their own rows: `sight`), at its fact's place in the stream and its time: a gateway's
+# rows keep tiling the hash space, and the sweep knows as of when it sees each hash
+# (`decide.covered_at`) — a hash no row covered would hold every session of the gateway.
+REMAINDERS = """
+INSERT INTO liveness_ranges AS r
+       (gateway_id, range_start, range_end, stream_seq, stored_at, applied_at, oldest_at,
+        sessions, entries)
+SELECT f.gateway_id, f.range_start, f.range_end, f.stream_seq, f.stored_at, f.applied_at,
+       f.applied_at, 0, '[]'::json
+  FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::timestamptz[],
+              $6::timestamptz[])
+       AS f(gateway_id, range_start, range_end, stream_seq, stored_at, applied_at)
+ ORDER BY f.gateway_id, f.range_start
+    ON CONFLICT (gateway_id, range_start) DO NOTHING
+"""
 
 # The ranged sessions the stale rule would take (`sweep.STALE_CANDIDATES` takes the
 # others): named at their epoch by a range row of a gateway the controller sees ($3),
@@ -183,14 +210,45 @@ async def write_rows(tx: Tx, kept: list[tuple[Liveness, int]]) -> None:
         [seq for _, seq in kept],
         [tx.stored_at(f) for f, _ in kept],
     ]
-    await tx.conn.execute(CLEAR, *keys)
-    await tx.conn.execute(
+    replaced = await tx.conn.fetch(CLEAR, *keys)
+    written = await tx.conn.fetch(
         WRITE,
         *keys,
         [max((e["age_ms"] for e in f.entries), default=0) for f, _ in kept],
         [len(f.entries) for f, _ in kept],
         [sightings(f.entries) for f, _ in kept],
     )
+    bounds = {(w["gateway_id"], w["range_start"], w["range_end"]) for w in written}
+    if any((r["gateway_id"], r["range_start"], r["range_end"]) not in bounds for r in replaced):
+        await _keep_remainders(tx, replaced, written)
+
+
+async def _keep_remainders(
+    tx: Tx, replaced: Sequence[asyncpg.Record], written: Sequence[asyncpg.Record]
+) -> None:
+    """The parts of the `replaced` rows no `written` row covers, each kept as a row
+    without entries at its replaced row's place and time (`REMAINDERS`)."""
+    rows: list[tuple[str, int, int, int, Any, Any]] = []
+    for old in replaced:
+        mine = [
+            (w["range_start"], w["range_end"])
+            for w in written
+            if w["gateway_id"] == old["gateway_id"]
+        ]
+        for start, end in remainders([(old["range_start"], old["range_end"])], mine):
+            rows.append(
+                (
+                    old["gateway_id"],
+                    start,
+                    end,
+                    old["stream_seq"],
+                    old["stored_at"],
+                    old["applied_at"],
+                )
+            )
+    if rows:
+        log.debug("range rows re-cut: %d remainder(s) kept until named anew", len(rows))
+        await tx.conn.execute(REMAINDERS, *(list(column) for column in zip(*rows, strict=True)))
 
 
 async def prune(pool: asyncpg.Pool, retention: timedelta = RETENTION) -> int:

@@ -89,10 +89,10 @@ SELECT 'zombie', e.node_id, e.epoch, NULL FROM e
 WRITE_SESSIONS = """
 WITH w AS (
     SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::boolean[], $5::bigint[],
-                         $6::timestamptz[], $7::text[], $8::real[], $9::text[])
-        AS w(node_id, epoch, gateway_id, ranged, age_ms, seen_at, credits, load, node_load)
+                         $6::timestamptz[], $7::text[], $8::real[], $9::text[], $10::timestamptz[])
+        AS w(node_id, epoch, gateway_id, ranged, age_ms, seen_at, credits, load, node_load, stored_at)
 ), locked AS (
-    SELECT s.node_id, w.ranged, w.age_ms, w.seen_at, w.credits, w.load, w.node_load
+    SELECT s.node_id, w.ranged, w.age_ms, w.seen_at, w.credits, w.load, w.node_load, w.stored_at
       FROM node_sessions s
       JOIN w ON s.node_id = w.node_id AND s.session_epoch = w.epoch AND s.gateway_id = w.gateway_id
      ORDER BY s.node_id
@@ -102,7 +102,8 @@ UPDATE node_sessions s
    SET ranged_epoch = CASE WHEN l.ranged IS NULL THEN s.ranged_epoch
                            WHEN l.ranged THEN s.session_epoch END,
        last_seen = GREATEST(s.last_seen,
-                            coalesce(compute_now() - l.age_ms * interval '1 millisecond', l.seen_at)),
+                            coalesce(bus_time(l.stored_at) - l.age_ms * interval '1 millisecond',
+                                     l.seen_at)),
        lane_credits = coalesce(l.credits::jsonb, s.lane_credits),
        load = coalesce(l.load, s.load),
        node_load = coalesce(l.node_load::jsonb, s.node_load)
@@ -113,8 +114,8 @@ UPDATE node_sessions s
 
 class Write(NamedTuple):
     """One session row's write: ranged (True), unranged (False) or neither (None); its
-    sight as an age at the time applied or as a time; its credits and heartbeat load
-    (JSON) to keep."""
+    sight as an age at the time the bus stored its fact (`stored_at`, `bus_time`) or as a
+    time; its credits and heartbeat load (JSON) to keep."""
 
     node_id: str
     epoch: int
@@ -125,15 +126,22 @@ class Write(NamedTuple):
     credits: str | None = None
     load: float | None = None
     node_load: str | None = None
+    stored_at: datetime | None = None
 
 
-def _written(entry: LivenessEntry, gateway: str, ranged: bool | None, age: int | None) -> Write:
-    """A write of what `entry` says: its sight (`age`), credits and load."""
+def _written(
+    entry: LivenessEntry,
+    gateway: str,
+    ranged: bool | None,
+    age: int | None,
+    stored: datetime | None,
+) -> Write:
+    """A write of what `entry` says: its sight (`age` at `stored`), credits and load."""
     credits, node_load = entry.get("credits"), entry.get("node_load")
     return Write(
         entry["node_id"], entry["epoch"], gateway, ranged, age,
         credits=credits_json(credits) if credits is not None else None, load=entry.get("load"),
-        node_load=node_load_json(node_load) if node_load else None,
+        node_load=node_load_json(node_load) if node_load else None, stored_at=stored,
     )  # fmt: skip
 
 
@@ -187,7 +195,7 @@ async def apply(tx: Tx, flushes: list[Liveness]) -> tuple[list[dict[str, Any]], 
             for r in found
             if r["kind"] == "zombie"
         ]
-        writes += writes_of(fact, found, olds)
+        writes += writes_of(fact, found, olds, tx.stored_at(fact))
     if writes:
         writes.sort(key=lambda w: w.node_id)
         await tx.conn.execute(
@@ -202,16 +210,18 @@ def _judged_by(h: int, others: Sequence[Liveness]) -> bool:
     return any(f.range_start <= h < f.range_end for f in others)  # type: ignore[operator]
 
 
-def writes_of(fact: Liveness, found: Sequence[Any], olds: Sequence[Old]) -> list[Write]:
-    """The session writes of one range fact: from its set check's rows (`kind`, node_id,
-    epoch) and the rows it replaces. Pure."""
+def writes_of(
+    fact: Liveness, found: Sequence[Any], olds: Sequence[Old], stored: datetime | None = None
+) -> list[Write]:
+    """The session writes of one range fact (stored by the bus at `stored`): from its set
+    check's rows (`kind`, node_id, epoch) and the rows it replaces. Pure."""
     entries = {e["node_id"]: e for e in fact.entries}
     gateway = fact.gateway_id
     writes: list[Write] = []
     for row in found:
         if row["kind"] == "named":
             entry = entries[row["node_id"]]
-            writes.append(_written(entry, gateway, True, entry["age_ms"]))
+            writes.append(_written(entry, gateway, True, entry["age_ms"], stored))
     newly = {w.node_id for w in writes}
     leaving = [r for r in found if r["kind"] == "left"]
     with_credits = [e for e in fact.entries if e.get("credits") is not None]
@@ -226,7 +236,7 @@ def writes_of(fact: Liveness, found: Sequence[Any], olds: Sequence[Old]) -> list
         credits = entry.get("credits")
         # compared with what the row that saw it kept: a ranged session is named by it
         if entry["node_id"] not in newly and key in seen and kept_credits[key] != credits:
-            writes.append(_written(entry, gateway, None, None))
+            writes.append(_written(entry, gateway, None, None, None))
     return writes
 
 

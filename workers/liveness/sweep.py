@@ -22,29 +22,22 @@ import logging
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import asyncpg
 from opentelemetry import trace
 
-from schemas.events import (
-    BreakerOpen,
-    DisconnectReason,
-    GatewayBlind,
-    GatewaySeeing,
-    NodeDisconnected,
-)
+from schemas.events import BreakerOpen, DisconnectReason, NodeDisconnected
 from schemas.subjects import Subjects
-from workers.liveness import ranges
+from workers.liveness import blindness, ranges
 from workers.liveness.apply import disconnect
 from workers.liveness.decide import (
     BreakerDecision,
     BreakerView,
-    GatewaySight,
     Rules,
-    SightChange,
     SweepState,
+    behind,
     decide_breaker,
     plan_sweep,
     sees,
@@ -63,27 +56,6 @@ READ_STATE = (
     "SELECT last_sweep_at, grace_until, compute_now() AS now FROM liveness_sweeps FOR UPDATE"
 )
 WRITE_STATE = "UPDATE liveness_sweeps SET last_sweep_at = $1, grace_until = $2"
-
-# Every gateway that is live or within its grace gets a sight row (a gateway that never
-# flushed is blind too); the rows (one per gateway: tens) are locked in gateway order.
-ENSURE_SIGHTS = """
-INSERT INTO liveness_gateways (gateway_id)
-SELECT gateway_id FROM gateways WHERE lease_expires_at > $1
-ON CONFLICT (gateway_id) DO NOTHING
-"""
-READ_SIGHTS = "SELECT * FROM liveness_gateways ORDER BY gateway_id FOR UPDATE"
-WRITE_SIGHTS = """
-UPDATE liveness_gateways lg
-   SET blind_since = t.blind_since, breaker_opened_at = t.opened,
-       breaker_released_at = CASE WHEN t.opened IS NULL THEN NULL ELSE lg.breaker_released_at END,
-       breaker_released_by = CASE WHEN t.opened IS NULL THEN NULL ELSE lg.breaker_released_by END
-  FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[]) AS t(gateway_id, blind_since, opened)
- WHERE lg.gateway_id = t.gateway_id
-"""
-SESSIONS_OF = """
-SELECT gateway_id, count(*) AS n FROM node_sessions
- WHERE gateway_id = ANY($1::text[]) GROUP BY gateway_id
-"""
 
 # The breaker's other question, asked cheaply: a gateway's connected sessions counted up
 # to a bound (`k` = just over what would trip it): exact when it trips, and a few
@@ -147,6 +119,8 @@ class SweepResult:
     stale: int
     blind: tuple[str, ...] = ()  # gateways the controller cannot see now
     held: tuple[str, ...] = ()  # gateways whose stale sessions the breaker holds
+    #: sessions held because their gateway is blind, by why (`blindness.held_sessions`)
+    held_sessions: dict[str, int] = field(default_factory=dict)
 
 
 def rules_of(settings: LivenessSettings) -> Rules:
@@ -167,8 +141,11 @@ async def sweep_once(
     subjects: Subjects,
     rules: Rules,
     tracer: trace.Tracer | None = None,
+    lag: float | None = 0.0,
 ) -> SweepResult:
     """One sweep in one transaction; `LeaseLost` when `lease` is no longer current.
+    `lag`: how far behind its facts the controller's consumer is (`blindness.consumer_lag`;
+    None: not known), which says why the gateways it cannot see are blind.
 
     A sweep that announces something (a transition, a gateway seen or blind, a breaker)
     is a span `liveness sweep`, the parent of what it publishes: the transitions nobody
@@ -182,14 +159,12 @@ async def sweep_once(
             state = await conn.fetchrow(READ_STATE)
             now: datetime = state["now"]
             plan = plan_sweep(SweepState(state["last_sweep_at"], state["grace_until"]), now, rules)
-            await conn.execute(ENSURE_SIGHTS, plan.gateway_expired_before)
-            rows = {r["gateway_id"]: r for r in await conn.fetch(READ_SIGHTS)}
-            sights = {
-                gw: GatewaySight(gw, r["last_flush_at"], r["blind_since"], r["known_since"])
-                for gw, r in rows.items()
-            }
+            rows, sights = await blindness.read_sights(conn, plan.gateway_expired_before)
             seeing = sorted(gw for gw, sight in sights.items() if sees(sight, now, rules))
-            changes = [c for sight in sights.values() if (c := sight_change(sight, now, rules))]
+            lagging = behind(lag, rules)
+            changes = [
+                c for sight in sights.values() if (c := sight_change(sight, now, rules, lagging))
+            ]
             outbox = OutboxBatch("liveness")
             lost: list[asyncpg.Record] = []
             stale: list[asyncpg.Record] = []
@@ -210,7 +185,10 @@ async def sweep_once(
                     plan.stale_before,
                 )
                 stale = await disconnect(conn, stale, now, ["liveness-timeout"] * len(stale))
-            await _write_sights(conn, rows, changes, breakers, now)
+            sessions = await blindness.sessions_of(conn, changes)
+            await blindness.write_sights(
+                conn, rows, changes, sessions, _breaker_changes(breakers, rows, now), now
+            )
             await conn.execute(WRITE_STATE, plan.state.last_sweep_at, plan.state.grace_until)
             if tracer is not None and (lost or stale or changes or breakers):
                 span = tracer.start_span(
@@ -226,7 +204,7 @@ async def sweep_once(
                 outbox.context = trace.set_span_in_context(span)
             current = trace.use_span(span) if span is not None else contextlib.nullcontext()
             with current:  # the statements that announce are the span's children
-                await _say_sights(conn, outbox, subjects, changes)
+                blindness.say_sights(outbox, subjects, changes, sessions)
                 _announce(outbox, subjects, lost, "gateway-lost")
                 _announce(outbox, subjects, stale, "liveness-timeout")
                 _say_breakers(outbox, subjects, breakers, rows)
@@ -236,12 +214,14 @@ async def sweep_once(
             span.end()
     if lost or stale:
         log.info("sweep: %d gateway-lost, %d liveness-timeout", len(lost), len(stale))
+    _log_breakers(breakers, rows)
     return SweepResult(
         plan.age_transitions,
         len(lost),
         len(stale),
         blind=tuple(sorted(set(sights) - set(seeing))),
         held=tuple(sorted(gw for gw, (_, d) in breakers.items() if d.open)),
+        held_sessions=blindness.held_sessions(rows, changes, sessions),
     )
 
 
@@ -271,28 +251,23 @@ async def _breakers(
     return out
 
 
-async def _write_sights(
-    conn: asyncpg.Connection,
-    rows: dict[str, asyncpg.Record],
-    changes: list[SightChange],
+def _breaker_changes(
     breakers: dict[str, tuple[BreakerView, BreakerDecision]],
+    rows: dict[str, asyncpg.Record],
     now: datetime,
-) -> None:
-    blind = {c.gateway_id: (now if c.blind else None) for c in changes}
-    breaker = {
+) -> dict[str, datetime | None]:
+    """Each breaker that opens or closes in this sweep: gateway → opened at (None: closed).
+    Every such gateway has a sight row."""
+    return {
         gw: (rows[gw]["breaker_opened_at"] or now) if decision.open else None
         for gw, (_, decision) in breakers.items()
-        if decision.opened or decision.closed  # every such gateway has a sight row
+        if decision.opened or decision.closed
     }
-    touched = sorted((set(blind) | set(breaker)) & set(rows))
-    if not touched:
-        return
-    await conn.execute(
-        WRITE_SIGHTS,
-        touched,
-        [blind[gw] if gw in blind else rows[gw]["blind_since"] for gw in touched],
-        [breaker[gw] if gw in breaker else rows[gw]["breaker_opened_at"] for gw in touched],
-    )
+
+
+def _log_breakers(
+    breakers: dict[str, tuple[BreakerView, BreakerDecision]], rows: dict[str, asyncpg.Record]
+) -> None:
     for gw, (view, decision) in breakers.items():
         row = rows.get(gw)
         if decision.closed and view.released and row is not None:
@@ -304,31 +279,6 @@ async def _write_sights(
             log.warning(
                 "breaker of gateway %s closed: %d stale session(s)", gw, view.would_disconnect
             )
-
-
-async def _say_sights(
-    conn: asyncpg.Connection, outbox: OutboxBatch, subjects: Subjects, changes: list[SightChange]
-) -> None:
-    if not changes:
-        return
-    gateways = sorted(c.gateway_id for c in changes)
-    sessions = {r["gateway_id"]: r["n"] for r in await conn.fetch(SESSIONS_OF, gateways)}
-    for change in changes:
-        age = None if change.last_flush_age is None else change.last_flush_age.total_seconds()
-        kind = GatewayBlind if change.blind else GatewaySeeing
-        event = kind(
-            gateway_id=change.gateway_id,
-            sessions=sessions.get(change.gateway_id, 0),
-            last_flush_age_seconds=age,
-        )
-        log.warning(
-            "gateway %s %s: %d session(s), last flush applied %s",
-            change.gateway_id,
-            "is blind, its sessions are held" if change.blind else "is seen again",
-            event.sessions,
-            "never" if age is None else f"{age:.1f}s ago",
-        )
-        outbox.add(event, subjects.event(event.BC_TYPE), order_key=f"gateway:{change.gateway_id}")
 
 
 def _say_breakers(
@@ -369,6 +319,9 @@ def _withdraw(runtime: Runtime) -> None:
     keep saying gateways are blind, or a breaker open, that it no longer sweeps."""
     runtime.metrics.liveness_blind_gateways.set(0.0)
     runtime.metrics.liveness_breakers_open.set(0.0)
+    runtime.metrics.liveness_lag_seconds.set(0.0)
+    for reason in ("lag", "no-flush"):
+        runtime.metrics.liveness_held_sessions.set(0.0, reason)
 
 
 def sweep_loop(settings: LivenessSettings) -> Loop:
@@ -376,11 +329,18 @@ def sweep_loop(settings: LivenessSettings) -> Loop:
 
     async def sweep(runtime: Runtime, stopping: asyncio.Event) -> None:
         async def body(lease: leases.Lease) -> None:
+            lag = await blindness.consumer_lag(runtime.js, runtime.subjects)
             started = time.perf_counter()
-            result = await sweep_once(runtime.pool, lease, runtime.subjects, rules, runtime.tracer)
-            runtime.metrics.liveness_sweep_seconds.observe(time.perf_counter() - started)
-            runtime.metrics.liveness_blind_gateways.set(float(len(result.blind)))
-            runtime.metrics.liveness_breakers_open.set(float(len(result.held)))
+            result = await sweep_once(
+                runtime.pool, lease, runtime.subjects, rules, runtime.tracer, lag
+            )
+            metrics = runtime.metrics
+            metrics.liveness_sweep_seconds.observe(time.perf_counter() - started)
+            metrics.liveness_blind_gateways.set(float(len(result.blind)))
+            metrics.liveness_breakers_open.set(float(len(result.held)))
+            metrics.liveness_lag_seconds.set(blindness.lag_gauge(lag))
+            for reason, held in result.held_sessions.items():
+                metrics.liveness_held_sessions.set(float(held), reason)
             await ranges.prune(runtime.pool)  # not the sweep's: its own, after it
             runtime.wake_outbox()
 

@@ -27,7 +27,7 @@ from nats.aio.client import Client as NATS
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration import fleet
-from tests.integration.streams import RecordingStream
+from tests.integration.heartbeats import Fleet
 from tests.integration.support import (
     OUTBOX_MESSAGES,
     bcw,
@@ -39,7 +39,6 @@ from tests.integration.support import (
 from workers import liveness
 from workers.bench.proxy import Mode, TcpProxy
 from workers.demo import fresh_sweep_history
-from workers.gateway import Gateway, GatewaySettings, HelloRequest, Refused
 from workers.liveness.decide import Rules
 from workers.liveness.sweep import sweep_once
 from workers.runtime.base.rule_settings import LivenessSettings
@@ -48,9 +47,6 @@ from workers.runtime.base.settings import Settings
 from workers.runtime.bus import streams
 
 S = timedelta(seconds=1)
-GATEWAY_SETTINGS = GatewaySettings(
-    heartbeat_interval=1.0, missed_heartbeats=3, flush_period=1.0, lease_ttl=3.0, renew_every=0.5
-)
 
 
 def _liveness_settings(base: Settings, nats_url: str | None = None) -> Settings:
@@ -66,53 +62,6 @@ def _liveness_settings(base: Settings, nats_url: str | None = None) -> Settings:
     if nats_url:
         update["nats"] = NatsSettings(url=nats_url, connect_timeout=1.0)
     return base.model_copy(update=update)
-
-
-class Fleet:
-    """Reference gateways with sessions that heartbeat, as daemons would."""
-
-    def __init__(self, pool: asyncpg.Pool, subjects: Subjects) -> None:
-        self.pool = pool
-        self.subjects = subjects
-        self.gateways: dict[str, Gateway] = {}
-        self.held: dict[str, tuple[Gateway, str, int]] = {}
-        self._beat: asyncio.Task[None] | None = None
-
-    async def gateway(self, gateway_id: str, nc: NATS) -> Gateway:
-        gateway = Gateway(gateway_id, self.pool, nc, self.subjects, settings=GATEWAY_SETTINGS)
-        await gateway.start(autotick=0.2)
-        self.gateways[gateway_id] = gateway
-        return gateway
-
-    async def connect(self, gateway: Gateway, count: int) -> None:
-        async with self.pool.acquire() as conn:
-            for i in range(count):
-                node = f"{gateway.gateway_id}-n{i:02d}"
-                await fleet.join(conn, node)
-                welcome = await gateway.hello(
-                    HelloRequest(node_id=node, cert_serial=f"{node}-serial", role="worker",
-                                 boot_id="b1", journal_id="j1"),
-                    RecordingStream(),
-                )  # fmt: skip
-                self.held[node] = (gateway, node, welcome.epoch)
-        if self._beat is None:
-            self._beat = asyncio.create_task(self._heartbeats())
-
-    async def _heartbeats(self) -> None:
-        while True:
-            for gateway, node, epoch in self.held.values():
-                if gateway.alive:
-                    with contextlib.suppress(Refused):  # a session ended meanwhile
-                        gateway.heartbeat(node, epoch)
-            await asyncio.sleep(0.25)
-
-    async def stop(self) -> None:
-        if self._beat is not None:
-            self._beat.cancel()
-            await asyncio.gather(self._beat, return_exceptions=True)
-        for gateway in self.gateways.values():
-            if gateway.alive:
-                await gateway.stop(graceful=False)
 
 
 @pytest.fixture
@@ -216,6 +165,8 @@ async def test_the_controllers_bus_cut_for_12s_disconnects_nobody(
     assert all(a != b for a, b in itertools.pairwise(kinds)), kinds  # never said twice in a row
     blind = spells[0][1]
     assert blind["gatewayId"] == "gw-a" and blind["sessions"] == 20
+    # its own link to the bus cut, the controller cannot read its facts: behind them
+    assert blind["reason"] == "lag"
 
 
 @pytest.mark.slow
@@ -272,6 +223,7 @@ async def test_a_silent_gateway_is_held_while_its_lease_holds_then_lost_after_th
                 [blind] = await _events(nc, subjects, "gateway.blind", after=mark)
                 assert (blind["gatewayId"], blind["sessions"]) == ("gw-b", 10)
                 assert blind["lastFlushAgeSeconds"] >= 2
+                assert blind["reason"] == "no-flush"  # the controller is not behind: gw-b is
 
                 await silent.stop(graceful=False)  # its lease now runs out
                 await eventually(

@@ -55,9 +55,9 @@ def silenced(i: int, gateways: int, share: float) -> bool:
     return math.floor((k + 1) * share) > math.floor(k * share)
 
 
-def age_ms(i: int, flush: int) -> int:
+def age_ms(i: int, flush: int, heartbeat_ms: int = HEARTBEAT_MS) -> int:
     """Node `i`'s age at its gateway's `flush`-th flush: spread over a heartbeat. Pure."""
-    return (i * 7919 + flush * 3331) % HEARTBEAT_MS
+    return (i * 7919 + flush * 3331) % heartbeat_ms
 
 
 async def prepare(
@@ -104,8 +104,16 @@ async def prepare(
 class Gateway:
     """One simulated gateway: its sessions' entries, encoded once, and its flushes."""
 
-    def __init__(self, index: int, nodes: int, gateways: int, subjects: Subjects):
+    def __init__(
+        self,
+        index: int,
+        nodes: int,
+        gateways: int,
+        subjects: Subjects,
+        heartbeat_ms: int = HEARTBEAT_MS,
+    ):
         self.gateway_id = f"gw-{index}"
+        self.heartbeat_ms = heartbeat_ms  # its daemons' heartbeat: an entry's age is below it
         self.subject = subjects.fact(self.gateway_id, Liveness.BC_TYPE)
         numbers = range(index if index else gateways, nodes + 1, gateways)
         by_hash = sorted((node_hash(f"node-{i}"), i) for i in numbers)  # in hash order
@@ -125,7 +133,9 @@ class Gateway:
     def flush(self) -> list[tuple[uuid.UUID, bytes]]:
         """This period's liveness facts: (fact id, body), in order."""
         entries = [
-            self.heads[p] + str(age_ms(self.nodes[p], self.flushes)).encode() + HEARTBEAT.encode()
+            self.heads[p]
+            + str(age_ms(self.nodes[p], self.flushes, self.heartbeat_ms)).encode()
+            + HEARTBEAT.encode()
             for p in self.held
         ]
         self.flushes += 1

@@ -178,6 +178,22 @@ class Metrics:
             "Gateways whose flushes the liveness controller has not applied lately "
             "(their sessions are held); set by the replica that sweeps.",
         )  # fmt: skip
+        self.liveness_lag_seconds = Gauge(
+            r, "bcw_liveness_lag_seconds",
+            "How long ago the bus stored the oldest flush the liveness controller has not "
+            "applied (0: none waits; NaN: its consumer could not be read). Past "
+            "BCW_LIVENESS_BLIND_AFTER the controller is behind: every gateway it cannot see "
+            "for it is blind for lag, its sessions held. Set by the replica that sweeps.",
+        )  # fmt: skip
+        self.liveness_held_sessions = Gauge(
+            r, "bcw_liveness_held_sessions",
+            "Sessions the liveness controller holds (neither ages nor disconnects) because their "
+            "gateway is blind, by why: lag (the controller is behind its facts) or no-flush "
+            "(none of the gateway's flushes reaches it); counted when it went blind.",
+            ("reason",),
+        )  # fmt: skip
+        for reason in ("lag", "no-flush"):  # shown at 0 from the start, as the unlabeled ones
+            self.liveness_held_sessions.set(0.0, reason)
         self.liveness_breakers_open = Gauge(
             r, "bcw_liveness_breakers_open",
             "Gateways whose stale sessions the fleet breaker holds; set by the replica that sweeps.",

@@ -119,7 +119,11 @@ async def test_a_re_cut_replaces_every_row_its_new_ranges_overlap_and_an_old_cut
     await apply_published(db, subjects, (ranged("gw-2", 0, HASH_SPACE), 2))  # not gw-1's
     # the gateway's sessions pass a power of two: two ranges, one published at a time
     await apply_published(db, subjects, (ranged("gw-1", 0, HALF), 3))
-    assert [(r["range_start"], r["range_end"]) for r in await rows(db)] == [(0, HALF)]
+    # the rest of the old row stays, naming no session, at its place and time, until the
+    # new cut names it: the gateway's rows still tile the hash space
+    assert [
+        (r["range_start"], r["range_end"], r["stream_seq"], r["entries"]) for r in await rows(db)
+    ] == [(0, HALF, 3, []), (HALF, HASH_SPACE, 1, [])]
     await apply_published(db, subjects, (ranged("gw-1", HALF, HASH_SPACE), 4))
     assert [(r["range_start"], r["stream_seq"]) for r in await rows(db)] == [(0, 3), (HALF, 4)]
     # a fact of the old cut, late: a newer row overlaps it — refused whole
@@ -135,11 +139,12 @@ async def test_a_re_cut_replaces_every_row_its_new_ranges_overlap_and_an_old_cut
         (ranged("gw-1", HALF, HALF + quarter), 6),
     )
     found = [(r["range_start"], r["range_end"], r["stream_seq"]) for r in await rows(db)]
-    assert found == [(0, HALF, 9), (HALF, HALF + quarter, 6)]
-    # late, older than one row it overlaps and newer than the other: refused whole, and
-    # the older row stays (no range is left without the newest fact that named it)
+    # (and what the quarter leaves of the half it replaced, until named anew)
+    assert found == [(0, HALF, 9), (HALF, HALF + quarter, 6), (HALF + quarter, HASH_SPACE, 4)]
+    # late, older than one row it overlaps and newer than the others: refused whole, and
+    # the older rows stay (no range is left without the newest fact that named it)
     await apply_published(db, subjects, (ranged("gw-1", 0, HASH_SPACE), 8))
-    assert [r["stream_seq"] for r in await rows(db)] == [9, 6]
+    assert [r["stream_seq"] for r in await rows(db)] == [9, 6, 4]
     assert [r["stream_seq"] for r in await rows(db, "gw-2")] == [2]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -259,7 +259,7 @@ async def test_after_the_stream_is_made_anew_its_facts_still_move_the_sight(
 ) -> None:
     """A facts stream provisioned again numbers from 1: by sequence alone its facts would
     all be older than the rows, and the ranged sessions' sight would stop (migration 0040)."""
-    t = datetime(2026, 12, 3, tzinfo=UTC)
+    t = await db.fetchval("SELECT now() - interval '40 seconds'")  # the bus's clock
     await fleet.session(db, "n1", epoch=1, gateway_id="gw-1", seen_ago=60 * S)
     await apply(db, subjects, (ranged("gw-1", ("n1", 1, 0)), 90_000), stored_at=t)
     before = await state(db, "n1")

@@ -139,10 +139,10 @@ def test_a_gateway_is_seen_while_its_flushes_are_applied(
     ("last_flush_ago", "blind_since", "change"),
     [
         (1 * S, None, None),  # seeing, and said so
-        (31 * S, None, SightChange("gw-1", True, 31 * S)),  # goes blind: say it once
+        (31 * S, None, SightChange("gw-1", True, 31 * S, "no-flush")),  # goes blind: once
         (40 * S, NOW - 9 * S, None),  # still blind: nothing new
         (1 * S, NOW - 9 * S, SightChange("gw-1", False, 1 * S)),  # sees again
-        (None, None, SightChange("gw-1", True, None)),  # never flushed: blind
+        (None, None, SightChange("gw-1", True, None, "no-flush")),  # never flushed: blind
         (None, NOW - 9 * S, None),
         # the clock stepped back past the last flush (the demo's offset reset): age 0
         (-137 * S, NOW - 9 * S, SightChange("gw-1", False, 0 * S)),

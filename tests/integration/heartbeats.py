@@ -1,0 +1,74 @@
+"""Reference gateways whose sessions heartbeat, as daemons would: for tests of what the
+liveness controller makes of real flushes (`faults/test_blindness.py`,
+`faults/test_overload.py`). Periods are short: heartbeat 1 s, three missed, flush 1 s."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+import asyncpg
+from nats.aio.client import Client as NATS
+
+from schemas.subjects import Subjects
+from tests.integration import fleet
+from tests.integration.streams import RecordingStream
+from workers.gateway import Gateway, GatewaySettings, HelloRequest, Refused
+
+GATEWAY_SETTINGS = GatewaySettings(
+    heartbeat_interval=1.0, missed_heartbeats=3, flush_period=1.0, lease_ttl=3.0, renew_every=0.5
+)
+
+
+class Fleet:
+    """Reference gateways with sessions that heartbeat, as daemons would."""
+
+    def __init__(self, pool: asyncpg.Pool, subjects: Subjects) -> None:
+        self.pool = pool
+        self.subjects = subjects
+        self.gateways: dict[str, Gateway] = {}
+        self.held: dict[str, tuple[Gateway, str, int]] = {}
+        self._beat: asyncio.Task[None] | None = None
+
+    async def gateway(
+        self, gateway_id: str, nc: NATS, wall: Callable[[], float] = time.time
+    ) -> Gateway:
+        """A gateway started (`wall`: its clock for what others read, facts' `observed_at`)."""
+        gateway = Gateway(
+            gateway_id, self.pool, nc, self.subjects, wall=wall, settings=GATEWAY_SETTINGS
+        )
+        await gateway.start(autotick=0.2)
+        self.gateways[gateway_id] = gateway
+        return gateway
+
+    async def connect(self, gateway: Gateway, count: int) -> None:
+        async with self.pool.acquire() as conn:
+            for i in range(count):
+                node = f"{gateway.gateway_id}-n{i:02d}"
+                await fleet.join(conn, node)
+                welcome = await gateway.hello(
+                    HelloRequest(node_id=node, cert_serial=f"{node}-serial", role="worker",
+                                 boot_id="b1", journal_id="j1"),
+                    RecordingStream(),
+                )  # fmt: skip
+                self.held[node] = (gateway, node, welcome.epoch)
+        if self._beat is None:
+            self._beat = asyncio.create_task(self._heartbeats())
+
+    async def _heartbeats(self) -> None:
+        while True:
+            for gateway, node, epoch in self.held.values():
+                if gateway.alive:
+                    with contextlib.suppress(Refused):  # a session ended meanwhile
+                        gateway.heartbeat(node, epoch)
+            await asyncio.sleep(0.25)
+
+    async def stop(self) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
+            await asyncio.gather(self._beat, return_exceptions=True)
+        for gateway in self.gateways.values():
+            if gateway.alive:
+                await gateway.stop(graceful=False)

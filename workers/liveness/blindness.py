@@ -1,0 +1,229 @@
+"""What the sweep knows of each gateway's flushes, and says of it: which gateways the
+controller can see, how far behind its own facts it is, and each change of sight.
+
+Called by the sweep (`workers.liveness.sweep`), inside its transaction (the sight rows)
+and before it (the consumer's lag, from the bus). Every sight is on the bus's clock — when
+the bus stored a flush (`bus_time`, migration 0043) — so that a controller behind its
+facts sees each gateway as of what it has applied, never as of when it applied it
+(docs/workers.md, "One clock for sight"). The rules are `decide.sees`,
+`decide.sight_change` and `decide.behind`.
+
+Lock order (the sweep's): the gateways' sight rows, in gateway order; the range rows are
+read without a lock (a flush replacing one now makes the gateway's sight newer, never
+older).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+
+import asyncpg
+from nats.js import JetStreamContext
+
+from schemas.events import GatewayBlind, GatewaySeeing
+from schemas.facts import Liveness
+from schemas.subjects import Subjects
+from workers.liveness.decide import GatewaySight, RangeSight, SightChange
+from workers.runtime.effects.batch import OutboxBatch
+
+log = logging.getLogger(__name__)
+
+#: the liveness worker's durable consumer (its name)
+CONSUMER = "liveness"
+#: how long the sweep waits for the bus to say how far behind the consumer is
+LAG_TIMEOUT = 2.0
+
+# Every gateway that is live or within its grace gets a sight row (a gateway that never
+# flushed is blind too); the rows (one per gateway: tens) are locked in gateway order.
+ENSURE_SIGHTS = """
+INSERT INTO liveness_gateways (gateway_id)
+SELECT gateway_id FROM gateways WHERE lease_expires_at > $1
+ON CONFLICT (gateway_id) DO NOTHING
+"""
+READ_SIGHTS = "SELECT * FROM liveness_gateways ORDER BY gateway_id FOR UPDATE"
+# Each gateway's range rows, their bounds and time alone (a few per gateway: not their
+# entries, which are the bulk of the table).
+RANGE_SIGHTS = """
+SELECT gateway_id, range_start, range_end, applied_at FROM liveness_ranges
+ WHERE gateway_id = ANY($1::text[])
+"""
+WRITE_SIGHTS = """
+UPDATE liveness_gateways lg
+   SET blind_since = t.blind_since, breaker_opened_at = t.opened,
+       breaker_released_at = CASE WHEN t.opened IS NULL THEN NULL ELSE lg.breaker_released_at END,
+       breaker_released_by = CASE WHEN t.opened IS NULL THEN NULL ELSE lg.breaker_released_by END,
+       blind_reason = t.reason, blind_sessions = t.sessions
+  FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[], $4::text[], $5::integer[])
+       AS t(gateway_id, blind_since, opened, reason, sessions)
+ WHERE lg.gateway_id = t.gateway_id
+"""
+SESSIONS_OF = """
+SELECT gateway_id, count(*) AS n FROM node_sessions
+ WHERE gateway_id = ANY($1::text[]) GROUP BY gateway_id
+"""
+
+
+async def read_sights(
+    conn: asyncpg.Connection, live_after: datetime
+) -> tuple[dict[str, asyncpg.Record], dict[str, GatewaySight]]:
+    """Every gateway's sight row (made for each gateway whose lease expired after
+    `live_after`), locked; and what the controller knows of its flushes."""
+    await conn.execute(ENSURE_SIGHTS, live_after)
+    rows = {r["gateway_id"]: r for r in await conn.fetch(READ_SIGHTS)}
+    ranges: dict[str, list[RangeSight]] = {}
+    for r in await conn.fetch(RANGE_SIGHTS, sorted(rows)):
+        ranges.setdefault(r["gateway_id"], []).append(
+            (r["range_start"], r["range_end"], r["applied_at"])
+        )
+    sights = {gw: _sight(r, tuple(ranges.get(gw, ()))) for gw, r in rows.items()}
+    return rows, sights
+
+
+def _sight(row: asyncpg.Record, ranges: tuple[RangeSight, ...]) -> GatewaySight:
+    return GatewaySight(
+        row["gateway_id"],
+        row["last_flush_at"],
+        row["blind_since"],
+        row["known_since"],
+        ranges=ranges,
+        whole_flush_at=row["whole_flush_at"],
+    )
+
+
+async def consumer_lag(js: JetStreamContext, subjects: Subjects) -> float | None:
+    """Seconds since the bus stored the oldest flush the liveness consumer has not applied
+    (acked): 0.0 when none waits; None when the bus does not say (the sweeping replica's
+    own link to it is down, or too slow to answer within `LAG_TIMEOUT`).
+
+    The oldest is the first flush after the consumer's ack floor: a flush above it may
+    have been acked already (replicas ack out of order), so this may say more than the
+    truth, never less."""
+    try:
+        async with asyncio.timeout(LAG_TIMEOUT):
+            info = await js.consumer_info(subjects.facts_stream, CONSUMER)
+            if not (info.num_pending or 0) and not (info.num_ack_pending or 0):
+                return 0.0
+            floor = info.ack_floor.stream_seq if info.ack_floor is not None else 0
+            oldest = await js.get_msg(
+                subjects.facts_stream,
+                seq=(floor or 0) + 1,
+                next=True,
+                subject=subjects.fact_filter(Liveness.BC_TYPE),
+            )
+    except Exception as error:
+        log.debug("the liveness consumer's lag is not known: %r", error)
+        return None
+    if oldest.time is None:
+        return None
+    return max(0.0, (datetime.now(UTC) - oldest.time).total_seconds())
+
+
+async def sessions_of(conn: asyncpg.Connection, changes: Sequence[SightChange]) -> dict[str, int]:
+    """How many sessions each gateway of `changes` holds now."""
+    if not changes:
+        return {}
+    gateways = sorted(c.gateway_id for c in changes)
+    return {r["gateway_id"]: r["n"] for r in await conn.fetch(SESSIONS_OF, gateways)}
+
+
+async def write_sights(
+    conn: asyncpg.Connection,
+    rows: dict[str, asyncpg.Record],
+    changes: Sequence[SightChange],
+    sessions: dict[str, int],
+    breakers: dict[str, datetime | None],
+    now: datetime,
+) -> None:
+    """Record each change of sight (blind since now, why, and how many sessions it held
+    then; or seeing) and each breaker opened or closed (`breakers`: gateway → opened at,
+    None: closed)."""
+    changed = {c.gateway_id: c for c in changes}
+    touched = sorted((set(changed) | set(breakers)) & set(rows))
+    if not touched:
+        return
+
+    def blind(gw: str) -> tuple[datetime | None, str | None, int | None]:
+        row, change = rows[gw], changed.get(gw)
+        if change is None:
+            return row["blind_since"], row["blind_reason"], row["blind_sessions"]
+        if not change.blind:
+            return None, None, None
+        return now, change.reason, sessions.get(gw, 0)
+
+    kept = [blind(gw) for gw in touched]
+    await conn.execute(
+        WRITE_SIGHTS,
+        touched,
+        [since for since, _, _ in kept],
+        [breakers[gw] if gw in breakers else rows[gw]["breaker_opened_at"] for gw in touched],
+        [reason for _, reason, _ in kept],
+        [held for _, _, held in kept],
+    )
+
+
+def say_sights(
+    outbox: OutboxBatch,
+    subjects: Subjects,
+    changes: Sequence[SightChange],
+    sessions: dict[str, int],
+) -> None:
+    """A WARNING line and `gateway.blind` (with why) or `gateway.seeing` for each change."""
+    for change in changes:
+        age = None if change.last_flush_age is None else change.last_flush_age.total_seconds()
+        held = sessions.get(change.gateway_id, 0)
+        event: GatewayBlind | GatewaySeeing
+        if change.blind:
+            event = GatewayBlind(
+                gateway_id=change.gateway_id,
+                sessions=held,
+                last_flush_age_seconds=age,
+                reason=change.reason,
+            )
+        else:
+            event = GatewaySeeing(
+                gateway_id=change.gateway_id, sessions=held, last_flush_age_seconds=age
+            )
+        log.warning(
+            "gateway %s %s: %d session(s), its flushes seen as of %s",
+            change.gateway_id,
+            f"is blind ({_why(change)}), its sessions are held"
+            if change.blind
+            else "is seen again",
+            held,
+            "never" if age is None else f"{age:.1f}s ago",
+        )
+        outbox.add(event, subjects.event(event.BC_TYPE), order_key=f"gateway:{change.gateway_id}")
+
+
+def _why(change: SightChange) -> str:
+    if change.reason == "lag":
+        return "lag: the controller is behind its facts"
+    return "no flush of it reaches the controller"
+
+
+def held_sessions(
+    rows: dict[str, asyncpg.Record],
+    changes: Iterable[SightChange],
+    sessions: dict[str, int],
+) -> dict[str, int]:
+    """Sessions held because their gateway is blind after this sweep, by why (`lag`,
+    `no-flush`), as counted when each went blind. Pure."""
+    changed = {c.gateway_id: c for c in changes}
+    held = {"lag": 0, "no-flush": 0}
+    for gw, row in rows.items():
+        change = changed.get(gw)
+        if change is not None:
+            if change.blind:
+                held[change.reason or "no-flush"] += sessions.get(gw, 0)
+        elif row["blind_since"] is not None:
+            held[row["blind_reason"] or "no-flush"] += row["blind_sessions"] or 0
+    return held
+
+
+def lag_gauge(lag: float | None) -> float:
+    """The lag as the gauge shows it: NaN when not known."""
+    return math.nan if lag is None else lag
