@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from workers.bench.herd import cores_for
 from workers.bench.soak import Sample, figures_of, levels, problems, slope_per_hour
 from workers.bench.steady.figures import (
     Minute,
+    Starved,
     growth_percent,
     percentile,
     summarize,
@@ -233,10 +235,31 @@ def test_the_steady_summary_reads_as_the_issue_asks() -> None:
     assert summary.last_line() == (
         "held 1000000 nodes for 10 min: flush lag p99 3.00 s, sweep max 0.40 s, blind 0, "
         "wrong disconnects 0, silenced disconnected 50 of 50, size growth 5.0 % after "
-        "warm-up, cpu 0.75 cores"
+        "warm-up, cpu 0.75 cores, max lag 12.00 s, held for lag 0 sessions"
     )
     assert steady_problems(summary) == []  # the servers' memory is not judged, the workers' is
     assert "flush lag p50 0.50 p99 0.50 max 3.00 s (100 facts)" in minutes[0].line()
+
+
+def test_a_starved_run_is_held_to_what_overload_must_not_do() -> None:
+    """Starved on purpose: its lag, sweeps and blindness are what the starving makes, not
+    bounds; no gateway left blind, none wrongly disconnected, every silenced node gone once
+    it could be judged — and a controller far behind that said nothing is a failure."""
+    minutes = [_minute(m, [90.0], 1000, blind=80) for m in range(1, 10)]
+    minutes.append(_minute(10, [0.5, 258.0], 1000, expected=50, blind=80, sweep_max=21.0))
+    starved = Starved(fraction=0.15, seconds=150, blind_during=80, blind_at_end=0, recovered=42.4)
+    summary = summarize(1_000_000, minutes, 50, 50, held_for_lag=400_000, starved=starved)
+    assert summary.last_line().endswith(
+        "cpu 0.75 cores, max lag 258.00 s, held for lag 400000 sessions; starved to 15% for "
+        "150 s: blind 80 during, 0 at the end, recovered in 42 s"
+    )
+    assert steady_problems(summary) == []
+    quiet = dataclasses.replace(starved, blind_during=0, blind_at_end=3, recovered=None)
+    said = steady_problems(summarize(1_000_000, minutes, 40, 50, starved=quiet))
+    assert len(said) == 3, said
+    assert any("3 gateway(s) still blind" in s for s in said)
+    assert any("fell 258 s behind and said no gateway blind" in s for s in said)
+    assert any("10 silenced node(s)" in s for s in said)
 
 
 def test_every_broken_bound_is_said() -> None:

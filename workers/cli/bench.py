@@ -94,6 +94,19 @@ def add(commands: Commands) -> None:
         help="steady: the share of nodes whose flushes stop at minute 2 (0.01)",
     )
     bench.add_argument(
+        "--starve",
+        type=_fraction,
+        default=1.0,
+        help="steady: from minute 2, run the liveness processes only this fraction of each "
+        "second (stopped and continued: a CPU starved), for --starve-for seconds (1: never)",
+    )
+    bench.add_argument(
+        "--starve-for",
+        type=float,
+        default=150.0,
+        help="steady: how long --starve lasts, in seconds (150)",
+    )
+    bench.add_argument(
         "--replicas",
         type=int,
         default=None,
@@ -118,6 +131,17 @@ def add(commands: Commands) -> None:
         help="start embedded servers for the run (else BCW_*_URL)",
     )
     bench.set_defaults(handler=_cmd_bench)
+
+
+def _fraction(text: str) -> float:
+    """A fraction in (0, 1], for argparse (its error names the option)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in (0, 1]")
+    return value
 
 
 def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
@@ -198,6 +222,8 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
                 args.silent_share,
                 args.replicas or max(1, math.ceil(nodes / 500_000)),
                 args.embedded,
+                args.starve,
+                args.starve_for,
             )
         )
     if args.bench == "flush":

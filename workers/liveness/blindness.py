@@ -15,7 +15,6 @@ older).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 from collections.abc import Iterable, Sequence
@@ -28,14 +27,13 @@ from schemas.events import GatewayBlind, GatewaySeeing
 from schemas.facts import Liveness
 from schemas.subjects import Subjects
 from workers.liveness.decide import GatewaySight, RangeSight, SightChange
+from workers.runtime.bus.watermark import oldest_unapplied
 from workers.runtime.effects.batch import OutboxBatch
 
 log = logging.getLogger(__name__)
 
 #: the liveness worker's durable consumer (its name)
 CONSUMER = "liveness"
-#: how long the sweep waits for the bus to say how far behind the consumer is
-LAG_TIMEOUT = 2.0
 
 # Every gateway that is live or within its grace gets a sight row (a gateway that never
 # flushed is blind too); the rows (one per gateway: tens) are locked in gateway order.
@@ -95,31 +93,16 @@ def _sight(row: asyncpg.Record, ranges: tuple[RangeSight, ...]) -> GatewaySight:
 
 
 async def consumer_lag(js: JetStreamContext, subjects: Subjects) -> float | None:
-    """Seconds since the bus stored the oldest flush the liveness consumer has not applied
-    (acked): 0.0 when none waits; None when the bus does not say (the sweeping replica's
-    own link to it is down, or too slow to answer within `LAG_TIMEOUT`).
-
-    The oldest is the first flush after the consumer's ack floor: a flush above it may
-    have been acked already (replicas ack out of order), so this may say more than the
-    truth, never less."""
-    try:
-        async with asyncio.timeout(LAG_TIMEOUT):
-            info = await js.consumer_info(subjects.facts_stream, CONSUMER)
-            if not (info.num_pending or 0) and not (info.num_ack_pending or 0):
-                return 0.0
-            floor = info.ack_floor.stream_seq if info.ack_floor is not None else 0
-            oldest = await js.get_msg(
-                subjects.facts_stream,
-                seq=(floor or 0) + 1,
-                next=True,
-                subject=subjects.fact_filter(Liveness.BC_TYPE),
-            )
-    except Exception as error:
-        log.debug("the liveness consumer's lag is not known: %r", error)
+    """Seconds since the bus stored the oldest flush the liveness consumer has not applied:
+    0.0 when none waits; None when the bus does not say (`watermark.oldest_unapplied`)."""
+    found = await oldest_unapplied(
+        js, subjects.facts_stream, CONSUMER, subjects.fact_filter(Liveness.BC_TYPE)
+    )
+    if found is None:
         return None
-    if oldest.time is None:
-        return None
-    return max(0.0, (datetime.now(UTC) - oldest.time).total_seconds())
+    if found.oldest is None:
+        return 0.0
+    return max(0.0, (datetime.now(UTC) - found.oldest).total_seconds())
 
 
 async def sessions_of(conn: asyncpg.Connection, changes: Sequence[SightChange]) -> dict[str, int]:

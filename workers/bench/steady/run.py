@@ -21,6 +21,7 @@ import socket
 import tempfile
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
@@ -39,7 +40,8 @@ from workers.bench.common import (
 )
 from workers.bench.costs import cpu_seconds, memory_mib, nats_server_pid, servers_cpu_seconds
 from workers.bench.steady import fleet
-from workers.bench.steady.figures import Minute, problems, summarize
+from workers.bench.steady.figures import Minute, Starved, problems, summarize
+from workers.bench.steady.starve import Starving, starve
 from workers.liveness.sight import switched_on
 from workers.runtime.base.settings import Settings
 
@@ -74,6 +76,19 @@ UPDATES = """
 SELECT n_tup_upd, n_tup_hot_upd, n_dead_tup, (SELECT wal_bytes FROM pg_stat_wal) AS wal
   FROM pg_stat_user_tables WHERE relname = 'node_sessions'
 """
+# the silenced nodes disconnected within `$2` seconds of when the controller could judge
+# them: their last sight, when their gateway (`gw-<i mod G>`) was last seen again, the end
+# of an outage grace — the latest
+IN_TIME = """
+SELECT count(*)
+  FROM node_sessions s
+  LEFT JOIN unnest($3::text[], $4::timestamptz[]) AS g(gateway_id, seen_again)
+    ON g.gateway_id = 'gw-' || (substr(s.node_id, 6)::bigint % $5)
+ WHERE s.node_id = ANY($1::text[]) AND s.gateway_id IS NULL
+   AND s.disconnected_at - greatest(s.last_seen, g.seen_again,
+                                    (SELECT grace_until FROM liveness_sweeps))
+       <= $2 * interval '1 second'
+"""
 # the last minute's: a transaction that began long ago commits late
 INBOX = """
 SELECT fact_id FROM processed_facts
@@ -104,22 +119,30 @@ def _postgres_rss_mib() -> float:
     return anon + shared
 
 
-async def _scrape_sweeps(port: int) -> tuple[float, float] | None:
-    """(sum, count) of `bcw_liveness_sweep_seconds` on a process's metrics port."""
+#: what the run reads of each liveness process's metrics
+SCRAPED = (
+    "bcw_liveness_sweep_seconds_sum",
+    "bcw_liveness_sweep_seconds_count",
+    'bcw_liveness_held_sessions{reason="lag"}',
+)
+
+
+async def _scrape(port: int) -> dict[str, float]:
+    """The `SCRAPED` samples on a process's metrics port (none, from a stopped process)."""
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        body = (await reader.read()).decode(errors="replace")
-        writer.close()
-    except OSError:
-        return None
-    total = count = math.nan
+        async with asyncio.timeout(2.0):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            body = (await reader.read()).decode(errors="replace")
+            writer.close()
+    except (OSError, TimeoutError):
+        return {}
+    found = {}
     for line in body.splitlines():
-        if line.startswith("bcw_liveness_sweep_seconds_sum"):
-            total = float(line.rsplit(" ", 1)[1])
-        elif line.startswith("bcw_liveness_sweep_seconds_count"):
-            count = float(line.rsplit(" ", 1)[1])
-    return None if math.isnan(total) or math.isnan(count) else (total, count)
+        name, _, value = line.rpartition(" ")
+        if name in SCRAPED:
+            found[name] = float(value)
+    return found
 
 
 class Watch:
@@ -132,7 +155,10 @@ class Watch:
         self.quiet: set[str] = set()
         self.expected: set[str] = set()
         self.wrong: set[str] = set()
-        self.blind: set[str] = set()
+        self.blind: set[str] = set()  # gateways said blind, ever
+        self.blind_now: set[str] = set()  # and not said seen again since
+        self.seen_again: dict[str, float] = {}  # gateway → when last said seen again
+        self.held_for_lag = 0.0  # the most sessions held for lag at once (the sweeper's)
 
     def publish(self, fact_id: uuid.UUID, at: float) -> None:
         self.published[fact_id] = at
@@ -151,9 +177,11 @@ class Watch:
         last: dict[int, tuple[float, float]] = {}
         while True:
             for port in ports:
-                now = await _scrape_sweeps(port)
-                if now is None:
+                found = await _scrape(port)
+                self.held_for_lag = max(self.held_for_lag, found.get(SCRAPED[2], 0.0))
+                if SCRAPED[0] not in found or SCRAPED[1] not in found:
                     continue
+                now = (found[SCRAPED[0]], found[SCRAPED[1]])
                 before = last.get(port)
                 if before is not None and now[1] > before[1]:
                     self.sweeps.append(now[0] - before[0])  # one sweep, or an upper bound
@@ -164,6 +192,11 @@ class Watch:
         event = REGISTRY.decode(msg.headers, msg.data)
         if event.BC_TYPE == "gateway.blind":
             self.blind.add(event.gateway_id)  # type: ignore[attr-defined]
+            self.blind_now.add(event.gateway_id)  # type: ignore[attr-defined]
+            return
+        if event.BC_TYPE == "gateway.seeing":
+            self.blind_now.discard(event.gateway_id)  # type: ignore[attr-defined]
+            self.seen_again[event.gateway_id] = time.time()  # type: ignore[attr-defined]
             return
         node = event.node_id  # type: ignore[attr-defined]
         (self.expected if node in self.quiet else self.wrong).add(node)
@@ -177,6 +210,8 @@ async def run(
     share: float,
     replicas: int,
     embedded: bool,
+    starve_fraction: float = 1.0,
+    starve_seconds: float = 150.0,
 ) -> int:
     period = settings.liveness.flush_period.total_seconds()
     server = {"shared_buffers": SHARED_BUFFERS}
@@ -205,7 +240,7 @@ async def run(
         nc = await nats.connect(target.nats_url, pending_size=256 * 2**20)
         js = nc.jetstream()
         watch = Watch()
-        for kind in ("node.disconnected", "gateway.blind"):
+        for kind in ("node.disconnected", "gateway.blind", "gateway.seeing"):
             await nc.subscribe(subjects.event(kind), cb=watch.event)
         stopping = asyncio.Event()
         tasks: list[asyncio.Task[object]] = []
@@ -224,6 +259,9 @@ async def run(
                 asyncio.create_task(watch.inbox(watcher)),
                 asyncio.create_task(watch.sweeps_of(ports)),
             ]
+            starving = Starving(starve_fraction, starve_seconds, start + 60 * SILENCE_AT_MINUTE)
+            pids = [proc.pid for proc in procs.values()]
+            tasks.append(asyncio.create_task(starve(pids, starving)))
             print(
                 f"holding {nodes:,} nodes: {gateways} gateways flushing every {period:g} s, "
                 f"{replicas} liveness process(es)"
@@ -244,18 +282,31 @@ async def run(
             await stop_workers(procs)
             await nc.close()
         bound = settings.liveness.stale_after.total_seconds() + 2 * settings.liveness.sweep_interval
+        # judged from its last sight, or from when its gateway was seen again after being
+        # blind (the controller could not judge it before), or from the end of an outage
+        # grace the starving started: whichever came last
+        seen_again = sorted(watch.seen_again.items())
         in_time = await conn.fetchval(
-            "SELECT count(*) FROM node_sessions WHERE node_id = ANY($1::text[]) "
-            "AND gateway_id IS NULL AND disconnected_at - last_seen <= $2 * interval '1 second'",
+            IN_TIME,
             sorted(watch.quiet),
             bound,
+            [gw for gw, _ in seen_again],
+            [datetime.fromtimestamp(at, UTC) for _, at in seen_again],
+            gateways,
         )
         wrong = await conn.fetchval(
             "SELECT count(*) FROM node_sessions WHERE gateway_id IS NULL AND node_id <> ALL($1::text[])",
             sorted(watch.quiet),
         )
         await conn.close()
-    summary = summarize(nodes, lines, in_time, len(watch.quiet))
+    summary = summarize(
+        nodes,
+        lines,
+        in_time,
+        len(watch.quiet),
+        held_for_lag=int(watch.held_for_lag),
+        starved=_starved(starve_fraction, watch, starving),
+    )
     if wrong > summary.wrong:  # a disconnect the events did not say (or not yet)
         summary = dataclasses.replace(summary, wrong=wrong)
     broken = problems(summary)
@@ -265,6 +316,22 @@ async def run(
         print(line)
     print(summary.last_line())
     return 1 if broken else 0
+
+
+def _starved(fraction: float, watch: Watch, starving: Starving) -> Starved | None:
+    """What the starving did, once it is over (None: there was none)."""
+    if fraction >= 1.0:
+        return None
+    ended = time.time() - (time.monotonic() - starving.until)  # on the wall clock
+    again = [watch.seen_again.get(gw, math.inf) for gw in watch.blind]
+    recovered = max(again, default=ended) - ended
+    return Starved(
+        fraction=fraction,
+        seconds=starving.seconds,
+        blind_during=len(watch.blind),
+        blind_at_end=len(watch.blind_now),
+        recovered=max(0.0, recovered) if math.isfinite(recovered) else None,
+    )
 
 
 async def _stream_bytes(js: nats.js.JetStreamContext, stream: str) -> float:
