@@ -28,6 +28,9 @@ NOT_OURS = ROW_OF_ANOTHER
 @dataclass(frozen=True)
 class Rules:
     stale_after: timedelta = timedelta(seconds=45)
+    #: the silence its gateway closes a session for (the daemons' heartbeat times the missed
+    #: ones): what a stale session shows in the flushes the controller applied
+    silent_after: timedelta = timedelta(seconds=30)
     gateway_grace: timedelta = timedelta(seconds=120)
     outage_threshold: timedelta = timedelta(seconds=20)
     outage_grace: timedelta = timedelta(minutes=5)
@@ -208,6 +211,15 @@ def seen_at(sight: GatewaySight) -> datetime | None:
     return max(seen, default=None)
 
 
+def stale_before(seen: datetime, now: datetime, rules: Rules) -> datetime:
+    """A session of a gateway seen as of `seen` is stale when last seen before this:
+    `stale_after` ago (the seed's 45 s: three heartbeats and a flush period) — and, on
+    the clock of the flushes the controller applied, `silent_after` before what they
+    cover, so that a controller behind them (the flush period and its lag) never takes a
+    session that missed a heartbeat or two for one its gateway no longer hears. Pure."""
+    return min(now - rules.stale_after, seen - rules.silent_after)
+
+
 @dataclass(frozen=True)
 class SightChange:
     """A gateway went blind (`blind=True`) or sees again; said once per transition."""
@@ -241,12 +253,35 @@ def sees(sight: GatewaySight, now: datetime, rules: Rules) -> bool:
     return seen is not None and now - seen <= rules.blind_after
 
 
+def blind_reason(
+    sight: GatewaySight, now: datetime, rules: Rules, lag: float | None
+) -> BlindReason:
+    """Why a gateway the controller cannot see is blind, given how far behind its facts
+    the controller is (`lag`: seconds since the bus stored the oldest flush it has not
+    applied; None: not known). Pure.
+
+    `lag` when the controller holds its flushes: it applied the gateway's ranges unevenly
+    (a later one before an earlier: some wait), or its own consumer cannot be read, or it
+    is `behind` and the gateway flushed within two flush periods of what it has applied
+    (the rest waits with everything after). `no-flush` otherwise: none of the gateway's
+    flushes reached the controller lately — its link, or the gateway itself."""
+    period = rules.blind_after / 2  # a flush period, at the defaults
+    seen, newest = seen_at(sight), sight.last_flush_at
+    if seen is not None and newest is not None and newest - seen > period:
+        return "lag"
+    if lag is None:
+        return "lag"
+    if not behind(lag, rules):
+        return "no-flush"
+    applied_through = now - timedelta(seconds=lag)
+    return "lag" if newest is not None and newest >= applied_through - 2 * period else "no-flush"
+
+
 def sight_change(
-    sight: GatewaySight, now: datetime, rules: Rules, lagging: bool = False
+    sight: GatewaySight, now: datetime, rules: Rules, lag: float | None = 0.0
 ) -> SightChange | None:
-    """The transition to say for a gateway at `now`, if its sight changed; `lagging`: the
-    controller is `behind` its facts (the reason a gateway it goes blind on is given).
-    Pure.
+    """The transition to say for a gateway at `now`, if its sight changed; `lag`: how far
+    behind its facts the controller is (`blind_reason`). Pure.
 
     A gateway that just appeared and whose flushes do not cover it yet is not seen (its
     sessions are held) but not said to be blind either, until it has been known for
@@ -266,7 +301,7 @@ def sight_change(
     last = seen if seen is not None else sight.last_flush_at
     # a clock that stepped back (NTP; the tests' compute_now offset) gives no negative age
     age = None if last is None else max(timedelta(0), now - last)
-    reason: BlindReason | None = ("lag" if lagging else "no-flush") if blind else None
+    reason = blind_reason(sight, now, rules, lag) if blind else None
     return SightChange(sight.gateway_id, blind, age, reason)
 
 

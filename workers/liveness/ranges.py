@@ -131,7 +131,7 @@ WITH r AS (
       FROM r CROSS JOIN LATERAL json_array_elements(r.entries) AS x
      GROUP BY 1, 2, 3
 )
-SELECT s.node_id, s.session_epoch, s.gateway_id
+SELECT s.node_id, s.session_epoch, s.gateway_id, greatest(e.seen, s.last_seen) AS sight
   FROM e JOIN node_sessions s
     ON s.node_id = e.node_id AND s.session_epoch = e.epoch AND s.gateway_id = e.gateway_id
  WHERE e.seen < $1 AND s.ranged_epoch = s.session_epoch AND s.last_seen < $1

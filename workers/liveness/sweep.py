@@ -37,11 +37,13 @@ from workers.liveness.decide import (
     BreakerView,
     Rules,
     SweepState,
-    behind,
+    blind_reason,
     decide_breaker,
     plan_sweep,
+    seen_at,
     sees,
     sight_change,
+    stale_before,
 )
 from workers.runtime.base.rule_settings import LivenessSettings
 from workers.runtime.effects.batch import OutboxBatch
@@ -75,7 +77,7 @@ SELECT t.gateway_id,
 # without locking; the breaker counts them per gateway (`_breakers`), and those it lets
 # go are then locked by key (`STALE`).
 STALE_CANDIDATES = """
-SELECT s.node_id, s.session_epoch, s.gateway_id
+SELECT s.node_id, s.session_epoch, s.gateway_id, s.last_seen AS sight
   FROM node_sessions s
  WHERE s.gateway_id = ANY($3::text[]) AND s.last_seen < $1
    AND (CASE WHEN s.gateway_id IS NOT NULL AND s.ranged_epoch IS DISTINCT FROM s.session_epoch
@@ -96,17 +98,19 @@ SELECT s.node_id, s.session_epoch, s.gateway_id
    FOR UPDATE OF s SKIP LOCKED
 """
 
-# Candidates (`STALE_CANDIDATES`, less those the breaker holds) locked in node order,
-# by key, at the epoch and gateway read, skipping rows a Hello holds right now (the next
-# sweep sees them); a row flushed since the scan is read again as locked, and left
-# (its last sight, 0038, not before $4). `apply.disconnect` then clears their gateway.
+# Candidates (`STALE_CANDIDATES`, stale by their gateway's bound, less those the breaker
+# holds) locked in node order, by key, at the epoch and gateway read, skipping rows a
+# Hello holds right now (the next sweep sees them); a row flushed since the scan is read
+# again as locked, and left (its last sight, 0038, not before its bound). `apply.disconnect`
+# then clears their gateway.
 STALE = """
 SELECT s.node_id, s.session_epoch, s.gateway_id
-  FROM unnest($1::text[], $2::bigint[], $3::text[]) AS c(node_id, epoch, gateway_id)
+  FROM unnest($1::text[], $2::bigint[], $3::text[], $4::timestamptz[])
+       AS c(node_id, epoch, gateway_id, before)
   JOIN node_sessions s
     ON s.node_id = c.node_id AND s.session_epoch = c.epoch AND s.gateway_id = c.gateway_id
- WHERE s.last_seen < $4 AND (s.ranged_epoch IS DISTINCT FROM s.session_epoch
-       OR coalesce(range_sight(s.node_id, s.session_epoch, s.gateway_id), '-infinity') < $4)
+ WHERE s.last_seen < c.before AND (s.ranged_epoch IS DISTINCT FROM s.session_epoch
+       OR coalesce(range_sight(s.node_id, s.session_epoch, s.gateway_id), '-infinity') < c.before)
  ORDER BY s.node_id
    FOR UPDATE OF s SKIP LOCKED
 """
@@ -126,6 +130,7 @@ class SweepResult:
 def rules_of(settings: LivenessSettings) -> Rules:
     return Rules(
         stale_after=settings.stale_after,
+        silent_after=settings.heartbeat_interval * settings.missed_heartbeats,
         gateway_grace=settings.gateway_grace,
         outage_threshold=settings.outage_threshold,
         outage_grace=settings.outage_grace,
@@ -161,10 +166,15 @@ async def sweep_once(
             plan = plan_sweep(SweepState(state["last_sweep_at"], state["grace_until"]), now, rules)
             rows, sights = await blindness.read_sights(conn, plan.gateway_expired_before)
             seeing = sorted(gw for gw, sight in sights.items() if sees(sight, now, rules))
-            lagging = behind(lag, rules)
             changes = [
-                c for sight in sights.values() if (c := sight_change(sight, now, rules, lagging))
+                c for sight in sights.values() if (c := sight_change(sight, now, rules, lag))
             ]
+            # why each gateway that stays blind is: the controller may have caught up since
+            reasons = {
+                gw: blind_reason(sight, now, rules, lag)
+                for gw, sight in sights.items()
+                if gw not in seeing and rows[gw]["blind_since"] is not None
+            }
             outbox = OutboxBatch("liveness")
             lost: list[asyncpg.Record] = []
             stale: list[asyncpg.Record] = []
@@ -172,8 +182,15 @@ async def sweep_once(
             if plan.age_transitions:
                 lost = await conn.fetch(GATEWAY_LOST, plan.gateway_expired_before)
                 lost = await disconnect(conn, lost, now, ["gateway-lost"] * len(lost))
-                candidates = await conn.fetch(STALE_CANDIDATES, plan.stale_before, now, seeing)
-                candidates += await conn.fetch(ranges.STALE_RANGED, plan.stale_before, now, seeing)
+                # each seen gateway's bound, by what its applied flushes cover
+                before = {
+                    gw: stale_before(at, now, rules)
+                    for gw in seeing
+                    if (at := seen_at(sights[gw])) is not None
+                }
+                found = await conn.fetch(STALE_CANDIDATES, plan.stale_before, now, seeing)
+                found += await conn.fetch(ranges.STALE_RANGED, plan.stale_before, now, seeing)
+                candidates = [c for c in found if c["sight"] < before[c["gateway_id"]]]
                 breakers = await _breakers(conn, candidates, rows, rules)
                 held = {gw for gw, (_, decision) in breakers.items() if decision.hold}
                 going = [c for c in candidates if c["gateway_id"] not in held]
@@ -182,12 +199,12 @@ async def sweep_once(
                     [c["node_id"] for c in going],
                     [c["session_epoch"] for c in going],
                     [c["gateway_id"] for c in going],
-                    plan.stale_before,
+                    [before[c["gateway_id"]] for c in going],
                 )
                 stale = await disconnect(conn, stale, now, ["liveness-timeout"] * len(stale))
             sessions = await blindness.sessions_of(conn, changes)
             await blindness.write_sights(
-                conn, rows, changes, sessions, _breaker_changes(breakers, rows, now), now
+                conn, rows, changes, sessions, reasons, _breaker_changes(breakers, rows, now), now
             )
             await conn.execute(WRITE_STATE, plan.state.last_sweep_at, plan.state.grace_until)
             if tracer is not None and (lost or stale or changes or breakers):
@@ -221,7 +238,7 @@ async def sweep_once(
         len(stale),
         blind=tuple(sorted(set(sights) - set(seeing))),
         held=tuple(sorted(gw for gw, (_, d) in breakers.items() if d.open)),
-        held_sessions=blindness.held_sessions(rows, changes, sessions),
+        held_sessions=blindness.held_sessions(rows, changes, sessions, reasons),
     )
 
 
@@ -329,7 +346,7 @@ def sweep_loop(settings: LivenessSettings) -> Loop:
 
     async def sweep(runtime: Runtime, stopping: asyncio.Event) -> None:
         async def body(lease: leases.Lease) -> None:
-            lag = await blindness.consumer_lag(runtime.js, runtime.subjects)
+            lag = await blindness.consumer_lag(runtime)
             started = time.perf_counter()
             result = await sweep_once(
                 runtime.pool, lease, runtime.subjects, rules, runtime.tracer, lag

@@ -17,11 +17,13 @@ from workers.liveness.decide import (
     Rules,
     SightChange,
     behind,
+    blind_reason,
     covered_at,
     remainders,
     seen_at,
     sees,
     sight_change,
+    stale_before,
 )
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
@@ -31,9 +33,40 @@ S = timedelta(seconds=1)
 
 def test_a_gateway_gone_blind_while_the_controller_is_behind_is_blind_for_lag() -> None:
     sight = GatewaySight("gw-1", NOW - 31 * S, None)
-    assert sight_change(sight, NOW, RULES, lagging=True) == SightChange("gw-1", True, 31 * S, "lag")
+    assert sight_change(sight, NOW, RULES, lag=40.0) == SightChange("gw-1", True, 31 * S, "lag")
     seeing_again = GatewaySight("gw-1", NOW - 1 * S, NOW - 9 * S)
-    assert sight_change(seeing_again, NOW, RULES, lagging=True) == SightChange("gw-1", False, 1 * S)
+    assert sight_change(seeing_again, NOW, RULES, lag=40.0) == SightChange("gw-1", False, 1 * S)
+
+
+QUARTER = HASH_SPACE // 4
+
+
+def _ranges(*ages: int) -> tuple[tuple[int, int, datetime], ...]:
+    return tuple((i * QUARTER, (i + 1) * QUARTER, NOW - age * S) for i, age in enumerate(ages))
+
+
+@pytest.mark.parametrize(
+    ("sight", "lag", "reason"),
+    [
+        # caught up: nothing of it reaches the controller
+        (GatewaySight("gw-1", NOW - 40 * S, None), 0.2, "no-flush"),
+        # its own consumer cannot be read: behind whatever it cannot read
+        (GatewaySight("gw-1", NOW - 40 * S, None), None, "lag"),
+        # 50 s behind, the gateway's newest applied flush at about that point: it waits
+        (GatewaySight("gw-1", NOW - 55 * S, None), 50.0, "lag"),
+        # 50 s behind, but nothing of it for two flush periods before that: silent
+        (GatewaySight("gw-1", NOW - 90 * S, None), 50.0, "no-flush"),
+        # one range applied a minute behind the others: the controller holds it back,
+        # however caught up its consumer looks
+        (GatewaySight("gw-1", NOW - 1 * S, None, ranges=_ranges(1, 1, 60, 1)), 0.0, "lag"),
+        # every range stopped at one flush: silent
+        (GatewaySight("gw-1", NOW - 40 * S, None, ranges=_ranges(40, 40, 40, 40)), 0.0, "no-flush"),
+    ],
+    ids=["caught-up", "not-known", "behind-it-waits", "behind-it-is-silent", "uneven", "stopped"],
+)
+def test_why_a_gateway_is_blind(sight: GatewaySight, lag: float | None, reason: str) -> None:
+    assert not sees(sight, NOW, RULES)
+    assert blind_reason(sight, NOW, RULES, lag) == reason
 
 
 @pytest.mark.parametrize(
@@ -130,3 +163,35 @@ def test_a_recut_keeps_exactly_what_its_new_ranges_do_not_name(
     # no hash kept twice, unless two replaced rows overlapped there
     if all(a[1] <= b[0] for a, b in itertools.pairwise(sorted(replaced))):
         assert len(in_kept) == len(set(in_kept))
+
+
+@pytest.mark.parametrize(
+    ("covered_ago", "sight_ago", "stale"),
+    [
+        # the busy day's margin: 12 s behind (under a flush period: not "behind"), its
+        # range stored 27 s ago, a session that missed a heartbeat (age 19 s) — alive
+        (27, 27 + 19, False),
+        (27, 27 + 31, True),  # its gateway heard nothing of it for 31 s: gone
+        (0, 44, False),  # the seed's 45 s, caught up
+        (0, 46, True),
+        (29, 29 + 29, False),  # at the blind threshold, 29 s of silence: not yet
+    ],
+    ids=["missed-a-heartbeat-behind", "silent-31s-behind", "44s", "46s", "29s-silent-at-blind"],
+)
+def test_a_session_is_stale_by_its_gateways_silence_in_what_was_applied(
+    covered_ago: int, sight_ago: int, stale: bool
+) -> None:
+    """A session is stale only when it was last seen 45 s ago and 30 s before what the
+    applied flushes of its gateway cover: a controller behind them never takes a session
+    that missed a heartbeat or two for one its gateway no longer hears."""
+    before = stale_before(NOW - covered_ago * S, NOW, RULES)
+    assert (NOW - sight_ago * S < before) is stale
+
+
+@given(st.integers(0, 30), st.integers(0, 10))
+def test_a_healthy_session_of_a_seen_gateway_is_never_stale(covered_ago: int, age: int) -> None:
+    """Seen (its flushes applied up to `blind_after` ago) with an age under a heartbeat:
+    whatever the lag and wherever in the flush period, never stale."""
+    sight = NOW - (covered_ago + age) * S
+    assert sees(GatewaySight("gw-1", NOW - covered_ago * S, None), NOW, RULES)
+    assert not sight < stale_before(NOW - covered_ago * S, NOW, RULES)
