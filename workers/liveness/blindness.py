@@ -21,14 +21,14 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
 import asyncpg
-from nats.js import JetStreamContext
 
 from schemas.events import GatewayBlind, GatewaySeeing
 from schemas.facts import Liveness
 from schemas.subjects import Subjects
-from workers.liveness.decide import GatewaySight, RangeSight, SightChange
-from workers.runtime.bus.watermark import oldest_unapplied
+from workers.liveness.decide import BlindReason, GatewaySight, RangeSight, SightChange
+from workers.runtime.effects import watermarks
 from workers.runtime.effects.batch import OutboxBatch
+from workers.runtime.effects.worker import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +92,12 @@ def _sight(row: asyncpg.Record, ranges: tuple[RangeSight, ...]) -> GatewaySight:
     )
 
 
-async def consumer_lag(js: JetStreamContext, subjects: Subjects) -> float | None:
-    """Seconds since the bus stored the oldest flush the liveness consumer has not applied:
-    0.0 when none waits; None when the bus does not say (`watermark.oldest_unapplied`)."""
-    found = await oldest_unapplied(
-        js, subjects.facts_stream, CONSUMER, subjects.fact_filter(Liveness.BC_TYPE)
+async def consumer_lag(runtime: Runtime) -> float | None:
+    """Seconds since the bus stored the oldest flush the liveness consumer has not applied
+    (0.0 when none waits; None when the bus does not say), recorded as the controller's
+    watermark (`watermarks.record`: the Hello transaction's live window reads it)."""
+    found = await watermarks.record(
+        runtime.pool, runtime.js, runtime.subjects, CONSUMER, Liveness.BC_TYPE
     )
     if found is None:
         return None
@@ -118,21 +119,29 @@ async def write_sights(
     rows: dict[str, asyncpg.Record],
     changes: Sequence[SightChange],
     sessions: dict[str, int],
+    reasons: dict[str, BlindReason],
     breakers: dict[str, datetime | None],
     now: datetime,
 ) -> None:
     """Record each change of sight (blind since now, why, and how many sessions it held
-    then; or seeing) and each breaker opened or closed (`breakers`: gateway → opened at,
-    None: closed)."""
+    then; or seeing), why each gateway that stays blind is now (`reasons`: the controller
+    caught up, say — logged, not said again), and each breaker opened or closed
+    (`breakers`: gateway → opened at, None: closed)."""
     changed = {c.gateway_id: c for c in changes}
-    touched = sorted((set(changed) | set(breakers)) & set(rows))
+    moved = {gw for gw, why in reasons.items() if why != rows[gw]["blind_reason"]}
+    for gw in sorted(moved):
+        log.info(
+            "gateway %s is still blind, now for %s (was %s)",
+            gw, reasons[gw], rows[gw]["blind_reason"],
+        )  # fmt: skip
+    touched = sorted((set(changed) | set(breakers) | moved) & set(rows))
     if not touched:
         return
 
     def blind(gw: str) -> tuple[datetime | None, str | None, int | None]:
         row, change = rows[gw], changed.get(gw)
         if change is None:
-            return row["blind_since"], row["blind_reason"], row["blind_sessions"]
+            return row["blind_since"], reasons.get(gw, row["blind_reason"]), row["blind_sessions"]
         if not change.blind:
             return None, None, None
         return now, change.reason, sessions.get(gw, 0)
@@ -192,9 +201,10 @@ def held_sessions(
     rows: dict[str, asyncpg.Record],
     changes: Iterable[SightChange],
     sessions: dict[str, int],
+    reasons: dict[str, BlindReason],
 ) -> dict[str, int]:
-    """Sessions held because their gateway is blind after this sweep, by why (`lag`,
-    `no-flush`), as counted when each went blind. Pure."""
+    """Sessions held because their gateway is blind after this sweep, by why it is now
+    (`lag`, `no-flush`), as counted when each went blind. Pure."""
     changed = {c.gateway_id: c for c in changes}
     held = {"lag": 0, "no-flush": 0}
     for gw, row in rows.items():
@@ -203,10 +213,11 @@ def held_sessions(
             if change.blind:
                 held[change.reason or "no-flush"] += sessions.get(gw, 0)
         elif row["blind_since"] is not None:
-            held[row["blind_reason"] or "no-flush"] += row["blind_sessions"] or 0
+            held[reasons.get(gw) or row["blind_reason"] or "no-flush"] += row["blind_sessions"] or 0
     return held
 
 
 def lag_gauge(lag: float | None) -> float:
-    """The lag as the gauge shows it: NaN when not known."""
-    return math.nan if lag is None else lag
+    """The lag as the gauge shows it: +Inf when not known (its consumer cannot be read:
+    the controller is behind whatever it cannot read, and BcwLivenessBehind says so)."""
+    return math.inf if lag is None else lag

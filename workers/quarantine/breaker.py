@@ -20,6 +20,7 @@ from datetime import timedelta
 from schemas.events import QuarantineBreakerOpen, Quarantined, QuarantineHeld, Revocations
 from workers.quarantine import conditions
 from workers.quarantine.decide import BREAKER, REASON, Breaker, hold_revocation
+from workers.runtime.effects import watermarks
 from workers.runtime.effects.batch import OutboxBatch
 from workers.runtime.effects.worker import Loop, Runtime, Tx
 from workers.runtime.store import leases
@@ -147,16 +148,22 @@ async def revoke_released(runtime: Runtime, lease: leases.Lease) -> int:
 
 #: the release loop's lease: one replica revokes what an operator released
 LEASE = "quarantine-release"
+#: the quarantine's durable consumer (its name)
+CONSUMER = "quarantine"
 
 
 def release_loop(every: float = 2.0) -> Loop:
     """Now and then, in the replica holding its lease: revoke what an operator released,
-    and say how many wait. Outages are waited out as every leased loop's are."""
+    say how many wait, and record as of when the quarantine has applied its Hellos
+    (`watermarks`). Outages are waited out as every leased loop's are."""
 
     async def loop(runtime: Runtime, stopping: asyncio.Event) -> None:
         async def body(lease: leases.Lease) -> None:
             if await revoke_released(runtime, lease):
                 runtime.wake_outbox()
+            # for the replay worker's hold bound: a quarantine behind its Hellos is late,
+            # not down (workers/replay/holds.py)
+            await watermarks.record(runtime.pool, runtime.js, runtime.subjects, CONSUMER, "hello")
 
         await leases.run_leased(
             runtime.pool,

@@ -3,10 +3,15 @@ holding its lease.
 
 A Hello whose previous session was live from another boot is held by the Hello
 transaction (`held_epoch`): its session gets no command until the quarantine has counted
-it. With the quarantine worker down or far behind, that would last without bound. Here a
-session held `BCW_QUARANTINE_HOLD_MAX` (5 min) after it connected is released — with a
-WARNING, a `security.node.hold-expired` event and `bcw_quarantine_holds_expired_total` —
-and gets what waits for it. The quarantine still counts its Hello when it gets to it.
+it. With the quarantine worker down, that would last without bound. Here a session held
+`BCW_QUARANTINE_HOLD_MAX` (5 min) after it connected is released — with a WARNING, a
+`security.node.hold-expired` event and `bcw_quarantine_holds_expired_total` — and gets
+what waits for it, unless the quarantine is only behind: alive and moving (its
+watermark, `consumer_watermarks`, said so and moved within the bound) and not yet past
+the Hello in the bus. A worker behind its facts never reads as one that is down; one
+behind for three times the bound (a flood it works through, a replica stuck with a batch
+in hand) lets the session go all the same. The quarantine still counts its Hello when it
+gets to it.
 """
 
 from __future__ import annotations
@@ -26,11 +31,17 @@ log = logging.getLogger(__name__)
 
 CONSUMER = "replay"
 
+#: how long after its Hello transaction a gateway may take to publish the Hello's fact:
+#: a quarantine that has applied what the bus stored up to then is past the Hello
+PUBLISHED_WITHIN = timedelta(seconds=10)
+
 # Rows locked in node order, skipping those a Hello or a dispatch round holds right now
 # (the next look gets them). Never a session the quarantine judged (quarantined, or its
 # revocation held for an operator: `alternations_judged_epoch` at or past the hold), nor
-# one whose certificate is revoked: the bound is for a quarantine worker that is late,
-# not one that decided.
+# one whose certificate is revoked: the bound is for a quarantine worker that is down,
+# not one that decided — nor one that is behind: it said, and moved, within the bound,
+# and the oldest Hello it has not applied was stored before this one could have been
+# ($3), unless the session was held three times the bound already.
 RELEASE = """
 WITH expired AS (
     SELECT s.node_id FROM node_sessions s
@@ -38,6 +49,12 @@ WITH expired AS (
        AND (s.alternations_judged_epoch IS NULL OR s.alternations_judged_epoch < s.held_epoch)
        AND NOT EXISTS (SELECT 1 FROM node_certs c
                         WHERE c.serial = s.cert_serial AND c.revoked_at IS NOT NULL)
+       AND NOT EXISTS (SELECT 1 FROM consumer_watermarks w
+                        WHERE w.consumer = 'quarantine'
+                          AND w.reported_at > compute_now() - $1::interval
+                          AND w.moved_at > compute_now() - $1::interval
+                          AND w.applied_through < s.connected_at + $3::interval
+                          AND s.connected_at > compute_now() - 3 * $1::interval)
      ORDER BY s.node_id
      LIMIT $2
        FOR UPDATE OF s SKIP LOCKED
@@ -71,7 +88,7 @@ async def release_expired_holds(
             await leases.fence(conn, lease)
         released = [
             Released(r["node_id"], r["session_epoch"], r["gateway_id"], max(0.0, r["held_seconds"]))
-            for r in await conn.fetch(RELEASE, hold_max, limit)
+            for r in await conn.fetch(RELEASE, hold_max, limit, PUBLISHED_WITHIN)
         ]
         if not released:
             return []

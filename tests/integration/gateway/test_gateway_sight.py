@@ -85,3 +85,36 @@ async def test_explain_shows_the_last_sight_of_the_range_row_when_it_is_later(
     )
     gone = await explain.session(db, "n1")
     assert gone is not None and gone["last_seen"] == before["last_seen"]
+
+
+async def test_the_live_window_is_measured_before_what_the_liveness_controller_applied(
+    gateway: Gateway, db: asyncpg.Connection
+) -> None:
+    """Sights are when the bus stored a flush (migration 0043): a controller 20 s behind
+    its flushes last saw a live session 20 s late. A clone's Hello 40 s after that sight
+    is still a duplicate identity (counted, its session held), as it would be had the
+    controller been caught up; with the controller caught up, the same sight is a
+    session gone quiet, superseded without counting."""
+    for node in ("behind", "caught-up"):
+        await fleet.join(db, node)
+        await gateway.hello(request(node_id=node, cert_serial=f"{node}-serial"), RecordingStream())
+    await db.execute("UPDATE node_sessions SET last_seen = compute_now() - interval '40 seconds'")
+    watermark = (
+        "INSERT INTO consumer_watermarks (consumer, applied_through, reported_at, moved_at) "
+        "VALUES ('liveness', compute_now() - $1::interval, compute_now(), compute_now()) "
+        "ON CONFLICT (consumer) DO UPDATE SET applied_through = EXCLUDED.applied_through"
+    )
+    for node, behind in (("behind", 20), ("caught-up", 0)):
+        await db.execute(watermark, timedelta(seconds=behind))
+        await gateway.hello(
+            request(node_id=node, cert_serial=f"{node}-serial", boot_id="another-boot"),
+            RecordingStream(),
+        )
+    rows = await db.fetch(
+        "SELECT node_id, previous_live FROM session_epochs WHERE epoch = 2 ORDER BY node_id"
+    )
+    assert [(r["node_id"], r["previous_live"]) for r in rows] == [
+        ("behind", True), ("caught-up", False)
+    ]  # fmt: skip
+    held = await db.fetch("SELECT node_id FROM node_sessions WHERE held_epoch IS NOT NULL")
+    assert [r["node_id"] for r in held] == ["behind"]

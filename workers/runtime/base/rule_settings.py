@@ -142,5 +142,6 @@ class QuarantineSettings(BaseSettings):
         description="a session held for the quarantine (its Hello was a duplicate identity) "
         "this long after it connected is released by the replay worker's dispatch loop, with "
         "a WARNING and a security.node.hold-expired event: a quarantine worker that is down "
-        "or behind never keeps a node from its commands for longer",
+        "never keeps a node from its commands for longer (one that is only behind its Hellos "
+        "does: the session stays held until it counts this one)",
     )

@@ -1,9 +1,9 @@
 """How far a worker's durable consumer is behind its facts: when the bus stored the oldest
 fact (of one type) it has not applied yet.
 
-Read by the liveness sweep (`workers.liveness.blindness`: a controller behind its flushes
-says its gateways are blind for lag) and by the quarantine worker's loop, which records
-it for the replay worker's hold bound (`workers.quarantine.breaker`). A loop that judges
+Read, and recorded (`effects.watermarks`), by the liveness sweep (a controller behind its
+flushes says its gateways are blind for lag; the Hello transaction's live window) and by
+the quarantine worker's loop (the replay worker's hold bound). A loop that judges
 the world by the facts its worker applied must know when those facts end: a worker
 behind its facts must never decide as if the world had gone quiet (docs/workers.md,
 "One clock for sight").
@@ -49,10 +49,11 @@ async def oldest_unapplied(
             if not (info.num_pending or 0) and not (info.num_ack_pending or 0):
                 return Unapplied(None)
             floor = (info.ack_floor.stream_seq if info.ack_floor is not None else 0) or 0
-            first = await js.get_msg(stream, seq=floor + 1, next=True, subject=subject)
-    except NotFoundError:
-        return Unapplied(None)  # facts wait, none of them of this type
-    except Exception as error:
+            try:
+                first = await js.get_msg(stream, seq=floor + 1, next=True, subject=subject)
+            except NotFoundError:
+                return Unapplied(None)  # facts wait, none of them of this type
+    except Exception as error:  # whatever failed (no such consumer too): not known
         log.debug("%s: what it has not applied is not known: %r", consumer, error)
         return None
     return Unapplied(first.time) if first.time is not None else None

@@ -74,6 +74,17 @@ GROUP_RULES: dict[str, dict[str, dict[str, Rule]]] = {
             "DELETE": ("issued_at < compute_now() - interval '1 day'", None),
         },
     },
+    # a worker says as of when it applied its facts, and never for another (the replay
+    # worker's hold bound trusts the quarantine's row; the Hello transaction, the
+    # liveness controller's)
+    "consumer_watermarks": {
+        group: {
+            "SELECT": ("true", None),
+            "INSERT": (None, f"consumer = '{worker}'"),
+            "UPDATE": (f"consumer = '{worker}'", f"consumer = '{worker}'"),
+        }
+        for group, worker in (("bcw_liveness", "liveness"), ("bcw_quarantine", "quarantine"))
+    },
     # node events are deleted by retention only (at least `HISTORY_FLOOR` old)
     "node_events": {
         "bcw_recorder": {

@@ -27,7 +27,8 @@ class Grant:
 
 #: every table of the schema (a test keeps this equal to the migrated database's tables)
 TABLES = (
-    "clock_offset", "commands", "controller_leases", "fleet_policy", "gateway_logins", "gateways",
+    "clock_offset", "commands", "consumer_watermarks", "controller_leases", "fleet_policy",
+    "gateway_logins", "gateways",
     "hello_nonces", "hello_seen", "liveness_gateways", "liveness_ranges",
     "liveness_sweeps", "node_alternations", "node_certs", "node_conditions", "node_events",
     "node_hello_keys",
@@ -80,6 +81,8 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         Grant("SELECT, INSERT, UPDATE", "liveness_gateways"),
         Grant("SELECT, UPDATE", "liveness_sweeps"),
         Grant("SELECT, INSERT, UPDATE, DELETE", "liveness_ranges"),  # its flushes' ranges
+        # as of when it applied its flushes (the Hello transaction's live window reads it)
+        Grant("SELECT, INSERT, UPDATE", "consumer_watermarks"),
     ),
     "bcw_labeler": (
         *RUNTIME,
@@ -103,6 +106,8 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         Grant("UPDATE (revoked_at, revocation_reason)", "node_certs"),
         Grant("SELECT, INSERT, DELETE", "node_conditions"),  # DuplicateIdentity, its own
         Grant("UPDATE (epoch, reason)", "node_conditions"),  # set again by a later quarantine
+        # as of when it applied its Hellos (the replay's hold bound reads it): its own row
+        Grant("SELECT, INSERT, UPDATE", "consumer_watermarks"),
     ),
     "bcw_replay": (
         *RUNTIME,
@@ -112,6 +117,7 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         Grant("SELECT", "node_certs"),
         Grant("SELECT", "gateways"),  # no dispatch to a gateway whose lease expired
         Grant("SELECT, INSERT, UPDATE", "hello_seen"),  # the Hellos it applied, and asked for
+        Grant("SELECT", "consumer_watermarks"),  # the hold bound: is the quarantine behind?
         Grant("SELECT", "commands"),
         Grant(
             "UPDATE (state, session_epoch, delivery_attempt, busy_attempts, busy_epoch, "
