@@ -186,3 +186,17 @@ def test_the_alerting_rules_parse_as_prometheus_reads_them(tmp_path: Path) -> No
     rules.write_text(yaml.safe_dump(rule["spec"]))
     done = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_no_worker_has_a_cpu_limit_unless_given_one() -> None:
+    """A throttled liveness controller falls behind its facts (docs/kubernetes.md): the
+    chart requests CPU and limits memory, and leaves a CPU limit to whoever sets one."""
+    docs = render({**MINIMAL, "workers": {"labeler": {"resources": {"limits": {"cpu": "2"}}}}})
+    for name in ("liveness", "quarantine", "replay", "recorder"):
+        resources = _pod(docs, "Deployment", f"fleet-bc-workers-{name}")["containers"][0][
+            "resources"
+        ]
+        assert "cpu" not in resources["limits"] and resources["limits"]["memory"], name
+        assert resources["requests"]["cpu"], name
+    labeler = _pod(docs, "Deployment", "fleet-bc-workers-labeler")["containers"][0]["resources"]
+    assert labeler["limits"]["cpu"] == "2"
