@@ -299,6 +299,13 @@ def _sequence(text: str) -> int:
     return int(text)
 
 
+def _blind(row: dict[str, object]) -> str:
+    """`no`, or why it is blind (`lag`, `no-flush`; `yes` when a release before 0.4 said it)."""
+    if not row["blind"]:
+        return "no"
+    return str(row.get("blind_reason") or "yes")
+
+
 def _cmd_liveness_status(args: argparse.Namespace, settings: Settings) -> int:
     from workers.display import printable
     from workers.liveness.breaker import status
@@ -316,7 +323,7 @@ def _cmd_liveness_status(args: argparse.Namespace, settings: Settings) -> int:
         for row in rows:
             print(json.dumps({k: _plain(v) for k, v in row.items()}))
         return 0
-    print(f"{'gateway':<20} {'connected':>9} {'flush age':>9}  {'blind':<5} {'breaker':<8} lease")
+    print(f"{'gateway':<20} {'connected':>9} {'flush age':>9}  {'blind':<8} {'breaker':<8} lease")
     for row in rows:
         age = row["last_flush_age_seconds"]
         shown_age = "never" if age is None else f"{float(str(age)):.0f}s"
@@ -327,7 +334,7 @@ def _cmd_liveness_status(args: argparse.Namespace, settings: Settings) -> int:
         lease = "draining" if row["draining"] else "live" if row["lease_live"] else "expired"
         print(
             f"{printable(str(row['gateway_id'])):<20} {row['connected']:>9} {shown_age:>9}  "
-            f"{'yes' if row['blind'] else 'no':<5} {breaker:<8} {lease}"
+            f"{_blind(row):<8} {breaker:<8} {lease}"
         )
     if not rows:
         print("no gateway known" + (f" as {args.gateway!r}" if args.gateway else ""))

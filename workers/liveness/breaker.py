@@ -33,7 +33,8 @@ async def release(conn: asyncpg.Connection, gateway_id: str, who: str) -> dateti
 STATUS = """
 SELECT g.gateway_id, coalesce(c.connected, 0) AS connected, l.last_flush_at,
        extract(epoch FROM compute_now() - l.last_flush_at)::float8 AS last_flush_age_seconds,
-       l.blind_since, l.breaker_opened_at, l.breaker_released_at, l.breaker_released_by,
+       l.blind_since, l.blind_reason, l.breaker_opened_at, l.breaker_released_at,
+       l.breaker_released_by,
        gw.lease_expires_at, coalesce(gw.lease_expires_at > compute_now(), false) AS lease_live,
        coalesce(gw.draining, false) AS draining
   FROM (SELECT gateway_id FROM gateways UNION SELECT gateway_id FROM liveness_gateways) g
@@ -51,8 +52,9 @@ async def status(
     conn: asyncpg.Connection, gateway_id: str | None = None
 ) -> list[dict[str, object]]:
     """What the liveness controller knows of each gateway (or of one): its connected
-    sessions, its last applied flush and how old it is, whether it is blind, whether its
-    breaker is open or was released (by whom), its lease. Read-only: `bcw liveness status`."""
+    sessions, its last applied flush and how old it is (on the bus's clock), whether it
+    is blind and why (`lag`, `no-flush`), whether its breaker is open or was released (by
+    whom), its lease. Read-only: `bcw liveness status`."""
     rows = await conn.fetch(STATUS, gateway_id)
     return [
         {

@@ -224,6 +224,8 @@ async def test_a_silent_gateway_is_held_while_its_lease_holds_then_lost_after_th
                 assert (blind["gatewayId"], blind["sessions"]) == ("gw-b", 10)
                 assert blind["lastFlushAgeSeconds"] >= 2
                 assert blind["reason"] == "no-flush"  # the controller is not behind: gw-b is
+                [state] = await _status(database_url, "gw-b")  # and an operator reads why
+                assert (state["blind"], state["blind_reason"]) == (True, "no-flush")
 
                 await silent.stop(graceful=False)  # its lease now runs out
                 await eventually(
