@@ -22,8 +22,30 @@ CREATE TABLE consumer_watermarks (
     moved_at        timestamptz NOT NULL
 );
 
+-- Whether a node's session (routed to `p_gateway`, last seen `p_last_seen` by its row, at
+-- `p_epoch`) was live when the Hello transaction reads it: seen within `p_window` by its
+-- row or its gateway's range row (read only when its row alone says no: a herd's Hellos
+-- of gone or just-seen sessions parse none), before what the liveness controller has
+-- applied — sights are when the bus stored a flush (migration 0043), so a controller
+-- behind its flushes by L saw every live session L ago at best, and a clone must not pass
+-- for a session gone quiet for it. A function of its own, so that the rule changes
+-- without the Hello transaction being written again; it runs with its caller's rights
+-- (the Hello transaction's: the owner's).
+CREATE FUNCTION session_was_live(
+    p_gateway text, p_last_seen timestamptz, p_node text, p_epoch bigint, p_window interval
+) RETURNS boolean LANGUAGE sql STABLE AS $$
+    WITH seen_up_to AS (
+        SELECT compute_now() - coalesce(
+                   (SELECT greatest(interval '0', w.reported_at - w.applied_through)
+                      FROM consumer_watermarks w WHERE w.consumer = 'liveness'),
+                   interval '0') AS at)
+    SELECT p_gateway IS NOT NULL
+       AND (p_last_seen > (SELECT at FROM seen_up_to) - p_window
+            OR range_sight(p_node, p_epoch, p_gateway) > (SELECT at FROM seen_up_to) - p_window)
+$$;
+
 -- The Hello transaction as in migration 0038, but for whether the previous session was
--- live: judged before what the liveness controller has applied.
+-- live: `session_was_live`.
 CREATE OR REPLACE FUNCTION gateway_hello(
     p_gateway text, p_lease bigint, p_node text, p_cert_serial text, p_boot text,
     p_journal text, p_role text, p_daemon_version text, p_proto_max integer,
@@ -39,7 +61,6 @@ DECLARE
     is_draining boolean;
     policy text;
     prev record;
-    seen_up_to timestamptz;
 BEGIN
     IF p_hello_fact_id IS NULL THEN
         RAISE EXCEPTION 'a Hello transaction names its Hello fact' USING ERRCODE = 'null_value_not_allowed';
@@ -66,19 +87,10 @@ BEGIN
         IF NOT proven THEN outcome := 'unproven'; RETURN; END IF;  -- a bad proof is never taken
     END IF;
     IF policy = 'require' AND proven IS NOT TRUE THEN outcome := 'unproven'; RETURN; END IF;
-    -- live: seen within the window, by its row or its gateway's range row (read only
-    -- when its row alone says no: a herd's Hellos of gone or just-seen sessions parse none),
-    -- before what the liveness controller has applied: sights are when the bus stored a
-    -- flush (migration 0043), so a controller behind its flushes by L saw every live
-    -- session L ago at best, and a clone must not pass for a quiet session for it
-    seen_up_to := compute_now() - coalesce(
-        (SELECT greatest(interval '0', w.reported_at - w.applied_through)
-           FROM consumer_watermarks w WHERE w.consumer = 'liveness'), interval '0');
+    -- live: `session_was_live` (below), the one place the rule is written
     SELECT s.session_epoch, s.boot_id,
-           s.gateway_id IS NOT NULL
-           AND (s.last_seen > seen_up_to - least(p_live_window, interval '5 minutes')
-                OR range_sight(s.node_id, s.session_epoch, s.gateway_id)
-                   > seen_up_to - least(p_live_window, interval '5 minutes')) AS live
+           session_was_live(s.gateway_id, s.last_seen, s.node_id, s.session_epoch,
+                            least(p_live_window, interval '5 minutes')) AS live
       INTO prev FROM node_sessions s WHERE s.node_id = p_node FOR UPDATE;
     IF NOT FOUND THEN outcome := 'not-joined'; RETURN; END IF;
     duplicate := coalesce(prev.live AND prev.boot_id IS NOT NULL AND prev.boot_id <> p_boot, false);
