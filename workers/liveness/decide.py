@@ -12,10 +12,11 @@ its gateways then drop every stream); a rule too lax keeps a dead node "connecte
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from schemas.events import NodeConnected
@@ -187,17 +188,31 @@ def covered_at(ranges: Sequence[RangeSight], space: int = HASH_SPACE) -> datetim
     A gateway's flush names every range, so its rows tile the hash space; the controller
     applies the facts of one flush unevenly when it is behind (a replica stopped with a
     batch in hand, a fact redelivered), and then the oldest range is what it knows of the
-    sessions there: one range applied late must not stand for another."""
-    cuts = sorted(
-        {0, space, *(p for start, end, _ in ranges for p in (start, end) if 0 < p < space)}
-    )
+    sessions there: one range applied late must not stand for another.
+
+    One pass over the rows' bounds, left to right, the rows covering each piece in a heap
+    by time (O(n log n): a gateway that floods narrow ranges costs the sweep a sort, never
+    a pass per row)."""
+    rows = sorted((max(0, s), min(space, e), at) for s, e, at in ranges if s < space and e > 0)
+    cuts = sorted({0, space, *(p for s, e, _ in rows for p in (s, e))})
+    heap: list[tuple[timedelta, int]] = []  # (how much before _EPOCH it was, end)
     oldest: datetime | None = None
-    for start, end in itertools.pairwise(cuts):
-        newest = max((at for s, e, at in ranges if s <= start and end <= e), default=None)
-        if newest is None:
+    i = 0
+    for piece_start, _piece_end in itertools.pairwise(cuts):
+        while i < len(rows) and rows[i][0] <= piece_start:
+            _start, end, at = rows[i]
+            heapq.heappush(heap, (_EPOCH - at, end))  # the newest first
+            i += 1
+        while heap and heap[0][1] <= piece_start:
+            heapq.heappop(heap)  # the newest row ends before this piece: the next newest
+        if not heap:
             return None
+        newest = _EPOCH - heap[0][0]
         oldest = newest if oldest is None else min(oldest, newest)
     return oldest
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def seen_at(sight: GatewaySight) -> datetime | None:

@@ -93,19 +93,23 @@ async def test_the_live_window_is_measured_before_what_the_liveness_controller_a
     """Sights are when the bus stored a flush (migration 0043): a controller 20 s behind
     its flushes last saw a live session 20 s late. A clone's Hello 40 s after that sight
     is still a duplicate identity (counted, its session held), as it would be had the
-    controller been caught up; with the controller caught up, the same sight is a
-    session gone quiet, superseded without counting."""
-    for node in ("behind", "caught-up"):
+    controller been caught up; with the controller caught up — or having said it was
+    behind two minutes ago and nothing since (down: its sights stopped) — the same sight
+    is a session gone quiet, superseded without counting."""
+    nodes = {"behind": (20, 0), "caught-up": (0, 0), "said-long-ago": (20, 120)}
+    for node in nodes:
         await fleet.join(db, node)
         await gateway.hello(request(node_id=node, cert_serial=f"{node}-serial"), RecordingStream())
     await db.execute("UPDATE node_sessions SET last_seen = compute_now() - interval '40 seconds'")
     watermark = (
         "INSERT INTO consumer_watermarks (consumer, applied_through, reported_at, moved_at) "
-        "VALUES ('liveness', compute_now() - $1::interval, compute_now(), compute_now()) "
-        "ON CONFLICT (consumer) DO UPDATE SET applied_through = EXCLUDED.applied_through"
+        "VALUES ('liveness', compute_now() - $1::interval - $2::interval, "
+        "compute_now() - $2::interval, compute_now()) "
+        "ON CONFLICT (consumer) DO UPDATE SET applied_through = EXCLUDED.applied_through, "
+        "reported_at = EXCLUDED.reported_at"
     )
-    for node, behind in (("behind", 20), ("caught-up", 0)):
-        await db.execute(watermark, timedelta(seconds=behind))
+    for node, (behind, said_ago) in nodes.items():
+        await db.execute(watermark, timedelta(seconds=behind), timedelta(seconds=said_ago))
         await gateway.hello(
             request(node_id=node, cert_serial=f"{node}-serial", boot_id="another-boot"),
             RecordingStream(),
@@ -114,7 +118,7 @@ async def test_the_live_window_is_measured_before_what_the_liveness_controller_a
         "SELECT node_id, previous_live FROM session_epochs WHERE epoch = 2 ORDER BY node_id"
     )
     assert [(r["node_id"], r["previous_live"]) for r in rows] == [
-        ("behind", True), ("caught-up", False)
+        ("behind", True), ("caught-up", False), ("said-long-ago", False)
     ]  # fmt: skip
     held = await db.fetch("SELECT node_id FROM node_sessions WHERE held_epoch IS NOT NULL")
     assert [r["node_id"] for r in held] == ["behind"]

@@ -70,6 +70,27 @@ CELLS = (
     Cell("bcw_liveness", "see a new gateway for ever",
          "INSERT INTO liveness_gateways (gateway_id, last_flush_at) "
          "VALUES ('gw-9', compute_now() + interval '1 day')", REFUSED),
+    Cell("bcw_liveness", "see a gateway's range for ever",
+         "UPDATE liveness_ranges SET applied_at = compute_now() + interval '1 day'", REFUSED),
+    Cell("bcw_liveness", "see a gateway for ever by a whole flush",
+         "UPDATE liveness_gateways SET whole_flush_at = compute_now() + interval '1 day'",
+         REFUSED),
+    # a worker says as of when it applied its facts, never for another (migration 0044)
+    Cell("bcw_liveness", "say it is caught up",
+         "INSERT INTO consumer_watermarks VALUES ('liveness', now(), now(), now())", 1),
+    Cell("bcw_liveness", "say the quarantine is behind",
+         "INSERT INTO consumer_watermarks VALUES ('quarantine', now(), now(), now())", REFUSED),
+    Cell("bcw_liveness", "move the quarantine's watermark",
+         "UPDATE consumer_watermarks SET moved_at = now() WHERE consumer = 'quarantine'", 0),
+    Cell("bcw_quarantine", "say the liveness controller is behind",
+         "INSERT INTO consumer_watermarks VALUES ('liveness', now(), now(), now())", REFUSED),
+    Cell("bcw_quarantine", "rename its row the liveness controller's",
+         "UPDATE consumer_watermarks SET consumer = 'liveness' WHERE consumer = 'quarantine'",
+         REFUSED),
+    Cell("bcw_quarantine", "say it moved",
+         "UPDATE consumer_watermarks SET moved_at = now() WHERE consumer = 'quarantine'", 1),
+    Cell("bcw_replay", "release its holds by the quarantine's watermark",
+         "UPDATE consumer_watermarks SET applied_through = now()", REFUSED),
     # a row seen "ahead" once the clock stepped back is still written: only a move is checked
     Cell("bcw_liveness", "flush a session seen ahead of a clock that stepped back",
          "UPDATE node_sessions SET last_seen = GREATEST(last_seen, compute_now()), "
@@ -143,6 +164,11 @@ async def _world(db: asyncpg.Connection) -> None:
     await db.execute(
         "INSERT INTO liveness_gateways (gateway_id, last_flush_at) VALUES ('gw-1', now())"
     )
+    await db.execute(
+        "INSERT INTO liveness_ranges (gateway_id, range_start, range_end, stream_seq, applied_at,"
+        " oldest_at, sessions, entries) VALUES ('gw-1', 0, 4294967296, 1, now(), now(), 0, '[]')"
+    )
+    await db.execute("INSERT INTO consumer_watermarks VALUES ('quarantine', now(), now(), now())")
     # n3 seen a minute ahead: written when the clock was there, before it stepped back
     await fleet.session(db, "n3", epoch=1, gateway_id="gw-1")
     await db.execute("SELECT set_compute_now_offset(interval '1 minute')")
