@@ -27,7 +27,10 @@ from schemas.facts import (
 )
 from schemas.notices import Zombie
 from workers.liveness import sight
-from workers.liveness.decide import closes_its_row, connected
+from workers.liveness.decide import (
+    closes_its_row,
+    connected,
+)
 from workers.liveness.ranges import credits_json, keep_ranges, node_load_json
 from workers.runtime.effects import outcome
 from workers.runtime.effects.outcome import Outcome
@@ -143,7 +146,7 @@ async def disconnect(
 # newest it applied that named no range (a whole flush: every session), each as the bus
 # stored it (`bus_time`, migration 0043) — never as the time applied, so a controller
 # behind its facts sees each gateway as of what it has read, and knows it is behind
-# (`decide.sees`; the range rows say the rest: `decide.covered_at`). In the flush's own
+# (`seeing.sees`; the range rows say the rest: `seeing.covered_at`). In the flush's own
 # transaction, written last in the batch (after every session row it locks), gateways in
 # order: the sweep locks these rows before it locks sessions, and so never waits for a
 # flush.

@@ -5,8 +5,8 @@ Called by the sweep (`workers.liveness.sweep`), inside its transaction (the sigh
 and before it (the consumer's lag, from the bus). Every sight is on the bus's clock — when
 the bus stored a flush (`bus_time`, migration 0043) — so that a controller behind its
 facts sees each gateway as of what it has applied, never as of when it applied it
-(docs/workers.md, "One clock for sight"). The rules are `decide.sees`,
-`decide.sight_change` and `decide.behind`.
+(docs/workers.md, "One clock for sight"). The rules are `seeing`'s:
+`sees`, `sight_change`, `blind_reason`.
 
 Lock order (the sweep's): the gateways' sight rows, in gateway order; the range rows are
 read without a lock (a flush replacing one now makes the gateway's sight newer, never
@@ -25,7 +25,12 @@ import asyncpg
 from schemas.events import GatewayBlind, GatewaySeeing
 from schemas.facts import Liveness
 from schemas.subjects import Subjects
-from workers.liveness.decide import BlindReason, GatewaySight, RangeSight, SightChange
+from workers.liveness.seeing import (
+    BlindReason,
+    GatewaySight,
+    RangeSight,
+    SightChange,
+)
 from workers.runtime.effects import watermarks
 from workers.runtime.effects.batch import OutboxBatch
 from workers.runtime.effects.worker import Runtime

@@ -10,7 +10,7 @@ row's fact (`decide.replaces`, migration 0040) — as one row: each entry's node
 and age (`sightings`), when the bus stored it (`applied_at`: `bus_time`, migration 0043 —
 each entry was seen then less its age, whenever the worker applied it), its oldest
 sight. A gateway's rows tile the hash space (a re-cut keeps what it has not named anew:
-`REMAINDERS`), and the sweep sees a gateway as of its oldest (`decide.covered_at`).
+`REMAINDERS`), and the sweep sees a gateway as of its oldest (`seeing.covered_at`).
 Without range sight the
 session rows are still written by every flush (`workers.liveness.apply`); with it
 (`workers.liveness.sight`) the row is the sight of the sessions it names, read through
@@ -36,7 +36,10 @@ from typing import Any
 import asyncpg
 
 from schemas.facts import Liveness, LivenessEntry, NodeLoad
-from workers.liveness.decide import newest_ranges, remainders
+from workers.liveness.decide import (
+    newest_ranges,
+    remainders,
+)
 from workers.runtime.effects.worker import Tx
 
 log = logging.getLogger(__name__)
@@ -97,7 +100,7 @@ RETURNING gateway_id, range_start, range_end
 # rest of each replaced row stays, without entries (range sight let its sessions go to
 # their own rows: `sight`), at its fact's place in the stream and its time: a gateway's
 # rows keep tiling the hash space, and the sweep knows as of when it sees each hash
-# (`decide.covered_at`) — a hash no row covered would hold every session of the gateway.
+# (`seeing.covered_at`) — a hash no row covered would hold every session of the gateway.
 REMAINDERS = """
 INSERT INTO liveness_ranges AS r
        (gateway_id, range_start, range_end, stream_seq, stored_at, applied_at, oldest_at,

@@ -37,9 +37,11 @@ from workers.liveness.decide import (
     BreakerView,
     Rules,
     SweepState,
-    blind_reason,
     decide_breaker,
     plan_sweep,
+)
+from workers.liveness.seeing import (
+    blind_reason,
     seen_at,
     sees,
     sight_change,

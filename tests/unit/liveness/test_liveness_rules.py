@@ -34,17 +34,13 @@ from workers.liveness.apply import credits_json, node_load_json
 from workers.liveness.decide import (
     BreakerDecision,
     BreakerView,
-    GatewaySight,
     Rules,
-    SightChange,
     SweepState,
     closes_its_row,
     connected,
     decide_breaker,
     newest_ranges,
     plan_sweep,
-    sees,
-    sight_change,
 )
 from workers.liveness.ranges import sightings
 
@@ -113,74 +109,6 @@ def test_newest_fact_per_node() -> None:
     assert isinstance(old, Closed) and isinstance(new, Closed) and isinstance(other, Closed)
     assert newest_per_node([new, old, other]) == {"n": new, "m": other}
     assert newest_per_node([old, new]) == newest_per_node([new, old]) == {"n": new}
-
-
-# -- sight: a gateway whose flushes are not applied lately is blind ---------------------
-@pytest.mark.parametrize(
-    ("last_flush_ago", "seeing"),
-    [
-        (None, False),
-        (0 * S, True),
-        (29 * S, True),
-        (30 * S, True),
-        (31 * S, False),
-        (3600 * S, False),
-    ],
-    ids=["never", "now", "29s", "30s", "31s", "1h"],
-)
-def test_a_gateway_is_seen_while_its_flushes_are_applied(
-    last_flush_ago: timedelta | None, seeing: bool
-) -> None:
-    last = None if last_flush_ago is None else NOW - last_flush_ago
-    assert sees(GatewaySight("gw-1", last, None), NOW, RULES) is seeing
-
-
-@pytest.mark.parametrize(
-    ("last_flush_ago", "blind_since", "change"),
-    [
-        (1 * S, None, None),  # seeing, and said so
-        (31 * S, None, SightChange("gw-1", True, 31 * S, "no-flush")),  # goes blind: once
-        (40 * S, NOW - 9 * S, None),  # still blind: nothing new
-        (1 * S, NOW - 9 * S, SightChange("gw-1", False, 1 * S)),  # sees again
-        (None, None, SightChange("gw-1", True, None, "no-flush")),  # never flushed: blind
-        (None, NOW - 9 * S, None),
-        # the clock stepped back past the last flush (the demo's offset reset): age 0
-        (-137 * S, NOW - 9 * S, SightChange("gw-1", False, 0 * S)),
-    ],
-    ids=[
-        "seeing",
-        "goes-blind",
-        "stays-blind",
-        "sees-again",
-        "never-flushed",
-        "never-still",
-        "clock-stepped-back",
-    ],
-)
-def test_sight_changes_are_said_once_per_transition(
-    last_flush_ago: timedelta | None, blind_since: datetime | None, change: SightChange | None
-) -> None:
-    last = None if last_flush_ago is None else NOW - last_flush_ago
-    assert sight_change(GatewaySight("gw-1", last, blind_since), NOW, RULES) == change
-
-
-@pytest.mark.parametrize(
-    ("known_for", "said"),
-    [(5 * S, False), (30 * S, False), (31 * S, True)],
-    ids=["5s", "30s", "31s"],
-)
-def test_a_gateway_that_just_appeared_is_held_but_not_said_blind(
-    known_for: timedelta, said: bool
-) -> None:
-    sight = GatewaySight("gw-new", None, None, known_since=NOW - known_for)
-    assert not sees(sight, NOW, RULES)  # its sessions are held meanwhile
-    assert (sight_change(sight, NOW, RULES) is not None) is said
-
-
-def test_blindness_follows_the_configured_period() -> None:
-    rules = Rules(blind_after=2 * S)
-    assert sees(GatewaySight("gw-1", NOW - 2 * S, None), NOW, rules)
-    assert not sees(GatewaySight("gw-1", NOW - 3 * S, None), NOW, rules)
 
 
 # -- the fleet breaker -------------------------------------------------------------------

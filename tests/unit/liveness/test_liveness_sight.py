@@ -13,13 +13,15 @@ from hypothesis import strategies as st
 
 from schemas.facts import HASH_SPACE
 from workers.liveness.decide import (
-    GatewaySight,
     Rules,
+    remainders,
+)
+from workers.liveness.seeing import (
+    GatewaySight,
     SightChange,
     behind,
     blind_reason,
     covered_at,
-    remainders,
     seen_at,
     sees,
     sight_change,
@@ -29,6 +31,74 @@ from workers.liveness.decide import (
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 RULES = Rules()
 S = timedelta(seconds=1)
+
+
+# -- sight: a gateway whose flushes are not applied lately is blind ---------------------
+@pytest.mark.parametrize(
+    ("last_flush_ago", "seeing"),
+    [
+        (None, False),
+        (0 * S, True),
+        (29 * S, True),
+        (30 * S, True),
+        (31 * S, False),
+        (3600 * S, False),
+    ],
+    ids=["never", "now", "29s", "30s", "31s", "1h"],
+)
+def test_a_gateway_is_seen_while_its_flushes_are_applied(
+    last_flush_ago: timedelta | None, seeing: bool
+) -> None:
+    last = None if last_flush_ago is None else NOW - last_flush_ago
+    assert sees(GatewaySight("gw-1", last, None), NOW, RULES) is seeing
+
+
+@pytest.mark.parametrize(
+    ("last_flush_ago", "blind_since", "change"),
+    [
+        (1 * S, None, None),  # seeing, and said so
+        (31 * S, None, SightChange("gw-1", True, 31 * S, "no-flush")),  # goes blind: once
+        (40 * S, NOW - 9 * S, None),  # still blind: nothing new
+        (1 * S, NOW - 9 * S, SightChange("gw-1", False, 1 * S)),  # sees again
+        (None, None, SightChange("gw-1", True, None, "no-flush")),  # never flushed: blind
+        (None, NOW - 9 * S, None),
+        # the clock stepped back past the last flush (the demo's offset reset): age 0
+        (-137 * S, NOW - 9 * S, SightChange("gw-1", False, 0 * S)),
+    ],
+    ids=[
+        "seeing",
+        "goes-blind",
+        "stays-blind",
+        "sees-again",
+        "never-flushed",
+        "never-still",
+        "clock-stepped-back",
+    ],
+)
+def test_sight_changes_are_said_once_per_transition(
+    last_flush_ago: timedelta | None, blind_since: datetime | None, change: SightChange | None
+) -> None:
+    last = None if last_flush_ago is None else NOW - last_flush_ago
+    assert sight_change(GatewaySight("gw-1", last, blind_since), NOW, RULES) == change
+
+
+@pytest.mark.parametrize(
+    ("known_for", "said"),
+    [(5 * S, False), (30 * S, False), (31 * S, True)],
+    ids=["5s", "30s", "31s"],
+)
+def test_a_gateway_that_just_appeared_is_held_but_not_said_blind(
+    known_for: timedelta, said: bool
+) -> None:
+    sight = GatewaySight("gw-new", None, None, known_since=NOW - known_for)
+    assert not sees(sight, NOW, RULES)  # its sessions are held meanwhile
+    assert (sight_change(sight, NOW, RULES) is not None) is said
+
+
+def test_blindness_follows_the_configured_period() -> None:
+    rules = Rules(blind_after=2 * S)
+    assert sees(GatewaySight("gw-1", NOW - 2 * S, None), NOW, rules)
+    assert not sees(GatewaySight("gw-1", NOW - 3 * S, None), NOW, rules)
 
 
 def test_a_gateway_gone_blind_while_the_controller_is_behind_is_blind_for_lag() -> None:
