@@ -13,10 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas.subjects import Subjects
-from workers.liveness.decide import (
-    RANGED_MIGRATION,
-    range_sight_on,
-)
+from workers.liveness.decide import RANGED_MIGRATION, range_sight_on
 from workers.runtime.base.release import parse
 from workers.runtime.base.runtime_settings import NatsSettings
 from workers.runtime.bus import server, streams

@@ -27,10 +27,7 @@ from schemas.facts import (
 )
 from schemas.notices import Zombie
 from workers.liveness import sight
-from workers.liveness.decide import (
-    closes_its_row,
-    connected,
-)
+from workers.liveness.decide import closes_its_row, connected
 from workers.liveness.ranges import credits_json, keep_ranges, node_load_json
 from workers.runtime.effects import outcome
 from workers.runtime.effects.outcome import Outcome

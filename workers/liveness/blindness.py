@@ -25,12 +25,7 @@ import asyncpg
 from schemas.events import GatewayBlind, GatewaySeeing
 from schemas.facts import Liveness
 from schemas.subjects import Subjects
-from workers.liveness.seeing import (
-    BlindReason,
-    GatewaySight,
-    RangeSight,
-    SightChange,
-)
+from workers.liveness.seeing import BlindReason, GatewaySight, RangeSight, SightChange
 from workers.runtime.effects import watermarks
 from workers.runtime.effects.batch import OutboxBatch
 from workers.runtime.effects.worker import Runtime

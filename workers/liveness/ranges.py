@@ -36,10 +36,7 @@ from typing import Any
 import asyncpg
 
 from schemas.facts import Liveness, LivenessEntry, NodeLoad
-from workers.liveness.decide import (
-    newest_ranges,
-    remainders,
-)
+from workers.liveness.decide import newest_ranges, remainders
 from workers.runtime.effects.worker import Tx
 
 log = logging.getLogger(__name__)

@@ -34,11 +34,7 @@ from typing import Any, NamedTuple
 import asyncpg
 
 from schemas.facts import Liveness, LivenessEntry
-from workers.liveness.decide import (
-    newest_ranges,
-    range_sight_on,
-    replaces,
-)
+from workers.liveness.decide import newest_ranges, range_sight_on, replaces
 from workers.liveness.ranges import credits_json, node_load_json, sequenced, write_rows
 from workers.runtime.base.release import release
 from workers.runtime.effects.worker import Tx

@@ -40,13 +40,7 @@ from workers.liveness.decide import (
     decide_breaker,
     plan_sweep,
 )
-from workers.liveness.seeing import (
-    blind_reason,
-    seen_at,
-    sees,
-    sight_change,
-    stale_before,
-)
+from workers.liveness.seeing import blind_reason, seen_at, sees, sight_change, stale_before
 from workers.runtime.base.rule_settings import LivenessSettings
 from workers.runtime.effects.batch import OutboxBatch
 from workers.runtime.effects.worker import Loop, Runtime

@@ -12,10 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas.facts import HASH_SPACE
-from workers.liveness.decide import (
-    Rules,
-    remainders,
-)
+from workers.liveness.decide import Rules, remainders
 from workers.liveness.seeing import (
     GatewaySight,
     SightChange,
