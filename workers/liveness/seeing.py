@@ -12,6 +12,7 @@ million); a gateway never seen again holds its dead nodes for ever.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from collections.abc import Sequence
@@ -45,6 +46,15 @@ class GatewaySight:
     ranges: tuple[RangeSight, ...] = ()
     #: the newest of its flushes applied that named no range (each names every session)
     whole_flush_at: datetime | None = None
+
+    @functools.cached_property
+    def seen(self) -> datetime | None:
+        """`seen_at`, worked out once: a sweep asks it of each gateway several times (is it
+        seen, what changed, why it is blind, its stale bound)."""
+        if not self.ranges:
+            return self.last_flush_at
+        seen = [at for at in (covered_at(self.ranges), self.whole_flush_at) if at is not None]
+        return max(seen, default=None)
 
 
 def covered_at(ranges: Sequence[RangeSight], space: int = HASH_SPACE) -> datetime | None:
@@ -86,10 +96,7 @@ def seen_at(sight: GatewaySight) -> datetime | None:
     on the bus's clock; None: they do not (it never flushed, or the range rows of its
     flushes leave a hash uncovered). A gateway that cuts no ranges: its newest flush; one
     that does: its range rows (`covered_at`), or a newer whole flush. Pure."""
-    if not sight.ranges:
-        return sight.last_flush_at
-    seen = [at for at in (covered_at(sight.ranges), sight.whole_flush_at) if at is not None]
-    return max(seen, default=None)
+    return sight.seen
 
 
 def stale_before(seen: datetime, now: datetime, rules: Rules) -> datetime:
