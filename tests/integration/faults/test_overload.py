@@ -77,12 +77,10 @@ class Hold:
         return dataclasses.replace(worker, handle=handle)
 
 
-@pytest.fixture
-async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4)
+@pytest.fixture(autouse=True)
+async def _swept_lately(pool: asyncpg.Pool) -> None:
+    """The sweep ran a moment ago (the conftest's pool): no outage grace at the start."""
     await fresh_sweep_history(pool)
-    yield pool
-    await pool.close()
 
 
 @contextlib.asynccontextmanager
