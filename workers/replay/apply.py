@@ -26,13 +26,14 @@ from schemas.events import (
 )
 from schemas.facts import Fact, Hello, Progress, Rejected, Result, newest_per_node
 from schemas.notices import Dispatch
-from workers.replay.decide import (
-    Command,
-    busy_count,
-    busy_delay,
-    finishes,
-    plan_replay,
-    progress_to,
+from workers.replay.decide import Command, busy_count, busy_delay, plan_replay
+from workers.replay.deliveries import (
+    busy_counts,
+    deliveries,
+    progress_counts,
+    result_counts,
+    settles,
+    with_delivery,
 )
 from workers.replay.lost import RECORD_SEEN
 from workers.runtime.base.rule_settings import ReplaySettings
@@ -47,7 +48,7 @@ REASON_MAX = 1024
 
 COMMAND_COLUMNS = """
 command_id, node_id, seq, kind, lane, state, session_epoch, delivery_attempt, busy_attempts,
-busy_epoch, not_before, payload::text AS payload, signature, updated_at
+busy_epoch, not_before, payload::text AS payload, signature, updated_at, delivered_epochs
 """
 
 LOCK_SESSIONS = """
@@ -77,11 +78,12 @@ UPDATE commands c
    SET state = t.state, session_epoch = t.session_epoch, delivery_attempt = t.attempt,
        busy_attempts = t.busy_attempts, busy_epoch = t.busy_epoch, not_before = t.not_before,
        result = coalesce(t.result::jsonb, c.result), failure_reason = coalesce(t.reason, c.failure_reason),
-       trace_context = coalesce(t.trace_context, c.trace_context), updated_at = now()
+       trace_context = coalesce(t.trace_context, c.trace_context),
+       delivered_epochs = t.delivered::bigint[], updated_at = now()
   FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::int[], $5::int[], $6::bigint[], $7::timestamptz[],
-              $8::text[], $9::text[], $10::text[])
+              $8::text[], $9::text[], $10::text[], $11::text[])
        AS t(id, state, session_epoch, attempt, busy_attempts, busy_epoch, not_before, result, reason,
-            trace_context)
+            trace_context, delivered)
  WHERE c.command_id = t.id
 """
 
@@ -99,6 +101,9 @@ class Row:
     changed: bool = False
 
     def set(self, **changes: Any) -> None:
+        """Change the command; what it was delivered at stays in its history (the epoch it
+        was in flight at included), unless `changes` adds a delivery."""
+        changes.setdefault("delivered_epochs", deliveries(self.command))
         self.command = dataclasses.replace(self.command, **changes)
         self.changed = True
 
@@ -117,6 +122,7 @@ def command_from_row(row: asyncpg.Record) -> Command:
         signature=row["signature"],
         not_before=row["not_before"],
         updated_at=row.get("updated_at"),
+        delivered_epochs=tuple(row.get("delivered_epochs") or ()),
     )
 
 
@@ -140,8 +146,15 @@ async def _write(conn: asyncpg.Connection, rows: Sequence[Row]) -> None:
         [r.result for r in changed],
         [r.reason for r in changed],
         [r.trace_context for r in changed],
+        [_array(r.command.delivered_epochs) for r in changed],
     )
     await _poke(conn)
+
+
+def _array(epochs: Sequence[int]) -> str:
+    """A bigint[] as its text (one array per row of an unnest, which would flatten a
+    two-dimensional parameter)."""
+    return "{" + ",".join(str(int(e)) for e in epochs) + "}"
 
 
 async def _poke(conn: asyncpg.Connection) -> None:
@@ -257,8 +270,10 @@ async def _replay(tx: Tx, hellos: list[Hello]) -> dict[uuid.UUID, Outcome]:
             publish_event(
                 tx, command_event(CommandCancelled, command, epoch, "kind-not-allowed"), hello
             )
-        for command in plan.kept:
-            node_rows[command.command_id].set(state="running", session_epoch=epoch)
+        for command in plan.kept:  # the daemon runs it: as good as delivered at E
+            node_rows[command.command_id].set(
+                state="running", session_epoch=epoch, delivered_epochs=with_delivery(command, epoch)
+            )
         # a session held for the quarantine gets nothing yet: what it would be re-sent
         # waits as pending, for the dispatch loop once the quarantine has counted it
         held = sessions[node]["held_epoch"] == epoch
@@ -271,6 +286,7 @@ async def _replay(tx: Tx, hellos: list[Hello]) -> dict[uuid.UUID, Outcome]:
                 state="dispatched",
                 session_epoch=epoch,
                 delivery_attempt=command.delivery_attempt + 1,
+                delivered_epochs=with_delivery(command, epoch),
             )
             publish_event(tx, command_event(CommandReplayed, row.command, epoch), hello)
             if gateway is not None:
@@ -288,10 +304,12 @@ async def _answers(
     tx: Tx,
     facts: Sequence[Progress | Result | Rejected],
     settings: ReplaySettings,
-    causes: Mapping[uuid.UUID, Fact] | None = None,
+    causes: Mapping[uuid.UUID, Hello] | None = None,
 ) -> dict[uuid.UUID, Outcome]:
-    """Apply answers in stream order; `causes`: the fact each answer's events continue
-    (a Hello's results continue the Hello's trace), when it is not the answer itself."""
+    """Apply answers in stream order; `causes`: the Hello each result it carries continues
+    (those results settle what the daemon ran before that Hello: `deliveries.settles`).
+    Each answer counts for the delivery it is about (`workers.replay.deliveries`), whose
+    epoch `provenance` bound to the answer's gateway."""
     ids = sorted({f.command_id for f in facts}, key=str)
     now: datetime = await tx.conn.fetchval("SELECT compute_now()")
     rows = {r["command_id"]: _row(r) for r in await tx.conn.fetch(LOCK_COMMANDS, ids)}
@@ -301,14 +319,8 @@ async def _answers(
         if row is None or row.command.node_id != fact.node_id:
             outcomes[fact.fact_id] = outcome.STALE  # unknown command, or not this node's
             continue
-        # an answer counts only from the session the command is at (whose epoch
-        # `provenance` bound to the answer's gateway); a Hello's results, proven by
-        # the epoch's one Hello, settle what the daemon ran in its sessions before
-        if causes is None and row.command.session_epoch != fact.epoch:
-            outcomes[fact.fact_id] = outcome.STALE
-            continue
-        applied = _answer(tx, row, fact, now, settings, (causes or {}).get(fact.fact_id, fact))
-        if not applied:
+        cause = (causes or {}).get(fact.fact_id)
+        if not _answer(tx, row, fact, now, settings, cause):
             outcomes[fact.fact_id] = outcome.STALE
     await _write(tx.conn, list(rows.values()))
     return outcomes
@@ -320,18 +332,25 @@ def _answer(
     fact: Progress | Result | Rejected,
     now: datetime,
     settings: ReplaySettings,
-    cause: Fact,
+    hello: Hello | None,
 ) -> bool:
+    """Apply one answer to its command's row; False: it changes nothing (stale). `hello`:
+    the Hello that carried a result, else None."""
     command = row.command
     if isinstance(fact, Progress):
-        moved = progress_to(command.state, fact.state)
+        moved = progress_counts(command, fact.epoch, fact.state)
         if moved is None:
             return False
         row.set(state=moved)
         return True
     if isinstance(fact, Result):
-        if not finishes(command.state):
-            return False  # a replayed result of a finished command changes nothing
+        if hello is not None:
+            counts = settles(command, hello.epoch)
+        else:
+            counts = result_counts(command, fact.epoch)
+        if not counts:
+            return False  # never delivered at its epoch, or finished already
+        cause: Fact = hello or fact
         row.set(state=fact.outcome)
         row.result = json.dumps(fact.result) if fact.result is not None else None
         if fact.outcome == "failed":
@@ -340,8 +359,8 @@ def _answer(
         else:
             publish_event(tx, command_event(CommandCompleted, command, fact.epoch), cause)
         return True
-    # BUSY: only while still dispatched at that epoch; back to pending with a back-off
-    if command.state != "dispatched" or command.session_epoch != fact.epoch:
+    # BUSY: about the delivery of now only; back to pending with a back-off
+    if not busy_counts(command, fact.epoch):
         return False
     answers = busy_count(row.busy_attempts, row.busy_epoch, fact.epoch)
     row.busy_attempts, row.busy_epoch = answers, fact.epoch

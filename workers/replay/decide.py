@@ -3,8 +3,8 @@
 This is where a mistake sends a command twice or never. `plan_replay` decides what a
 Hello at epoch E does to the node's commands in flight; `plan_dispatch` which pending
 commands a session gets now; `busy_delay` the back-off of a BUSY answer; `progress_to`
-and `finishes` the forward-only moves of progress and results. Applied by
-`workers.replay.apply` and `workers.replay.dispatch`.
+the forward-only moves of progress (which answers count at all: `deliveries`). Applied
+by `workers.replay.apply` and `workers.replay.dispatch`.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ class Command:
     not_before: datetime | None = None
     #: when the command last changed (dispatched, acked, running, moved to a new epoch)
     updated_at: datetime | None = None
+    #: the epochs it was delivered at, ascending (`workers/replay/deliveries.py`)
+    delivered_epochs: tuple[int, ...] = ()
 
     @property
     def signed(self) -> bool:
@@ -230,13 +232,6 @@ def progress_to(state: str, reported: str) -> str | None:
     if state not in order or reported not in order or order[reported] <= order[state]:
         return None
     return reported
-
-
-def finishes(state: str) -> bool:
-    """A result finishes a command once, and only one that was sent: a terminal state never
-    changes, and a pending command — never sent, or handed back (BUSY) — was not run by
-    anyone a result could come from. Pure."""
-    return state in IN_FLIGHT
 
 
 #: once asked, a session whose Hello still has not come is asked again after this many

@@ -6,8 +6,8 @@ lock their session rows FOR SHARE (a Hello's epoch bump waits for us, and we for
 skipping sessions on a gateway whose lease expired; plan each node with the pure rules
 (seq order, credits per lane as the daemon's heartbeats report them, eligibility, a
 lane waits while older commands await their replay); mark the
-chosen commands dispatched at the session's current epoch — the write re-checks that
-they are still pending — and queue their dispatch notices to the gateway the session is
+chosen commands dispatched at the session's current epoch, a delivery in their history —
+the write re-checks that they are still pending — and queue their dispatch notices to the gateway the session is
 routed to at that moment. Woken by NOTIFY (new commands, Hellos, results, BUSY answers)
 and by the earliest back-off expiring.
 """
@@ -31,6 +31,7 @@ from schemas.events import CommandCancelled
 from schemas.subjects import Subjects
 from workers.replay.apply import DISPATCH_CHANNEL, command_event, command_from_row, dispatch_notice
 from workers.replay.decide import Command, Session, lane_limits, plan_dispatch
+from workers.replay.deliveries import KEPT
 from workers.replay.holds import release_expired_holds
 from workers.replay.lost import LostHelloSearch
 from workers.runtime.base.rule_settings import ReplaySettings
@@ -96,8 +97,10 @@ SELECT c.node_id, c.lane, count(*) AS n, bool_or(c.session_epoch < t.epoch) AS a
 """
 
 # Command rows are locked in (node, seq) order, as the replay locks them (an UPDATE … FROM
-# would lock them in its join's order and could deadlock with a replica's replay).
-MARK_DISPATCHED = """
+# would lock them in its join's order and could deadlock with a replica's replay). The
+# delivery joins the command's history (`deliveries`): appended, as epochs only rise,
+# once, the latest KEPT kept.
+MARK_DISPATCHED = f"""
 WITH locked AS (
     SELECT c.command_id, t.epoch
       FROM commands c JOIN unnest($1::uuid[], $2::bigint[]) AS t(id, epoch) ON c.command_id = t.id
@@ -107,6 +110,9 @@ WITH locked AS (
 )
 UPDATE commands c
    SET state = 'dispatched', session_epoch = l.epoch, delivery_attempt = c.delivery_attempt + 1,
+       delivered_epochs = CASE WHEN l.epoch = ANY (c.delivered_epochs) THEN c.delivered_epochs
+           ELSE (c.delivered_epochs || l.epoch)[greatest(1, cardinality(c.delivered_epochs) + 2 - {KEPT}):]
+       END,
        updated_at = now()
   FROM locked l
  WHERE c.command_id = l.command_id

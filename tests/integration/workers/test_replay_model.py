@@ -1,7 +1,8 @@
 """A model-based test of the replay dispatcher (hypothesis stateful).
 
 Random sequences of Hellos (same or new journal, same or new boot, running sets),
-progress, results, BUSY answers, stale facts, disconnects, enqueues, dispatch rounds
+progress, results and BUSY answers from the session of now and from the one before,
+stale Hellos, disconnects, enqueues, dispatch rounds
 and time jumps are applied to the real database through the worker's handler and the
 dispatch round, and to a small in-memory reference model of the rules written here
 independently of `workers/replay/decide.py`. After every step the database must equal
@@ -52,6 +53,7 @@ class Cmd:
     busy: int = 0
     busy_epoch: int | None = None
     backing_off: bool = False
+    delivered: set[int] = field(default_factory=set)  # the epochs it was delivered at
 
 
 @dataclass
@@ -77,6 +79,7 @@ class Model:
                 if c.backing_off or self.in_flight(lane) >= CREDITS:
                     break
                 c.state, c.epoch, c.attempt = "dispatched", self.epoch, c.attempt + 1
+                c.delivered.add(self.epoch)
                 sent.append(c)
         return sent
 
@@ -92,8 +95,10 @@ class Model:
                 c.state = "done"
             elif c.id in running:
                 c.state, c.epoch = "running", self.epoch
+                c.delivered.add(self.epoch)
             else:
                 c.state, c.epoch, c.attempt = "dispatched", self.epoch, c.attempt + 1
+                c.delivered.add(self.epoch)
 
 
 class ReplayMachine(RuleBasedStateMachine):
@@ -219,9 +224,9 @@ class ReplayMachine(RuleBasedStateMachine):
         )
         order = {"dispatched": 0, "acked": 1, "running": 2}
         epoch = self.model.epoch - 1 if stale else self.model.epoch
-        # an answer counts only from the session the command is at
+        # progress counts for a delivery at its epoch, forward only, while in flight
         moves = command.state in order and order[state] > order[command.state]
-        if moves and command.epoch == max(1, epoch):
+        if moves and max(1, epoch) in command.delivered:
             command.state = state
         fact = make_fact(
             "progress",
@@ -233,19 +238,17 @@ class ReplayMachine(RuleBasedStateMachine):
         self.run(apply(self.conn, WORKER, self.subjects, fact))
 
     @precondition(lambda self: bool(self.model.commands))
-    @rule(data=st.data(), outcome=st.sampled_from(["done", "failed"]))
-    def result(self, data: st.DataObject, outcome: str) -> None:
+    @rule(data=st.data(), outcome=st.sampled_from(["done", "failed"]), stale=st.booleans())
+    def result(self, data: st.DataObject, outcome: str, stale: bool) -> None:
         command = data.draw(
             st.sampled_from(sorted(self.model.commands.values(), key=lambda c: c.seq))
         )
-        # only a command sent, and only from the session it is at: never a pending one
-        if (
-            command.state in ("dispatched", "acked", "running")
-            and command.epoch == self.model.epoch
-        ):
+        epoch = self.model.epoch - 1 if stale and self.model.epoch > 1 else self.model.epoch
+        # once, for a delivery at its epoch (re-sent since or not): never one not sent then
+        if command.state not in TERMINAL and epoch in command.delivered:
             command.state = outcome
         fact = make_fact(
-            "result", node_id=self.node, epoch=self.model.epoch, command_id=str(command.id),
+            "result", node_id=self.node, epoch=epoch, command_id=str(command.id),
             outcome=outcome, result=None, error=None if outcome == "done" else "boom",
         )  # fmt: skip
         self.run(apply(self.conn, WORKER, self.subjects, fact))

@@ -17,7 +17,6 @@ from workers.replay.decide import (
     Session,
     busy_count,
     busy_delay,
-    finishes,
     hello_lost,
     lane_limits,
     plan_dispatch,
@@ -225,22 +224,6 @@ def test_the_busy_back_off_sequence_and_its_restart_in_a_new_session() -> None:
 )
 def test_progress_moves_forward_only(state: str, reported: str, expected: str | None) -> None:
     assert progress_to(state, reported) == expected
-
-
-@pytest.mark.parametrize(
-    ("state", "finishes_it"),
-    [
-        ("dispatched", True),
-        ("acked", True),
-        ("running", True),
-        ("pending", False),  # never sent (or handed back): nobody ran it
-        ("done", False),
-        ("failed", False),
-        ("cancelled", False),
-    ],
-)
-def test_a_result_finishes_once(state: str, finishes_it: bool) -> None:
-    assert finishes(state) is finishes_it
 
 
 _T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

@@ -121,7 +121,7 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         Grant("SELECT", "commands"),
         Grant(
             "UPDATE (state, session_epoch, delivery_attempt, busy_attempts, busy_epoch, "
-            "not_before, result, failure_reason, trace_context, updated_at)",
+            "not_before, result, failure_reason, trace_context, updated_at, delivered_epochs)",
             "commands",
         ),
     ),

@@ -1,0 +1,12 @@
+-- A command's delivery history: the epochs at which it was delivered — dispatched by the
+-- dispatch loop or re-sent by a Hello's replay — or kept running by a replay because the
+-- daemon said it runs it. An answer (a result, progress) counts for the delivery it is
+-- about: from a gateway that held the node at the answer's epoch, for a command
+-- delivered at that epoch, whatever epoch the command is at now (docs/contract.md,
+-- "Facts as the seed accepts them"). Epochs only rise, so the array is in ascending
+-- order; the replay dispatcher keeps the latest 32 (`workers/replay/deliveries.py`).
+--
+-- Expand-only: a constant default, so no row is rewritten and the previous release's
+-- writers (which leave it be) keep working. A row they dispatched has no history: the
+-- epoch it is in flight at counts as delivered, as it did before.
+ALTER TABLE commands ADD COLUMN delivered_epochs bigint[] NOT NULL DEFAULT '{}';
