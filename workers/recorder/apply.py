@@ -1,9 +1,12 @@
 """The fact recorder's I/O: store event batches and status reports set-based.
 
 Called by the runtime with one transaction per batch. Node rows are locked in node order
-before they are written, and each fact is fenced on what it reads there: events count
-only from the gateway that holds their journal now, a status report only from the
-node's current session (`provenance.FENCES`); the others are STALE and change nothing.
+before they are written, and each fact counts for what its gateway could have seen
+(`provenance.FENCES`, `workers.recorder.decide`): events from the gateway holding their
+journal now, any seq; from a former holder of the journal, only seqs the journal has
+reached without it; a status report from any session its gateway held, never above the
+node's spec generation, its trust version and approver set only from the session of
+now. A fact of which nothing counts is STALE and changes nothing.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from schemas.notices import EventAck
 from workers.recorder.decide import (
     StoredStatus,
     apply_reports,
+    counted_status,
+    event_bound,
+    events_within,
     from_current_session,
     highest_contiguous,
-    holds_journal,
     unique_events,
 )
 from workers.runtime.effects import outcome
@@ -32,9 +37,19 @@ from workers.runtime.effects.worker import Tx
 # caller passes the keys sorted, so rows are locked in a stable order.
 LOCK_SESSIONS = """
 SELECT s.node_id, s.session_epoch, s.gateway_id, s.journal_id, s.acked_event_seq,
-       s.observed_generation, s.trust_version, s.approver_set_epoch, s.approver_set_sha256
+       s.observed_generation, s.trust_version, s.approver_set_epoch, s.approver_set_sha256,
+       (SELECT spec_generation FROM nodes WHERE node_id = s.node_id) AS spec_generation
   FROM unnest($1::text[]) AS n(node_id)
  CROSS JOIN LATERAL (SELECT * FROM node_sessions WHERE node_id = n.node_id FOR UPDATE) AS s
+"""
+
+# The highest seq stored on each (node, journal): the end of an older journal as far as
+# it is known (a former holder's events fill its gaps, never pass it). The primary key
+# answers each from its last entry.
+HIGHEST_STORED = """
+SELECT t.n AS node_id, t.j AS journal_id,
+       (SELECT max(e.seq) FROM node_events e WHERE e.node_id = t.n AND e.journal_id = t.j) AS seq
+  FROM unnest($1::text[], $2::text[]) AS t(n, j)
 """
 
 INSERT_EVENTS = """
@@ -75,33 +90,62 @@ async def handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
     statuses = [fact for fact in facts if isinstance(fact, Status)]
     nodes = sorted({fact.node_id for fact in (*events, *statuses)})
     rows = {row["node_id"]: row for row in await tx.conn.fetch(LOCK_SESSIONS, nodes)}
-    held = [f for f in events if _holds_journal(rows.get(f.node_id), f)]
-    current = [f for f in statuses if _from_current(rows.get(f.node_id), f)]
-    kept = {id(f) for f in (*held, *current)}
+    counted = await _counted_events(tx, events, rows)
+    reports = [(f, c) for f in statuses if (c := _counted_status(rows.get(f.node_id), f))]
+    kept = {id(f) for f in (*(f for f, _, _ in counted), *(f for f, _ in reports))}
     outcomes = {f.fact_id: outcome.STALE for f in (*events, *statuses) if id(f) not in kept}
-    if held:
-        await _record_events(tx, held, rows)
-    if current:
-        await _record_statuses(tx, current, rows)
+    if counted:
+        await _record_events(tx, counted, rows)
+    if reports:
+        await _record_statuses(tx, [c for _, c in reports], rows)
     return outcomes
 
 
-def _holds_journal(row: asyncpg.Record | None, fact: Events) -> bool:
-    return row is not None and holds_journal(
-        row["gateway_id"], row["journal_id"], fact.gateway_id, fact.journal_id
+async def _counted_events(
+    tx: Tx, facts: list[Events], rows: Mapping[str, asyncpg.Record]
+) -> list[tuple[Events, Events, bool]]:
+    """Each events fact of which something counts: the fact, what counts of it, and
+    whether its gateway holds the journal now (`decide.event_bound`)."""
+    known = [f for f in facts if f.node_id in rows]
+    older = sorted(
+        {(f.node_id, f.journal_id) for f in known if rows[f.node_id]["journal_id"] != f.journal_id}
     )
+    highest: dict[tuple[str, str], int | None] = {}
+    if older:
+        found = await tx.conn.fetch(HIGHEST_STORED, [n for n, _ in older], [j for _, j in older])
+        highest = {(r["node_id"], r["journal_id"]): r["seq"] for r in found}
+    counted = []
+    for fact in known:
+        row = rows[fact.node_id]
+        bound = event_bound(
+            row["gateway_id"],
+            row["journal_id"],
+            int(row["acked_event_seq"]),
+            fact.gateway_id,
+            fact.journal_id,
+            highest.get((fact.node_id, fact.journal_id)),
+        )
+        within = events_within(fact, bound)
+        if within:
+            counted.append((fact, fact.model_copy(update={"events": within}), bound is None))
+    return counted
 
 
-def _from_current(row: asyncpg.Record | None, fact: Status) -> bool:
-    return row is not None and from_current_session(
+def _counted_status(row: asyncpg.Record | None, fact: Status) -> Status | None:
+    if row is None:
+        return None
+    current = from_current_session(
         row["session_epoch"], row["gateway_id"], fact.epoch, fact.gateway_id
     )
+    return counted_status(fact, current, int(row["spec_generation"] or 0))
 
 
-async def _record_events(tx: Tx, facts: list[Events], rows: Mapping[str, asyncpg.Record]) -> None:
-    """Events of each node's journal of now (`_holds_journal`), their ack raised, the
-    gateway told."""
-    by_journal = unique_events(facts)
+async def _record_events(
+    tx: Tx, counted: list[tuple[Events, Events, bool]], rows: Mapping[str, asyncpg.Record]
+) -> None:
+    """What counts of each events fact stored (a seq once); for those from the holder of
+    their journal (the node's journal of now), the ack raised and the gateway told."""
+    by_journal = unique_events([within for _, within, _ in counted])
     flat = [
         (node, journal, e) for (node, journal), seqs in by_journal.items() for e in seqs.values()
     ]
@@ -114,8 +158,11 @@ async def _record_events(tx: Tx, facts: list[Events], rows: Mapping[str, asyncpg
         [json.dumps(e.body) for _, _, e in flat],
         [e.at for _, _, e in flat],
     )
+    held = [fact for fact, _, holder in counted if holder]
+    if not held:
+        return  # a former holder's events move no ack (they are at or below it, or on an older journal)
     # the ack counts from the journal's ack (every journal here is its node's of now)
-    keys = sorted(by_journal)
+    keys = sorted({(fact.node_id, fact.journal_id) for fact in held})
     bases = [int(rows[node]["acked_event_seq"]) for node, _ in keys]
     stored = await tx.conn.fetch(STORED_AFTER, [n for n, _ in keys], [j for _, j in keys], bases)
     contiguous = {
@@ -128,7 +175,7 @@ async def _record_events(tx: Tx, facts: list[Events], rows: Mapping[str, asyncpg
         list(contiguous.values()),
     )
     acked: set[tuple[str, str, str]] = set()
-    for fact in facts:
+    for fact in held:
         key = (fact.node_id, fact.journal_id, fact.gateway_id)
         if key in acked:
             continue

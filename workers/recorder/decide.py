@@ -1,9 +1,11 @@
 """The fact recorder's rules, pure: no await, no clock, no I/O.
 
-Facts are not fenced: events and status reports are true whichever session carried
-them. What the rules guard is that nothing moves backwards and that an approver set is
-never paired with a trust version newer than its own. Applied by
-`workers.recorder.apply`.
+Facts are not fenced (the seed): events and status reports are true whichever session
+carried them, from any epoch its gateway held. What the rules guard is that nothing moves
+backwards, that a gateway that held the node once takes nothing the node has not reached
+since — no event seq past where the journal stood without it, no generation the node
+was never given — and that an approver set is never paired with a trust version newer
+than its own. Applied by `workers.recorder.apply`.
 """
 
 from __future__ import annotations
@@ -71,15 +73,65 @@ def highest_contiguous(base: int, stored_seqs: Iterable[int]) -> int:
 def holds_journal(
     session_gateway: str | None, session_journal: str | None, gateway: str, journal: str
 ) -> bool:
-    """Events count only from the gateway that holds their journal now: the node's session
-    is routed to that gateway, on that journal. A former holder's, or a stranger's, change
-    nothing (the daemon sends again what was not acked, to its gateway of now). Pure."""
+    """`gateway` holds the journal now: the node's session is routed to it, on that
+    journal. Pure."""
     return session_gateway == gateway and session_journal == journal
+
+
+def event_bound(
+    session_gateway: str | None,
+    session_journal: str | None,
+    acked: int,
+    gateway: str,
+    journal: str,
+    highest_stored: int | None,
+) -> int | None:
+    """The highest seq that events from `gateway` on `journal` may store; None: any. Pure.
+
+    Only a gateway issued an epoch on the journal gets here (`provenance`). The one that
+    holds it now stores any seq. A former holder stores only seqs the journal has been
+    seen to reach without it, so it can take no seq the daemon has yet to send:
+
+    - on the node's journal of now, up to its ack (`acked`: every seq up to it is
+      stored, so nothing new — what was not acked, the daemon sends again to its gateway
+      of now after the Welcome, whatever order the facts come in);
+    - on an older journal (one no session continues: the daemon lost it), up to the
+      highest seq stored on it: the gaps its last batches left, never past its end.
+    """
+    if holds_journal(session_gateway, session_journal, gateway, journal):
+        return None
+    if session_journal == journal:
+        return acked
+    return highest_stored or 0
+
+
+def events_within(fact: Events, bound: int | None) -> list[NodeEvent]:
+    """The events of `fact` at or below `bound` (all when None). Pure."""
+    return [e for e in fact.events if bound is None or e.seq <= bound]
+
+
+def counted_status(report: Status, current: bool, spec_generation: int) -> Status | None:
+    """What a status report says that counts, or None when it counts for nothing. Pure.
+
+    A report claiming a generation above the node's spec generation is not true (no
+    such generation was ever given to the node): nothing of it counts. From the node's
+    session of now (`current`: its epoch, its gateway), the whole report. From an earlier
+    session its gateway held, its generation only (it only ever raises
+    `observed_generation`): the trust version and approver set are the session of now's
+    word — its Hello stores its own as is, even a lower one (a restored disk), and an
+    earlier session's report would raise it back.
+    """
+    if report.observed_generation > spec_generation:
+        return None
+    if current:
+        return report
+    return report.model_copy(
+        update={"trust_version": 0, "approver_set_epoch": None, "approver_set_sha256": None}
+    )
 
 
 def from_current_session(
     session_epoch: int, session_gateway: str | None, epoch: int, gateway: str
 ) -> bool:
-    """A status report counts only from the node's current session: its epoch, at its
-    gateway. Pure."""
+    """A status report from the node's session of now: its epoch, at its gateway. Pure."""
     return session_epoch == epoch and session_gateway == gateway

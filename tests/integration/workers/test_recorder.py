@@ -89,9 +89,9 @@ async def test_a_gap_keeps_the_ack_at_the_last_contiguous_seq(
 async def test_an_old_journals_batch_from_its_former_gateway_changes_nothing(
     drive: Driver, db: asyncpg.Connection
 ) -> None:
-    """Events count only from the gateway that holds their journal now: gw-0 held the
-    node's old journal at epoch 1; its late batch is stale — nothing stored, no ack, the
-    new journal's ack unmoved."""
+    """gw-0 held the node's old journal at epoch 1, on which nothing is stored: its late
+    batch takes no seq (the journal is not known to have reached any) — nothing stored,
+    no ack, the new journal's ack unmoved."""
     await fleet.session(db, "n1", epoch=2, journal_id="journal-new")
     await fleet.issued(db, "n1", 1, "gw-0", journal_id="journal-old")  # the session before
     await drive.send(events([1, 2], journal="journal-new"))
@@ -106,6 +106,56 @@ async def test_an_old_journals_batch_from_its_former_gateway_changes_nothing(
     ]
 
 
+async def _stored(db: asyncpg.Connection, journal: str) -> dict[int, Any]:
+    rows = await db.fetch(
+        "SELECT seq, body->>'s' AS s FROM node_events WHERE journal_id = $1 ORDER BY seq", journal
+    )
+    return {r["seq"]: r["s"] for r in rows}
+
+
+async def test_a_former_holder_fills_its_old_journals_gaps_and_never_passes_its_end(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    """The seed: events are true whichever session carried them. gw-0 held journal-old
+    (epoch 1); the daemon lost it and reconnected on journal-new through gw-1. gw-0's
+    late batch fills the gap journal-old left (seq 3: the daemon's true event, which
+    nobody else can send now), but not past the highest seq stored on it (5): a seq the
+    journal is not known to have reached is not its to take. It moves no ack."""
+    await fleet.session(db, "n1", epoch=1, gateway_id="gw-0", journal_id="journal-old")
+    await drive.send(events([1, 2, 4], journal="journal-old", gateway="gw-0"))
+    await fleet.session(db, "n1", epoch=2, gateway_id="gw-1", journal_id="journal-new")
+    await db.execute("UPDATE node_sessions SET acked_event_seq = 0")  # as the Hello leaves it
+    await drive.send(events([3, 5], journal="journal-old", gateway="gw-0"))
+    assert sorted(await _stored(db, "journal-old")) == [1, 2, 3, 4]
+    assert await _acked(db) == 0
+    acks = await drive.published("event-ack", stream="notices")
+    assert [(a["journal_id"], a["seq"]) for a in acks] == [("journal-old", 2)]  # gw-0's, then
+
+
+async def test_a_former_holder_takes_no_seq_the_journal_of_now_has_not_acked(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    """gw-0 held journal-1 at epoch 1; gw-1 holds it now (epoch 2) and has 1-3 and 5
+    stored (ack 3). gw-0's batch — a late true one, or a forged one — counts only up to
+    the ack: it stores nothing new, cannot take 4 or 6 before the daemon's own copies
+    come through gw-1, and gets no ack. The holder's copies then store the true events."""
+    await fleet.session(db, "n1", epoch=2, gateway_id="gw-1")
+    await fleet.issued(db, "n1", 1, "gw-0")
+    await drive.send(events([1, 2, 3, 5]))
+    assert await _acked(db) == 3
+    forged = make_fact(
+        "events", node_id="n1", journal_id="journal-1", gateway_id="gw-0",
+        events=[{"seq": s, "kind": "k", "body": {"s": "forged"}, "at": "2026-11-30T00:00:00Z"}
+                for s in (2, 4, 6)],
+    )  # fmt: skip
+    await drive.send(forged)
+    await drive.send(events([4, 6]))
+    assert await _stored(db, "journal-1") == {s: str(s) for s in (1, 2, 3, 4, 5, 6)}
+    assert await _acked(db) == 6
+    acks = await drive.published("event-ack", stream="notices")
+    assert {a["_subject"].split(".")[2] for a in acks} == {"gw-1"}
+
+
 async def _status_row(db: asyncpg.Connection) -> tuple[Any, ...]:
     row = await db.fetchrow(
         "SELECT observed_generation, trust_version, approver_set_epoch, approver_set_sha256 "
@@ -114,10 +164,16 @@ async def _status_row(db: asyncpg.Connection) -> tuple[Any, ...]:
     return tuple(row)
 
 
+async def _spec(db: asyncpg.Connection, generation: int) -> None:
+    """The node's spec at `generation` (what `set_node_spec` leaves, without a spec)."""
+    await db.execute("UPDATE nodes SET spec_generation = $1 WHERE node_id = 'n1'", generation)
+
+
 async def test_out_of_order_status_never_lowers_or_mispairs(
     drive: Driver, db: asyncpg.Connection
 ) -> None:
     await fleet.session(db, "n1", epoch=1)
+    await _spec(db, 12)
     d6, d7 = "6" * 64, "7" * 64
     await drive.send(status(10, 7, d7, 70))
     await drive.send(status(8, 6, d6, 60))  # late and older in every way
@@ -132,9 +188,38 @@ async def test_a_batch_of_reports_in_any_order_ends_the_same(
     drive: Driver, db: asyncpg.Connection
 ) -> None:
     await fleet.session(db, "n1", epoch=1)
+    await _spec(db, 9)
     d = {v: f"{v:064x}" for v in range(1, 6)}
     await drive.send(*(status(g, v, d[v], v) for g, v in [(5, 3), (9, 5), (2, 1), (7, 4)]))
     assert await _status_row(db) == (9, 5, 5, d[5])
+
+
+async def test_a_status_from_any_session_its_gateway_held_never_above_the_spec(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    """The seed: status reports are true whichever session carried them, and
+    observed_generation only moves forward. gw-0 held epoch 1, gw-1 holds epoch 2; the
+    node's spec is at generation 7. gw-0's late report raises the generation (its trust
+    version is the session of now's to say); a report of a generation above 7 — from
+    anyone — changes nothing: no such generation was ever given to the node."""
+    await fleet.session(db, "n1", epoch=2, gateway_id="gw-1")
+    await fleet.issued(db, "n1", 1, "gw-0")
+    await _spec(db, 7)
+    await db.execute("UPDATE node_sessions SET observed_generation = 3, trust_version = 5")
+
+    def report(gateway: str, epoch: int, generation: int, trust: int) -> Any:
+        return make_fact(
+            "status", node_id="n1", gateway_id=gateway, epoch=epoch,
+            observed_generation=generation, trust_version=trust,
+        )  # fmt: skip
+
+    await drive.send(report("gw-0", 1, 6, 9))
+    assert (await _status_row(db))[:2] == (6, 5)
+    await drive.send(report("gw-0", 1, 8, 0), report("gw-1", 2, 9, 6))
+    assert (await _status_row(db))[:2] == (6, 5)
+    assert drive.settled("stale") == 2
+    await drive.send(report("gw-1", 2, 7, 6))
+    assert (await _status_row(db))[:2] == (7, 6)
 
 
 async def test_pruning_removes_only_old_events_while_the_consumer_keeps_going(

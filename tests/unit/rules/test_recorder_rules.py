@@ -1,6 +1,7 @@
-"""The recorder's pure rules: status reports never move anything backwards and never
-pair an approver set with a newer trust version than its own; event acks count the
-contiguous run."""
+"""The recorder's pure rules: status reports never move anything backwards, never pair an
+approver set with a newer trust version than its own, and never claim a generation the
+node was not given; a former holder's events take no seq the journal has not reached;
+event acks count the contiguous run."""
 
 from __future__ import annotations
 
@@ -13,7 +14,15 @@ from hypothesis import strategies as st
 
 from schemas import Status
 from tests.factories import make_fact
-from workers.recorder.decide import StoredStatus, apply_reports, highest_contiguous, unique_events
+from workers.recorder.decide import (
+    StoredStatus,
+    apply_reports,
+    counted_status,
+    event_bound,
+    events_within,
+    highest_contiguous,
+    unique_events,
+)
 
 EMPTY = StoredStatus(0, 0, None, None)
 
@@ -128,3 +137,61 @@ def test_unique_events_keeps_the_first_copy_of_each_seq() -> None:
         3: "b",
     }
     assert list(itertools.chain(out)) == [("node-1", "journal-1")]
+
+
+@pytest.mark.parametrize(
+    ("session", "fact", "acked", "highest", "bound"),
+    [
+        (("gw-1", "j1"), ("gw-1", "j1"), 5, None, None),  # the holder of now: any seq
+        (("gw-2", "j1"), ("gw-1", "j1"), 5, None, 5),  # a former holder of the journal of now
+        ((None, "j1"), ("gw-1", "j1"), 5, None, 5),  # the session closed: nobody holds it now
+        (("gw-2", "j2"), ("gw-1", "j1"), 0, 9, 9),  # an older journal: up to its end
+        (("gw-2", "j2"), ("gw-1", "j1"), 0, None, 0),  # nothing stored on it: nothing
+        (("gw-1", "j2"), ("gw-1", "j1"), 3, 4, 4),  # its gateway of now, another journal
+    ],
+)
+def test_a_former_holders_events_stop_where_the_journal_stood_without_it(
+    session: tuple[str | None, str],
+    fact: tuple[str, str],
+    acked: int,
+    highest: int | None,
+    bound: int | None,
+) -> None:
+    assert event_bound(*session, acked, *fact, highest) == bound
+
+
+@given(
+    st.one_of(st.none(), st.integers(0, 30)), st.lists(st.integers(1, 40), min_size=1, max_size=8)
+)
+def test_events_within_a_bound_are_exactly_those_at_or_below_it(
+    bound: int | None, seqs: list[int]
+) -> None:
+    fact = make_fact(
+        "events",
+        events=[{"seq": s, "kind": "k", "body": {}, "at": "2026-11-30T00:00:00Z"} for s in seqs],
+    )
+    kept = [e.seq for e in events_within(fact, bound)]
+    assert kept == [s for s in seqs if bound is None or s <= bound]
+
+
+@given(
+    generation=st.integers(0, 20), spec=st.integers(0, 20), current=st.booleans(),
+    trust=st.integers(0, 9), stored=st.builds(StoredStatus, st.integers(0, 20), st.integers(0, 9),
+                                              st.none(), st.none()),
+)  # fmt: skip
+def test_a_status_never_claims_a_generation_above_the_spec_and_only_now_moves_trust(
+    generation: int, spec: int, current: bool, trust: int, stored: StoredStatus
+) -> None:
+    counted = counted_status(report(generation, trust), current, spec)
+    if generation > spec:
+        assert counted is None  # a generation the node was never given: nothing of it
+        return
+    assert counted is not None
+    after = apply_reports(stored, [counted])
+    assert after.observed_generation == max(stored.observed_generation, generation)
+    if current:
+        assert after.trust_version == max(stored.trust_version, trust)
+    else:  # an earlier session's report: its generation only
+        assert (after.trust_version, after.approver_set_epoch, after.approver_set_sha256) == (
+            stored.trust_version, stored.approver_set_epoch, stored.approver_set_sha256,
+        )  # fmt: skip
