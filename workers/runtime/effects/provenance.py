@@ -1,23 +1,29 @@
 """Facts bound to their gateway: a fact about a node takes effect only when it comes from
-the gateway that holds what the fact speaks of. Checked in two places, both named in
-`FENCES`, one row per fact type:
+a gateway that holds, or held, what the fact speaks of — and only for what that gateway
+could have seen. Checked in two places, both named in `FENCES`, one row per fact type:
 
 - here, before any rule sees the fact (`check`): the fact's epoch was issued to the
   fact's gateway (`session_epochs`) — for a `hello`, it must also be the one Hello fact
   the epoch's Hello transaction recorded; for `events`, the gateway was issued an epoch
   on the events' journal. What this asks only ever becomes true, so a confirmation is
   remembered a minute (`KnownBindings`), the Hello's excepted;
-- in the worker's own write, under the node's lock, where it can change: a flush entry
-  matches node, epoch and gateway; a close, the row's epoch and gateway; an answer
-  (`progress`, `result`, `rejected`), a command in flight at the fact's epoch; `events`,
-  the session of now routed to the fact's gateway on the fact's journal; `status`, the
-  session of now at the fact's epoch and gateway.
+- in the worker's write, under the node's lock, where it can change. Routing and
+  liveness writes are fenced on the session of now: a flush entry matches node, epoch
+  and gateway; a close, the row's epoch and gateway. Facts are not (the seed: they are
+  true whichever session carried them), but each counts only for what its gateway saw
+  at its epoch: an answer (`progress`, `result`, `rejected`), for a command delivered at
+  the fact's epoch, whatever epoch it is at now (`workers.replay.deliveries`; a BUSY
+  only for the delivery of now); `events`, any seq from the holder of the journal now,
+  from a former holder only seqs the journal has reached without it; `status`, never a
+  generation above the node's spec generation, its trust version only from the session
+  of now (`workers.recorder.decide`).
 
 Anything failing the first is *foreign*: acked, kept in the inbox, changes nothing, counted
 (`bcw_facts_total{outcome="foreign"}`) and logged once per gateway and minute; the second
 is *stale*. A Hello that passes is handed on as its transaction recorded it
 (`as_recorded`): the session before it is what that transaction saw under the node's
-lock, never the gateway's word.
+lock, never the gateway's word. What a former holder's true fact does is the same
+whatever order the facts are applied in (docs/runtime.md).
 """
 
 from __future__ import annotations
@@ -70,17 +76,30 @@ class Fence:
 
 
 #: Every fact type's fencing, in one place (docs/contract.md, "Every fact fenced on its
-#: holder"); tests/integration/security/gateways/test_fences.py tries each row as a former holder
-#: and as a stranger.
+#: holder"); tests/integration/security/gateways/test_fences.py tries each row as the
+#: holder, as a former holder (its true facts and its forged ones) and as a stranger.
 FENCES: dict[type[Fact], Fence] = {
     Hello: Fence(Binding.HELLO, "the node's row at the Hello's epoch (a later one: stale)"),
     Liveness: Fence(None, "each entry: the row's node, epoch and gateway; folded per gateway"),
     Closed: Fence(Binding.EPOCH, "the row's epoch and gateway"),
-    Progress: Fence(Binding.EPOCH, "the command, in flight at the fact's epoch"),
-    Result: Fence(Binding.EPOCH, "the command, in flight at the fact's epoch (never pending)"),
-    Rejected: Fence(Binding.EPOCH, "the command, dispatched at the fact's epoch"),
-    Events: Fence(Binding.JOURNAL, "the session of now: at the fact's gateway, on its journal"),
-    Status: Fence(Binding.EPOCH, "the session of now: the fact's epoch at the fact's gateway"),
+    Progress: Fence(
+        Binding.EPOCH, "the command, in flight and delivered at the fact's epoch; forward only"
+    ),
+    Result: Fence(
+        Binding.EPOCH,
+        "the command, delivered at the fact's epoch (whatever its epoch now), not finished",
+    ),
+    Rejected: Fence(Binding.EPOCH, "the command, dispatched at the fact's epoch now"),
+    Events: Fence(
+        Binding.JOURNAL,
+        "any seq from the journal's holder of now; a former holder's, up to where the "
+        "journal stands without it (its ack; an older journal's highest stored seq)",
+    ),
+    Status: Fence(
+        Binding.EPOCH,
+        "a generation at most the node's spec generation; trust version and approver set "
+        "from the session of now only",
+    ),
 }
 
 
