@@ -14,14 +14,8 @@ from hypothesis import strategies as st
 from schemas.facts import NodeLoad, sanitize
 from schemas.notices import Dispatch
 from workers.gateway import Code, HeartbeatAck, HelloRequest, Refused, Welcome
-from workers.sim.daemon import (
-    HEARTBEAT,
-    JOURNAL_MAX,
-    MAX_BACK_OFF,
-    MAX_PUSHBACK,
-    FakeDaemon,
-    _Running,
-)
+from workers.sim.daemon import HEARTBEAT, JOURNAL_MAX, MAX_BACK_OFF, FakeDaemon, _Running
+from workers.sim.hello import MAX_PUSHBACK
 from workers.sim.profiles import (
     BCD,
     BCD_CAPABILITIES,
@@ -36,8 +30,9 @@ from workers.sim.profiles import (
 class Scripted:
     """A gateway that answers each Hello with the next of its answers."""
 
-    def __init__(self, *answers: Refused | Welcome) -> None:
+    def __init__(self, *answers: Refused | Welcome, gateway_id: str = "gw-s") -> None:
         self.answers = list(answers)
+        self.gateway_id = gateway_id
         self.alive = True
         self.hellos: list[HelloRequest] = []
 
