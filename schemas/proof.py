@@ -2,9 +2,11 @@
 
 The daemon holds a key it was given when it joined (the control plane registers the same
 key with `enroll_hello_key`); for each Hello it sends an HMAC-SHA256 by that key over
-`message(...)`, with the time and a one-time id it used. The database's Hello
-transaction (migrations/core/0030_hello_proof.sql) computes the same MAC before it
-changes anything, so a gateway that holds no node's key cannot open that node's session.
+`message(...)`, with the time and a one-time id it used: its own clock and a random id,
+or the time and challenge a refusal gave it (`CHALLENGE_RE`; a daemon whose clock is
+wrong). The database's Hello transaction (migrations/core/0030_hello_proof.sql, 0047)
+computes the same MAC before it changes anything, so a gateway that holds no node's key
+cannot open that node's session.
 docs/contract.md ("The Hello's proof") gives the same bytes with a test vector.
 
 Pure: the fake daemon signs with it, the tests compare it with the SQL; no I/O here.
@@ -26,13 +28,18 @@ VERSION_LINE = "bc-hello-proof-v1"
 #: a proof's time may be this far from the control plane's clock, either way (seconds)
 MAX_SKEW_SECONDS = 300
 NONCE_RE = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
+#: a nonce beginning `srv-` is the server's: a challenge the database issued for one node,
+#: one gateway and one time (`gateway_hello_challenge`), signed with that time as `at`; the
+#: database takes no other nonce beginning so
+CHALLENGE_RE = re.compile(r"^srv-[0-9a-f]{16}-[0-9a-f]{40}$")
 MAC_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 class HelloProof(SnakeMessage):
     """What a daemon sends beside its Hello to prove it holds the node's key."""
 
-    at: Annotated[int, Field(ge=0, le=2**62)]  # Unix seconds, the daemon's clock
+    #: Unix seconds: the daemon's clock, or the time of the server's challenge it signs
+    at: Annotated[int, Field(ge=0, le=2**62)]
     #: a one-time id: 16 to 64 of [A-Za-z0-9_-] (32 random hex digits)
     nonce: Annotated[str, StringConstraints(pattern=NONCE_RE.pattern)]
     mac: Annotated[str, StringConstraints(pattern=MAC_RE.pattern)]  # hex HMAC-SHA256 of `message`

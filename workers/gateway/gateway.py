@@ -248,8 +248,15 @@ class Gateway(Frames):
                 ) from draining
             except store.NotJoined as missing:
                 raise Refused(Code.PERMISSION_DENIED, str(missing)) from missing
-            except (store.Revoked, store.Unproven) as refused:
+            except store.Revoked as refused:
                 raise Refused(Code.UNAUTHENTICATED, str(refused)) from refused
+            except store.Unproven as unproven:  # a proof given: sign again in server time
+                at, challenge = (None, None) if request.proof is None else (
+                    await store.hello_challenge(conn, self.gateway_id, request.node_id)
+                )  # fmt: skip
+                raise Refused(
+                    Code.UNAUTHENTICATED, str(unproven), server_time=at, challenge=challenge
+                ) from unproven
             except store.Busy as busy:
                 raise Refused(Code.UNAVAILABLE, str(busy), retry_after=pushback(1.0)) from busy
         opening.epoch = opened.epoch  # its notices may come from now on: they wait

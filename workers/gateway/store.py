@@ -219,6 +219,22 @@ async def open_session(
     )
 
 
+async def hello_challenge(
+    conn: asyncpg.Connection, gateway_id: str, node_id: str
+) -> tuple[float, str] | tuple[None, None]:
+    """The database's time (whole Unix seconds) and a challenge for this node, this gateway
+    and that time, for the refusal of a Hello whose proof did not hold: the daemon signs its
+    next Hello with them (migrations/core/0047_proof_freshness.sql). (None, None) when the
+    database cannot issue one (its schema is older than this gateway: refused without)."""
+    try:
+        row = await conn.fetchrow(
+            "SELECT * FROM gateway_hello_challenge($1, $2)", gateway_id, node_id
+        )
+    except asyncpg.UndefinedFunctionError:
+        return None, None
+    return float(row["server_time"]), str(row["challenge"])
+
+
 async def hello_verdict(conn: asyncpg.Connection, gateway_id: str, node_id: str, epoch: int) -> str:
     """What the quarantine made of a duplicate identity's session: `revoked`, `released`,
     `held` (not decided yet, or held for an operator) or `gone`."""

@@ -18,13 +18,26 @@ from workers.gateway.admission import Code, DesiredState
 
 
 class Refused(Exception):
-    """A refused Hello: the gRPC-style code, why, and (pushback) when to retry."""
+    """A refused Hello: the gRPC-style code, why, and (pushback) when to retry. A Hello
+    whose proof did not hold also carries the database's time (Unix seconds, as a
+    Welcome's `server_time`: not signed) and a challenge the database issued for that node,
+    this gateway and that time: a daemon whose clock is wrong signs its next Hello with them
+    (docs/contract.md, "The Hello's proof")."""
 
-    def __init__(self, code: Code, reason: str, retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        code: Code,
+        reason: str,
+        retry_after: float | None = None,
+        server_time: float | None = None,
+        challenge: str | None = None,
+    ) -> None:
         super().__init__(f"{code.value}: {reason}")
         self.code = code
         self.reason = reason
         self.retry_after = retry_after
+        self.server_time = server_time
+        self.challenge = challenge
 
 
 class DaemonStream(Protocol):

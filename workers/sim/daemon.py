@@ -1,50 +1,47 @@
 """A fake daemon (`bcd`): what a node does on its side of the stream, in memory.
 
 Says Hello with its capabilities (bcd's, unless a skew profile of `workers.sim.profiles`
-gives others), running commands, the done results not acked yet and the trust it holds; honours the Welcome's `acked_event_seq` (forgets those events) and
-`credits` (at most that many per lane), and never fences on the epoch;
-heartbeats; runs dispatched commands within its own credits per lane and answers BUSY
-when a lane (or its journal) is full; acks, runs and completes them (a `node.reboot`
-reboots it, a `daemon.upgrade` upgrades it); keeps each result until it is stored (sent
-on the stream, or acked after the Welcome of a Hello that carried it); applies the
-desired state the gateway sends; journals events and trims them when acked; reconnects
-with full-jitter back-off `min(60 s, 1 s * 2^n)`, reset by a Welcome, and honours a
-gateway's pushback (a negative or malformed one is ignored; its doubling restarts after
-one). A new process (restart, upgrade, reboot, crash) holds no command of the old one.
-Its working clock never moves back. Its heartbeats carry its free credits, its NodeLoad
-(load average, available memory, running commands, pending events) and the generation it
-applied, and their answers move its server-time mark forward; the first heartbeat after
-its inventory changed, and every 10th, carry its inventory hashes, and it pushes the
-sections that changed before that heartbeat, and those the gateway asks for. It can
-reboot, crash, lose its journal, be cloned and be upgraded. Driven by `tick()`.
+gives others), running commands, the done results not acked yet and the trust it holds,
+proven by its key (`workers.sim.servertime`: its own clock, or the server's challenge);
+honours the Welcome's `acked_event_seq` (forgets those events) and `credits` (at most that
+many per lane), and never fences on the epoch; heartbeats; runs dispatched commands within
+its own credits per lane and answers BUSY when a lane (or its journal) is full; acks,
+runs and completes them (a `node.reboot` reboots it, a `daemon.upgrade` upgrades it);
+journals each result and keeps it until acked, and answers a duplicate delivery of a
+finished command from its journal (`workers.sim.journal`), never running it again;
+applies the desired state the gateway sends; journals events and trims them when acked;
+reconnects with full-jitter back-off `min(60 s, 1 s * 2^n)`, reset by a Welcome, and
+honours a gateway's pushback (a negative or malformed one is ignored; its doubling
+restarts after one). A new process (restart, upgrade, reboot, crash) holds no command of
+the old one. Its working clock never moves back. Its heartbeats carry its free credits,
+its NodeLoad and the generation it applied, and their answers move its server-time mark
+forward; the first heartbeat after its inventory changed, and every 10th, carry its
+inventory hashes. It can reboot, crash, lose its journal, be cloned and be upgraded.
+Driven by `tick()`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import random
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from schemas.facts import NodeLoad
 from schemas.notices import Dispatch
-from schemas.proof import HelloProof, prove
-from workers.gateway import Gateway, HelloRequest, Refused
+from workers.gateway import Gateway, Refused
 from workers.gateway.admission import DesiredState
 from workers.gateway.inventory import INVENTORY_EVERY
+from workers.sim.hello import Hellos
+from workers.sim.journal import Finished
 from workers.sim.profiles import BCD_CAPABILITIES, BCD_VERSION
 from workers.sim.reports import Reports
+from workers.sim.servertime import ServerTime
 
 HEARTBEAT = 10.0
-#: a gateway's pushback (retry_after) is honoured up to this many seconds
-MAX_PUSHBACK = 900.0
-#: a Welcome further behind the daemon's server-time mark than this ends the session
-MAX_CLOCK_BACK = 300.0
 #: a journal this full takes no new command: it answers BUSY until events are acked
 JOURNAL_MAX = 10_000
 #: the reconnect back-off's cap: min(60 s, 1 s * 2^n), full jitter
@@ -58,7 +55,7 @@ class _Running:
 
 
 @dataclass
-class FakeDaemon(Reports):
+class FakeDaemon(Hellos, Reports):
     node_id: str
     serial: str
     clock: Callable[[], float]
@@ -88,9 +85,12 @@ class FakeDaemon(Reports):
         self.next_try = 0.0
         self.partitioned = False  # cannot reach any gateway
         self.running: dict[uuid.UUID, _Running] = {}
-        #: done results the control plane has not acked: sent as result frames while
-        #: connected, carried by the next Hello otherwise, forgotten once acked
-        self.results: dict[uuid.UUID, dict[str, Any]] = {}
+        self.finished = Finished()  # its journal of finished commands (`results` owed)
+        #: how many times it started each command, and how many of those runs a new
+        #: process cut off (never reset, not even by a lost journal: what tests count)
+        self.runs: Counter[uuid.UUID] = Counter()
+        self.cut_off: Counter[uuid.UUID] = Counter()
+        self.answered = 0  # duplicate deliveries answered from its journal
         self.in_hello: set[uuid.UUID] = set()  # results this session's Hello carried
         self.spec_hash: str | None = None  # of the desired state it applied
         self.journal: list[dict[str, Any]] = []
@@ -109,16 +109,26 @@ class FakeDaemon(Reports):
         self.heartbeats = 0
         self.sections_sent = 0
         self.process_started = self.now()  # its Hello's proof of a restart
-        self.server_time_mark = 0.0  # the latest server time a Welcome told it; never back
+        self.server = ServerTime()  # its mark, its clock offset, a challenge held
         self.told: dict[str, str] = {}  # the inventory hashes it last told its gateway
-        self.behind_welcomes = 0  # Welcomes refused for being behind the mark
-        self.distrusted: Gateway | None = None  # the gateway of the last such Welcome
+        self.behind_welcomes = 0  # Welcomes and refusals behind the mark: not believed
+        self.distrusted: Gateway | None = None  # the gateway of the last such answer
 
     def now(self) -> float:
         """Its working clock: the clock it is given, but never back (a step back of the
         host's clock would otherwise stretch every timer it holds)."""
         self._now = max(self._now, self.clock())
         return self._now
+
+    @property
+    def results(self) -> dict[uuid.UUID, dict[str, Any]]:
+        """Done results the control plane has not acked: sent as result frames while
+        connected, carried by the next Hello otherwise, forgotten only once acked."""
+        return self.finished.unacked
+
+    @property
+    def server_time_mark(self) -> float:
+        return self.server.mark
 
     # -- the stream, as the gateway sees it --------------------------------------------
     async def deliver(self, dispatch: Dispatch) -> None:
@@ -129,10 +139,16 @@ class FakeDaemon(Reports):
             return  # a replay of what runs already
         in_lane = sum(1 for r in self.running.values() if r.dispatch.lane == dispatch.lane)
         try:  # never fenced on the epoch: the gateway delivers only its session's
+            done = self.finished.answer(dispatch.command_id)
+            if done is not None:  # finished: answered from its journal, never run again
+                self.answered += 1
+                await self._send_result(gateway, dispatch.command_id, done)
+                return
             if in_lane >= self.credits_per_lane or len(self.journal) >= JOURNAL_MAX:
                 self.busy_answers += 1
                 await gateway.busy(self.node_id, self.epoch, dispatch.command_id)
                 return
+            self.runs[dispatch.command_id] += 1
             self.running[dispatch.command_id] = _Running(
                 dispatch, self.now() + self.rng.uniform(*self.work_seconds)
             )
@@ -146,8 +162,8 @@ class FakeDaemon(Reports):
             self.journal = [e for e in self.journal if e["seq"] > seq]
 
     async def ack_results(self, command_ids: Sequence[uuid.UUID]) -> None:
-        """The results its Hello carried are stored: forget them."""
-        acked = [c for c in command_ids if self.results.pop(c, None) is not None]
+        """The results its Hello carried are stored: owed no more."""
+        acked = self.finished.ack(command_ids, self.now())
         if acked:
             self._journal("results.acked", {"command_ids": [str(c) for c in acked]})
 
@@ -174,18 +190,17 @@ class FakeDaemon(Reports):
 
     # -- what the simulator does to it ---------------------------------------------------
     def reboot(self) -> None:
-        """A new boot: whatever ran is gone; reconnect at once."""
+        """A new boot: whatever ran is gone (its journal stays); reconnect at once."""
         self.boot_id = uuid.uuid4().hex[:12]
-        self.running.clear()
         self._restart()
 
     def lose_journal(self) -> None:
-        """A reinstalled disk: new journal, nothing remembered."""
+        """A reinstalled disk: new journal, nothing remembered (no result, no finished
+        command: what `journal-lost` means)."""
         self.journal_id = uuid.uuid4().hex[:12]
         self.journal.clear()
         self.next_seq, self.sent_seq = 1, 0
-        self.running.clear()
-        self.results.clear()
+        self.finished = Finished()
         self.boot_id = uuid.uuid4().hex[:12]
         self._restart()
 
@@ -201,12 +216,15 @@ class FakeDaemon(Reports):
         )  # fmt: skip
 
     def crash(self) -> None:
-        """Its process dies and starts again (same boot, same journal)."""
+        """Its process dies and starts again (same boot, same journal: what finished is
+        still answered from it)."""
         self._restart()
 
     def _restart(self) -> None:
         """A new daemon process (reboot, upgrade, restart, crash): it holds no command of
-        the old one (their replay re-sends what did not finish); reconnect at once."""
+        the old one (their replay re-sends what did not finish: cut off, they run again);
+        reconnect at once."""
+        self.cut_off.update(list(self.running))
         self.running.clear()
         self.process_started = self.now()
         self.gateway = None
@@ -264,9 +282,9 @@ class FakeDaemon(Reports):
 
     @property
     def expired(self) -> bool:
-        """Its certificate expired by its server-time clock (the latest of the server times
-        it was told, the mark, and its own clock): it says Hello no more."""
-        server_clock = max(self.server_time_mark, self.now())
+        """Its certificate expired by its working clock in server time (the mark, its own
+        clock through the offset, never back): it says Hello no more."""
+        server_clock = self.server.now(self.now())
         return self.cert_not_after is not None and server_clock >= self.cert_not_after
 
     async def tick(self, gateways: Sequence[Gateway]) -> None:
@@ -308,75 +326,10 @@ class FakeDaemon(Reports):
                 return
             if tell:
                 self.told = hashes
-            self.server_time_mark = max(self.server_time_mark, ack.server_time)
+            self.server.told(ack.server_time, self.now())  # its mark moves forward
             await self._send_sections(ack.request_sections)
         await self._finish_due(now)
         await self._report()
-
-    async def _connect(self, gateways: Sequence[Gateway]) -> None:
-        alive = [g for g in gateways if g.alive]
-        if not alive:
-            self._back_off()
-            return
-        trusted = [g for g in alive if g is not self.distrusted] or alive
-        gateway = (
-            trusted[self.home % len(trusted)]
-            if gateways[self.home % len(gateways)] in trusted
-            else self.rng.choice(trusted)
-        )
-        request = HelloRequest(
-            node_id=self.node_id, cert_serial=self.serial, cert_node_id=self.node_id, role="worker", boot_id=self.boot_id,
-            journal_id=self.journal_id, daemon_version=self.version, capabilities=list(self.capabilities),
-            running_command_ids=[str(c) for c in self.running], transport=self.transport,
-            trust_version=self.trust_version,
-            approver_set_epoch=self.approver_set[0] if self.approver_set else None,
-            approver_set_sha256=self.approver_set[1] if self.approver_set else None,
-            process_started_at=datetime.fromtimestamp(self.process_started, UTC),
-            inventory_hashes=self.inventory_hashes(), results=list(self.results.values()),
-            applied_generation=self.generation, spec_hash=self.spec_hash, proof=self.proof(gateway),
-        )  # fmt: skip
-        self.in_hello = set(self.results)
-        try:
-            welcome = await gateway.hello(request, self)
-        except Refused as refused:
-            self.refusals[refused.code.value] += 1
-            pushback = refused.retry_after
-            if pushback is not None and math.isfinite(pushback) and pushback >= 0:
-                # honoured (capped at 15 minutes); its own doubling starts afresh after it
-                self.next_try = self.now() + min(pushback, MAX_PUSHBACK)
-                self.failures = 0
-            else:  # none, negative or malformed: its own back-off
-                self._back_off()
-            return
-        if welcome.server_time < self.server_time_mark - MAX_CLOCK_BACK:
-            # a server whose time went back (a restored snapshot, a wrong clock): not trusted
-            self.behind_welcomes += 1
-            self.distrusted = gateway  # the next attempt goes elsewhere, if it can
-            await gateway.disconnect(self.node_id, welcome.epoch)  # it closes the stream
-            self._back_off()
-            return
-        self.server_time_mark = max(self.server_time_mark, welcome.server_time)
-        self.gateway, self.epoch = gateway, welcome.epoch
-        self.failures = 0
-        self.welcomes += 1
-        self.last_heartbeat = self.now()
-        self.heartbeats = 0
-        # the control plane holds its journal up to acked_event_seq: forget those events,
-        # re-send only the rest; hold no more per lane than the Welcome allows
-        self.journal = [e for e in self.journal if e["seq"] > welcome.acked_event_seq]
-        self.sent_seq = welcome.acked_event_seq
-        self.welcome_credits = welcome.credits
-        self.told = request.inventory_hashes
-        await self._send_sections(welcome.request_sections)
-
-    def proof(self, gateway: Gateway) -> HelloProof | None:
-        """Its Hello's proof for `gateway`, by its key, at its clock (a fresh one-time id)."""
-        if self.hello_key is None:
-            return None
-        return prove(
-            self.hello_key, self.node_id, self.boot_id, self.journal_id, gateway.gateway_id,
-            int(self.now()),
-        )  # fmt: skip
 
     async def _finish_due(self, now: float) -> None:
         for command_id, run in list(self.running.items()):
@@ -394,7 +347,4 @@ class FakeDaemon(Reports):
                 self._restart()
                 return
             self._journal("command.finished", {"command_id": str(command_id), "kind": kind})
-            self.results[command_id] = {
-                "command_id": str(command_id), "outcome": "done", "result": {"exit": 0},
-                "error": None,
-            }  # fmt: skip
+            self.finished.finish(command_id, "done", {"exit": 0}, None, now)

@@ -11,6 +11,7 @@ from typing import Any
 
 from workers.gateway import Gateway, Refused
 from workers.gateway.inventory import section_hashes
+from workers.sim.journal import Finished
 
 
 class Reports:
@@ -22,7 +23,7 @@ class Reports:
     gateway: Gateway | None
     inventory: dict[str, dict[str, Any]]
     sections_sent: int
-    results: dict[uuid.UUID, dict[str, Any]]
+    finished: Finished
     in_hello: set[uuid.UUID]
     journal: list[dict[str, Any]]
     next_seq: int
@@ -51,19 +52,25 @@ class Reports:
         self.journal.append({"seq": self.next_seq, "kind": kind, "body": body, "at": self.now()})
         self.next_seq += 1
 
+    async def _send_result(
+        self, gateway: Gateway, command_id: uuid.UUID, done: dict[str, Any]
+    ) -> None:
+        """A result frame from its journal; the gateway's answer is its ack (Refused: not
+        stored, still owed)."""
+        await gateway.result(
+            self.node_id, self.epoch, command_id, done["outcome"], done["result"], done["error"]
+        )
+        self.finished.ack([command_id], self.now())
+
     async def _report(self) -> None:
         gateway = self.gateway
         if gateway is None:
             return
         try:
-            for command_id, done in list(self.results.items()):
+            for command_id, done in list(self.finished.unacked.items()):
                 if command_id in self.in_hello:
                     continue  # its Hello carried it: the Ack that follows the Welcome settles it
-                await gateway.result(
-                    self.node_id, self.epoch, command_id, done["outcome"], done["result"],
-                    done["error"],
-                )  # fmt: skip
-                self.results.pop(command_id, None)  # the gateway stored it
+                await self._send_result(gateway, command_id, done)
             unsent = [e for e in self.journal if e["seq"] > self.sent_seq]
             if unsent:
                 events = [{**e, "at": datetime.fromtimestamp(e["at"], UTC)} for e in unsent[:1000]]

@@ -1,7 +1,8 @@
 """The fake daemon as the seed's `bcd`, against a reference gateway on real servers: it
 honours the Welcome's acked event sequence and credits, keeps its server-time mark across
 a lost journal (a Welcome 4 minutes behind it is taken, 6 minutes ends the session),
-reports its status with the trust it holds, and never fences on the epoch."""
+reports its status with the trust it holds, never fences on the epoch, and answers the
+replay of a command it finished from its journal, never running it again."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import replace
 import asyncpg
 from nats.aio.client import Client as NATS
 
+from schemas import REGISTRY
 from schemas.notices import Dispatch
 from schemas.subjects import Subjects
 from tests.integration import fleet
@@ -164,3 +166,54 @@ async def test_its_certificate_expires_by_its_server_time_clock_not_its_own(
         assert daemon.welcomes == welcomes and not daemon.connected  # no Hello any more
     finally:
         await ahead.stop(graceful=False)
+
+
+async def test_a_replay_of_a_command_it_finished_is_answered_from_its_journal_and_runs_once(
+    gateway: Gateway, db: asyncpg.Connection, nc: NATS, subjects: Subjects
+) -> None:
+    """The command finished while the node was away (its result not stored yet: owed, its
+    Hello carries it); the replay re-sends it after the Welcome, and a duplicate of that
+    Dispatch follows: each is answered from the journal — its result sent again at the new
+    epoch — and the daemon runs the command once."""
+    await fleet.join(db, "n1")
+    now = [1_000.0]
+    daemon = FakeDaemon("n1", "n1-serial", lambda: now[0], random.Random(1), work_seconds=(5, 5))
+    await daemon.tick([gateway])
+    command = dispatch(daemon, 1)
+
+    async def send(notice: Dispatch) -> None:
+        body, headers = REGISTRY.encode(notice)
+        await nc.jetstream().publish(subjects.notice("gw-a", "dispatch"), body, headers=headers)
+
+    await send(command)
+    await eventually(lambda: _holds(daemon, command.command_id), what="the command running")
+    await gateway.disconnect("n1", daemon.epoch)  # away; the command finishes meanwhile
+    daemon.drop("stream closed")
+    daemon.partitioned = True
+    now[0] += 6
+    await daemon.tick([gateway])
+    assert list(daemon.results) == [command.command_id]
+    daemon.partitioned, daemon.next_try = False, 0.0
+    await daemon.tick([gateway])  # its Hello carries the result
+    assert daemon.connected and daemon.epoch == 2
+    replayed = command.model_copy(update={"epoch": 2, "attempt": 2})
+    await send(replayed)
+    await send(replayed)  # delivered twice
+
+    async def answered() -> bool:
+        return daemon.answered == 2
+
+    await eventually(answered, what="both deliveries answered from the journal")
+    assert daemon.runs[command.command_id] == 1 and command.command_id not in daemon.running
+    results = [
+        r
+        for r in await _facts(nc, subjects, "result")
+        if r["command_id"] == str(command.command_id)
+    ]
+    assert {(r["epoch"], r["outcome"]) for r in results} == {(2, "done")}  # sent again
+    progress = await _facts(nc, subjects, "progress")
+    assert [p["epoch"] for p in progress] == [1, 1]  # acked and running once, at epoch 1 only
+
+
+async def _holds(daemon: FakeDaemon, command_id: uuid.UUID) -> bool:
+    return command_id in daemon.running

@@ -14,22 +14,25 @@ from hypothesis import strategies as st
 from schemas.facts import NodeLoad, sanitize
 from schemas.notices import Dispatch
 from workers.gateway import Code, HeartbeatAck, HelloRequest, Refused, Welcome
-from workers.sim.daemon import (
-    HEARTBEAT,
-    JOURNAL_MAX,
-    MAX_BACK_OFF,
-    MAX_PUSHBACK,
-    FakeDaemon,
-    _Running,
+from workers.sim.daemon import HEARTBEAT, JOURNAL_MAX, MAX_BACK_OFF, FakeDaemon, _Running
+from workers.sim.hello import MAX_PUSHBACK
+from workers.sim.profiles import (
+    BCD,
+    BCD_CAPABILITIES,
+    BCD_VERSION,
+    SKEW_PROFILES,
+    STAND_INS,
+    Profile,
+    pick,
 )
-from workers.sim.profiles import BCD, BCD_CAPABILITIES, BCD_VERSION, SKEW_PROFILES, Profile, pick
 
 
 class Scripted:
     """A gateway that answers each Hello with the next of its answers."""
 
-    def __init__(self, *answers: Refused | Welcome) -> None:
+    def __init__(self, *answers: Refused | Welcome, gateway_id: str = "gw-s") -> None:
         self.answers = list(answers)
+        self.gateway_id = gateway_id
         self.alive = True
         self.hellos: list[HelloRequest] = []
 
@@ -241,21 +244,21 @@ def test_a_disconnected_daemon_waits_idle_for_its_retry_or_while_partitioned() -
 
 
 async def test_its_hello_says_what_bcd_advertises_unless_a_skew_profile_differs() -> None:
+    """The seed's names: a GPU node's cdi, devices.limits, binding.kubernetes, nvml and the
+    driver nvidia; the instance runtimes libvirt-kvm and cloud-hypervisor as drivers, with
+    tunnel.instance-dial; the enforcement caps the seed does not list only as stand-ins."""
     now = [1000.0]
     gateway = Scripted(Welcome(1, "s", False, server_time=now[0]))
     await daemon(now).tick([gateway])  # type: ignore[list-item]
     hello = gateway.hellos[0]
     assert tuple(hello.capabilities) == BCD_CAPABILITIES and hello.daemon_version == BCD_VERSION
-    for name in (
-        "cdi",
-        "devices.limits",
-        "binding.kubernetes",
-        "nvml",
-        "nvidia",
-        "tunnel.instance-dial",
-    ):
-        assert name in hello.capabilities
-    assert {"driver.runc", "enforce.cgroups"} <= set(hello.capabilities)  # runtimes, enforcement
+    seeds = {
+        "cdi", "devices.limits", "binding.kubernetes", "nvml", "driver.nvidia",
+        "driver.libvirt-kvm", "driver.cloud-hypervisor", "tunnel.instance-dial",
+    }  # fmt: skip
+    assert set(hello.capabilities) == seeds | set(STAND_INS)
+    assert all(c.startswith("stand-in.") for c in STAND_INS)  # never passed off as bcd's
+    assert sum(".vps-" in c for c in STAND_INS) == 4 and sum(".gpu-" in c for c in STAND_INS) == 2
     older = next(p for p in SKEW_PROFILES if p.name == "bcd-0.9")
     skewed = FakeDaemon(
         "n2", "s2", lambda: now[0], random.Random(7), list(older.capabilities), older.version
@@ -264,6 +267,12 @@ async def test_its_hello_says_what_bcd_advertises_unless_a_skew_profile_differs(
     await skewed.tick([gateway])  # type: ignore[list-item]
     assert gateway.hellos[0].daemon_version == "0.9.0"
     assert "tunnel.instance-dial" not in gateway.hellos[0].capabilities
+    assert not set(STAND_INS) & set(gateway.hellos[0].capabilities)  # no enforcement fields
+    cpu = next(p for p in SKEW_PROFILES if p.name == "bcd-cpu")  # no GPU: none of its names
+    vps_enforcement = {c for c in STAND_INS if ".vps-" in c}
+    assert set(cpu.capabilities) == {
+        "driver.libvirt-kvm", "driver.cloud-hypervisor", "tunnel.instance-dial", *vps_enforcement
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize("profile", [BCD, *SKEW_PROFILES], ids=lambda p: p.name)

@@ -29,7 +29,7 @@ class Grant:
 TABLES = (
     "clock_offset", "commands", "consumer_watermarks", "controller_leases", "fleet_policy",
     "gateway_logins", "gateways",
-    "hello_nonces", "hello_seen", "liveness_gateways", "liveness_ranges",
+    "hello_challenge_key", "hello_nonces", "hello_seen", "liveness_gateways", "liveness_ranges",
     "liveness_sweeps", "node_alternations", "node_certs", "node_conditions", "node_events",
     "node_hello_keys",
     "node_inventory", "node_labels",
@@ -39,8 +39,9 @@ TABLES = (
     "session_epochs",
 )  # fmt: skip
 
-#: what readers and operators may read: not the Hello keys (nor their proofs' one-time ids)
-SECRET_TABLES = ("node_hello_keys", "hello_nonces")
+#: what readers and operators may read: not the Hello keys (nor their proofs' one-time ids,
+#: nor the key the database MACs its challenges with)
+SECRET_TABLES = ("node_hello_keys", "hello_nonces", "hello_challenge_key")
 READABLE = tuple(table for table in TABLES if table not in SECRET_TABLES)
 
 #: what a relay may change of a pack it claimed: lock it, and keep only what is left to publish
@@ -198,6 +199,7 @@ GATEWAY_FUNCTIONS = (
     "gateway_close(text,bigint,text,bigint,text)",
     "gateway_write_section(text,bigint,text,bigint,text,text,jsonb)",
     "gateway_hello_verdict(text,text,bigint)",
+    "gateway_hello_challenge(text,text)",
 )
 
 #: group → the functions only it (and the owner) may execute; every other function of the
@@ -222,11 +224,13 @@ def groups_for(legacy_gateway: bool) -> tuple[str, ...]:
 
 
 #: the owner's alone: the clock's test hook, the gateway functions' binding and proof
-#: checks, a node's Hello key, the Hello transaction of 0.4's development builds
+#: checks, the Hello proof's challenges, a node's Hello key, the Hello transaction of 0.4's
+#: development builds
 OWNER_ONLY_FUNCTIONS = (
     "set_compute_now_offset(interval)",
     "gateway_as(text)",
     "hello_proof_holds(text,text,text,text,bigint,text,text)",
+    "hello_challenge(text,text,bigint,text)",
     "enroll_hello_key(text,bytea)",
     "gateway_hello(text,bigint,text,text,text,text,text,text,integer,text,boolean,bigint,bigint,"
     "text,interval,text,uuid)",

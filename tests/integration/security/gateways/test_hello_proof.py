@@ -156,6 +156,9 @@ async def test_the_gateway_login_reads_no_key_and_tests_no_mac(
             "SELECT * FROM nodes",
             "SELECT enroll_hello_key('n1', '\\x00112233445566778899aabbccddeeff')",
             "SELECT hello_proof_holds('n1', 'b1', 'j1', 'gw-1', 0, 'nnnnnnnnnnnnnnnn', 'x')",
+            "SELECT * FROM hello_challenge_key",  # a challenge for a time to come: none
+            "SELECT hello_challenge('n1', 'gw-1', 4102444800, '0123456789abcdef')",
+            "SELECT * FROM gateway_hello_challenge('gw-2', 'n1')",  # only as gw-1
             "SELECT * FROM gateway_hello('gw-1', 1, 'n1', 'n1-serial', 'b1', 'j1', 'worker', "
             "'1.0.0', 1, 'grpc', false, 0, 0, '', '90s', NULL, gen_random_uuid())",  # the old one
         ):
