@@ -55,6 +55,7 @@ from workers.gateway.types import (
     Welcome,
 )
 from workers.gateway.welcome import follow as follow_welcome
+from workers.gateway.welcome import publish_hello
 from workers.runtime.observability import tracing
 
 log = logging.getLogger(__name__)
@@ -279,7 +280,8 @@ class Gateway(Frames):
             hello=hello,
         )
         await self._paused("registered", request.node_id, opened.epoch)
-        await self.facts.publish(hello)
+        close = functools.partial(store.close_session, self.pool, self.gateway_id, self.lease_epoch)
+        await publish_hello(self.facts, self.sessions, close, hello)
         if opened.duplicate:
             await self._verdict(request.node_id, opened.epoch)
         acked = [r.command_id for r in hello.results]

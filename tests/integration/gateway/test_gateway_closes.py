@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 
 import asyncpg
+import pytest
 from nats.aio.client import Client as NATS
 
 from schemas.subjects import Subjects
@@ -20,7 +22,7 @@ from tests.integration.gateway.hellos import request
 from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, stream_messages
 from workers import liveness, quarantine
-from workers.gateway import Gateway, GatewaySettings
+from workers.gateway import Code, Gateway, GatewaySettings, Refused
 from workers.runtime.bus import streams
 
 
@@ -113,3 +115,25 @@ async def test_a_started_gateway_renews_its_lease_and_flushes_by_itself_on_a_mon
         assert "n1" in gateway.sessions and stream.dropped == []
     finally:
         await gateway.stop(graceful=False)
+
+
+async def test_a_hello_whose_fact_the_bus_refuses_is_closed_and_refused_and_the_next_one_opens(
+    gateway: Gateway, db: asyncpg.Connection, nc: NATS, subjects: Subjects
+) -> None:
+    """A Hello the bus cannot take (here: its done results pass the server's max payload)
+    was already committed: its epoch stays raised, but its session is closed, written as
+    closed, and the Hello refused UNAVAILABLE with a pushback — never a session no worker
+    hears of. The daemon's next Hello (its results acked by then, or fewer) opens."""
+    await fleet.join(db, "n1")
+    big = [
+        {"command_id": str(uuid.uuid4()), "outcome": "done", "result": {"out": "x" * 1500}}
+        for _ in range(1000)
+    ]  # about 1.6 MB: above nats-server's 1 MiB
+    with pytest.raises(Refused) as refused:
+        await gateway.hello(request(results=big), RecordingStream())
+    assert refused.value.code is Code.UNAVAILABLE and refused.value.retry_after is not None
+    assert "n1" not in gateway.sessions
+    assert await _row(db) == (1, None, "stream-closed", True, None)
+    assert not await stream_messages(nc.jetstream(), subjects.facts_stream, None)
+    welcome = await gateway.hello(request(boot_id="b2"), RecordingStream())
+    assert welcome.epoch == 2 and "n1" in gateway.sessions
