@@ -46,8 +46,11 @@ END $$;
 -- through this trigger, row by row (one range row parsed a session): a gateway's own
 -- close (`gateway_close`), a 0.3 gateway's direct write. The liveness worker's
 -- disconnections (the sweep's, a `closed` fact's) write it themselves, a batch at once
--- (`liveness_disconnect`, below). A new epoch (a Hello) is unranged by itself.
-CREATE FUNCTION keep_last_sight() RETURNS trigger LANGUAGE plpgsql AS $$
+-- (`liveness_disconnect`, below). A new epoch (a Hello) is unranged by itself. With its
+-- owner's rights (as `record_session_epoch`, migration 0032): whoever clears a gateway,
+-- the range rows are read whatever that login's grants.
+CREATE FUNCTION keep_last_sight() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
     NEW.last_seen := greatest(NEW.last_seen,
                               range_sight(OLD.node_id, OLD.session_epoch, OLD.gateway_id));
@@ -102,12 +105,15 @@ LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
     RETURNING s.node_id
 $$;
 
--- CREATE OR REPLACE keeps its grants (its group's alone: `workers/runtime/store/roles.py`),
--- and takes the function's settings from the new text: its search path again, as
--- migration 0032 set it.
+-- Functions with their owner's rights search this schema, then pg_temp last (as 0032).
+-- CREATE OR REPLACE keeps `liveness_disconnect`'s grants (its group's alone:
+-- `workers/runtime/store/roles.py`) and takes its settings from the new text: its search
+-- path again.
 DO $$
 BEGIN
     EXECUTE format(
         'ALTER FUNCTION liveness_disconnect(text[], bigint[], text[], text[], timestamptz) '
         'SET search_path = %I, pg_temp', current_schema());
+    EXECUTE format('ALTER FUNCTION keep_last_sight() SET search_path = %I, pg_temp',
+                   current_schema());
 END $$;
