@@ -54,10 +54,11 @@ SELECT node_id, at, what, epoch, gateway_id, worker, fact_id, trace_id, detail
   FROM session_history
 ) AS history"""
 
-# its last sight as every reader reads it: its row's, or its gateway's range row's (0038)
+# its last sight as the rest of the control plane reads it (`node_last_seen`, migration
+# 0050): its row's, or its gateway's range row's
 SESSION = """
 SELECT s.session_epoch, s.gateway_id, s.connected_at,
-       last_sight(s.last_seen, s.node_id, s.session_epoch, s.gateway_id) AS last_seen,
+       (SELECT v.last_seen FROM node_last_seen v WHERE v.node_id = s.node_id) AS last_seen,
        s.disconnected_at,
        s.disconnect_reason, s.held_epoch, s.duplicate_hellos, s.cert_serial,
        is_revoked(s.cert_serial) AS revoked, compute_now() AS now,

@@ -31,6 +31,7 @@ from workers.bench.steady.figures import (
 )
 from workers.bench.steady.figures import problems as steady_problems
 from workers.bench.steady.fleet import HEADERS, HEARTBEAT_MS, Gateway, silenced
+from workers.bench.steady.sightread import SightRead
 from workers.demo import kept_up
 from workers.embedded import EmbeddedNats, EmbeddedPostgres
 from workers.gateway.facts import MAX_FLUSH_BYTES, entry_bytes, range_bits, range_cut
@@ -239,6 +240,15 @@ def test_the_steady_summary_reads_as_the_issue_asks() -> None:
     )
     assert steady_problems(summary) == []  # the servers' memory is not judged, the workers' is
     assert "flush lag p50 0.50 p99 0.50 max 3.00 s (100 facts)" in minutes[0].line()
+
+
+def test_the_last_sight_read_is_a_line_of_its_own_beside_the_last() -> None:
+    read = SightRead(4.2, 1_000_000, 0, tuple(t / 1000 for t in (0.8, 1.0, 1.2, 9.0)))
+    assert read.line() == (
+        "last sight read (node_last_seen): whole fleet 4.20 s (1,000,000 sessions, 0 connected "
+        "seen before the stale threshold), one node p50 1.00 ms max 9.00 ms (4 lookups)"
+    )
+    assert not read.line().startswith("held ")  # the summary stays the run's last line
 
 
 def test_a_starved_run_is_held_to_what_overload_must_not_do() -> None:

@@ -27,6 +27,23 @@ def memory_mib(pid: int, field: str) -> float:
     return float("nan")
 
 
+def postgres_rss_mib() -> float:
+    """The PostgreSQL processes' own memory and their shared memory counted once."""
+    anon, shared = 0.0, 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as status:
+                fields = dict(line.split(":", 1) for line in status if ":" in line)
+        except OSError:
+            continue
+        if fields.get("Name", "").strip() == "postgres":
+            anon += int(fields.get("RssAnon", "0 kB").split()[0]) / 1024
+            shared = max(shared, int(fields.get("RssShmem", "0 kB").split()[0]) / 1024)
+    return anon + shared
+
+
 def peak_rss_mib(pid: int) -> float:
     """A live process's peak resident set (VmHWM), MiB; NaN once it is gone."""
     return memory_mib(pid, "VmHWM")

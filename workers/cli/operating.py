@@ -72,8 +72,8 @@ def add(commands: Commands) -> None:
     live_commands = live.add_subparsers(dest="liveness_command", required=True)
     state = live_commands.add_parser(
         "status",
-        help="each gateway as the liveness controller sees it: sessions, last flush, "
-        "blindness, breaker, lease",
+        help="each gateway as the liveness controller sees it: sessions and their oldest "
+        "sight, last flush, blindness, breaker, lease",
     )
     state.add_argument("--gateway", help="only this gateway")
     state.add_argument("--json", action="store_true", help="one JSON object per gateway")
@@ -323,17 +323,23 @@ def _cmd_liveness_status(args: argparse.Namespace, settings: Settings) -> int:
         for row in rows:
             print(json.dumps({k: _plain(v) for k, v in row.items()}))
         return 0
-    print(f"{'gateway':<20} {'connected':>9} {'flush age':>9}  {'blind':<8} {'breaker':<8} lease")
+    print(
+        f"{'gateway':<20} {'connected':>9} {'oldest seen':>11} {'flush age':>9}  {'blind':<8} "
+        f"{'breaker':<8} lease"
+    )
     for row in rows:
         age = row["last_flush_age_seconds"]
         shown_age = "never" if age is None else f"{float(str(age)):.0f}s"
+        oldest = row["oldest_sight_age_seconds"]  # its least recently seen session's sight
+        shown_oldest = "-" if oldest is None else f"{float(str(oldest)):.0f}s"
         breaker = (
             "released" if row["breaker_released_at"] and row["breaker_open"]
             else "open" if row["breaker_open"] else "closed"
         )  # fmt: skip
         lease = "draining" if row["draining"] else "live" if row["lease_live"] else "expired"
         print(
-            f"{printable(str(row['gateway_id'])):<20} {row['connected']:>9} {shown_age:>9}  "
+            f"{printable(str(row['gateway_id'])):<20} {row['connected']:>9} {shown_oldest:>11} "
+            f"{shown_age:>9}  "
             f"{_blind(row):<8} {breaker:<8} {lease}"
         )
     if not rows:

@@ -30,9 +30,16 @@ async def release(conn: asyncpg.Connection, gateway_id: str, who: str) -> dateti
     return released
 
 
+# Each gateway's connected sessions and the oldest of their last sights, as the rest of
+# the control plane reads a sight (`node_last_seen`, migration 0050: with range sight a
+# session's `last_seen` is only a lower bound) — for one gateway, read through its keys
+# (`{only}` names it inside the view's query); for every gateway, every range row parsed
+# once.
 STATUS = """
 SELECT g.gateway_id, coalesce(c.connected, 0) AS connected, l.last_flush_at,
        extract(epoch FROM compute_now() - l.last_flush_at)::float8 AS last_flush_age_seconds,
+       c.oldest_sight,
+       extract(epoch FROM compute_now() - c.oldest_sight)::float8 AS oldest_sight_age_seconds,
        l.blind_since, l.blind_reason, l.breaker_opened_at, l.breaker_released_at,
        l.breaker_released_by,
        gw.lease_expires_at, coalesce(gw.lease_expires_at > compute_now(), false) AS lease_live,
@@ -40,22 +47,26 @@ SELECT g.gateway_id, coalesce(c.connected, 0) AS connected, l.last_flush_at,
   FROM (SELECT gateway_id FROM gateways UNION SELECT gateway_id FROM liveness_gateways) g
   LEFT JOIN liveness_gateways l USING (gateway_id)
   LEFT JOIN gateways gw USING (gateway_id)
-  LEFT JOIN (SELECT gateway_id, count(*) AS connected FROM node_sessions
-              WHERE gateway_id IS NOT NULL AND disconnected_at IS NULL
+  LEFT JOIN (SELECT gateway_id, count(*) AS connected, min(last_seen) AS oldest_sight
+               FROM node_last_seen
+              WHERE gateway_id IS NOT NULL {only}
               GROUP BY gateway_id) c USING (gateway_id)
  WHERE $1::text IS NULL OR g.gateway_id = $1
  ORDER BY g.gateway_id
 """
+STATUS_ALL = STATUS.format(only="")
+STATUS_ONE = STATUS.format(only="AND gateway_id = $1")
 
 
 async def status(
     conn: asyncpg.Connection, gateway_id: str | None = None
 ) -> list[dict[str, object]]:
     """What the liveness controller knows of each gateway (or of one): its connected
-    sessions, its last applied flush and how old it is (on the bus's clock), whether it
-    is blind and why (`lag`, `no-flush`), whether its breaker is open or was released (by
-    whom), its lease. Read-only: `bcw liveness status`."""
-    rows = await conn.fetch(STATUS, gateway_id)
+    sessions and the oldest of their last sights, its last applied flush and how old it
+    is (on the bus's clock), whether it is blind and why (`lag`, `no-flush`), whether its
+    breaker is open or was released (by whom), its lease. Read-only: `bcw liveness
+    status`."""
+    rows = await conn.fetch(STATUS_ALL if gateway_id is None else STATUS_ONE, gateway_id)
     return [
         {
             **dict(row),

@@ -299,9 +299,11 @@ async def test_the_breaker_holds_30_of_40_and_a_release_lets_the_next_sweep_go(
             True, False, None,
         )  # fmt: skip
         assert isinstance(state["last_flush_age_seconds"], float)
+        assert state["oldest_sight_age_seconds"] >= 60  # its 30 sessions seen a minute ago
         code, out = await bcw("liveness", "status", BCW_DATABASE_URL=database_url)
-        gateway, connected, _age, blind, breaker, _lease = out.split("\n")[1].split()
+        gateway, connected, oldest, _age, blind, breaker, _lease = out.split("\n")[1].split()
         assert code == 0 and (gateway, connected, blind, breaker) == ("gw-1", "40", "no", "open")
+        assert int(oldest.removesuffix("s")) >= 60
 
         code, out = await bcw(
             "liveness", "release", "--gateway", "gw-1", "--by", "oncall",

@@ -1,6 +1,6 @@
 """Every cell of the database's permissions table, tried: each group role's login runs,
 on every table of the schema, a SELECT, an INSERT, a DELETE, a TRUNCATE and an UPDATE of
-each column, and calls every function — each in a transaction rolled back, touching no
+each column, a SELECT of every view, and calls every function — each in a transaction rolled back, touching no
 row (`WHERE false`). What `roles.GROUPS` grants passes the privilege check, everything
 else fails with insufficient_privilege; the expectation is computed from that table.
 Functions: those of `roles.EXECUTES` (the gateway functions, which run with their owner's
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 def granted(group: str) -> dict[str, set[str]]:
     """table → what `group` may do: SELECT, INSERT, DELETE, UPDATE (every column), or
     `UPDATE:<column>` for a column-level grant."""
-    out: dict[str, set[str]] = {table: set() for table in roles.TABLES}
+    out: dict[str, set[str]] = {table: set() for table in (*roles.TABLES, *roles.VIEWS)}
     for grant in roles.GROUPS[group]:
         columns = re.search(r"UPDATE \(([^)]*)\)", grant.privileges)
         if columns:
@@ -130,6 +130,12 @@ async def test_every_cell_of_a_groups_row(
                 )
                 if await _allowed(conn, statement) != expected:
                     wrong.append(f"{table} {cell}: expected {'allowed' if expected else 'refused'}")
+        # a view: read as granted, and — as it runs as its caller (migration 0050) — only
+        # by a group granted what it reads too
+        for view in roles.VIEWS:
+            expected = "SELECT" in may[view]
+            if await _allowed(conn, f"SELECT count(*) FROM {view}") != expected:
+                wrong.append(f"{view} SELECT: expected {'allowed' if expected else 'refused'}")
         for signature, call in functions.items():
             expected = roles.may_execute(group, signature)
             if await _executable(conn, call) != expected:

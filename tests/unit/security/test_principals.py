@@ -36,6 +36,23 @@ def test_every_database_group_says_what_it_is_for() -> None:
     assert "| `bcw_gateway_bound` |" in roles_doc.markdown()
 
 
+def test_every_group_that_reads_sessions_reads_their_last_sight_and_no_other() -> None:
+    """`node_last_seen` (docs/contract.md's entry point) to every group that reads
+    `node_sessions`, with the range rows it reads as its caller; to no other."""
+
+    def reading(table: str) -> set[str]:
+        return {
+            group
+            for group, grants in roles.GROUPS.items()
+            if any(g.table == table and "SELECT" in g.privileges for g in grants)
+        }
+
+    sessions = reading("node_sessions")
+    assert sessions >= {"bcw_liveness", "bcw_replay", "bcw_reader", "bcw_operator"}
+    assert reading("node_last_seen") == sessions
+    assert reading("liveness_ranges") >= sessions
+
+
 def _grants(name: str) -> principals.Principal:
     made = {p.name: p for p in principals.principals(Subjects("t1"), ["gw-1"])}
     return made[name]

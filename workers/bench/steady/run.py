@@ -7,8 +7,10 @@ sweeps. Every minute one line: the flush lag (a flush fact's publish to its comm
 in the liveness inbox, polled every half second), the slowest sweep (read from each
 liveness process's `bcw_liveness_sweep_seconds`, once a second: the sum of a sweep that
 ended), gateways reported blind, `node.disconnected` expected and wrong, CPU cores per
-process, the session tables' sizes, and every process's RSS. The last line is the run's
-summary; exit 1 when a bound of `figures.Bounds` is broken.
+process, the session tables' sizes, and every process's RSS. Then one line of what
+reading the last sights took (`sightread`: the whole fleet's and one node's, through
+`node_last_seen`). The last line is the run's summary; exit 1 when a bound of
+`figures.Bounds` is broken.
 """
 
 from __future__ import annotations
@@ -38,8 +40,14 @@ from workers.bench.common import (
     worker_env,
     workers_bound,
 )
-from workers.bench.costs import cpu_seconds, memory_mib, nats_server_pid, servers_cpu_seconds
-from workers.bench.steady import fleet
+from workers.bench.costs import (
+    cpu_seconds,
+    memory_mib,
+    nats_server_pid,
+    postgres_rss_mib,
+    servers_cpu_seconds,
+)
+from workers.bench.steady import fleet, sightread
 from workers.bench.steady.figures import Minute, Starved, problems, summarize
 from workers.bench.steady.starve import Starving, starve
 from workers.liveness.sight import switched_on
@@ -100,23 +108,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _postgres_rss_mib() -> float:
-    """The PostgreSQL processes' own memory and their shared memory counted once."""
-    anon, shared = 0.0, 0.0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as status:
-                fields = dict(line.split(":", 1) for line in status if ":" in line)
-        except OSError:
-            continue
-        if fields.get("Name", "").strip() == "postgres":
-            anon += int(fields.get("RssAnon", "0 kB").split()[0]) / 1024
-            shared = max(shared, int(fields.get("RssShmem", "0 kB").split()[0]) / 1024)
-    return anon + shared
 
 
 #: what the run reads of each liveness process's metrics
@@ -274,6 +265,8 @@ async def run(
             lines = await _minutes(
                 conn, procs, target.nats_url, streams, watch, sims, share, gateways, minutes, start
             )
+            read = await sightread.measure(conn, nodes, settings.liveness.stale_after)
+            print(read.line(), flush=True)  # a line of its own: the last line's format is fixed
         finally:
             stopping.set()
             for task in tasks:
@@ -372,7 +365,7 @@ async def _minutes(
         moved = updates["n_tup_upd"] - updates_before["n_tup_upd"]
         hot = updates["n_tup_hot_upd"] - updates_before["n_tup_hot_upd"]
         rss = {name: memory_mib(proc.pid, "VmRSS") for name, proc in procs.items()}
-        rss |= {"postgres": _postgres_rss_mib(), "gateways": memory_mib(os.getpid(), "VmRSS")}
+        rss |= {"postgres": postgres_rss_mib(), "gateways": memory_mib(os.getpid(), "VmRSS")}
         if nats_pid is not None:
             rss["nats-server"] = memory_mib(nats_pid, "VmRSS")
         lags, watch.lags = watch.lags, []

@@ -39,10 +39,19 @@ TABLES = (
     "session_epochs",
 )  # fmt: skip
 
+#: every view of the schema (a test keeps this equal to the migrated database's views):
+#: each runs as its caller (migration 0050), so a group granted one needs the grants of
+#: the tables it reads too (a test checks every group's)
+VIEWS = ("node_last_seen",)
+
 #: what readers and operators may read: not the Hello keys (nor their proofs' one-time ids,
 #: nor the key the database MACs its challenges with)
 SECRET_TABLES = ("node_hello_keys", "hello_nonces", "hello_challenge_key")
-READABLE = tuple(table for table in TABLES if table not in SECRET_TABLES)
+READABLE = (*(table for table in TABLES if table not in SECRET_TABLES), *VIEWS)
+
+#: what reading a session's last sight takes, for a group that reads sessions: the view
+#: (docs/contract.md's entry point) and, as it runs as its caller, the range rows it reads
+LAST_SEEN = (Grant("SELECT", "node_last_seen"), Grant("SELECT", "liveness_ranges"))
 
 #: what a relay may change of a pack it claimed: lock it, and keep only what is left to publish
 PACK_UPDATE = "UPDATE (size, msg_ids, subjects, headers, bodies, order_keys, created_at)"
@@ -82,6 +91,7 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         Grant("SELECT, INSERT, UPDATE", "liveness_gateways"),
         Grant("SELECT, UPDATE", "liveness_sweeps"),
         Grant("SELECT, INSERT, UPDATE, DELETE", "liveness_ranges"),  # its flushes' ranges
+        Grant("SELECT", "node_last_seen"),
         # as of when it applied its flushes (the Hello transaction's live window reads it)
         Grant("SELECT, INSERT, UPDATE", "consumer_watermarks"),
     ),
@@ -89,6 +99,7 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         *RUNTIME,
         Grant("SELECT", "node_sessions"),
         Grant("UPDATE (capabilities)", "node_sessions"),
+        *LAST_SEEN,
         Grant("SELECT, INSERT, DELETE", "node_labels"),
         Grant("UPDATE (value)", "node_labels"),
     ),
@@ -99,6 +110,7 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
             "UPDATE (duplicate_hellos, duplicate_since, held_epoch, alternations_judged_epoch)",
             "node_sessions",
         ),
+        *LAST_SEEN,
         Grant("SELECT, INSERT, DELETE", "node_alternations"),
         Grant("SELECT, INSERT", "quarantines"),  # the breaker's record
         Grant("UPDATE (revoked_at)", "quarantines"),
@@ -115,6 +127,7 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         Grant("SELECT", "node_sessions"),
         # FOR SHARE only (see above); held_epoch: a hold over its bound is released (holds.py)
         Grant("UPDATE (node_id, held_epoch)", "node_sessions"),
+        *LAST_SEEN,
         Grant("SELECT", "node_certs"),
         Grant("SELECT", "gateways"),  # no dispatch to a gateway whose lease expired
         Grant("SELECT, INSERT, UPDATE", "hello_seen"),  # the Hellos it applied, and asked for
@@ -135,6 +148,7 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
             "approver_set_sha256)",
             "node_sessions",
         ),
+        *LAST_SEEN,
         Grant("SELECT, INSERT, DELETE", "node_events"),
         Grant("UPDATE (recorded_at)", "node_events"),  # pruning locks the rows it deletes
     ),
@@ -153,6 +167,7 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
             "trace_context)",
             "node_sessions",
         ),
+        *LAST_SEEN,
         Grant("SELECT, INSERT", "node_inventory"),
         Grant("UPDATE (hash, body, session_epoch, reported_at)", "node_inventory"),
     ),
@@ -290,4 +305,4 @@ def create_roles_sql(groups: tuple[str, ...] | None = None) -> str:
 def strip_sql(group: str) -> str:
     """The SQL that takes every grant of `group` on the schema's tables away (the first
     step of `grants_sql`; alone, for a group no longer granted)."""
-    return f"REVOKE ALL ON {', '.join(TABLES)} FROM {group};"
+    return f"REVOKE ALL ON {', '.join((*TABLES, *VIEWS))} FROM {group};"

@@ -100,24 +100,31 @@ async def test_a_session_row_is_written_when_first_named_and_when_left_never_for
 async def test_credits_are_written_when_they_change_and_only_then_with_the_load(
     db: asyncpg.Connection, subjects: Subjects
 ) -> None:
+    """The load is kept as docs/contract.md says: with range sight, the one of the
+    session row's last write — when first named, and when its credits change — never
+    for a change of load alone (a write per session per flush is what range sight ends)."""
     await fleet.session(db, "n1", epoch=1, gateway_id="gw-1")
 
-    def entry(credits: dict[str, int] | None) -> dict[str, Any]:
-        return {"node_id": "n1", "epoch": 1, "age_ms": 0, "credits": credits, "load": 0.5}
+    def entry(credits: dict[str, int] | None, load: float) -> dict[str, Any]:
+        return {"node_id": "n1", "epoch": 1, "age_ms": 0, "credits": credits, "load": load}
 
-    await apply(db, subjects, (ranged("gw-1", entry({"default": 2})), 1))  # first named
+    await apply(db, subjects, (ranged("gw-1", entry({"default": 2}, 0.5)), 1))  # first named
     assert json.loads((await state(db, "n1"))["lane_credits"]) == {"default": 2}
-    assert await db.fetchval("SELECT load FROM node_sessions") == 0.5  # and its load
     versions = [(await state(db, "n1"))["version"]]
-    for seq, credits in enumerate(
-        [None, {"default": 2}, {"default": 2}, {"default": 1}, {"default": 1}], start=2
-    ):
-        await apply(db, subjects, (ranged("gw-1", entry(credits)), seq))
+    loads = [await db.fetchval("SELECT load FROM node_sessions")]  # and its load
+    for seq, (credits, load) in enumerate(
+        [(None, 0.625), ({"default": 2}, 0.75), ({"default": 2}, 0.875), ({"default": 1}, 1.0),
+         ({"default": 1}, 1.125)],
+        start=2,
+    ):  # fmt: skip
+        await apply(db, subjects, (ranged("gw-1", entry(credits, load)), seq))
         versions.append((await state(db, "n1"))["version"])
+        loads.append(await db.fetchval("SELECT load FROM node_sessions"))
     # none said keeps the last known (no write); the next said after none is written once
     # (its row kept none to compare with); then only a change is
     assert [a != b for a, b in itertools.pairwise(versions)] == [False, True, False, True, False]
     assert json.loads((await state(db, "n1"))["lane_credits"]) == {"default": 1}
+    assert loads == [0.5, 0.5, 0.75, 0.75, 1.0, 1.0]  # the load of each write, not of each flush
 
 
 async def test_zombies_are_named_and_a_stale_fact_writes_nothing(
