@@ -48,7 +48,7 @@ class Fleet:
             for i in range(count):
                 node = f"{gateway.gateway_id}-n{i:02d}"
                 await fleet.join(conn, node)
-                welcome = await gateway.hello(
+                welcome = await fleet.say_hello(gateway,
                     HelloRequest(node_id=node, cert_serial=f"{node}-serial", role="worker",
                                  boot_id="b1", journal_id="j1"),
                     RecordingStream(),

@@ -97,7 +97,7 @@ def binding(fact: Fact) -> Binding | None:
 # it could become an anti-join that scans the whole table.
 UNBOUND = """
 SELECT c.i, c.bound, e.previous_epoch, e.previous_gateway_id, e.previous_boot_id,
-       e.previous_journal_id, e.previous_live, e.proven
+       e.previous_journal_id, e.previous_live, e.proven, e.duplicate
   FROM (
     SELECT f.i, f.rule, f.node_id, f.epoch, EXISTS (
         SELECT 1 FROM session_epochs s
@@ -118,9 +118,13 @@ SELECT c.i, c.bound, e.previous_epoch, e.previous_gateway_id, e.previous_boot_id
 
 def as_recorded(hello: Hello, row: Mapping[str, Any]) -> Hello:
     """The Hello as its Hello transaction recorded it (`session_epochs`): the session
-    before it, whether it is a duplicate identity, whether its proof was taken — never the
-    gateway's word for them. An epoch recorded without them (issued before 0.4, or by a
-    writer that did not say) keeps what the fact says. Pure."""
+    before it, whether it is a duplicate identity (its judgement, migration 0049: for a
+    node that proves its Hellos, two proven sessions only), whether its proof was taken —
+    never the gateway's word for them. `proven` false says, from 0049 on, that the node
+    has a Hello key and this Hello proved nothing (a takeover attempt); an epoch recorded
+    before 0049 said false for any Hello without a proof, read as NULL (nothing checked).
+    An epoch recorded without them (issued before 0.4, or by a writer that did not say)
+    keeps what the fact says. Pure."""
     if row["previous_epoch"] is None:
         return hello
     live = row["previous_live"]
@@ -131,10 +135,13 @@ def as_recorded(hello: Hello, row: Mapping[str, Any]) -> Hello:
         journal_id=row["previous_journal_id"],
         live=hello.previous.live if live is None else live,
     )
-    duplicate = is_duplicate_identity(previous.live, previous.boot_id, hello.boot_id)
-    return hello.model_copy(
-        update={"previous": previous, "duplicate": duplicate, "proven": row["proven"]}
-    )
+    judged = row.get("duplicate")
+    if judged is None:  # an epoch issued before 0049
+        duplicate = is_duplicate_identity(previous.live, previous.boot_id, hello.boot_id)
+        proven = row["proven"] or None
+    else:
+        duplicate, proven = judged, row["proven"]
+    return hello.model_copy(update={"previous": previous, "duplicate": duplicate, "proven": proven})
 
 
 _RULES: dict[type[Fact], int | None] = {}

@@ -100,12 +100,33 @@ async def test_a_proof_that_does_not_hold_opens_nothing(
     assert await _epoch(db) == before
 
 
-async def test_under_warn_a_hello_without_proof_opens_unproven(
+async def test_a_new_database_requires_proofs(gw1: Gateway, db: asyncpg.Connection) -> None:
+    assert await migrate.hello_proof(db) == "require"  # a new database's
+    assert await _refused(gw1, _request()) is Code.UNAUTHENTICATED
+
+
+async def test_under_warn_an_unproven_hello_of_a_node_with_a_key_opens_held_for_good(
     gw1: Gateway, db: asyncpg.Connection
 ) -> None:
-    assert await migrate.hello_proof(db) == "warn"  # a new database's
+    """No downgrade: n1 has a Hello key, so a Hello of it without a proof is a takeover
+    attempt — it opens (warn lets it), recorded `proven = false`, held, with no capability
+    stored; a node without a key opens unproven as before (NULL: nothing to prove it by)."""
+    await migrate.set_hello_proof(db, "warn")
     await gw1.hello(_request(), RecordingStream())
-    assert await db.fetchval("SELECT proven FROM session_epochs WHERE node_id = 'n1'") is False
+    row = await db.fetchrow(
+        "SELECT s.proven, s.held_epoch, s.capabilities, e.proven AS recorded FROM node_sessions s "
+        "JOIN session_epochs e ON e.node_id = s.node_id AND e.epoch = s.session_epoch "
+        "WHERE s.node_id = 'n1'"
+    )
+    assert tuple(row) == (False, 1, [], False)
+    await fleet.join(db, "n2", key=False)
+    await gw1.hello(_request("n2"), RecordingStream())
+    row = await db.fetchrow(
+        "SELECT s.proven, s.held_epoch, e.proven AS recorded FROM node_sessions s "
+        "JOIN session_epochs e ON e.node_id = s.node_id AND e.epoch = s.session_epoch "
+        "WHERE s.node_id = 'n2'"
+    )
+    assert tuple(row) == (None, None, None)
 
 
 async def test_under_require_a_hello_without_proof_changes_and_locks_nothing(
@@ -122,11 +143,22 @@ async def test_under_require_a_hello_without_proof_changes_and_locks_nothing(
     assert await _epoch(db) == 1
 
 
-async def test_under_off_proofs_are_not_checked(gw1: Gateway, db: asyncpg.Connection) -> None:
+async def test_under_off_proofs_are_not_checked_but_for_a_node_with_a_key(
+    gw1: Gateway, db: asyncpg.Connection
+) -> None:
+    """`off` checks no proof of a node without a key; a node with one proves every Hello
+    whatever the policy (no downgrade): a proof that does not hold is refused, a Hello
+    without one opens held (`proven = false`)."""
     await migrate.set_hello_proof(db, "off")
     bad = HelloProof(at=0, nonce="n" * 32, mac="0" * 64)
-    await gw1.hello(_request(proof=bad), RecordingStream())
-    assert await db.fetchval("SELECT proven FROM session_epochs WHERE node_id = 'n1'") is None
+    await fleet.join(db, "n2", key=False)
+    await gw1.hello(_request("n2", proof=bad), RecordingStream())
+    assert await db.fetchval("SELECT proven FROM session_epochs WHERE node_id = 'n2'") is None
+    assert await _refused(gw1, _request(proof=bad)) is Code.UNAUTHENTICATED
+    await gw1.hello(_request(), RecordingStream())
+    assert await db.fetchval("SELECT proven FROM session_epochs WHERE node_id = 'n1'") is False
+    await gw1.hello(_request(proof=_proof(boot="b2"), boot="b2"), RecordingStream())
+    assert await db.fetchval("SELECT proven FROM node_sessions WHERE node_id = 'n1'") is True
 
 
 async def test_a_locked_row_answers_busy_within_the_lock_timeout(
