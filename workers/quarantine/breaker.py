@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from schemas.events import QuarantineBreakerOpen, Quarantined, QuarantineHeld, Revocations
-from workers.quarantine import conditions
+from workers.quarantine import conditions, proofs
 from workers.quarantine.decide import BREAKER, REASON, Breaker, hold_revocation
 from workers.runtime.effects import watermarks
 from workers.runtime.effects.batch import OutboxBatch
@@ -174,13 +174,16 @@ CONSUMER = "quarantine"
 def release_loop(every: float = 2.0) -> Loop:
     """Now and then, in the replica holding its lease: revoke what an operator released,
     lift the session holds of what one dismissed, say how many wait, record as of when the
-    quarantine has applied its Hellos (`watermarks`). Outages are waited out as every
-    leased loop's are."""
+    quarantine has applied its Hellos (`watermarks`), and say the fleet's proofs
+    (`proofs`). Outages are waited out as every leased loop's are."""
 
     async def loop(runtime: Runtime, stopping: asyncio.Event) -> None:
+        watch = proofs.ProofWatch()
+
         async def body(lease: leases.Lease) -> None:
             if await revoke_released(runtime, lease):
                 runtime.wake_outbox()
+            await watch.look(runtime)  # the fleet's proofs, said loudly below `require`
             # for the replay worker's hold bound: a quarantine behind its Hellos is late,
             # not down (workers/replay/holds.py)
             await watermarks.record(runtime.pool, runtime.js, runtime.subjects, CONSUMER, "hello")
