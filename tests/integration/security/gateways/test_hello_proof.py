@@ -5,8 +5,10 @@ proofs, never without one. The gateway's login, gw-1's, reads no key and tests n
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,10 +20,12 @@ from nats.aio.client import Client as NATS
 
 from schemas.proof import HelloProof, message, prove
 from schemas.subjects import Subjects
+from tests.conftest import Servers
 from tests.integration import fleet
 from tests.integration.security.conftest import SUBJECTS, client_as, violated
 from tests.integration.streams import RecordingStream
-from tests.integration.support import eventually
+from tests.integration.support import eventually, make_settings, running
+from workers import quarantine
 from workers.gateway import Code, Gateway, HelloRequest, Refused
 from workers.runtime.bus import streams
 from workers.runtime.store import migrate
@@ -243,3 +247,46 @@ async def test_a_gateways_nkey_cannot_list_the_other_gateways(keys: Path, secure
             await nc.request(subject, b'{"subjects_filter": ">"}', timeout=1.0)
         await nc.flush()
         await eventually(lambda: violated(errors, "Publish"), what="the server refused it")
+
+
+@pytest.mark.parametrize("policy", ["warn", "require"])
+async def test_below_require_the_quarantine_worker_says_it_and_counts_the_unproven(
+    gw1: Gateway,
+    db: asyncpg.Connection,
+    servers: Servers,
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    policy: str,
+) -> None:
+    """Its metrics (`bcw_hello_proof_policy`, `bcw_unproven_sessions`) and a line of its
+    `/readyz`, which stays ready: at `warn`, the session of a node without a key and a
+    takeover attempt of one with a key, both unproven; at `require`, neither opens."""
+    await migrate.set_hello_proof(db, policy)
+    await fleet.join(db, "n2", key=False)
+    for request in (_request(), _request("n2")):
+        with contextlib.suppress(Refused):
+            await gw1.hello(request, RecordingStream())
+    settings = make_settings(servers.nats_url, database_url, subjects)
+    async with running(settings, [quarantine.build(settings)]) as (runtime, port):
+
+        async def looked() -> bool:
+            return runtime.metrics.hello_proof_policy.value(policy) == 1.0
+
+        await eventually(looked, what="the policy read")
+        unproven = 2 if policy == "warn" else 0
+        assert runtime.metrics.unproven_sessions.value() == unproven
+        status, body = await _get(port, "/readyz")
+    assert status == 200
+    notes = [line for line in body.splitlines() if line.startswith("hello-proof")]
+    assert [note.split(";")[0] for note in notes] == (
+        [f"hello-proof warn: {unproven} session(s) unproven"] if unproven else []
+    )
+
+
+async def _get(port: int, path: str) -> tuple[int, str]:
+    def fetch() -> tuple[int, str]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+
+    return await asyncio.to_thread(fetch)
