@@ -41,7 +41,7 @@ async def test_a_clean_close_is_written_by_its_gateway_and_announced_by_the_live
     database_url: str,
 ) -> None:
     await fleet.join(db, "n1")
-    welcome = await fleet.say_hello(gateway, request(), RecordingStream())
+    welcome = await fleet.say_hello(gateway, request())
     await gateway.disconnect("n1", welcome.epoch, "stream-closed")
     assert await _row(db) == (welcome.epoch, None, "stream-closed", True, None)
     async with driving(servers, nc, subjects, database_url, liveness.build) as drive:
@@ -66,7 +66,7 @@ async def test_three_quick_reboots_with_clean_closes_count_nothing(
     """No liveness worker runs: only the gateways' own writes say the sessions ended."""
     await fleet.join(db, "n1")
     for boot in ("boot-1", "boot-2", "boot-3", "boot-4"):
-        welcome = await fleet.say_hello(gateway, request(boot_id=boot), RecordingStream())
+        welcome = await fleet.say_hello(gateway, request(boot_id=boot))
         if boot != "boot-4":
             await gateway.disconnect("n1", welcome.epoch, "stream-closed")
     assert (await _row(db))[4] is None  # never held for the quarantine

@@ -45,9 +45,7 @@ async def test_pushback_when_too_many_hellos_are_pending(
             await fleet.join(db, f"p{i}")
         results = await asyncio.gather(
             *(
-                fleet.say_hello(
-                    gw, request(node_id=f"p{i}", cert_serial=f"p{i}-serial"), RecordingStream()
-                )
+                fleet.say_hello(gw, request(node_id=f"p{i}", cert_serial=f"p{i}-serial"))
                 for i in range(20)
             ),
             return_exceptions=True,
@@ -64,14 +62,12 @@ async def test_a_gateway_whose_lease_was_taken_refuses_and_writes_nothing(
 ) -> None:
     await fleet.join(db, "n1")
     await fleet.join(db, "n2")
-    await fleet.say_hello(gateway, request(), RecordingStream())
+    await fleet.say_hello(gateway, request())
     usurper = Gateway("gw-a", pool, nc, subjects)  # a new incarnation of the same gateway id
     await usurper.start()
     try:
         with pytest.raises(Refused) as refused:
-            await fleet.say_hello(
-                gateway, request(node_id="n2", cert_serial="n2-serial"), RecordingStream()
-            )
+            await fleet.say_hello(gateway, request(node_id="n2", cert_serial="n2-serial"))
         assert refused.value.code is Code.UNAVAILABLE
         assert (
             await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n2'") == 0
@@ -93,9 +89,7 @@ async def test_a_gateway_whose_lease_was_taken_refuses_and_writes_nothing(
         )
         assert not gateway.alive
         await gateway.stop(graceful=True)  # stopped by its lost lease: a second stop does nothing
-        await fleet.say_hello(
-            usurper, request(node_id="n2", cert_serial="n2-serial"), RecordingStream()
-        )
+        await fleet.say_hello(usurper, request(node_id="n2", cert_serial="n2-serial"))
         assert (
             await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n2'") == 1
         )
@@ -179,15 +173,11 @@ async def test_max_streams_pushes_back(
     try:
         await fleet.join(db, "n1")
         await fleet.join(db, "n2")
-        await fleet.say_hello(gw, request(), RecordingStream())
+        await fleet.say_hello(gw, request())
         with pytest.raises(Refused) as refused:
-            await fleet.say_hello(
-                gw, request(node_id="n2", cert_serial="n2-serial"), RecordingStream()
-            )
+            await fleet.say_hello(gw, request(node_id="n2", cert_serial="n2-serial"))
         assert refused.value.code is Code.RESOURCE_EXHAUSTED and refused.value.retry_after
-        await fleet.say_hello(
-            gw, request(boot_id="b2"), RecordingStream()
-        )  # the same node again is not a new stream
+        await fleet.say_hello(gw, request(boot_id="b2"))  # the same node again is not a new stream
     finally:
         await gw.stop(graceful=False)
 
@@ -262,9 +252,7 @@ async def test_only_reported_sections_are_stored_whole_and_a_node_holds_a_bounde
     gateway: Gateway, db: asyncpg.Connection
 ) -> None:
     await fleet.join(db, "n1")
-    welcome = await fleet.say_hello(
-        gateway, request(inventory_hashes={"cpu": "c1"}), RecordingStream()
-    )
+    welcome = await fleet.say_hello(gateway, request(inventory_hashes={"cpu": "c1"}))
     # pushed, never reported: held, never stored
     await gateway.inventory("n1", welcome.epoch, "secrets", "s1", {"x": 1})
     await gateway.inventory("n1", welcome.epoch, "cpu", "c1", {"cores": 8})
@@ -279,9 +267,7 @@ async def test_only_reported_sections_are_stored_whole_and_a_node_holds_a_bounde
         "SELECT 'n1', 'old-' || i, 'h', '{}', 1, now() FROM generate_series(1, 254) i"
     )
     hashes = {"cpu": "c2", "new": "n1", "newer": "n2"}
-    again = await fleet.say_hello(
-        gateway, request(boot_id="b2", inventory_hashes=hashes), RecordingStream()
-    )
+    again = await fleet.say_hello(gateway, request(boot_id="b2", inventory_hashes=hashes))
     assert again.request_sections == ("cpu", "new", "newer")
     await gateway.inventory("n1", again.epoch, "new", "n1", {"x": 1})
     await gateway.inventory("n1", again.epoch, "newer", "n2", {"x": 2})
@@ -297,16 +283,12 @@ async def test_the_welcome_and_every_10th_heartbeat_ask_for_the_sections_not_hel
     gateway: Gateway, db: asyncpg.Connection
 ) -> None:
     await fleet.join(db, "n1")
-    first = await fleet.say_hello(
-        gateway, request(inventory_hashes={"cpu": "c1", "gpu": "g1"}), RecordingStream()
-    )
+    first = await fleet.say_hello(gateway, request(inventory_hashes={"cpu": "c1", "gpu": "g1"}))
     assert first.request_sections == ("cpu", "gpu")  # nothing held yet
     await gateway.inventory("n1", first.epoch, "cpu", "c1", {"cores": 8})
     await gateway.inventory("n1", first.epoch, "gpu", "g1", {"count": 2})
     again = await fleet.say_hello(
-        gateway,
-        request(boot_id="b2", inventory_hashes={"cpu": "c1", "gpu": "g2", "disk": "d1"}),
-        RecordingStream(),
+        gateway, request(boot_id="b2", inventory_hashes={"cpu": "c1", "gpu": "g2", "disk": "d1"})
     )
     assert again.request_sections == ("disk", "gpu")  # cpu is held as it is
     await gateway.inventory("n1", again.epoch, "gpu", "g2", {"count": 4})
@@ -347,10 +329,8 @@ async def test_heartbeats_carry_load_and_the_applied_generation_to_the_flush(
 ) -> None:
     await fleet.join(db, "n1")
     await fleet.join(db, "n2")
-    one = await fleet.say_hello(gateway, request(), RecordingStream())
-    two = await fleet.say_hello(
-        gateway, request(node_id="n2", cert_serial="n2-serial"), RecordingStream()
-    )
+    one = await fleet.say_hello(gateway, request())
+    two = await fleet.say_hello(gateway, request(node_id="n2", cert_serial="n2-serial"))
     node_load = NodeLoad(
         load_average=1.5, memory_available_bytes=2**30, running_commands=2, pending_events=7
     )
