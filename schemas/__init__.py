@@ -23,6 +23,7 @@ from schemas.events import (
     Quarantined,
     QuarantineHeld,
     Revocations,
+    UnprovenHello,
 )
 from schemas.facts import (
     CertInfo,
@@ -102,6 +103,7 @@ __all__ = [
     "SubjectError",
     "Subjects",
     "UnknownMessageType",
+    "UnprovenHello",
     "UnsupportedMajor",
     "Zombie",
 ]

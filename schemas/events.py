@@ -59,6 +59,24 @@ class DuplicateSession(CamelMessage):
     alternations: SmallNonNegative
     window_seconds: SmallNonNegative
     quarantined: bool
+    #: whether the node is held for an operator after this one (a quarantine the breaker
+    #: holds: no session of the node gets a command until it is released or dismissed);
+    #: None from a worker before 0.4
+    held: bool | None = None
+
+
+class UnprovenHello(CamelMessage):
+    """A Hello without a proof for a node that proves its Hellos (it enrolled a Hello key):
+    a takeover attempt by the gateway that said it. Its session is held for good: no
+    command, label or revocation comes of it; the node's own proven Hello takes it back."""
+
+    BC_TYPE = "security.node.unproven-hello"
+
+    node_id: NodeId
+    gateway_id: GatewayId
+    epoch: NonNegative
+    boot_id: Ident
+    serial: Ident | None = None  # the certificate serial it presented
 
 
 class Quarantined(CamelMessage):
@@ -187,6 +205,7 @@ EVENT_TYPES: tuple[type[CamelMessage], ...] = (
     NodeDisconnected,
     CapabilitiesChanged,
     DuplicateSession,
+    UnprovenHello,
     Quarantined,
     QuarantineHeld,
     QuarantineBreakerOpen,

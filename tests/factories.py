@@ -116,6 +116,14 @@ WIRE_SAMPLES: dict[str, dict[str, Any]] = {
         "alternations": 2,
         "windowSeconds": 600,
         "quarantined": False,
+        "held": False,
+    },
+    "security.node.unproven-hello": {
+        "nodeId": "node-1",
+        "gatewayId": "gw-1",
+        "epoch": 3,
+        "bootId": "boot-x",
+        "serial": "serial-1",
     },
     "security.node.quarantined": {
         "nodeId": "node-1",

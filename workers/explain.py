@@ -60,7 +60,9 @@ SESSION = """
 SELECT s.session_epoch, s.gateway_id, s.connected_at,
        (SELECT v.last_seen FROM node_last_seen v WHERE v.node_id = s.node_id) AS last_seen,
        s.disconnected_at,
-       s.disconnect_reason, s.held_epoch, s.duplicate_hellos, s.cert_serial,
+       s.disconnect_reason, s.held_epoch, s.duplicate_hellos, s.cert_serial, s.proven,
+       EXISTS (SELECT 1 FROM quarantines q WHERE q.node_id = s.node_id
+                  AND q.revoked_at IS NULL AND q.dismissed_at IS NULL) AS held_for_operator,
        is_revoked(s.cert_serial) AS revoked, compute_now() AS now,
        coalesce((SELECT array_agg(c.condition ORDER BY c.condition) FROM node_conditions c
                   WHERE c.node_id = s.node_id), '{}') AS conditions
@@ -128,10 +130,13 @@ def describe(what: str, detail: Mapping[str, Any]) -> str:
         return " ".join(part for part in (added, removed) if part) or "unchanged"
     if what == "security.node.duplicate-session":
         state = "quarantined" if detail.get("quarantined") else "counted"
+        state += ", held for an operator" if detail.get("held") else ""
         return (
             f"alternation {detail.get('alternations')} in {detail.get('windowSeconds')} s "
             f"({state}): boot {detail.get('previousBootId')} → {detail.get('bootId')}"
         )
+    if what == "security.node.unproven-hello":
+        return f"unproven Hello (a takeover attempt, held): boot {detail.get('bootId')}"
     if what == "security.node.quarantined":
         serials = ", ".join(detail.get("revokedSerials", [])) or "none"
         return f"{reason}: revoked {serials}"
@@ -179,8 +184,12 @@ def state_line(row: Mapping[str, Any] | None) -> str:
             f"connected via {row['gateway_id']} at epoch {row['session_epoch']}, "
             f"last seen {_ago(row['now'] - row['last_seen'])} ago"
         )
-        if row["held_epoch"] is not None:
+        if row.get("proven") is False:
+            line += ", unproven for a node that proves its Hellos (a takeover attempt, held)"
+        elif row["held_epoch"] is not None:
             line += ", held for the quarantine (duplicate identity)"
+        if row.get("held_for_operator"):
+            line += ", held for an operator (bcw quarantine release|dismiss)"
     elif row["disconnected_at"] is not None:
         line = (
             f"disconnected ({row['disconnect_reason']}) {_ago(row['now'] - row['disconnected_at'])}"
@@ -221,6 +230,8 @@ def state_fields(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "disconnected_at": when(row["disconnected_at"]),
         "disconnect_reason": row["disconnect_reason"],
         "held_for_quarantine": row["held_epoch"] is not None,
+        "held_for_operator": bool(row.get("held_for_operator")),
+        "proven": row.get("proven"),
         "alternations": row.get("duplicate_hellos"),
         "cert_serial": row.get("cert_serial"),
         "cert_revoked": bool(row["revoked"]),

@@ -325,6 +325,7 @@ def _every_metric_once() -> str:
     m.dead_letters.inc("w", "invalid")
     m.outbox_published.inc()
     m.outbox_failures.inc()
+    m.hello_proof_policy.set(1, "warn")
     return m.render()
 
 

@@ -69,7 +69,8 @@ def test_the_prometheus_rule_alerts_on_exported_metrics_with_a_runbook_line_each
     alerts = {r["alert"]: r for r in group["rules"]}
     assert set(alerts) == {
         "BcwConsumerLag", "BcwFactAgeHigh", "BcwGatewayBlind", "BcwLivenessBehind", "BcwBreakerOpen",
-        "BcwQuarantineHeld", "BcwFactsStreamFilling", "BcwDeadLetters", "BcwOutboxStuck",
+        "BcwQuarantineHeld", "BcwHelloProofNotRequired", "BcwFactsStreamFilling",
+        "BcwDeadLetters", "BcwOutboxStuck",
         "BcwLoopUnheld", "BcwWorkerAbsent",
     }  # fmt: skip
     absent = [r for r in group["rules"] if r["alert"] == "BcwWorkerAbsent"]

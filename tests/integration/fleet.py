@@ -1,17 +1,31 @@
-"""Rows of a fleet for worker tests: joined nodes with sessions at a given epoch on a
-given gateway, gateways with leases, Hello facts that match them. Real SQL on the real
+"""Rows of a fleet for worker tests: joined nodes (each with its Hello key, as a join
+gives it) with sessions at a given epoch on a given gateway, gateways with leases, Hello
+facts that match them, and a node's daemon saying Hello proven. Real SQL on the real
 database; the reference gateway does the same through its Hello transaction."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import time
 from datetime import timedelta
 from typing import Any
 
 import asyncpg
 
+from schemas.proof import prove
 from tests.factories import hello
+from tests.integration.streams import RecordingStream
+from workers.gateway import Gateway, HelloRequest, Welcome
 
-__all__ = ["flushed", "gateway", "hello", "issued", "join", "session"]
+__all__ = [
+    "flushed", "gateway", "hello", "hello_key", "issued", "join", "proven", "say_hello", "session",
+]  # fmt: skip
+
+
+def hello_key(node_id: str) -> bytes:
+    """The Hello key a test node is given when it joins (`join`), and proves its Hellos by."""
+    return hashlib.sha256(f"bcw-test-hello-key:{node_id}".encode()).digest()
 
 
 async def join(
@@ -19,9 +33,51 @@ async def join(
     node_id: str,
     serial: str | None = None,
     kinds: list[str] | None = None,
+    *,
+    key: bool = True,
 ) -> None:
+    """Join `node_id` with a certificate `serial`; with its Hello key (`hello_key`), as a
+    join gives it, unless `key` is false (a node that never proves: a fleet moving to
+    proofs, tests about `warn`)."""
     await conn.execute(
         "SELECT join_node($1, 'worker', $2, $3)", node_id, serial or f"{node_id}-serial", kinds
+    )
+    if key:
+        await conn.execute("SELECT enroll_hello_key($1, $2)", node_id, hello_key(node_id))
+
+
+def proven(request: HelloRequest, gateway_id: str, at: float | None = None) -> HelloRequest:
+    """`request` as the node's daemon sends it to `gateway_id`: proven by its key, at `at`
+    (its clock: now by default), with a one-time id of its own."""
+    moment = int(time.time() if at is None else at)
+    proof = prove(
+        hello_key(request.node_id), request.node_id, request.boot_id, request.journal_id,
+        gateway_id, moment,
+    )  # fmt: skip
+    return dataclasses.replace(request, proof=proof)
+
+
+async def say_hello(
+    gateway: Gateway,
+    request: HelloRequest,
+    stream: RecordingStream | None = None,
+    at: float | None = None,
+) -> Welcome:
+    """The node's daemon saying Hello to `gateway`, proven afresh (`proven`) at `at`: by
+    default the fleet's clock (`compute_now()`, which a test may have moved), as a daemon
+    whose clock is right would."""
+    if at is None:  # the fleet's clock as the gateway's login may read it
+        async with gateway.pool.acquire() as conn:
+            at = float(
+                await conn.fetchval(
+                    "SELECT extract(epoch FROM now) FROM gateway_admission($1, $2, $3)",
+                    gateway.gateway_id,
+                    request.node_id,
+                    request.cert_serial,
+                )
+            )
+    return await gateway.hello(
+        proven(request, gateway.gateway_id, at), stream if stream is not None else RecordingStream()
     )
 
 

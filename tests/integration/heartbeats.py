@@ -14,7 +14,6 @@ from nats.aio.client import Client as NATS
 
 from schemas.subjects import Subjects
 from tests.integration import fleet
-from tests.integration.streams import RecordingStream
 from workers.gateway import Gateway, GatewaySettings, HelloRequest, Refused
 
 GATEWAY_SETTINGS = GatewaySettings(
@@ -48,11 +47,7 @@ class Fleet:
             for i in range(count):
                 node = f"{gateway.gateway_id}-n{i:02d}"
                 await fleet.join(conn, node)
-                welcome = await gateway.hello(
-                    HelloRequest(node_id=node, cert_serial=f"{node}-serial", role="worker",
-                                 boot_id="b1", journal_id="j1"),
-                    RecordingStream(),
-                )  # fmt: skip
+                welcome = await fleet.say_hello(gateway, HelloRequest(node_id=node, cert_serial=f"{node}-serial", role="worker", boot_id="b1", journal_id="j1"))  # fmt: skip
                 self.held[node] = (gateway, node, welcome.epoch)
         if self._beat is None:
             self._beat = asyncio.create_task(self._heartbeats())

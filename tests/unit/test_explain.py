@@ -110,3 +110,17 @@ def test_explain_json_gives_the_state_as_fields() -> None:
     }  # fmt: skip
     assert out["summary"].startswith("connected via gw-1") and out["timeline"] == []
     assert json.loads(as_json("ghost", None, []))["state"] is None
+
+
+def test_explain_says_a_takeover_attempt_and_a_hold_for_an_operator() -> None:
+    import json
+
+    from workers.explain import as_json, state_line
+
+    taken = {**ROW, "held_epoch": 4, "proven": False}
+    assert "a takeover attempt, held" in state_line(taken)
+    assert "held for the quarantine" not in state_line(taken)
+    held = {**ROW, "held_for_operator": True}
+    assert "held for an operator" in state_line(held)
+    out = json.loads(as_json("n1", held, []))
+    assert (out["state"]["held_for_operator"], out["state"]["proven"]) == (True, None)

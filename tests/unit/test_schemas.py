@@ -56,8 +56,9 @@ DESIGN_FIELDS: dict[str, set[str]] = {
     "node.capabilities-changed": {"nodeId", "epoch", "added", "removed"},
     "security.node.duplicate-session": {
         "nodeId", "gatewayId", "previousBootId", "bootId", "alternations", "windowSeconds",
-        "quarantined",
+        "quarantined", "held",
     },
+    "security.node.unproven-hello": {"nodeId", "gatewayId", "epoch", "bootId", "serial"},
     "security.node.quarantined": {"nodeId", "reason", "alternations", "revokedSerials"},
     "security.quarantine.held": {
         "nodeId", "gatewayId", "reason", "alternations", "gateways", "serials",

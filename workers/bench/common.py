@@ -45,7 +45,8 @@ async def bench_target(
     facts_max_age: float | None = None,
     postgres: dict[str, str] | None = None,
 ) -> AsyncIterator[BenchTarget]:
-    """Servers for one benchmark run, and a scratch database dropped afterwards.
+    """Servers for one benchmark run, and a scratch database dropped afterwards (at `warn`:
+    a Hello proves its node only where the bench gave the node a key).
     `sync_always`: the embedded nats-server syncs each message before its PubAck;
     `facts_max_age`: the facts stream keeps a fact this long (seconds), not a day;
     `postgres`: settings of the embedded PostgreSQL (`shared_buffers`, say)."""
@@ -67,6 +68,9 @@ async def bench_target(
             conn = await asyncpg.connect(database_url)
             try:
                 await migrate.migrate(conn)
+                # its daemons prove their Hellos only where a bench measures proofs (each
+                # enrolls the keys it proves by): the rest say Hello as nodes without a key
+                await migrate.set_hello_proof(conn, "warn")
             finally:
                 await conn.close()
             target = BenchTarget(nats_url, database_url, f"bench{uuid.uuid4().hex[:6]}")

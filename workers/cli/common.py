@@ -32,6 +32,7 @@ EXAMPLES: dict[str, str] = {
     "liveness release": "bcw liveness release --gateway gw-3 --by alice",
     "quarantine status": "bcw quarantine status --gateway gw-3",
     "quarantine release": "bcw quarantine release --node node-17 --by alice",
+    "quarantine dismiss": "bcw quarantine dismiss --node node-17 --by alice",
     "events": "bcw events --type 'node.*' --since 10m --json",
     "bench": "bcw bench runtime --embedded",
     "heap diff": "bcw heap diff heap/heap-7-00000600.000.tracemalloc "

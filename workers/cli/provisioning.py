@@ -135,7 +135,11 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
             )
             if settings.hello_proof is not None:
                 await migrate.set_hello_proof(conn, settings.hello_proof)
-            print(f"Hello proofs: {await migrate.hello_proof(conn)}")
+            policy = await migrate.hello_proof(conn)
+            print(f"Hello proofs: {policy}")
+            if policy != "require":  # loudly: one line, and the metric and alert say it on
+                unproven = await migrate.unproven_sessions(conn)
+                print(f"WARNING: {migrate.proof_warning(policy, unproven)}", file=sys.stderr)
             return 0
         finally:
             await conn.close()

@@ -1,5 +1,7 @@
-"""`bcw quarantine status|release`: the quarantines the breaker holds for an operator, and
-their release (the quarantine worker then revokes them).
+"""`bcw quarantine status|release|dismiss`: the quarantines the breaker holds for an
+operator — each holds every session of its node — their release (the quarantine worker
+then revokes them) and their dismissal (judged no clone: nothing revoked, the node's
+sessions get their commands again).
 """
 
 from __future__ import annotations
@@ -14,13 +16,19 @@ from workers.runtime.base.settings import Settings
 HELD = """
 SELECT node_id, epoch, gateway_id, held, alternations, gateways, serials, decided_at
   FROM quarantines
- WHERE revoked_at IS NULL AND released_at IS NULL
+ WHERE revoked_at IS NULL AND released_at IS NULL AND dismissed_at IS NULL
    AND ($1::text IS NULL OR node_id = $1) AND ($2::text IS NULL OR gateway_id = $2)
  ORDER BY decided_at
 """
 RELEASE = """
 UPDATE quarantines SET released_at = compute_now(), released_by = $3
- WHERE revoked_at IS NULL AND released_at IS NULL
+ WHERE revoked_at IS NULL AND released_at IS NULL AND dismissed_at IS NULL
+   AND ($1::text IS NULL OR node_id = $1) AND ($2::text IS NULL OR gateway_id = $2)
+RETURNING node_id
+"""
+DISMISS = """
+UPDATE quarantines SET dismissed_at = compute_now(), dismissed_by = $3
+ WHERE revoked_at IS NULL AND released_at IS NULL AND dismissed_at IS NULL
    AND ($1::text IS NULL OR node_id = $1) AND ($2::text IS NULL OR gateway_id = $2)
 RETURNING node_id
 """
@@ -43,7 +51,17 @@ def add(commands: Commands) -> None:
     release.add_argument("--gateway", help="those a Hello of this gateway completed")
     release.add_argument("--all", action="store_true", help="every held quarantine")
     release.add_argument("--by", help="who releases them (recorded); default user@host")
-    release.set_defaults(handler=_cmd_release)
+    release.set_defaults(handler=_cmd_release, verb="release")
+    dismiss = sub.add_parser(
+        "dismiss",
+        help="judge held quarantines no clone: nothing is revoked, and the hold on every "
+        "session of their nodes ends",
+    )
+    dismiss.add_argument("--node", help="this node's held quarantine")
+    dismiss.add_argument("--gateway", help="those a Hello of this gateway completed")
+    dismiss.add_argument("--all", action="store_true", help="every held quarantine")
+    dismiss.add_argument("--by", help="who dismisses them (recorded); default user@host")
+    dismiss.set_defaults(handler=_cmd_release, verb="dismiss")
 
 
 def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
@@ -74,22 +92,31 @@ def _cmd_release(args: argparse.Namespace, settings: Settings) -> int:
 
     from workers.runtime.store import db
 
+    verb = args.verb
     if not (args.node or args.gateway or args.all):
-        print("bcw quarantine release: say which: --node, --gateway or --all", file=sys.stderr)
+        print(f"bcw quarantine {verb}: say which: --node, --gateway or --all", file=sys.stderr)
         return EXIT_BAD_SETTINGS
     who = args.by or f"{getpass.getuser()}@{socket.gethostname()}"
 
     async def run() -> int:
         conn = await db.connect(settings.database)
         try:
-            released = await conn.fetch(RELEASE, args.node, args.gateway, who)
+            statement = RELEASE if verb == "release" else DISMISS
+            done = await conn.fetch(statement, args.node, args.gateway, who)
+            if done and verb == "dismiss":
+                await conn.execute("SELECT pg_notify('bcw_dispatch', '')")  # what waits may go
         finally:
             await conn.close()
-        if not released:
-            print("bcw quarantine release: no held quarantine matches", file=sys.stderr)
+        if not done:
+            print(f"bcw quarantine {verb}: no held quarantine matches", file=sys.stderr)
             return EXIT_FAILED
-        nodes = ", ".join(sorted(r["node_id"] for r in released))
-        print(f"released by {who}: {nodes}; the quarantine worker revokes them")
+        nodes = ", ".join(sorted(r["node_id"] for r in done))
+        if verb == "release":
+            print(f"released by {who}: {nodes}; the quarantine worker revokes them")
+        else:
+            print(
+                f"dismissed by {who}: {nodes}; nothing revoked, their sessions get commands again"
+            )
         return 0
 
     return asyncio.run(run())

@@ -53,13 +53,16 @@ class Labeling:
 
 
 def decide(hello: Hello, row: SessionRow | None) -> Labeling | None:
-    """The labeling of a current Hello; None when it is stale (or its node is unknown).
+    """The labeling of a current Hello; None when it is stale (or its node is unknown), or
+    when it is an unproven Hello of a node that proves its Hellos (`proven` false, as its
+    Hello transaction recorded it: a takeover attempt labels nothing, and its session
+    stays unlabeled, so placement never offers it).
 
     Pure. Labels are reconciled with the sanitized set, and the event reports that change:
     the labels are what the node had before this Hello (the Hello transaction already
     stored this session's capabilities).
     """
-    if row is None or row.session_epoch != hello.epoch:
+    if row is None or row.session_epoch != hello.epoch or hello.proven is False:
         return None
     wanted = sanitize(hello.capabilities)
     wanted_set = set(wanted)

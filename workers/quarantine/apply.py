@@ -7,12 +7,13 @@ two replicas counting one node's Hellos serialize and count each once.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Mapping, Sequence
 
 import asyncpg
 
-from schemas.events import DuplicateSession, Quarantined, Revocations
+from schemas.events import DuplicateSession, Quarantined, Revocations, UnprovenHello
 from schemas.facts import Fact, Hello
 from workers.quarantine import breaker, conditions
 from workers.quarantine.decide import (
@@ -21,6 +22,7 @@ from workers.quarantine.decide import (
     Counter,
     Limits,
     judge,
+    proven_window,
     serials_to_revoke,
     to_act_on,
     window_of,
@@ -28,6 +30,8 @@ from workers.quarantine.decide import (
 from workers.runtime.effects import outcome
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.worker import Handler, Tx
+
+log = logging.getLogger(__name__)
 
 LOCK_COUNTERS = """
 SELECT s.node_id, coalesce(s.alternations_judged_epoch, 0) AS judged
@@ -42,15 +46,18 @@ SELECT c.node_id, c.serial
 """
 
 # Each alternation at the time its Hello transaction issued the epoch; one per epoch, with
-# the Hello fact it was counted for. The epochs already counted come back with that fact's
-# id: the same fact again is a redelivery, another is a second Hello of the epoch.
+# the Hello fact it was counted for, whether it was proven, or that it was no alternation
+# but a takeover attempt (recorded so that it is said once, never counted). The epochs
+# already recorded come back with that fact's id: the same fact again is a redelivery,
+# another is a second Hello of the epoch.
 RECORD_ALTERNATIONS = """
-WITH t AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::uuid[], $4::text[])
-                   AS t(node_id, epoch, fact_id, gateway_id)),
+WITH t AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::uuid[], $4::text[], $5::boolean[],
+                                $6::boolean[])
+                   AS t(node_id, epoch, fact_id, gateway_id, proven, takeover)),
 inserted AS (
-    INSERT INTO node_alternations (node_id, epoch, issued_at, fact_id, gateway_id)
+    INSERT INTO node_alternations (node_id, epoch, issued_at, fact_id, gateway_id, proven, takeover)
     SELECT t.node_id, t.epoch, coalesce(e.issued_at, compute_now()), t.fact_id,
-           coalesce(e.gateway_id, t.gateway_id)
+           coalesce(e.gateway_id, t.gateway_id), t.proven, t.takeover
       FROM t LEFT JOIN session_epochs e ON e.node_id = t.node_id AND e.epoch = t.epoch
         ON CONFLICT (node_id, epoch) DO NOTHING
     RETURNING node_id, epoch
@@ -61,8 +68,15 @@ SELECT t.node_id, t.epoch, i.node_id IS NOT NULL AS counted, a.fact_id AS counte
 """
 
 READ_ALTERNATIONS = """
-SELECT a.node_id, a.epoch, a.issued_at, a.gateway_id
-  FROM node_alternations a WHERE a.node_id = ANY($1::text[])
+SELECT a.node_id, a.epoch, a.issued_at, a.gateway_id, a.proven
+  FROM node_alternations a WHERE a.node_id = ANY($1::text[]) AND NOT a.takeover
+"""
+
+# The nodes held for an operator: a quarantine neither revoked nor dismissed holds every
+# session of its node (the dispatch loop and the replay read the same).
+HELD_NODES = """
+SELECT DISTINCT q.node_id FROM quarantines q
+ WHERE q.node_id = ANY($1::text[]) AND q.revoked_at IS NULL AND q.dismissed_at IS NULL
 """
 
 # Older than any fact that can still arrive (a day on the bus), so never counted again.
@@ -105,13 +119,20 @@ ON CONFLICT (serial) DO UPDATE
 
 
 def wants(fact: Fact) -> bool:
-    """Only a Hello with a duplicate identity can have effects here."""
-    return isinstance(fact, Hello) and fact.duplicate_identity
+    """Only a Hello with a duplicate identity, or an unproven Hello of a node that proves
+    its Hellos (a takeover attempt), can have effects here."""
+    return isinstance(fact, Hello) and (fact.duplicate_identity or is_takeover(fact))
+
+
+def is_takeover(hello: Hello) -> bool:
+    """An unproven Hello of a node that proves its Hellos, as its Hello transaction recorded
+    it (`proven = false`: the node has a Hello key and this Hello proved nothing)."""
+    return hello.proven is False
 
 
 def make_handler(limits: Limits) -> Handler:
     async def handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
-        hellos = [fact for fact in facts if isinstance(fact, Hello) and fact.duplicate_identity]
+        hellos = [fact for fact in facts if isinstance(fact, Hello) and wants(fact)]
         nodes = sorted({hello.node_id for hello in hellos})
         judged_up_to = {
             row["node_id"]: int(row["judged"]) for row in await tx.conn.fetch(LOCK_COUNTERS, nodes)
@@ -126,12 +147,16 @@ def make_handler(limits: Limits) -> Handler:
                 [h.epoch for h in fresh],
                 [h.fact_id for h in fresh],
                 [h.gateway_id for h in fresh],
+                [h.proven is True for h in fresh],
+                [is_takeover(h) for h in fresh],
             )
         }
         counted = []
         for hello in fresh:
             now_counted, counted_for = recorded[(hello.node_id, hello.epoch)]
-            if now_counted:
+            if now_counted and is_takeover(hello):
+                _publish_takeover(tx, hello)  # held by its Hello transaction, for good
+            elif now_counted:
                 counted.append(hello)
             elif counted_for == hello.fact_id:  # this very fact again: nothing to do
                 outcomes[hello.fact_id] = outcome.DUPLICATE
@@ -171,36 +196,38 @@ async def _judge(
     alternations: dict[str, list[Alternation]] = {}
     for row in await tx.conn.fetch(READ_ALTERNATIONS, nodes):
         alternations.setdefault(row["node_id"], []).append(
-            Alternation(row["epoch"], row["issued_at"], row["gateway_id"])
+            Alternation(row["epoch"], row["issued_at"], row["gateway_id"], row["proven"])
         )
     live: dict[str, set[str]] = {}
     for row in await tx.conn.fetch(LIVE_CERTS, nodes):
         live.setdefault(row["node_id"], set()).add(row["serial"])
     presented = sorted({h.cert.serial for h in counted if h.cert.serial is not None})
     recorded = {row["serial"] for row in await tx.conn.fetch(RECORDED, presented)}
+    held_nodes = {row["node_id"] for row in await tx.conn.fetch(HELD_NODES, nodes)}
     counters: dict[str, Counter] = {}
     revoked: list[tuple[str, str]] = []  # (serial, node)
-    quarantined: list[tuple[str, int]] = []  # (node, the epoch of the Hello that did it)
+    duplicates: list[tuple[str, int]] = []  # (node, epoch): each counted one, its condition
     released: dict[str, int] = {}  # node → the epoch whose hold ends
     mine: dict[str, list[Hello]] = {}  # each node's, in stream order (one per epoch)
     for hello in counted:
         mine.setdefault(hello.node_id, []).append(hello)
+        duplicates.append((hello.node_id, hello.epoch))
     for node in nodes:
         judged, counters[node] = judge(alternations.get(node, []), limits)
         act = to_act_on(judged, judged_up_to[node], [hello.epoch for hello in mine[node]])
         for hello in mine[node]:
             # not the Hello that acts on a quarantine (a late one of a window acted on: none)
             if act is None or hello.epoch != act[1]:
-                _publish_duplicate(tx, hello, judged[hello.epoch].number, False, limits)
+                number = judged[hello.epoch].number
+                _publish_duplicate(tx, hello, number, False, node in held_nodes, limits)
                 released[node] = max(hello.epoch, released.get(node, 0))
                 continue
             first = act[0]
             serials = serials_to_revoke(
                 hello.cert.serial, live.get(node, set()), recorded=hello.cert.serial in recorded
             )
-            through = sorted(
-                {a.gateway_id for a in window_of(alternations.get(node, []), first) if a.gateway_id}
-            )
+            window = window_of(alternations.get(node, []), first)
+            through = sorted({a.gateway_id for a in window if a.gateway_id})
             held = await breaker.hold(
                 tx,
                 node,
@@ -210,21 +237,25 @@ async def _judge(
                 serials,
                 first.number,
                 limits.breaker,
+                proven=proven_window(window),
             )
-            _publish_duplicate(tx, hello, first.number, held is None, limits)
+            if held is not None:
+                held_nodes.add(node)
+            _publish_duplicate(tx, hello, first.number, held is None, node in held_nodes, limits)
             if held is None:
                 live[node] = live.get(node, set()) - set(serials)
                 recorded.update(serials)
                 revoked += [(serial, node) for serial in serials]
-                quarantined.append((node, hello.epoch))
                 _publish_quarantine(tx, hello, first.number, serials)
             judged_up_to[node] = max(first.epoch, hello.epoch)
         # held for good: the clone gets nothing, its revocation closes it (or, held for an
-        # operator, nothing reaches the node until one acts)
+        # operator, no session of the node gets anything until one acts)
         if act is not None:
             released.pop(node, None)
     await _write(tx.conn, counters, {n: judged_up_to[n] for n in nodes}, revoked)
-    await conditions.set_duplicate_identity(tx.conn, quarantined, REASON)
+    # the node carries the condition from its first counted duplicate until the release
+    # loop's rules clear it (`conditions.clear_recovered`)
+    await conditions.set_duplicate_identity(tx.conn, duplicates, REASON)
     if released:
         nodes_released = sorted(released)
         await tx.conn.execute(RELEASE_HOLDS, nodes_released, [released[n] for n in nodes_released])
@@ -252,7 +283,7 @@ async def _write(
 
 
 def _publish_duplicate(
-    tx: Tx, hello: Hello, alternations: int, quarantined: bool, limits: Limits
+    tx: Tx, hello: Hello, alternations: int, quarantined: bool, held: bool, limits: Limits
 ) -> None:
     event = DuplicateSession(
         node_id=hello.node_id,
@@ -262,6 +293,25 @@ def _publish_duplicate(
         alternations=alternations,
         window_seconds=int(limits.window.total_seconds()),
         quarantined=quarantined,
+        held=held,
+    )
+    tx.publish(event, tx.subjects.event(event.BC_TYPE), cause=hello, order_key=hello.node_id)
+
+
+def _publish_takeover(tx: Tx, hello: Hello) -> None:
+    log.warning(
+        "gateway %s said an unproven Hello for node %s (epoch %d), which proves its Hellos: "
+        "a takeover attempt, held",
+        hello.gateway_id,
+        hello.node_id,
+        hello.epoch,
+    )
+    event = UnprovenHello(
+        node_id=hello.node_id,
+        gateway_id=hello.gateway_id,
+        epoch=hello.epoch,
+        boot_id=hello.boot_id,
+        serial=hello.cert.serial,
     )
     tx.publish(event, tx.subjects.event(event.BC_TYPE), cause=hello, order_key=hello.node_id)
 

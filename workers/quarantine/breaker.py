@@ -1,9 +1,10 @@
 """The breaker for revocations: each quarantine the enforcer decides is recorded
 (`quarantines`), and revoked at once only while the rule `decide.hold_revocation` allows
-it; otherwise it is held for an operator — `security.quarantine.held`, the first of a
+it; otherwise it is held for an operator — every session of its node held with it — `security.quarantine.held`, the first of a
 gateway's window also `security.quarantine.breaker-open`, the gauge
 `bcw_quarantines_held` and its alert — until `bcw quarantine release`, after which the
-release loop here (leased: one replica) revokes it.
+release loop here (leased: one replica) revokes it, or `bcw quarantine dismiss` (judged no
+clone: nothing is revoked, the node's sessions get their commands again).
 
 Called by `apply` inside the batch's transaction, and by the worker's release loop. The
 breaker's count is taken under a transaction-scoped advisory lock, so that two replicas
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from schemas.events import QuarantineBreakerOpen, Quarantined, QuarantineHeld, Revocations
-from workers.quarantine import conditions
+from workers.quarantine import conditions, proofs
 from workers.quarantine.decide import BREAKER, REASON, Breaker, hold_revocation
 from workers.runtime.effects import watermarks
 from workers.runtime.effects.batch import OutboxBatch
@@ -60,12 +61,24 @@ ON CONFLICT (serial) DO UPDATE
 """
 RELEASED = """
 SELECT q.node_id, q.epoch, q.alternations, q.serials FROM quarantines q
- WHERE q.revoked_at IS NULL AND q.released_at IS NOT NULL
+ WHERE q.revoked_at IS NULL AND q.released_at IS NOT NULL AND q.dismissed_at IS NULL
  ORDER BY q.decided_at LIMIT 100
    FOR UPDATE SKIP LOCKED
 """
+# A quarantine an operator dismissed (judged no clone) holds nothing: the session it held
+# at its epoch is released (never a takeover attempt, nor a later duplicate's session the
+# quarantine has not counted yet).
+LIFT_DISMISSED = """
+UPDATE node_sessions s SET held_epoch = NULL
+  FROM quarantines q
+ WHERE q.dismissed_at IS NOT NULL AND q.node_id = s.node_id AND s.held_epoch = q.epoch
+   AND s.proven IS DISTINCT FROM false
+"""
 MARK_REVOKED = "UPDATE quarantines SET revoked_at = compute_now() WHERE node_id = $1 AND epoch = $2"
-HELD = "SELECT count(*) FROM quarantines WHERE revoked_at IS NULL AND released_at IS NULL"
+HELD = """
+SELECT count(*) FROM quarantines
+ WHERE revoked_at IS NULL AND released_at IS NULL AND dismissed_at IS NULL
+"""
 
 
 async def hold(
@@ -77,14 +90,16 @@ async def hold(
     serials: Sequence[str],
     alternations: int,
     breaker: Breaker,
+    proven: bool = False,
 ) -> str | None:
     """Decide and record a quarantine of `node_id` (completed by `gateway_id`'s Hello at
-    `epoch`): None when it revokes now (the caller revokes and publishes), else why it is
-    held (its events are queued here)."""
+    `epoch`; `proven`: its window's alternations all were): None when it revokes now (the
+    caller revokes and publishes), else why it is held (its events are queued here)."""
     conn = tx.conn
     await conn.execute("SELECT pg_advisory_xact_lock(hashtext('bcw-quarantine-breaker'))")
     recent = {row["gateway_id"]: row["revoked"] for row in await conn.fetch(RECENT, breaker.window)}
-    held = hold_revocation(gateways, gateway_id, recent, int(await conn.fetchval(FLEET)), breaker)
+    fleet = int(await conn.fetchval(FLEET))
+    held = hold_revocation(gateways, gateway_id, recent, fleet, breaker, proven)
     opened = held == BREAKER and not await conn.fetchval(OPEN_ALREADY, gateway_id, breaker.window)
     await conn.execute(
         RECORD, node_id, epoch, gateway_id, alternations, list(gateways), list(serials), held
@@ -119,7 +134,8 @@ async def hold(
 
 async def revoke_released(runtime: Runtime, lease: leases.Lease) -> int:
     """Revoke what an operator released, each with its events (and its node's condition);
-    clear the condition of nodes that hold a good session again; how many revoked."""
+    release the session a dismissed quarantine held; clear the condition of nodes that
+    hold a good session again; how many revoked."""
     outbox = OutboxBatch("quarantine")
     async with runtime.pool.acquire() as conn, conn.transaction():
         await leases.fence(conn, lease)
@@ -140,8 +156,11 @@ async def revoke_released(runtime: Runtime, lease: leases.Lease) -> int:
             outbox.add(notice, runtime.subjects.revocations, order_key=row["node_id"])
         if rows:
             await outbox.write(conn)
+        if (await conn.execute(LIFT_DISMISSED)) != "UPDATE 0":
+            await conn.execute("SELECT pg_notify('bcw_dispatch', '')")  # what waits may go
         held = int(await conn.fetchval(HELD))
-        await conditions.clear_recovered(conn)  # re-joined machines hold good sessions
+        # re-joined machines, and nodes with no duplicate for a window, hold good sessions
+        await conditions.clear_recovered(conn, runtime.settings.quarantine.window)
     runtime.metrics.quarantines_held.set(held)
     return len(rows)
 
@@ -154,13 +173,17 @@ CONSUMER = "quarantine"
 
 def release_loop(every: float = 2.0) -> Loop:
     """Now and then, in the replica holding its lease: revoke what an operator released,
-    say how many wait, and record as of when the quarantine has applied its Hellos
-    (`watermarks`). Outages are waited out as every leased loop's are."""
+    lift the session holds of what one dismissed, say how many wait, record as of when the
+    quarantine has applied its Hellos (`watermarks`), and say the fleet's proofs
+    (`proofs`). Outages are waited out as every leased loop's are."""
 
     async def loop(runtime: Runtime, stopping: asyncio.Event) -> None:
+        watch = proofs.ProofWatch()
+
         async def body(lease: leases.Lease) -> None:
             if await revoke_released(runtime, lease):
                 runtime.wake_outbox()
+            await watch.look(runtime)  # the fleet's proofs, said loudly below `require`
             # for the replay worker's hold bound: a quarantine behind its Hellos is late,
             # not down (workers/replay/holds.py)
             await watermarks.record(runtime.pool, runtime.js, runtime.subjects, CONSUMER, "hello")

@@ -1,11 +1,15 @@
 """The node conditions the quarantine enforcer owns (`node_conditions`): `DuplicateIdentity`,
-set when it revokes a node's certificate for a duplicate identity, cleared once the node
-holds a session again after that epoch under a certificate not revoked. Readers see them
-(`bcw explain`)."""
+set from a node's first counted duplicate identity (and again by each later one, and by a
+revocation), cleared by the release loop once the node holds a good session — connected,
+not held, not a takeover attempt, under a certificate not revoked, with no quarantine
+holding it — that either came after the condition's epoch (a re-joined machine, a Hello
+that was no duplicate) or follows a whole window without a counted duplicate. Readers see
+them (`bcw explain`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 
 import asyncpg
 
@@ -19,28 +23,36 @@ ON CONFLICT (node_id, condition) DO UPDATE
    SET epoch = greatest(c.epoch, EXCLUDED.epoch), reason = EXCLUDED.reason
 """
 
-# a session after the condition's epoch, connected, not held, its certificate not revoked
 CLEAR = """
 DELETE FROM node_conditions c
  USING node_sessions s
- WHERE c.condition = $1 AND s.node_id = c.node_id AND s.session_epoch > c.epoch
+ WHERE c.condition = $1 AND s.node_id = c.node_id
    AND s.disconnected_at IS NULL AND s.gateway_id IS NOT NULL AND s.held_epoch IS NULL
-   AND NOT is_revoked(s.cert_serial)
+   AND s.proven IS DISTINCT FROM false AND NOT is_revoked(s.cert_serial)
+   AND NOT EXISTS (SELECT 1 FROM quarantines q WHERE q.node_id = c.node_id
+                      AND q.revoked_at IS NULL AND q.dismissed_at IS NULL)
+   AND (s.session_epoch > c.epoch
+        OR NOT EXISTS (SELECT 1 FROM node_alternations a
+                        WHERE a.node_id = c.node_id AND NOT a.takeover
+                          AND a.issued_at > compute_now() - $2::interval))
 """
 
 
 async def set_duplicate_identity(
-    conn: asyncpg.Connection, quarantined: Sequence[tuple[str, int]], reason: str
+    conn: asyncpg.Connection, duplicates: Sequence[tuple[str, int]], reason: str
 ) -> None:
-    """The nodes quarantined (node, the epoch of the Hello that did it) have the condition."""
-    if quarantined:
-        nodes = sorted(set(quarantined))
-        await conn.execute(
-            SET, [n for n, _ in nodes], [e for _, e in nodes], DUPLICATE_IDENTITY, reason
-        )
+    """The nodes given (node, the epoch of a counted duplicate, or of the Hello that
+    quarantined it) have the condition, at the latest such epoch."""
+    if duplicates:
+        latest: dict[str, int] = {}
+        for node, epoch in duplicates:
+            latest[node] = max(epoch, latest.get(node, 0))
+        nodes = sorted(latest)
+        await conn.execute(SET, nodes, [latest[n] for n in nodes], DUPLICATE_IDENTITY, reason)
 
 
-async def clear_recovered(conn: asyncpg.Connection) -> int:
-    """Clear the condition of the nodes that hold a good session again; how many."""
-    done = await conn.execute(CLEAR, DUPLICATE_IDENTITY)
+async def clear_recovered(conn: asyncpg.Connection, window: timedelta) -> int:
+    """Clear the condition of the nodes that hold a good session again (after its epoch, or
+    with no duplicate counted in the last `window`); how many."""
+    done = await conn.execute(CLEAR, DUPLICATE_IDENTITY, window)
     return int(done.split()[-1])

@@ -7,7 +7,7 @@ quarantines the node. Applied by `workers.quarantine.apply`.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -71,6 +71,8 @@ class Alternation:
     epoch: int
     at: datetime
     gateway_id: str | None = None  # the gateway its epoch was issued to (None: not recorded)
+    #: its Hello proven, and the live session before it (what no gateway can make up)
+    proven: bool = False
 
 
 @dataclass(frozen=True)
@@ -140,20 +142,25 @@ def hold_revocation(
     recent: Mapping[str, int],
     fleet_nodes: int,
     breaker: Breaker,
+    proven: bool = False,
 ) -> str | None:
     """Whether a quarantine's revocation waits for an operator, and why; None: revoke now.
     Pure.
 
     `gateways`: those the quarantine's alternations came through; `gateway`: the one whose
     Hello completed the count; `recent`: per gateway, the revocations made at once in the
-    breaker's window. Alternations that all come through one gateway may all be that
-    gateway's invention: they alert, they do not revoke. A gateway that already led to
-    `breaker.quarantines` revocations, or a fleet past its share, is held: one gateway's
-    credentials revoke a few certificates at most, never a fleet's."""
-    if len(set(gateways)) < 2:
-        return ONE_GATEWAY
-    if recent.get(gateway, 0) >= breaker.quarantines:
-        return BREAKER
+    breaker's window; `proven`: every alternation of its window was proven (its Hello and
+    the session before it). The breaker holds only what an unproven Hello could have made
+    up: unproven alternations that all come through one gateway may all be that gateway's
+    invention (they alert, they do not revoke), and a gateway that already led to
+    `breaker.quarantines` revocations is held — one gateway's credentials revoke a few
+    certificates at most. Proven ones revoke whatever gateways they came through. Past
+    the fleet's share, every quarantine is held: never a fleet's certificates at once."""
+    if not proven:
+        if len(set(gateways)) < 2:
+            return ONE_GATEWAY
+        if recent.get(gateway, 0) >= breaker.quarantines:
+            return BREAKER
     if sum(recent.values()) >= max(breaker.quarantines, int(breaker.share * fleet_nodes)):
         return BREAKER
     return None
@@ -164,3 +171,8 @@ def window_of(alternations: Iterable[Alternation], quarantine: Judged) -> list[A
     (the last `quarantine.number` up to its epoch). Pure."""
     upto = sorted((a for a in alternations if a.epoch <= quarantine.epoch), key=lambda a: a.epoch)
     return upto[-quarantine.number :]
+
+
+def proven_window(window: Sequence[Alternation]) -> bool:
+    """Whether a quarantine's window holds proven alternations only. Pure."""
+    return bool(window) and all(a.proven for a in window)

@@ -51,11 +51,17 @@ command_id, node_id, seq, kind, lane, state, session_epoch, delivery_attempt, bu
 busy_epoch, not_before, payload::text AS payload, signature, updated_at, delivered_epochs
 """
 
+# With whether the session gets nothing yet (`held`): held for the quarantine at its epoch,
+# unproven for a node that proves its Hellos (a takeover attempt), or of a node a
+# quarantine holds for an operator (as the dispatch loop reads it).
 LOCK_SESSIONS = """
-SELECT s.node_id, s.session_epoch, s.gateway_id, s.held_epoch
+SELECT s.node_id, s.session_epoch, s.gateway_id,
+       s.held_epoch = s.session_epoch OR s.proven IS NOT DISTINCT FROM false
+       OR EXISTS (SELECT 1 FROM quarantines q WHERE q.node_id = s.node_id
+                     AND q.revoked_at IS NULL AND q.dismissed_at IS NULL) AS held
   FROM unnest($1::text[]) AS n(node_id)
- CROSS JOIN LATERAL (SELECT node_id, session_epoch, gateway_id, held_epoch FROM node_sessions
-                      WHERE node_id = n.node_id FOR SHARE) AS s
+ CROSS JOIN LATERAL (SELECT node_id, session_epoch, gateway_id, held_epoch, proven
+                       FROM node_sessions WHERE node_id = n.node_id FOR SHARE) AS s
 """
 
 IN_FLIGHT_OF = f"""
@@ -200,7 +206,13 @@ def make_handler(settings: ReplaySettings) -> Handler:
         hellos = [f for f in facts if isinstance(f, Hello)]
         if hellos:
             # what finished while the node was away settles first: not replayed, not re-sent
-            settled = [result for hello in hellos for result in results_of(hello)]
+            # (never what an unproven Hello of a node that proves its Hellos says it ran)
+            settled = [
+                result
+                for hello in hellos
+                if hello.proven is not False
+                for result in results_of(hello)
+            ]
             if settled:
                 await _answers(
                     tx, settled, settings, causes={r.fact_id: h for h, r in _pairs(hellos)}
@@ -252,6 +264,8 @@ async def _replay(tx: Tx, hellos: list[Hello]) -> dict[uuid.UUID, Outcome]:
         by_node.setdefault(record["node_id"], []).append(_row(record))
     rows: list[Row] = []
     for node, hello in current.items():
+        if hello.proven is False:  # a takeover attempt proves nothing: no resume rule, no replay
+            continue
         node_rows = {r.command.command_id: r for r in by_node.get(node, [])}
         rows += node_rows.values()
         plan = plan_replay(hello, [r.command for r in node_rows.values()])
@@ -274,9 +288,10 @@ async def _replay(tx: Tx, hellos: list[Hello]) -> dict[uuid.UUID, Outcome]:
             node_rows[command.command_id].set(
                 state="running", session_epoch=epoch, delivered_epochs=with_delivery(command, epoch)
             )
-        # a session held for the quarantine gets nothing yet: what it would be re-sent
-        # waits as pending, for the dispatch loop once the quarantine has counted it
-        held = sessions[node]["held_epoch"] == epoch
+        # a held session gets nothing yet: what it would be re-sent waits as pending, for
+        # the dispatch loop once the quarantine has counted it (or for the node's own
+        # session, when this one is a takeover attempt or the node is held for an operator)
+        held = bool(sessions[node]["held"])
         for command in (*plan.parked, *plan.resent) if held else plan.parked:
             node_rows[command.command_id].set(state="pending", session_epoch=None)
         gateway = sessions[node]["gateway_id"]

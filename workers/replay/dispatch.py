@@ -62,20 +62,26 @@ SELECT DISTINCT c.node_id
 
 # A session held for the quarantine (its Hello was a duplicate identity, not yet counted,
 # or quarantined) gets nothing, nor one that presented a revoked certificate (its gateway
-# drops it on the revocation notice; until then it is nobody's to send to). Sessions routed to a gateway whose lease has expired get nothing: the
-# gateway may be gone, and its sessions are moving (or the liveness controller's
-# gateway-loss rule will disconnect them). A gateway without a lease row at all has not expired.
+# drops it on the revocation notice; until then it is nobody's to send to), nor an
+# unproven one of a node that proves its Hellos (`proven = false`: a takeover attempt,
+# whatever its hold says), nor any session of a node a quarantine holds for an operator
+# (neither revoked nor dismissed: every session of the node, not only its epoch's).
+# Sessions routed to a gateway whose lease has expired get nothing: the gateway may be
+# gone, and its sessions are moving (or the liveness controller's gateway-loss rule will
+# disconnect them). A gateway without a lease row at all has not expired.
 LOCK_CONNECTED = """
 SELECT s.node_id, s.session_epoch, s.gateway_id, s.transport, s.upgrade_required, c.allowed_kinds,
        s.lane_credits::text AS lane_credits, compute_now() AS now, s.trace_context, s.connected_at
   FROM unnest($1::text[]) AS n(node_id)
  CROSS JOIN LATERAL (SELECT * FROM node_sessions
                       WHERE node_id = n.node_id AND gateway_id IS NOT NULL AND session_epoch > 0
-                        AND held_epoch IS NULL
+                        AND held_epoch IS NULL AND proven IS DISTINCT FROM false
                       FOR SHARE) AS s
   LEFT JOIN node_certs c ON c.serial = s.cert_serial
   LEFT JOIN gateways g ON g.gateway_id = s.gateway_id
  WHERE (g.gateway_id IS NULL OR g.lease_expires_at > compute_now()) AND c.revoked_at IS NULL
+   AND NOT EXISTS (SELECT 1 FROM quarantines q WHERE q.node_id = s.node_id
+                      AND q.revoked_at IS NULL AND q.dismissed_at IS NULL)
 """
 
 PENDING_OF = """

@@ -38,7 +38,8 @@ PUBLISHED_WITHIN = timedelta(seconds=10)
 # Rows locked in node order, skipping those a Hello or a dispatch round holds right now
 # (the next look gets them). Never a session the quarantine judged (quarantined, or its
 # revocation held for an operator: `alternations_judged_epoch` at or past the hold), nor
-# one whose certificate is revoked: the bound is for a quarantine worker that is down,
+# a takeover attempt (an unproven session of a node that proves its Hellos: held for
+# good, not for the quarantine), nor one whose certificate is revoked: the bound is for a quarantine worker that is down,
 # not one that decided — nor one that is behind: it said, and moved, within the bound,
 # and the oldest Hello it has not applied was stored before this one could have been
 # ($3), unless the session was held three times the bound already.
@@ -47,6 +48,7 @@ WITH expired AS (
     SELECT s.node_id FROM node_sessions s
      WHERE s.held_epoch IS NOT NULL AND s.connected_at <= compute_now() - $1::interval
        AND (s.alternations_judged_epoch IS NULL OR s.alternations_judged_epoch < s.held_epoch)
+       AND s.proven IS DISTINCT FROM false
        AND NOT EXISTS (SELECT 1 FROM node_certs c
                         WHERE c.serial = s.cert_serial AND c.revoked_at IS NOT NULL)
        AND NOT EXISTS (SELECT 1 FROM consumer_watermarks w

@@ -115,7 +115,12 @@ async def run_process(
 
     own_provider = provider is None
     provider = provider or tracing.build_provider(f"bcw-{names}")  # SettingError: bad OTEL_*
-    health = HealthServer(settings.health_port, parts.ready, metrics.render)
+
+    def notes() -> list[str]:
+        note = metrics.hello_proof_note()
+        return [note] if note is not None else []
+
+    health = HealthServer(settings.health_port, parts.ready, metrics.render, notes=notes)
     try:
         await health.start()
     except OSError as error:

@@ -80,8 +80,8 @@ async def test_a_lost_hello_is_asked_of_its_gateway_and_everything_it_owes_follo
     await gateway.start(autotick=0.5)
     daemon = RecordingStream()
     try:
-        welcome = await gateway.hello(
-            request(boot_id="b1", journal_id="j1", capabilities=["cpu", "nvml"]), daemon
+        welcome = await fleet.say_hello(
+            gateway, request(boot_id="b1", journal_id="j1", capabilities=["cpu", "nvml"]), daemon
         )
         assert welcome.epoch == 2
         lost = await _lose_last(js, servers, subjects.facts_stream, subjects.fact("gw-a", "hello"))
@@ -142,7 +142,7 @@ async def test_a_lost_flush_is_made_good_by_the_next(
     await gateway.start()
     try:
         await fleet.join(db, "n1", serial="n1-serial")
-        await gateway.hello(request(), RecordingStream())
+        await fleet.say_hello(gateway, request())
         # 30 s pass in the database; the gateway has just heard the daemon (age about 0)
         await clock.advance(timedelta(seconds=30))
         await gateway.flush()
@@ -183,7 +183,7 @@ async def test_a_lost_close_ends_its_session_when_the_silence_is_swept(
     await gateway.start(autotick=None)
     try:
         await fleet.join(db, "n1", serial="n1-serial")
-        await gateway.hello(request(), RecordingStream())
+        await fleet.say_hello(gateway, request())
         await gateway.disconnect("n1", 1)  # the stream closed; its `closed` fact is lost
         await _lose_last(js, servers, subjects.facts_stream, subjects.fact("gw-a", "closed"))
         settings = make_settings(servers.nats_url, database_url, subjects)

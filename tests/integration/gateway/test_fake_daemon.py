@@ -22,6 +22,7 @@ from schemas.subjects import Subjects
 from tests.integration import fleet
 from tests.integration.support import eventually, stream_messages
 from workers.gateway import Gateway
+from workers.runtime.store import migrate
 from workers.sim.daemon import FakeDaemon
 
 
@@ -40,7 +41,9 @@ async def _facts(nc: NATS, subjects: Subjects, kind: str) -> list[dict[str, obje
 async def test_it_forgets_the_events_the_welcome_says_are_held_and_resends_the_rest(
     gateway: Gateway, db: asyncpg.Connection, nc: NATS, subjects: Subjects
 ) -> None:
-    await fleet.join(db, "n1")
+    # its clock is not the fleet's (it proves no Hello): a node without a key, at warn
+    await migrate.set_hello_proof(db, "warn")
+    await fleet.join(db, "n1", key=False)
     now = [1_000.0]
     daemon = FakeDaemon("n1", "n1-serial", lambda: now[0], random.Random(1))
     await daemon.tick([gateway])
@@ -70,7 +73,10 @@ async def test_it_holds_no_more_per_lane_than_the_welcome_allows_and_never_fence
 ) -> None:
     await fleet.join(db, "n1")
     gateway.settings = replace(gateway.settings, credits=1)
-    daemon = FakeDaemon("n1", "n1-serial", time.time, random.Random(1), lane_credits=4)
+    daemon = FakeDaemon(
+        "n1", "n1-serial", time.time, random.Random(1), lane_credits=4,
+        hello_key=fleet.hello_key("n1"),
+    )  # fmt: skip
     await daemon.tick([gateway])
     assert (daemon.welcome_credits, daemon.credits_per_lane) == (1, 1)
     # a dispatch naming another epoch is run all the same: only the gateway fences
@@ -91,7 +97,9 @@ async def test_its_mark_survives_a_lost_journal_and_bounds_how_far_behind_a_welc
     await four.start()
     await six.start()
     try:
-        daemon = FakeDaemon("n1", "n1-serial", time.time, random.Random(1))
+        daemon = FakeDaemon(
+            "n1", "n1-serial", time.time, random.Random(1), hello_key=fleet.hello_key("n1")
+        )
         await daemon.tick([gateway])
         mark = daemon.server_time_mark
         assert mark > 0
@@ -117,7 +125,7 @@ async def test_its_status_report_carries_the_trust_version_and_the_approver_set_
     await db.fetchval("SELECT set_node_spec('n1', '{\"sysctl\": {}}'::jsonb)")
     daemon = FakeDaemon(
         "n1", "n1-serial", time.time, random.Random(1), trust_version=2,
-        approver_set=(3, "a" * 64),
+        approver_set=(3, "a" * 64), hello_key=fleet.hello_key("n1"),
     )  # fmt: skip
     await daemon.tick([gateway])  # its Hello, then the desired state it is behind
     await asyncio.sleep(0.1)
@@ -145,7 +153,9 @@ async def test_its_certificate_expires_by_its_server_time_clock_not_its_own(
     await ahead.start()
     try:
         now = [time.time()]
-        daemon = FakeDaemon("n1", "n1-serial", lambda: now[0], random.Random(1))
+        daemon = FakeDaemon(
+            "n1", "n1-serial", lambda: now[0], random.Random(1), hello_key=fleet.hello_key("n1")
+        )
         daemon.cert_not_after = now[0] + 600
         await daemon.tick([gateway])  # server time as its own: welcomed, not expired
         assert daemon.connected and not daemon.expired

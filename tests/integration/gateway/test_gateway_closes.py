@@ -43,7 +43,7 @@ async def test_a_clean_close_is_written_by_its_gateway_and_announced_by_the_live
     database_url: str,
 ) -> None:
     await fleet.join(db, "n1")
-    welcome = await gateway.hello(request(), RecordingStream())
+    welcome = await fleet.say_hello(gateway, request())
     await gateway.disconnect("n1", welcome.epoch, "stream-closed")
     assert await _row(db) == (welcome.epoch, None, "stream-closed", True, None)
     async with driving(servers, nc, subjects, database_url, liveness.build) as drive:
@@ -68,7 +68,7 @@ async def test_three_quick_reboots_with_clean_closes_count_nothing(
     """No liveness worker runs: only the gateways' own writes say the sessions ended."""
     await fleet.join(db, "n1")
     for boot in ("boot-1", "boot-2", "boot-3", "boot-4"):
-        welcome = await gateway.hello(request(boot_id=boot), RecordingStream())
+        welcome = await fleet.say_hello(gateway, request(boot_id=boot))
         if boot != "boot-4":
             await gateway.disconnect("n1", welcome.epoch, "stream-closed")
     assert (await _row(db))[4] is None  # never held for the quarantine
@@ -102,7 +102,7 @@ async def test_a_started_gateway_renews_its_lease_and_flushes_by_itself_on_a_mon
     try:
         await fleet.join(db, "n1")
         stream = RecordingStream()
-        await gateway.hello(request(), stream)
+        await fleet.say_hello(gateway, request(), stream)
         expires = await db.fetchval("SELECT lease_expires_at FROM gateways")
         gateway.wall = lambda: time.time() + 3600  # the host's clock steps an hour ahead
         await asyncio.sleep(1.0)

@@ -45,9 +45,9 @@ async def test_each_refusal_code_from_real_rows(gateway: Gateway, db: asyncpg.Co
     ]
     for hello, code in cases:
         with pytest.raises(Refused) as refused:
-            await gateway.hello(hello, RecordingStream())
+            await fleet.say_hello(gateway, hello)
         assert refused.value.code is code, hello
-    welcome = await gateway.hello(request(cert_serial="n1-serial-new"), RecordingStream())
+    welcome = await fleet.say_hello(gateway, request(cert_serial="n1-serial-new"))
     assert welcome.epoch == 1
 
 
@@ -56,7 +56,7 @@ async def test_a_serial_with_no_record_is_admitted_unrestricted(
 ) -> None:
     await fleet.join(db, "n1")  # its recorded certificate restricts nothing either way
     await db.execute("UPDATE node_certs SET allowed_kinds = '{noop}'")
-    welcome = await gateway.hello(request(cert_serial="not-recorded"), RecordingStream())
+    welcome = await fleet.say_hello(gateway, request(cert_serial="not-recorded"))
     assert welcome.epoch == 1
     [fact] = await stream_messages(nc.jetstream(), subjects.facts_stream)
     cert = json.loads(fact.data)["cert"]
@@ -73,10 +73,10 @@ async def test_a_certificate_naming_another_node_is_refused_recorded_or_not(
     await fleet.join(db, "n2")
     for serial in ("not-recorded", "n1-serial"):
         with pytest.raises(Refused) as refused:
-            await gateway.hello(request(cert_serial=serial, cert_node_id="n2"), RecordingStream())
+            await fleet.say_hello(gateway, request(cert_serial=serial, cert_node_id="n2"))
         assert refused.value.code is Code.PERMISSION_DENIED
     assert await db.fetchval("SELECT max(session_epoch) FROM node_sessions") == 0
-    welcome = await gateway.hello(request(cert_node_id="n1"), RecordingStream())
+    welcome = await fleet.say_hello(gateway, request(cert_node_id="n1"))
     assert welcome.epoch == 1
 
 
@@ -85,18 +85,18 @@ async def test_any_capability_list_connects_and_a_fact_that_cannot_be_published_
 ) -> None:
     await fleet.join(db, "n1")
     caps = [f"cap-{i}" for i in range(2000)] + ["x" * 300]
-    welcome = await gateway.hello(request(capabilities=caps), RecordingStream())
+    welcome = await fleet.say_hello(gateway, request(capabilities=caps))
     assert welcome.epoch == 1
     [fact] = [m for m in await stream_messages(nc.jetstream(), subjects.facts_stream)]
     import json
 
     assert len(json.loads(fact.data)["capabilities"]) == 2001
     with pytest.raises(Refused) as refused:  # a version no fact can carry (over 256 chars)
-        await gateway.hello(request(boot_id="b2", daemon_version="9" * 300), RecordingStream())
+        await fleet.say_hello(gateway, request(boot_id="b2", daemon_version="9" * 300))
     assert refused.value.code is Code.INVALID_ARGUMENT
     assert "daemon_version" in str(refused.value)
     with pytest.raises(Refused) as refused:  # a digest that is not SHA-256 hex: not a CHECK error
-        await gateway.hello(request(boot_id="b3", approver_set_sha256="XYZ"), RecordingStream())
+        await fleet.say_hello(gateway, request(boot_id="b3", approver_set_sha256="XYZ"))
     assert refused.value.code is Code.INVALID_ARGUMENT
     assert "approver_set_sha256" in str(refused.value)
     assert await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n1'") == 1
@@ -108,19 +108,19 @@ async def test_a_draining_gateway_refuses_hellos_and_a_node_without_a_row_is_den
     await fleet.join(db, "n1")
     await db.execute("UPDATE gateways SET draining = true WHERE gateway_id = 'gw-a'")
     with pytest.raises(Refused) as refused:
-        await gateway.hello(request(), RecordingStream())
+        await fleet.say_hello(gateway, request())
     assert refused.value.code is Code.UNAVAILABLE and refused.value.retry_after is not None
     assert gateway.alive  # draining is not a lost lease: its sessions stay
     await gateway.drain(False)  # the gateway itself takes Hellos again, and drains again
     assert not await db.fetchval("SELECT draining FROM gateways WHERE gateway_id = 'gw-a'")
     await gateway.drain()
     with pytest.raises(Refused) as refused:
-        await gateway.hello(request(), RecordingStream())
+        await fleet.say_hello(gateway, request())
     assert refused.value.code is Code.UNAVAILABLE
     await gateway.drain(False)
     await db.execute("DELETE FROM node_sessions WHERE node_id = 'n1'")
     with pytest.raises(Refused) as refused:
-        await gateway.hello(request(), RecordingStream())
+        await fleet.say_hello(gateway, request())
     assert refused.value.code is Code.PERMISSION_DENIED
     assert await db.fetchval("SELECT count(*) FROM session_epochs") == 0
 
@@ -131,7 +131,7 @@ async def test_a_session_ends_when_its_certificate_expires(
     await fleet.join(db, "n1")
     await db.execute("UPDATE node_certs SET not_after = compute_now() + interval '10 minutes'")
     stream = RecordingStream()
-    await gateway.hello(request(), stream)
+    await fleet.say_hello(gateway, request(), stream)
     await gateway.tick()
     assert "n1" in gateway.sessions
     gateway.wall = lambda: time.time() + 11 * 60  # the gateway's wall clock past the expiry
@@ -150,17 +150,14 @@ async def test_the_hello_stores_trust_version_as_sent_and_its_approver_set(
     await fleet.join(db, "n1")
     await db.execute("UPDATE node_sessions SET trust_version = 9")  # a report raised it once
     digest = "ab" * 32
-    await gateway.hello(
-        request(trust_version=4, approver_set_epoch=3, approver_set_sha256=digest),
-        RecordingStream(),
+    await fleet.say_hello(
+        gateway, request(trust_version=4, approver_set_epoch=3, approver_set_sha256=digest)
     )
     row = await db.fetchrow(
         "SELECT trust_version, approver_set_epoch, approver_set_sha256 FROM node_sessions"
     )
     assert tuple(row) == (4, 3, digest)  # as sent: a Hello is the daemon's word
-    await gateway.hello(
-        request(boot_id="b2", trust_version=5, approver_set_sha256=""), RecordingStream()
-    )
+    await fleet.say_hello(gateway, request(boot_id="b2", trust_version=5, approver_set_sha256=""))
     row = await db.fetchrow(
         "SELECT trust_version, approver_set_epoch, approver_set_sha256 FROM node_sessions"
     )
@@ -173,8 +170,8 @@ async def test_a_zombie_notice_and_a_graceful_shutdown_close_their_sessions(
     await fleet.join(db, "n1")
     await fleet.join(db, "n2")
     first, second = RecordingStream(), RecordingStream()
-    one = await gateway.hello(request(), first)
-    await gateway.hello(request(node_id="n2", cert_serial="n2-serial"), second)
+    one = await fleet.say_hello(gateway, request(), first)
+    await fleet.say_hello(gateway, request(node_id="n2", cert_serial="n2-serial"), second)
     notice = Zombie(node_id="n1", epoch=one.epoch + 1)  # another epoch: not this session
     body, headers = REGISTRY.encode(notice)
     js = nc.jetstream()
@@ -208,11 +205,11 @@ async def test_a_duplicate_hello_holds_its_session_and_a_serial_revoked_meanwhil
     async def held() -> Any:
         return await db.fetchval("SELECT held_epoch FROM node_sessions")
 
-    await gateway.hello(request(boot_id="b1"), RecordingStream())
+    await fleet.say_hello(gateway, request(boot_id="b1"))
     assert await held() is None  # nobody was live before
-    await gateway.hello(request(boot_id="b2"), RecordingStream())  # b1 still live: another machine
+    await fleet.say_hello(gateway, request(boot_id="b2"))  # b1 still live: another machine
     assert await held() == 2
-    await gateway.hello(request(boot_id="b2"), RecordingStream())  # the same machine again
+    await fleet.say_hello(gateway, request(boot_id="b2"))  # the same machine again
     assert await held() is None
     await db.execute("UPDATE node_certs SET revoked_at = now(), revocation_reason = 'x'")
     assert gateway.lease_epoch is not None
@@ -230,13 +227,13 @@ async def test_the_welcome_tells_server_time_acked_events_and_credits(
 ) -> None:
     await fleet.join(db, "n1")
     before = time.time()
-    first = await gateway.hello(request(), RecordingStream())
+    first = await fleet.say_hello(gateway, request())
     assert before <= first.server_time <= time.time()
     assert (first.acked_event_seq, first.credits) == (0, 8)
     await db.execute("UPDATE node_sessions SET acked_event_seq = 7")
-    same_journal = await gateway.hello(request(boot_id="b2"), RecordingStream())
+    same_journal = await fleet.say_hello(gateway, request(boot_id="b2"))
     assert same_journal.acked_event_seq == 7  # re-send the journal after seq 7
-    new_journal = await gateway.hello(request(boot_id="b3", journal_id="j2"), RecordingStream())
+    new_journal = await fleet.say_hello(gateway, request(boot_id="b3", journal_id="j2"))
     assert new_journal.acked_event_seq == 0
 
 
@@ -251,14 +248,14 @@ async def test_the_first_frame_must_be_hello_and_any_frame_refreshes_last_seen(
     with pytest.raises(Refused) as refused:  # a heartbeat too: no frame before the Hello
         gateway.heartbeat("n1", 1)
     assert refused.value.code is Code.INVALID_ARGUMENT
-    welcome = await gateway.hello(request(), RecordingStream())
+    welcome = await fleet.say_hello(gateway, request())
     with pytest.raises(Refused):  # another epoch: not this stream's
         await gateway.result("n1", welcome.epoch + 1, command, "done", {}, None)
     with pytest.raises(Refused):
         gateway.heartbeat("n1", welcome.epoch + 1)
     for half in ({"approver_set_sha256": "a" * 64}, {"approver_set_epoch": 3}):
         with pytest.raises(Refused) as refused:  # not a database error
-            await gateway.hello(request(boot_id="b9", **half), RecordingStream())
+            await fleet.say_hello(gateway, request(boot_id="b9", **half))
         assert refused.value.code is Code.INVALID_ARGUMENT
     gateway.sessions["n1"].last_seen = 0.0
     await gateway.progress("n1", welcome.epoch, command, "acked")
@@ -272,7 +269,9 @@ async def test_a_welcome_six_minutes_behind_the_mark_ends_the_fake_daemons_sessi
     behind = Gateway("gw-behind", pool, nc, subjects, wall=lambda: time.time() - 360)
     await behind.start()
     try:
-        daemon = FakeDaemon("n1", "n1-serial", time.time, random.Random(1), home=0)
+        daemon = FakeDaemon(
+            "n1", "n1-serial", time.time, random.Random(1), home=0, hello_key=fleet.hello_key("n1")
+        )
         await daemon.tick([gateway, behind])  # home: the gateway on time sets the mark
         assert daemon.gateway is gateway and daemon.server_time_mark > 0
         daemon.drop("test")
@@ -291,7 +290,7 @@ async def test_the_hello_transaction_and_its_fact(
     gateway: Gateway, db: asyncpg.Connection, nc: NATS, subjects: Subjects
 ) -> None:
     await fleet.join(db, "n1")
-    first = await gateway.hello(request(), RecordingStream())
+    first = await fleet.say_hello(gateway, request())
     await db.execute(
         "UPDATE node_sessions SET acked_event_seq = 7, capabilities = '{old}', role = 'stale', "
         "daemon_version = '0.1', proto_max = 1, "
@@ -299,11 +298,7 @@ async def test_the_hello_transaction_and_its_fact(
     )
     old_stream = RecordingStream()
     gateway.sessions["n1"].stream = old_stream
-    second = await gateway.hello(
-        request(boot_id="b2", journal_id="j2", daemon_version="2.1.0",
-                proto_max=2, capabilities=["nvml", "NOT VALID", "cpu", "cpu"]),
-        RecordingStream(),
-    )  # fmt: skip
+    second = await fleet.say_hello(gateway, request(boot_id="b2", journal_id="j2", daemon_version="2.1.0", proto_max=2, capabilities=["nvml", "NOT VALID", "cpu", "cpu"]))  # fmt: skip
     assert (first.epoch, second.epoch) == (1, 2)
     row = await db.fetchrow(
         "SELECT *, connected_at > compute_now() - interval '1 minute' AS connected_now "
@@ -332,12 +327,12 @@ async def test_the_hello_transaction_and_its_fact(
         "journal_id": None,
         "live": True,  # the Hello transaction's judgement: the same node, live, on another boot
     }
-    assert (hello["duplicate"], hello["proven"]) == (True, False)
+    assert (hello["duplicate"], hello["proven"]) == (True, True)
     recorded = await db.fetchrow(
         "SELECT previous_epoch, previous_gateway_id, previous_boot_id, previous_journal_id, "
         "previous_live, proven FROM session_epochs WHERE node_id = 'n1' AND epoch = 2"
     )
-    assert tuple(recorded) == (1, "gw-a", "b1", "j1", True, False)
+    assert tuple(recorded) == (1, "gw-a", "b1", "j1", True, True)
     assert hello["epoch"] == 2 and hello["cert"]["serial"] == "n1-serial"
 
 
@@ -348,14 +343,14 @@ async def test_the_hello_transaction_stores_the_capabilities_and_leaves_the_sess
     (offered by placement) only once the labeler has kept its labels in step: a reconnect
     without `nvml` is offered for nothing meanwhile, not for its previous session's labels."""
     await fleet.join(db, "n1")
-    await gateway.hello(request(capabilities=["nvml"]), RecordingStream())
+    await fleet.say_hello(gateway, request(capabilities=["nvml"]))
     # the labeler's write for session 1: its label, and its capabilities at that epoch
     await db.execute(
         "INSERT INTO node_labels (node_id, key, value, source) VALUES ('n1', 'bc.dev/cap.nvml', '1', 'system')"
     )
     await db.execute("UPDATE node_sessions SET capabilities = '{nvml}' WHERE session_epoch = 1")
     assert await db.fetchval("SELECT array_agg(n) FROM nodes_with_capability('nvml') n") == ["n1"]
-    await gateway.hello(request(boot_id="b2", capabilities=["cpu"]), RecordingStream())
+    await fleet.say_hello(gateway, request(boot_id="b2", capabilities=["cpu"]))
     row = await db.fetchrow("SELECT capabilities, session_epoch, labeled_epoch FROM node_sessions")
     assert (row["capabilities"], row["session_epoch"], row["labeled_epoch"]) == (["cpu"], 2, 1)
     assert await db.fetchval("SELECT count(*) FROM nodes_with_capability('nvml')") == 0
@@ -370,7 +365,7 @@ async def test_the_live_window_is_three_heartbeats_of_a_quiet_but_routed_row(
     assert gateway.settings.live_window.total_seconds() == 30
     for node in ("quiet-29", "quiet-31"):
         await fleet.join(db, node)
-        await gateway.hello(request(node_id=node, cert_serial=f"{node}-serial"), RecordingStream())
+        await fleet.say_hello(gateway, request(node_id=node, cert_serial=f"{node}-serial"))
     await db.execute(
         "UPDATE node_sessions SET last_seen = compute_now() - "
         "CASE node_id WHEN 'quiet-29' THEN interval '29 seconds' ELSE interval '31 seconds' END"
@@ -379,9 +374,8 @@ async def test_the_live_window_is_three_heartbeats_of_a_quiet_but_routed_row(
         "SELECT bool_and(gateway_id = 'gw-a' AND disconnected_at IS NULL) FROM node_sessions"
     )
     for node in ("quiet-29", "quiet-31"):
-        await gateway.hello(
-            request(node_id=node, cert_serial=f"{node}-serial", boot_id="another-boot"),
-            RecordingStream(),
+        await fleet.say_hello(
+            gateway, request(node_id=node, cert_serial=f"{node}-serial", boot_id="another-boot")
         )
     rows = await db.fetch(
         "SELECT node_id, previous_live FROM session_epochs WHERE epoch = 2 ORDER BY node_id"

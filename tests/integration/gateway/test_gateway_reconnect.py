@@ -23,6 +23,7 @@ from tests.integration.support import eventually, make_settings, running, stream
 from workers import replay
 from workers.gateway import Gateway
 from workers.gateway.admission import DesiredState
+from workers.runtime.store import migrate
 from workers.sim.daemon import FakeDaemon
 
 SPEC = {"sysctl": {"vm.swappiness": 10}}
@@ -40,7 +41,9 @@ async def test_a_reconnect_settles_what_finished_while_away_before_its_replay(
     subjects: Subjects,
     database_url: str,
 ) -> None:
-    await fleet.join(db, "n1")
+    # its clock is not the fleet's (it proves no Hello): a node without a key, at warn
+    await migrate.set_hello_proof(db, "warn")
+    await fleet.join(db, "n1", key=False)
     assert await db.fetchval("SELECT set_node_spec('n1', $1::jsonb)", json.dumps(SPEC)) == 1
     now = [1_000.0]
     daemon = FakeDaemon("n1", "n1-serial", lambda: now[0], random.Random(1), work_seconds=(5, 5))
@@ -103,7 +106,7 @@ async def test_the_desired_state_goes_out_as_its_signed_bytes_after_the_welcome_
     assert await db.fetchval("SELECT set_node_spec_bytes('n1', $1, 'sig-1')", body) == 1
     stream = RecordingStream()
     done = {"command_id": str(uuid.uuid4()), "outcome": "done", "result": {}, "error": None}
-    welcome = await gateway.hello(request(results=[done]), stream)
+    welcome = await fleet.say_hello(gateway, request(results=[done]), stream)
     assert welcome.epoch == 1 and stream.followed == []  # nothing before the Welcome is taken
     await asyncio.sleep(0.05)
     assert [kind for kind, _ in stream.followed] == ["ack", "desired"]
@@ -114,7 +117,7 @@ async def test_the_desired_state_goes_out_as_its_signed_bytes_after_the_welcome_
     # a spec set as JSON afterwards has no bytes of its own: its JSON view's text goes out
     assert await db.fetchval("SELECT set_node_spec('n1', $1::jsonb)", json.dumps(SPEC)) == 2
     again = RecordingStream()
-    await gateway.hello(request(boot_id="b2"), again)
+    await fleet.say_hello(gateway, request(boot_id="b2"), again)
     await asyncio.sleep(0.05)
     [(kind, state)] = again.followed
     assert kind == "desired" and json.loads(state.body) == SPEC and state.signature is None

@@ -45,7 +45,7 @@ async def test_pushback_when_too_many_hellos_are_pending(
             await fleet.join(db, f"p{i}")
         results = await asyncio.gather(
             *(
-                gw.hello(request(node_id=f"p{i}", cert_serial=f"p{i}-serial"), RecordingStream())
+                fleet.say_hello(gw, request(node_id=f"p{i}", cert_serial=f"p{i}-serial"))
                 for i in range(20)
             ),
             return_exceptions=True,
@@ -62,12 +62,12 @@ async def test_a_gateway_whose_lease_was_taken_refuses_and_writes_nothing(
 ) -> None:
     await fleet.join(db, "n1")
     await fleet.join(db, "n2")
-    await gateway.hello(request(), RecordingStream())
+    await fleet.say_hello(gateway, request())
     usurper = Gateway("gw-a", pool, nc, subjects)  # a new incarnation of the same gateway id
     await usurper.start()
     try:
         with pytest.raises(Refused) as refused:
-            await gateway.hello(request(node_id="n2", cert_serial="n2-serial"), RecordingStream())
+            await fleet.say_hello(gateway, request(node_id="n2", cert_serial="n2-serial"))
         assert refused.value.code is Code.UNAVAILABLE
         assert (
             await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n2'") == 0
@@ -89,7 +89,7 @@ async def test_a_gateway_whose_lease_was_taken_refuses_and_writes_nothing(
         )
         assert not gateway.alive
         await gateway.stop(graceful=True)  # stopped by its lost lease: a second stop does nothing
-        await usurper.hello(request(node_id="n2", cert_serial="n2-serial"), RecordingStream())
+        await fleet.say_hello(usurper, request(node_id="n2", cert_serial="n2-serial"))
         assert (
             await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n2'") == 1
         )
@@ -105,7 +105,7 @@ async def test_dispatch_is_delivered_only_to_the_live_session_at_that_epoch(
 
     await fleet.join(db, "n1")
     stream = RecordingStream()
-    welcome = await gateway.hello(request(), stream)
+    welcome = await fleet.say_hello(gateway, request(), stream)
     js = nc.jetstream()
     for epoch in (welcome.epoch + 1, welcome.epoch):
         notice = Dispatch(
@@ -143,7 +143,7 @@ async def test_a_notice_from_a_newer_worker_is_read_tolerantly(
 
     await fleet.join(db, "n1")
     stream = RecordingStream()
-    welcome = await gateway.hello(request(), stream)
+    welcome = await fleet.say_hello(gateway, request(), stream)
     js = nc.jetstream()
     unknown = {"Bc-Type": "drain", "Bc-Schema": "1", "Nats-Msg-Id": str(uuid.uuid4())}
     await js.publish(subjects.notice("gw-a", "drain"), b'{"node_id": "n1"}', headers=unknown)
@@ -173,13 +173,11 @@ async def test_max_streams_pushes_back(
     try:
         await fleet.join(db, "n1")
         await fleet.join(db, "n2")
-        await gw.hello(request(), RecordingStream())
+        await fleet.say_hello(gw, request())
         with pytest.raises(Refused) as refused:
-            await gw.hello(request(node_id="n2", cert_serial="n2-serial"), RecordingStream())
+            await fleet.say_hello(gw, request(node_id="n2", cert_serial="n2-serial"))
         assert refused.value.code is Code.RESOURCE_EXHAUSTED and refused.value.retry_after
-        await gw.hello(
-            request(boot_id="b2"), RecordingStream()
-        )  # the same node again is not a new stream
+        await fleet.say_hello(gw, request(boot_id="b2"))  # the same node again is not a new stream
     finally:
         await gw.stop(graceful=False)
 
@@ -201,8 +199,8 @@ async def test_silent_sessions_time_out_and_revoked_ones_are_dropped(
             await fleet.join(db, node)
         daemon_streams = {node: RecordingStream() for node in ("quiet", "talker", "revoked")}
         welcomes = {
-            node: await gw.hello(
-                request(node_id=node, cert_serial=f"{node}-serial"), daemon_streams[node]
+            node: await fleet.say_hello(
+                gw, request(node_id=node, cert_serial=f"{node}-serial"), daemon_streams[node]
             )
             for node in daemon_streams
         }
@@ -254,7 +252,7 @@ async def test_only_reported_sections_are_stored_whole_and_a_node_holds_a_bounde
     gateway: Gateway, db: asyncpg.Connection
 ) -> None:
     await fleet.join(db, "n1")
-    welcome = await gateway.hello(request(inventory_hashes={"cpu": "c1"}), RecordingStream())
+    welcome = await fleet.say_hello(gateway, request(inventory_hashes={"cpu": "c1"}))
     # pushed, never reported: held, never stored
     await gateway.inventory("n1", welcome.epoch, "secrets", "s1", {"x": 1})
     await gateway.inventory("n1", welcome.epoch, "cpu", "c1", {"cores": 8})
@@ -269,7 +267,7 @@ async def test_only_reported_sections_are_stored_whole_and_a_node_holds_a_bounde
         "SELECT 'n1', 'old-' || i, 'h', '{}', 1, now() FROM generate_series(1, 254) i"
     )
     hashes = {"cpu": "c2", "new": "n1", "newer": "n2"}
-    again = await gateway.hello(request(boot_id="b2", inventory_hashes=hashes), RecordingStream())
+    again = await fleet.say_hello(gateway, request(boot_id="b2", inventory_hashes=hashes))
     assert again.request_sections == ("cpu", "new", "newer")
     await gateway.inventory("n1", again.epoch, "new", "n1", {"x": 1})
     await gateway.inventory("n1", again.epoch, "newer", "n2", {"x": 2})
@@ -285,15 +283,12 @@ async def test_the_welcome_and_every_10th_heartbeat_ask_for_the_sections_not_hel
     gateway: Gateway, db: asyncpg.Connection
 ) -> None:
     await fleet.join(db, "n1")
-    first = await gateway.hello(
-        request(inventory_hashes={"cpu": "c1", "gpu": "g1"}), RecordingStream()
-    )
+    first = await fleet.say_hello(gateway, request(inventory_hashes={"cpu": "c1", "gpu": "g1"}))
     assert first.request_sections == ("cpu", "gpu")  # nothing held yet
     await gateway.inventory("n1", first.epoch, "cpu", "c1", {"cores": 8})
     await gateway.inventory("n1", first.epoch, "gpu", "g1", {"count": 2})
-    again = await gateway.hello(
-        request(boot_id="b2", inventory_hashes={"cpu": "c1", "gpu": "g2", "disk": "d1"}),
-        RecordingStream(),
+    again = await fleet.say_hello(
+        gateway, request(boot_id="b2", inventory_hashes={"cpu": "c1", "gpu": "g2", "disk": "d1"})
     )
     assert again.request_sections == ("disk", "gpu")  # cpu is held as it is
     await gateway.inventory("n1", again.epoch, "gpu", "g2", {"count": 4})
@@ -334,8 +329,8 @@ async def test_heartbeats_carry_load_and_the_applied_generation_to_the_flush(
 ) -> None:
     await fleet.join(db, "n1")
     await fleet.join(db, "n2")
-    one = await gateway.hello(request(), RecordingStream())
-    two = await gateway.hello(request(node_id="n2", cert_serial="n2-serial"), RecordingStream())
+    one = await fleet.say_hello(gateway, request())
+    two = await fleet.say_hello(gateway, request(node_id="n2", cert_serial="n2-serial"))
     node_load = NodeLoad(
         load_average=1.5, memory_available_bytes=2**30, running_commands=2, pending_events=7
     )
@@ -373,7 +368,9 @@ async def test_the_fake_daemon_sends_what_is_asked_and_its_next_heartbeat_tells_
     await fleet.join(db, "n1")
     now = [time.time()]
     gateway.clock = lambda: now[0]
-    daemon = FakeDaemon("n1", "n1-serial", lambda: now[0], random.Random(1))
+    daemon = FakeDaemon(
+        "n1", "n1-serial", lambda: now[0], random.Random(1), hello_key=fleet.hello_key("n1")
+    )
     await daemon.tick([gateway])
     assert daemon.connected and daemon.sections_sent == 2
 

@@ -11,7 +11,6 @@ import asyncpg
 from schemas.facts import HASH_SPACE
 from tests.integration import fleet
 from tests.integration.gateway.hellos import request
-from tests.integration.streams import RecordingStream
 from workers import explain
 from workers.gateway import Gateway
 
@@ -40,7 +39,7 @@ async def test_a_session_seen_only_by_its_range_row_is_live_to_the_next_hello(
     nodes = ("by-its-row", "old-epoch", "other-gateway", "wrong-range")
     for node in nodes:
         await fleet.join(db, node)
-        await gateway.hello(request(node_id=node, cert_serial=f"{node}-serial"), RecordingStream())
+        await fleet.say_hello(gateway, request(node_id=node, cert_serial=f"{node}-serial"))
     await db.execute("UPDATE node_sessions SET last_seen = compute_now() - interval '31 seconds'")
     entries = '[["by-its-row", 1, 500], ["old-epoch", 0, 0]]'
     await db.execute(RANGE_ROW, "gw-a", 0, HASH_SPACE, 1, entries)  # all of gw-a's hashes
@@ -51,9 +50,8 @@ async def test_a_session_seen_only_by_its_range_row_is_live_to_the_next_hello(
     elsewhere = (h + 1, h + 2) if h + 2 <= HASH_SPACE else (h - 2, h - 1)
     await seen_in_a_range_row(db, "gw-a", "wrong-range", 1, 3, *elsewhere)
     for node in nodes:
-        await gateway.hello(
-            request(node_id=node, cert_serial=f"{node}-serial", boot_id="another-boot"),
-            RecordingStream(),
+        await fleet.say_hello(
+            gateway, request(node_id=node, cert_serial=f"{node}-serial", boot_id="another-boot")
         )
     rows = await db.fetch(
         "SELECT node_id, previous_live FROM session_epochs WHERE epoch = 2 ORDER BY node_id"
@@ -69,7 +67,7 @@ async def test_explain_shows_the_last_sight_of_the_range_row_when_it_is_later(
     gateway: Gateway, db: asyncpg.Connection
 ) -> None:
     await fleet.join(db, "n1")
-    await gateway.hello(request(node_id="n1", cert_serial="n1-serial"), RecordingStream())
+    await fleet.say_hello(gateway, request(node_id="n1", cert_serial="n1-serial"))
     await db.execute("UPDATE node_sessions SET last_seen = compute_now() - interval '5 minutes'")
     before = await explain.session(db, "n1")
     assert before is not None and before["now"] - before["last_seen"] >= timedelta(minutes=5)
@@ -99,7 +97,7 @@ async def test_the_live_window_is_measured_before_what_the_liveness_controller_a
     nodes = {"behind": (20, 0), "caught-up": (0, 0), "said-long-ago": (20, 120)}
     for node in nodes:
         await fleet.join(db, node)
-        await gateway.hello(request(node_id=node, cert_serial=f"{node}-serial"), RecordingStream())
+        await fleet.say_hello(gateway, request(node_id=node, cert_serial=f"{node}-serial"))
     await db.execute("UPDATE node_sessions SET last_seen = compute_now() - interval '40 seconds'")
     watermark = (
         "INSERT INTO consumer_watermarks (consumer, applied_through, reported_at, moved_at) "
@@ -110,9 +108,8 @@ async def test_the_live_window_is_measured_before_what_the_liveness_controller_a
     )
     for node, (behind, said_ago) in nodes.items():
         await db.execute(watermark, timedelta(seconds=behind), timedelta(seconds=said_ago))
-        await gateway.hello(
-            request(node_id=node, cert_serial=f"{node}-serial", boot_id="another-boot"),
-            RecordingStream(),
+        await fleet.say_hello(
+            gateway, request(node_id=node, cert_serial=f"{node}-serial", boot_id="another-boot")
         )
     rows = await db.fetch(
         "SELECT node_id, previous_live FROM session_epochs WHERE epoch = 2 ORDER BY node_id"

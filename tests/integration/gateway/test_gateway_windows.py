@@ -21,6 +21,7 @@ from tests.integration import fleet
 from tests.integration.support import eventually, make_settings, running, stream_messages
 from workers import replay
 from workers.gateway import Gateway
+from workers.runtime.store import migrate
 from workers.sim.daemon import FakeDaemon
 
 
@@ -34,7 +35,9 @@ async def test_a_dispatch_in_a_reconnects_window_waits_for_the_welcome(
     subjects: Subjects,
     database_url: str,
 ) -> None:
-    await fleet.join(db, "n1")
+    # its clock is not the fleet's (it proves no Hello): a node without a key, at warn
+    await migrate.set_hello_proof(db, "warn")
+    await fleet.join(db, "n1", key=False)
     now = [1_000.0]
     daemon = FakeDaemon("n1", "n1-serial", lambda: now[0], random.Random(1), work_seconds=(1, 1))
     settings = make_settings(servers.nats_url, database_url, subjects)
@@ -91,7 +94,9 @@ async def test_a_notice_held_for_a_hello_that_fails_is_dropped_with_it(
 ) -> None:
     """A Hello refused after its commit opens no session: what waited for it goes (the
     node's next Hello replays its commands), and nothing of it stays on the gateway."""
-    await fleet.join(db, "n1")
+    # its clock is not the fleet's (it proves no Hello): a node without a key, at warn
+    await migrate.set_hello_proof(db, "warn")
+    await fleet.join(db, "n1", key=False)
     daemon = FakeDaemon("n1", "n1-serial", lambda: 1_000.0, random.Random(1))
 
     async def fail(point: str, node_id: str, epoch: int) -> None:

@@ -91,7 +91,7 @@ async def test_one_hello_is_one_trace_from_the_gateway_to_the_dispatch(
             stream = RecordingStream()
             request = HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker",
                                    boot_id="b1", journal_id="j1", capabilities=["gpu"])  # fmt: skip
-            await gateway.hello(request, stream)
+            await fleet.say_hello(gateway, request, stream)
             await eventually(lambda: _delivered(stream), within=30, what="the waiting command")
             assert [d.command_id for d in stream.delivered] == [command]
             provider.force_flush()

@@ -175,3 +175,38 @@ async def test_a_worker_login_may_wait_for_the_schema(database_url: str) -> None
     as_labeler = urlunsplit(parts._replace(netloc="bcw_waiter_t@" + parts.netloc.rsplit("@")[-1]))
     code, out = await _bcw(as_labeler, "migrate", "--wait", "10s")
     assert code == 0, out
+
+
+async def test_a_new_database_requires_proofs_and_one_with_a_fleet_keeps_its_policy(
+    empty_database_url: str, tmp_path: Path
+) -> None:
+    """Migration 0049 starts a new database at `require`; a database that already has a
+    node keeps its policy (`warn`, as 0030 made it), and `bcw migrate` says so loudly, in
+    one line, with its unproven sessions."""
+    older = tmp_path / "core"
+    older.mkdir()
+    for path in sorted(migrate.default_directory().glob("*.sql")):
+        if path.name < "0048":
+            shutil.copy(path, older / path.name)
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        await migrate.migrate(conn, older)
+        await conn.execute("SELECT join_node('n1', 'worker', 'n1-serial', NULL)")
+        await conn.execute(
+            "UPDATE node_sessions SET session_epoch = 1, gateway_id = 'gw-1' WHERE node_id = 'n1'"
+        )
+        await migrate.migrate(conn)
+        assert await migrate.hello_proof(conn) == "warn"  # kept: a fleet runs on it
+    finally:
+        await conn.close()
+    code, out = await _bcw(empty_database_url, "migrate")
+    assert code == 0 and "Hello proofs: warn" in out
+    [warning] = [line for line in out.splitlines() if line.startswith("WARNING:")]
+    assert "BCW_HELLO_PROOF=warn" in warning and "1 connected session(s) unproven" in warning
+    code, out = await bcw("migrate", BCW_DATABASE_URL=empty_database_url, BCW_HELLO_PROOF="require")
+    assert code == 0 and "Hello proofs: require" in out and "WARNING" not in out
+
+
+async def test_a_database_migrated_at_once_starts_at_require(empty_database_url: str) -> None:
+    code, out = await _bcw(empty_database_url, "migrate")
+    assert code == 0 and "Hello proofs: require" in out and "WARNING" not in out

@@ -115,7 +115,8 @@ async def test_each_principal_does_its_work_and_nothing_else(
             await fleet.join(db, "n1")
             command = await db.fetchval("SELECT enqueue_command('n1', 'noop', '{}')")
             stream = RecordingStream()
-            await gateway.hello(
+            await fleet.say_hello(
+                gateway,
                 HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker",
                              boot_id="b1", journal_id="j1", capabilities=["gpu"]),
                 stream,

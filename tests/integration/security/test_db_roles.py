@@ -251,7 +251,7 @@ async def test_each_worker_does_its_job_under_its_own_role(
             return HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker",
                                 boot_id=boot, journal_id="j1", capabilities=["gpu"])  # fmt: skip
 
-        first = await gateway.hello(hello("b1"), stream)
+        first = await fleet.say_hello(gateway, hello("b1"), stream)
         await eventually(lambda: _delivered(stream), what="replay: the command dispatched")
         assert stream.delivered[0].command_id == command
         await gateway.events(
@@ -263,7 +263,7 @@ async def test_each_worker_does_its_job_under_its_own_role(
             lambda: _one(db, "SELECT count(*) FROM node_labels WHERE key = 'bc.dev/cap.gpu'"),
             what="labeler: the capability label",
         )
-        await gateway.hello(hello("b2"), RecordingStream())  # another machine while b1 is live
+        await fleet.say_hello(gateway, hello("b2"))  # another machine while b1 is live
         await eventually(lambda: _one(db, "SELECT duplicate_hellos FROM node_sessions"),
                          what="quarantine: the alternation counted")  # fmt: skip
         # epoch 2's (epoch 1's too, unless the liveness worker, late, found epoch 2 first:

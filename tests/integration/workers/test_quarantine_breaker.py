@@ -1,16 +1,18 @@
-"""The revocation breaker on real servers: what one gateway's Hellos can revoke, and an
-operator's release (`bcw quarantine release`)."""
+"""The revocation breaker on real servers: what one gateway's Hellos can revoke — unproven
+ones, a few at most; proven ones, what any clones would — an operator's release (`bcw
+quarantine release`), the takeover attempts said, and the DuplicateIdentity condition."""
 
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import asyncpg
 import pytest
 from nats.aio.client import Client as NATS
 
 from schemas.subjects import Subjects
-from tests.conftest import Servers
+from tests.conftest import Clock, Servers
 from tests.integration import fleet
 from tests.integration.driver import Driver, driving
 from tests.integration.support import eventually
@@ -107,3 +109,80 @@ async def _gauge(drive: Driver, value: float) -> bool:
 
 async def _revoked_now(db: asyncpg.Connection, serials: set[str]) -> bool:
     return await _revoked(db) == serials
+
+
+async def test_proven_alternations_through_one_gateway_revoke_at_the_fourth(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    """The same four alternations through gw-1, each Hello proven (and so the session
+    before it, as the Hello transaction judged it): no gateway makes up a proven Hello of
+    another boot, so nothing waits for an operator — revoked at once."""
+    await fleet.session(db, "n1", epoch=1)
+    for _ in range(4):
+        hello = await clone_hello(db, gateways=("gw-1", "gw-1"))
+        await drive.send(hello.model_copy(update={"proven": True}))
+    assert await _revoked(db) == {"n1-serial"}
+    assert await drive.published("security.quarantine.held") == []
+    row = await db.fetchrow("SELECT held, gateways, revoked_at FROM quarantines")
+    assert (row["held"], row["gateways"]) == (None, ["gw-1"]) and row["revoked_at"] is not None
+    duplicates = await drive.published("security.node.duplicate-session")
+    assert [(d["quarantined"], d["held"]) for d in duplicates] == [(False, False)] * 3 + [
+        (True, False)
+    ]
+
+
+async def test_a_window_with_one_unproven_alternation_is_held_as_before(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    """Three proven, one not (a Hello a gateway could have made up, at warn or off): the
+    window is unproven, and through one gateway it waits for an operator."""
+    await fleet.session(db, "n1", epoch=1)
+    for proven in (True, True, None, True):
+        hello = await clone_hello(db, gateways=("gw-1", "gw-1"))
+        await drive.send(hello.model_copy(update={"proven": proven}))
+    assert await _revoked(db) == set()
+    [held] = await drive.published("security.quarantine.held")
+    assert held["reason"] == "one-gateway"
+
+
+async def test_a_takeover_attempt_is_said_once_and_never_counted(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    """An unproven Hello of a node that proves its Hellos (`proven` false, as recorded):
+    said once (`security.node.unproven-hello`, even delivered again), counted as no
+    alternation, revoking nothing."""
+    await fleet.session(db, "n1", epoch=1)
+    for _ in range(5):
+        hello = await clone_hello(db, gateways=("gw-1", "gw-1"))
+        taken = hello.model_copy(update={"proven": False, "duplicate": False})
+        await drive.send(taken)
+        await drive.send(taken, again=True)
+    assert await _revoked(db) == set()
+    said = await drive.published("security.node.unproven-hello")
+    assert [(s["nodeId"], s["gatewayId"], s["serial"]) for s in said] == [
+        ("n1", "gw-1", "n1-serial")
+    ] * 5
+    assert await drive.published("security.node.duplicate-session") == []
+    assert await db.fetchval("SELECT duplicate_hellos FROM node_sessions") == 0
+    assert await db.fetchval("SELECT count(*) FROM node_conditions") == 0
+
+
+async def test_the_condition_comes_with_the_first_counted_duplicate_and_goes_a_window_after(
+    drive: Driver, db: asyncpg.Connection, clock: Clock
+) -> None:
+    """One alternation (a reboot faster than the live window, say): DuplicateIdentity from
+    it on; the release loop clears it once a whole window passed without another, the
+    node's session good (connected, not held, its certificate live)."""
+    await fleet.session(db, "n1", epoch=1)
+    hello = await clone_hello(db)
+    await drive.send(hello)
+    row = await db.fetchrow("SELECT condition, epoch FROM node_conditions")
+    assert tuple(row) == ("DuplicateIdentity", hello.epoch)
+    await asyncio.sleep(2.5)  # a look of the release loop, or more: it stays
+    assert await db.fetchval("SELECT count(*) FROM node_conditions") == 1
+    await clock.advance(timedelta(minutes=11))
+
+    async def cleared() -> bool:
+        return await db.fetchval("SELECT count(*) FROM node_conditions") == 0
+
+    await eventually(cleared, what="the condition cleared a window after")

@@ -102,6 +102,16 @@ def test_a_hello_of_another_epoch_decides_nothing(epoch: int) -> None:
     assert decide(hello("n", epoch, capabilities=["z"]), ROW) is None
 
 
+@pytest.mark.parametrize(("proven", "labels"), [(True, True), (None, True), (False, False)])
+def test_an_unproven_hello_of_a_node_that_proves_labels_nothing(
+    proven: bool | None, labels: bool
+) -> None:
+    """`proven` false, as the Hello transaction records it: the node has a Hello key and
+    this Hello proved nothing (a takeover attempt); None: nothing to prove it by."""
+    labeling = decide(hello("n", 3, capabilities=["z"], proven=proven), ROW)
+    assert (labeling is not None) is labels
+
+
 def test_unknown_node_decides_nothing() -> None:
     assert decide(hello("n", 3), None) is None
 

@@ -8,12 +8,13 @@ import logging
 import pytest
 
 from schemas.facts import Fact
-from tests.factories import WIRE_SAMPLES, make_fact
+from tests.factories import WIRE_SAMPLES, hello, make_fact
 from workers.runtime.effects.provenance import (
     FENCES,
     Binding,
     ForeignLog,
     KnownBindings,
+    as_recorded,
     binding,
 )
 
@@ -107,3 +108,34 @@ def test_a_gateway_is_shed_only_for_the_type_it_floods_and_only_for_a_window() -
     for t in (120.0, 125.0, 131.0, 135.0):
         shedder.saw(closed, now=t)
     assert not shedder.shedding
+
+
+def _recorded(**row: object) -> dict[str, object]:
+    base = {
+        "previous_epoch": 1, "previous_gateway_id": "gw-1", "previous_boot_id": "boot-a",
+        "previous_journal_id": "journal-1", "previous_live": True, "proven": None,
+        "duplicate": None,
+    }  # fmt: skip
+    return {**base, **row}
+
+
+def test_a_hello_is_as_its_transaction_judged_it_never_as_its_gateway_says() -> None:
+    """From migration 0049 the Hello transaction records its judgement of a duplicate
+    identity: a keyed node's live session from another boot is no duplicate unless both
+    were proven, whatever the boot ids say; a fact saying otherwise changes nothing."""
+    said = hello("n1", 2, boot_id="boot-b", duplicate=True, proven=True)
+    taken = as_recorded(said, _recorded(proven=False, duplicate=False))
+    assert (taken.duplicate_identity, taken.proven) == (False, False)
+    taken = as_recorded(hello("n1", 2, boot_id="boot-b"), _recorded(proven=True, duplicate=True))
+    assert (taken.duplicate_identity, taken.proven) == (True, True)
+
+
+@pytest.mark.parametrize(("recorded", "read"), [(True, True), (False, None), (None, None)])
+def test_an_epoch_before_0049_is_judged_by_its_boots_and_its_false_read_as_unchecked(
+    recorded: bool | None, read: bool | None
+) -> None:
+    """Before 0049 `proven` false said only "no proof given" (any node, at warn): it is
+    read as NULL, never as a takeover attempt."""
+    taken = as_recorded(hello("n1", 2, boot_id="boot-b"), _recorded(proven=recorded))
+    assert taken.duplicate_identity is True  # a live session from another boot
+    assert taken.proven is read

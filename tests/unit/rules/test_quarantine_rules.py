@@ -19,6 +19,7 @@ from workers.quarantine.decide import (
     count,
     hold_revocation,
     judge,
+    proven_window,
     serials_to_revoke,
     to_act_on,
     window_of,
@@ -236,6 +237,56 @@ def test_a_gateway_never_revokes_past_the_breaker(
         assert recent.get("gw-1", 0) < LIMITS_OF_BREAKER.quarantines
         limit = LIMITS_OF_BREAKER
         assert sum(recent.values()) < max(limit.quarantines, int(limit.share * fleet))
+
+
+@pytest.mark.parametrize(
+    ("gateways", "recent", "fleet", "expected"),
+    [
+        pytest.param(["gw-1"], {}, 1000, None, id="one-gateway-revokes"),
+        pytest.param([], {}, 1000, None, id="no-gateway-known-revokes"),
+        pytest.param(["gw-1"], {"gw-1": 2}, 1000, None, id="its-gateways-third-and-more"),
+        pytest.param(["gw-1"], {"gw-1": 3}, 100_000, None, id="no-per-gateway-quota"),
+        pytest.param(["gw-1"], {"gw-1": 3}, 100, BREAKER, id="fleet-floor-of-three-held"),
+        pytest.param(
+            ["gw-1", "gw-2"], {f"gw-{i}": 2 for i in range(2, 7)}, 999, BREAKER, id="fleet-share"
+        ),
+    ],
+)
+def test_proven_alternations_revoke_through_any_gateways_up_to_the_fleets_bound(
+    gateways: list[str], recent: dict[str, int], fleet: int, expected: str | None
+) -> None:
+    """No gateway makes up a proven Hello of another boot: a window of proven alternations
+    is held only by the fleet-wide bound, never for coming through one gateway or for its
+    gateway's quota."""
+    assert hold_revocation(gateways, "gw-1", recent, fleet, LIMITS_OF_BREAKER, True) == expected
+
+
+@given(
+    gateways=st.lists(st.sampled_from(["gw-1", "gw-2", "gw-3"]), max_size=5),
+    recent=st.dictionaries(st.sampled_from(["gw-1", "gw-2", "gw-3"]), st.integers(0, 50)),
+    fleet=st.integers(0, 100_000),
+    proven=st.booleans(),
+)
+def test_the_breaker_holds_only_what_an_unproven_hello_could_make_up_and_the_fleets_bound(
+    gateways: list[str], recent: dict[str, int], fleet: int, proven: bool
+) -> None:
+    held = hold_revocation(gateways, "gw-1", recent, fleet, LIMITS_OF_BREAKER, proven)
+    limit = LIMITS_OF_BREAKER
+    past_fleet = sum(recent.values()) >= max(limit.quarantines, int(limit.share * fleet))
+    if proven:
+        assert (held == BREAKER) is past_fleet and held != ONE_GATEWAY
+    else:
+        unproven = hold_revocation(gateways, "gw-1", recent, fleet, LIMITS_OF_BREAKER)
+        assert held == unproven  # the default is unproven
+        if held is None:  # what it lets through a proven window lets through too
+            assert hold_revocation(gateways, "gw-1", recent, fleet, limit, True) is None
+
+
+def test_a_window_is_proven_only_when_every_alternation_of_it_is() -> None:
+    proven = [Alternation(e, T0, "gw-1", True) for e in (2, 3, 4, 5)]
+    assert proven_window(proven)
+    assert not proven_window([*proven[:3], Alternation(5, T0, "gw-1", False)])
+    assert not proven_window([])
 
 
 def test_window_of_a_quarantine_is_its_own_and_the_ones_before_it() -> None:

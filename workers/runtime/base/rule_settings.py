@@ -124,8 +124,9 @@ class QuarantineSettings(BaseSettings):
     breaker_quarantines: int = Field(
         default=3,
         ge=0,
-        description="revocations one gateway's Hellos may lead to in the breaker's window; "
-        "further ones wait for `bcw quarantine release` (security.quarantine.breaker-open)",
+        description="revocations one gateway's Hellos may lead to in the breaker's window "
+        "with an unproven alternation among them; further ones wait for `bcw quarantine "
+        "release` (security.quarantine.breaker-open)",
     )
     breaker_window: Duration = Field(
         default=timedelta(minutes=10), description="the breaker's window"
@@ -143,5 +144,6 @@ class QuarantineSettings(BaseSettings):
         "this long after it connected is released by the replay worker's dispatch loop, with "
         "a WARNING and a security.node.hold-expired event: a quarantine worker that is down "
         "never keeps a node from its commands for longer (one that is only behind its Hellos "
-        "does: the session stays held until it counts this one)",
+        "does: the session stays held until it counts this one); never a takeover attempt, "
+        "nor a node a quarantine holds for an operator",
     )

@@ -62,8 +62,9 @@ class Settings(BaseSettings):
         default=None,
         description="the fleet's Hello proofs, set in the database by `bcw migrate`: `off` (not "
         "checked), `warn` (checked when given; a Hello without one opens, recorded unproven), "
-        "`require` (a Hello without a valid proof is refused); unset: left as it is (a new "
-        "database starts at `warn`)",
+        "`require` (a Hello without a valid proof is refused); a node with a Hello key proves "
+        "every Hello at any of them (without a proof: held, gets nothing); unset: left as it "
+        "is (a new database starts at `require`)",
     )
     heap_snapshots: str | None = Field(
         default=None,

@@ -55,6 +55,7 @@ EMITS: dict[str, tuple[type[CamelMessage | SnakeMessage], ...]] = {
     ),
     "quarantine": (
         events.DuplicateSession,
+        events.UnprovenHello,
         events.Quarantined,
         events.QuarantineHeld,
         events.QuarantineBreakerOpen,

@@ -27,6 +27,7 @@ from workers.runtime.observability import tracing
 HISTORY_TYPES = frozenset({
     "node.connected", "node.disconnected", "node.capabilities-changed",
     "security.node.duplicate-session", "security.node.quarantined",
+    "security.node.unproven-hello",
     "command.replayed", "command.cancelled", "command.failed", "command.completed",
     "dispatch", "zombie",
 })  # fmt: skip

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 from workers.runtime.observability.metrics import CONTENT_TYPE
 
@@ -19,11 +19,22 @@ Probe = Callable[[], Awaitable[dict[str, bool]]]
 
 
 class HealthServer:
-    def __init__(self, port: int, ready: Probe, metrics: Callable[[], str], host: str = "0.0.0.0"):
+    """`notes`: lines `/readyz` says after its checks, whatever they are (a warning an
+    operator should see, not a reason to be unready)."""
+
+    def __init__(
+        self,
+        port: int,
+        ready: Probe,
+        metrics: Callable[[], str],
+        host: str = "0.0.0.0",
+        notes: Callable[[], Iterable[str]] = tuple,
+    ):
         self._port = port
         self._host = host
         self._ready = ready
         self._metrics = metrics
+        self._notes = notes
         self._server: asyncio.Server | None = None
 
     @property
@@ -74,9 +85,8 @@ class HealthServer:
             return "200 OK", b"ok\n", text
         if path == "/readyz":
             checks = await self._ready()
-            body = "".join(
-                f"{name} {'ok' if ok else 'FAIL'}\n" for name, ok in checks.items()
-            ).encode()
+            lines = [f"{name} {'ok' if ok else 'FAIL'}" for name, ok in checks.items()]
+            body = "".join(f"{line}\n" for line in (*lines, *self._notes())).encode()
             return ("200 OK" if all(checks.values()) else "503 Service Unavailable"), body, text
         if path == "/metrics":
             return "200 OK", self._metrics().encode(), CONTENT_TYPE

@@ -207,6 +207,17 @@ class Metrics:
             r, "bcw_quarantine_holds_expired_total",
             "Sessions held for the quarantine that were released after BCW_QUARANTINE_HOLD_MAX.",
         )  # fmt: skip
+        self.hello_proof_policy = Gauge(
+            r, "bcw_hello_proof_policy",
+            "1 for the fleet's Hello proof policy (off, warn, require), as the quarantine worker "
+            "last read it: below require, a gateway's credentials open sessions of nodes without "
+            "a Hello key.",
+            ("policy",),
+        )  # fmt: skip
+        self.unproven_sessions = Gauge(
+            r, "bcw_unproven_sessions",
+            "Connected sessions whose Hello was not proven, as the quarantine worker last counted.",
+        )  # fmt: skip
         self.outbox_published = Counter(
             r, "bcw_outbox_published_total", "Outbox rows published and acknowledged by JetStream."
         )
@@ -221,6 +232,18 @@ class Metrics:
             r, "bcw_dead_letters_total", "Messages copied to the dead-letter subject.",
             ("worker", "cause"),
         )  # fmt: skip
+
+    def hello_proof_note(self) -> str | None:
+        """One line for `/readyz` when the fleet's Hellos need no proof (the policy as this
+        process last read it is `warn` or `off`); None otherwise."""
+        policy = next((p for (p,), on in self.hello_proof_policy.by_labels().items() if on), None)
+        if policy is None or policy == "require":
+            return None
+        unproven = int(self.unproven_sessions.value())
+        return (
+            f"hello-proof {policy}: {unproven} session(s) unproven; a gateway's credentials "
+            "can open sessions of nodes without a Hello key (BCW_HELLO_PROOF=require)"
+        )
 
     def render(self) -> str:
         """The Prometheus text exposition of every metric (what `/metrics` serves)."""

@@ -253,3 +253,27 @@ async def set_hello_proof(conn: asyncpg.Connection, policy: str) -> None:
 async def hello_proof(conn: asyncpg.Connection) -> str:
     """The fleet's Hello proof policy."""
     return str(await conn.fetchval("SELECT hello_proof FROM fleet_policy"))
+
+
+# Connected sessions whose Hello was not proven: the row's `proven` (migration 0049), or,
+# for a session opened before it, its epoch's record.
+UNPROVEN_SESSIONS = """
+SELECT count(*) FROM node_sessions s
+ WHERE s.gateway_id IS NOT NULL AND s.proven IS NOT TRUE
+   AND NOT EXISTS (SELECT 1 FROM session_epochs e
+                    WHERE e.node_id = s.node_id AND e.epoch = s.session_epoch AND e.proven)
+"""
+
+
+async def unproven_sessions(conn: asyncpg.Connection) -> int:
+    """How many connected sessions' Hellos were not proven."""
+    return int(await conn.fetchval(UNPROVEN_SESSIONS))
+
+
+def proof_warning(policy: str, unproven: int) -> str:
+    """The one line said when the fleet's Hellos need no proof. Pure."""
+    return (
+        f"Hello proofs are not required (BCW_HELLO_PROOF={policy}): {unproven} connected "
+        "session(s) unproven; a gateway's credentials can open the session of any node "
+        "without a Hello key and get its commands — enroll keys, then BCW_HELLO_PROOF=require"
+    )

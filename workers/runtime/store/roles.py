@@ -121,6 +121,7 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         Grant("UPDATE (epoch, reason)", "node_conditions"),  # set again by a later quarantine
         # as of when it applied its Hellos (the replay's hold bound reads it): its own row
         Grant("SELECT, INSERT, UPDATE", "consumer_watermarks"),
+        Grant("SELECT", "fleet_policy"),  # said loudly when Hellos need no proof
     ),
     "bcw_replay": (
         *RUNTIME,
@@ -132,6 +133,7 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         Grant("SELECT", "gateways"),  # no dispatch to a gateway whose lease expired
         Grant("SELECT, INSERT, UPDATE", "hello_seen"),  # the Hellos it applied, and asked for
         Grant("SELECT", "consumer_watermarks"),  # the hold bound: is the quarantine behind?
+        Grant("SELECT", "quarantines"),  # one held for an operator holds every session of its node
         Grant("SELECT", "commands"),
         Grant(
             "UPDATE (state, session_epoch, delivery_attempt, busy_attempts, busy_epoch, "
@@ -190,7 +192,8 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
     "bcw_operator": (
         *(Grant("SELECT", table) for table in READABLE if table != "schema_migrations"),
         Grant("UPDATE (breaker_released_at, breaker_released_by)", "liveness_gateways"),
-        Grant("UPDATE (released_at, released_by)", "quarantines"),  # bcw quarantine release
+        # bcw quarantine release, and dismiss (judged no clone)
+        Grant("UPDATE (released_at, released_by, dismissed_at, dismissed_by)", "quarantines"),
     ),
 }
 

@@ -100,7 +100,7 @@ async def test_a_gateway_forging_facts_about_a_node_it_does_not_hold_changes_not
         runtime, holder, successor,
     ):  # fmt: skip
         stream = RecordingStream()
-        welcome = await holder.hello(_request(), stream)
+        welcome = await fleet.say_hello(holder, _request(), stream)
         command = await db.fetchval("SELECT enqueue_command('n1', 'noop', '{}')")
         await eventually(lambda: _delivered(stream, 1), what="the command dispatched to gw-a")
         await eventually(
@@ -133,9 +133,7 @@ async def test_a_gateway_forging_facts_about_a_node_it_does_not_hold_changes_not
         assert len(stream.delivered) == 1
 
         # the node moves to gw-c; its result, replayed there at the new epoch, counts
-        moved = await successor.hello(
-            _request(running_command_ids=[str(command)]), RecordingStream()
-        )
+        moved = await fleet.say_hello(successor, _request(running_command_ids=[str(command)]))
         await successor.result("n1", moved.epoch, uuid.UUID(str(command)), "done", {}, None)
         await eventually(
             lambda: _command_done(db, command), what="the replayed result completed it"
@@ -175,8 +173,8 @@ async def test_one_epoch_one_hello_a_former_holder_cannot_count_its_epoch_again(
     async with _two_gateways(servers, nc, subjects, database_url, db, pool) as (
         runtime, holder, successor,
     ):  # fmt: skip
-        first = await holder.hello(_request(), RecordingStream())
-        await successor.hello(_request(), RecordingStream())
+        first = await fleet.say_hello(holder, _request())
+        await fleet.say_hello(successor, _request())
         [hello] = [h for h in await _bodies(nc, subjects.facts_stream, "hello") if h["epoch"] == 1]
         recorded = await db.fetchval(
             "SELECT hello_fact_id FROM session_epochs WHERE node_id = 'n1' AND epoch = 1"

@@ -5,8 +5,10 @@ proofs, never without one. The gateway's login, gw-1's, reads no key and tests n
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,10 +20,12 @@ from nats.aio.client import Client as NATS
 
 from schemas.proof import HelloProof, message, prove
 from schemas.subjects import Subjects
+from tests.conftest import Servers
 from tests.integration import fleet
 from tests.integration.security.conftest import SUBJECTS, client_as, violated
 from tests.integration.streams import RecordingStream
-from tests.integration.support import eventually
+from tests.integration.support import eventually, make_settings, running
+from workers import quarantine
 from workers.gateway import Code, Gateway, HelloRequest, Refused
 from workers.runtime.bus import streams
 from workers.runtime.store import migrate
@@ -100,12 +104,33 @@ async def test_a_proof_that_does_not_hold_opens_nothing(
     assert await _epoch(db) == before
 
 
-async def test_under_warn_a_hello_without_proof_opens_unproven(
+async def test_a_new_database_requires_proofs(gw1: Gateway, db: asyncpg.Connection) -> None:
+    assert await migrate.hello_proof(db) == "require"  # a new database's
+    assert await _refused(gw1, _request()) is Code.UNAUTHENTICATED
+
+
+async def test_under_warn_an_unproven_hello_of_a_node_with_a_key_opens_held_for_good(
     gw1: Gateway, db: asyncpg.Connection
 ) -> None:
-    assert await migrate.hello_proof(db) == "warn"  # a new database's
+    """No downgrade: n1 has a Hello key, so a Hello of it without a proof is a takeover
+    attempt — it opens (warn lets it), recorded `proven = false`, held, with no capability
+    stored; a node without a key opens unproven as before (NULL: nothing to prove it by)."""
+    await migrate.set_hello_proof(db, "warn")
     await gw1.hello(_request(), RecordingStream())
-    assert await db.fetchval("SELECT proven FROM session_epochs WHERE node_id = 'n1'") is False
+    row = await db.fetchrow(
+        "SELECT s.proven, s.held_epoch, s.capabilities, e.proven AS recorded FROM node_sessions s "
+        "JOIN session_epochs e ON e.node_id = s.node_id AND e.epoch = s.session_epoch "
+        "WHERE s.node_id = 'n1'"
+    )
+    assert tuple(row) == (False, 1, [], False)
+    await fleet.join(db, "n2", key=False)
+    await gw1.hello(_request("n2"), RecordingStream())
+    row = await db.fetchrow(
+        "SELECT s.proven, s.held_epoch, e.proven AS recorded FROM node_sessions s "
+        "JOIN session_epochs e ON e.node_id = s.node_id AND e.epoch = s.session_epoch "
+        "WHERE s.node_id = 'n2'"
+    )
+    assert tuple(row) == (None, None, None)
 
 
 async def test_under_require_a_hello_without_proof_changes_and_locks_nothing(
@@ -122,11 +147,22 @@ async def test_under_require_a_hello_without_proof_changes_and_locks_nothing(
     assert await _epoch(db) == 1
 
 
-async def test_under_off_proofs_are_not_checked(gw1: Gateway, db: asyncpg.Connection) -> None:
+async def test_under_off_proofs_are_not_checked_but_for_a_node_with_a_key(
+    gw1: Gateway, db: asyncpg.Connection
+) -> None:
+    """`off` checks no proof of a node without a key; a node with one proves every Hello
+    whatever the policy (no downgrade): a proof that does not hold is refused, a Hello
+    without one opens held (`proven = false`)."""
     await migrate.set_hello_proof(db, "off")
     bad = HelloProof(at=0, nonce="n" * 32, mac="0" * 64)
-    await gw1.hello(_request(proof=bad), RecordingStream())
-    assert await db.fetchval("SELECT proven FROM session_epochs WHERE node_id = 'n1'") is None
+    await fleet.join(db, "n2", key=False)
+    await gw1.hello(_request("n2", proof=bad), RecordingStream())
+    assert await db.fetchval("SELECT proven FROM session_epochs WHERE node_id = 'n2'") is None
+    assert await _refused(gw1, _request(proof=bad)) is Code.UNAUTHENTICATED
+    await gw1.hello(_request(), RecordingStream())
+    assert await db.fetchval("SELECT proven FROM session_epochs WHERE node_id = 'n1'") is False
+    await gw1.hello(_request(proof=_proof(boot="b2"), boot="b2"), RecordingStream())
+    assert await db.fetchval("SELECT proven FROM node_sessions WHERE node_id = 'n1'") is True
 
 
 async def test_a_locked_row_answers_busy_within_the_lock_timeout(
@@ -214,3 +250,46 @@ async def test_a_gateways_nkey_cannot_list_the_other_gateways(keys: Path, secure
             await nc.request(subject, b'{"subjects_filter": ">"}', timeout=1.0)
         await nc.flush()
         await eventually(lambda: violated(errors, "Publish"), what="the server refused it")
+
+
+@pytest.mark.parametrize("policy", ["warn", "require"])
+async def test_below_require_the_quarantine_worker_says_it_and_counts_the_unproven(
+    gw1: Gateway,
+    db: asyncpg.Connection,
+    servers: Servers,
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    policy: str,
+) -> None:
+    """Its metrics (`bcw_hello_proof_policy`, `bcw_unproven_sessions`) and a line of its
+    `/readyz`, which stays ready: at `warn`, the session of a node without a key and a
+    takeover attempt of one with a key, both unproven; at `require`, neither opens."""
+    await migrate.set_hello_proof(db, policy)
+    await fleet.join(db, "n2", key=False)
+    for request in (_request(), _request("n2")):
+        with contextlib.suppress(Refused):
+            await gw1.hello(request, RecordingStream())
+    settings = make_settings(servers.nats_url, database_url, subjects)
+    async with running(settings, [quarantine.build(settings)]) as (runtime, port):
+
+        async def looked() -> bool:
+            return runtime.metrics.hello_proof_policy.value(policy) == 1.0
+
+        await eventually(looked, what="the policy read")
+        unproven = 2 if policy == "warn" else 0
+        assert runtime.metrics.unproven_sessions.value() == unproven
+        status, body = await _get(port, "/readyz")
+    assert status == 200
+    notes = [line for line in body.splitlines() if line.startswith("hello-proof")]
+    assert [note.split(";")[0] for note in notes] == (
+        [f"hello-proof warn: {unproven} session(s) unproven"] if unproven else []
+    )
+
+
+async def _get(port: int, path: str) -> tuple[int, str]:
+    def fetch() -> tuple[int, str]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+
+    return await asyncio.to_thread(fetch)

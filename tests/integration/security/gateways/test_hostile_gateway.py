@@ -84,7 +84,7 @@ async def gw2(
     )
     gateway = Gateway("gw-2", pool, nc, subjects)
     await gateway.start(autotick=None)
-    welcome = await gateway.hello(_hello("n2"), RecordingStream())
+    welcome = await fleet.say_hello(gateway, _hello("n2"))
     await gateway.inventory("n2", welcome.epoch, "cpu", "c1", {"cores": 8})
     try:
         yield gateway
@@ -170,10 +170,15 @@ async def test_a_stale_lease_writes_nothing_and_a_new_incarnation_fences_the_old
         assert not await old.fetchval("SELECT gateway_renew('gw-1', $1, $2)", stale, TTL)
         assert not await old.fetchval("SELECT gateway_drain('gw-1', $1, true)", stale)
         assert not await old.fetchval("SELECT gateway_release('gw-1', $1)", stale)
+        proof = fleet.proven(_hello("n1"), "gw-1").proof  # n1's daemon proves its Hello
+        assert proof is not None
         row = await new.fetchrow(
             "SELECT * FROM gateway_hello('gw-1', $1, 'n1', 'n1-serial', 'b1', 'j1', 'worker', "
-            "'1.0.0', 1, 'grpc', false, 0, 0, '', '90s', NULL, gen_random_uuid(), NULL, NULL, NULL)",
+            "'1.0.0', 1, 'grpc', false, 0, 0, '', '90s', NULL, gen_random_uuid(), $2, $3, $4)",
             fresh,
+            proof.at,
+            proof.nonce,
+            proof.mac,
         )
         assert (row["outcome"], row["epoch"]) == ("opened", 1)
         assert not await old.fetchval(
@@ -253,7 +258,7 @@ async def test_gw2_with_its_own_key_and_login_changes_nothing_of_gw1s(
             stack, "gw-2", url_as(logins["bcw_gateway_bound"], "gw2_login_t"), keys, secured
         )
         stream = RecordingStream()
-        welcome = await gw1.hello(_hello("n1"), stream)
+        welcome = await fleet.say_hello(gw1, _hello("n1"), stream)
         command = await db.fetchval("SELECT enqueue_command('n1', 'noop', '{}')")
         await eventually(lambda: already(len(stream.delivered) >= 1), what="the dispatch")
 
