@@ -85,15 +85,45 @@ UPDATE node_sessions s
 """
 
 
+# The facts (their positions) whose gateway held the node only in takeover attempts: an
+# unproven session of a node that proves its Hellos (`session_epochs.proven` false) —
+# on the events' journal, at the status's epoch. Such a session is held for good: what it
+# says of the node is not the node's (docs/kubernetes.md, "What a compromised gateway can
+# still do").
+TAKEOVERS_ONLY = """
+SELECT t.i FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[])
+                WITH ORDINALITY AS t(n, g, e, j, i)
+ WHERE NOT EXISTS (SELECT 1 FROM session_epochs s
+                    WHERE s.node_id = t.n AND s.gateway_id = t.g
+                      AND CASE WHEN t.j IS NULL THEN s.epoch = t.e ELSE s.journal_id = t.j END
+                      AND s.proven IS DISTINCT FROM false)
+"""
+
+
+async def _of_takeovers(tx: Tx, facts: Sequence[Events | Status]) -> set[int]:
+    if not facts:
+        return set()
+    found = await tx.conn.fetch(
+        TAKEOVERS_ONLY,
+        [f.node_id for f in facts],
+        [f.gateway_id for f in facts],
+        [f.epoch if isinstance(f, Status) else None for f in facts],
+        [f.journal_id if isinstance(f, Events) else None for f in facts],
+    )
+    return {id(facts[r["i"] - 1]) for r in found}
+
+
 async def handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
-    events = [fact for fact in facts if isinstance(fact, Events)]
-    statuses = [fact for fact in facts if isinstance(fact, Status)]
+    said = [fact for fact in facts if isinstance(fact, Events | Status)]
+    takeovers = await _of_takeovers(tx, said)
+    events = [fact for fact in said if isinstance(fact, Events) and id(fact) not in takeovers]
+    statuses = [fact for fact in said if isinstance(fact, Status) and id(fact) not in takeovers]
     nodes = sorted({fact.node_id for fact in (*events, *statuses)})
     rows = {row["node_id"]: row for row in await tx.conn.fetch(LOCK_SESSIONS, nodes)}
     counted = await _counted_events(tx, events, rows)
     reports = [(f, c) for f in statuses if (c := _counted_status(rows.get(f.node_id), f))]
     kept = {id(f) for f in (*(f for f, _, _ in counted), *(f for f, _ in reports))}
-    outcomes = {f.fact_id: outcome.STALE for f in (*events, *statuses) if id(f) not in kept}
+    outcomes = {f.fact_id: outcome.STALE for f in said if id(f) not in kept}
     if counted:
         await _record_events(tx, counted, rows)
     if reports:

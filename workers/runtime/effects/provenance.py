@@ -116,7 +116,10 @@ def binding(fact: Fact) -> Binding | None:
 # it could become an anti-join that scans the whole table.
 UNBOUND = """
 SELECT c.i, c.bound, e.previous_epoch, e.previous_gateway_id, e.previous_boot_id,
-       e.previous_journal_id, e.previous_live, e.proven
+       e.previous_journal_id, e.previous_live, e.proven, e.duplicate,
+       p.proven IS FALSE AS previous_takeover, o.epoch AS honest_epoch,
+       o.gateway_id AS honest_gateway_id, o.boot_id AS honest_boot_id,
+       o.journal_id AS honest_journal_id
   FROM (
     SELECT f.i, f.rule, f.node_id, f.epoch, EXISTS (
         SELECT 1 FROM session_epochs s
@@ -131,29 +134,45 @@ SELECT c.i, c.bound, e.previous_epoch, e.previous_gateway_id, e.previous_boot_id
     OFFSET 0
   ) c
   LEFT JOIN session_epochs e ON c.rule = 3 AND c.bound AND e.node_id = c.node_id AND e.epoch = c.epoch
+  LEFT JOIN session_epochs p ON p.node_id = e.node_id AND p.epoch = e.previous_epoch
+  LEFT JOIN LATERAL (SELECT h.epoch, h.gateway_id, h.boot_id, h.journal_id FROM session_epochs h
+                      WHERE p.proven IS FALSE AND h.node_id = e.node_id AND h.epoch < p.epoch
+                        AND h.proven IS DISTINCT FROM false
+                      ORDER BY h.epoch DESC LIMIT 1) o ON true
  WHERE NOT c.bound OR c.rule = 3
 """
 
 
 def as_recorded(hello: Hello, row: Mapping[str, Any]) -> Hello:
     """The Hello as its Hello transaction recorded it (`session_epochs`): the session
-    before it, whether it is a duplicate identity, whether its proof was taken — never the
-    gateway's word for them. An epoch recorded without them (issued before 0.4, or by a
-    writer that did not say) keeps what the fact says. Pure."""
+    before it (past a takeover attempt: the node's last session that was not one), whether
+    it is a duplicate identity (its judgement, migration 0049: for a
+    node that proves its Hellos, two proven sessions only), whether its proof was taken —
+    never the gateway's word for them. `proven` false says, from 0049 on, that the node
+    has a Hello key and this Hello proved nothing (a takeover attempt); an epoch recorded
+    before 0049 said false for any Hello without a proof, read as NULL (nothing checked).
+    An epoch recorded without them (issued before 0.4, or by a writer that did not say)
+    keeps what the fact says. Pure."""
     if row["previous_epoch"] is None:
         return hello
     live = row["previous_live"]
+    # a takeover attempt before it proved nothing of the node (its boot, its journal):
+    # the session before it is the node's last one that was not
+    of = "honest_" if row.get("previous_takeover") else "previous_"
     previous = PreviousSession(
-        epoch=row["previous_epoch"],
-        gateway_id=row["previous_gateway_id"],
-        boot_id=row["previous_boot_id"],
-        journal_id=row["previous_journal_id"],
+        epoch=row[f"{of}epoch"] if row[f"{of}epoch"] is not None else row["previous_epoch"],
+        gateway_id=row[f"{of}gateway_id"],
+        boot_id=row[f"{of}boot_id"],
+        journal_id=row[f"{of}journal_id"],
         live=hello.previous.live if live is None else live,
     )
-    duplicate = is_duplicate_identity(previous.live, previous.boot_id, hello.boot_id)
-    return hello.model_copy(
-        update={"previous": previous, "duplicate": duplicate, "proven": row["proven"]}
-    )
+    judged = row.get("duplicate")
+    if judged is None:  # an epoch issued before 0049
+        duplicate = is_duplicate_identity(previous.live, previous.boot_id, hello.boot_id)
+        proven = row["proven"] or None
+    else:
+        duplicate, proven = judged, row["proven"]
+    return hello.model_copy(update={"previous": previous, "duplicate": duplicate, "proven": proven})
 
 
 _RULES: dict[type[Fact], int | None] = {}
