@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from uuid import UUID
 
 from schemas.facts import Hello
-from workers.gateway.admission import Code, DesiredState, pushback
+from workers.gateway.admission import Code, DesiredState
 from workers.gateway.facts import FactPublisher
 from workers.gateway.types import DaemonStream, Refused, Session
 
@@ -55,8 +55,9 @@ async def publish_hello(
     """Publish the Hello fact of a session just opened. One the bus refuses after its
     retries (an outage longer than them, a fact above its max payload) leaves an epoch
     raised and no fact: the session is closed (`close(node, epoch, reason)`, the fenced
-    write) and the Hello refused UNAVAILABLE, so that the daemon says Hello again rather
-    than hold a session that no worker will ever hear of."""
+    write) and the Hello refused UNAVAILABLE, with no pushback (the daemon's own back-off
+    spreads its next Hellos over an outage), so that it says Hello again rather than hold a
+    session that no worker will ever hear of."""
     try:
         await facts.publish(hello)
     except Exception as error:
@@ -70,6 +71,5 @@ async def publish_hello(
             del sessions[hello.node_id]
         await close(hello.node_id, hello.epoch, "stream-closed")
         raise Refused(
-            Code.UNAVAILABLE, "the Hello could not be recorded: say Hello again",
-            retry_after=pushback(1.0),
-        ) from error  # fmt: skip
+            Code.UNAVAILABLE, "the Hello could not be recorded: say Hello again"
+        ) from error

@@ -186,8 +186,11 @@ async def test_a_replay_of_a_command_it_finished_is_answered_from_its_journal_an
     Dispatch follows: each is answered from the journal — its result sent again at the new
     epoch — and the daemon runs the command once."""
     await fleet.join(db, "n1")
-    now = [1_000.0]
-    daemon = FakeDaemon("n1", "n1-serial", lambda: now[0], random.Random(1), work_seconds=(5, 5))
+    now = [time.time()]
+    daemon = FakeDaemon(
+        "n1", "n1-serial", lambda: now[0], random.Random(1), work_seconds=(5, 5),
+        hello_key=fleet.hello_key("n1"),
+    )  # fmt: skip
     await daemon.tick([gateway])
     command = dispatch(daemon, 1)
 

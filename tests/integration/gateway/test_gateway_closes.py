@@ -130,10 +130,10 @@ async def test_a_hello_whose_fact_the_bus_refuses_is_closed_and_refused_and_the_
         for _ in range(1000)
     ]  # about 1.6 MB: above nats-server's 1 MiB
     with pytest.raises(Refused) as refused:
-        await gateway.hello(request(results=big), RecordingStream())
-    assert refused.value.code is Code.UNAVAILABLE and refused.value.retry_after is not None
+        await fleet.say_hello(gateway, request(results=big), RecordingStream())
+    assert refused.value.code is Code.UNAVAILABLE  # its own back-off: no pushback
     assert "n1" not in gateway.sessions
     assert await _row(db) == (1, None, "stream-closed", True, None)
     assert not await stream_messages(nc.jetstream(), subjects.facts_stream, None)
-    welcome = await gateway.hello(request(boot_id="b2"), RecordingStream())
+    welcome = await fleet.say_hello(gateway, request(boot_id="b2"), RecordingStream())
     assert welcome.epoch == 2 and "n1" in gateway.sessions
