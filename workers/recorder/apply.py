@@ -35,9 +35,14 @@ from workers.runtime.effects.worker import Tx
 
 # Key-by-key LATERAL lookups on the primary key (see workers/labeler/apply.py); the
 # caller passes the keys sorted, so rows are locked in a stable order.
+# `holder`: the gateway of the node's session of now, or of its last one once it closed
+# (a close clears `gateway_id`; what the daemon sent before it is still its session's)
 LOCK_SESSIONS = """
 SELECT s.node_id, s.session_epoch, s.gateway_id, s.journal_id, s.acked_event_seq,
        s.observed_generation, s.trust_version, s.approver_set_epoch, s.approver_set_sha256,
+       s.proven,
+       coalesce(s.gateway_id, (SELECT e.gateway_id FROM session_epochs e
+                                WHERE e.node_id = s.node_id AND e.epoch = s.session_epoch)) AS holder,
        (SELECT spec_generation FROM nodes WHERE node_id = s.node_id) AS spec_generation
   FROM unnest($1::text[]) AS n(node_id)
  CROSS JOIN LATERAL (SELECT * FROM node_sessions WHERE node_id = n.node_id FOR UPDATE) AS s
@@ -113,6 +118,10 @@ async def _of_takeovers(tx: Tx, facts: Sequence[Events | Status]) -> set[int]:
     return {id(facts[r["i"] - 1]) for r in found}
 
 
+def _of_a_takeover(row: asyncpg.Record | None, fact: Events | Status) -> bool:
+    return row is not None and row["proven"] is False and row["holder"] == fact.gateway_id
+
+
 async def handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
     said = [fact for fact in facts if isinstance(fact, Events | Status)]
     takeovers = await _of_takeovers(tx, said)
@@ -120,6 +129,10 @@ async def handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
     statuses = [fact for fact in said if isinstance(fact, Status) and id(fact) not in takeovers]
     nodes = sorted({fact.node_id for fact in (*events, *statuses)})
     rows = {row["node_id"]: row for row in await tx.conn.fetch(LOCK_SESSIONS, nodes)}
+    # the takeover attempt holding the node now says nothing of it either, whatever
+    # session its gateway held before
+    events = [f for f in events if not _of_a_takeover(rows.get(f.node_id), f)]
+    statuses = [f for f in statuses if not _of_a_takeover(rows.get(f.node_id), f)]
     counted = await _counted_events(tx, events, rows)
     reports = [(f, c) for f in statuses if (c := _counted_status(rows.get(f.node_id), f))]
     kept = {id(f) for f in (*(f for f, _, _ in counted), *(f for f, _ in reports))}
@@ -148,7 +161,7 @@ async def _counted_events(
     for fact in known:
         row = rows[fact.node_id]
         bound = event_bound(
-            row["gateway_id"],
+            row["holder"],
             row["journal_id"],
             int(row["acked_event_seq"]),
             fact.gateway_id,
@@ -164,9 +177,7 @@ async def _counted_events(
 def _counted_status(row: asyncpg.Record | None, fact: Status) -> Status | None:
     if row is None:
         return None
-    current = from_current_session(
-        row["session_epoch"], row["gateway_id"], fact.epoch, fact.gateway_id
-    )
+    current = from_current_session(row["session_epoch"], row["holder"], fact.epoch, fact.gateway_id)
     return counted_status(fact, current, int(row["spec_generation"] or 0))
 
 

@@ -114,20 +114,16 @@ def counted_status(report: Status, current: bool, spec_generation: int) -> Statu
     """What a status report says that counts, or None when it counts for nothing. Pure.
 
     A report claiming a generation above the node's spec generation is not true (no
-    such generation was ever given to the node): nothing of it counts. From the node's
-    session of now (`current`: its epoch, its gateway), the whole report. From an earlier
-    session its gateway held, its generation only (it only ever raises
-    `observed_generation`): the trust version and approver set are the session of now's
-    word — its Hello stores its own as is, even a lower one (a restored disk), and an
-    earlier session's report would raise it back.
+    such generation was ever given to the node): nothing of it counts. Only the node's
+    session of now (`current`: its epoch, its gateway — the last one, once closed) says
+    the node's status: an earlier session's report counts for nothing. Nothing true is
+    lost by that — the daemon sends its latest status right after every Welcome (the
+    seed) — and a former holder cannot claim a generation given to the node after it
+    lost it, nor raise back a trust version the session of now's Hello stored lower.
     """
-    if report.observed_generation > spec_generation:
+    if report.observed_generation > spec_generation or not current:
         return None
-    if current:
-        return report
-    return report.model_copy(
-        update={"trust_version": 0, "approver_set_epoch": None, "approver_set_sha256": None}
-    )
+    return report
 
 
 def from_current_session(

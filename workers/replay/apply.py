@@ -26,6 +26,7 @@ from schemas.events import (
 )
 from schemas.facts import Fact, Hello, Progress, Rejected, Result, newest_per_node
 from schemas.notices import Dispatch
+from workers.replay.carried import held_nodes, pairs, results_of
 from workers.replay.decide import Command, busy_count, busy_delay, plan_replay
 from workers.replay.deliveries import (
     busy_counts,
@@ -206,16 +207,20 @@ def make_handler(settings: ReplaySettings) -> Handler:
         hellos = [f for f in facts if isinstance(f, Hello)]
         if hellos:
             # what finished while the node was away settles first: not replayed, not re-sent
-            # (never what an unproven Hello of a node that proves its Hellos says it ran)
+            # (never what a takeover attempt, or a Hello held as a possible clone's, says it
+            # ran: the node's own daemon answers a re-send from its journal)
+            held = await held_nodes(tx.conn, hellos)
             settled = [
                 result
                 for hello in hellos
                 if hello.proven is not False
+                and not hello.duplicate_identity
+                and hello.node_id not in held
                 for result in results_of(hello)
             ]
             if settled:
                 await _answers(
-                    tx, settled, settings, causes={r.fact_id: h for h, r in _pairs(hellos)}
+                    tx, settled, settings, causes={r.fact_id: h for h, r in pairs(hellos)}
                 )
             outcomes.update(await _replay(tx, hellos))
         answers = [f for f in facts if isinstance(f, Progress | Result | Rejected)]
@@ -224,29 +229,6 @@ def make_handler(settings: ReplaySettings) -> Handler:
         return outcomes
 
     return handle
-
-
-def results_of(hello: Hello) -> list[Result]:
-    """The done results a Hello carries, as the `result` facts they stand for (each with
-    an id of its own, derived from the Hello's: the same Hello gives the same ids)."""
-    return [
-        Result(
-            fact_id=uuid.uuid5(hello.fact_id, str(done.command_id)),
-            gateway_id=hello.gateway_id,
-            observed_at=hello.observed_at,
-            node_id=hello.node_id,
-            epoch=hello.epoch,
-            command_id=done.command_id,
-            outcome=done.outcome,
-            result=done.result,
-            error=done.error,
-        )
-        for done in hello.results
-    ]
-
-
-def _pairs(hellos: Sequence[Hello]) -> list[tuple[Hello, Result]]:
-    return [(hello, result) for hello in hellos for result in results_of(hello)]
 
 
 async def _replay(tx: Tx, hellos: list[Hello]) -> dict[uuid.UUID, Outcome]:
@@ -268,6 +250,14 @@ async def _replay(tx: Tx, hellos: list[Hello]) -> dict[uuid.UUID, Outcome]:
             continue
         node_rows = {r.command.command_id: r for r in by_node.get(node, [])}
         rows += node_rows.values()
+        if sessions[node]["held"]:
+            # held (for the quarantine, or the node for an operator): it may be a clone's,
+            # so what its Hello says proves nothing yet — no command fails, completes or
+            # runs on its word; what was in flight waits as pending, for the dispatch loop
+            # once the hold is lifted (or for the node's own next session)
+            for row in node_rows.values():
+                row.set(state="pending", session_epoch=None)
+            continue
         plan = plan_replay(hello, [r.command for r in node_rows.values()])
         epoch = hello.epoch
         for command in plan.failed:
@@ -288,14 +278,10 @@ async def _replay(tx: Tx, hellos: list[Hello]) -> dict[uuid.UUID, Outcome]:
             node_rows[command.command_id].set(
                 state="running", session_epoch=epoch, delivered_epochs=with_delivery(command, epoch)
             )
-        # a held session gets nothing yet: what it would be re-sent waits as pending, for
-        # the dispatch loop once the quarantine has counted it (or for the node's own
-        # session, when this one is a takeover attempt or the node is held for an operator)
-        held = bool(sessions[node]["held"])
-        for command in (*plan.parked, *plan.resent) if held else plan.parked:
+        for command in plan.parked:
             node_rows[command.command_id].set(state="pending", session_epoch=None)
         gateway = sessions[node]["gateway_id"]
-        for command in () if held else plan.resent:  # in seq order
+        for command in plan.resent:  # in seq order
             row = node_rows[command.command_id]
             row.set(
                 state="dispatched",

@@ -13,9 +13,13 @@ only a forger sends: it changes nothing.
   delivered at the result's epoch — even one re-sent at a newer epoch since (the later
   delivery's answer then changes nothing), or handed back to pending (BUSY at a later
   delivery, a session that could not take it): the daemon ran what it was sent.
-- `progress`: moves a command forward only (dispatched → acked → running), when it was
-  delivered at the progress's epoch and is still in flight — never a pending command
-  (it waits for a delivery of its own), never a finished one.
+- `progress`: like BUSY, an answer about one delivery that is not the end of it: it moves
+  a command forward only (dispatched → acked → running), and only for the delivery of
+  now (in flight at the progress's epoch). An older delivery's progress never moves a
+  command re-sent since: the daemon of now may answer that re-send BUSY (its new process
+  holds no credit for it), and an old "running" would have put the command beyond the
+  BUSY's reach, running nowhere until the node's next Hello. The seed names results,
+  events and status as facts of any epoch; progress is not among them.
 - `rejected` (BUSY): an answer about one delivery, the one of now: it counts only while
   the command is dispatched at the answer's epoch. A BUSY from an older delivery never
   puts back a command re-sent since.
@@ -63,8 +67,8 @@ def result_counts(command: Command, epoch: int) -> bool:
 
 def progress_counts(command: Command, epoch: int, reported: str) -> str | None:
     """The state a progress report at `epoch` moves `command` to, or None: forward only,
-    in flight, delivered at `epoch`. Pure."""
-    if command.state not in IN_FLIGHT or not delivered(command, epoch):
+    for the delivery of now (in flight at `epoch`). Pure."""
+    if command.state not in IN_FLIGHT or command.session_epoch != epoch:
         return None
     return progress_to(command.state, reported)
 

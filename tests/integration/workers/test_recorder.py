@@ -194,14 +194,15 @@ async def test_a_batch_of_reports_in_any_order_ends_the_same(
     assert await _status_row(db) == (9, 5, 5, d[5])
 
 
-async def test_a_status_from_any_session_its_gateway_held_never_above_the_spec(
+async def test_a_status_counts_from_the_session_of_now_only_and_never_above_the_spec(
     drive: Driver, db: asyncpg.Connection
 ) -> None:
-    """The seed: status reports are true whichever session carried them, and
-    observed_generation only moves forward. gw-0 held epoch 1, gw-1 holds epoch 2; the
-    node's spec is at generation 7. gw-0's late report raises the generation (its trust
-    version is the session of now's to say); a report of a generation above 7 — from
-    anyone — changes nothing: no such generation was ever given to the node."""
+    """gw-0 held epoch 1, gw-1 holds epoch 2; the node's spec is at generation 7. gw-0's
+    late report changes nothing: an earlier session's word (its generation may have been
+    given after gw-0 lost the node; the daemon reports its latest status after every
+    Welcome anyway). A report of a generation above 7 — from anyone — changes nothing: no
+    such generation was ever given to the node. The session of now's report counts, and
+    its last session's still does once it closed (it was sent before the close)."""
     await fleet.session(db, "n1", epoch=2, gateway_id="gw-1")
     await fleet.issued(db, "n1", 1, "gw-0")
     await _spec(db, 7)
@@ -214,11 +215,14 @@ async def test_a_status_from_any_session_its_gateway_held_never_above_the_spec(
         )  # fmt: skip
 
     await drive.send(report("gw-0", 1, 6, 9))
-    assert (await _status_row(db))[:2] == (6, 5)
+    assert (await _status_row(db))[:2] == (3, 5)
     await drive.send(report("gw-0", 1, 8, 0), report("gw-1", 2, 9, 6))
-    assert (await _status_row(db))[:2] == (6, 5)
-    assert drive.settled("stale") == 2
-    await drive.send(report("gw-1", 2, 7, 6))
+    assert (await _status_row(db))[:2] == (3, 5)
+    assert drive.settled("stale") == 3
+    await drive.send(report("gw-1", 2, 6, 6))
+    assert (await _status_row(db))[:2] == (6, 6)
+    await db.execute("UPDATE node_sessions SET gateway_id = NULL, disconnected_at = now()")
+    await drive.send(report("gw-1", 2, 7, 6))  # sent before its close, applied after
     assert (await _status_row(db))[:2] == (7, 6)
 
 
@@ -271,3 +275,21 @@ async def test_the_inbox_is_pruned_past_its_retention_under_a_lease(
     finally:
         await pool.close()
     assert await db.fetchval("SELECT count(*) FROM processed_facts") == 24
+
+
+async def test_events_sent_before_a_clean_close_are_stored_and_acked_after_it(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    """The seed: events are accepted from any epoch. A daemon's last events, sent to its
+    gateway just before it closed the stream, are applied after the close was written (the
+    gateway writes a close at once): they are still its last session's, stored and acked
+    as its gateway of now's would be — not capped at the ack as a former holder's."""
+    await fleet.session(db, "n1", epoch=1, gateway_id="gw-1")
+    await db.execute(
+        "UPDATE node_sessions SET journal_id = 'journal-1', gateway_id = NULL, "
+        "disconnected_at = now(), disconnect_reason = 'stream-closed'"
+    )
+    await drive.send(events([1, 2, 3]))
+    stored = await db.fetchval("SELECT count(*) FROM node_events WHERE node_id = 'n1'")
+    acked = await db.fetchval("SELECT acked_event_seq FROM node_sessions WHERE node_id = 'n1'")
+    assert (stored, acked) == (3, 3)

@@ -10,6 +10,7 @@ migrations only expand, so a rolled-back release runs on the schema its successo
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import re
@@ -203,7 +204,23 @@ async def migrate(conn: asyncpg.Connection, directory: Path | None = None) -> li
             if migration.name in applied:
                 continue
             log.info("applying migration %s", migration.name)
+            await _apply_one(conn, migration)
+            done.append(migration.name)
+        return done
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", ADVISORY_LOCK_KEY)
+
+
+async def _apply_one(conn: asyncpg.Connection, migration: Migration, attempts: int = 6) -> None:
+    """One migration in a transaction of its own. Beside running workers (a rolling
+    upgrade), a migration that changes two tables may meet a worker's transaction that
+    holds one and wants the other: PostgreSQL ends one of the two (a deadlock), or the
+    migration waits past its lock timeout. Either rolls the migration back whole, so it
+    is tried again, a few times, after a pause (the workers' transactions are short)."""
+    for attempt in range(1, attempts + 1):
+        try:
             async with conn.transaction():
+                await conn.execute("SET LOCAL lock_timeout = '5s'")
                 await conn.execute(migration.sql)
                 await conn.execute(
                     "INSERT INTO schema_migrations (name, checksum, release) VALUES ($1, $2, $3)",
@@ -211,10 +228,13 @@ async def migrate(conn: asyncpg.Connection, directory: Path | None = None) -> li
                     migration.checksum,
                     release(),
                 )
-            done.append(migration.name)
-        return done
-    finally:
-        await conn.execute("SELECT pg_advisory_unlock($1)", ADVISORY_LOCK_KEY)
+            return
+        except (asyncpg.DeadlockDetectedError, asyncpg.LockNotAvailableError) as error:
+            if attempt == attempts:
+                raise
+            log.info("migration %s met a worker's locks (%s): trying again", migration.name,
+                     type(error).__name__)  # fmt: skip
+            await asyncio.sleep(attempt)
 
 
 async def status(conn: asyncpg.Connection, directory: Path | None = None) -> list[MigrationStatus]:
@@ -275,5 +295,6 @@ def proof_warning(policy: str, unproven: int) -> str:
     return (
         f"Hello proofs are not required (BCW_HELLO_PROOF={policy}): {unproven} connected "
         "session(s) unproven; a gateway's credentials can open the session of any node "
-        "without a Hello key and get its commands — enroll keys, then BCW_HELLO_PROOF=require"
+        "without a Hello key and get its commands — give daemons that sign their keys, then "
+        "BCW_HELLO_PROOF=require"
     )
