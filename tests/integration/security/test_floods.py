@@ -18,7 +18,7 @@ from nats.aio.client import Client as NATS
 
 from schemas import REGISTRY
 from schemas.subjects import Subjects
-from tests.conftest import Servers
+from tests.conftest import Clock, Servers
 from tests.factories import make_fact
 from tests.integration import fleet
 from tests.integration.security.conftest import SUBJECTS, client_as, nats_as
@@ -332,3 +332,20 @@ async def test_a_gateway_that_fills_the_facts_stream_fills_only_its_own(
 
         await eventually(said, within=20, what="gw-1's full stream said")
         assert runtime.metrics.facts_stream_full.value(SUBJECTS.gateway_facts_stream("gw-2")) < 0.01
+
+
+async def test_the_epoch_before_a_hello_is_kept_however_long_it_lasted(
+    db: asyncpg.Connection, clock: Clock
+) -> None:
+    """A session that lasted more than a day keeps its binding when the node moves on
+    (migration 0052): its gateway's late facts — a result the daemon sent before it moved
+    — are still the node's. Older epochs than that go once a day old."""
+    await fleet.session(db, "n1", epoch=1, gateway_id="gw-1")
+    for gateway in ("gw-2", "gw-1"):  # each session two days long, then the next Hello
+        await clock.advance(timedelta(days=2))
+        await db.execute(
+            "UPDATE node_sessions SET session_epoch = session_epoch + 1, gateway_id = $1",
+            gateway,
+        )
+    kept = await db.fetch("SELECT epoch FROM session_epochs WHERE node_id = 'n1' ORDER BY epoch")
+    assert [r["epoch"] for r in kept] == [2, 3]
