@@ -42,7 +42,8 @@ from tests.integration.model.world import GATEWAYS, NODES, Node, World, run
 
 pytestmark = pytest.mark.slow
 
-FORGED = ("result", "progress", "rejected", "closed", "status", "events", "liveness")
+ANSWERS = ("result", "progress", "rejected")
+FORGED = (*ANSWERS, "closed", "status", "events", "liveness")
 LATE_WORKERS = ("replay", "quarantine", "recorder", "labeler", "liveness")
 
 node_index = st.integers(0, NODES - 1)
@@ -166,15 +167,16 @@ def machine(loop: asyncio.AbstractEventLoop, world: World) -> type[RuleBasedStat
             assert world.hostile is not None
             self._do(lambda: world.dial(world.attacker_of(world.nodes[n]), world.hostile))
 
-        async def _forge(self, node: Node, kind: str) -> None:
+        async def _forge(self, node: Node, kind: str, stranger: bool = False) -> None:
             """The hostile gateway forges a `kind` fact about `node`, which it does not hold
-            now: nothing changes."""
+            now (`stranger`: at the node's epoch of now, never issued to it): nothing
+            changes."""
             assert world.hostile is not None
             row = (await world.fetch(SESSION, node.node_id))[0]
             if row["gateway_id"] == world.hostile.gateway_id:
                 return  # it holds the node: not a forgery
             before = await snapshot(node.node_id)
-            fact = await forged(kind, node.node_id, row)
+            fact = await forged(kind, node.node_id, row, stranger)
             await world.hostile.facts.publish(fact)
             await world.settle(moving=False)
             after = await snapshot(node.node_id)
@@ -186,20 +188,35 @@ def machine(loop: asyncio.AbstractEventLoop, world: World) -> type[RuleBasedStat
 
         @rule(n=node_index, g=gateway_index, kinds=st.lists(st.sampled_from(FORGED), max_size=3))
         def former_holder_compromised(self, n: int, g: int, kinds: list[str]) -> None:
-            """The node held through a gateway, commands delivered there, the node gone
-            elsewhere; then that gateway, compromised, forges about it."""
+            """The node held through a gateway and commands delivered there (their answers
+            slow to come), the node gone elsewhere, where its commands are re-sent and one
+            more is sent (their answers slow too); then that gateway, compromised, forges
+            about it — answers of every kind as its former holder and as a stranger to the
+            epoch of now, and `kinds`. The true late answers arrive afterwards."""
             node = world.nodes[n]
+            gateway = world.gateways[g]
 
             async def scenario() -> None:
                 assert world.hostile is not None
+                hostile = world.answers[world.hostile.gateway_id]
+                hostile.holding = True
                 await world.dial(node.honest, world.hostile)
                 await world.settle()
                 await self._enqueue(node, 2)
                 await world.settle()
-                await world.dial(node.honest, world.gateways[g])
+                world.answers[gateway.gateway_id].holding = True
+                await world.dial(node.honest, gateway)
                 await world.settle()
+                await self._enqueue(node, 1)
+                await world.settle()
+                for kind in ANSWERS:
+                    await self._forge(node, kind)
+                    await self._forge(node, kind, stranger=True)
                 for kind in kinds:
                     await self._forge(node, kind)
+                await hostile.release()
+                await world.answers[gateway.gateway_id].release()
+                await world.settle()
 
             run(loop, scenario)
 
@@ -283,21 +300,25 @@ def make_forger(world: World) -> tuple[Any, Any]:
     async def snapshot(node_id: str) -> tuple[Any, ...]:
         return await snapshot_of(world, node_id)
 
-    async def forged(kind: str, node_id: str, row: Any) -> Any:
+    async def forged(kind: str, node_id: str, row: Any, stranger: bool = False) -> Any:
         """A fact of `kind` about `node_id` from the hostile gateway: at an epoch it held,
-        if it ever held one, else at the node's epoch of now."""
+        if it ever held one (else, or as a `stranger`, at the node's epoch of now), about
+        the command it would most like to move: one in flight now."""
         assert world.hostile is not None
         own = await world.val(
             "SELECT max(epoch) FROM session_epochs WHERE node_id = $1 AND gateway_id = $2",
             node_id, world.hostile.gateway_id,
         )  # fmt: skip
-        epoch = own or row["session_epoch"]
+        epoch = row["session_epoch"] if stranger or not own else own
         delivered = world.delivered(node_id, epoch)
         rows = await world.fetch(
-            "SELECT command_id, session_epoch FROM commands WHERE node_id = $1 ORDER BY seq DESC",
+            "SELECT command_id, session_epoch FROM commands WHERE node_id = $1 "
+            "ORDER BY state IN ('done', 'failed', 'cancelled'), seq DESC",
             node_id,
         )
-        if kind == "rejected":  # a BUSY about its own delivery, since re-sent elsewhere
+        if stranger:  # what its epoch of now was sent: a foreign answer must not reach it
+            choice = [r for r in rows if r["session_epoch"] == epoch]
+        elif kind == "rejected":  # a BUSY about its own delivery, since re-sent elsewhere
             choice = [
                 r for r in rows if r["command_id"] in delivered and r["session_epoch"] != epoch
             ]

@@ -203,7 +203,14 @@ class World:
         self, node_id: str, serial: str, key: bytes | None, home: int, label: str = "honest"
     ) -> FakeDaemon:
         daemon = FakeDaemon(
-            node_id, serial, self.clock, self.rng, home=home, hello_key=key, work_seconds=(0.5, 2.0)
+            node_id,
+            serial,
+            self.clock,
+            self.rng,
+            home=home,
+            hello_key=key,
+            work_seconds=(0.5, 2.0),
+            lane_credits=2,  # fewer than the gateway sends: BUSY answers
         )
         self._watched(daemon, f"{label}:{node_id}")
         return daemon
