@@ -177,7 +177,7 @@ def machine(loop: asyncio.AbstractEventLoop, world: World) -> type[RuleBasedStat
                 return  # it holds the node: not a forgery
             before = await snapshot(node.node_id)
             fact = await forged(kind, node.node_id, row, stranger)
-            await world.hostile.facts.publish(fact)
+            await world.answers[world.hostile.gateway_id].publish(fact)  # never held back
             await world.settle(moving=False)
             after = await snapshot(node.node_id)
             assert before == after, f"a forged {fact!r} changed {diff(before, after)}"

@@ -83,7 +83,8 @@ FENCES: dict[type[Fact], Fence] = {
     Liveness: Fence(None, "each entry: the row's node, epoch and gateway; folded per gateway"),
     Closed: Fence(Binding.EPOCH, "the row's epoch and gateway"),
     Progress: Fence(
-        Binding.EPOCH, "the command, in flight and delivered at the fact's epoch; forward only"
+        Binding.EPOCH,
+        "the command, in flight at the fact's epoch (the delivery of now); forward only",
     ),
     Result: Fence(
         Binding.EPOCH,
@@ -97,8 +98,8 @@ FENCES: dict[type[Fact], Fence] = {
     ),
     Status: Fence(
         Binding.EPOCH,
-        "a generation at most the node's spec generation; trust version and approver set "
-        "from the session of now only",
+        "the session of now only (its last one's, once closed); a generation at most the "
+        "node's spec generation",
     ),
 }
 
