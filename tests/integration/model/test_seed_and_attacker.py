@@ -155,6 +155,12 @@ def machine(loop: asyncio.AbstractEventLoop, world: World) -> type[RuleBasedStat
 
             self._do(fight)
 
+        @rule(n=node_index, g=gateway_index)
+        def clone_pair_behind_one_gateway(self, n: int, g: int) -> None:
+            """A clone pair behind one gateway, each proving its Hellos with the node's
+            key: four alternations, as the seed counts them, through that gateway."""
+            self.clone_fights(n, [g] * 4)
+
         @rule(n=node_index)
         def node_says_hello_through_the_hostile_gateway(self, n: int) -> None:
             """It held the node honestly before it was compromised: a former holder."""
