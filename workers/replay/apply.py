@@ -250,14 +250,6 @@ async def _replay(tx: Tx, hellos: list[Hello]) -> dict[uuid.UUID, Outcome]:
             continue
         node_rows = {r.command.command_id: r for r in by_node.get(node, [])}
         rows += node_rows.values()
-        if sessions[node]["held"]:
-            # held (for the quarantine, or the node for an operator): it may be a clone's,
-            # so what its Hello says proves nothing yet — no command fails, completes or
-            # runs on its word; what was in flight waits as pending, for the dispatch loop
-            # once the hold is lifted (or for the node's own next session)
-            for row in node_rows.values():
-                row.set(state="pending", session_epoch=None)
-            continue
         plan = plan_replay(hello, [r.command for r in node_rows.values()])
         epoch = hello.epoch
         for command in plan.failed:
@@ -274,14 +266,19 @@ async def _replay(tx: Tx, hellos: list[Hello]) -> dict[uuid.UUID, Outcome]:
             publish_event(
                 tx, command_event(CommandCancelled, command, epoch, "kind-not-allowed"), hello
             )
-        for command in plan.kept:  # the daemon runs it: as good as delivered at E
+        # held (for the quarantine, or the node for an operator): the resume rules its
+        # proof stands for (a new journal, a new boot) apply, but it may be a clone's, so
+        # nothing runs on its word and nothing is sent to it: what was in flight waits as
+        # pending, for the dispatch loop once the hold is lifted (or the node's own session)
+        held = bool(sessions[node]["held"])
+        for command in () if held else plan.kept:  # the daemon runs it: as good as delivered
             node_rows[command.command_id].set(
                 state="running", session_epoch=epoch, delivered_epochs=with_delivery(command, epoch)
             )
-        for command in plan.parked:
+        for command in (*plan.parked, *plan.kept, *plan.resent) if held else plan.parked:
             node_rows[command.command_id].set(state="pending", session_epoch=None)
         gateway = sessions[node]["gateway_id"]
-        for command in plan.resent:  # in seq order
+        for command in () if held else plan.resent:  # in seq order
             row = node_rows[command.command_id]
             row.set(
                 state="dispatched",
