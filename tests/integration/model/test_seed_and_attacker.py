@@ -11,6 +11,18 @@ does not hold the node; a worker stopped and started late — and whose invarian
 Seeded (derandomized unless `--hypothesis-seed` is given) and bounded to minutes here;
 `BCW_MODEL_EXAMPLES` and `BCW_MODEL_STEPS` make a longer run, e.g.
 `BCW_MODEL_EXAMPLES=60 BCW_MODEL_STEPS=25 pytest tests/integration/model --hypothesis-seed=7`.
+
+What it finds. On the code before issue 58 it failed within its first examples: the
+one-gateway hold left a proven clone pair unrevoked at `require`; a hostile gateway's
+unproven Hello at `warn` got the node's commands, also after the node's certificate was
+revoked; a forged progress from a gateway the dispatch had been sent to moved a re-sent
+command. Mutations tried on the final code (6 examples of 10 steps per policy, no
+shrinking; 2026-12-05): a result counted from any epoch, a BUSY from any epoch, progress
+from any delivery, results not bound to their gateway's epochs (`FENCES`), the
+one-gateway hold kept for proven windows, the replay re-sending in reverse seq order —
+each failed it. Two were not caught, because a second guard stands behind them: dispatch
+without its `proven` check (a takeover's session is held as well), and a takeover's
+Hello replayed (its session is held: nothing is sent, nothing runs on its word).
 """
 
 from __future__ import annotations
