@@ -22,7 +22,10 @@ from any delivery, results not bound to their gateway's epochs (`FENCES`), the
 one-gateway hold kept for proven windows, the replay re-sending in reverse seq order —
 each failed it. Two were not caught, because a second guard stands behind them: dispatch
 without its `proven` check (a takeover's session is held as well), and a takeover's
-Hello replayed (its session is held: nothing is sent, nothing runs on its word).
+Hello replayed (its session is held: nothing is sent, nothing runs on its word). A longer
+run at the final code, `BCW_MODEL_EXAMPLES=20 BCW_MODEL_STEPS=15 … --hypothesis-seed=58`
+(20 examples of 15 steps per policy), found nothing: 4 min 26 s on this machine (machine
+speed 0.41 s for sum(range(3e7))), beside other work.
 """
 
 from __future__ import annotations
