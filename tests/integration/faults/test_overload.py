@@ -177,7 +177,9 @@ async def test_one_range_of_a_gateway_held_behind_disconnects_nobody_and_is_said
         gone = await _watch_disconnects(db, HOLD)
         assert hold.held > 0
         assert gone == set(), f"{len(gone)} session(s) disconnected while the controller was behind"
-        await eventually(lambda: _all_gone(db, quiet), within=3 * STALE, what="the silenced gone")
+        # caught up: the silenced go within the stale threshold and two sweeps; the budget
+        # is twice that, for a machine the whole suite shares
+        await eventually(lambda: _all_gone(db, quiet), within=6 * STALE, what="the silenced gone")
         assert set(await _disconnected(db)) == quiet  # nobody else, ever
     blind = [e for _, e in await _events(nc, subjects, "gateway.blind", mark)]
     assert blind and all(e["reason"] == "lag" for e in blind), blind
@@ -221,7 +223,9 @@ async def test_a_controller_steadily_behind_is_blind_for_lag_and_keeps_no_node_a
         quiet = set(gateway.silence(0.01, 1))
         gone = await _watch_disconnects(db, 3 * lag)
         assert gone == set(), f"{len(gone)} session(s) disconnected while the controller was behind"
-        await eventually(lambda: _all_gone(db, quiet), within=3 * STALE, what="the silenced gone")
+        # caught up: the silenced go within the stale threshold and two sweeps; the budget
+        # is twice that, for a machine the whole suite shares
+        await eventually(lambda: _all_gone(db, quiet), within=6 * STALE, what="the silenced gone")
         assert set(await _disconnected(db)) == quiet
     [(_, blind)] = await _events(nc, subjects, "gateway.blind", mark)
     assert blind["reason"] == "lag" and blind["sessions"] == NODES, blind
