@@ -10,6 +10,7 @@ exit 2), credentials refused (`RefusedError`, exit 3) or a server out of reach
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,6 +25,8 @@ from workers.runtime.base.errors import (
     classify,
 )
 from workers.runtime.base.runtime_settings import DatabaseSettings, database_hosts
+
+log = logging.getLogger(__name__)
 
 URL_SETTING = "BCW_DATABASE_URL"
 
@@ -135,3 +138,24 @@ def named(error: BaseException, settings: DatabaseSettings) -> Exception:
     if severity is Severity.TRANSIENT or isinstance(error, OSError | TimeoutError):
         return UnreachableError(URL_SETTING, f"cannot reach {at} ({detail or 'timed out'})")
     return UnreachableError(URL_SETTING, f"cannot connect to {at} ({detail})")
+
+
+async def with_lock_patience(
+    conn: asyncpg.Connection, what: str, work: Callable[[], Awaitable[object]], attempts: int = 6
+) -> None:
+    """Run `work` in a transaction of its own, waiting for its locks 5 s at a time. Beside
+    running workers (whose transactions are short), a change that locks tables they use
+    may meet one that holds a lock it wants: PostgreSQL ends one of the two (a deadlock),
+    or the change waits past its lock timeout. Either rolls `work` back whole, so it is
+    tried again after a pause, `attempts` times in all; `what` names it in the log."""
+    for attempt in range(1, attempts + 1):
+        try:
+            async with conn.transaction():
+                await conn.execute("SET LOCAL lock_timeout = '5s'")
+                await work()
+            return
+        except (asyncpg.DeadlockDetectedError, asyncpg.LockNotAvailableError) as error:
+            if attempt == attempts:
+                raise
+            log.info("%s met a worker's locks (%s): trying again", what, type(error).__name__)
+            await asyncio.sleep(attempt)

@@ -4,12 +4,12 @@ the migrations, under their advisory lock (`migrate.grant`)."""
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import logging
 
 import asyncpg
 
-from workers.runtime.store import limits, policies, roles
+from workers.runtime.store import db, limits, policies, roles
 
 log = logging.getLogger(__name__)
 
@@ -47,26 +47,12 @@ async def apply(conn: asyncpg.Connection, legacy_gateway: bool = False) -> list[
                 "gateways run", roles.LEGACY_GATEWAY,
             )  # fmt: skip
     for table, sql in policies.policies_sql(granted).items():
-        await _with_lock_patience(conn, table, sql)
+        await db.with_lock_patience(
+            conn, f"row-level security of {table}", functools.partial(conn.execute, sql)
+        )
     await _no_temp_for_public(conn)
     await limits.apply(conn, granted)
     return list(granted)
-
-
-async def _with_lock_patience(conn: asyncpg.Connection, table: str, sql: str) -> None:
-    """Run one table's policies in a transaction of its own, waiting for its lock a few
-    seconds at a time (the workers' transactions are short), a few times."""
-    for attempt in range(1, 7):
-        try:
-            async with conn.transaction():
-                await conn.execute("SET LOCAL lock_timeout = '5s'")
-                await conn.execute(sql)
-            return
-        except (asyncpg.LockNotAvailableError, asyncpg.DeadlockDetectedError):
-            if attempt == 6:
-                raise
-            log.info("row-level security of %s: its lock is busy, trying again", table)
-            await asyncio.sleep(attempt)
 
 
 async def _no_temp_for_public(conn: asyncpg.Connection) -> None:

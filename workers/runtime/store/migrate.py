@@ -10,7 +10,7 @@ migrations only expand, so a rolled-back release runs on the schema its successo
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import hashlib
 import logging
 import re
@@ -21,6 +21,7 @@ from pathlib import Path
 import asyncpg
 
 from workers.runtime.base.release import parse, release
+from workers.runtime.store import db
 
 log = logging.getLogger(__name__)
 
@@ -204,37 +205,24 @@ async def migrate(conn: asyncpg.Connection, directory: Path | None = None) -> li
             if migration.name in applied:
                 continue
             log.info("applying migration %s", migration.name)
-            await _apply_one(conn, migration)
+            # beside running workers (a rolling upgrade), tried again when it meets their locks
+            await db.with_lock_patience(
+                conn, f"migration {migration.name}", functools.partial(_apply, conn, migration)
+            )
             done.append(migration.name)
         return done
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", ADVISORY_LOCK_KEY)
 
 
-async def _apply_one(conn: asyncpg.Connection, migration: Migration, attempts: int = 6) -> None:
-    """One migration in a transaction of its own. Beside running workers (a rolling
-    upgrade), a migration that changes two tables may meet a worker's transaction that
-    holds one and wants the other: PostgreSQL ends one of the two (a deadlock), or the
-    migration waits past its lock timeout. Either rolls the migration back whole, so it
-    is tried again, a few times, after a pause (the workers' transactions are short)."""
-    for attempt in range(1, attempts + 1):
-        try:
-            async with conn.transaction():
-                await conn.execute("SET LOCAL lock_timeout = '5s'")
-                await conn.execute(migration.sql)
-                await conn.execute(
-                    "INSERT INTO schema_migrations (name, checksum, release) VALUES ($1, $2, $3)",
-                    migration.name,
-                    migration.checksum,
-                    release(),
-                )
-            return
-        except (asyncpg.DeadlockDetectedError, asyncpg.LockNotAvailableError) as error:
-            if attempt == attempts:
-                raise
-            log.info("migration %s met a worker's locks (%s): trying again", migration.name,
-                     type(error).__name__)  # fmt: skip
-            await asyncio.sleep(attempt)
+async def _apply(conn: asyncpg.Connection, migration: Migration) -> None:
+    await conn.execute(migration.sql)
+    await conn.execute(
+        "INSERT INTO schema_migrations (name, checksum, release) VALUES ($1, $2, $3)",
+        migration.name,
+        migration.checksum,
+        release(),
+    )
 
 
 async def status(conn: asyncpg.Connection, directory: Path | None = None) -> list[MigrationStatus]:
