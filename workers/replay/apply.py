@@ -26,7 +26,7 @@ from schemas.events import (
 )
 from schemas.facts import Fact, Hello, Progress, Rejected, Result, newest_per_node
 from schemas.notices import Dispatch
-from workers.replay.carried import held_nodes, pairs, results_of
+from workers.replay.carried import pairs, results_of
 from workers.replay.decide import Command, busy_count, busy_delay, plan_replay
 from workers.replay.deliveries import (
     busy_counts,
@@ -52,16 +52,20 @@ command_id, node_id, seq, kind, lane, state, session_epoch, delivery_attempt, bu
 busy_epoch, not_before, payload::text AS payload, signature, updated_at, delivered_epochs
 """
 
-# With whether the session gets nothing yet (`held`): held for the quarantine at its epoch,
-# unproven for a node that proves its Hellos (a takeover attempt), or of a node a
-# quarantine holds for an operator (as the dispatch loop reads it).
+# With whether the node is held for an operator (`node_held`: a quarantine holds every
+# session of it) and whether the session gets nothing yet (`held`): held for the
+# quarantine at its epoch, unproven for a node that proves its Hellos (a takeover
+# attempt), or of a node held for an operator (as the dispatch loop reads it). Locked
+# before the command rows, as the dispatch loop locks them.
 LOCK_SESSIONS = """
-SELECT s.node_id, s.session_epoch, s.gateway_id,
-       s.held_epoch = s.session_epoch OR s.proven IS NOT DISTINCT FROM false
-       OR EXISTS (SELECT 1 FROM quarantines q WHERE q.node_id = s.node_id
-                     AND q.revoked_at IS NULL AND q.dismissed_at IS NULL) AS held
+SELECT s.node_id, s.session_epoch, s.gateway_id, s.node_held,
+       s.held_epoch = s.session_epoch OR s.proven IS NOT DISTINCT FROM false OR s.node_held
+       AS held
   FROM unnest($1::text[]) AS n(node_id)
- CROSS JOIN LATERAL (SELECT node_id, session_epoch, gateway_id, held_epoch, proven
+ CROSS JOIN LATERAL (SELECT node_id, session_epoch, gateway_id, held_epoch, proven,
+                            EXISTS (SELECT 1 FROM quarantines q WHERE q.node_id = n.node_id
+                                      AND q.revoked_at IS NULL AND q.dismissed_at IS NULL)
+                            AS node_held
                        FROM node_sessions WHERE node_id = n.node_id FOR SHARE) AS s
 """
 
@@ -206,23 +210,25 @@ def make_handler(settings: ReplaySettings) -> Handler:
         outcomes: dict[uuid.UUID, Outcome] = {}
         hellos = [f for f in facts if isinstance(f, Hello)]
         if hellos:
+            nodes = sorted({h.node_id for h in hellos})
+            sessions = {r["node_id"]: r for r in await tx.conn.fetch(LOCK_SESSIONS, nodes)}
             # what finished while the node was away settles first: not replayed, not re-sent
-            # (never what a takeover attempt, or a Hello held as a possible clone's, says it
-            # ran: the node's own daemon answers a re-send from its journal)
-            held = await held_nodes(tx.conn, hellos)
+            # (never what a takeover attempt, a Hello held as a possible clone's, or one of
+            # a node held for an operator says it ran: the node's own daemon answers a
+            # re-send from its journal)
             settled = [
                 result
                 for hello in hellos
                 if hello.proven is not False
                 and not hello.duplicate_identity
-                and hello.node_id not in held
+                and not (hello.node_id in sessions and sessions[hello.node_id]["node_held"])
                 for result in results_of(hello)
             ]
             if settled:
                 await _answers(
                     tx, settled, settings, causes={r.fact_id: h for h, r in pairs(hellos)}
                 )
-            outcomes.update(await _replay(tx, hellos))
+            outcomes.update(await _replay(tx, hellos, sessions))
         answers = [f for f in facts if isinstance(f, Progress | Result | Rejected)]
         if answers:
             outcomes.update(await _answers(tx, answers, settings))
@@ -231,10 +237,12 @@ def make_handler(settings: ReplaySettings) -> Handler:
     return handle
 
 
-async def _replay(tx: Tx, hellos: list[Hello]) -> dict[uuid.UUID, Outcome]:
+async def _replay(
+    tx: Tx, hellos: list[Hello], sessions: Mapping[str, asyncpg.Record]
+) -> dict[uuid.UUID, Outcome]:
+    """Each node's newest Hello of the batch, when it is the session of now (`sessions`,
+    locked): its resume rules, then its replay."""
     latest = newest_per_node(hellos)
-    nodes = sorted(latest)
-    sessions = {r["node_id"]: r for r in await tx.conn.fetch(LOCK_SESSIONS, nodes)}
     current = {
         n: h for n, h in latest.items() if n in sessions and sessions[n]["session_epoch"] == h.epoch
     }
