@@ -177,9 +177,10 @@ async def test_one_range_of_a_gateway_held_behind_disconnects_nobody_and_is_said
         gone = await _watch_disconnects(db, HOLD)
         assert hold.held > 0
         assert gone == set(), f"{len(gone)} session(s) disconnected while the controller was behind"
-        # caught up: the silenced go within the stale threshold and two sweeps; the budget
-        # is twice that, for a machine the whole suite shares
-        await eventually(lambda: _all_gone(db, quiet), within=6 * STALE, what="the silenced gone")
+        # caught up, the silenced go: each within the stale threshold and two sweeps of
+        # the gateway seen again (`bound`, below); a machine the whole suite shares may
+        # leave the controller behind, and blind, a while longer — the wait allows it
+        await eventually(lambda: _all_gone(db, quiet), within=60, what="the silenced gone")
         assert set(await _disconnected(db)) == quiet  # nobody else, ever
     blind = [e for _, e in await _events(nc, subjects, "gateway.blind", mark)]
     assert blind and all(e["reason"] == "lag" for e in blind), blind
