@@ -29,7 +29,7 @@ from workers.runtime.base import heap
 from workers.runtime.base.errors import SettingError, Severity, classify
 from workers.runtime.base.settings import Settings
 from workers.runtime.base.waiting import Patience, sleep_or_stop
-from workers.runtime.bus import connection, frames, server, streams
+from workers.runtime.bus import connection, frames, principals, server, streams
 from workers.runtime.bus.deadletter import watch_max_deliveries
 from workers.runtime.effects.consumer import FactConsumer
 from workers.runtime.effects.outbox import OutboxRelay
@@ -195,10 +195,13 @@ async def _serve(
         ]  # fmt: skip
 
         async def provision() -> None:
-            # created when missing, never changed: only `bcw provision` updates a stream
+            # created when missing, never changed: only `bcw provision` updates a stream;
+            # a dedicated relay checks only the streams it publishes to (its principal
+            # may read no other's info: no facts stream, no gateway's own)
             await streams.streams_for_a_worker(
                 js, subjects, settings.nats.stream_replicas,
                 streams.limits_of(settings.nats, server.server_version(nc)),
+                only=None if workers else principals.relay_streams(subjects),
             )  # fmt: skip
             for consumer in parts.consumers:
                 spec = consumer.worker.consumer_spec(subjects)

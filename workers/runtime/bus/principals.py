@@ -151,6 +151,12 @@ def _api(*parts: str) -> str:
     return "$JS.API." + ".".join(parts)
 
 
+def relay_streams(subjects: Subjects) -> tuple[str, ...]:
+    """The streams a dedicated relay (`bcw run relay`) publishes to: all it checks at start,
+    and all its principal may read the info of (never a facts stream: it sends no fact)."""
+    return (subjects.events_stream, subjects.gateway_stream, subjects.dead_stream)
+
+
 def principals(subjects: Subjects, gateways: Sequence[str]) -> list[Principal]:
     """Every principal and its grants (inboxes aside: `_INBOX.<key>.>` is added per key)."""
     facts, events = subjects.facts_stream, subjects.events_stream
@@ -219,7 +225,7 @@ def principals(subjects: Subjects, gateways: Sequence[str]) -> list[Principal]:
             "bcw run relay: dedicated outbox relays (the chart's relay.enabled)",
             publish=(
                 _api("INFO"),
-                *(_api("STREAM.INFO", s) for s in streams),
+                *(_api("STREAM.INFO", s) for s in relay_streams(subjects)),
                 subjects.all_events,
                 subjects.revocations,
                 subjects.all_notices,

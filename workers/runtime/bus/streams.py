@@ -8,7 +8,7 @@ cannot change it in place. The connection itself is `connection.connect`.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext
@@ -159,19 +159,11 @@ def stream_configs(
     ]  # fmt: skip
 
 
+# (max_consumers is set at creation: the server refuses to change it)
 _UPDATABLE = (
-    "subjects",
-    "max_age",
-    "duplicate_window",
-    "num_replicas",
-    "discard",
-    "max_bytes",
-    "max_msgs",
-    "max_msg_size",
-    "max_msgs_per_subject",
-    "allow_batched",
-    "sources",
-)  # fmt: skip  (max_consumers is set at creation: the server refuses to change it)
+    "subjects", "max_age", "duplicate_window", "num_replicas", "discard", "max_bytes",
+    "max_msgs", "max_msg_size", "max_msgs_per_subject", "allow_batched", "sources",
+)  # fmt: skip
 _FIXED = ("retention", "storage")
 
 
@@ -269,12 +261,17 @@ async def gateways_sourced(js: JetStreamContext, subjects: Subjects) -> list[str
 
 
 async def _as_they_are(
-    js: JetStreamContext, subjects: Subjects, replicas: int, limits: StreamLimits | None
+    js: JetStreamContext,
+    subjects: Subjects,
+    replicas: int,
+    limits: StreamLimits | None,
+    only: Collection[str] | None = None,
 ) -> AsyncIterator[tuple[StreamConfig, StreamConfig | None]]:
-    """Each stream of the contract as these settings want it, and as the server has it
-    (None: the server has no such stream)."""
+    """Each stream of the contract (`only` those named) as these settings want it, and as
+    the server has it (None: the server has no such stream)."""
     for wanted in stream_configs(subjects, replicas, limits):
-        assert wanted.name is not None
+        if wanted.name is None or (only is not None and wanted.name not in only):
+            continue
         try:
             current: StreamConfig | None = (await js.stream_info(wanted.name)).config
         except NotFoundError:
@@ -301,16 +298,19 @@ async def check_streams(
 
 
 async def streams_for_a_worker(
-    js: JetStreamContext, subjects: Subjects, replicas: int = 1, limits: StreamLimits | None = None
+    js: JetStreamContext,
+    subjects: Subjects,
+    replicas: int = 1,
+    limits: StreamLimits | None = None,
+    only: Collection[str] | None = None,
 ) -> dict[str, str]:
-    """What a worker does with the streams at start: create one that is missing (a first
-    start on a development server; a least-privilege worker may not, and `bcw provision`
-    does it), and leave an existing one as it is — an operator's edit (`nats stream edit`)
-    is never reverted, only reported. A stream whose retention or storage the contract
-    cannot work with stops the start (ProvisionError)."""
+    """What a worker does with the streams (`only` those named: a relay's) at start: create
+    one that is missing (a development server; else `bcw provision` does), leave an
+    existing one as it is — an operator's edit is never reverted, only reported. A stream
+    whose retention or storage the contract cannot work with stops the start (ProvisionError)."""
     out: dict[str, str] = {}
     sourced: list[str] = []  # the gateways' streams the facts stream as it is sources
-    async for wanted, current in _as_they_are(js, subjects, replicas, limits):
+    async for wanted, current in _as_they_are(js, subjects, replicas, limits, only):
         if wanted.name == subjects.facts_stream:
             sourced = _source_names((current or wanted).sources)
         if current is None and _is_gateway_facts(wanted, subjects) and wanted.name not in sourced:

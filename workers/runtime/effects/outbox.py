@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+import uuid
+from collections.abc import Sequence
 
 import asyncpg
 import nats.errors
@@ -28,10 +27,11 @@ from schemas.subjects import Subjects
 from workers.runtime.base.errors import Severity, as_setting_error, classify
 from workers.runtime.base.runtime_settings import DatabaseSettings, OutboxSettings
 from workers.runtime.base.waiting import Patience, sleep_or_stop, wait_any
+from workers.runtime.bus import sendable
 from workers.runtime.bus.acked import BATCH_DISABLED, BATCH_FLOW, AckedPublisher, Message
 from workers.runtime.bus.connection import RefusedSubjects
 from workers.runtime.bus.deadletter import dead_letter, subject_of
-from workers.runtime.bus.principals import EMITS, refusal
+from workers.runtime.bus.principals import EMITS
 from workers.runtime.effects import claims
 from workers.runtime.effects.claims import Item
 from workers.runtime.observability import tracing
@@ -44,24 +44,6 @@ NOTIFY_CHANNEL = "bcw_outbox"
 #: seconds before a stream that refused fast batches is offered one again (an operator
 #: may have set `allow_batched` meanwhile: `bcw provision`)
 UNBATCHED_RECHECK = 300.0
-
-
-def _stored_headers(text: str) -> dict[str, str]:
-    """The headers a row stored, as a dict of its own (untraced rows share one of a few)."""
-    if "traceparent" in text:  # one of its own
-        return json.loads(text)
-    return dict(_parsed_headers(text))
-
-
-@functools.lru_cache(maxsize=256)
-def _parsed_headers(text: str) -> dict[str, str]:
-    return json.loads(text)
-
-
-@functools.lru_cache(maxsize=4096)
-def _refusal(subjects: Subjects, worker: str, bc_type: str | None, subject: str) -> str | None:
-    """`principals.refusal`, remembered (a relay sees the same few a thousand times)."""
-    return refusal(subjects, worker, bc_type, subject)
 
 
 class OutboxRelay:
@@ -78,8 +60,13 @@ class OutboxRelay:
         subjects: Subjects,
         refused: RefusedSubjects | None = None,
         owners: Sequence[str] | None = None,
+        headers: frozenset[str] | None = None,
     ) -> None:
         self._pool = pool
+        #: the header names a row may hold (`sendable.allowed`)
+        self._headers = headers if headers is not None else sendable.allowed()
+        #: server refusals of rows still in the outbox: {msg_id: how many}
+        self._refusals: dict[uuid.UUID, int] = {}
         self._owners = list(owners) if owners else None  # whose rows it claims; None: all
         self._subjects = subjects
         #: subjects this principal may not publish to: their rows are dead-lettered
@@ -106,9 +93,11 @@ class OutboxRelay:
         """Claim, publish and delete one batch; returns how many were published.
 
         Each row succeeds or fails on its own: published rows are deleted, rows that can
-        never be published move to `outbox_dead` with a dead letter (`_bury`),
-        and rows that failed for a passing reason stay for the next round (which then
-        raises `OutboxPublishError` so the caller backs off).
+        never be published move to `outbox_dead` with a dead letter (`_bury`), and rows
+        that failed for a passing reason stay for the next round (which then raises
+        `OutboxPublishError` so the caller backs off) — but a row the server refused (an
+        error answer naming it) slows nobody: tried again, and buried the
+        `sendable.REFUSALS`th time.
         """
         if not self._js._nc.is_connected:  # publishing now would only buffer
             raise nats.errors.ConnectionReconnectingError
@@ -116,22 +105,23 @@ class OutboxRelay:
             rows = await claims.claim(conn, self._settings.batch_size, self._owners)
             if not rows:
                 return 0
-            published, dead, forged = await self._publish(rows)
+            published, dead, forged, refused = await self._publish(rows)
             if dead:
                 await self._bury(rows, dead, forged)
             await claims.settle(conn, rows, published, dead)
         self._metrics.outbox_published.inc(by=len(published))
-        if len(published) + len(dead) < len(rows):
+        if len(published) + len(dead) + refused < len(rows):
             raise OutboxPublishError(
                 f"{len(rows) - len(published) - len(dead)} of {len(rows)} rows not acknowledged"
             )
         return len(published) + len(dead)
 
-    async def _publish(self, rows: list[Item]) -> tuple[list[int], dict[int, str], set[int]]:
+    async def _publish(self, rows: list[Item]) -> tuple[list[int], dict[int, str], set[int], int]:
         """Publish `rows` pipelined — a stream's rows as fast batches where the stream takes
         them, the rest and any a batch did not store one by one; (ids acknowledged,
         {id: reason} for rows that never can be, the ids of those no worker of ours could
-        have written: headers that do not parse, what their worker does not send)."""
+        have written: headers that do not parse or are not a worker's, what their worker
+        does not send; how many the server refused, to try again — `sendable.refused`)."""
         spans: dict[int, trace.Span] = {}
         dead: dict[int, str] = {}
         forged: set[int] = set()
@@ -140,14 +130,16 @@ class OutboxRelay:
         ready: dict[int, Message] = {}
         for row in rows:
             try:
-                headers = _stored_headers(row.headers)
+                headers = sendable.stored_headers(row.headers)
             except (ValueError, TypeError) as bad:  # a row no worker of ours wrote
                 dead[row.id] = f"its headers do not parse: {bad}"
                 forged.add(row.id)
                 continue
-            refused = self._refusal(row, headers)
-            if refused is not None:
-                dead[row.id] = refused
+            why = sendable.row_refusal(
+                self._subjects, row.worker, headers, row.subject, self._headers
+            )
+            if why is not None:
+                dead[row.id] = why
                 forged.add(row.id)
                 continue
             if self._tracing:  # the message carries this span on; else the stored context
@@ -174,24 +166,37 @@ class OutboxRelay:
                     dead[row_id] = f"this principal may not publish to {subject}"
                 elif classify(failure) is Severity.PERMANENT:
                     dead[row_id] = f"{type(failure).__name__}: {failure}"
+        refused = self._count_refusals(rows, failed, dead) if failed or self._refusals else 0
         for row_id, span in spans.items():
             if row_id in failed or row_id in dead:
                 if row_id in failed:
                     span.record_exception(failed[row_id])
                 span.set_status(trace.StatusCode.ERROR, dead.get(row_id, "not published"))
             span.end()
-        return done, dead, forged
+        return done, dead, forged, refused
 
-    def _refusal(self, row: Item, headers: Mapping[str, str]) -> str | None:
-        """Why this row's message may not go out though it parsed: a fleet worker's row
-        holding what that worker does not send (`principals.refusal`: the relay trusts no
-        row — a worker's login may write any row of its own). Rows of no fleet worker are
-        the schema owner's alone (a test's, a benchmark's)."""
-        if not isinstance(headers, dict):
-            return "its headers are not a map"
-        if row.worker not in EMITS:
-            return None
-        return _refusal(self._subjects, row.worker, headers.get(TYPE_HEADER), row.subject)
+    def _count_refusals(
+        self, rows: list[Item], failed: dict[int, BaseException], dead: dict[int, str]
+    ) -> int:
+        """Count each server refusal (`sendable.refused`) against its row, buried (into
+        `dead`) the `sendable.REFUSALS`th time in a row; how many are left to try again."""
+        left = 0
+        for row in rows:
+            failure = failed.get(row.id)
+            if row.id in dead or failure is None or not sendable.refused(failure):
+                self._refusals.pop(row.msg_id, None)  # out, buried, or not refused this time
+                continue
+            times = self._refusals[row.msg_id] = self._refusals.get(row.msg_id, 0) + 1
+            if times < sendable.REFUSALS:
+                left += 1
+                continue
+            del self._refusals[row.msg_id]
+            dead[row.id] = (
+                f"the server refused it {times} times: {type(failure).__name__}: {failure}"
+            )
+        if len(self._refusals) > 4 * self._settings.batch_size:  # rows deleted meanwhile
+            self._refusals.clear()
+        return left
 
     async def _publish_batched(
         self, ready: dict[int, Message], failed: dict[int, BaseException]
@@ -299,7 +304,7 @@ class OutboxRelay:
             if reason is None:
                 continue
             cause = "forged" if row.id in forged else "unpublishable"
-            stored = {} if cause == "forged" else _stored_headers(row.headers)
+            stored = {} if cause == "forged" else sendable.stored_headers(row.headers)
             headers = {**stored, "Nats-Msg-Id": str(row.msg_id)}
             fits = len(row.body) <= limit - 4096  # room for the dead letter's own headers
             source = "relay" if self._owners is None or row.worker not in EMITS else row.worker

@@ -1,0 +1,117 @@
+"""What a relay may send of an outbox row (issue #59, finding 5: a pack whose `Bc-Type` was
+a list stopped the relay's every round; a `Nats-Rollup` header was retried for ever), and
+what it checks at start (finding 6: only the streams its principal may read)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import nats.js.errors
+from hypothesis import given
+from hypothesis import strategies as st
+
+from schemas import REGISTRY
+from schemas.events import CapabilitiesChanged
+from schemas.subjects import Subjects
+from workers.runtime.bus import principals, sendable
+
+SUBJECTS = Subjects("bc")
+GENUINE = CapabilitiesChanged(node_id="n1", epoch=1, added=["gpu"], removed=[])
+EVENT = SUBJECTS.event("node.capabilities-changed")
+
+
+def _headers() -> dict[str, str]:
+    return REGISTRY.encode(GENUINE)[1]
+
+
+def test_what_a_worker_writes_goes_out() -> None:
+    traced = {**_headers(), "traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01",
+              "tracestate": "k=v", "baggage": "a=b"}  # fmt: skip
+    for headers in (_headers(), traced):
+        assert sendable.row_refusal(SUBJECTS, "labeler", headers, EVENT) is None
+        stored = json.dumps(headers)
+        assert (
+            sendable.row_refusal(SUBJECTS, "labeler", sendable.stored_headers(stored), EVENT)
+            is None
+        )
+
+
+@given(
+    value=st.one_of(
+        st.lists(st.text(max_size=3)), st.dictionaries(st.text(max_size=3), st.integers()),
+        st.integers(), st.floats(allow_nan=False), st.booleans(), st.none(),
+    ),
+    name=st.sampled_from(sorted(sendable.HEADERS)),
+    worker=st.sampled_from([*principals.WORKER_NAMES, None, "tally"]),
+)  # fmt: skip
+def test_a_value_that_is_no_string_is_refused_never_raised(
+    value: Any, name: str, worker: str | None
+) -> None:
+    """A list (unhashable: it raised TypeError out of the round) or any other JSON that is
+    no string, in any allowed header, of any worker's row or none's."""
+    headers = {**_headers(), name: value}
+    why = sendable.row_refusal(SUBJECTS, worker, headers, EVENT)
+    assert why == f"header {name} is not a string ({type(value).__name__})"
+
+
+@given(name=st.text(min_size=1, max_size=500))
+def test_a_header_a_worker_does_not_write_is_refused(name: str) -> None:
+    headers = {**_headers(), name: "all"}
+    why = sendable.row_refusal(SUBJECTS, "labeler", headers, EVENT)
+    if name in sendable.HEADERS:
+        assert why is None
+    else:
+        assert why is not None and why.startswith("header ") and "is not one a worker sends" in why
+        assert len(why) < 64 * 10 + 40  # a name of any length is shown cut
+
+
+def test_no_nats_header_is_ever_allowed() -> None:
+    """What the server reads: a rollup (purges the stream's subject), expectations, a TTL."""
+    for name in ("Nats-Rollup", "Nats-Expected-Last-Sequence", "Nats-TTL", "Nats-Msg-Id",
+                 "Nats-Expected-Stream", "nats-rollup"):  # fmt: skip
+        assert name not in sendable.allowed()
+        why = sendable.row_refusal(SUBJECTS, "replay", {**_headers(), name: "all"}, EVENT)
+        assert why == f"header {name!r} is not one a worker sends"
+    assert sendable.allowed() >= sendable.HEADERS
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=20))
+def test_a_value_with_a_control_character_is_refused(text: str) -> None:
+    for cut in ("\r\nNats-Rollup: all", "\n", "\x00", "\x7f"):
+        value = text + cut
+        why = sendable.header_refusal({"Bc-Type": value})
+        assert why == "header Bc-Type holds a control character"
+
+
+def test_a_value_too_long_is_refused() -> None:
+    assert sendable.header_refusal({"tracestate": "x" * sendable.MAX_VALUE}) is None
+    why = sendable.header_refusal({"tracestate": "x" * (sendable.MAX_VALUE + 1)})
+    assert why == f"header tracestate is {sendable.MAX_VALUE + 1} characters long (at most 8192)"
+
+
+def test_headers_that_are_not_a_map_are_refused() -> None:
+    for headers in ([], ["traceparent"], "x", 1, None):
+        assert sendable.header_refusal(headers) == "its headers are not a map"
+
+
+def test_what_the_server_refuses_of_one_message_counts_an_outage_does_not() -> None:
+    rollup = nats.js.errors.ServerError(code=500, err_code=10115, description="rollup failed")
+    assert sendable.refused(rollup)
+    assert sendable.refused(nats.js.errors.APIError(code=500))
+    for outage in (
+        nats.js.errors.ServiceUnavailableError(code=503, description="unavailable"),
+        nats.js.errors.APIError(code=503), nats.js.errors.APIError(code=429),
+        nats.js.errors.APIError(code=408), nats.js.errors.NoStreamResponseError(),
+        TimeoutError("no PubAck in time"),
+    ):  # fmt: skip
+        assert not sendable.refused(outage), outage
+
+
+def test_the_relay_checks_at_start_only_the_streams_its_principal_may_read() -> None:
+    """Finding 6: with each gateway's own facts stream, `bcw run relay` checked every stream
+    and its principal had no `STREAM.INFO` on `BC_FACTS_<gw>`: it never started."""
+    relay = next(p for p in principals.principals(SUBJECTS, ["gw-1"]) if p.name == "relay")
+    readable = {g.removeprefix("$JS.API.STREAM.INFO.") for g in relay.publish if "STREAM.INFO" in g}
+    assert readable == set(principals.relay_streams(SUBJECTS))
+    assert SUBJECTS.facts_stream not in readable  # it publishes no fact

@@ -1,0 +1,114 @@
+"""What an outbox relay may send of a row (issue #59, finding 5): the relay trusts no row — a
+worker's login may write any row of its own — so each row is checked alone before any is
+published, and a row that fails is dead-lettered alone, with the reason, never retried:
+
+- its headers: a JSON map, each name one a worker's outbox writes (`allowed`: the message's
+  type and schema, the trace context; never a `Nats-*` header, which would ask the server
+  for a rollup, an expected sequence, a TTL…), each value a string of printable characters
+  and bounded length (no CR or LF to end a header line);
+- its type and subject: what its worker sends (`principals.refusal`);
+- and once sent, a message the server refuses (`refused`) is tried again `REFUSALS` times
+  at most, slowing no other row.
+
+Pure, but for `allowed`, which reads the process's trace propagator once.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Mapping
+
+import nats.js.errors
+from opentelemetry import propagate
+
+from schemas.registry import SCHEMA_HEADER, TYPE_HEADER
+from schemas.subjects import Subjects
+from workers.runtime.bus.principals import EMITS, refusal
+
+#: the headers a worker's outbox writes (`batch.OutboxBatch.add`): its message's type and
+#: schema (`REGISTRY.encode`) and the W3C trace context (`tracing.inject`)
+HEADERS = frozenset({TYPE_HEADER, SCHEMA_HEADER, "traceparent", "tracestate", "baggage"})
+#: a header value's length at most (W3C: tracestate 512, baggage 8192 bytes)
+MAX_VALUE = 8192
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f]")
+#: how often in a row the server may refuse one row (an error answer naming that message,
+#: not an outage) before the relay dead-letters it: never retried for ever
+REFUSALS = 3
+
+
+def allowed() -> frozenset[str]:
+    """`HEADERS` and the fields of this process's trace propagator (`OTEL_PROPAGATORS`: b3,
+    say), never one the NATS server reads (`Nats-*`)."""
+    fields = set(getattr(propagate.get_global_textmap(), "fields", ()) or ())
+    return frozenset(n for n in HEADERS | fields if not n.lower().startswith("nats-"))
+
+
+def header_refusal(headers: object, names: frozenset[str] = HEADERS) -> str | None:
+    """Why a row's stored headers may not go out, or None: not a map, a name not in
+    `names`, a value not a string, too long, or holding a control character. Pure."""
+    if not isinstance(headers, dict):
+        return "its headers are not a map"
+    for name, value in headers.items():
+        if name not in names:
+            return f"header {_shown(name)} is not one a worker sends"
+        if not isinstance(value, str):
+            return f"header {name} is not a string ({type(value).__name__})"
+        if len(value) > MAX_VALUE:
+            return f"header {name} is {len(value)} characters long (at most {MAX_VALUE})"
+        if _UNPRINTABLE.search(value):
+            return f"header {name} holds a control character"
+    return None
+
+
+def _shown(name: str) -> str:
+    return repr(name if len(name) <= 64 else name[:64] + "…")
+
+
+def stored_headers(text: str) -> dict[str, str]:
+    """The headers a row stored, as a dict of its own (untraced rows share one of a few);
+    raises ValueError or TypeError when the text is no JSON (a row no worker wrote)."""
+    if "traceparent" in text:  # one of its own
+        return json.loads(text)
+    return dict(_parsed_headers(text))
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_headers(text: str) -> dict[str, str]:
+    return json.loads(text)
+
+
+def row_refusal(
+    subjects: Subjects,
+    worker: str | None,
+    headers: object,
+    subject: str,
+    names: frozenset[str] = HEADERS,
+) -> str | None:
+    """Why a relay must not publish a row that parsed, or None: its headers
+    (`header_refusal`), then — a fleet worker's row — what that worker does not send
+    (`principals.refusal`). Rows of no fleet worker are the schema owner's alone (a test's,
+    a benchmark's): only their headers are checked. Pure."""
+    refused = header_refusal(headers, names)
+    if refused is not None or worker not in EMITS:
+        return refused
+    assert isinstance(headers, Mapping)
+    return _refusal(subjects, worker, headers.get(TYPE_HEADER), subject)
+
+
+@functools.lru_cache(maxsize=4096)
+def _refusal(subjects: Subjects, worker: str, bc_type: str | None, subject: str) -> str | None:
+    """`principals.refusal`, remembered (a relay sees the same few a thousand times); its
+    arguments are strings, checked before (`header_refusal`)."""
+    return refusal(subjects, worker, bc_type, subject)
+
+
+def refused(failure: BaseException) -> bool:
+    """Whether the server answered one message with an error of its own, counted against
+    its row (`REFUSALS`) — not an outage (no answer, no stream, 503, 408, 429). Pure."""
+    if not isinstance(failure, nats.js.errors.APIError):
+        return False
+    return not isinstance(failure, nats.js.errors.ServiceUnavailableError) and (
+        failure.code or 0
+    ) not in (408, 429, 503)
