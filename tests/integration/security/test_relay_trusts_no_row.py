@@ -23,7 +23,7 @@ from schemas.subjects import Subjects
 from tests.integration import fleet
 from tests.integration.support import stream_messages
 from workers.runtime.base.runtime_settings import DatabaseSettings, OutboxSettings
-from workers.runtime.bus import deadletter, streams
+from workers.runtime.bus import deadletter, sendable, streams
 from workers.runtime.effects.outbox import OutboxRelay
 from workers.runtime.observability.metrics import Metrics
 
@@ -104,3 +104,78 @@ async def test_a_workers_login_gets_nothing_published_that_the_worker_could_not_
     letters = await deadletter.list_dead_letters(js, subjects, "relay")
     assert len(letters) == 6 and {letter.cause for letter in letters} == {"forged"}
     assert all("Bc-Type" not in (letter.headers or {}) for letter in letters)
+
+
+async def test_a_row_that_would_stop_the_relay_is_buried_alone_and_slows_nobody(
+    logins: dict[str, str], nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection
+) -> None:
+    """Issue #59, finding 5: as the labeler's login, a pack whose `Bc-Type` is a list (it
+    raised TypeError out of every round: no row of any worker went out) and one with a
+    `Nats-Rollup: all` header (answered 500, retried for ever, every round backed off),
+    between genuine events. Each is buried alone with its reason, at once; every genuine
+    event goes out in the first rounds."""
+    js = nc.jetstream()
+    await streams.provision_streams(js, subjects)
+    genuine = _message(
+        CapabilitiesChanged(node_id="n1", epoch=1, added=["gpu"], removed=[]),
+        subjects.event("node.capabilities-changed"),
+    )
+    subject, headers, body = genuine
+    listed = json.dumps({**json.loads(headers), "Bc-Type": ["node.capabilities-changed"]})
+    rollup = json.dumps({**json.loads(headers), "Nats-Rollup": "all"})
+    labeler = await asyncpg.connect(logins["bcw_labeler"])
+    try:
+        await _pack(labeler, genuine, (subject, listed, body), genuine)
+        await _pack(labeler, (subject, rollup, body), genuine)
+    finally:
+        await labeler.close()
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    relay = OutboxRelay(
+        pool, js, OutboxSettings(), DatabaseSettings(url=database_url), Metrics(),
+        trace.NoOpTracer(), subjects,
+    )  # fmt: skip
+    try:
+        assert await relay.publish_round() == 5  # no exception: the round goes on
+    finally:
+        await pool.close()
+    assert await db.fetchval("SELECT count(*) FROM outbox_packs") == 0
+    reasons = sorted(r["reason"] for r in await db.fetch("SELECT reason FROM outbox_dead"))
+    assert reasons == ["header 'Nats-Rollup' is not one a worker sends",
+                       "header Bc-Type is not a string (list)"]  # fmt: skip
+    events = await stream_messages(js, subjects.events_stream)
+    assert [m.headers["Bc-Type"] for m in events] == ["node.capabilities-changed"] * 3
+
+
+async def test_a_row_the_server_refuses_is_tried_three_times_and_slows_nobody(
+    nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection
+) -> None:
+    """A row the server answers with an error of its own (a relay told to let `Nats-Rollup`
+    through, which the events stream refuses with a 500): no round raises (no back-off),
+    the genuine rows beside it go out in its first round, and the third refusal buries it."""
+    js = nc.jetstream()
+    await streams.provision_streams(js, subjects)
+    subject, headers, body = _message(
+        CapabilitiesChanged(node_id="n1", epoch=1, added=["gpu"], removed=[]),
+        subjects.event("node.capabilities-changed"),
+    )
+    rollup = json.dumps({**json.loads(headers), "Nats-Rollup": "all"})
+    await _pack(db, (subject, rollup, body), (subject, headers, body), (subject, headers, body))
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    relay = OutboxRelay(
+        pool, js, OutboxSettings(), DatabaseSettings(url=database_url), Metrics(),
+        trace.NoOpTracer(), subjects, headers=sendable.HEADERS | {"Nats-Rollup"},
+    )  # fmt: skip
+    try:
+        started = time.monotonic()
+        assert await relay.publish_round() == 2  # the others, at once; no OutboxPublishError
+        assert await relay.publish_round() == 0  # refused again: left, not raised
+        assert await db.fetchval("SELECT size FROM outbox_packs") == 1
+        assert await relay.publish_round() == 1  # the third refusal: buried
+        assert time.monotonic() - started < 3.0  # no publish timeout, no back-off
+    finally:
+        await pool.close()
+    assert await db.fetchval("SELECT count(*) FROM outbox_packs") == 0
+    [reason] = [r["reason"] for r in await db.fetch("SELECT reason FROM outbox_dead")]
+    assert reason.startswith("the server refused it 3 times: ServerError"), reason
+    events = await stream_messages(js, subjects.events_stream)
+    assert len(events) == 2
