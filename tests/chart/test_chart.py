@@ -121,6 +121,8 @@ def test_production_values_reach_the_pods() -> None:
     [provision] = [c for c in containers if c["name"] == "provision"]
     listed = {"name": "BCW_NATS_FACTS_GATEWAYS", "value": "gw-eu-1,gw-eu-2,gw-us-1"}
     assert listed in provision["env"]
+    [migrate] = job["spec"]["template"]["spec"]["initContainers"]  # Hellos proven (#59)
+    assert {"name": "BCW_HELLO_PROOF", "value": "require"} in migrate["env"]
     assert labeler["spec"]["replicas"] == 3
     assert pod["containers"][0]["resources"]["limits"]["cpu"] == "2"
     assert by_kind(docs, "ServiceMonitor") and by_kind(docs, "NetworkPolicy")
