@@ -13,6 +13,7 @@ import time
 import uuid
 
 import asyncpg
+import pytest
 from nats.aio.client import Client as NATS
 from opentelemetry import trace
 
@@ -106,14 +107,21 @@ async def test_a_workers_login_gets_nothing_published_that_the_worker_could_not_
     assert all("Bc-Type" not in (letter.headers or {}) for letter in letters)
 
 
+@pytest.mark.parametrize("owners", [None, ["labeler"]], ids=["dedicated", "in-the-worker"])
 async def test_a_row_that_would_stop_the_relay_is_buried_alone_and_slows_nobody(
-    logins: dict[str, str], nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection
+    logins: dict[str, str],
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
+    owners: list[str] | None,
 ) -> None:
     """Issue #59, finding 5: as the labeler's login, a pack whose `Bc-Type` is a list (it
     raised TypeError out of every round: no row of any worker went out) and one with a
     `Nats-Rollup: all` header (answered 500, retried for ever, every round backed off),
-    between genuine events. Each is buried alone with its reason, at once; every genuine
-    event goes out in the first rounds."""
+    between genuine events. Each is buried alone with its reason, at once, and said on the
+    relay's dead letters (a dedicated relay's, or the labeler's own where the worker
+    relays); every genuine event goes out in the first round."""
     js = nc.jetstream()
     await streams.provision_streams(js, subjects)
     genuine = _message(
@@ -132,12 +140,14 @@ async def test_a_row_that_would_stop_the_relay_is_buried_alone_and_slows_nobody(
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     relay = OutboxRelay(
         pool, js, OutboxSettings(), DatabaseSettings(url=database_url), Metrics(),
-        trace.NoOpTracer(), subjects,
+        trace.NoOpTracer(), subjects, owners=owners,
     )  # fmt: skip
     try:
         assert await relay.publish_round() == 5  # no exception: the round goes on
     finally:
         await pool.close()
+    letters = await deadletter.list_dead_letters(js, subjects, "labeler" if owners else "relay")
+    assert len(letters) == 2 and {letter.cause for letter in letters} == {"forged"}
     assert await db.fetchval("SELECT count(*) FROM outbox_packs") == 0
     reasons = sorted(r["reason"] for r in await db.fetch("SELECT reason FROM outbox_dead"))
     assert reasons == ["header 'Nats-Rollup' is not one a worker sends",
