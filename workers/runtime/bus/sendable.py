@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from collections.abc import Mapping
+from typing import Any
 
 import nats.js.errors
 from opentelemetry import propagate
@@ -32,7 +32,6 @@ from workers.runtime.bus.principals import EMITS, refusal
 HEADERS = frozenset({TYPE_HEADER, SCHEMA_HEADER, "traceparent", "tracestate", "baggage"})
 #: a header value's length at most (W3C: tracestate 512, baggage 8192 bytes)
 MAX_VALUE = 8192
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f]")
 #: how often in a row the server may refuse one row (an error answer naming that message,
 #: not an outage) before the relay dead-letters it: never retried for ever
 REFUSALS = 3
@@ -47,7 +46,8 @@ def allowed() -> frozenset[str]:
 
 def header_refusal(headers: object, names: frozenset[str] = HEADERS) -> str | None:
     """Why a row's stored headers may not go out, or None: not a map, a name not in
-    `names`, a value not a string, too long, or holding a control character. Pure."""
+    `names`, a value not a string, too long, or holding a character that is not printable
+    (a control character: CR, LF, NUL…). Pure."""
     if not isinstance(headers, dict):
         return "its headers are not a map"
     for name, value in headers.items():
@@ -57,8 +57,8 @@ def header_refusal(headers: object, names: frozenset[str] = HEADERS) -> str | No
             return f"header {name} is not a string ({type(value).__name__})"
         if len(value) > MAX_VALUE:
             return f"header {name} is {len(value)} characters long (at most {MAX_VALUE})"
-        if _UNPRINTABLE.search(value):
-            return f"header {name} holds a control character"
+        if not value.isprintable():
+            return f"header {name} holds a character that is not printable"
     return None
 
 
@@ -66,17 +66,21 @@ def _shown(name: str) -> str:
     return repr(name if len(name) <= 64 else name[:64] + "…")
 
 
-def stored_headers(text: str) -> dict[str, str]:
-    """The headers a row stored, as a dict of its own (untraced rows share one of a few);
-    raises ValueError or TypeError when the text is no JSON (a row no worker wrote)."""
+def read_headers(text: str, names: frozenset[str] = HEADERS) -> tuple[Any, str | None]:
+    """The headers a row stored (a dict of its own: untraced rows share one of a few), and
+    why they may not go out (`header_refusal`; None: they may) — checked once per text
+    where rows share it. Raises ValueError or TypeError when the text is no JSON."""
     if "traceparent" in text:  # one of its own
-        return json.loads(text)
-    return dict(_parsed_headers(text))
+        headers = json.loads(text)
+        return headers, header_refusal(headers, names)
+    headers, why = _parsed(text, names)
+    return (dict(headers) if isinstance(headers, dict) else headers), why
 
 
 @functools.lru_cache(maxsize=256)
-def _parsed_headers(text: str) -> dict[str, str]:
-    return json.loads(text)
+def _parsed(text: str, names: frozenset[str]) -> tuple[Any, str | None]:
+    headers = json.loads(text)
+    return headers, header_refusal(headers, names)
 
 
 def row_refusal(
@@ -87,12 +91,18 @@ def row_refusal(
     names: frozenset[str] = HEADERS,
 ) -> str | None:
     """Why a relay must not publish a row that parsed, or None: its headers
-    (`header_refusal`), then — a fleet worker's row — what that worker does not send
-    (`principals.refusal`). Rows of no fleet worker are the schema owner's alone (a test's,
-    a benchmark's): only their headers are checked. Pure."""
-    refused = header_refusal(headers, names)
-    if refused is not None or worker not in EMITS:
-        return refused
+    (`header_refusal`), then what it sends (`type_refusal`). Pure."""
+    return header_refusal(headers, names) or type_refusal(subjects, worker, headers, subject)
+
+
+def type_refusal(
+    subjects: Subjects, worker: str | None, headers: object, subject: str
+) -> str | None:
+    """Why a relay must not publish a row whose headers passed (`header_refusal`): a fleet
+    worker's row holding what that worker does not send (`principals.refusal`). Rows of no
+    fleet worker are the schema owner's alone (a test's, a benchmark's). Pure."""
+    if worker not in EMITS:
+        return None
     assert isinstance(headers, Mapping)
     return _refusal(subjects, worker, headers.get(TYPE_HEADER), subject)
 

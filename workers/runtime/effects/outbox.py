@@ -130,14 +130,12 @@ class OutboxRelay:
         ready: dict[int, Message] = {}
         for row in rows:
             try:
-                headers = sendable.stored_headers(row.headers)
+                headers, why = sendable.read_headers(row.headers, self._headers)
             except (ValueError, TypeError) as bad:  # a row no worker of ours wrote
                 dead[row.id] = f"its headers do not parse: {bad}"
                 forged.add(row.id)
                 continue
-            why = sendable.row_refusal(
-                self._subjects, row.worker, headers, row.subject, self._headers
-            )
+            why = why or sendable.type_refusal(self._subjects, row.worker, headers, row.subject)
             if why is not None:
                 dead[row.id] = why
                 forged.add(row.id)
@@ -304,7 +302,7 @@ class OutboxRelay:
             if reason is None:
                 continue
             cause = "forged" if row.id in forged else "unpublishable"
-            stored = {} if cause == "forged" else sendable.stored_headers(row.headers)
+            stored = {} if cause == "forged" else sendable.read_headers(row.headers)[0]
             headers = {**stored, "Nats-Msg-Id": str(row.msg_id)}
             fits = len(row.body) <= limit - 4096  # room for the dead letter's own headers
             source = "relay" if self._owners is None or row.worker not in EMITS else row.worker
