@@ -61,7 +61,7 @@ SUBJECTS = Subjects("bc")  # the docs' root, on a nats-server of this test's own
 GATEWAY = "gw-1"
 #: what a command may take from its enqueueing to the daemon, on a shared 2-core machine
 #: (the relay's round, the replay worker's dispatch loop, the gateway's pull)
-DISPATCH_BOUND = 10.0
+DISPATCH_BOUND = 15.0
 #: the logins of this test (cluster-wide names: one per group, shared by the test's runs)
 LOGIN = "p59_{}_login"
 
