@@ -7,7 +7,8 @@ shows the same table, generated from `principals()`.
   revocations its rules emit (`EMITS`, and nothing another worker emits) and its own dead
   letters (never the relay's); never a fact.
 - `relay`: a dedicated outbox relay (`bcw run relay`): the events, notices and revocations
-  every worker's outbox holds, and the relay's dead letters; nothing else.
+  every worker's outbox holds, and the relay's dead letters; the info of the streams it
+  publishes to (`relay_streams`: all it checks at start); nothing else.
 - `gateway-<id>`: its own facts, its own consumer (created with its own filter subject)
   on the notices stream, and the revocation notices.
 - `operator`: a person operating the fleet: lists and re-drives dead letters, reads the
