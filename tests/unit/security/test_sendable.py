@@ -67,11 +67,20 @@ def test_a_value_that_is_no_string_is_refused_never_raised(
 def test_a_header_a_worker_does_not_write_is_refused(name: str) -> None:
     headers = {**_headers(), name: "all"}
     why = sendable.row_refusal(SUBJECTS, "labeler", headers, EVENT)
-    if name in sendable.HEADERS:
+    if name in sendable.HEADERS or name.lower() in sendable.PROPAGATION:
         assert why is None
     else:
         assert why is not None and why.startswith("header ") and "is not one a worker sends" in why
         assert len(why) < 64 * 10 + 40  # a name of any length is shown cut
+
+
+def test_a_context_of_any_standard_propagator_goes_out_whatever_the_relay_runs() -> None:
+    """A worker run with `OTEL_PROPAGATORS=b3multi` (or jaeger, or xray) writes its trace
+    context in those headers; a relay run with the default propagator still sends it."""
+    for name in ("X-B3-TraceId", "x-b3-spanid", "b3", "uber-trace-id", "X-Amzn-Trace-Id"):
+        assert sendable.row_refusal(SUBJECTS, "labeler", {**_headers(), name: "1-2"}, EVENT) is None
+    why = sendable.row_refusal(SUBJECTS, "labeler", {**_headers(), "x-b3-evil": "1"}, EVENT)
+    assert why == "header 'x-b3-evil' is not one a worker sends"
 
 
 def test_no_nats_header_is_ever_allowed() -> None:

@@ -30,6 +30,15 @@ from workers.runtime.bus.principals import EMITS, refusal
 #: the headers a worker's outbox writes (`batch.OutboxBatch.add`): its message's type and
 #: schema (`REGISTRY.encode`) and the W3C trace context (`tracing.inject`)
 HEADERS = frozenset({TYPE_HEADER, SCHEMA_HEADER, "traceparent", "tracestate", "baggage"})
+#: the fields of the standard trace propagators (W3C, B3 single and multi, Jaeger, OT,
+#: X-Ray), lower case: a worker and its relay may run with different `OTEL_PROPAGATORS`
+#: (a cluster-wide injection reaches one pod before another), so a traced row is never
+#: buried for a context its relay's propagator would not have written
+PROPAGATION = frozenset({
+    "traceparent", "tracestate", "baggage", "b3", "x-b3-traceid", "x-b3-spanid",
+    "x-b3-parentspanid", "x-b3-sampled", "x-b3-flags", "uber-trace-id", "ot-tracer-traceid",
+    "ot-tracer-spanid", "ot-tracer-sampled", "x-amzn-trace-id",
+})  # fmt: skip
 #: a header value's length at most (W3C: tracestate 512, baggage 8192 bytes)
 MAX_VALUE = 8192
 #: how often in a row the server may refuse one row (an error answer naming that message,
@@ -51,7 +60,7 @@ def header_refusal(headers: object, names: frozenset[str] = HEADERS) -> str | No
     if not isinstance(headers, dict):
         return "its headers are not a map"
     for name, value in headers.items():
-        if name not in names:
+        if name not in names and str(name).lower() not in PROPAGATION:
             return f"header {_shown(name)} is not one a worker sends"
         if not isinstance(value, str):
             return f"header {name} is not a string ({type(value).__name__})"
