@@ -156,11 +156,11 @@ async def apply(
                     for statement in statements(name, LIMITS[group]):
                         await conn.execute(statement)
             except asyncpg.InsufficientPrivilegeError as error:
-                out.refused.append((name, group, str(error)))
+                out.refused.append((name, group, str(error).splitlines()[0]))
                 continue
             out.set.append((name, group))
     if out.refused:
-        log.warning("%s", out.say())
+        log.info("%s", out.say())
     return out
 
 
