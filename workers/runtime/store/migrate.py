@@ -254,17 +254,19 @@ async def _take_schema_lock(conn: asyncpg.Connection, patience: float) -> None:
     while True:
         try:
             async with contextlib.AsyncExitStack() as stack:
-                await conn.execute(SCHEMA_LOCK_DDL)  # an empty database: made here
-                await conn.execute(SCHEMA_LOCK_ROW)
+                if not await conn.fetchval("SELECT to_regclass('schema_lock') IS NOT NULL"):
+                    # an empty database: table and row made here, at once (one statement)
+                    await conn.execute(f"{SCHEMA_LOCK_DDL}; {SCHEMA_LOCK_ROW}")
                 transaction = conn.transaction()
                 await transaction.start()
                 stack.push_async_callback(transaction.rollback)
                 await conn.execute("SET LOCAL lock_timeout = '5s'")
                 # the body's migrations may take long: this transaction waits for them idle
                 await conn.execute("SET LOCAL idle_in_transaction_session_timeout = 0")
-                await conn.execute("SELECT one FROM schema_lock FOR UPDATE")
-                stack.pop_all()  # held until the connection closes
-                return
+                if await conn.fetchval("SELECT one FROM schema_lock FOR UPDATE"):
+                    stack.pop_all()  # held until the connection closes
+                    return
+            await conn.execute(SCHEMA_LOCK_ROW)  # its row deleted by hand: made again
         except (asyncpg.UniqueViolationError, asyncpg.DuplicateTableError):
             continue  # another `bcw migrate` made the table at the same moment
         except asyncpg.InsufficientPrivilegeError as error:
