@@ -13,6 +13,10 @@ no quarantine was decided. The policy's row, which the Hello transaction locks F
 is the one lock such a login holds legitimately: a change of the policy waits for it 5 s
 at a time, and succeeds once the login's idle-in-transaction timeout (10 s) cuts its
 transaction — or, past its tries, says so in one line (exit 1).
+
+Setups A and B do not enter: these are the database's locks, the same with one facts
+stream or one per gateway, with relays in the workers or dedicated; the proof policy
+enters only as the change `bcw migrate` makes (`require` to `warn`).
 """
 
 from __future__ import annotations
