@@ -13,7 +13,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, Commands, positive_duration
+from workers.cli.common import (
+    EXIT_BAD_SETTINGS,
+    EXIT_FAILED,
+    EXIT_REFUSED,
+    Commands,
+    positive_duration,
+)
 from workers.runtime.base.release import release
 from workers.runtime.base.settings import Settings
 
@@ -121,20 +127,23 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
                     by = f"  (release {row.release})" if row.state.startswith("newer") else ""
                     print(f"{row.state:<8} {row.name}  {row.applied_at or ''}{by}".rstrip())
                 return 1 if any(row.refused for row in rows) else 0
-            applied = await migrate.migrate(conn)
-            print(
-                f"applied {len(applied)} migration(s)"
-                + (": " + ", ".join(applied) if applied else "")
-            )
-            _say_newer(await migrate.status(conn))
-            granted = await migrate.grant(conn, args.legacy_gateway_role)
-            print(
-                "granted to " + ", ".join(granted)
-                if granted
-                else "no bcw_* role exists and this role may not create roles: no grants"
-            )
-            if settings.hello_proof is not None:
-                await migrate.set_hello_proof(conn, settings.hello_proof)
+            async with migrate.schema_lock(lambda: db.connect(settings.database)):
+                applied = await migrate.migrate(conn)
+                print(
+                    f"applied {len(applied)} migration(s)"
+                    + (": " + ", ".join(applied) if applied else "")
+                )
+                _say_newer(await migrate.status(conn))
+                granted = await migrate.grant(conn, args.legacy_gateway_role)
+                print(
+                    "granted to " + ", ".join(granted)
+                    if granted
+                    else "no bcw_* role exists and this role may not create roles: no grants"
+                )
+                refused = bool(granted.limits.refused)
+                print(granted.limits.say(), file=sys.stderr if refused else sys.stdout)
+                if settings.hello_proof is not None:
+                    await migrate.set_hello_proof(conn, settings.hello_proof)
             policy = await migrate.hello_proof(conn)
             print(f"Hello proofs: {policy}")
             if policy != "require":  # loudly: one line, and the metric and alert say it on
@@ -149,6 +158,9 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     except migrate.MigrationError as error:
         print(f"bcw migrate: {error}", file=sys.stderr)
         return EXIT_BAD_SETTINGS
+    except migrate.LockBusy as error:
+        print(f"bcw migrate: {error}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 async def _wait_for_schema(settings: Settings, patience: float) -> int:
@@ -327,3 +339,6 @@ def _cmd_auth_db(args: argparse.Namespace, settings: Settings) -> int:
     except store.BindingError as error:
         print(f"bcw auth db: --bind: {error}", file=sys.stderr)
         return EXIT_BAD_SETTINGS
+    except store.LimitsRefused as error:
+        print(f"bcw auth db: --bind: {error}", file=sys.stderr)
+        return EXIT_REFUSED

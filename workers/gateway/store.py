@@ -270,6 +270,11 @@ class BindingError(ValueError):
     """A binding that cannot be made: the login is not a role of this cluster."""
 
 
+class LimitsRefused(PermissionError):
+    """A login this role may not give its group's limits (one a DBA made, on PostgreSQL
+    16+), and that does not have them yet: it is not bound."""
+
+
 @dataclass(frozen=True)
 class Binding:
     login: str
@@ -300,8 +305,17 @@ async def bind(conn: asyncpg.Connection, login: str, gateway_id: str) -> None:
         login,
         gateway_id,
     )
-    # its connections and statements bounded as the group's (`limits`), when we may
-    await limits.apply(conn, ("bcw_gateway_bound",), login)
+    # its connections and statements bounded as the group's (`limits`); a login we may not
+    # alter is bound only when it has them already (a DBA set them)
+    group = "bcw_gateway_bound"
+    applied = await limits.apply(conn, (group,), login)
+    if applied.refused and not await limits.holds(conn, login, group):
+        why = applied.refused[0][2]
+        sql = "; ".join(limits.statements(login, limits.LIMITS[group]))
+        raise LimitsRefused(
+            f"{login}: not bound: its limits cannot be set by this role ({why}); create the "
+            f"login as this role, or have a DBA run: {sql}"
+        )
 
 
 async def unbind(conn: asyncpg.Connection, login: str) -> bool:

@@ -7,8 +7,10 @@ release loop here (leased: one replica) revokes it, or `bcw quarantine dismiss` 
 clone: nothing is revoked, the node's sessions get their commands again).
 
 Called by `apply` inside the batch's transaction, and by the worker's release loop. The
-breaker's count is taken under a transaction-scoped advisory lock, so that two replicas
-deciding at once do not both see room for one more.
+breaker's count is taken with the one row of `quarantine_breaker` locked for the
+transaction, so that two replicas deciding at once do not both see room for one more:
+only the quarantine's group (and the owner) may lock it — an advisory key, which any
+login may take, stopped every quarantine while one held it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from workers.runtime.store import leases
 
 log = logging.getLogger(__name__)
 
+# The breaker's lock, for the transaction (migration 0055; the quarantine's group alone).
+LOCK = "SELECT one FROM quarantine_breaker FOR UPDATE"
 # Revocations made at once in the window, per gateway; the fleet's size (an estimate).
 RECENT = """
 SELECT q.gateway_id, count(*)::int AS revoked FROM quarantines q
@@ -96,7 +100,7 @@ async def hold(
     `epoch`; `proven`: its window's alternations all were): None when it revokes now (the
     caller revokes and publishes), else why it is held (its events are queued here)."""
     conn = tx.conn
-    await conn.execute("SELECT pg_advisory_xact_lock(hashtext('bcw-quarantine-breaker'))")
+    await conn.execute(LOCK)
     recent = {row["gateway_id"]: row["revoked"] for row in await conn.fetch(RECENT, breaker.window)}
     fleet = int(await conn.fetchval(FLEET))
     held = hold_revocation(gateways, gateway_id, recent, fleet, breaker, proven)

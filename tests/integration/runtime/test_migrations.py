@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import shutil
 from datetime import timedelta
 from pathlib import Path
@@ -210,3 +211,22 @@ async def test_a_new_database_requires_proofs_and_one_with_a_fleet_keeps_its_pol
 async def test_a_database_migrated_at_once_starts_at_require(empty_database_url: str) -> None:
     code, out = await _bcw(empty_database_url, "migrate")
     assert code == 0 and "Hello proofs: require" in out and "WARNING" not in out
+
+
+async def test_the_schema_lock_is_made_on_an_empty_database_and_held_for_the_run(
+    empty_database_url: str,
+) -> None:
+    """The first `schema_lock` makes its table; a second waits for the first, and past its
+    patience says so (`LockBusy`); once the first is gone, the second has it."""
+    connect = functools.partial(asyncpg.connect, empty_database_url)
+    async with migrate.schema_lock(connect):
+        with pytest.raises(migrate.LockBusy, match="another bcw migrate held the schema lock"):
+            async with migrate.schema_lock(connect, patience=1.0):
+                pass
+    async with migrate.schema_lock(connect, patience=1.0):
+        conn = await connect()
+        try:  # the migration that makes it for a database migrated without the lock agrees
+            assert await migrate.migrate(conn) == ALL
+            assert await conn.fetchval("SELECT count(*) FROM schema_lock") == 1
+        finally:
+            await conn.close()

@@ -29,6 +29,9 @@ from workers.runtime.base.runtime_settings import DatabaseSettings, database_hos
 log = logging.getLogger(__name__)
 
 URL_SETTING = "BCW_DATABASE_URL"
+#: a pooled connection idle this long (seconds) is closed, and made again when wanted:
+#: below the worker logins' `idle_session_timeout` (`limits`), which would end it first
+IDLE_LIFETIME = 300.0
 
 
 def server_settings(settings: DatabaseSettings) -> dict[str, str]:
@@ -77,8 +80,8 @@ async def _nothing_to_reset(_conn: asyncpg.Connection) -> None:
     asyncpg always does: none. The default reset query (`RESET ALL`, `UNLISTEN *`,
     `CLOSE ALL`, advisory unlocks) is a round trip on every release, once per batch; the
     pool's connections hold no session state for it to clear — server settings are given
-    at connect, LISTEN has a connection of its own (`notify`), and the migrations' advisory
-    lock is taken on a connection outside the pool. Keep it so: a `SET` or a LISTEN on a
+    at connect, LISTEN has a connection of its own (`notify`), and the migrations' lock is
+    taken on a connection outside the pool (`migrate.schema_lock`). Keep it so: a `SET` or a LISTEN on a
     pooled connection would outlive its `acquire()`."""
 
 
@@ -94,6 +97,7 @@ async def create_pool(
             max_size=settings.pool_max,
             init=init,
             reset=_nothing_to_reset,
+            max_inactive_connection_lifetime=IDLE_LIFETIME,
             **_options(settings),
         )
     except Exception as error:

@@ -1,6 +1,6 @@
 """Applying the database's permissions: the group roles, their grants (`roles`), their
 row rules (`policies`) and their logins' limits (`limits`), as `bcw migrate` does after
-the migrations, under their advisory lock (`migrate.grant`)."""
+the migrations, under their lock (`migrate.grant`, `migrate.schema_lock`)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,21 @@ from workers.runtime.store import db, limits, policies, roles
 log = logging.getLogger(__name__)
 
 
-async def apply(conn: asyncpg.Connection, legacy_gateway: bool = False) -> list[str]:
+class Granted(list[str]):
+    """The groups granted to, and what became of their logins' limits (`limits`)."""
+
+    def __init__(self, groups: tuple[str, ...], applied: limits.Applied) -> None:
+        super().__init__(groups)
+        self.limits = applied
+
+
+async def apply(conn: asyncpg.Connection, legacy_gateway: bool = False) -> Granted:
     """Create the groups when this role may, then grant to every group that exists —
     the legacy gateway group only when asked (`legacy_gateway`): else, if it exists, it
     keeps no grant.
 
-    Returns the groups granted to. Each group's grants go in one transaction, so a group
-    is never left half-granted.
+    Returns the groups granted to (and their logins' limits). Each group's grants go in one
+    transaction, so a group is never left half-granted.
     """
     wanted = roles.groups_for(legacy_gateway)
     may_create = await conn.fetchval(
@@ -51,8 +59,7 @@ async def apply(conn: asyncpg.Connection, legacy_gateway: bool = False) -> list[
             conn, f"row-level security of {table}", functools.partial(conn.execute, sql)
         )
     await _no_temp_for_public(conn)
-    await limits.apply(conn, granted)
-    return list(granted)
+    return Granted(granted, await limits.apply(conn, granted))
 
 
 async def _no_temp_for_public(conn: asyncpg.Connection) -> None:

@@ -1,32 +1,47 @@
 """Schema migrations: `bcw migrate` and `bcw migrate --status`.
 
-Applies `migrations/core/NNNN_name.sql` in order under an advisory lock, each once in its
-own transaction, recording name, checksum and the release that applied it. Refuses to go
+Applies `migrations/core/NNNN_name.sql` in order, each once in its own transaction, recording name, checksum and the release that applied it. Refuses to go
 on when an applied file was changed, or when the schema holds a migration this release
 does not know — unless a newer release of the same major recorded it: within a major,
 migrations only expand, so a rolled-back release runs on the schema its successor left
-(docs/contract.md, "Compatibility"). Safe to run twice, or from several processes at once.
+(docs/contract.md, "Compatibility"). Safe to run twice, or from several processes at once:
+`bcw migrate` runs under `schema_lock`, a row only the schema's owner can lock (an
+advisory key, which any login may take, stopped every `bcw migrate` while one held it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
 import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import asyncpg
 
 from workers.runtime.base.release import parse, release
 from workers.runtime.store import db
 
+if TYPE_CHECKING:
+    from workers.runtime.store import grants
+
 log = logging.getLogger(__name__)
 
-#: Any constant works; it only has to be the same for every `bcw migrate`.
-ADVISORY_LOCK_KEY = 0x6263_775F_6D69  # "bcw_mi"
+#: `bcw migrate`'s lock: its one row, locked FOR UPDATE for the whole run. The same
+#: statement as migration 0055's, which makes it for a database migrated without the lock.
+SCHEMA_LOCK_DDL = """
+CREATE TABLE IF NOT EXISTS schema_lock (
+    one       boolean     PRIMARY KEY DEFAULT true CHECK (one),
+    locked_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+SCHEMA_LOCK_ROW = "INSERT INTO schema_lock DEFAULT VALUES ON CONFLICT DO NOTHING"
 FILE_RE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
 LEDGER_DDL = """
@@ -48,6 +63,10 @@ LEDGER_SELECT = (
 
 class MigrationError(RuntimeError):
     """A migration cannot be applied safely; the message says which and why."""
+
+
+class LockBusy(RuntimeError):
+    """A lock `bcw migrate` needs stayed taken past its patience; the message says which."""
 
 
 @dataclass(frozen=True)
@@ -187,32 +206,80 @@ def _check(migrations: list[Migration], applied: dict[str, dict[str, object]]) -
 
 
 async def migrate(conn: asyncpg.Connection, directory: Path | None = None) -> list[str]:
-    """Apply pending migrations; returns the names applied by this call."""
+    """Apply pending migrations; returns the names applied by this call. Beside another
+    `bcw migrate`, run it under `schema_lock`."""
     migrations = load(directory or default_directory())
-    await conn.execute("SELECT pg_advisory_lock($1)", ADVISORY_LOCK_KEY)
+    await conn.execute(LEDGER_DDL)
+    if not await conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM information_schema.columns WHERE "
+        "table_name = 'schema_migrations' AND column_name = 'release' "
+        "AND table_schema = current_schema())"
+    ):
+        await conn.execute(LEDGER_RELEASE_DDL)
+    applied = await _applied(conn)
+    _check(migrations, applied)
+    done = []
+    for migration in migrations:
+        if migration.name in applied:
+            continue
+        log.info("applying migration %s", migration.name)
+        # beside running workers (a rolling upgrade), tried again when it meets their locks
+        await db.with_lock_patience(
+            conn, f"migration {migration.name}", functools.partial(_apply, conn, migration)
+        )
+        done.append(migration.name)
+    return done
+
+
+@contextlib.asynccontextmanager
+async def schema_lock(
+    connect: Callable[[], Awaitable[asyncpg.Connection]], patience: float = 600.0
+) -> AsyncIterator[None]:
+    """Hold `bcw migrate`'s lock while the body runs: the one row of `schema_lock`, locked
+    FOR UPDATE in a transaction kept open on a connection of its own (`connect()`), which
+    only a role with UPDATE on it — the schema's owner — can take. On an empty database the
+    table is made first. Another `bcw migrate` holding it is waited for 5 s at a time, for
+    `patience` seconds at most (`LockBusy`); the lock goes with the connection, also when
+    this process dies. A migration must never alter `schema_lock` (it would wait for this)."""
+    conn = await connect()
     try:
-        await conn.execute(LEDGER_DDL)
-        if not await conn.fetchval(
-            "SELECT EXISTS (SELECT 1 FROM information_schema.columns WHERE "
-            "table_name = 'schema_migrations' AND column_name = 'release' "
-            "AND table_schema = current_schema())"
-        ):
-            await conn.execute(LEDGER_RELEASE_DDL)
-        applied = await _applied(conn)
-        _check(migrations, applied)
-        done = []
-        for migration in migrations:
-            if migration.name in applied:
-                continue
-            log.info("applying migration %s", migration.name)
-            # beside running workers (a rolling upgrade), tried again when it meets their locks
-            await db.with_lock_patience(
-                conn, f"migration {migration.name}", functools.partial(_apply, conn, migration)
-            )
-            done.append(migration.name)
-        return done
+        await _take_schema_lock(conn, patience)
+        yield
     finally:
-        await conn.execute("SELECT pg_advisory_unlock($1)", ADVISORY_LOCK_KEY)
+        await conn.close()
+
+
+async def _take_schema_lock(conn: asyncpg.Connection, patience: float) -> None:
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                if not await conn.fetchval("SELECT to_regclass('schema_lock') IS NOT NULL"):
+                    # an empty database: table and row made here, at once (one statement)
+                    await conn.execute(f"{SCHEMA_LOCK_DDL}; {SCHEMA_LOCK_ROW}")
+                transaction = conn.transaction()
+                await transaction.start()
+                stack.push_async_callback(transaction.rollback)
+                await conn.execute("SET LOCAL lock_timeout = '5s'")
+                # the body's migrations may take long: this transaction waits for them idle
+                await conn.execute("SET LOCAL idle_in_transaction_session_timeout = 0")
+                if await conn.fetchval("SELECT one FROM schema_lock FOR UPDATE"):
+                    stack.pop_all()  # held until the connection closes
+                    return
+            await conn.execute(SCHEMA_LOCK_ROW)  # its row deleted by hand: made again
+        except (asyncpg.UniqueViolationError, asyncpg.DuplicateTableError):
+            continue  # another `bcw migrate` made the table at the same moment
+        except asyncpg.InsufficientPrivilegeError as error:
+            raise MigrationError(
+                f"the schema lock ({error}): run bcw migrate as the schema's owner"
+            ) from error
+        except asyncpg.LockNotAvailableError:
+            if time.monotonic() >= deadline:
+                raise LockBusy(
+                    f"another bcw migrate held the schema lock for {patience:.0f} s "
+                    "(schema_lock; see pg_stat_activity): nothing was applied, try again"
+                ) from None
+            log.info("another bcw migrate holds the schema lock: waiting for it")
 
 
 async def _apply(conn: asyncpg.Connection, migration: Migration) -> None:
@@ -233,29 +300,42 @@ async def status(conn: asyncpg.Connection, directory: Path | None = None) -> lis
     return classify(migrations, applied, release())
 
 
-async def grant(conn: asyncpg.Connection, legacy_gateway: bool = False) -> list[str]:
-    """Create the bcw_* group roles when this role may, and (re)apply their grants, under
-    the migrations' advisory lock (`grants`). Returns the groups granted to."""
+async def grant(conn: asyncpg.Connection, legacy_gateway: bool = False) -> grants.Granted:
+    """Create the bcw_* group roles when this role may, and (re)apply their grants and
+    their logins' limits (`grants`; `bcw migrate` runs it under `schema_lock`). Returns the
+    groups granted to."""
     from workers.runtime.store import grants
 
-    await conn.execute("SELECT pg_advisory_lock($1)", ADVISORY_LOCK_KEY)
+    return await grants.apply(conn, legacy_gateway)
+
+
+#: how many times the policy's change waits 5 s for the Hellos in flight (45 s in all)
+POLICY_ATTEMPTS = 6
+
+
+async def set_hello_proof(
+    conn: asyncpg.Connection, policy: str, attempts: int = POLICY_ATTEMPTS
+) -> None:
+    """Set the fleet's Hello proof policy (`off`, `warn`, `require`). Every Hello
+    transaction holds the policy's row FOR SHARE (`gateway_hello`), so the UPDATE waits for
+    those in flight and none opens under the policy being replaced once this returns. It
+    waits 5 s at a time (`db.with_lock_patience`): a login that keeps a Hello transaction
+    open holds it until its idle-in-transaction timeout ends it; past `attempts`, `LockBusy`
+    (the policy unchanged)."""
+    update = functools.partial(
+        conn.execute,
+        "UPDATE fleet_policy SET hello_proof = $1, changed_at = now() "
+        "WHERE hello_proof IS DISTINCT FROM $1",
+        policy,
+    )
     try:
-        return await grants.apply(conn, legacy_gateway)
-    finally:
-        await conn.execute("SELECT pg_advisory_unlock($1)", ADVISORY_LOCK_KEY)
-
-
-async def set_hello_proof(conn: asyncpg.Connection, policy: str) -> None:
-    """Set the fleet's Hello proof policy (`off`, `warn`, `require`). Taken exclusively
-    against every Hello transaction in flight (each holds the lock shared), so that none
-    opens under the policy being replaced once this returns."""
-    async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock(hashtext('bcw-fleet-policy'))")
-        await conn.execute(
-            "UPDATE fleet_policy SET hello_proof = $1, changed_at = now() "
-            "WHERE hello_proof IS DISTINCT FROM $1",
-            policy,
-        )
+        await db.with_lock_patience(conn, "the Hello proof policy", update, attempts)
+    except asyncpg.LockNotAvailableError:
+        raise LockBusy(
+            f"BCW_HELLO_PROOF={policy}: the policy's row stayed locked by an open Hello "
+            f"transaction through {attempts} tries (a gateway login keeping one open: see "
+            "pg_stat_activity); the policy is unchanged, try again"
+        ) from None
 
 
 async def hello_proof(conn: asyncpg.Connection) -> str:

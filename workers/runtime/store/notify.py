@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 #: storm of them would otherwise wake a loop for a round each (the first of a quiet spell
 #: wakes it at once; the rest of its 50 ms, once, at its end)
 DEBOUNCE = 0.05
+#: a query on the LISTEN connection at least this often (seconds): it waits idle for
+#: notifications, and the worker logins' `idle_session_timeout` (`limits`) would end it
+KEEPALIVE = 60.0
 
 
 class Listener:
@@ -36,17 +39,20 @@ class Listener:
         channels: Sequence[str],
         wake: asyncio.Event,
         debounce: float = DEBOUNCE,
+        keepalive: float = KEEPALIVE,
     ) -> None:
         self._database = database
         self._channels = tuple(channels)
         self._wake = wake
         self._debounce = debounce
+        self._keepalive = keepalive
         self._last = -debounce
         self._later: asyncio.TimerHandle | None = None
         self.listening = False
         #: notifications received, and wake-ups they made (a storm shows as many to few)
         self.notified = 0
         self.woken = 0
+        self.connects = 0  # connections made (each after the first: one that dropped)
 
     def _notified(self, *_args: object) -> None:
         self.notified += 1
@@ -75,8 +81,14 @@ class Listener:
                 for channel in self._channels:
                     await conn.add_listener(channel, self._notified)
                 self.listening = True
+                self.connects += 1
                 self._wake.set()  # something may have come while we were not listening
-                await lost.wait()
+                while not lost.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(self._keepalive):
+                            await lost.wait()
+                    if not lost.is_set():
+                        await conn.fetchval("SELECT 1")  # not idle for idle_session_timeout
             except asyncio.CancelledError:
                 raise
             except Exception as error:

@@ -35,7 +35,7 @@ TABLES = (
     "node_inventory", "node_labels",
     "node_sessions", "nodes", "quarantines", "session_history", "session_history_packs",
     "outbox", "outbox_dead", "outbox_packs", "outbox_senders", "processed_facts",
-    "schema_migrations",
+    "quarantine_breaker", "schema_lock", "schema_migrations",
     "session_epochs",
 )  # fmt: skip
 
@@ -122,6 +122,8 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         # as of when it applied its Hellos (the replay's hold bound reads it): its own row
         Grant("SELECT, INSERT, UPDATE", "consumer_watermarks"),
         Grant("SELECT", "fleet_policy"),  # said loudly when Hellos need no proof
+        # the breaker's lock (FOR UPDATE: see above); no other group's, not PUBLIC's
+        Grant("SELECT, UPDATE (locked_at)", "quarantine_breaker"),
     ),
     "bcw_replay": (
         *RUNTIME,
