@@ -106,9 +106,10 @@ async def test_a_gateway_fills_only_its_own_stream(nc: NATS, subjects: Subjects)
         await _publish(nc, subjects, "gw-1", 30, size=100_000)  # 3 MB into 1 MiB
     assert await _publish(nc, subjects, "gw-2", 3) == subjects.gateway_facts_stream("gw-2")
     fill = await streams.facts_fill(js, subjects, OWN)
-    assert fill[subjects.gateway_facts_stream("gw-1")] > 0.9
-    assert fill[subjects.gateway_facts_stream("gw-2")] < 0.01
-    assert fill[subjects.facts_stream] == 0.0  # bounded by what it sources
+    assert fill[(subjects.gateway_facts_stream("gw-1"), "bytes")] > 0.9
+    assert fill[(subjects.gateway_facts_stream("gw-2"), "bytes")] < 0.01
+    assert fill[(subjects.facts_stream, "bytes")] == 0.0  # bounded by what it sources
+    assert fill[(subjects.facts_stream, "messages")] == 0.0  # and in count
 
 
 async def test_going_back_to_one_facts_stream_is_refused_naming_the_setting(

@@ -2,7 +2,8 @@
 
 Called by the entry point (`bcw provision`, each worker at start) and the tests. Creating
 is idempotent; a drifted setting is corrected, or reported clearly when the server
-cannot change it in place. The connection itself is `connection.connect`.
+cannot change it in place. Which streams, and their bounds, are `layout`'s (re-exported
+here); the connection itself is `connection.connect`.
 """
 
 from __future__ import annotations
@@ -12,151 +13,20 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext
-from nats.js.api import (
-    AckPolicy,
-    ConsumerConfig,
-    DeliverPolicy,
-    DiscardPolicy,
-    RetentionPolicy,
-    StorageType,
-    StreamConfig,
-    StreamSource,
-)
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig, StreamSource
 from nats.js.errors import BadRequestError, NotFoundError
 
 from schemas.subjects import Subjects
-from workers.runtime.base.runtime_settings import ConsumerSettings, NatsSettings
-from workers.runtime.bus import server
+from workers.runtime.base.runtime_settings import ConsumerSettings
+from workers.runtime.bus.layout import StreamLimits as StreamLimits
+from workers.runtime.bus.layout import limits_of as limits_of
+from workers.runtime.bus.layout import stream_configs as stream_configs
 
 log = logging.getLogger(__name__)
-
-HOUR = 3600.0
-DAY = 24 * HOUR
-DUPLICATE_WINDOW = 120.0
 
 
 class ProvisionError(RuntimeError):
     """A stream or consumer exists with a setting the server cannot change in place."""
-
-
-@dataclass(frozen=True)
-class StreamLimits:
-    """What one gateway (or anything else) may fill a stream with at most."""
-
-    max_bytes: int = -1  # JetStream reserves it per stream: bounded where deployed (chart)
-    max_msgs: int = 50_000_000
-    max_msg_size: int = 2**20
-    max_consumers: int = 64
-    #: dead letters per subject (worker, cause, source): `deadletter.subject_of`
-    dead_per_source: int = 10_000
-    #: gateways whose facts each go to a stream of their own (`per_gateway` bytes at most)
-    #: that the facts stream sources; none: the facts stream takes every gateway's facts
-    gateways: tuple[str, ...] = ()
-    per_gateway: int = 4 * 2**30
-    #: each stream's max age, in seconds
-    facts_age: float = DAY
-    events_age: float = 7 * DAY
-    notices_age: float = HOUR
-    dead_age: float = 14 * DAY
-    #: the events' and the dead letters' own bounds in bytes (0: `max_bytes`)
-    events_bytes: int = 0
-    dead_bytes: int = 0
-    #: JetStream fast batches (`allow_batched`): only where the server has them (2.14+)
-    batched: bool = True
-
-
-def limits_of(settings: NatsSettings, server_version: str | None = None) -> StreamLimits:
-    """The streams' bounds these settings give, on nats-server `server_version` (None: a
-    server with every feature; an older one gets no fast batches: `server`)."""
-    return StreamLimits(
-        settings.stream_max_bytes,
-        settings.stream_max_msgs,
-        settings.max_msg_size,
-        settings.stream_max_consumers,
-        settings.dead_letters_per_source,
-        settings.gateways_with_own_facts,
-        settings.facts_bytes_per_gateway,
-        settings.facts_max_age,
-        settings.events_max_age,
-        settings.notices_max_age,
-        settings.dead_max_age,
-        settings.events_max_bytes,
-        settings.dead_max_bytes,
-        server_version is None or server.has_fast_batches(server_version),
-    )
-
-
-def stream_configs(
-    subjects: Subjects, replicas: int = 1, limits: StreamLimits | None = None
-) -> list[StreamConfig]:
-    """The four streams of the contract (DESIGN §3), bounded by `limits`."""
-    limits = limits or StreamLimits()
-
-    def stream(
-        name: str,
-        subject_list: list[str],
-        max_age: float,
-        discard: DiscardPolicy,
-        per_subject: int = -1,
-        max_bytes: int = limits.max_bytes,
-        sources: list[StreamSource] | None = None,
-    ) -> StreamConfig:
-        return StreamConfig(
-            max_msgs_per_subject=per_subject,
-            name=name,
-            subjects=subject_list or None,
-            sources=sources,
-            retention=RetentionPolicy.LIMITS,
-            storage=StorageType.FILE,
-            discard=discard,
-            max_age=max_age,
-            num_replicas=replicas,
-            # every stream: the outbox relay and the dead-letter path re-publish with the
-            # same Nats-Msg-Id after a failure, and rely on JetStream to drop the double
-            duplicate_window=DUPLICATE_WINDOW,
-            max_bytes=max_bytes,
-            max_msgs=limits.max_msgs,
-            max_msg_size=limits.max_msg_size,
-            max_consumers=limits.max_consumers,
-            # the outbox relay publishes a batch of rows as one fast batch (one PubAck);
-            # a server before 2.14 refuses the field itself: not sent there
-            allow_batched=True if limits.batched else None,
-        )
-
-    old, new = DiscardPolicy.OLD, DiscardPolicy.NEW
-    # full: new facts are refused (their gateways retry) rather than unapplied ones dropped
-    facts_age = limits.facts_age
-    facts = [stream(subjects.facts_stream, [subjects.all_facts], facts_age, new)]
-    if limits.gateways:
-        # each gateway fills a stream of its own, and only its own; the facts stream (what
-        # the workers consume) sources them all, so it holds at most what they hold
-        facts = [
-            stream(
-                subjects.facts_stream, [], facts_age, new, max_bytes=-1,
-                sources=[StreamSource(name=subjects.gateway_facts_stream(g)) for g in limits.gateways],
-            ),
-            *(
-                stream(
-                    subjects.gateway_facts_stream(g), [subjects.gateway_facts(g)], facts_age, new,
-                    max_bytes=limits.per_gateway,
-                )
-                for g in limits.gateways
-            ),
-        ]  # fmt: skip
-    return [
-        *facts,
-        stream(
-            subjects.events_stream, [subjects.all_events, subjects.revocations],
-            limits.events_age, old, max_bytes=limits.events_bytes or limits.max_bytes,
-        ),
-        stream(subjects.gateway_stream, [subjects.all_notices], limits.notices_age, old),
-        # each worker, cause and source keeps its newest letters: one gateway's junk never
-        # evicts another's letters, nor a parked fact (`deadletter.subject_of`)
-        stream(
-            subjects.dead_stream, [subjects.all_dead], limits.dead_age, old,
-            limits.dead_per_source, max_bytes=limits.dead_bytes or limits.max_bytes,
-        ),
-    ]  # fmt: skip
 
 
 _UPDATABLE = (
@@ -169,6 +39,7 @@ _UPDATABLE = (
     "max_msgs",
     "max_msg_size",
     "max_msgs_per_subject",
+    "discard_new_per_subject",
     "allow_batched",
     "sources",
 )  # fmt: skip  (max_consumers is set at creation: the server refuses to change it)
@@ -385,16 +256,23 @@ async def ensure_consumer(
 
 async def facts_fill(
     js: JetStreamContext, subjects: Subjects, limits: StreamLimits
-) -> dict[str, float]:
-    """Bytes over `max_bytes` (0.0: no such bound) of the facts stream and of each gateway's
-    own facts stream that exists (a missing or unreadable one is left out)."""
-    out: dict[str, float] = {}
+) -> dict[tuple[str, str], float]:
+    """{(stream, bound): fill} of the facts stream and of each gateway's own facts stream
+    that exists (a missing or unreadable one is left out): its bytes over its `max_bytes`
+    and its messages over its `max_msgs` (0.0: no such bound). Either full refuses new
+    facts: a flood of empty messages fills a stream by count long before its bytes."""
+    out: dict[tuple[str, str], float] = {}
     for name in (subjects.facts_stream, *map(subjects.gateway_facts_stream, limits.gateways)):
         try:
             info = await js.stream_info(name)
         except Exception as error:
             log.debug("no fill of stream %s: %r", name, error)
             continue
-        bound = info.config.max_bytes or -1
-        out[name] = 0.0 if bound <= 0 else info.state.bytes / bound
+        out[(name, "bytes")] = fill(info.state.bytes, info.config.max_bytes)
+        out[(name, "messages")] = fill(info.state.messages, info.config.max_msgs)
     return out
+
+
+def fill(held: int | None, bound: int | None) -> float:
+    """`held` over `bound`; 0.0 where there is no bound (None, 0 or -1). Pure."""
+    return 0.0 if bound is None or bound <= 0 else (held or 0) / bound
