@@ -383,6 +383,8 @@ class FactConsumer:
             )
         if result.kind is outcome.Kind.STALE:
             self._metrics.fencing_misses.inc(self.worker.name, fact_type)
+            if item.fact is not None:  # a gateway's facts for epochs it no longer holds
+                self._shedder.saw(item.fact, stale=True)
         if result.kind is outcome.Kind.FOREIGN and item.fact is not None:
             self._foreign.saw(item.fact)
             self._shedder.saw(item.fact)
