@@ -8,6 +8,7 @@ here); the connection itself is `connection.connect`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -78,12 +79,41 @@ async def ensure_stream(js: JetStreamContext, wanted: StreamConfig, subjects: Su
         log.info("stream %s created", wanted.name)
         return "created"
     _check_switch(info.config, wanted, subjects)
+    wanted = await _losing_nothing(js, info.config, wanted)
     drift = _drift(info.config, wanted)
     if not drift:
         return "unchanged"
     log.warning("stream %s drifted, correcting: %s", wanted.name, drift)
     await js.update_stream(wanted)
     return "updated"
+
+
+async def _losing_nothing(
+    js: JetStreamContext, current: StreamConfig, wanted: StreamConfig
+) -> StreamConfig:
+    """`wanted`, unless it lowers the stream's bound per subject below what a subject holds
+    now: the server would then drop that subject's oldest messages at once (facts perhaps
+    not applied yet, on the upgrade that bounds the one facts stream per gateway). Then the
+    bound stays as it is, said in a WARNING, until a later `bcw provision` finds every
+    subject under it (its oldest aged out)."""
+    bound, have = wanted.max_msgs_per_subject or -1, current.max_msgs_per_subject or -1
+    if bound <= 0 or 0 < have <= bound:
+        return wanted
+    held = (await js.stream_info(str(wanted.name), subjects_filter=">")).state.subjects or {}
+    over = {subject: n for subject, n in held.items() if n > bound}
+    if not over:
+        return wanted
+    fullest = max(over, key=lambda subject: over[subject])
+    log.warning(
+        "stream %s: not bounded to %d messages per subject yet: %d subject(s) hold more (%s: "
+        "%d), which the server would drop; bcw provision bounds it once they are under",
+        wanted.name, bound, len(over), fullest, over[fullest],
+    )  # fmt: skip
+    return dataclasses.replace(
+        wanted,
+        max_msgs_per_subject=current.max_msgs_per_subject,
+        discard_new_per_subject=current.discard_new_per_subject,
+    )
 
 
 def _differs(current: object, wanted: object) -> bool:
