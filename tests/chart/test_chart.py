@@ -19,7 +19,11 @@ CHART = Path(__file__).resolve().parents[2] / "charts" / "bc-workers"
 PRODUCTION = CHART / "ci" / "production-values.yaml"
 KUBE_VERSION = "1.31"
 WORKERS = ["labeler", "liveness", "quarantine", "recorder", "replay"]
-MINIMAL = {"database": {"url": "postgresql://bcw@db/bcw"}, "allowSharedCredentials": True}
+MINIMAL = {
+    "database": {"url": "postgresql://bcw@db/bcw"},
+    "allowSharedCredentials": True,
+    "nats": {"factsGateways": ["gw-1"]},  # a new install lists its gateways
+}
 
 
 def render(values: dict[str, Any]) -> list[dict[str, Any]]:
@@ -187,7 +191,7 @@ def test_a_bad_value_is_refused_by_the_schema(values: dict[str, Any]) -> None:
 
 def test_a_database_is_required() -> None:
     with pytest.raises(helm.HelmError, match=r"database\.existingSecret"):
-        render({})
+        render({"nats": {"factsGateways": ["gw-1"]}})
 
 
 def test_every_value_is_documented_in_the_chart_readme() -> None:
@@ -323,7 +327,7 @@ def _every_metric_once() -> str:
     m.consumer_pending.set(1, "w")
     m.consumer_ack_pending.set(1, "w")
     m.lease_held.set(1, "sweep")
-    m.facts_stream_full.set(0.5, "BC_FACTS")
+    m.facts_stream_full.set(0.5, "BC_FACTS", "messages")
     m.dead_letters.inc("w", "invalid")
     m.outbox_published.inc()
     m.outbox_failures.inc()

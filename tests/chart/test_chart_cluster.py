@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
 import kubernetes_validate
 import promql_parser
 import pytest
@@ -43,9 +44,11 @@ def test_secrets_are_mounted_key_by_key() -> None:
 @pytest.mark.parametrize(
     ("values", "named"),
     [
-        ({"database": {"existingSecret": "shared"}}, "workers.labeler.database.existingSecret"),
+        ({"database": {"existingSecret": "shared"}, "nats": {"factsGateways": ["gw-1"]}},
+         "workers.labeler.database.existingSecret"),
         (
-            {"database": {"existingSecret": "shared"}, "nats": {"credentials": {"existingSecret": "all"}},
+            {"database": {"existingSecret": "shared"},
+             "nats": {"credentials": {"existingSecret": "all"}, "factsGateways": ["gw-1"]},
              "workers": {w: {"database": {"existingSecret": f"{w}-db"}} for w in WORKERS}},
             "workers.labeler.nats.existingSecret",
         ),
@@ -166,7 +169,7 @@ def test_a_relay_deployment_takes_the_outbox_off_the_workers_and_helm_test_check
     for doc in docs:
         kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
     with pytest.raises(Exception, match=r"relay\.database\.existingSecret is empty"):
-        render({"database": {"existingSecret": "shared"}, "relay": {"enabled": True},
+        render({"database": {"existingSecret": "shared"}, "relay": {"enabled": True}, "nats": {"factsGateways": ["gw-1"]},
                 "workers": {w: {"enabled": False} for w in WORKERS}})  # fmt: skip
 
 
@@ -201,3 +204,31 @@ def test_no_worker_has_a_cpu_limit_unless_given_one() -> None:
         assert resources["requests"]["cpu"], name
     labeler = _pod(docs, "Deployment", "fleet-bc-workers-labeler")["containers"][0]["resources"]
     assert labeler["limits"]["cpu"] == "2"
+
+
+def test_a_new_install_gives_each_gateway_its_own_facts_stream_and_an_upgrade_keeps_its_layout() -> (
+    None
+):
+    """`helm install` without `nats.factsGateways` does not render: a new install lists its
+    gateways (each its own facts stream, bounded in bytes and messages) or chooses one
+    facts stream for all (`nats.oneFactsStream`). An upgrade of a release with the list
+    empty renders as before: its one facts stream keeps working."""
+    bare = {k: v for k, v in MINIMAL.items() if k != "nats"}
+    with pytest.raises(Exception, match=r"nats\.factsGateways is empty"):
+        render(bare)
+    chart = helm.Chart.load(str(CHART))
+    upgraded = chart.render(
+        bare, name="fleet", namespace="control-plane", is_install=False, is_upgrade=True
+    )
+    assert any("BCW_NATS_FACTS_GATEWAYS" in text for text in upgraded.values())
+    one = render({**bare, "nats": {"oneFactsStream": True}})
+    job = migration_job(one)
+    [provision] = [
+        c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "provision"
+    ]
+    env = {e["name"]: e.get("value") for e in provision["env"]}
+    assert (
+        env["BCW_NATS_FACTS_GATEWAYS"] == "" and env["BCW_NATS_FACTS_MSGS_PER_GATEWAY"] == "5000000"
+    )
+    with pytest.raises(Exception, match="choose one"):
+        render({**MINIMAL, "nats": {"factsGateways": ["gw-1"], "oneFactsStream": True}})

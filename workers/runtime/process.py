@@ -358,8 +358,8 @@ async def _observe(
             for consumer in consumers:
                 await consumer.observe()
             if consumers:  # a full facts stream refuses every gateway's facts
-                for stream, ratio in (
+                for (stream, bound), ratio in (
                     await streams.facts_fill(runtime.js, runtime.subjects, limits)
                 ).items():
-                    runtime.metrics.facts_stream_full.set(ratio, stream)
+                    runtime.metrics.facts_stream_full.set(ratio, stream, bound)
         await sleep_or_stop(stopping, 5.0)

@@ -176,6 +176,13 @@ imagePullSecrets:
   value: {{ $v.database.statementCacheSize | quote }}
 {{- end }}
 {{- if $bus }}
+{{- /* a new install gives each gateway its own facts stream; an upgrade keeps the layout the streams have */}}
+{{- if and .root.Release.IsInstall (not $v.nats.factsGateways) (not $v.nats.oneFactsStream) }}
+{{- fail "nats.factsGateways is empty: a new install gives each gateway a facts stream of its own; list every gateway's id (bcw auth nats --gateways), or set nats.oneFactsStream: true for one facts stream shared by all, which one gateway can fill by bytes (docs/kubernetes.md)" -}}
+{{- end }}
+{{- if and $v.nats.factsGateways $v.nats.oneFactsStream }}
+{{- fail "nats.oneFactsStream is true and nats.factsGateways lists gateways: choose one" -}}
+{{- end }}
 - name: BCW_NATS_URL
   value: {{ $v.nats.url | quote }}
 - name: BCW_NATS_STREAM_REPLICAS
@@ -194,6 +201,8 @@ imagePullSecrets:
   value: {{ join "," $v.nats.factsGateways | quote }}
 - name: BCW_NATS_FACTS_BYTES_PER_GATEWAY
   value: {{ $v.nats.factsBytesPerGateway | int64 | quote }}
+- name: BCW_NATS_FACTS_MSGS_PER_GATEWAY
+  value: {{ $v.nats.factsMsgsPerGateway | int64 | quote }}
 - name: BCW_NATS_FACTS_MAX_AGE
   value: {{ $v.nats.retention.facts | quote }}
 - name: BCW_NATS_EVENTS_MAX_AGE

@@ -106,9 +106,10 @@ async def test_a_gateway_fills_only_its_own_stream(nc: NATS, subjects: Subjects)
         await _publish(nc, subjects, "gw-1", 30, size=100_000)  # 3 MB into 1 MiB
     assert await _publish(nc, subjects, "gw-2", 3) == subjects.gateway_facts_stream("gw-2")
     fill = await streams.facts_fill(js, subjects, OWN)
-    assert fill[subjects.gateway_facts_stream("gw-1")] > 0.9
-    assert fill[subjects.gateway_facts_stream("gw-2")] < 0.01
-    assert fill[subjects.facts_stream] == 0.0  # bounded by what it sources
+    assert fill[(subjects.gateway_facts_stream("gw-1"), "bytes")] > 0.9
+    assert fill[(subjects.gateway_facts_stream("gw-2"), "bytes")] < 0.01
+    assert fill[(subjects.facts_stream, "bytes")] == 0.0  # bounded by what it sources
+    assert fill[(subjects.facts_stream, "messages")] == 0.0  # and in count
 
 
 async def test_going_back_to_one_facts_stream_is_refused_naming_the_setting(
@@ -246,3 +247,38 @@ async def test_a_flush_too_large_for_one_message_is_cut_and_every_session_arrive
     # 16 ranges (9,000 sessions) that tile the hash space, in order
     assert len(ranges) == 16 and ranges[0][0] == 0 and ranges[-1][1] == HASH_SPACE
     assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+
+
+async def test_an_upgrade_bounds_the_one_facts_stream_per_gateway_in_place(
+    nc: NATS, subjects: Subjects
+) -> None:
+    """A one-stream `BC_FACTS` as an earlier release made it (no bound per subject), facts
+    in it and a consumer halfway: `bcw provision` bounds each gateway's subjects in place
+    (an upgrade keeps the layout) — but not while a subject holds more than its share,
+    which the server would drop — keeping the stream's facts and its consumer; from then on
+    a gateway's subject takes no more than its share."""
+    js = nc.jetstream()
+    limits = streams.StreamLimits(msgs_per_gateway=80)  # 10 a fact type
+    [old, *rest] = streams.stream_configs(subjects, limits=limits)
+    old.max_msgs_per_subject, old.discard_new_per_subject = -1, False
+    for config in (old, *rest):
+        await js.add_stream(config)
+    await _publish(nc, subjects, "gw-1", 15)
+    assert len(await _pull_all(nc, subjects, "before", 5)) == 5
+    # gw-1's hello subject holds 15, over its share: bounding it now would drop 5
+    status = await streams.provision_streams(js, subjects, limits=limits)
+    assert status[subjects.facts_stream] == "unchanged"
+    assert (await js.stream_info(subjects.facts_stream)).state.messages == 15
+    await js.purge_stream(subjects.facts_stream, subject=subjects.fact("gw-1", "hello"), keep=8)
+    assert (await streams.provision_streams(js, subjects, limits=limits)) == {
+        **dict.fromkeys(status, "unchanged"),
+        subjects.facts_stream: "updated",
+    }
+    info = await js.stream_info(subjects.facts_stream)
+    assert (info.config.max_msgs_per_subject, info.config.discard_new_per_subject) == (10, True)
+    assert info.state.messages == 8
+    assert (await js.consumer_info(subjects.facts_stream, "before")).num_pending == 8
+    await _publish(nc, subjects, "gw-1", 2, size=11)
+    with pytest.raises(ServiceUnavailableError, match="maximum messages per subject"):
+        await _publish(nc, subjects, "gw-1", 1, size=12)
+    assert await _publish(nc, subjects, "gw-2", 10) == subjects.facts_stream

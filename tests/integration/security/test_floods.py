@@ -327,11 +327,15 @@ async def test_a_gateway_that_fills_the_facts_stream_fills_only_its_own(
 
         async def said() -> bool:
             return (
-                runtime.metrics.facts_stream_full.value(SUBJECTS.gateway_facts_stream("gw-1")) > 0.9
+                runtime.metrics.facts_stream_full.value(
+                    SUBJECTS.gateway_facts_stream("gw-1"), "bytes"
+                )
+                > 0.9
             )
 
         await eventually(said, within=20, what="gw-1's full stream said")
-        assert runtime.metrics.facts_stream_full.value(SUBJECTS.gateway_facts_stream("gw-2")) < 0.01
+        gw2 = SUBJECTS.gateway_facts_stream("gw-2")
+        assert runtime.metrics.facts_stream_full.value(gw2, "bytes") < 0.01
 
 
 async def test_the_epoch_before_a_hello_is_kept_however_long_it_lasted(

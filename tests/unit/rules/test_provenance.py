@@ -110,6 +110,29 @@ def test_a_gateway_is_shed_only_for_the_type_it_floods_and_only_for_a_window() -
     assert not shedder.shedding
 
 
+def test_a_gateways_stale_facts_are_shed_past_their_own_threshold_but_never_its_hellos() -> None:
+    """Facts for epochs a gateway no longer holds (issue 59) count against a threshold of
+    their own, apart from its foreign ones; a stale Hello (superseded by its node's next
+    one) never counts."""
+    from workers.runtime.effects.shedding import Shedder
+
+    shedder = Shedder("liveness", threshold=3, window=10.0, stale_threshold=5)
+    closed = make_fact("closed", gateway_id="gw-1")
+    for _ in range(3):
+        shedder.saw(closed, now=100.0)  # three foreign: at their threshold
+    for _ in range(5):
+        shedder.saw(closed, now=100.0, stale=True)  # five stale: at theirs
+    assert not shedder.shedding  # each kind counted apart
+    hello = make_fact("hello", gateway_id="gw-1")
+    for _ in range(100):
+        shedder.saw(hello, now=100.0, stale=True)
+    assert not shedder.sheds(("gw-1", "hello"), now=100.0)
+    shedder.saw(closed, now=101.0, stale=True)
+    assert shedder.sheds(("gw-1", "closed"), now=101.0)
+    assert not shedder.sheds(("gw-2", "closed"), now=101.0)
+    assert not shedder.sheds(("gw-1", "liveness"), now=101.0)
+
+
 def _recorded(**row: object) -> dict[str, object]:
     base = {
         "previous_epoch": 1, "previous_gateway_id": "gw-1", "previous_boot_id": "boot-a",

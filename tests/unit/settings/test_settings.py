@@ -59,6 +59,12 @@ def test_bad_settings_are_refused(monkeypatch: pytest.MonkeyPatch, name: str, va
             "BCW_NATS_FACTS_GATEWAYS: 'gw-1' is given twice (got 'gw-1,gw-2,gw-1')",
         ),
         (
+            {"BCW_NATS_STREAM_MAX_MSGS": "1000000"},
+            "BCW_NATS_FACTS_MSGS_PER_GATEWAY (5000000) must be at most a tenth of "
+            "BCW_NATS_STREAM_MAX_MSGS (1000000): one gateway must not fill the facts stream for "
+            "the others",
+        ),
+        (
             {"BCW_DATABASE_URL": "mysql://u:hunter2@h/d"},
             "BCW_DATABASE_URL: must be a postgresql:// URL",
         ),

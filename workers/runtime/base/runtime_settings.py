@@ -160,6 +160,13 @@ class NatsSettings(BaseSettings):
         "its flushes alone are about 1.6 GB a day for 5,000 sessions); beyond it that "
         "gateway's new facts are refused, and only its own",
     )  # fmt: skip
+    facts_msgs_per_gateway: int = Field(
+        default=5_000_000, ge=1000,
+        description="messages one gateway's facts take at most: its own facts stream's bound "
+        "(with BCW_NATS_FACTS_GATEWAYS), or, in the one facts stream, its subjects' together "
+        "(an eighth a fact type); beyond it that gateway's new facts are refused, and only its "
+        "own. At most a tenth of BCW_NATS_STREAM_MAX_MSGS",
+    )  # fmt: skip
     stream_max_consumers: int = Field(
         default=64, ge=8,
         description="consumers a stream may have at most (set when the stream is created)",
@@ -231,6 +238,16 @@ class NatsSettings(BaseSettings):
     def gateways_with_own_facts(self) -> tuple[str, ...]:
         """`facts_gateways`, in the order given."""
         return tuple(_listed(self.facts_gateways))
+
+    @model_validator(mode="after")
+    def _one_gateway_under_the_total(self) -> NatsSettings:
+        if self.facts_msgs_per_gateway * 10 > self.stream_max_msgs:
+            raise ValueError(
+                f"BCW_NATS_FACTS_MSGS_PER_GATEWAY ({self.facts_msgs_per_gateway}) must be at most "
+                f"a tenth of BCW_NATS_STREAM_MAX_MSGS ({self.stream_max_msgs}): one gateway "
+                "must not fill the facts stream for the others"
+            )
+        return self
 
     @model_validator(mode="after")
     def _tls_pair(self) -> NatsSettings:

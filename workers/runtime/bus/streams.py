@@ -2,168 +2,48 @@
 
 Called by the entry point (`bcw provision`, each worker at start) and the tests. Creating
 is idempotent; a drifted setting is corrected, or reported clearly when the server
-cannot change it in place. The connection itself is `connection.connect`.
+cannot change it in place. Which streams, and their bounds, are `layout`'s (re-exported
+here); the connection itself is `connection.connect`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext
-from nats.js.api import (
-    AckPolicy,
-    ConsumerConfig,
-    DeliverPolicy,
-    DiscardPolicy,
-    RetentionPolicy,
-    StorageType,
-    StreamConfig,
-    StreamSource,
-)
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig, StreamSource
 from nats.js.errors import BadRequestError, NotFoundError
 
 from schemas.subjects import Subjects
-from workers.runtime.base.runtime_settings import ConsumerSettings, NatsSettings
-from workers.runtime.bus import server
+from workers.runtime.base.runtime_settings import ConsumerSettings
+from workers.runtime.bus.layout import StreamLimits as StreamLimits
+from workers.runtime.bus.layout import limits_of as limits_of
+from workers.runtime.bus.layout import stream_configs as stream_configs
 
 log = logging.getLogger(__name__)
-
-HOUR = 3600.0
-DAY = 24 * HOUR
-DUPLICATE_WINDOW = 120.0
 
 
 class ProvisionError(RuntimeError):
     """A stream or consumer exists with a setting the server cannot change in place."""
 
 
-@dataclass(frozen=True)
-class StreamLimits:
-    """What one gateway (or anything else) may fill a stream with at most."""
-
-    max_bytes: int = -1  # JetStream reserves it per stream: bounded where deployed (chart)
-    max_msgs: int = 50_000_000
-    max_msg_size: int = 2**20
-    max_consumers: int = 64
-    #: dead letters per subject (worker, cause, source): `deadletter.subject_of`
-    dead_per_source: int = 10_000
-    #: gateways whose facts each go to a stream of their own (`per_gateway` bytes at most)
-    #: that the facts stream sources; none: the facts stream takes every gateway's facts
-    gateways: tuple[str, ...] = ()
-    per_gateway: int = 4 * 2**30
-    #: each stream's max age, in seconds
-    facts_age: float = DAY
-    events_age: float = 7 * DAY
-    notices_age: float = HOUR
-    dead_age: float = 14 * DAY
-    #: the events' and the dead letters' own bounds in bytes (0: `max_bytes`)
-    events_bytes: int = 0
-    dead_bytes: int = 0
-    #: JetStream fast batches (`allow_batched`): only where the server has them (2.14+)
-    batched: bool = True
-
-
-def limits_of(settings: NatsSettings, server_version: str | None = None) -> StreamLimits:
-    """The streams' bounds these settings give, on nats-server `server_version` (None: a
-    server with every feature; an older one gets no fast batches: `server`)."""
-    return StreamLimits(
-        settings.stream_max_bytes,
-        settings.stream_max_msgs,
-        settings.max_msg_size,
-        settings.stream_max_consumers,
-        settings.dead_letters_per_source,
-        settings.gateways_with_own_facts,
-        settings.facts_bytes_per_gateway,
-        settings.facts_max_age,
-        settings.events_max_age,
-        settings.notices_max_age,
-        settings.dead_max_age,
-        settings.events_max_bytes,
-        settings.dead_max_bytes,
-        server_version is None or server.has_fast_batches(server_version),
-    )
-
-
-def stream_configs(
-    subjects: Subjects, replicas: int = 1, limits: StreamLimits | None = None
-) -> list[StreamConfig]:
-    """The four streams of the contract (DESIGN §3), bounded by `limits`."""
-    limits = limits or StreamLimits()
-
-    def stream(
-        name: str,
-        subject_list: list[str],
-        max_age: float,
-        discard: DiscardPolicy,
-        per_subject: int = -1,
-        max_bytes: int = limits.max_bytes,
-        sources: list[StreamSource] | None = None,
-    ) -> StreamConfig:
-        return StreamConfig(
-            max_msgs_per_subject=per_subject,
-            name=name,
-            subjects=subject_list or None,
-            sources=sources,
-            retention=RetentionPolicy.LIMITS,
-            storage=StorageType.FILE,
-            discard=discard,
-            max_age=max_age,
-            num_replicas=replicas,
-            # every stream: the outbox relay and the dead-letter path re-publish with the
-            # same Nats-Msg-Id after a failure, and rely on JetStream to drop the double
-            duplicate_window=DUPLICATE_WINDOW,
-            max_bytes=max_bytes,
-            max_msgs=limits.max_msgs,
-            max_msg_size=limits.max_msg_size,
-            max_consumers=limits.max_consumers,
-            # the outbox relay publishes a batch of rows as one fast batch (one PubAck);
-            # a server before 2.14 refuses the field itself: not sent there
-            allow_batched=True if limits.batched else None,
-        )
-
-    old, new = DiscardPolicy.OLD, DiscardPolicy.NEW
-    # full: new facts are refused (their gateways retry) rather than unapplied ones dropped
-    facts_age = limits.facts_age
-    facts = [stream(subjects.facts_stream, [subjects.all_facts], facts_age, new)]
-    if limits.gateways:
-        # each gateway fills a stream of its own, and only its own; the facts stream (what
-        # the workers consume) sources them all, so it holds at most what they hold
-        facts = [
-            stream(
-                subjects.facts_stream, [], facts_age, new, max_bytes=-1,
-                sources=[StreamSource(name=subjects.gateway_facts_stream(g)) for g in limits.gateways],
-            ),
-            *(
-                stream(
-                    subjects.gateway_facts_stream(g), [subjects.gateway_facts(g)], facts_age, new,
-                    max_bytes=limits.per_gateway,
-                )
-                for g in limits.gateways
-            ),
-        ]  # fmt: skip
-    return [
-        *facts,
-        stream(
-            subjects.events_stream, [subjects.all_events, subjects.revocations],
-            limits.events_age, old, max_bytes=limits.events_bytes or limits.max_bytes,
-        ),
-        stream(subjects.gateway_stream, [subjects.all_notices], limits.notices_age, old),
-        # each worker, cause and source keeps its newest letters: one gateway's junk never
-        # evicts another's letters, nor a parked fact (`deadletter.subject_of`)
-        stream(
-            subjects.dead_stream, [subjects.all_dead], limits.dead_age, old,
-            limits.dead_per_source, max_bytes=limits.dead_bytes or limits.max_bytes,
-        ),
-    ]  # fmt: skip
-
-
-# (max_consumers is set at creation: the server refuses to change it)
 _UPDATABLE = (
-    "subjects", "max_age", "duplicate_window", "num_replicas", "discard", "max_bytes",
-    "max_msgs", "max_msg_size", "max_msgs_per_subject", "allow_batched", "sources",
-)  # fmt: skip
+    "subjects",
+    "max_age",
+    "duplicate_window",
+    "num_replicas",
+    "discard",
+    "max_bytes",
+    "max_msgs",
+    "max_msg_size",
+    "max_msgs_per_subject",
+    "discard_new_per_subject",
+    "allow_batched",
+    "sources",
+)  # fmt: skip  (max_consumers is set at creation: the server refuses to change it)
 _FIXED = ("retention", "storage")
 
 
@@ -199,12 +79,41 @@ async def ensure_stream(js: JetStreamContext, wanted: StreamConfig, subjects: Su
         log.info("stream %s created", wanted.name)
         return "created"
     _check_switch(info.config, wanted, subjects)
+    wanted = await _losing_nothing(js, info.config, wanted)
     drift = _drift(info.config, wanted)
     if not drift:
         return "unchanged"
     log.warning("stream %s drifted, correcting: %s", wanted.name, drift)
     await js.update_stream(wanted)
     return "updated"
+
+
+async def _losing_nothing(
+    js: JetStreamContext, current: StreamConfig, wanted: StreamConfig
+) -> StreamConfig:
+    """`wanted`, unless it lowers the stream's bound per subject below what a subject holds
+    now: the server would then drop that subject's oldest messages at once (facts perhaps
+    not applied yet, on the upgrade that bounds the one facts stream per gateway). Then the
+    bound stays as it is, said in a WARNING, until a later `bcw provision` finds every
+    subject under it (its oldest aged out)."""
+    bound, have = wanted.max_msgs_per_subject or -1, current.max_msgs_per_subject or -1
+    if bound <= 0 or 0 < have <= bound:
+        return wanted
+    held = (await js.stream_info(str(wanted.name), subjects_filter=">")).state.subjects or {}
+    over = {subject: n for subject, n in held.items() if n > bound}
+    if not over:
+        return wanted
+    fullest = max(over, key=lambda subject: over[subject])
+    log.warning(
+        "stream %s: not bounded to %d messages per subject yet: %d subject(s) hold more (%s: "
+        "%d), which the server would drop; bcw provision bounds it once they are under",
+        wanted.name, bound, len(over), fullest, over[fullest],
+    )  # fmt: skip
+    return dataclasses.replace(
+        wanted,
+        max_msgs_per_subject=current.max_msgs_per_subject,
+        discard_new_per_subject=current.discard_new_per_subject,
+    )
 
 
 def _differs(current: object, wanted: object) -> bool:
@@ -267,8 +176,8 @@ async def _as_they_are(
     limits: StreamLimits | None,
     only: Collection[str] | None = None,
 ) -> AsyncIterator[tuple[StreamConfig, StreamConfig | None]]:
-    """Each stream of the contract (`only` those named) as these settings want it, and as
-    the server has it (None: the server has no such stream)."""
+    """Each stream of the contract (`only` those named: a relay's) as these settings want
+    it, and as the server has it (None: the server has no such stream)."""
     for wanted in stream_configs(subjects, replicas, limits):
         if wanted.name is None or (only is not None and wanted.name not in only):
             continue
@@ -385,16 +294,23 @@ async def ensure_consumer(
 
 async def facts_fill(
     js: JetStreamContext, subjects: Subjects, limits: StreamLimits
-) -> dict[str, float]:
-    """Bytes over `max_bytes` (0.0: no such bound) of the facts stream and of each gateway's
-    own facts stream that exists (a missing or unreadable one is left out)."""
-    out: dict[str, float] = {}
+) -> dict[tuple[str, str], float]:
+    """{(stream, bound): fill} of the facts stream and of each gateway's own facts stream
+    that exists (a missing or unreadable one is left out): its bytes over its `max_bytes`
+    and its messages over its `max_msgs` (0.0: no such bound). Either full refuses new
+    facts: a flood of empty messages fills a stream by count long before its bytes."""
+    out: dict[tuple[str, str], float] = {}
     for name in (subjects.facts_stream, *map(subjects.gateway_facts_stream, limits.gateways)):
         try:
             info = await js.stream_info(name)
         except Exception as error:
             log.debug("no fill of stream %s: %r", name, error)
             continue
-        bound = info.config.max_bytes or -1
-        out[name] = 0.0 if bound <= 0 else info.state.bytes / bound
+        out[(name, "bytes")] = fill(info.state.bytes, info.config.max_bytes)
+        out[(name, "messages")] = fill(info.state.messages, info.config.max_msgs)
     return out
+
+
+def fill(held: int | None, bound: int | None) -> float:
+    """`held` over `bound`; 0.0 where there is no bound (None, 0 or -1). Pure."""
+    return 0.0 if bound is None or bound <= 0 else (held or 0) / bound

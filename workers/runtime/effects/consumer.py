@@ -383,9 +383,10 @@ class FactConsumer:
             )
         if result.kind is outcome.Kind.STALE:
             self._metrics.fencing_misses.inc(self.worker.name, fact_type)
+        if result.kind in (outcome.Kind.STALE, outcome.Kind.FOREIGN) and item.fact is not None:
+            self._shedder.saw(item.fact, stale=result.kind is outcome.Kind.STALE)  # floods shed
         if result.kind is outcome.Kind.FOREIGN and item.fact is not None:
             self._foreign.saw(item.fact)
-            self._shedder.saw(item.fact)
         if item.span is not None:
             item.span.set_attribute("bcw.outcome", result.kind.value)
             if result.kind is outcome.Kind.DEAD:

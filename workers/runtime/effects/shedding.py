@@ -1,4 +1,5 @@
-"""Shedding a gateway's flood of foreign facts before it costs anything (issue #41).
+"""Shedding a gateway's flood of foreign or stale facts before it costs anything (issues
+#41, #59).
 
 A foreign fact (`provenance`: its epoch was never issued to its gateway) changes nothing,
 but each still costs a decode, a check in PostgreSQL and an inbox row — and a consumer
@@ -14,6 +15,16 @@ honest gateway sends no foreign fact (its facts are about the epochs issued to i
 only a flooding gateway is shed, and only the type it floods: its flushes and Hellos
 still go through. What a shed gateway sent genuinely of that type in the window is lost
 — a `closed` the liveness sweep makes up for, an answer the next Hello's replay.
+
+A *stale* fact (issue #59) is bound — its epoch was issued to its gateway — but fenced
+out: the gateway no longer holds that epoch. It costs the same (a check in PostgreSQL, a
+write fenced to nothing), and a compromised gateway has all the epochs it was ever
+issued to replay: 231,445 `closed` facts for them in 20 s made every other gateway's
+flushes 12.9 s late, and blind. So stale facts are counted too, against a threshold of
+their own (`stale_threshold`): an honest gateway sends some (a session's close after its
+node moved on, one per session that moved), a flood of them is its own. Hellos are not
+counted: a stale Hello is superseded by its node's next one (a reconnect storm makes
+many), and shedding Hellos would lose sessions' replays.
 """
 
 from __future__ import annotations
@@ -36,28 +47,40 @@ Key = tuple[str, str]  # (gateway, fact type)
 class Shedder:
     """Which (gateway, fact type) to shed now. Time is given (`now`, monotonic seconds)."""
 
-    def __init__(self, worker: str, threshold: int = 1000, window: float = 10.0) -> None:
+    def __init__(
+        self,
+        worker: str,
+        threshold: int = 1000,
+        window: float = 10.0,
+        stale_threshold: int = 5000,
+    ) -> None:
         self._worker = worker
-        self._threshold = threshold
+        self._thresholds = {"foreign": threshold, "stale": stale_threshold}
         self._window = window
         self._started = -window
-        self._counts: dict[Key, int] = {}
+        self._counts: dict[tuple[str, str, str], int] = {}
         self._until: dict[Key, float] = {}
-        self._shed: dict[Key, int] = {}
 
-    def saw(self, fact: Fact, now: float | None = None) -> None:
-        """Count one foreign fact; past the threshold, its gateway's type is shed."""
+    def saw(self, fact: Fact, now: float | None = None, *, stale: bool = False) -> None:
+        """Count one foreign (or, `stale`, one stale) fact; past its threshold, its
+        gateway's type is shed. A stale Hello is not counted."""
+        if stale and fact.BC_TYPE == "hello":
+            return
         now = time.monotonic() if now is None else now
         if now - self._started >= self._window:
             self._started, self._counts = now, {}
+        kind = "stale" if stale else "foreign"
+        threshold = self._thresholds[kind]
+        counted = (fact.gateway_id, fact.BC_TYPE, kind)
+        self._counts[counted] = self._counts.get(counted, 0) + 1
         key = (fact.gateway_id, fact.BC_TYPE)
-        self._counts[key] = self._counts.get(key, 0) + 1
-        if self._counts[key] > self._threshold and not self.sheds(key, now):
+        if self._counts[counted] > threshold and not self.sheds(key, now):
             self._until[key] = now + self._window
             log.warning(
-                "%s: gateway %s sent over %d foreign %s facts in %g s: its %s facts are shed "
+                "%s: gateway %s sent over %d %s %s facts in %g s: its %s facts are shed "
                 "(acknowledged unread) for %g s",
-                self._worker, key[0], self._threshold, key[1], self._window, key[1], self._window,
+                self._worker, key[0], threshold, kind, key[1], self._window, key[1],
+                self._window,
             )  # fmt: skip
 
     def sheds(self, key: Key, now: float | None = None) -> bool:

@@ -160,9 +160,10 @@ class Metrics:
         )
         self.facts_stream_full = Gauge(
             r, "bcw_facts_stream_full_ratio",
-            "A facts stream's bytes over its max_bytes (0: unbounded): at 1 the facts stream "
-            "refuses every gateway's facts, a gateway's own facts stream that gateway's.",
-            ("stream",),
+            "A facts stream's bytes over its max_bytes, or messages over its max_msgs (`bound`; "
+            "0: unbounded): at 1 either way the facts stream refuses every gateway's facts, a "
+            "gateway's own facts stream that gateway's.",
+            ("stream", "bound"),
         )  # fmt: skip
         self.outbox_backlog = Gauge(r, "bcw_outbox_backlog", "Rows waiting in the outbox.")
         self.outbox_oldest_seconds = Gauge(
