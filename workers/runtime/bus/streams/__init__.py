@@ -19,9 +19,9 @@ from nats.js.errors import BadRequestError, NotFoundError
 
 from schemas.subjects import Subjects
 from workers.runtime.base.runtime_settings import ConsumerSettings
-from workers.runtime.bus.layout import StreamLimits as StreamLimits
-from workers.runtime.bus.layout import limits_of as limits_of
-from workers.runtime.bus.layout import stream_configs as stream_configs
+from workers.runtime.bus.streams.layout import StreamLimits as StreamLimits
+from workers.runtime.bus.streams.layout import limits_of as limits_of
+from workers.runtime.bus.streams.layout import stream_configs as stream_configs
 
 log = logging.getLogger(__name__)
 
