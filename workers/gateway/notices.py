@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 
 import nats.errors
@@ -37,8 +38,9 @@ log = logging.getLogger(__name__)
 
 End = Callable[[Session, CloseReason], Awaitable[None]]
 
-#: seconds between looks for a missing notices consumer
+#: seconds between looks for a missing notices consumer, and between sayings of it
 MISSING_RETRY = 1.0
+MISSING_SAID = 60.0
 
 
 def consumer_config(subjects: Subjects, gateway_id: str) -> ConsumerConfig:
@@ -78,6 +80,7 @@ class Notices:
         self.opening = opening  # the gateway's Hellos under way, by node (read here)
         self._pull: ContinuousPull | None = None
         self._present: bool | None = None  # whether its notices consumer exists (None: unknown)
+        self._missing_said = 0.0  # when its missing consumer was last said (monotonic)
         self._revocations: Subscription | None = None
 
     async def start(self) -> None:
@@ -99,7 +102,8 @@ class Notices:
         try:
             await self.nc.jetstream(timeout=2.0).consumer_info(stream, durable)
         except NotFoundError:
-            if self._present is not False:
+            if self._present is not False or time.monotonic() - self._missing_said > MISSING_SAID:
+                self._missing_said = time.monotonic()
                 log.warning(
                     "gateway %s: its notices consumer %s of %s is missing: no command reaches "
                     "its sessions until `bcw provision` makes it (BCW_NATS_GATEWAYS); waiting",
@@ -110,7 +114,7 @@ class Notices:
             log.debug("gateway %s: no notices consumer info (%r)", self.gateway_id, error)
             return True
         if self._present is False:
-            log.warning("gateway %s: its notices consumer %s is back", self.gateway_id, durable)
+            log.info("gateway %s: its notices consumer %s is back", self.gateway_id, durable)
         return True
 
     async def stop(self) -> None:

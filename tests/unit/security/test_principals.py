@@ -172,6 +172,29 @@ def test_an_existing_seed_file_is_reused_only_if_it_is_its_owners_alone(
         assert seed.read_bytes() == before
 
 
+def test_auth_nats_writes_a_principal_per_subscriber_application(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "auth"
+    assert main(["auth", "nats", "--out", str(out), "--subscribers", "siem, dashboards"]) == 0
+    assert (out / "subscriber-siem.nk").exists() and (out / "subscriber-dashboards.nk").exists()
+    assert "# subscriber-siem: " in (out / "auth.conf").read_text()
+    capsys.readouterr()
+    assert main(["auth", "nats", "--out", str(out), "--subscribers", "a.b"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("bcw auth nats: --subscribers: ") and "subscriber name" in error
+
+
+def test_provision_makes_the_consumers_of_the_listed_gateways_and_applications() -> None:
+    from workers.runtime.base.runtime_settings import NatsSettings
+
+    nats = NatsSettings(gateways="gw-1,gw-2", facts_gateways="gw-2,gw-3", subscribers="siem")
+    assert nats.notices_gateways == ("gw-1", "gw-2", "gw-3")
+    assert nats.subscriber_apps == ("siem",)
+    with pytest.raises(ValueError, match="gw 4"):
+        NatsSettings(gateways="gw 4")
+
+
 @pytest.mark.parametrize(
     ("pattern", "subject", "covered"),
     [("a.b", "a.b", True), ("a.*", "a.b", True), ("a.*", "a.b.c", False), ("a.>", "a.b.c", True),

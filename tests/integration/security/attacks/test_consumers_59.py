@@ -254,7 +254,7 @@ async def test_a_gateway_without_its_notices_consumer_says_so_waits_and_follows_
     notice waiting for it is obeyed and acked. Deleted under it, it says so again, and
     follows the consumer made again."""
     await _provisioned(keys, secured)  # streams and the workers' consumers only
-    caplog.set_level(logging.WARNING, logger="workers.gateway.notices")
+    caplog.set_level(logging.INFO, logger="workers.gateway.notices")
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     nc = await connection.connect(nats_as(keys, secured, "gateway-gw-1"), name="gw-1")
     gateway = Gateway("gw-1", pool, nc, SUBJECTS)
