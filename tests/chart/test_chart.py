@@ -131,19 +131,6 @@ def test_production_values_reach_the_pods() -> None:
     ][0]["env"]
 
 
-def test_the_job_provisions_the_gateways_and_the_subscriber_applications_consumers() -> None:
-    """Gateways and subscribers may make no consumer: the migration Job's `bcw provision`
-    makes theirs, from `nats.gateways` and `nats.subscribers`."""
-    nats = {"gateways": ["gw-1", "gw-2"], "subscribers": ["siem"]}
-    job = migration_job(render({**MINIMAL, "nats": nats}))
-    [provision] = job["spec"]["template"]["spec"]["containers"]
-    assert provision["args"] == ["provision"]
-    assert {"name": "BCW_NATS_GATEWAYS", "value": "gw-1,gw-2"} in provision["env"]
-    assert {"name": "BCW_NATS_SUBSCRIBERS", "value": "siem"} in provision["env"]
-    with pytest.raises(helm.HelmError):
-        render({**MINIMAL, "nats": {"subscribers": ["a.b"]}})
-
-
 def test_no_object_is_an_install_hook_and_every_pod_waits_for_the_schema() -> None:
     docs = render({**MINIMAL, "relay": {"enabled": True}})
     hooks = [d["kind"] for d in docs if "helm.sh/hook" in d["metadata"].get("annotations", {})]

@@ -201,3 +201,12 @@ def test_no_worker_has_a_cpu_limit_unless_given_one() -> None:
         assert resources["requests"]["cpu"], name
     labeler = _pod(docs, "Deployment", "fleet-bc-workers-labeler")["containers"][0]["resources"]
     assert labeler["limits"]["cpu"] == "2"
+
+
+def test_the_job_provisions_the_gateways_and_the_subscriber_applications_consumers() -> None:
+    nats = {"gateways": ["gw-1", "gw-2"], "subscribers": ["siem"]}  # they may make none
+    [provision] = migration_job(render({**MINIMAL, "nats": nats}))["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert {"name": "BCW_NATS_GATEWAYS", "value": "gw-1,gw-2"} in provision["env"]
+    assert {"name": "BCW_NATS_SUBSCRIBERS", "value": "siem"} in provision["env"]
