@@ -232,3 +232,13 @@ def test_a_new_install_gives_each_gateway_its_own_facts_stream_and_an_upgrade_ke
     )
     with pytest.raises(Exception, match="choose one"):
         render({**MINIMAL, "nats": {"factsGateways": ["gw-1"], "oneFactsStream": True}})
+
+
+def test_the_job_provisions_the_gateways_and_the_subscriber_applications_consumers() -> None:
+    nats = {**MINIMAL.get("nats", {}), "gateways": ["gw-1", "gw-2"], "subscribers": ["siem"]}
+    job = migration_job(render({**MINIMAL, "nats": nats}))  # they may make none
+    [provision] = [
+        c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "provision"
+    ]
+    assert {"name": "BCW_NATS_GATEWAYS", "value": "gw-1,gw-2"} in provision["env"]
+    assert {"name": "BCW_NATS_SUBSCRIBERS", "value": "siem"} in provision["env"]

@@ -17,10 +17,22 @@ from schemas.proof import prove
 from tests.factories import hello
 from tests.integration.streams import RecordingStream
 from workers.gateway import Gateway, HelloRequest, Welcome
+from workers.gateway import notices as gateway_notices
+from workers.gateway.gateway import LIVENESS_LOOP
 
 __all__ = [
-    "flushed", "gateway", "hello", "hello_key", "issued", "join", "proven", "say_hello", "session",
+    "Provisioned", "flushed", "gateway", "hello", "hello_key", "issued", "join", "proven", "say_hello", "session",
 ]  # fmt: skip
+
+
+class Provisioned(Gateway):
+    """The reference gateway of an install whose `bcw provision` made its notices consumer
+    (BCW_NATS_GATEWAYS), as the chart's Job does before a gateway starts: made here on the
+    gateway's own connection (a test's, which may), never by the gateway itself."""
+
+    async def start(self, autotick: float | None = LIVENESS_LOOP) -> None:
+        await gateway_notices.provision(self.js, self.subjects, self.gateway_id)
+        await super().start(autotick)
 
 
 def hello_key(node_id: str) -> bytes:

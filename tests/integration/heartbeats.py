@@ -14,6 +14,7 @@ from nats.aio.client import Client as NATS
 
 from schemas.subjects import Subjects
 from tests.integration import fleet
+from tests.integration.fleet import Provisioned
 from workers.gateway import Gateway, GatewaySettings, HelloRequest, Refused
 
 GATEWAY_SETTINGS = GatewaySettings(
@@ -35,7 +36,7 @@ class Fleet:
         self, gateway_id: str, nc: NATS, wall: Callable[[], float] = time.time
     ) -> Gateway:
         """A gateway started (`wall`: its clock for what others read, facts' `observed_at`)."""
-        gateway = Gateway(
+        gateway = Provisioned(
             gateway_id, self.pool, nc, self.subjects, wall=wall, settings=GATEWAY_SETTINGS
         )
         await gateway.start(autotick=0.2)

@@ -39,7 +39,7 @@ from workers.bench.common import (
     worker_env,
 )
 from workers.bench.costs import peak_rss_mib
-from workers.gateway import Code, Gateway, GatewaySettings, HelloRequest, Refused
+from workers.gateway import Code, Gateway, GatewaySettings, HelloRequest, Refused, notices
 from workers.runtime.base.settings import Settings
 from workers.runtime.effects import claims
 
@@ -109,6 +109,8 @@ async def host(spec: HostSpec) -> None:
     loop.add_signal_handler(signal.SIGTERM, stopping.set)
     try:
         for gateway in fleet.values():
+            # its notices consumer, as `bcw provision` makes it (the gateway makes none)
+            await notices.provision(nc.jetstream(), subjects, gateway.gateway_id)
             await gateway.start(autotick=1.0)
         print("ready", flush=True)
         await loop.run_in_executor(None, sys.stdin.readline)  # "go"

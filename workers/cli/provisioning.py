@@ -24,6 +24,8 @@ from workers.runtime.base.release import release
 from workers.runtime.base.settings import Settings
 
 if TYPE_CHECKING:
+    from nats.js.api import ConsumerConfig
+
     from workers.runtime.store.migrate import MigrationStatus
 
 
@@ -83,6 +85,12 @@ def add(commands: Commands) -> None:
         "(sync_interval: always) and DIR/<principal>.nk seeds",
     )
     auth_nats.add_argument("--gateways", default="", help="gateway ids, comma-separated")
+    auth_nats.add_argument(
+        "--subscribers",
+        default="",
+        help="subscriber applications, comma-separated: each gets its own principal "
+        "`subscriber-<app>`, the only one that may pull from its durable `sub-<app>`",
+    )
     auth_nats.add_argument("--out", required=True, help="the directory to write to")
     auth_nats.set_defaults(handler=_cmd_auth_nats)
     auth_db = auth_commands.add_parser(
@@ -216,8 +224,23 @@ def _say_newer(rows: list[MigrationStatus]) -> None:
         )
 
 
+def subscriber_config(app: str) -> ConsumerConfig:
+    """The durable of the subscriber application `app`: a pull consumer of every event the
+    stream holds (no deliver subject), which only `subscriber-<app>` pulls from."""
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    from workers.runtime.bus.principals import subscriber_durable
+
+    durable = subscriber_durable(app)
+    return ConsumerConfig(
+        name=durable, durable_name=durable, deliver_policy=DeliverPolicy.ALL,
+        ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0, max_ack_pending=1000, max_waiting=64,
+    )  # fmt: skip
+
+
 def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.subjects import Subjects
+    from workers.gateway import notices
     from workers.registry import WORKERS
     from workers.runtime.bus import connection, server, streams
 
@@ -248,6 +271,14 @@ def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
                 spec = build(settings).consumer_spec(subjects)
                 await streams.ensure_consumer(js, subjects.facts_stream, spec, settings.consumer)
                 print(f"consumer {name:<24} ensured ({', '.join(spec.filter_subjects)})")
+            # the consumers of the principals that may make none (a create names any
+            # deliver subject): each gateway's notices, each subscriber application's events
+            for gateway in settings.nats.notices_gateways:
+                await notices.provision(js, subjects, gateway)
+                print(f"consumer gw-{gateway:<21} ensured ({subjects.gateway_notices(gateway)})")
+            for app in settings.nats.subscriber_apps:
+                await js.add_consumer(subjects.events_stream, subscriber_config(app))
+                print(f"consumer sub-{app:<20} ensured ({subjects.events_stream})")
             return 0
         finally:
             await nc.close()
@@ -278,11 +309,18 @@ def _cmd_auth_nats(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.subjects import Subjects
     from workers.runtime.bus import principals, server
 
-    gateways = [g.strip() for g in args.gateways.split(",") if g.strip()] if args.gateways else []
+    gateways = [g.strip() for g in args.gateways.split(",") if g.strip()]
+    apps = [a.strip() for a in args.subscribers.split(",") if a.strip()]
+    try:
+        apps = principals.check_subscribers(apps)
+    except ValueError as error:
+        print(f"bcw auth nats: --subscribers: {error}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
     try:
         written = principals.write(
-            Path(args.out), Subjects(settings.subject_root), principals.check_gateways(gateways)
-        )
+            Path(args.out), Subjects(settings.subject_root), principals.check_gateways(gateways),
+            apps,
+        )  # fmt: skip
         written.insert(1, server.write_jetstream_fragment(Path(args.out)))
     except principals.SeedFileError as error:
         print(f"bcw auth nats: --out: {error}", file=sys.stderr)

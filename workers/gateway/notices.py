@@ -1,5 +1,7 @@
 """What a reference gateway obeys: the notices workers send it (`dispatch`, `zombie`,
 `event-ack`, on its durable consumer `gw-<id>`) and the revocations every gateway hears.
+Only `bcw provision` makes that consumer (`provision`): a gateway's principal may pull
+from and ack on it, nothing else; while it is missing the gateway says so and waits.
 Owned by `workers.gateway.gateway.Gateway`; a notice reaches only a live session at its
 epoch, and the gateway's sessions are the one state it touches. A notice for the epoch a
 Hello under way opens waits for that session's Welcome (`Opening`)."""
@@ -9,12 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
 from opentelemetry import context, trace
 
 from schemas import REGISTRY, MessageError
@@ -24,14 +30,33 @@ from schemas.notices import Dispatch, EventAck, HelloAgain, Zombie
 from schemas.subjects import Subjects
 from workers.gateway.facts import FactPublisher
 from workers.gateway.types import Opening, Session
-from workers.runtime.base.runtime_settings import ConsumerSettings
-from workers.runtime.bus import streams
+from workers.runtime.bus.principals import gateway_durable
 from workers.runtime.bus.pull import ContinuousPull
 from workers.runtime.observability import tracing
 
 log = logging.getLogger(__name__)
 
 End = Callable[[Session, CloseReason], Awaitable[None]]
+
+#: seconds between looks for a missing notices consumer, and between sayings of it
+MISSING_RETRY = 1.0
+MISSING_SAID = 60.0
+
+
+def consumer_config(subjects: Subjects, gateway_id: str) -> ConsumerConfig:
+    """The notices consumer of `gateway_id`, as `bcw provision` makes it: a pull consumer
+    (no deliver subject) of its own notices, each redelivered at most 10 times."""
+    durable = gateway_durable(gateway_id)
+    return ConsumerConfig(
+        name=durable, durable_name=durable, deliver_policy=DeliverPolicy.ALL,
+        ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0, max_deliver=10, max_ack_pending=4096,
+        max_waiting=512, filter_subject=subjects.gateway_notices(gateway_id),
+    )  # fmt: skip
+
+
+async def provision(js: JetStreamContext, subjects: Subjects, gateway_id: str) -> None:
+    """Make (or correct) the notices consumer of `gateway_id`: `bcw provision`'s, as admin."""
+    await js.add_consumer(subjects.gateway_stream, consumer_config(subjects, gateway_id))
 
 
 class Notices:
@@ -54,16 +79,14 @@ class Notices:
         self.end = end
         self.opening = opening  # the gateway's Hellos under way, by node (read here)
         self._pull: ContinuousPull | None = None
+        self._present: bool | None = None  # whether its notices consumer exists (None: unknown)
+        self._missing_said = 0.0  # when its missing consumer was last said (monotonic)
         self._revocations: Subscription | None = None
 
     async def start(self) -> None:
-        """The durable consumer of this gateway's notices, and the revocations."""
-        durable = f"gw-{self.gateway_id}"
-        spec = streams.ConsumerSpec(durable, (self.subjects.gateway_notices(self.gateway_id),))
-        js = self.nc.jetstream()
-        await streams.ensure_consumer(
-            js, self.subjects.gateway_stream, spec, ConsumerSettings(ack_wait=30)
-        )
+        """Follow this gateway's notices consumer (made by `bcw provision`, never here),
+        and the revocations; a missing consumer is said, and waited for by `follow`."""
+        durable = gateway_durable(self.gateway_id)
         self._pull = ContinuousPull(
             self.nc, self.subjects.gateway_stream, durable, batch=256, window=512
         )
@@ -71,6 +94,28 @@ class Notices:
         self._revocations = await self.nc.subscribe(
             self.subjects.revocations, cb=self.on_revocation
         )
+        self._present = await self._found()
+
+    async def _found(self) -> bool:
+        """Whether the notices consumer exists; says when it is missing, or back."""
+        durable, stream = gateway_durable(self.gateway_id), self.subjects.gateway_stream
+        try:
+            await self.nc.jetstream(timeout=2.0).consumer_info(stream, durable)
+        except NotFoundError:
+            if self._present is not False or time.monotonic() - self._missing_said > MISSING_SAID:
+                self._missing_said = time.monotonic()
+                log.warning(
+                    "gateway %s: its notices consumer %s of %s is missing: no command reaches "
+                    "its sessions until `bcw provision` makes it (BCW_NATS_GATEWAYS); waiting",
+                    self.gateway_id, durable, stream,
+                )  # fmt: skip
+            return False
+        except Exception as error:  # no answer: its pulls will tell
+            log.debug("gateway %s: no notices consumer info (%r)", self.gateway_id, error)
+            return True
+        if self._present is False:
+            log.info("gateway %s: its notices consumer %s is back", self.gateway_id, durable)
+        return True
 
     async def stop(self) -> None:
         """Stop following; once (a second call finds nothing to stop)."""
@@ -87,12 +132,20 @@ class Notices:
         pull = self._pull
         assert pull is not None
         while not stopping.is_set():
+            if not self._present:
+                self._present = await self._found()
+                if not self._present:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stopping.wait(), MISSING_RETRY)
+                    continue
             try:
                 msgs = await pull.next_batch(1.0)
             except Exception as error:
                 log.debug("gateway %s notices: %s", self.gateway_id, error)
                 await asyncio.sleep(0.5)
                 continue
+            if not msgs and pull.unanswered():  # no consumer answered a pull: gone?
+                self._present = await self._found()
             for msg in msgs:
                 try:
                     await self.obey(msg)

@@ -27,7 +27,7 @@ from nats.aio.client import Client as NATS
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from schemas.subjects import Subjects
-from workers.gateway import Gateway, GatewaySettings
+from workers.gateway import Gateway, GatewaySettings, notices
 from workers.runtime.bus import deadletter
 from workers.sim.clock import SimClock
 from workers.sim.daemon import FakeDaemon
@@ -177,6 +177,8 @@ class Simulator:
             return False
 
     async def _started_gateway(self, gateway_id: str) -> Gateway:
+        # its notices consumer, as `bcw provision` makes it (the gateway makes none)
+        await notices.provision(self.nc.jetstream(timeout=5.0), self.subjects, gateway_id)
         gateway = Gateway(
             gateway_id, self.pool, self.nc, self.subjects, self.clock, self.clock,
             self.gateway_settings,

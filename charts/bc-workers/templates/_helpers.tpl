@@ -197,6 +197,10 @@ imagePullSecrets:
   value: {{ $v.nats.streamMaxConsumers | int64 | quote }}
 - name: BCW_NATS_DEAD_LETTERS_PER_SOURCE
   value: {{ $v.nats.deadLettersPerSource | int64 | quote }}
+- name: BCW_NATS_GATEWAYS
+  value: {{ join "," $v.nats.gateways | quote }}
+- name: BCW_NATS_SUBSCRIBERS
+  value: {{ join "," $v.nats.subscribers | quote }}
 - name: BCW_NATS_FACTS_GATEWAYS
   value: {{ join "," $v.nats.factsGateways | quote }}
 - name: BCW_NATS_FACTS_BYTES_PER_GATEWAY

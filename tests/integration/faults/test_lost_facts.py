@@ -23,11 +23,12 @@ from nats.js import JetStreamContext
 from schemas.subjects import Subjects
 from tests.conftest import Clock, Servers
 from tests.integration import fleet
+from tests.integration.fleet import Provisioned
 from tests.integration.gateway.hellos import request
 from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, make_settings, running, stream_messages
 from workers.demo import fresh_sweep_history
-from workers.gateway import Gateway, store
+from workers.gateway import store
 from workers.registry import WORKERS
 from workers.replay import lost
 from workers.replay.decide import ASK_AGAIN_FACTOR
@@ -76,7 +77,7 @@ async def test_a_lost_hello_is_asked_of_its_gateway_and_everything_it_owes_follo
     await db.execute(  # in flight on the previous session
         "UPDATE commands SET state = 'dispatched', session_epoch = 1, delivery_attempt = 1"
     )
-    gateway = Gateway("gw-a", pool, nc, subjects)
+    gateway = Provisioned("gw-a", pool, nc, subjects)
     await gateway.start(autotick=0.5)
     daemon = RecordingStream()
     try:
@@ -138,7 +139,7 @@ async def test_a_lost_flush_is_made_good_by_the_next(
     servers: Servers, nc: NATS, js: JetStreamContext, pool: asyncpg.Pool, subjects: Subjects,
     database_url: str, db: asyncpg.Connection, clock: Clock,
 ) -> None:  # fmt: skip
-    gateway = Gateway("gw-a", pool, nc, subjects)
+    gateway = Provisioned("gw-a", pool, nc, subjects)
     await gateway.start()
     try:
         await fleet.join(db, "n1", serial="n1-serial")
@@ -179,7 +180,7 @@ async def test_a_lost_close_ends_its_session_when_the_silence_is_swept(
 
     monkeypatch.setattr(store, "close_session", not_written)
     now = [time.time()]
-    gateway = Gateway("gw-a", pool, nc, subjects, clock=lambda: now[0])
+    gateway = Provisioned("gw-a", pool, nc, subjects, clock=lambda: now[0])
     await gateway.start(autotick=None)
     try:
         await fleet.join(db, "n1", serial="n1-serial")

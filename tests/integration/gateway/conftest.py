@@ -9,7 +9,7 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from schemas.subjects import Subjects
-from workers.gateway import Gateway
+from tests.integration.fleet import Provisioned
 from workers.runtime.bus import streams
 
 
@@ -23,7 +23,7 @@ async def pool(database_url: str):  # type: ignore[no-untyped-def]
 @pytest.fixture
 async def gateway(pool: asyncpg.Pool, nc: NATS, subjects: Subjects):  # type: ignore[no-untyped-def]
     await streams.provision_streams(nc.jetstream(), subjects)
-    gw = Gateway("gw-a", pool, nc, subjects)
+    gw = Provisioned("gw-a", pool, nc, subjects)
     await gw.start(autotick=None)  # the tests tick it when time matters
     yield gw
     await gw.stop(graceful=False)  # also after a test stopped it, or its lease did

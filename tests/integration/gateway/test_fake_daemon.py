@@ -20,6 +20,7 @@ from schemas import REGISTRY
 from schemas.notices import Dispatch
 from schemas.subjects import Subjects
 from tests.integration import fleet
+from tests.integration.fleet import Provisioned
 from tests.integration.support import eventually, stream_messages
 from workers.gateway import Gateway
 from workers.runtime.store import migrate
@@ -92,8 +93,8 @@ async def test_its_mark_survives_a_lost_journal_and_bounds_how_far_behind_a_welc
     gateway: Gateway, db: asyncpg.Connection, pool: asyncpg.Pool, nc: NATS, subjects: Subjects
 ) -> None:
     await fleet.join(db, "n1")
-    four = Gateway("gw-four", pool, nc, subjects, wall=lambda: time.time() - 240)
-    six = Gateway("gw-six", pool, nc, subjects, wall=lambda: time.time() - 360)
+    four = Provisioned("gw-four", pool, nc, subjects, wall=lambda: time.time() - 240)
+    six = Provisioned("gw-six", pool, nc, subjects, wall=lambda: time.time() - 360)
     await four.start()
     await six.start()
     try:
@@ -149,7 +150,7 @@ async def test_its_certificate_expires_by_its_server_time_clock_not_its_own(
     (the mark its Welcome moved) is past its `not_after`: it ends its session
     (`certificate-expired`) and says Hello no more."""
     await fleet.join(db, "n1")
-    ahead = Gateway("gw-ahead", pool, nc, subjects, wall=lambda: time.time() + 3600)
+    ahead = Provisioned("gw-ahead", pool, nc, subjects, wall=lambda: time.time() + 3600)
     await ahead.start()
     try:
         now = [time.time()]

@@ -18,6 +18,7 @@ from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration import fleet
 from tests.integration.driver import driving
+from tests.integration.fleet import Provisioned
 from tests.integration.gateway.hellos import request
 from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, stream_messages
@@ -97,7 +98,7 @@ async def test_a_started_gateway_renews_its_lease_and_flushes_by_itself_on_a_mon
     silence is measured on the monotonic clock."""
     await streams.provision_streams(nc.jetstream(), subjects)
     settings = GatewaySettings(renew_every=0.2, flush_period=0.3, lease_ttl=2.0)
-    gateway = Gateway("gw-m", pool, nc, subjects, settings=settings)
+    gateway = Provisioned("gw-m", pool, nc, subjects, settings=settings)
     await gateway.start(autotick=0.1)
     try:
         await fleet.join(db, "n1")

@@ -19,6 +19,7 @@ from schemas import REGISTRY
 from schemas.notices import Zombie
 from schemas.subjects import Subjects
 from tests.integration import fleet
+from tests.integration.fleet import Provisioned
 from tests.integration.gateway.hellos import request
 from tests.integration.streams import RecordingStream
 from tests.integration.support import stream_messages
@@ -266,7 +267,7 @@ async def test_a_welcome_six_minutes_behind_the_mark_ends_the_fake_daemons_sessi
     gateway: Gateway, db: asyncpg.Connection, pool: asyncpg.Pool, nc: NATS, subjects: Subjects
 ) -> None:
     await fleet.join(db, "n1")
-    behind = Gateway("gw-behind", pool, nc, subjects, wall=lambda: time.time() - 360)
+    behind = Provisioned("gw-behind", pool, nc, subjects, wall=lambda: time.time() - 360)
     await behind.start()
     try:
         daemon = FakeDaemon(

@@ -20,6 +20,7 @@ from schemas.facts import MAX_INVENTORY_SECTIONS, NodeLoad
 from schemas.notices import Dispatch
 from schemas.subjects import Subjects
 from tests.integration import fleet
+from tests.integration.fleet import Provisioned
 from tests.integration.gateway.hellos import request
 from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, stream_messages
@@ -32,7 +33,7 @@ async def test_pushback_when_too_many_hellos_are_pending(
     pool: asyncpg.Pool, nc: NATS, subjects: Subjects, db: asyncpg.Connection
 ) -> None:
     await streams.provision_streams(nc.jetstream(), subjects)
-    gw = Gateway(
+    gw = Provisioned(
         "gw-b",
         pool,
         nc,
@@ -63,7 +64,7 @@ async def test_a_gateway_whose_lease_was_taken_refuses_and_writes_nothing(
     await fleet.join(db, "n1")
     await fleet.join(db, "n2")
     await fleet.say_hello(gateway, request())
-    usurper = Gateway("gw-a", pool, nc, subjects)  # a new incarnation of the same gateway id
+    usurper = Provisioned("gw-a", pool, nc, subjects)  # a new incarnation of the same gateway id
     await usurper.start()
     try:
         with pytest.raises(Refused) as refused:
@@ -168,7 +169,7 @@ async def test_max_streams_pushes_back(
     pool: asyncpg.Pool, nc: NATS, subjects: Subjects, db: asyncpg.Connection
 ) -> None:
     await streams.provision_streams(nc.jetstream(), subjects)
-    gw = Gateway("gw-c", pool, nc, subjects, settings=GatewaySettings(max_streams=1))
+    gw = Provisioned("gw-c", pool, nc, subjects, settings=GatewaySettings(max_streams=1))
     await gw.start()
     try:
         await fleet.join(db, "n1")
@@ -192,7 +193,7 @@ async def test_silent_sessions_time_out_and_revoked_ones_are_dropped(
 
     await streams.provision_streams(nc.jetstream(), subjects)
     now = [time.time()]
-    gw = Gateway("gw-d", pool, nc, subjects, clock=lambda: now[0])
+    gw = Provisioned("gw-d", pool, nc, subjects, clock=lambda: now[0])
     await gw.start(autotick=None)
     try:
         for node in ("quiet", "talker", "revoked"):

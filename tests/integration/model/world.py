@@ -29,6 +29,7 @@ from nats.aio.client import Client as NATS
 from schemas.facts import Fact, Progress, Rejected, Result
 from schemas.notices import Dispatch
 from schemas.subjects import Subjects
+from tests.integration.fleet import Provisioned
 from tests.integration.support import OUTBOX_LEFT, running
 from workers.demo import demo_settings, fresh_sweep_history
 from workers.gateway import Gateway, Refused
@@ -184,7 +185,7 @@ class World:
                 await js.delete_consumer(self.subjects.gateway_stream, f"gw-{gateway.gateway_id}")
 
     async def _gateway(self, gateway_id: str) -> Gateway:
-        gateway = Gateway(
+        gateway = Provisioned(
             gateway_id, self.pool, self.nc, self.subjects, self.clock, self.clock, GatewaySettings()
         )
         await gateway.start(autotick=None)

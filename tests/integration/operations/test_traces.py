@@ -25,10 +25,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration import fleet
+from tests.integration.fleet import Provisioned
 from tests.integration.otlp import GrpcReceiver, HttpReceiver, Received
 from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, stream_messages
-from workers.gateway import Gateway, HelloRequest
+from workers.gateway import HelloRequest
 from workers.runtime.bus import streams
 from workers.runtime.observability import tracing
 
@@ -84,7 +85,7 @@ async def test_one_hello_is_one_trace_from_the_gateway_to_the_dispatch(
         pool = await asyncpg.create_pool(
             database_url, min_size=1, max_size=4, init=tracing.SqlSpans(tracer).install
         )
-        gateway = Gateway("gw-a", pool, nc, subjects, tracer=tracer)
+        gateway = Provisioned("gw-a", pool, nc, subjects, tracer=tracer)
         try:
             await gateway.start()
             await eventually(lambda: _consumers(nc, subjects), within=60, what="five consumers")

@@ -1,6 +1,7 @@
 """What the security tests share: a login role per database group, member of that group
 only, and its URL to the test's database (the `bcw_gateway_bound` login acts as gw-1);
-every bus principal's key (`keys`, gateways gw-1 and gw-2, subject root `bc`) and a
+every bus principal's key (`keys`, gateways gw-1 and gw-2, subscriber applications siem
+and dashboards, subject root `bc`) and a
 nats-server that admits only them (`secured`), one per test module."""
 
 from __future__ import annotations
@@ -71,15 +72,17 @@ async def logins(servers: Servers, database_url: str) -> dict[str, str]:
 # -- the bus: every principal's key, and a server that knows them -----------------------
 
 SUBJECTS = Subjects("bc")
+#: the subscriber applications with principals of their own (`bcw auth nats --subscribers`)
+SUBSCRIBERS = ("siem", "dashboards")
 
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("principals")
-    written = principals.write(directory, SUBJECTS, ["gw-1", "gw-2"])
+    written = principals.write(directory, SUBJECTS, ["gw-1", "gw-2"], SUBSCRIBERS)
     assert {p.name for p in written} == {
         "auth.conf", "admin.nk", "subscriber.nk", "relay.nk", "operator.nk", "gateway-gw-1.nk", "gateway-gw-2.nk",
-        *(f"worker-{w}.nk" for w in sorted(WORKERS)),
+        *(f"worker-{w}.nk" for w in sorted(WORKERS)), *(f"subscriber-{a}.nk" for a in SUBSCRIBERS),
     }  # fmt: skip
     return directory
 

@@ -14,7 +14,7 @@ import asyncpg
 import nats
 import nats.js.errors
 import pytest
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from schemas import REGISTRY
 from tests.conftest import Servers
@@ -92,11 +92,13 @@ async def test_a_seed_that_is_not_one_names_its_setting(tmp_path: Path, secured:
 async def test_each_principal_does_its_work_and_nothing_else(
     keys: Path, secured: str, servers: Servers, database_url: str, db: asyncpg.Connection
 ) -> None:
-    # admin provisions the streams and consumers
+    # admin provisions the streams and consumers: the workers', gw-1's and gw-2's notices
+    # consumers and the dashboards' durable (none of those principals may make its own)
     code, output = await bcw(
-        "provision", BCW_NATS_URL=secured, BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk")
-    )
-    assert code == 0, output
+        "provision", BCW_NATS_URL=secured, BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk"),
+        BCW_NATS_GATEWAYS="gw-1,gw-2", BCW_NATS_SUBSCRIBERS="dashboards",
+    )  # fmt: skip
+    assert code == 0 and "consumer sub-dashboards" in output, output
 
     # the five workers, each as its own principal; a gateway as gateway-gw-1
     base = make_settings(secured, database_url, SUBJECTS)
@@ -153,19 +155,23 @@ async def test_each_principal_does_its_work_and_nothing_else(
                         await js.add_consumer(SUBJECTS.events_stream, config)
                     await eventually(lambda: violated(errors, "Publish"), what="refused")
                 with pytest.raises(nats.errors.TimeoutError):
-                    await js.delete_consumer(SUBJECTS.events_stream, "labeler")
-                # but it pulls from, and acks on, a durable an operator made for it
-                await _dashboards(keys, secured)
-                pulled = await js.pull_subscribe_bind("dashboards", SUBJECTS.events_stream)
+                    await js.delete_consumer(SUBJECTS.events_stream, "sub-dashboards")
+                with pytest.raises(nats.errors.TimeoutError):  # nor pulls from any
+                    await js.consumer_info(SUBJECTS.events_stream, "sub-dashboards")
+            # the dashboards' own principal pulls from, and acks on, its own durable
+            async with client_as(keys, secured, "subscriber-dashboards") as (nc, errors):
+                js = nc.jetstream(timeout=2.0)
+                pulled = await js.pull_subscribe_bind("sub-dashboards", SUBJECTS.events_stream)
                 [first] = await pulled.fetch(1, timeout=5)
-                # a node event (which worker's came first is theirs to say)
-                assert first.headers and first.headers["Bc-Type"].startswith("node.")
+                # an event (which worker's came first is theirs to say)
+                assert first.headers and first.headers["Bc-Type"]
                 await first.ack_sync()
                 async with client_as(keys, secured, "admin") as (admin, _):
                     info = await admin.jetstream().consumer_info(
-                        SUBJECTS.events_stream, "dashboards"
+                        SUBJECTS.events_stream, "sub-dashboards"
                     )
                     assert info.ack_floor is not None and info.ack_floor.stream_seq >= 1
+                assert errors == []
             code, output = await bcw(
                 "events", "--all", "--type", "node.connected", "--count", "1", "--idle-exit", "10",
                 BCW_NATS_URL=secured, BCW_SUBJECT_ROOT="bc",
@@ -364,19 +370,3 @@ async def test_a_subject_refused_in_upper_case_is_buried_once_and_never_waited_o
     reasons = [r["reason"] for r in await db.fetch("SELECT reason FROM outbox_dead")]
     assert reasons == [f"this principal may not publish to {upper}"] * 2
     assert await db.fetchval("SELECT count(*) FROM outbox") == 0
-
-
-async def _dashboards(keys: Path, secured: str) -> None:
-    """As docs/contract.md's recipe: the admin adds a durable pull consumer of the node
-    events for a subscriber."""
-    async with client_as(keys, secured, "admin") as (admin, _):
-        await admin.jetstream().add_consumer(
-            SUBJECTS.events_stream,
-            ConsumerConfig(
-                durable_name="dashboards",
-                deliver_policy=DeliverPolicy.ALL,
-                filter_subject=SUBJECTS.event("node.*"),
-                ack_policy=AckPolicy.EXPLICIT,
-                max_ack_pending=1000,
-            ),
-        )

@@ -19,7 +19,7 @@ from tests.conftest import Servers
 from tests.integration import fleet
 from tests.integration.streams import RecordingStream
 from tests.integration.support import bcw, eventually, make_settings, running, stream_messages
-from workers.gateway import Gateway, HelloRequest
+from workers.gateway import HelloRequest
 from workers.registry import WORKERS
 from workers.runtime.bus import streams
 from workers.runtime.store import migrate, retention, roles
@@ -242,7 +242,7 @@ async def test_each_worker_does_its_job_under_its_own_role(
             settings = base.model_copy(update={"database": database})
             await stack.enter_async_context(running(settings, [WORKERS[name](settings)]))
         pool = await stack.enter_async_context(_pool(logins["bcw_gateway_bound"]))
-        gateway = Gateway("gw-1", pool, nc, subjects)
+        gateway = fleet.Provisioned("gw-1", pool, nc, subjects)
         await gateway.start()
         stack.push_async_callback(gateway.stop, False)
         stream = RecordingStream()

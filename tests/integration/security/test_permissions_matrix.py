@@ -25,12 +25,13 @@ pytestmark = pytest.mark.slow
 
 SUBJECTS = Subjects("mx")  # a root of its own: nothing here touches another test's streams
 GATEWAYS = ["gw-1", "gw-2"]
+SUBSCRIBERS = ["siem", "dash"]
 
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("matrix")
-    principals.write(directory, SUBJECTS, GATEWAYS)
+    principals.write(directory, SUBJECTS, GATEWAYS, SUBSCRIBERS)
     return directory
 
 
@@ -57,7 +58,8 @@ def probes(identities: dict[str, tuple[Path, str]]) -> list[str]:
     """One concrete subject for every kind of thing a principal might try."""
     s = SUBJECTS
     streams = [s.facts_stream, s.events_stream, s.gateway_stream, s.dead_stream]
-    consumers = [*principals.WORKER_NAMES, *(f"gw-{g}" for g in GATEWAYS), "spy"]
+    consumers = [*principals.WORKER_NAMES, *(f"gw-{g}" for g in GATEWAYS), "spy", "siem"]
+    consumers += [principals.subscriber_durable(a) for a in SUBSCRIBERS]
     out = [f"{s.root}.facts.{g}.{t.BC_TYPE}" for g in GATEWAYS for t in FACT_TYPES]
     out += [s.fact(g, "bogus") for g in GATEWAYS]
     out += [s.event(t.BC_TYPE) for t in EVENT_TYPES if t is not Revocations]
@@ -70,10 +72,11 @@ def probes(identities: dict[str, tuple[Path, str]]) -> list[str]:
     for stream in streams:
         out += [f"$JS.API.STREAM.{op}.{stream}" for op in
                 ("INFO", "CREATE", "UPDATE", "DELETE", "PURGE", "MSG.GET", "MSG.DELETE")]  # fmt: skip
-        out += [f"$JS.API.DIRECT.GET.{stream}"]
+        out += [f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}"]
         for name in consumers:
             out += [f"$JS.API.CONSUMER.{op}.{stream}.{name}" for op in
-                    ("CREATE", "INFO", "DELETE", "MSG.NEXT")]  # fmt: skip
+                    ("CREATE", "DURABLE.CREATE", "INFO", "DELETE", "MSG.NEXT")]  # fmt: skip
+            out += [f"$JS.API.CONSUMER.CREATE.{stream}.{name}.{s.notice(GATEWAYS[0], 'dispatch')}"]
             out += [f"$JS.ACK.{stream}.{name}.1.1.1.1.0"]
     out += [f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{s.facts_stream}.{w}"
             for w in principals.WORKER_NAMES]  # fmt: skip
@@ -117,7 +120,7 @@ async def test_every_principal_against_every_subject(
 ) -> None:
     subjects = probes(identities)
     assert len(subjects) > 200
-    made = principals.principals(SUBJECTS, GATEWAYS)
+    made = principals.principals(SUBJECTS, GATEWAYS, SUBSCRIBERS)
     assert {p.name for p in made} == set(identities)
     for principal in made:
         seed, key = identities[principal.name]

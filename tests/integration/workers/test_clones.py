@@ -22,11 +22,12 @@ from nats.aio.client import Client as NATS
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration import fleet
+from tests.integration.fleet import Provisioned
 from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, make_settings, running, stream_messages
 from workers import explain, liveness, quarantine, replay
 from workers.cli.main import main
-from workers.gateway import Code, Gateway, GatewaySettings, HelloRequest, Refused
+from workers.gateway import Code, GatewaySettings, HelloRequest, Refused
 from workers.runtime.bus import streams
 from workers.runtime.store import migrate
 
@@ -53,7 +54,7 @@ async def test_the_quarantined_clone_gets_no_command(
     # two machines proving their Hellos by one key (a cloned disk): whatever gateways they
     # dial — one alone cannot make up a proven Hello of another boot — the fourth
     # alternation revokes
-    started = [Gateway(g, pool, nc, subjects) for g in through]
+    started = [Provisioned(g, pool, nc, subjects) for g in through]
     for gateway in started:
         await gateway.start()
     gateways = [started[0], started[-1]]  # by turns
@@ -144,7 +145,7 @@ async def test_with_the_quarantine_down_a_duplicates_hello_is_welcomed_held_afte
     then is welcomed, its session held — the hold bound rules from there."""
     await streams.provision_streams(nc.jetstream(), subjects)
     await fleet.join(db, "n1")
-    gateway = Gateway("gw-a", pool, nc, subjects, settings=GatewaySettings(verdict_wait=0.5))
+    gateway = Provisioned("gw-a", pool, nc, subjects, settings=GatewaySettings(verdict_wait=0.5))
     await gateway.start()
     try:
         first = HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker",
@@ -179,7 +180,7 @@ async def test_a_quarantine_held_for_an_operator_holds_every_session_of_its_node
     await fleet.join(db, "n1", key=False)
     settings = make_settings(servers.nats_url, database_url, subjects)
     workers = [build(settings) for build in (liveness.build, quarantine.build, replay.build)]
-    gateway = Gateway("gw-a", pool, nc, subjects, settings=GatewaySettings(verdict_wait=0.5))
+    gateway = Provisioned("gw-a", pool, nc, subjects, settings=GatewaySettings(verdict_wait=0.5))
     await gateway.start()
     try:
         async with running(settings, workers):

@@ -81,19 +81,42 @@ def test_no_principal_but_admin_and_operator_may_publish_a_fact_except_its_own_g
         assert facts == expected, principal.name
 
 
-def test_a_gateway_creates_only_its_own_consumer_with_its_own_filter() -> None:
-    creates = [s for s in _grants("gateway-gw-1").publish if "CONSUMER.CREATE" in s]
-    assert creates == ["$JS.API.CONSUMER.CREATE.T1_GATEWAY.gw-gw-1.t1.gw.gw-1.>"]
+def _consumer_calls(grants: tuple[str, ...]) -> list[str]:
+    return [s for s in grants if s.startswith(("$JS.API.CONSUMER.", "$JS.ACK."))]
+
+
+def test_a_gateway_only_pulls_and_acks_on_its_own_consumer() -> None:
+    """No create, update or delete (a create names any deliver subject): `bcw provision`
+    makes its consumer; the gateway pulls from it and acks what it obeyed."""
+    assert _consumer_calls(_grants("gateway-gw-1").publish) == [
+        "$JS.API.CONSUMER.INFO.T1_GATEWAY.gw-gw-1",
+        "$JS.API.CONSUMER.MSG.NEXT.T1_GATEWAY.gw-gw-1",
+        "$JS.ACK.T1_GATEWAY.gw-gw-1.>",
+    ]
     assert _grants("gateway-gw-1").subscribe == ("t1.revocations",)
 
 
-def test_the_subscriber_reads_events_only() -> None:
+def test_the_subscriber_reads_events_only_and_touches_no_consumer() -> None:
     subscriber = _grants("subscriber")
     assert subscriber.subscribe == ("t1.events.>",)
-    assert all(
-        s.startswith(("$JS.API.INFO", "$JS.ACK.T1_EVENTS", "$JS.FC.T1_EVENTS")) or ".T1_EVENTS" in s
-        for s in subscriber.publish
-    )
+    assert subscriber.publish == (
+        "$JS.API.INFO", "$JS.API.STREAM.INFO.T1_EVENTS", "$JS.API.STREAM.MSG.GET.T1_EVENTS",
+    )  # fmt: skip
+
+
+def test_a_subscriber_application_pulls_and_acks_on_its_own_durable_only() -> None:
+    made = {p.name: p for p in principals.principals(Subjects("t1"), ["gw-1"], ["siem", "dash"])}
+    for app in ("siem", "dash"):
+        grants = made[f"subscriber-{app}"]
+        assert grants.subscribe == ("t1.events.>",)
+        assert grants.publish[:3] == made["subscriber"].publish
+        assert _consumer_calls(grants.publish) == [
+            f"$JS.API.CONSUMER.INFO.T1_EVENTS.sub-{app}",
+            f"$JS.API.CONSUMER.MSG.NEXT.T1_EVENTS.sub-{app}",
+            f"$JS.ACK.T1_EVENTS.sub-{app}.>",
+        ]
+    with pytest.raises(ValueError, match="subscriber name"):
+        principals.check_subscribers(["a.b"])
 
 
 def test_the_configuration_gives_each_key_its_inbox(tmp_path: Path) -> None:
@@ -147,6 +170,29 @@ def test_an_existing_seed_file_is_reused_only_if_it_is_its_owners_alone(
         before = seed.read_bytes()
         assert main(["auth", "nats", "--out", str(out)]) == 0
         assert seed.read_bytes() == before
+
+
+def test_auth_nats_writes_a_principal_per_subscriber_application(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "auth"
+    assert main(["auth", "nats", "--out", str(out), "--subscribers", "siem, dashboards"]) == 0
+    assert (out / "subscriber-siem.nk").exists() and (out / "subscriber-dashboards.nk").exists()
+    assert "# subscriber-siem: " in (out / "auth.conf").read_text()
+    capsys.readouterr()
+    assert main(["auth", "nats", "--out", str(out), "--subscribers", "a.b"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("bcw auth nats: --subscribers: ") and "subscriber name" in error
+
+
+def test_provision_makes_the_consumers_of_the_listed_gateways_and_applications() -> None:
+    from workers.runtime.base.runtime_settings import NatsSettings
+
+    nats = NatsSettings(gateways="gw-1,gw-2", facts_gateways="gw-2,gw-3", subscribers="siem")
+    assert nats.notices_gateways == ("gw-1", "gw-2", "gw-3")
+    assert nats.subscriber_apps == ("siem",)
+    with pytest.raises(ValueError, match="gw 4"):
+        NatsSettings(gateways="gw 4")
 
 
 @pytest.mark.parametrize(

@@ -139,6 +139,18 @@ class NatsSettings(BaseSettings):
     max_msg_size: int = Field(
         default=2**20, ge=4096, description="bytes a message on any stream may have at most"
     )
+    gateways: str = Field(
+        default="",
+        description="comma-separated ids of the gateways: `bcw provision` makes each one's "
+        "notices consumer `gw-<id>` (with those of BCW_NATS_FACTS_GATEWAYS), which a gateway "
+        "only pulls from: it makes none, and waits while its own is missing",
+    )
+    subscribers: str = Field(
+        default="",
+        description="comma-separated subscriber applications (`bcw auth nats --subscribers`): "
+        "`bcw provision` makes each one's durable consumer `sub-<app>` of the events stream, "
+        "which only its own principal `subscriber-<app>` may pull from",
+    )
     dead_letters_per_source: int = Field(
         default=10_000,
         ge=100,
@@ -233,6 +245,23 @@ class NatsSettings(BaseSettings):
     def _gateway_ids(cls, value: str) -> str:
         check_gateway_ids(_listed(value))
         return value
+
+    @field_validator("gateways", "subscribers")
+    @classmethod
+    def _names(cls, value: str) -> str:
+        check_gateway_ids(_listed(value))
+        return value
+
+    @property
+    def notices_gateways(self) -> tuple[str, ...]:
+        """The gateways whose notices consumers `bcw provision` makes: `gateways`, then
+        those of `facts_gateways` not among them."""
+        listed = _listed(self.gateways)
+        return (*listed, *(g for g in _listed(self.facts_gateways) if g not in listed))
+
+    @property
+    def subscriber_apps(self) -> tuple[str, ...]:
+        return tuple(_listed(self.subscribers))
 
     @property
     def gateways_with_own_facts(self) -> tuple[str, ...]:

@@ -9,13 +9,16 @@ shows the same table, generated from `principals()`.
 - `relay`: a dedicated outbox relay (`bcw run relay`): the events, notices and revocations
   every worker's outbox holds, and the relay's dead letters; the info of the streams it
   publishes to (`relay_streams`: all it checks at start); nothing else.
-- `gateway-<id>`: its own facts, its own consumer (created with its own filter subject)
-  on the notices stream, and the revocation notices.
+- `gateway-<id>`: its own facts; pulls from and acks on its own consumer `gw-<id>` of the
+  notices stream, which only `bcw provision` creates and changes; the revocation notices.
 - `operator`: a person operating the fleet: lists and re-drives dead letters, reads the
   events; creates no stream or consumer.
-- `subscriber`: reads the events stream message by message and is told of new events
-  on their subjects, or pulls from (and acks on) a durable consumer of the events stream
-  an operator made for it; it creates, changes and deletes no consumer.
+- `subscriber`: reads the events stream message by message (and resumes from a sequence)
+  and is told of new events on their subjects; touches no consumer.
+- `subscriber-<app>` (`bcw auth nats --subscribers`): the same, and pulls from and acks on
+  its own durable `sub-<app>` of the events stream (`bcw provision` makes it), no other.
+  Neither a gateway nor a subscriber creates, changes or deletes a consumer: a create
+  request may name any deliver subject, where the server then sends the stream's messages.
 
 Every principal's replies come to an inbox of its own, `_INBOX.<its public key>.>`, to
 which it may also publish (a process probes its own connection there at start:
@@ -26,18 +29,18 @@ read another's replies (a worker's pulled facts, say).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import nkeys
 
 from schemas import events, notices
 from schemas.base import CamelMessage, SnakeMessage, check_gateway_ids
 from schemas.facts import FACT_TYPES
 from schemas.subjects import Subjects
 from workers.runtime.base.settings_docs import rewrite_block
+from workers.runtime.bus.seeds import SeedFileError as SeedFileError  # `bcw auth nats`'s
+from workers.runtime.bus.seeds import public_key as public_key
+from workers.runtime.bus.seeds import seed_of
 
 #: the worker kinds (the registry's names; a unit test keeps them equal)
 WORKER_NAMES = ("labeler", "liveness", "quarantine", "recorder", "replay")
@@ -158,7 +161,28 @@ def relay_streams(subjects: Subjects) -> tuple[str, ...]:
     return (subjects.events_stream, subjects.gateway_stream, subjects.dead_stream)
 
 
-def principals(subjects: Subjects, gateways: Sequence[str]) -> list[Principal]:
+def gateway_durable(gateway: str) -> str:
+    """The notices consumer of `gateway` (only `bcw provision` makes it)."""
+    return f"gw-{gateway}"
+
+
+def subscriber_durable(app: str) -> str:
+    """The events consumer of the subscriber application `app` (`bcw provision` makes it)."""
+    return f"sub-{app}"
+
+
+def _pulls(stream: str, durable: str) -> tuple[str, ...]:
+    """Pull from and ack on one durable consumer another made: nothing that changes it."""
+    return (
+        _api("CONSUMER.INFO", stream, durable),
+        _api("CONSUMER.MSG.NEXT", stream, durable),
+        f"$JS.ACK.{stream}.{durable}.>",
+    )
+
+
+def principals(
+    subjects: Subjects, gateways: Sequence[str], subscribers: Sequence[str] = ()
+) -> list[Principal]:
     """Every principal and its grants (inboxes aside: `_INBOX.<key>.>` is added per key)."""
     facts, events = subjects.facts_stream, subjects.events_stream
     notices, dead = subjects.gateway_stream, subjects.dead_stream
@@ -183,9 +207,7 @@ def principals(subjects: Subjects, gateways: Sequence[str]) -> list[Principal]:
                     *(_api("STREAM.INFO", subjects.gateway_facts_stream(g)) for g in gateways),
                     _api("CONSUMER.CREATE", facts, worker),
                     _api("CONSUMER.CREATE", facts, worker, ">"),
-                    _api("CONSUMER.INFO", facts, worker),
-                    _api("CONSUMER.MSG.NEXT", facts, worker),
-                    f"$JS.ACK.{facts}.{worker}.>",
+                    *_pulls(facts, worker),
                     _api("STREAM.MSG.GET", facts),
                     _api("DIRECT.GET", facts),
                     # its relay publishes its own outbox rows: what its rules emit
@@ -237,7 +259,7 @@ def principals(subjects: Subjects, gateways: Sequence[str]) -> list[Principal]:
         )
     )
     for gateway in gateways:
-        durable = f"gw-{gateway}"
+        durable = gateway_durable(gateway)
         made.append(
             Principal(
                 f"gateway-{gateway}",
@@ -248,36 +270,44 @@ def principals(subjects: Subjects, gateways: Sequence[str]) -> list[Principal]:
                     # notice subjects, and so every gateway id
                     # its own facts, type by type (nothing else under its subject)
                     *(subjects.fact(gateway, t.BC_TYPE) for t in FACT_TYPES),
-                    _api("CONSUMER.CREATE", notices, durable, subjects.gateway_notices(gateway)),
-                    _api("CONSUMER.INFO", notices, durable),
-                    _api("CONSUMER.MSG.NEXT", notices, durable),
-                    f"$JS.ACK.{notices}.{durable}.>",
+                    # its consumer, as `bcw provision` made it: no create (nor update,
+                    # delete, deliver subject), which would let it send its notices anywhere
+                    *_pulls(notices, durable),
                 ),
                 subscribe=(subjects.revocations,),
             )
         )
+    reads = (_api("INFO"), _api("STREAM.INFO", events), _api("STREAM.MSG.GET", events))
     made.append(
         Principal(
             "subscriber",
-            "bcw events, dashboards, placement: reads the events, creates nothing",
-            publish=(
-                _api("INFO"),
-                _api("STREAM.INFO", events),
-                _api("STREAM.MSG.GET", events),  # reads message by message: no consumer
-                # or pulls from a durable consumer an operator made for it (every
-                # subscriber shares this principal: one trust), and acks what it handled
-                _api("CONSUMER.INFO", events, "*"),
-                _api("CONSUMER.MSG.NEXT", events, "*"),
-                f"$JS.ACK.{events}.>",
-            ),
+            "bcw events, dashboards: reads the events message by message, no consumer",
+            publish=reads,
             subscribe=(subjects.all_events,),
         )
     )
+    for app in subscribers:
+        made.append(
+            Principal(
+                f"subscriber-{app}",
+                f"the subscriber application {app}: reads the events, pulls its own durable",
+                publish=(*reads, *_pulls(events, subscriber_durable(app))),
+                subscribe=(subjects.all_events,),
+            )
+        )
     return made
 
 
 #: the gateway ids, each subject-safe and given once (ValueError names the bad one)
 check_gateways = check_gateway_ids
+
+
+def check_subscribers(apps: Sequence[str]) -> list[str]:
+    """The subscriber applications' names: as gateway ids are (ValueError names the bad one)."""
+    try:
+        return check_gateway_ids(apps)
+    except ValueError as error:
+        raise ValueError(str(error).replace("gateway id", "subscriber name")) from None
 
 
 def _quoted(subjects: Sequence[str]) -> str:
@@ -313,51 +343,16 @@ def render(users: Sequence[tuple[Principal, str]]) -> str:
     return "\n".join(lines)
 
 
-class SeedFileError(ValueError):
-    """An existing seed file that must not be reused (its mode, its owner, its content)."""
-
-
-def _seed(path: Path) -> bytes:
-    """The principal's seed: kept when its file exists (re-running adds gateways without
-    changing anybody's key) — only if that file is this user's and nobody else may read or
-    write it (ValueError otherwise) — else a new one written readable by its owner only."""
-    if path.exists():
-        mode = path.stat()
-        if mode.st_mode & 0o077:
-            raise SeedFileError(
-                f"{path} is readable or writable by others (mode {mode.st_mode & 0o777:o}): "
-                "a seed must be its owner's alone (chmod 600), or remove it for a new one"
-            )
-        if mode.st_uid != os.geteuid():
-            raise SeedFileError(f"{path} belongs to another user (uid {mode.st_uid}): not reused")
-        seed = path.read_bytes().strip()
-        try:
-            nkeys.from_seed(bytearray(seed))
-        except Exception:
-            raise SeedFileError(f"{path} holds no nkey seed") from None
-        return seed
-    seed = bytes(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "wb") as out:
-        out.write(seed + b"\n")
-    return seed
-
-
-def public_key(seed: bytes) -> str:
-    pair = nkeys.from_seed(bytearray(seed))
-    try:
-        return bytes(pair.public_key).decode()
-    finally:
-        pair.wipe()
-
-
-def write(directory: Path, subjects: Subjects, gateways: Sequence[str]) -> list[Path]:
+def write(
+    directory: Path, subjects: Subjects, gateways: Sequence[str], subscribers: Sequence[str] = ()
+) -> list[Path]:
     """`DIR/auth.conf` and `DIR/<principal>.nk` for every principal; the files written."""
     directory.mkdir(parents=True, exist_ok=True)
     users, written = [], []
-    for principal in principals(subjects, check_gateways(gateways)):
+    apps = check_subscribers(subscribers)
+    for principal in principals(subjects, check_gateways(gateways), apps):
         path = directory / f"{principal.name}.nk"
-        users.append((principal, public_key(_seed(path))))
+        users.append((principal, public_key(seed_of(path))))
         written.append(path)
     conf = directory / "auth.conf"
     conf.write_text(render(users))
@@ -365,9 +360,10 @@ def write(directory: Path, subjects: Subjects, gateways: Sequence[str]) -> list[
 
 
 def markdown(subjects: Subjects) -> str:
-    """The principals as `docs/kubernetes.md` shows them (one gateway, `<id>`)."""
+    """The principals as `docs/kubernetes.md` shows them (one gateway, `<id>`; one
+    subscriber application, `<app>`)."""
     rows = ["| principal | used by | publish | subscribe |", "|---|---|---|---|"]
-    for principal in principals(subjects, ["<id>"]):
+    for principal in principals(subjects, ["<id>"], ["<app>"]):
         publish, subscribe = grants_of(principal, f"{INBOX}.{INBOX_PLACEHOLDER}.>")
         rows.append(
             f"| `{principal.name}` | {principal.does} | "

@@ -26,6 +26,7 @@ from nats.aio.subscription import Subscription
 
 STATUS = "Status"
 HEARTBEAT = "100"
+NO_RESPONDERS = "503"
 
 
 @dataclass
@@ -69,6 +70,7 @@ class ContinuousPull:
         self._inbox = ""
         self._sub: Subscription | None = None
         self._on_message = on_message
+        self._unanswered = False  # a request found no consumer since `unanswered()` asked
 
     async def start(self) -> None:
         self._inbox = self._nc.new_inbox()
@@ -109,6 +111,15 @@ class ContinuousPull:
                 break
         elif status != HEARTBEAT:  # 404 no messages, 408 expired, 409 ended otherwise
             self._requests.pop(msg.subject.rsplit(".", 1)[-1], None)
+            # 503: nothing answers the consumer's subject; 409 Consumer Deleted
+            description = (msg.headers or {}).get("Description", "").lower()
+            self._unanswered |= status == NO_RESPONDERS or "deleted" in description
+
+    def unanswered(self) -> bool:
+        """Whether a request found no consumer (it is missing or was deleted) since the
+        last call."""
+        found, self._unanswered = self._unanswered, False
+        return found
 
     async def _top_up(self) -> None:
         now = time.monotonic()

@@ -29,6 +29,7 @@ from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.factories import make_fact
 from tests.integration import fleet
+from tests.integration.fleet import Provisioned
 from tests.integration.security.conftest import url_as
 from tests.integration.streams import RecordingStream
 from tests.integration.support import (
@@ -93,7 +94,7 @@ async def _gateways(
         ):
             pool = await asyncpg.create_pool(url, min_size=1, max_size=4)
             stack.push_async_callback(pool.close)
-            gateway = Gateway(gateway_id, pool, nc, subjects)
+            gateway = Provisioned(gateway_id, pool, nc, subjects)
             await gateway.start(autotick=None)
             stack.push_async_callback(gateway.stop, graceful=False)
             started.append(gateway)

@@ -23,6 +23,7 @@ from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.factories import hello, make_fact
 from tests.integration import fleet
+from tests.integration.fleet import Provisioned
 from tests.integration.security.gateways.forgery import FOREIGN, counted, forged_facts, state
 from tests.integration.streams import RecordingStream
 from tests.integration.support import (
@@ -51,8 +52,8 @@ async def _two_gateways(
     await fleet.join(db, "n1")
     settings = make_settings(servers.nats_url, database_url, subjects)
     workers = [WORKERS[name](settings) for name in sorted(WORKERS)]
-    holder = Gateway("gw-a", pool, nc, subjects)
-    successor = Gateway("gw-c", pool, nc, subjects)
+    holder = Provisioned("gw-a", pool, nc, subjects)
+    successor = Provisioned("gw-c", pool, nc, subjects)
     await holder.start()
     await successor.start()
     try:

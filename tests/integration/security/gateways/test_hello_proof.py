@@ -22,6 +22,7 @@ from schemas.proof import HelloProof, message, prove
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration import fleet
+from tests.integration.fleet import Provisioned
 from tests.integration.security.conftest import SUBJECTS, client_as, violated
 from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, make_settings, running
@@ -53,7 +54,7 @@ async def gw1(
     await fleet.join(db, "n1")
     await db.execute("SELECT enroll_hello_key('n1', $1)", KEY)
     pool = await asyncpg.create_pool(logins["bcw_gateway_bound"], min_size=1, max_size=2)
-    gateway = Gateway("gw-1", pool, nc, subjects)
+    gateway = Provisioned("gw-1", pool, nc, subjects)
     await gateway.start(autotick=None)
     try:
         yield gateway

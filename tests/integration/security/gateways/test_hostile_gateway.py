@@ -239,8 +239,9 @@ async def test_gw2_with_its_own_key_and_login_changes_nothing_of_gw1s(
     nothing; its flush naming n1 earns gw-2 a zombie notice, not a fresher n1), tries gw-1's subjects (refused by the server) and, in the database, gw-1's
     lease and session (refused), and closes n1 as itself (finds nothing)."""
     code, output = await bcw(
-        "provision", BCW_NATS_URL=secured, BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk")
-    )
+        "provision", BCW_NATS_URL=secured, BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk"),
+        BCW_NATS_GATEWAYS="gw-1,gw-2",  # their notices consumers: a gateway makes none
+    )  # fmt: skip
     assert code == 0, output
     await _bind(db, "gw2_login_t", "gw-2")
     await fleet.join(db, "n1")

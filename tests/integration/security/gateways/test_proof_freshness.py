@@ -26,6 +26,7 @@ from nats.aio.client import Client as NATS
 from schemas.proof import HelloProof, prove
 from schemas.subjects import Subjects
 from tests.integration import fleet
+from tests.integration.fleet import Provisioned
 from tests.integration.streams import RecordingStream
 from workers.gateway import Code, Gateway, HelloRequest, Refused, store
 from workers.runtime.bus import streams
@@ -47,7 +48,7 @@ async def gw1(
         await db.execute("SELECT enroll_hello_key($1, $2)", node, KEY)
     await migrate.set_hello_proof(db, "require")
     pool = await asyncpg.create_pool(logins["bcw_gateway_bound"], min_size=1, max_size=2)
-    gateway = Gateway("gw-1", pool, nc, subjects)
+    gateway = Provisioned("gw-1", pool, nc, subjects)
     await gateway.start(autotick=None)
     try:
         yield gateway

@@ -37,6 +37,7 @@ from schemas.proof import prove
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration import fleet
+from tests.integration.fleet import Provisioned
 from tests.integration.security.conftest import url_as
 from tests.integration.security.gateways.test_compromised_gateway import (
     _forged,
@@ -103,7 +104,7 @@ async def _gateways(
         ):
             pool = await asyncpg.create_pool(url, min_size=1, max_size=4)
             stack.push_async_callback(pool.close)
-            gateway = Gateway(
+            gateway = Provisioned(
                 gateway_id, pool, nc, subjects, settings=GatewaySettings(verdict_wait=0.5)
             )
             await gateway.start(autotick=None)
