@@ -51,6 +51,12 @@ class Busy(Exception):
     """The node's row stayed locked by another transaction past the Hello's lock timeout."""
 
 
+class TooMany(Exception):
+    """The node has had as many Hellos opened in the last minute as the database bounds
+    (`hellos_per_node_minute()`, migrations/core/0054_hello_unblockable_and_bounded.sql):
+    an honest daemon's redials never reach it."""
+
+
 # What admission reads, for this node and the serial it presents only (the gateway's login
 # reads no certificate or node table: migrations/core/0030_hello_proof.sql).
 READ_FOR_ADMISSION = "SELECT * FROM gateway_admission($1, $2, $3)"
@@ -209,6 +215,8 @@ async def open_session(
         raise Revoked(f"certificate {request.cert_serial} was revoked")
     if outcome == "unproven":
         raise Unproven(f"node {request.node_id}: the Hello's proof is missing or does not hold")
+    if outcome == "too-many":
+        raise TooMany(f"node {request.node_id}: too many Hellos in the last minute")
     return Opened(
         inventory=json.loads(row["inventory"]),
         epoch=int(row["epoch"]),
