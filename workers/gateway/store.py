@@ -51,6 +51,14 @@ class Busy(Exception):
     """The node's row stayed locked by another transaction past the Hello's lock timeout."""
 
 
+#: Hellos of one node opened in a minute, at most (counted apart for those that give a
+#: proof): `hellos_per_node_minute()` in the database, where the Hello transaction applies
+#: it (migrations/core/0054_hello_unblockable_and_bounded.sql; a test keeps the two equal).
+#: An honest daemon never meets it: after a session that ended at once it redials in 0 to
+#: 2 s (full jitter), 60 a minute on average.
+HELLOS_PER_NODE_MINUTE = 120
+
+
 class TooMany(Exception):
     """The node has had as many Hellos opened in the last minute as the database bounds
     (`hellos_per_node_minute()`, migrations/core/0054_hello_unblockable_and_bounded.sql):
