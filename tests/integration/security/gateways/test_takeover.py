@@ -181,9 +181,7 @@ async def test_a_takeover_gets_nothing_of_a_node_with_a_key_and_the_node_gets_it
             "WHERE node_id <> 'keyless' AND gateway_id = 'gw-1' ORDER BY node_id"
         )
         assert [tuple(r) for r in keyed] == (
-            []
-            if policy == "require"
-            else [(n, False, True) for n in ("live", "offline")]
+            [] if policy == "require" else [(n, False, True) for n in ("live", "offline")]
         )
         assert await _evil_labels(db) == (["keyless"] if "keyless" in taken else [])
         assert (
