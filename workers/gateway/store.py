@@ -219,8 +219,8 @@ async def open_session(
         raise Draining(f"gateway {gateway_id} is draining")
     if outcome == "not-joined":
         raise NotJoined(f"node {request.node_id} has no session row")
-    if outcome == "revoked":  # a quarantine just committed
-        raise Revoked(f"certificate {request.cert_serial} was revoked")
+    if outcome == "revoked":  # a quarantine just committed, or the generation is revoked
+        raise Revoked(f"certificate {request.cert_serial} is revoked or of a revoked generation")
     if outcome == "unproven":
         raise Unproven(f"node {request.node_id}: the Hello's proof is missing or does not hold")
     if outcome == "too-many":
