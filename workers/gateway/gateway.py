@@ -260,6 +260,8 @@ class Gateway(Frames):
                 ) from unproven
             except store.Busy as busy:
                 raise Refused(Code.UNAVAILABLE, str(busy), retry_after=pushback(1.0)) from busy
+            except store.TooMany as many:  # the minute's Hellos age out within a minute
+                raise Refused(Code.UNAVAILABLE, str(many), retry_after=pushback(30.0)) from many
         opening.epoch = opened.epoch  # its notices may come from now on: they wait
         await self._paused("committed", request.node_id, opened.epoch)
         hello = self.facts.hello(request, opened, upgrade, kinds, generation, fact_id)

@@ -51,6 +51,20 @@ class Busy(Exception):
     """The node's row stayed locked by another transaction past the Hello's lock timeout."""
 
 
+#: Hellos of one node opened in a minute, at most (counted apart for those that give a
+#: proof): `hellos_per_node_minute()` in the database, where the Hello transaction applies
+#: it (migrations/core/0054_hello_unblockable_and_bounded.sql; a test keeps the two equal).
+#: An honest daemon never meets it: after a session that ended at once it redials in 0 to
+#: 2 s (full jitter), 60 a minute on average.
+HELLOS_PER_NODE_MINUTE = 120
+
+
+class TooMany(Exception):
+    """The node has had as many Hellos opened in the last minute as the database bounds
+    (`hellos_per_node_minute()`, migrations/core/0054_hello_unblockable_and_bounded.sql):
+    an honest daemon's redials never reach it."""
+
+
 # What admission reads, for this node and the serial it presents only (the gateway's login
 # reads no certificate or node table: migrations/core/0030_hello_proof.sql).
 READ_FOR_ADMISSION = "SELECT * FROM gateway_admission($1, $2, $3)"
@@ -205,10 +219,12 @@ async def open_session(
         raise Draining(f"gateway {gateway_id} is draining")
     if outcome == "not-joined":
         raise NotJoined(f"node {request.node_id} has no session row")
-    if outcome == "revoked":  # a quarantine just committed
-        raise Revoked(f"certificate {request.cert_serial} was revoked")
+    if outcome == "revoked":  # a quarantine just committed, or the generation is revoked
+        raise Revoked(f"certificate {request.cert_serial} is revoked or of a revoked generation")
     if outcome == "unproven":
         raise Unproven(f"node {request.node_id}: the Hello's proof is missing or does not hold")
+    if outcome == "too-many":
+        raise TooMany(f"node {request.node_id}: too many Hellos in the last minute")
     return Opened(
         inventory=json.loads(row["inventory"]),
         epoch=int(row["epoch"]),

@@ -13,7 +13,9 @@ refusal's is not signed — and the next attempt goes to another gateway if it c
 daemon's own clock. When the Hello is refused `UNAUTHENTICATED`, the refusal carries the
 database's time and a **challenge** the database issued for this node, that gateway and
 that time (a nonce `srv-…`); the daemon keeps the offset from it, and signs its next Hello
-to that gateway with the challenge and its time, once. It never signs a time a gateway told
+to that gateway with the challenge and its time, once — whatever made its plain proof
+fail: a clock off, or one gone back past the newest proof the control plane took (a
+proof older than that is refused, so that a gateway cannot keep proofs back). It never signs a time a gateway told
 it with a nonce of its own: a gateway cannot make up a challenge (the database's key MACs
 it), so it cannot get a proof for a time the database did not say — only for now.
 """

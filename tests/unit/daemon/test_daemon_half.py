@@ -212,6 +212,23 @@ async def test_a_refusals_challenge_is_signed_once_at_its_time_at_its_gateway() 
     assert third is not None and third.at == 1000 and third.nonce != CHALLENGE
 
 
+async def test_a_refusals_challenge_is_signed_when_its_clock_is_right_too() -> None:
+    """Its clock agrees with the database's, yet its proof was refused (older than the
+    newest the control plane took: its clock went back before it restarted): it signs the
+    refusal's challenge all the same, at the refusal's time."""
+    now = [1000.0]
+    fake = _daemon(now, key=b"k" * 32)
+    told = Refused(Code.UNAUTHENTICATED, "unproven", server_time=1000.0, challenge=CHALLENGE)
+    issuer = Gateway(told, gateway_id="gw-1")
+    await fake.tick([issuer])  # type: ignore[list-item]
+    fake.next_try = 0.0
+    await fake.tick([issuer])  # type: ignore[list-item]
+    assert [(p.at, p.nonce == CHALLENGE) for p in issuer.proofs if p is not None] == [
+        (1000, False),
+        (1000, True),
+    ]
+
+
 async def test_it_never_signs_a_time_a_gateway_told_with_a_nonce_of_its_own() -> None:
     """A hostile gateway tells a time a day ahead and no challenge of the server's form:
     the daemon's next proof is at its own clock, never at the told time."""

@@ -29,7 +29,8 @@ class Grant:
 TABLES = (
     "clock_offset", "commands", "consumer_watermarks", "controller_leases", "fleet_policy",
     "gateway_logins", "gateways",
-    "hello_challenge_key", "hello_nonces", "hello_seen", "liveness_gateways", "liveness_ranges",
+    "hello_challenge_key", "hello_marks", "hello_nonces", "hello_seen", "liveness_gateways",
+    "liveness_ranges",
     "liveness_sweeps", "node_alternations", "node_certs", "node_conditions", "node_events",
     "node_hello_keys",
     "node_inventory", "node_labels",
@@ -45,8 +46,8 @@ TABLES = (
 VIEWS = ("node_last_seen",)
 
 #: what readers and operators may read: not the Hello keys (nor their proofs' one-time ids,
-#: nor the key the database MACs its challenges with)
-SECRET_TABLES = ("node_hello_keys", "hello_nonces", "hello_challenge_key")
+#: nor the key the database MACs its challenges with, nor the newest proofs taken)
+SECRET_TABLES = ("node_hello_keys", "hello_nonces", "hello_challenge_key", "hello_marks")
 READABLE = (*(table for table in TABLES if table not in SECRET_TABLES), *VIEWS)
 
 #: what reading a session's last sight takes, for a group that reads sessions: the view
@@ -250,6 +251,8 @@ OWNER_ONLY_FUNCTIONS = (
     "set_compute_now_offset(interval)",
     "gateway_as(text)",
     "hello_proof_holds(text,text,text,text,bigint,text,text)",
+    "hello_proof_fresh(text,bigint,text)",
+    "hellos_per_node_minute()",
     "hello_challenge(text,text,bigint,text)",
     "enroll_hello_key(text,bytea)",
     "gateway_hello(text,bigint,text,text,text,text,text,text,integer,text,boolean,bigint,bigint,"
