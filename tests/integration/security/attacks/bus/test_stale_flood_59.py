@@ -26,7 +26,7 @@ import pytest
 from schemas import REGISTRY
 from tests.factories import make_fact
 from tests.integration import fleet
-from tests.integration.security.attacks.test_full_streams_59 import _fresh_streams
+from tests.integration.security.attacks.bus.test_full_streams_59 import _fresh_streams
 from tests.integration.security.conftest import SUBJECTS, client_as, nats_as
 from tests.integration.support import eventually, make_settings, running
 from workers.registry import WORKERS
