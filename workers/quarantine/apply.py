@@ -15,12 +15,13 @@ import asyncpg
 
 from schemas.events import DuplicateSession, Quarantined, Revocations, UnprovenHello
 from schemas.facts import Fact, Hello
-from workers.quarantine import breaker, conditions
+from workers.quarantine import breaker, conditions, record
 from workers.quarantine.decide import (
     REASON,
     Alternation,
     Counter,
     Limits,
+    blamed,
     judge,
     proven_window,
     serials_to_revoke,
@@ -119,9 +120,15 @@ ON CONFLICT (serial) DO UPDATE
 
 
 def wants(fact: Fact) -> bool:
-    """Only a Hello with a duplicate identity, or an unproven Hello of a node that proves
-    its Hellos (a takeover attempt), can have effects here."""
-    return isinstance(fact, Hello) and (fact.duplicate_identity or is_takeover(fact))
+    """Every Hello: which ones count is what their Hello transaction recorded, read for the
+    batch (`record.recorded`), never what the fact says of itself."""
+    return isinstance(fact, Hello)
+
+
+def counts(hello: Hello) -> bool:
+    """As its transaction recorded it (`provenance.as_recorded`): a duplicate identity, or
+    an unproven Hello of a node that proves its Hellos (a takeover attempt)."""
+    return hello.duplicate_identity or is_takeover(hello)
 
 
 def is_takeover(hello: Hello) -> bool:
@@ -132,7 +139,7 @@ def is_takeover(hello: Hello) -> bool:
 
 def make_handler(limits: Limits) -> Handler:
     async def handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
-        hellos = [fact for fact in facts if isinstance(fact, Hello) and wants(fact)]
+        hellos = [fact for fact in facts if isinstance(fact, Hello) and counts(fact)]
         nodes = sorted({hello.node_id for hello in hellos})
         judged_up_to = {
             row["node_id"]: int(row["judged"]) for row in await tx.conn.fetch(LOCK_COUNTERS, nodes)
@@ -193,6 +200,11 @@ async def _judge(
     """Count the batch's new alternations among each node's others, as of their Hellos;
     publish each one's event; quarantine where the count says so."""
     nodes = sorted({hello.node_id for hello in counted})
+    upto: dict[str, int] = {}
+    for hello in counted:
+        upto[hello.node_id] = max(hello.epoch, upto.get(hello.node_id, 0))
+    # the node's duplicates before them whose facts never came count too (`record`)
+    withheld = await record.count_withheld(tx.conn, upto)
     alternations: dict[str, list[Alternation]] = {}
     for row in await tx.conn.fetch(READ_ALTERNATIONS, nodes):
         alternations.setdefault(row["node_id"], []).append(
@@ -206,7 +218,7 @@ async def _judge(
     held_nodes = {row["node_id"] for row in await tx.conn.fetch(HELD_NODES, nodes)}
     counters: dict[str, Counter] = {}
     revoked: list[tuple[str, str]] = []  # (serial, node)
-    duplicates: list[tuple[str, int]] = []  # (node, epoch): each counted one, its condition
+    duplicates = list(withheld)  # (node, epoch): each counted one, its condition
     released: dict[str, int] = {}  # node → the epoch whose hold ends
     mine: dict[str, list[Hello]] = {}  # each node's, in stream order (one per epoch)
     for hello in counted:
@@ -232,7 +244,7 @@ async def _judge(
                 tx,
                 node,
                 hello.epoch,
-                hello.gateway_id,
+                blamed(window, hello.gateway_id),
                 through,
                 serials,
                 first.number,
