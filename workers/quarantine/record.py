@@ -5,9 +5,10 @@ facts ever came.
 
 - `recorded`: of a batch's Hello facts, those whose record can count (the runtime's
   `Worker.recorded`, before `provenance`): one query for the batch, one primary-key probe
-  of `session_epochs` per Hello, returning only the duplicates and takeover attempts. A
-  Hello whose epoch carries no judgement (issued before 0049, by a writer that did not
-  say, or not issued to it: foreign) is let through on its fact's word, and judged as
+  of `session_epochs` per Hello, returning only the duplicates, takeover attempts and
+  Hellos not bound to their gateway (counted foreign by `provenance`, as by every
+  worker). A Hello whose epoch carries no judgement (issued before 0049, or by a writer
+  that did not say) is let through on its fact's word, and judged as
   `provenance.as_recorded` has it. Every other Hello — a fleet's reconnects — costs that
   probe and nothing more: no `provenance` lookup, no lock.
 - `count_withheld`: a node's duplicates recorded before the Hello being counted whose
@@ -28,16 +29,20 @@ from schemas.facts import Fact, Hello
 
 # `duplicate` NULL: no judgement recorded (an epoch before 0049, or none at all): the
 # fact's word, or the rule on what was recorded (`provenance.as_recorded`). `proven`
-# false means a takeover attempt only from 0049 on (a judgement recorded).
+# false means a takeover attempt only from 0049 on (a judgement recorded). A Hello its
+# epoch was not issued for (another gateway's epoch, another Hello fact of it, no epoch
+# at all) goes on too: `provenance` counts it foreign, as every worker does.
 RECORDED = """
 SELECT f.fact_id
-  FROM unnest($1::text[], $2::bigint[], $3::uuid[], $4::text[], $5::boolean[])
-       AS f(node_id, epoch, fact_id, boot_id, says)
+  FROM unnest($1::text[], $2::bigint[], $3::uuid[], $4::text[], $5::boolean[], $6::text[])
+       AS f(node_id, epoch, fact_id, boot_id, says, gateway_id)
   LEFT JOIN session_epochs e ON e.node_id = f.node_id AND e.epoch = f.epoch
  WHERE e.duplicate OR (e.duplicate IS NOT NULL AND e.proven IS FALSE)
     OR (e.duplicate IS NULL
         AND (f.says OR (e.previous_live AND e.previous_boot_id IS DISTINCT FROM f.boot_id
                         AND e.previous_boot_id IS NOT NULL)))
+    OR e.gateway_id IS DISTINCT FROM f.gateway_id
+    OR e.hello_fact_id <> f.fact_id
 """
 
 # Before each node's counted Hello, its recorded duplicates not counted yet (a day at
@@ -70,6 +75,7 @@ async def recorded(conn: asyncpg.Connection, facts: Sequence[Fact]) -> set[uuid.
         [h.fact_id for h in hellos],
         [h.boot_id for h in hellos],
         [says(h) for h in hellos],
+        [h.gateway_id for h in hellos],
     )
     return {row["fact_id"] for row in rows}
 

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ from tests.integration import fleet
 from tests.integration.security.conftest import SUBJECTS, client_as, nats_as, url_as
 from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, make_settings, running
+from workers.embedded import EmbeddedNats
 from workers.gateway import Gateway, GatewaySettings, HelloRequest, Refused, store
 from workers.registry import WORKERS
 from workers.replay.commands import enqueue_command as enqueue
@@ -53,6 +54,16 @@ from workers.runtime.store import migrate
 pytestmark = pytest.mark.slow
 
 SETUPS = {"A": ("warn", ""), "B": ("require", "gw-1,gw-2")}
+
+
+@pytest.fixture
+def secured(keys: Path, tmp_path: Path) -> Iterator[str]:
+    """A server of the principals for each test: one setup's streams are not another's."""
+    conf = keys / "server.conf"
+    conf.write_text('include "auth.conf"\n')
+    server = EmbeddedNats(tmp_path, extra=["-c", str(conf)]).start()
+    yield server.url
+    server.stop()
 
 
 @dataclasses.dataclass
