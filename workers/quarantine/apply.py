@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 import asyncpg
+from pydantic import ValidationError
 
 from schemas.events import DuplicateSession, Quarantined, Revocations, UnprovenHello
 from schemas.facts import Fact, Hello
@@ -218,7 +219,8 @@ async def _judge(
     held_nodes = {row["node_id"] for row in await tx.conn.fetch(HELD_NODES, nodes)}
     counters: dict[str, Counter] = {}
     revoked: list[tuple[str, str]] = []  # (serial, node)
-    duplicates = list(withheld)  # (node, epoch): each counted one, its condition
+    # (node, epoch): each counted one, its condition
+    duplicates = [(w.node_id, w.epoch) for w in withheld]
     released: dict[str, int] = {}  # node → the epoch whose hold ends
     mine: dict[str, list[Hello]] = {}  # each node's, in stream order (one per epoch)
     for hello in counted:
@@ -226,6 +228,9 @@ async def _judge(
         duplicates.append((hello.node_id, hello.epoch))
     for node in nodes:
         judged, counters[node] = judge(alternations.get(node, []), limits)
+        for one in withheld:  # said as every counted one is, from its record
+            if one.node_id == node and one.epoch in judged:
+                _publish_withheld(tx, one, judged[one.epoch].number, node in held_nodes, limits)
         act = to_act_on(judged, judged_up_to[node], [hello.epoch for hello in mine[node]])
         for hello in mine[node]:
             # not the Hello that acts on a quarantine (a late one of a window acted on: none)
@@ -308,6 +313,26 @@ def _publish_duplicate(
         held=held,
     )
     tx.publish(event, tx.subjects.event(event.BC_TYPE), cause=hello, order_key=hello.node_id)
+
+
+def _publish_withheld(
+    tx: Tx, one: record.Withheld, alternations: int, held: bool, limits: Limits
+) -> None:
+    try:  # what a gateway gave its Hello transaction, never trusted to fit
+        event = DuplicateSession(
+            node_id=one.node_id,
+            gateway_id=one.gateway_id,
+            previous_boot_id=one.previous_boot_id,
+            boot_id=one.boot_id or "",  # none recorded: not said
+            alternations=alternations,
+            window_seconds=int(limits.window.total_seconds()),
+            quarantined=False,
+            held=held,
+        )
+    except ValidationError:
+        log.warning("node %s's duplicate at epoch %d counted, not said", one.node_id, one.epoch)
+        return
+    tx.publish(event, tx.subjects.event(event.BC_TYPE), order_key=one.node_id)
 
 
 def _publish_takeover(tx: Tx, hello: Hello) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import asyncpg
 
@@ -46,16 +47,34 @@ SELECT f.fact_id
 """
 
 # Before each node's counted Hello, its recorded duplicates not counted yet (a day at
-# most: older ones were pruned, and are never counted again).
+# most: older ones were pruned, and are never counted again), with what their events say.
 WITHHELD = """
-INSERT INTO node_alternations (node_id, epoch, issued_at, fact_id, gateway_id, proven, takeover)
-SELECT e.node_id, e.epoch, e.issued_at, e.hello_fact_id, e.gateway_id, e.proven IS TRUE, false
-  FROM unnest($1::text[], $2::bigint[]) AS t(node_id, upto)
-  JOIN session_epochs e ON e.node_id = t.node_id AND e.epoch < t.upto
- WHERE e.duplicate AND e.issued_at > compute_now() - interval '1 day'
-ON CONFLICT (node_id, epoch) DO NOTHING
-RETURNING node_id, epoch
+WITH counted AS (
+    INSERT INTO node_alternations (node_id, epoch, issued_at, fact_id, gateway_id, proven,
+                                   takeover)
+    SELECT e.node_id, e.epoch, e.issued_at, e.hello_fact_id, e.gateway_id, e.proven IS TRUE,
+           false
+      FROM unnest($1::text[], $2::bigint[]) AS t(node_id, upto)
+      JOIN session_epochs e ON e.node_id = t.node_id AND e.epoch < t.upto
+     WHERE e.duplicate AND e.issued_at > compute_now() - interval '1 day'
+    ON CONFLICT (node_id, epoch) DO NOTHING
+    RETURNING node_id, epoch
+)
+SELECT c.node_id, c.epoch, e.gateway_id, e.boot_id, e.previous_boot_id
+  FROM counted c JOIN session_epochs e USING (node_id, epoch)
+ ORDER BY c.node_id, c.epoch
 """
+
+
+@dataclass(frozen=True)
+class Withheld:
+    """A recorded duplicate counted without its fact, as its Hello transaction recorded it."""
+
+    node_id: str
+    epoch: int
+    gateway_id: str
+    boot_id: str | None
+    previous_boot_id: str | None
 
 
 def says(hello: Hello) -> bool:
@@ -80,13 +99,11 @@ async def recorded(conn: asyncpg.Connection, facts: Sequence[Fact]) -> set[uuid.
     return {row["fact_id"] for row in rows}
 
 
-async def count_withheld(
-    conn: asyncpg.Connection, upto: Mapping[str, int]
-) -> list[tuple[str, int]]:
+async def count_withheld(conn: asyncpg.Connection, upto: Mapping[str, int]) -> list[Withheld]:
     """Count each node's recorded duplicates before `upto[node]` that were not counted;
-    the (node, epoch) counted."""
+    those counted now, in node and epoch order."""
     if not upto:
         return []
     nodes = sorted(upto)
     rows = await conn.fetch(WITHHELD, nodes, [upto[n] for n in nodes])
-    return [(row["node_id"], row["epoch"]) for row in rows]
+    return [Withheld(*row.values()) for row in rows]
