@@ -42,13 +42,13 @@ def add(commands: Commands) -> None:
     sub = quarantine.add_subparsers(dest="quarantine_command", required=True)
     status = sub.add_parser("status", help="the quarantines whose revocation waits")
     status.add_argument("--node", help="only this node's")
-    status.add_argument("--gateway", help="only those a Hello of this gateway completed")
+    status.add_argument("--gateway", help="only those blamed on this gateway")
     status.set_defaults(handler=_cmd_status)
     release = sub.add_parser(
         "release", help="let the quarantine worker revoke what the breaker holds (chosen ones)"
     )
     release.add_argument("--node", help="this node's held quarantine")
-    release.add_argument("--gateway", help="those a Hello of this gateway completed")
+    release.add_argument("--gateway", help="those blamed on this gateway")
     release.add_argument("--all", action="store_true", help="every held quarantine")
     release.add_argument("--by", help="who releases them (recorded); default user@host")
     release.set_defaults(handler=_cmd_release, verb="release")
@@ -58,7 +58,7 @@ def add(commands: Commands) -> None:
         "session of their nodes ends",
     )
     dismiss.add_argument("--node", help="this node's held quarantine")
-    dismiss.add_argument("--gateway", help="those a Hello of this gateway completed")
+    dismiss.add_argument("--gateway", help="those blamed on this gateway")
     dismiss.add_argument("--all", action="store_true", help="every held quarantine")
     dismiss.add_argument("--by", help="who dismisses them (recorded); default user@host")
     dismiss.set_defaults(handler=_cmd_release, verb="dismiss")

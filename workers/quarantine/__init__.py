@@ -1,6 +1,7 @@
 """Quarantine enforcer (`bcw run quarantine`): one identity on two machines.
 
-Counts the alternations of Hellos with a duplicate identity per node in a window;
+Counts the alternations of Hellos with a duplicate identity per node in a window — the
+Hellos their transaction recorded as such, whatever their facts say (`record`);
 beyond the limit, revokes the presented certificate (or every live one of the node),
 publishes `security.node.quarantined` and a `bc.revocations` notice, and resets the
 count. Every counted alternation publishes `security.node.duplicate-session`.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncpg
 
+from workers.quarantine import record
 from workers.quarantine.apply import make_handler, wants
 from workers.quarantine.breaker import release_loop
 from workers.quarantine.decide import Breaker, Limits
@@ -35,6 +37,7 @@ def build(settings: Settings) -> Worker:
         fact_types=("hello",),
         handle=make_handler(limits),
         wants=wants,
+        recorded=record.recorded,
         inbox=False,
         loops=(release_loop(),),
     )

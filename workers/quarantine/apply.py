@@ -12,15 +12,17 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 import asyncpg
+from pydantic import ValidationError
 
 from schemas.events import DuplicateSession, Quarantined, Revocations, UnprovenHello
 from schemas.facts import Fact, Hello
-from workers.quarantine import breaker, conditions
+from workers.quarantine import breaker, conditions, record
 from workers.quarantine.decide import (
     REASON,
     Alternation,
     Counter,
     Limits,
+    blamed,
     judge,
     proven_window,
     serials_to_revoke,
@@ -119,9 +121,15 @@ ON CONFLICT (serial) DO UPDATE
 
 
 def wants(fact: Fact) -> bool:
-    """Only a Hello with a duplicate identity, or an unproven Hello of a node that proves
-    its Hellos (a takeover attempt), can have effects here."""
-    return isinstance(fact, Hello) and (fact.duplicate_identity or is_takeover(fact))
+    """Every Hello: which ones count is what their Hello transaction recorded, read for the
+    batch (`record.recorded`), never what the fact says of itself."""
+    return isinstance(fact, Hello)
+
+
+def counts(hello: Hello) -> bool:
+    """As its transaction recorded it (`provenance.as_recorded`): a duplicate identity, or
+    an unproven Hello of a node that proves its Hellos (a takeover attempt)."""
+    return hello.duplicate_identity or is_takeover(hello)
 
 
 def is_takeover(hello: Hello) -> bool:
@@ -132,7 +140,7 @@ def is_takeover(hello: Hello) -> bool:
 
 def make_handler(limits: Limits) -> Handler:
     async def handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
-        hellos = [fact for fact in facts if isinstance(fact, Hello) and wants(fact)]
+        hellos = [fact for fact in facts if isinstance(fact, Hello) and counts(fact)]
         nodes = sorted({hello.node_id for hello in hellos})
         judged_up_to = {
             row["node_id"]: int(row["judged"]) for row in await tx.conn.fetch(LOCK_COUNTERS, nodes)
@@ -193,6 +201,11 @@ async def _judge(
     """Count the batch's new alternations among each node's others, as of their Hellos;
     publish each one's event; quarantine where the count says so."""
     nodes = sorted({hello.node_id for hello in counted})
+    upto: dict[str, int] = {}
+    for hello in counted:
+        upto[hello.node_id] = max(hello.epoch, upto.get(hello.node_id, 0))
+    # the node's duplicates before them whose facts never came count too (`record`)
+    withheld = await record.count_withheld(tx.conn, upto)
     alternations: dict[str, list[Alternation]] = {}
     for row in await tx.conn.fetch(READ_ALTERNATIONS, nodes):
         alternations.setdefault(row["node_id"], []).append(
@@ -206,7 +219,8 @@ async def _judge(
     held_nodes = {row["node_id"] for row in await tx.conn.fetch(HELD_NODES, nodes)}
     counters: dict[str, Counter] = {}
     revoked: list[tuple[str, str]] = []  # (serial, node)
-    duplicates: list[tuple[str, int]] = []  # (node, epoch): each counted one, its condition
+    # (node, epoch): each counted one, its condition
+    duplicates = [(w.node_id, w.epoch) for w in withheld]
     released: dict[str, int] = {}  # node → the epoch whose hold ends
     mine: dict[str, list[Hello]] = {}  # each node's, in stream order (one per epoch)
     for hello in counted:
@@ -214,6 +228,9 @@ async def _judge(
         duplicates.append((hello.node_id, hello.epoch))
     for node in nodes:
         judged, counters[node] = judge(alternations.get(node, []), limits)
+        for one in withheld:  # said as every counted one is, from its record
+            if one.node_id == node and one.epoch in judged:
+                _publish_withheld(tx, one, judged[one.epoch].number, node in held_nodes, limits)
         act = to_act_on(judged, judged_up_to[node], [hello.epoch for hello in mine[node]])
         for hello in mine[node]:
             # not the Hello that acts on a quarantine (a late one of a window acted on: none)
@@ -232,7 +249,7 @@ async def _judge(
                 tx,
                 node,
                 hello.epoch,
-                hello.gateway_id,
+                blamed(window, hello.gateway_id),
                 through,
                 serials,
                 first.number,
@@ -296,6 +313,26 @@ def _publish_duplicate(
         held=held,
     )
     tx.publish(event, tx.subjects.event(event.BC_TYPE), cause=hello, order_key=hello.node_id)
+
+
+def _publish_withheld(
+    tx: Tx, one: record.Withheld, alternations: int, held: bool, limits: Limits
+) -> None:
+    try:  # what a gateway gave its Hello transaction, never trusted to fit
+        event = DuplicateSession(
+            node_id=one.node_id,
+            gateway_id=one.gateway_id,
+            previous_boot_id=one.previous_boot_id,
+            boot_id=one.boot_id or "",  # none recorded: not said
+            alternations=alternations,
+            window_seconds=int(limits.window.total_seconds()),
+            quarantined=False,
+            held=held,
+        )
+    except ValidationError:
+        log.warning("node %s's duplicate at epoch %d counted, not said", one.node_id, one.epoch)
+        return
+    tx.publish(event, tx.subjects.event(event.BC_TYPE), order_key=one.node_id)
 
 
 def _publish_takeover(tx: Tx, hello: Hello) -> None:

@@ -96,8 +96,8 @@ async def hold(
     breaker: Breaker,
     proven: bool = False,
 ) -> str | None:
-    """Decide and record a quarantine of `node_id` (completed by `gateway_id`'s Hello at
-    `epoch`; `proven`: its window's alternations all were): None when it revokes now (the
+    """Decide and record a quarantine of `node_id` (acted on at `epoch`, blamed on
+    `gateway_id`: `decide.blamed`; `proven`: its window's alternations all were): None when it revokes now (the
     caller revokes and publishes), else why it is held (its events are queued here)."""
     conn = tx.conn
     await conn.execute(LOCK)

@@ -16,8 +16,8 @@ REASON = "duplicate-identity"
 
 @dataclass(frozen=True)
 class Breaker:
-    """What may revoke at once: at most `quarantines` per gateway in `window` (counted by
-    the gateway whose Hello completed the count), and across the fleet at most the larger
+    """What may revoke at once: at most `quarantines` per gateway in `window` (charged to
+    the gateway a quarantine is blamed on, `blamed`), and across the fleet at most the larger
     of `quarantines` and `share` of its nodes in the same window."""
 
     quarantines: int = 3
@@ -147,8 +147,8 @@ def hold_revocation(
     """Whether a quarantine's revocation waits for an operator, and why; None: revoke now.
     Pure.
 
-    `gateways`: those the quarantine's alternations came through; `gateway`: the one whose
-    Hello completed the count; `recent`: per gateway, the revocations made at once in the
+    `gateways`: those the quarantine's alternations came through; `gateway`: the one it
+    is blamed on (`blamed`); `recent`: per gateway, the revocations made at once in the
     breaker's window; `proven`: every alternation of its window was proven (its Hello and
     the session before it). The breaker holds only what an unproven Hello could have made
     up: unproven alternations that all come through one gateway may all be that gateway's
@@ -164,6 +164,17 @@ def hold_revocation(
     if sum(recent.values()) >= max(breaker.quarantines, int(breaker.share * fleet_nodes)):
         return BREAKER
     return None
+
+
+def blamed(window: Sequence[Alternation], completed_by: str) -> str:
+    """The gateway a quarantine is blamed on and its breaker charged to: the one its
+    window's first duplicate came through, as the record has it (the epoch's gateway) —
+    the Hello that found the node's session live from another boot and began the count —
+    not the one whose Hello completed it (`completed_by`, when the record names none):
+    a clone's gateway that makes the node's honest reconnects duplicates does not charge
+    the honest gateway with them. Pure."""
+    first = min(window, key=lambda a: a.epoch, default=None)
+    return first.gateway_id if first is not None and first.gateway_id else completed_by
 
 
 def window_of(alternations: Iterable[Alternation], quarantine: Judged) -> list[Alternation]:

@@ -6,12 +6,15 @@ transaction (`held_epoch`): its session gets no command until the quarantine has
 it. With the quarantine worker down, that would last without bound. Here a session held
 `BCW_QUARANTINE_HOLD_MAX` (5 min) after it connected is released — with a WARNING, a
 `security.node.hold-expired` event and `bcw_quarantine_holds_expired_total` — and gets
-what waits for it, unless the quarantine is only behind: alive and moving (its
-watermark, `consumer_watermarks`, said so and moved within the bound) and not yet past
-the Hello in the bus. A worker behind its facts never reads as one that is down; one
-behind for three times the bound (a flood it works through, a replica stuck with a batch
-in hand) lets the session go all the same. The quarantine still counts its Hello when it
-gets to it.
+what waits for it, only when the quarantine is down: it said nothing, or did not move,
+for that long (its watermark, `consumer_watermarks`). A quarantine alive and moving
+keeps the hold: behind the Hello in the bus, for three times the bound at most (a flood
+it works through, a replica stuck with a batch in hand; then the session goes all the
+same); past it, for good — the quarantine read the bus past the time the Hello's fact
+was due and never had it (its gateway withheld it, or published it where the quarantine
+does not read): such a session gets nothing, and the node's next Hello (its honest
+daemon's, through a gateway that says it) ends the hold. The quarantine counts such a
+Hello from its record when it counts the node's next one (`workers.quarantine.record`).
 """
 
 from __future__ import annotations
@@ -39,10 +42,11 @@ PUBLISHED_WITHIN = timedelta(seconds=10)
 # (the next look gets them). Never a session the quarantine judged (quarantined, or its
 # revocation held for an operator: `alternations_judged_epoch` at or past the hold), nor
 # a takeover attempt (an unproven session of a node that proves its Hellos: held for
-# good, not for the quarantine), nor one whose certificate is revoked: the bound is for a quarantine worker that is down,
-# not one that decided — nor one that is behind: it said, and moved, within the bound,
-# and the oldest Hello it has not applied was stored before this one could have been
-# ($3), unless the session was held three times the bound already.
+# good, not for the quarantine), nor one whose certificate is revoked: the bound is for
+# a quarantine worker that is down, not one that decided — nor while the quarantine is
+# alive (it said, and moved, within the bound): past the time the Hello's fact was due
+# ($3) it never had the fact, and the session stays held; behind it, it is late, for
+# three times the bound at most (and never less than the bound past that time).
 RELEASE = """
 WITH expired AS (
     SELECT s.node_id FROM node_sessions s
@@ -55,8 +59,9 @@ WITH expired AS (
                         WHERE w.consumer = 'quarantine'
                           AND w.reported_at > compute_now() - $1::interval
                           AND w.moved_at > compute_now() - $1::interval
-                          AND w.applied_through < s.connected_at + $3::interval
-                          AND s.connected_at > compute_now() - 3 * $1::interval)
+                          AND (w.applied_through >= s.connected_at + $3::interval
+                               OR s.connected_at > compute_now()
+                                                   - greatest(3 * $1::interval, $3::interval + $1::interval)))
      ORDER BY s.node_id
      LIMIT $2
        FOR UPDATE OF s SKIP LOCKED

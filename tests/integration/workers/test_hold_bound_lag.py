@@ -1,6 +1,8 @@
 """The hold bound and a quarantine that is behind (docs/workers.md, "One clock for sight"):
 a session held for the quarantine is released after BCW_QUARANTINE_HOLD_MAX when the
-quarantine is down, never while it is alive and has not reached the held Hello in the bus.
+quarantine is down, never while it is alive: not while it has not reached the held Hello
+in the bus, and not once it is past it and never had its fact (issue #59: a gateway that
+withholds a duplicate's Hello fact gets its session no command).
 
 The replay worker's side reads what the quarantine recorded (`consumer_watermarks`); the
 quarantine's side records it from its consumer, a test hook holding its Hellos behind
@@ -73,7 +75,7 @@ async def _state(db: asyncpg.Connection) -> str:
 @pytest.mark.parametrize(
     ("quarantine_is", "released"),
     [
-        ("behind", False), ("past-the-hello", True), ("silent-for-the-bound", True),
+        ("behind", False), ("past-the-hello", False), ("silent-for-the-bound", True),
         ("stuck-for-the-bound", True), ("behind-three-bounds", True), ("absent", True),
     ],
 )  # fmt: skip
@@ -82,10 +84,11 @@ async def test_the_hold_bound_waits_for_a_quarantine_behind_never_for_one_down(
     clock: Clock, quarantine_is: str, released: bool,
 ) -> None:  # fmt: skip
     """Past the bound: a quarantine that said a moment ago, and moved since, that the oldest
-    Hello it has not applied was stored a minute before this one keeps the session held
-    (then, past it, lets it go). One past the Hello, one that said nothing or did not move
-    for the bound (down, or a replica stuck with the Hello in hand), one that never said
-    anything: released, as before; and one still behind at three times the bound."""
+    Hello it has not applied was stored a minute before this one keeps the session held;
+    so does one past the Hello that never had its fact (withheld by its gateway): held
+    until the quarantine is down. One that said nothing or did not move for the bound
+    (down, or a replica stuck with the Hello in hand), one that never said anything:
+    released, as before; and one still behind at three times the bound."""
     await fleet.session(db, "n1", epoch=1, gateway_id="gw-9")
     await db.execute("UPDATE node_sessions SET held_epoch = 1")  # the Hello transaction held it
     settings = _bounded(make_settings(servers.nats_url, database_url, subjects))
@@ -101,8 +104,13 @@ async def test_the_hold_bound_waits_for_a_quarantine_behind_never_for_one_down(
         await asyncio.sleep(1.5)  # several looks of the dispatch loop
         assert await _state(db) == "pending"
         assert await db.fetchval("SELECT held_epoch FROM node_sessions") == 1
-        await db.execute(WATERMARK, NOW, NOW, NOW)  # it caught up (and counted none)
-        await eventually(lambda: _dispatched(db), what="released once the quarantine is past")
+        await db.execute(WATERMARK, NOW, NOW, NOW)  # it caught up, and never had the fact
+        await asyncio.sleep(1.5)
+        assert (await _state(db), await db.fetchval("SELECT held_epoch FROM node_sessions")) == (
+            "pending", 1,
+        )  # fmt: skip
+        await db.execute(WATERMARK, *WATERMARKS["silent-for-the-bound"])  # then it went down
+        await eventually(lambda: _dispatched(db), what="released once the quarantine is down")
 
 
 async def _dispatched(db: asyncpg.Connection) -> bool:

@@ -83,8 +83,10 @@ async def test_alternations_through_one_gateway_alert_and_revoke_only_once_relea
 async def test_the_breaker_holds_a_gateways_fourth_revocation(
     drive: Driver, db: asyncpg.Connection
 ) -> None:
-    """Five nodes each quarantined by a Hello through gw-1 (their clones alternate between
-    gw-2 and gw-1): three are revoked, the fourth and fifth held, the breaker said once."""
+    """Five nodes whose clones alternate between gw-2 and gw-1, each count begun by a
+    duplicate through gw-2 and completed by a Hello through gw-1: each is charged to gw-2
+    (the gateway its first duplicate came through, `decide.blamed`) — three are revoked,
+    the fourth and fifth held, the breaker said once, for gw-2."""
     nodes = [f"a{i}" for i in range(1, 6)]
     for node in nodes:
         await fleet.session(db, node, epoch=1)
@@ -96,10 +98,12 @@ async def test_the_breaker_holds_a_gateways_fourth_revocation(
     assert await _revoked(db) == {"a1-serial", "a2-serial", "a3-serial"}
     held = await drive.published("security.quarantine.held")
     assert [(h["nodeId"], h["reason"], h["gatewayId"]) for h in held] == [
-        ("a4", "breaker", "gw-1"), ("a5", "breaker", "gw-1"),
+        ("a4", "breaker", "gw-2"), ("a5", "breaker", "gw-2"),
     ]  # fmt: skip
     [opened] = await drive.published("security.quarantine.breaker-open")
-    assert (opened["gatewayId"], opened["revoked"], opened["windowSeconds"]) == ("gw-1", 3, 600)
+    assert (opened["gatewayId"], opened["revoked"], opened["windowSeconds"]) == ("gw-2", 3, 600)
+    charged = await db.fetch("SELECT DISTINCT gateway_id FROM quarantines")
+    assert [r["gateway_id"] for r in charged] == ["gw-2"]
     assert len(await drive.published("security.node.quarantined")) == 3
 
 

@@ -124,9 +124,9 @@ class QuarantineSettings(BaseSettings):
     breaker_quarantines: int = Field(
         default=3,
         ge=0,
-        description="revocations one gateway's Hellos may lead to in the breaker's window "
-        "with an unproven alternation among them; further ones wait for `bcw quarantine "
-        "release` (security.quarantine.breaker-open)",
+        description="revocations charged to one gateway (the one each quarantine's first "
+        "duplicate came through) in the breaker's window with an unproven alternation among "
+        "them; further ones wait for `bcw quarantine release` (security.quarantine.breaker-open)",
     )
     breaker_window: Duration = Field(
         default=timedelta(minutes=10), description="the breaker's window"

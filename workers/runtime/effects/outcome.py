@@ -19,7 +19,8 @@ class Kind(enum.Enum):
     """From a gateway that does not hold (nor held) the node's session at the fact's epoch
     (`provenance`): changes nothing; counted and logged. Ack; kept in the inbox."""
     IGNORED = "ignored"
-    """The worker's rules do not act on this fact (no transaction was opened). Ack."""
+    """The worker's rules do not act on this fact: by what it is (no transaction was
+    opened), or by its record (`Worker.recorded`). Ack."""
     DUPLICATE = "duplicate"
     """Already in the inbox: a redelivery or a re-publish. Ack without effect."""
     RETRY = "retry"

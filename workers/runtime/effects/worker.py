@@ -136,6 +136,13 @@ class Worker:
     #: only when the state changed — so that a redelivery, even after a newer fact, finds
     #: nothing to do (docs/runtime.md, "Exactly once, worker by worker")
     inbox: bool = True
+    #: which of a batch's facts its record lets have effects, read in one query before
+    #: `provenance` (None: every one `wants` let through). Where `wants` may look at what
+    #: a fact says only to let more in, this reads what the database recorded: the
+    #: quarantine's, the Hellos its transaction recorded as duplicates, whatever they say
+    recorded: Callable[[asyncpg.Connection, Sequence[Fact]], Awaitable[set[uuid.UUID]]] | None = (
+        None
+    )
 
     def consumer_spec(self, subjects: Subjects) -> ConsumerSpec:
         return ConsumerSpec(
@@ -190,7 +197,19 @@ async def apply_batch(
 
 async def handle_bound(tx: Tx, worker: Worker, facts: Sequence[Fact]) -> dict[uuid.UUID, Outcome]:
     """`worker.handle` for the facts that come from a gateway of their node; the others are
-    FOREIGN and reach no rule (`provenance`). An outcome per fact (APPLIED by default)."""
+    FOREIGN and reach no rule (`provenance`); those the worker's record does not let
+    through (`Worker.recorded`) are IGNORED. An outcome per fact (APPLIED by default)."""
+    if not facts or worker.recorded is None:
+        return await _handle_bound(tx, worker, facts)
+    kept = await worker.recorded(tx.conn, facts)
+    unrecorded = dict.fromkeys((f.fact_id for f in facts if f.fact_id not in kept), outcome.IGNORED)
+    return {
+        **unrecorded,
+        **await _handle_bound(tx, worker, [f for f in facts if f.fact_id in kept]),
+    }
+
+
+async def _handle_bound(tx: Tx, worker: Worker, facts: Sequence[Fact]) -> dict[uuid.UUID, Outcome]:
     if not facts:
         return {}
     strangers: set[uuid.UUID] = set()
