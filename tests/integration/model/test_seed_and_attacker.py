@@ -9,8 +9,8 @@ does not hold the node; a worker stopped and started late — and whose invarian
 (`checks.py`), checked after the workers settle, are the seed's and the attacker's at once.
 
 Seeded (derandomized unless `--hypothesis-seed` is given) and bounded to minutes here;
-`BCW_MODEL_EXAMPLES` and `BCW_MODEL_STEPS` make a longer run, e.g.
-`BCW_MODEL_EXAMPLES=60 BCW_MODEL_STEPS=25 pytest tests/integration/model --hypothesis-seed=7`.
+`BCW_TEST_MODEL_EXAMPLES` and `BCW_TEST_MODEL_STEPS` make a longer run, e.g.
+`BCW_TEST_MODEL_EXAMPLES=60 BCW_TEST_MODEL_STEPS=25 pytest tests/integration/model --hypothesis-seed=7`.
 
 What it finds. On the code before issue 58 it failed within its first examples: the
 one-gateway hold left a proven clone pair unrevoked at `require`; a hostile gateway's
@@ -23,7 +23,7 @@ one-gateway hold kept for proven windows, the replay re-sending in reverse seq o
 each failed it. Two were not caught, because a second guard stands behind them: dispatch
 without its `proven` check (a takeover's session is held as well), and a takeover's
 Hello replayed (its session is held: nothing is sent, nothing runs on its word). A longer
-run at the final code, `BCW_MODEL_EXAMPLES=20 BCW_MODEL_STEPS=15 … --hypothesis-seed=58`
+run at the final code, `BCW_TEST_MODEL_EXAMPLES=20 BCW_TEST_MODEL_STEPS=15 … --hypothesis-seed=58`
 (20 examples of 15 steps per policy), found nothing: 4 min 26 s on this machine (machine
 speed 0.41 s for sum(range(3e7))), beside other work.
 """
@@ -379,8 +379,8 @@ def test_the_seed_and_the_attacker_in_one_model(
     loop = asyncio.new_event_loop()
     world = World(servers.nats_url, database_url, policy)
     seeded = request.config.getoption("hypothesis_seed", None) is not None
-    examples = int(os.environ.get("BCW_MODEL_EXAMPLES", "4" if policy == "require" else "2"))
-    steps = int(os.environ.get("BCW_MODEL_STEPS", "10"))
+    examples = int(os.environ.get("BCW_TEST_MODEL_EXAMPLES", "4" if policy == "require" else "2"))
+    steps = int(os.environ.get("BCW_TEST_MODEL_STEPS", "10"))
     try:
         run(loop, world.start)
         run_state_machine_as_test(
@@ -391,7 +391,7 @@ def test_the_seed_and_the_attacker_in_one_model(
                 deadline=None,
                 derandomize=not seeded,
                 database=None,
-                phases=PHASES if os.environ.get("BCW_MODEL_SHRINK", "1") != "0" else PHASES[:-1],
+                phases=PHASES if os.environ.get("BCW_TEST_MODEL_SHRINK", "1") != "0" else PHASES[:-1],
                 suppress_health_check=list(HealthCheck),
             ),
         )
