@@ -260,6 +260,10 @@ class Gateway(Frames):
                 ) from unproven
             except store.Busy as busy:
                 raise Refused(Code.UNAVAILABLE, str(busy), retry_after=pushback(1.0)) from busy
+            # the node's spec, now that its session is this gateway's (never before: 0057)
+            spec = None if upgrade else await store.desired_state(
+                conn, self.gateway_id, request.node_id, opened.epoch
+            )  # fmt: skip
         opening.epoch = opened.epoch  # its notices may come from now on: they wait
         await self._paused("committed", request.node_id, opened.epoch)
         hello = self.facts.hello(request, opened, upgrade, kinds, generation, fact_id)
@@ -285,7 +289,7 @@ class Gateway(Frames):
         if opened.duplicate:
             await self._verdict(request.node_id, opened.epoch)
         acked = [r.command_id for r in hello.results]
-        desired = desired_state_due(rows.desired, request, upgrade)
+        desired = desired_state_due(spec, request, upgrade)
         release = functools.partial(self.notices.release, request.node_id, opening)
         self._spawn(follow_welcome(stream, acked, desired, release), "welcome")
         return Welcome(
