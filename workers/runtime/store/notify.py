@@ -65,6 +65,7 @@ class Listener:
         self._later: asyncio.TimerHandle | None = None
         self._second = (-1.0, 0)  # (when the current second began, notifications in it)
         self._deaf: asyncio.Event | None = None
+        self._conn: asyncpg.Connection | None = None
         self.listening = False
         #: notifications received, and wake-ups they made (a storm shows as many to few)
         self.notified = 0
@@ -83,6 +84,8 @@ class Listener:
             if seen + 1 > self._storm and not self._deaf.is_set():
                 self.shed += 1
                 self._deaf.set()  # `run` stops listening
+                if self._conn is not None:  # at once: what the socket holds is not read
+                    self._conn.terminate()
         if self._later is not None:
             return  # a wake-up is due at the end of the spell
         loop = asyncio.get_running_loop()
@@ -103,7 +106,7 @@ class Listener:
             conn: asyncpg.Connection | None = None
             deaf = self._deaf = asyncio.Event()
             try:
-                conn = await db.connect(self._database)
+                conn = self._conn = await db.connect(self._database)
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
                 channels = dict(await conn.fetch(CHANNELS, list(self._names)))
@@ -121,7 +124,7 @@ class Listener:
                 log.debug("listener on %s: %s", ",".join(self._names), error)
             finally:
                 self.listening = False
-                self._deaf = None
+                self._deaf = self._conn = None
                 if self._later is not None:
                     self._later.cancel()
                     self._later = None
