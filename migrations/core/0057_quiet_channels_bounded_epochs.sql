@@ -72,6 +72,11 @@ END $$;
 -- 10,000 whatever; it always keeps the epoch just before the new one and the node's
 -- newest epoch that was not a takeover attempt (what `provenance.as_recorded` reads as
 -- the session before a takeover). docs/contract.md, "What `session_epochs` keeps".
+-- The node's newest epoch that was not a takeover attempt, found at once however many
+-- attempts came after it (the prune below keeps it; `provenance.UNBOUND` reads it).
+CREATE INDEX session_epochs_not_takeover ON session_epochs (node_id, epoch)
+    WHERE proven IS DISTINCT FROM false;
+
 CREATE OR REPLACE FUNCTION record_session_epoch() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
@@ -121,9 +126,11 @@ BEGIN
     -- by (node_id, issued_at): only what is old or applied, however many epochs the node
     -- had today — never the epoch just before this one, however long it lasted: its
     -- gateway's late facts (a result the daemon sent before it moved) are still the node's
+    -- (`epoch + 0`: never by the key, which would read every epoch the node keeps, as a
+    -- cached generic plan did)
     DELETE FROM session_epochs
      WHERE node_id = NEW.node_id AND issued_at < greatest(day_old, applied)
-       AND epoch < NEW.session_epoch - 1
+       AND epoch + 0 < NEW.session_epoch - 1
        AND (issued_at < day_old OR (epoch < NEW.session_epoch - 64 AND epoch <> coalesce(honest, 0)));
     -- and beyond the newest 10,000, whatever the quarantine has applied (by the key)
     DELETE FROM session_epochs

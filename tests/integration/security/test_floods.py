@@ -89,8 +89,7 @@ async def test_a_notify_storm_wakes_the_dispatch_loop_a_bounded_number_of_times(
         started = time.monotonic()
         for batch in range(200):  # distinct payloads: PostgreSQL folds equal ones
             await attacker.execute(
-                f"SELECT pg_notify('{channel}', '{batch}:' || i) "
-                "FROM generate_series(1, 100) AS i"
+                f"SELECT pg_notify('{channel}', '{batch}:' || i) FROM generate_series(1, 100) AS i"
             )
         await asyncio.sleep(debounce * 3)
         elapsed = time.monotonic() - started

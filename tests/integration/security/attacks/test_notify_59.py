@@ -1,6 +1,6 @@
-"""Issue 59, finding 13: NOTIFY cost each worker 50–90 µs a notification, and any login may
+"""Issue 59, finding 13: NOTIFY cost each worker 50-90 µs a notification, and any login may
 NOTIFY the workers' channels (`pg_notify` is PUBLIC): a gateway login's storm raised their
-CPU 10–25×. The channels are now named with a secret of the database (`wake_channels`,
+CPU 10 to 25 times. The channels are now named with a secret of the database (`wake_channels`,
 migration 0057) that only the owner and the workers' groups read, the wake-ups are sent
 by the writers' triggers and `wake_dispatch()` (the replay, the quarantine, an operator),
 and a worker's listener sheds a storm from a login that does know a name (a worker's).
@@ -90,7 +90,7 @@ async def test_a_notify_storm_costs_each_worker_a_bounded_share_of_a_core(
     db: asyncpg.Connection,
 ) -> None:
     """gw-1's login NOTIFYs every name it knows or guesses as fast as it can: no worker's
-    CPU rises by more than `GATEWAY_BOUND` of a core (before: 10–25×). The labeler's
+    CPU rises by more than `GATEWAY_BOUND` of a core (before: 10 to 25 times). The labeler's
     login, which reads the real names, NOTIFYs them as fast as it can: each listener
     sheds the storm, no worker rises by more than `WORKER_BOUND`. The gateway's login may
     neither read the names nor wake the dispatch loop by its function."""
@@ -106,9 +106,13 @@ async def test_a_notify_storm_costs_each_worker_a_bounded_share_of_a_core(
     await streams.provision_streams(nc.jetstream(), subjects)
     procs = {
         worker: await bcw_process(
-            "run", worker, BCW_DATABASE_URL=database_url, BCW_NATS_URL=servers.nats_url,
-            BCW_SUBJECT_ROOT=subjects.root, BCW_HEALTH_PORT="0",
-        )  # fmt: skip
+            "run",
+            worker,
+            BCW_DATABASE_URL=database_url,
+            BCW_NATS_URL=servers.nats_url,
+            BCW_SUBJECT_ROOT=subjects.root,
+            BCW_HEALTH_PORT="0",
+        )
         for worker in WORKERS
     }
     try:
