@@ -104,7 +104,7 @@ def _cmd_release(args: argparse.Namespace, settings: Settings) -> int:
             statement = RELEASE if verb == "release" else DISMISS
             done = await conn.fetch(statement, args.node, args.gateway, who)
             if done and verb == "dismiss":
-                await conn.execute("SELECT pg_notify('bcw_dispatch', '')")  # what waits may go
+                await conn.execute("SELECT wake_dispatch()")  # what waits may go
         finally:
             await conn.close()
         if not done:

@@ -262,6 +262,10 @@ class Gateway(Frames):
                 raise Refused(Code.UNAVAILABLE, str(busy), retry_after=pushback(1.0)) from busy
             except store.TooMany as many:  # the minute's Hellos age out within a minute
                 raise Refused(Code.UNAVAILABLE, str(many), retry_after=pushback(30.0)) from many
+            # the node's spec, now that its session is this gateway's (never before: 0057)
+            spec = None if upgrade else await store.desired_state(
+                conn, self.gateway_id, request.node_id, opened.epoch
+            )  # fmt: skip
         opening.epoch = opened.epoch  # its notices may come from now on: they wait
         await self._paused("committed", request.node_id, opened.epoch)
         hello = self.facts.hello(request, opened, upgrade, kinds, generation, fact_id)
@@ -287,7 +291,7 @@ class Gateway(Frames):
         if opened.duplicate:
             await self._verdict(request.node_id, opened.epoch)
         acked = [r.command_id for r in hello.results]
-        desired = desired_state_due(rows.desired, request, upgrade)
+        desired = desired_state_due(spec, request, upgrade)
         release = functools.partial(self.notices.release, request.node_id, opening)
         self._spawn(follow_welcome(stream, acked, desired, release), "welcome")
         return Welcome(

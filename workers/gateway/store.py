@@ -14,7 +14,7 @@ import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -135,21 +135,38 @@ async def read_for_admission(
     cert = None
     if row["serial"] is not None:
         kinds = row["allowed_kinds"]
+        # another node's serial or a revoked one: its record says no more than that
+        # (migration 0057), and admission refuses it as such
         cert = CertRow(
             serial=row["serial"],
-            node_id=row["node_id"],
-            identity_generation=row["identity_generation"],
-            role=row["role"],
-            not_after=row["not_after"],
+            node_id=row["node_id"] or "",
+            identity_generation=row["identity_generation"] or 0,
+            role=row["role"] or "",
+            not_after=row["not_after"] or datetime.max.replace(tzinfo=UTC),
             revoked=row["revoked"],
             allowed_kinds=tuple(kinds) if kinds is not None else None,
         )
-    desired = None
-    if row["spec"] is not None:
-        desired = DesiredState(  # the bytes as stored: what the signature covers
-            row["spec_generation"], json.loads(row["spec"]), row["spec_signature"], row["spec"]
-        )
-    return AdmissionRows(row["now"], row["node_generation"], row["node_role"], cert, desired)
+    return AdmissionRows(row["now"], row["node_generation"], row["node_role"], cert, _desired(row))
+
+
+def _desired(row: Mapping[str, Any] | None) -> DesiredState | None:
+    if row is None or row["spec"] is None:
+        return None
+    return DesiredState(  # the bytes as stored: what the signature covers
+        row["spec_generation"], json.loads(row["spec"]), row["spec_signature"], row["spec"]
+    )
+
+
+async def desired_state(
+    conn: asyncpg.Connection, gateway_id: str, node_id: str, epoch: int
+) -> DesiredState | None:
+    """The node's spec, read once this gateway's Hello opened its session at `epoch`
+    (admission says it to the node's gateway only: migration 0057); None: it has none, or
+    the session is no longer this gateway's."""
+    row = await conn.fetchrow(
+        "SELECT * FROM gateway_desired_state($1, $2, $3)", gateway_id, node_id, epoch
+    )
+    return _desired(row)
 
 
 @dataclass(frozen=True)

@@ -276,7 +276,7 @@ async def _judge(
     if released:
         nodes_released = sorted(released)
         await tx.conn.execute(RELEASE_HOLDS, nodes_released, [released[n] for n in nodes_released])
-        await tx.conn.execute("SELECT pg_notify('bcw_dispatch', '')")  # what waits may go
+        await tx.conn.execute("SELECT wake_dispatch()")  # what waits may go
 
 
 async def _write(

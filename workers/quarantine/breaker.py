@@ -161,7 +161,7 @@ async def revoke_released(runtime: Runtime, lease: leases.Lease) -> int:
         if rows:
             await outbox.write(conn)
         if (await conn.execute(LIFT_DISMISSED)) != "UPDATE 0":
-            await conn.execute("SELECT pg_notify('bcw_dispatch', '')")  # what waits may go
+            await conn.execute("SELECT wake_dispatch()")  # what waits may go
         held = int(await conn.fetchval(HELD))
         # re-joined machines, and nodes with no duplicate for a window, hold good sessions
         await conditions.clear_recovered(conn, runtime.settings.quarantine.window)

@@ -43,7 +43,8 @@ from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.worker import Handler, Tx
 from workers.runtime.observability import tracing
 
-DISPATCH_CHANNEL = "bcw_dispatch"
+#: the dispatch loop's wake-up channel (`wake_channels`, migration 0057)
+DISPATCH_CHANNEL = "dispatch"
 #: an event's reason is at most this long (a failed result's error may be 4,096)
 REASON_MAX = 1024
 
@@ -170,7 +171,7 @@ def _array(epochs: Sequence[int]) -> str:
 
 async def _poke(conn: asyncpg.Connection) -> None:
     """Wake the dispatch loop when this transaction commits (credits freed, Hellos)."""
-    await conn.execute("SELECT pg_notify($1, '')", DISPATCH_CHANNEL)
+    await conn.execute("SELECT wake_dispatch()")
 
 
 def command_event(

@@ -45,7 +45,7 @@ from workers.runtime.store.notify import Listener
 log = logging.getLogger(__name__)
 
 LEASE = "replay-dispatch"
-ENQUEUE_CHANNEL = "bcw_commands"
+ENQUEUE_CHANNEL = "commands"  # a new command (`wake_channels`, migration 0057)
 
 # Nodes with a pending command whose back-off has passed and a connected session, from
 # a cursor on: successive rounds go round the fleet, so nodes whose commands must wait

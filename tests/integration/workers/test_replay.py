@@ -359,7 +359,7 @@ async def test_the_hold_bound_never_releases_what_the_quarantine_decided(
         await eventually(lambda: _dispatched(db, 1), what="n2's command, its hold expired")
         if why == "certificate-revoked":  # not held any more, still nobody's to send to
             await db.execute("UPDATE node_sessions SET held_epoch = NULL WHERE node_id = 'n1'")
-            await db.execute("SELECT pg_notify('bcw_dispatch', '')")
+            await db.execute("SELECT wake_dispatch()")
         await asyncio.sleep(1.5)  # several looks and dispatch rounds
         assert await db.fetchval("SELECT state FROM commands WHERE command_id = $1", mine) == (
             "pending"

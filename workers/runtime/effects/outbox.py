@@ -40,7 +40,7 @@ from workers.runtime.store.notify import Listener
 
 log = logging.getLogger(__name__)
 
-NOTIFY_CHANNEL = "bcw_outbox"
+NOTIFY_CHANNEL = "outbox"  # `wake_channels` (migration 0057)
 #: seconds before a stream that refused fast batches is offered one again (an operator
 #: may have set `allow_batched` meanwhile: `bcw provision`)
 UNBATCHED_RECHECK = 300.0

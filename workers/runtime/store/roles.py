@@ -37,7 +37,7 @@ TABLES = (
     "node_sessions", "nodes", "quarantines", "session_history", "session_history_packs",
     "outbox", "outbox_dead", "outbox_packs", "outbox_senders", "processed_facts",
     "quarantine_breaker", "schema_lock", "schema_migrations",
-    "session_epochs",
+    "session_epochs", "wake_channels",
 )  # fmt: skip
 
 #: every view of the schema (a test keeps this equal to the migrated database's views):
@@ -46,8 +46,11 @@ TABLES = (
 VIEWS = ("node_last_seen",)
 
 #: what readers and operators may read: not the Hello keys (nor their proofs' one-time ids,
-#: nor the key the database MACs its challenges with, nor the newest proofs taken)
-SECRET_TABLES = ("node_hello_keys", "hello_nonces", "hello_challenge_key", "hello_marks")
+#: nor the key the database MACs its challenges with, nor the newest proofs taken), nor the
+#: names of the workers' wake-up channels (a login that knows one may NOTIFY it: migration 0057)
+SECRET_TABLES = (
+    "node_hello_keys", "hello_nonces", "hello_challenge_key", "hello_marks", "wake_channels",
+)  # fmt: skip
 READABLE = (*(table for table in TABLES if table not in SECRET_TABLES), *VIEWS)
 
 #: what reading a session's last sight takes, for a group that reads sessions: the view
@@ -76,6 +79,7 @@ RUNTIME = (
     Grant("UPDATE (at)", "session_history_packs"),
     Grant("SELECT", "schema_migrations"),  # `bcw migrate --wait` before a worker starts
     Grant("SELECT", "outbox_senders"),  # an ownerless row's owner (an older release's)
+    Grant("SELECT", "wake_channels"),  # the names its listeners LISTEN on
 )
 
 GROUPS: dict[str, tuple[Grant, ...]] = {
@@ -189,6 +193,7 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
         Grant("INSERT", "outbox_dead"),
         Grant("SELECT", "clock_offset"),
         Grant("SELECT", "schema_migrations"),  # `bcw migrate --wait` before it starts
+        Grant("SELECT", "wake_channels"),  # the outbox's wake-up channel
     ),
     # a person operating the fleet: reads everything (bcw explain, bcw commands), releases
     # an open breaker (bcw liveness release), enqueues commands; writes nothing else
@@ -217,11 +222,15 @@ GATEWAY_FUNCTIONS = (
     "gateway_hello(text,bigint,text,text,text,text,text,text,integer,text,boolean,bigint,bigint,"
     "text,interval,text,uuid,bigint,text,text,text[])",
     "gateway_admission(text,text,text)",
+    "gateway_desired_state(text,text,bigint)",
     "gateway_close(text,bigint,text,bigint,text)",
     "gateway_write_section(text,bigint,text,bigint,text,text,jsonb)",
     "gateway_hello_verdict(text,text,bigint)",
     "gateway_hello_challenge(text,text)",
 )
+
+#: the dispatch loop's wake-up (a secret channel's NOTIFY, with its owner's rights)
+WAKE_DISPATCH = "wake_dispatch()"
 
 #: group → the functions only it (and the owner) may execute; every other function of the
 #: schema runs with its caller's rights, and any group may call it
@@ -231,6 +240,12 @@ EXECUTES: dict[str, tuple[str, ...]] = {
     "bcw_liveness": (
         "liveness_disconnect(text[],bigint[],text[],text[],timestamp with time zone)",
     ),
+    # the dispatch loop's wake-up (migration 0057): from the roles whose writes free what
+    # it waits for — the replay (credits, Hellos), the quarantine and an operator (a
+    # quarantine lifted) — and no other
+    "bcw_replay": (WAKE_DISPATCH,),
+    "bcw_quarantine": (WAKE_DISPATCH,),
+    "bcw_operator": (WAKE_DISPATCH,),
 }
 
 #: the group of gateways older than 0.4 (direct writes: it may rebind sessions and move
@@ -260,7 +275,9 @@ OWNER_ONLY_FUNCTIONS = (
 )
 
 #: every function PUBLIC may not execute: the owner's alone, or some group's only
-RESTRICTED_FUNCTIONS = (*OWNER_ONLY_FUNCTIONS, *(f for fs in EXECUTES.values() for f in fs))
+RESTRICTED_FUNCTIONS = tuple(
+    dict.fromkeys((*OWNER_ONLY_FUNCTIONS, *(f for fs in EXECUTES.values() for f in fs)))
+)
 
 
 def may_execute(group: str, function: str) -> bool:
