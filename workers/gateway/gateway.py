@@ -172,6 +172,8 @@ class Gateway(Frames):
     async def hello(self, request: HelloRequest, stream: DaemonStream) -> Welcome:
         if not self.alive or self.lease_epoch is None:
             raise Refused(Code.UNAVAILABLE, "gateway stopped")
+        if not self.notices.present:  # not started, as the seed says: no command would reach it
+            raise Refused(Code.UNAVAILABLE, "notices consumer missing", retry_after=pushback(5.0))
         if len(self.sessions) >= self.settings.max_streams and request.node_id not in self.sessions:
             raise Refused(Code.RESOURCE_EXHAUSTED, "maxStreams reached", retry_after=pushback(1.0))
         if self.pending_hellos >= self.settings.max_pending_hellos:
@@ -243,10 +245,6 @@ class Gateway(Frames):
             except store.LeaseGone as gone:
                 self._stopping.set()
                 raise Refused(Code.UNAVAILABLE, str(gone)) from gone
-            except store.Draining as draining:
-                raise Refused(
-                    Code.UNAVAILABLE, str(draining), retry_after=pushback(1.0)
-                ) from draining
             except store.NotJoined as missing:
                 raise Refused(Code.PERMISSION_DENIED, str(missing)) from missing
             except store.Revoked as refused:
@@ -258,10 +256,9 @@ class Gateway(Frames):
                 raise Refused(
                     Code.UNAUTHENTICATED, str(unproven), server_time=at, challenge=challenge
                 ) from unproven
-            except store.Busy as busy:
-                raise Refused(Code.UNAVAILABLE, str(busy), retry_after=pushback(1.0)) from busy
-            except store.TooMany as many:  # the minute's Hellos age out within a minute
-                raise Refused(Code.UNAVAILABLE, str(many), retry_after=pushback(30.0)) from many
+            except (store.Draining, store.Busy, store.TooMany) as later:  # the minute's
+                wait = 30.0 if isinstance(later, store.TooMany) else 1.0  # Hellos age out
+                raise Refused(Code.UNAVAILABLE, str(later), retry_after=pushback(wait)) from later
             # the node's spec, now that its session is this gateway's (never before: 0057)
             spec = None if upgrade else await store.desired_state(
                 conn, self.gateway_id, request.node_id, opened.epoch

@@ -96,6 +96,12 @@ class Notices:
         )
         self._present = await self._found()
 
+    @property
+    def present(self) -> bool:
+        """Whether its notices consumer may exist (False: found missing, no command would
+        reach a session it opens)."""
+        return self._present is not False
+
     async def _found(self) -> bool:
         """Whether the notices consumer exists; says when it is missing, or back."""
         durable, stream = gateway_durable(self.gateway_id), self.subjects.gateway_stream

@@ -391,7 +391,7 @@ def test_the_seed_and_the_attacker_in_one_model(
                 deadline=None,
                 derandomize=not seeded,
                 database=None,
-                phases=PHASES if os.environ.get("BCW_TEST_MODEL_SHRINK", "1") != "0" else PHASES[:-1],
+                phases=PHASES if os.environ.get("BCW_TEST_MODEL_SHRINK") != "0" else PHASES[:-1],
                 suppress_health_check=list(HealthCheck),
             ),
         )

@@ -36,7 +36,9 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from tests.integration.security.conftest import SUBJECTS, client_as, nats_as
 from tests.integration.support import bcw, eventually
-from workers.gateway import Gateway, notices
+from workers.gateway import Gateway, HelloRequest, notices
+from workers.gateway.admission import Code
+from workers.gateway.types import Refused
 from workers.runtime.bus import connection
 
 pytestmark = pytest.mark.slow
@@ -250,7 +252,8 @@ async def test_a_gateway_without_its_notices_consumer_says_so_waits_and_follows_
     keys: Path, secured: str, database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """gw-1 starts, as itself, before `bcw provision` made its consumer: it starts, says
-    the consumer is missing, and waits (no crash, no consumer made); once made, the
+    the consumer is missing, and waits (no crash, no consumer made), refusing Hellos
+    UNAVAILABLE meanwhile (no command would reach their sessions); once made, the
     notice waiting for it is obeyed and acked. Deleted under it, it says so again, and
     follows the consumer made again."""
     await _provisioned(keys, secured)  # streams and the workers' consumers only
@@ -269,6 +272,12 @@ async def test_a_gateway_without_its_notices_consumer_says_so_waits_and_follows_
 
         await eventually(lambda: said("is missing"), what="the missing consumer said")
         assert gateway.alive
+        # no session opens where no command would reach it: the seed's not-started refusal
+        request = HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker",
+                               boot_id="b1", journal_id="j1")  # fmt: skip
+        with pytest.raises(Refused) as refused:
+            await gateway.hello(request, None)  # type: ignore[arg-type]
+        assert refused.value.code is Code.UNAVAILABLE and refused.value.retry_after
         await js.publish(SUBJECTS.notice("gw-1", "zombie"), b"{}", headers={"Bc-Type": "zombie"})
         await asyncio.sleep(1.5)
         with pytest.raises(nats.js.errors.NotFoundError):  # the gateway made none
@@ -277,6 +286,7 @@ async def test_a_gateway_without_its_notices_consumer_says_so_waits_and_follows_
         await notices.provision(js, SUBJECTS, "gw-1")  # as `bcw provision` does
         await eventually(lambda: _gateway_acks(keys, secured, 1), what="the notice obeyed")
         await eventually(lambda: said("is back"), what="the consumer found said")
+        assert gateway.notices.present
 
         caplog.clear()
         await js.delete_consumer(NOTICES, "gw-gw-1")
