@@ -121,6 +121,12 @@ def test_what_the_server_refuses_of_one_message_counts_an_outage_does_not() -> N
         nats.js.errors.APIError(code=503), nats.js.errors.APIError(code=429),
         nats.js.errors.APIError(code=408), nats.js.errors.NoStreamResponseError(),
         TimeoutError("no PubAck in time"),
+        # the account or the server short of room: every row would meet it
+        nats.js.errors.BadRequestError(code=400, err_code=10002,
+                                       description="resource limits exceeded for account"),
+        nats.js.errors.ServerError(code=500, err_code=10047,
+                                   description="insufficient storage resources available"),
+        nats.js.errors.APIError(code=503, description="maximum messages exceeded"),
     ):  # fmt: skip
         assert not sendable.refused(outage), outage
 

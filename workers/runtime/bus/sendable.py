@@ -123,11 +123,18 @@ def _refusal(subjects: Subjects, worker: str, bc_type: str | None, subject: str)
     return refusal(subjects, worker, bc_type, subject)
 
 
+#: words of an error answer that say the server (or the account) is short of room, not
+#: that the message is wrong: an outage every row would meet, never counted against one
+SHORT_OF_ROOM = ("resource", "storage", "exceeded", "insufficient", "limit")
+
+
 def refused(failure: BaseException) -> bool:
     """Whether the server answered one message with an error of its own, counted against
-    its row (`REFUSALS`) — not an outage (no answer, no stream, 503, 408, 429). Pure."""
+    its row (`REFUSALS`) — not an outage (no answer, no stream, 503, 408, 429, the account
+    or the server short of room: `SHORT_OF_ROOM`). Pure."""
     if not isinstance(failure, nats.js.errors.APIError):
         return False
-    return not isinstance(failure, nats.js.errors.ServiceUnavailableError) and (
-        failure.code or 0
-    ) not in (408, 429, 503)
+    if isinstance(failure, nats.js.errors.ServiceUnavailableError):
+        return False
+    said = (failure.description or "").lower()
+    return (failure.code or 0) not in (408, 429, 503) and not any(w in said for w in SHORT_OF_ROOM)
