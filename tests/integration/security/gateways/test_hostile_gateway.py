@@ -82,7 +82,7 @@ async def gw2(
     pool = await asyncpg.create_pool(
         url_as(logins["bcw_gateway_bound"], "gw2_login_t"), min_size=1, max_size=2
     )
-    gateway = Gateway("gw-2", pool, nc, subjects)
+    gateway = fleet.Provisioned("gw-2", pool, nc, subjects)
     await gateway.start(autotick=None)
     welcome = await fleet.say_hello(gateway, _hello("n2"))
     await gateway.inventory("n2", welcome.epoch, "cpu", "c1", {"cores": 8})

@@ -50,7 +50,7 @@ from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, make_settings, running
 from workers import quarantine
 from workers.embedded import EmbeddedNats
-from workers.gateway import Gateway, GatewaySettings, HelloRequest, Refused, store
+from workers.gateway import Gateway, GatewaySettings, HelloRequest, Refused, notices, store
 from workers.registry import WORKERS
 from workers.replay.commands import enqueue_command as enqueue
 from workers.runtime.base.rule_settings import QuarantineSettings, ReplaySettings
@@ -130,6 +130,10 @@ async def _world(
                 running(worker, [WORKERS[name](worker)])
             )
         started = []
+        admin = await connection.connect(nats_as(keys, secured, "admin"), name="admin")
+        for gateway_id in ("gw-1", "gw-2"):  # as `bcw provision` does (BCW_NATS_GATEWAYS)
+            await notices.provision(admin.jetstream(), SUBJECTS, gateway_id)
+        await admin.close()
         for gateway_id, url in (
             ("gw-1", logins["bcw_gateway_bound"]),
             ("gw-2", url_as(logins["bcw_gateway_bound"], "gw2_login_t")),
