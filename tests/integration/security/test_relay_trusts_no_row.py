@@ -118,8 +118,8 @@ async def test_a_row_that_would_stop_the_relay_is_buried_alone_and_slows_nobody(
 ) -> None:
     """Issue #59, finding 5: as the labeler's login, a pack whose `Bc-Type` is a list (it
     raised TypeError out of every round: no row of any worker went out) and one with a
-    `Nats-Rollup: all` header (answered 500, retried for ever, every round backed off),
-    between genuine events. Each is buried alone with its reason, at once, and said on the
+    `Nats-Rollup: all` header (answered 500, retried for ever, every round backed off), and
+    one whose headers nest past the JSON parser (a RecursionError), between genuine events. Each is buried alone with its reason, at once, and said on the
     relay's dead letters (a dedicated relay's, or the labeler's own where the worker
     relays); every genuine event goes out in the first round."""
     js = nc.jetstream()
@@ -131,10 +131,12 @@ async def test_a_row_that_would_stop_the_relay_is_buried_alone_and_slows_nobody(
     subject, headers, body = genuine
     listed = json.dumps({**json.loads(headers), "Bc-Type": ["node.capabilities-changed"]})
     rollup = json.dumps({**json.loads(headers), "Nats-Rollup": "all"})
+    # nested past the JSON parser's recursion: a RecursionError stopped every round
+    nested = headers[:-1] + ', "baggage": ' + "[" * 3000 + "]" * 3000 + "}"
     labeler = await asyncpg.connect(logins["bcw_labeler"])
     try:
         await _pack(labeler, genuine, (subject, listed, body), genuine)
-        await _pack(labeler, (subject, rollup, body), genuine)
+        await _pack(labeler, (subject, rollup, body), genuine, (subject, nested, body))
     finally:
         await labeler.close()
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
@@ -143,15 +145,16 @@ async def test_a_row_that_would_stop_the_relay_is_buried_alone_and_slows_nobody(
         trace.NoOpTracer(), subjects, owners=owners,
     )  # fmt: skip
     try:
-        assert await relay.publish_round() == 5  # no exception: the round goes on
+        assert await relay.publish_round() == 6  # no exception: the round goes on
     finally:
         await pool.close()
     letters = await deadletter.list_dead_letters(js, subjects, "labeler" if owners else "relay")
-    assert len(letters) == 2 and {letter.cause for letter in letters} == {"forged"}
+    assert len(letters) == 3 and {letter.cause for letter in letters} == {"forged"}
     assert await db.fetchval("SELECT count(*) FROM outbox_packs") == 0
     reasons = sorted(r["reason"] for r in await db.fetch("SELECT reason FROM outbox_dead"))
     assert reasons == ["header 'Nats-Rollup' is not one a worker sends",
-                       "header Bc-Type is not a string (list)"]  # fmt: skip
+                       "header Bc-Type is not a string (list)",
+                       "its headers do not parse: nested too deep"]  # fmt: skip
     events = await stream_messages(js, subjects.events_stream)
     assert [m.headers["Bc-Type"] for m in events] == ["node.capabilities-changed"] * 3
 

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import nats.js.errors
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -105,6 +106,19 @@ def test_a_value_too_long_is_refused() -> None:
     assert sendable.header_refusal({"tracestate": "x" * sendable.MAX_VALUE}) is None
     why = sendable.header_refusal({"tracestate": "x" * (sendable.MAX_VALUE + 1)})
     assert why == f"header tracestate is {sendable.MAX_VALUE + 1} characters long (at most 8192)"
+
+
+def test_headers_nested_past_the_parser_or_too_long_raise_what_the_relay_buries() -> None:
+    """A RecursionError out of the JSON parser ended the relay's round for every row (a
+    worker's login planted `"baggage": [[[[…]]]]`): it is a ValueError now, which the
+    relay buries with its row, traced or not; so is text longer than any outbox writes."""
+    nested = '{"Bc-Type": "node.capabilities-changed", "baggage": ' + "[" * 3000 + "]" * 3000 + "}"
+    for text in (nested, nested.replace("baggage", "traceparent")):
+        with pytest.raises(ValueError, match="nested too deep"):
+            sendable.read_headers(text)
+    long = json.dumps({"Bc-Type": "x", "baggage": "y" * sendable.MAX_TEXT})
+    with pytest.raises(ValueError, match="characters"):
+        sendable.read_headers(long)
 
 
 def test_headers_that_are_not_a_map_are_refused() -> None:

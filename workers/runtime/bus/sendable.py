@@ -41,6 +41,9 @@ PROPAGATION = frozenset({
 })  # fmt: skip
 #: a header value's length at most (W3C: tracestate 512, baggage 8192 bytes)
 MAX_VALUE = 8192
+#: a row's stored headers' text at most (every header a worker writes, each at most
+#: `MAX_VALUE`, fits several times over)
+MAX_TEXT = 4 * MAX_VALUE
 #: how often in a row the server may refuse one row (an error answer naming that message,
 #: not an outage) before the relay dead-letters it: never retried for ever
 REFUSALS = 3
@@ -80,7 +83,7 @@ def read_headers(text: str, names: frozenset[str] = HEADERS) -> tuple[Any, str |
     why they may not go out (`header_refusal`; None: they may) — checked once per text
     where rows share it. Raises ValueError or TypeError when the text is no JSON."""
     if "traceparent" in text:  # one of its own
-        headers = json.loads(text)
+        headers = _loads(text)
         return headers, header_refusal(headers, names)
     headers, why = _parsed(text, names)
     return (dict(headers) if isinstance(headers, dict) else headers), why
@@ -88,8 +91,20 @@ def read_headers(text: str, names: frozenset[str] = HEADERS) -> tuple[Any, str |
 
 @functools.lru_cache(maxsize=256)
 def _parsed(text: str, names: frozenset[str]) -> tuple[Any, str | None]:
-    headers = json.loads(text)
+    headers = _loads(text)
     return headers, header_refusal(headers, names)
+
+
+def _loads(text: str) -> Any:
+    """The stored headers' JSON; ValueError for text no outbox writes: longer than
+    `MAX_TEXT`, or nested past the parser's recursion (a RecursionError, no ValueError,
+    would end the relay's round for every row)."""
+    if len(text) > MAX_TEXT:
+        raise ValueError(f"{len(text)} characters (at most {MAX_TEXT})")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
 
 
 def row_refusal(

@@ -148,11 +148,12 @@ async def claim(conn: asyncpg.Connection, limit: int, owners: list[str] | None) 
 
 def _as_stored(headers: str) -> str:
     """A buried row's headers as `outbox_dead` keeps them (jsonb): as they were, or — not
-    a JSON object (a row no worker of ours wrote) — their text under `unparsed`. Pure."""
+    a JSON object (a row no worker of ours wrote, nested past the parser's recursion
+    too) — their text under `unparsed`. Pure."""
     try:
         if isinstance(json.loads(headers), dict):
             return headers
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     return json.dumps({"unparsed": headers})
 
