@@ -145,21 +145,24 @@ def named(error: BaseException, settings: DatabaseSettings) -> Exception:
 
 
 async def with_lock_patience(
-    conn: asyncpg.Connection, what: str, work: Callable[[], Awaitable[object]], attempts: int = 6
+    conn: asyncpg.Connection, what: str, work: Callable[[], Awaitable[object]], attempts: int = 20
 ) -> None:
-    """Run `work` in a transaction of its own, waiting for its locks 5 s at a time. Beside
+    """Run `work` in a transaction of its own, waiting for its locks 1 s at a time. Beside
     running workers (whose transactions are short), a change that locks tables they use
     may meet one that holds a lock it wants: PostgreSQL ends one of the two (a deadlock),
     or the change waits past its lock timeout. Either rolls `work` back whole, so it is
-    tried again after a pause, `attempts` times in all; `what` names it in the log."""
+    tried again after a pause (2 s at most), `attempts` times in all; `what` names it in
+    the log. While it waits for a table, every other statement on that table queues
+    behind it — the Hellos too, when a login keeps a transaction open on a table a
+    migration alters — so it never waits long at a time: they wait 1 s at most."""
     for attempt in range(1, attempts + 1):
         try:
             async with conn.transaction():
-                await conn.execute("SET LOCAL lock_timeout = '5s'")
+                await conn.execute("SET LOCAL lock_timeout = '1s'")
                 await work()
             return
         except (asyncpg.DeadlockDetectedError, asyncpg.LockNotAvailableError) as error:
             if attempt == attempts:
                 raise
             log.info("%s met a worker's locks (%s): trying again", what, type(error).__name__)
-            await asyncio.sleep(attempt)
+            await asyncio.sleep(min(attempt, 2))

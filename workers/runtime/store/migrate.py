@@ -309,8 +309,9 @@ async def grant(conn: asyncpg.Connection, legacy_gateway: bool = False) -> grant
     return await grants.apply(conn, legacy_gateway)
 
 
-#: how many times the policy's change waits 5 s for the Hellos in flight (45 s in all)
-POLICY_ATTEMPTS = 6
+#: how many times the policy's change waits 1 s for the Hellos in flight (about a minute
+#: in all, with the pauses between)
+POLICY_ATTEMPTS = 20
 
 
 async def set_hello_proof(
@@ -319,7 +320,7 @@ async def set_hello_proof(
     """Set the fleet's Hello proof policy (`off`, `warn`, `require`). Every Hello
     transaction holds the policy's row FOR SHARE (`gateway_hello`), so the UPDATE waits for
     those in flight and none opens under the policy being replaced once this returns. It
-    waits 5 s at a time (`db.with_lock_patience`): a login that keeps a Hello transaction
+    waits 1 s at a time (`db.with_lock_patience`): a login that keeps a Hello transaction
     open holds it until its idle-in-transaction timeout ends it; past `attempts`, `LockBusy`
     (the policy unchanged)."""
     update = functools.partial(

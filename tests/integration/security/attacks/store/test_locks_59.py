@@ -189,7 +189,7 @@ async def test_a_change_of_the_policy_waits_for_the_hellos_in_flight_then_says_i
         started = time.monotonic()
         with pytest.raises(migrate.LockBusy, match="the policy's row stayed locked"):
             await migrate.set_hello_proof(db, "warn", attempts=2)
-        assert 10 <= time.monotonic() - started < 20  # two tries of 5 s, one pause of 1 s
+        assert 2.5 <= time.monotonic() - started < 8  # two tries of 1 s, one pause of 1 s
         assert await migrate.hello_proof(db) == "require"
 
         async def hello_ends() -> None:
@@ -197,7 +197,7 @@ async def test_a_change_of_the_policy_waits_for_the_hellos_in_flight_then_says_i
             await holder.execute("COMMIT")
 
         ending = asyncio.create_task(hello_ends())
-        await migrate.set_hello_proof(db, "warn", attempts=2)  # the second try gets it
+        await migrate.set_hello_proof(db, "warn", attempts=5)  # a later try gets it
         await ending
         assert await migrate.hello_proof(db) == "warn"
     finally:
