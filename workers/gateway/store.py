@@ -53,10 +53,10 @@ class Busy(Exception):
 
 #: Hellos of one node opened in a minute, at most (counted apart for those that give a
 #: proof): `hellos_per_node_minute()` in the database, where the Hello transaction applies
-#: it (migrations/core/0054_hello_unblockable_and_bounded.sql; a test keeps the two equal).
-#: An honest daemon never meets it: after a session that ended at once it redials in 0 to
-#: 2 s (full jitter), 60 a minute on average.
-HELLOS_PER_NODE_MINUTE = 120
+#: it (migrations 0054 and 0060; a test keeps the two equal). An honest daemon never meets
+#: it: after a session that ended at once it redials in 0 to 1 s (the seed's full jitter
+#: read from attempt 0) or 0 to 2 s (from attempt 1), 120 or 60 a minute on average.
+HELLOS_PER_NODE_MINUTE = 240
 
 
 class TooMany(Exception):

@@ -1,6 +1,7 @@
 """An honest daemon on a link that drops every session at once never meets the bound on
 Hellos per node and minute (`store.HELLOS_PER_NODE_MINUTE`, issue #59): its full-jitter
-redial (0 to 2 s after a Welcome) makes 60 Hellos a minute on average."""
+redial (0 to 2 s after a Welcome) makes 60 Hellos a minute on average, 120 read from attempt
+0 (0 to 1 s)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,18 @@ async def test_a_flapping_link_stays_under_the_hello_bound() -> None:
             now[0] = max(now[0], fake.next_try)
     assert 40 < busiest < HELLOS_PER_NODE_MINUTE, busiest
     print(f"\nthe busiest minute of 20 flapping links: {busiest} Hellos")
+
+
+def test_a_flapping_link_whose_attempts_count_from_zero_stays_under_the_bound_too() -> None:
+    """The seed's "attempt n waits 0 to min(60 s, 1 s x 2^n)" read from n = 0 after a
+    Welcome: a redial every 0 to 1 s, 120 a minute on average — under the bound (240)."""
+    busiest = 0
+    for seed in range(20):
+        rng, at, window = random.Random(seed), 0.0, deque[float]()
+        while at < 1200:
+            at += rng.uniform(0.0, 1.0)
+            window.append(at)
+            while window[0] <= at - 60:
+                window.popleft()
+            busiest = max(busiest, len(window))
+    assert 100 < busiest < HELLOS_PER_NODE_MINUTE, busiest
