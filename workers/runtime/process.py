@@ -15,7 +15,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TypeVar
 
@@ -198,9 +198,12 @@ async def _serve(
             # created when missing, never changed: only `bcw provision` updates a stream;
             # a dedicated relay checks only the streams it publishes to (its principal
             # may read no other's info: no facts stream, no gateway's own)
+            # each process's own dead-letter streams only: its workers' (a worker's relay
+            # dead-letters as its worker), or the relay's
+            limits = streams.limits_of(settings.nats, server.server_version(nc))
+            limits = replace(limits, dead_publishers=tuple(w.name for w in workers) or ("relay",))
             await streams.streams_for_a_worker(
-                js, subjects, settings.nats.stream_replicas,
-                streams.limits_of(settings.nats, server.server_version(nc)),
+                js, subjects, settings.nats.stream_replicas, limits,
                 only=None if workers else principals.relay_streams(subjects),
             )  # fmt: skip
             for consumer in parts.consumers:

@@ -21,7 +21,8 @@ def _letter(
     worker: str, cause: str, subject: str, on: str | None = None, **headers: str
 ) -> DeadLetter:
     return DeadLetter(
-        seq=1, on=S.dead(worker) if on is None else on, worker=worker, reason="r", cause=cause,
+        stream=S.dead_stream_of(worker), seq=1, on=S.dead(worker) if on is None else on,
+        worker=worker, reason="r", cause=cause,
         subject=subject, stream_seq=7, time=None, headers=dict(headers), data=b"{}",
     )  # fmt: skip
 

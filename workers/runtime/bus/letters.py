@@ -107,5 +107,5 @@ async def redrive(js: JetStreamContext, subjects: Subjects, letter: DeadLetter) 
     raises RedriveError (touching nothing) when `checked` refuses it."""
     why, body = await checked(js, subjects, letter)
     if why is not None or body is None:
-        raise RedriveError(f"dead letter {letter.seq}: {why}")
+        raise RedriveError(f"dead letter {letter.key}: {why}")
     await resend(js, subjects, letter, body)
