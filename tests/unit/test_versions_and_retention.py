@@ -132,7 +132,8 @@ def test_each_streams_retention_is_its_setting() -> None:
     own_bound = streams.limits_of(settings.model_copy(update={"dead_max_bytes": 2**20}))
     dead = [c for c in streams.stream_configs(subjects, 1, own_bound) if "DEAD" in str(c.name)]
     assert {c.name: (c.max_bytes, c.subjects) for c in dead} == {
-        f"BC_DEAD_{p}": (2**20, [f"bc.dead.{p}", f"bc.dead.{p}.>"]) for p in principals.DEAD_PUBLISHERS
+        f"BC_DEAD_{p}": (2**20, [f"bc.dead.{p}", f"bc.dead.{p}.>"])
+        for p in principals.DEAD_PUBLISHERS
     }  # each publisher's letters in a stream of its own, bounded in bytes
     assert configs["BC_FACTS"].max_bytes == 2**30 and configs["BC_GATEWAY"].max_bytes == 2**30
     assert all(c.allow_batched for c in configs.values())

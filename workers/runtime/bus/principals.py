@@ -208,8 +208,10 @@ def principals(
                 publish=(
                     _api("INFO"),
                     *(_api("STREAM.INFO", s) for s in streams),
-                    # its own dead letters' stream (no other's: it checks it at start)
+                    # its own dead letters' stream (no other's: it checks it at start), and
+                    # the old one (a process of a release before it checks that one)
                     _api("STREAM.INFO", subjects.dead_stream_of(worker)),
+                    _api("STREAM.INFO", subjects.dead_stream),
                     # how full each gateway's own facts stream is (BCW_NATS_FACTS_GATEWAYS)
                     *(_api("STREAM.INFO", subjects.gateway_facts_stream(g)) for g in gateways),
                     _api("CONSUMER.CREATE", facts, worker),
@@ -259,6 +261,8 @@ def principals(
             publish=(
                 _api("INFO"),
                 *(_api("STREAM.INFO", s) for s in relay_streams(subjects)),
+                # the old dead stream: a relay of a release before checks it at start
+                _api("STREAM.INFO", subjects.dead_stream),
                 subjects.all_events,
                 subjects.revocations,
                 subjects.all_notices,
