@@ -66,9 +66,10 @@ INVALID_KEPT = 4096
 
 def subject_of(subjects: Subjects, worker: str, cause: str, subject: str) -> str:
     """Where a letter goes: `<root>.dead.<worker>.<cause>.<source>`, the source being the
-    fact's gateway (or `outbox` for what an outbox held). The dead stream keeps a bounded
-    number of letters per subject, so one gateway's flood of junk evicts only its own
-    oldest letters of that cause — never another gateway's, nor a parked fact. Pure."""
+    fact's gateway (or `outbox` for what an outbox held). The worker's own dead stream
+    (`BC_DEAD_<worker>`, bounded in bytes) keeps a bounded number of letters per subject, so
+    one gateway's flood of junk evicts only its own oldest letters of that cause — never
+    another gateway's, nor a parked fact. Pure."""
     try:
         source = subjects.parse_fact(subject)[0]
     except SubjectError:
