@@ -85,3 +85,25 @@ async def test_a_stream_with_another_storage_is_reported_not_clobbered(
     )
     with pytest.raises(streams.ProvisionError, match="storage"):
         await streams.provision_streams(js, subjects)
+
+
+async def test_a_fact_every_worker_lettered_is_redriven_once(nc: NATS, subjects: Subjects) -> None:
+    """A fact bad for every worker is lettered by each that reads it, each in its own
+    stream; re-driving them all re-sends it once (the facts stream drops the doubles)."""
+    js = nc.jetstream()
+    await streams.provision_streams(js, subjects)
+    bad = await js.publish(subjects.fact("gw-1", "hello"), b"{}", headers={"Bc-Type": "hello"})
+    for worker in ("labeler", "liveness", "replay"):
+        await deadletter.dead_letter(
+            js, subjects, worker, subject=subjects.fact("gw-1", "hello"),
+            stream=subjects.facts_stream, stream_seq=bad.seq, data=b"{}",
+            headers={"Bc-Type": "hello", "Nats-Msg-Id": "bad-1"}, reason="r", cause="invalid",
+        )  # fmt: skip
+    lettered = await deadletter.list_dead_letters(js, subjects)
+    assert sorted(x.stream for x in lettered) == sorted(
+        subjects.dead_stream_of(w) for w in ("labeler", "liveness", "replay")
+    )
+    for letter in lettered:
+        await letters.redrive(js, subjects, letter)
+    assert len(await stream_messages(js, subjects.facts_stream)) == 2  # the fact, and once more
+    assert await deadletter.list_dead_letters(js, subjects) == []

@@ -49,9 +49,9 @@ def _header_value(text: str) -> str:
     return " ".join(text.split())[:1024]
 
 
-#: causes that say the message itself is bad (every worker would say the same): such a
-#: message is dead-lettered once, whichever worker gets to it first (JetStream drops the
-#: other workers' copies as duplicates within its 2-minute window)
+#: causes that say the message itself is bad (every worker would say the same): each worker
+#: that reads it letters it once, in its own stream (its replicas' copies dropped as
+#: duplicates within the 2-minute window); a redrive of them all re-sends it once (`resend`)
 SHARED_CAUSES = frozenset({"invalid", "unsupported-major"})
 
 
@@ -317,6 +317,8 @@ async def resend(js: JetStreamContext, subjects: Subjects, letter: DeadLetter, b
     """
     headers = {key: value for key, value in letter.headers.items() if key not in _DEAD_HEADERS}
     original = letter.headers.get(ORIGINAL_MSG_ID) or "unknown"
-    headers["Nats-Msg-Id"] = f"redrive:{letter.stream}:{letter.seq}:{original}"
+    # one re-send per message, however many letters hold it (each worker that read a bad
+    # fact letters it in its own stream): the stream drops the others as duplicates
+    headers["Nats-Msg-Id"] = f"redrive:{letter.subject}:{letter.stream_seq}:{original}"
     await js.publish(letter.subject, body, headers=headers, timeout=5)
     await js.delete_msg(letter.stream, letter.seq)
