@@ -59,7 +59,24 @@ class Subjects:
 
     @property
     def dead_stream(self) -> str:
+        """The one dead-letter stream of releases before each publisher had its own: kept,
+        narrowed to `legacy_dead`, while it holds letters (listed and re-driven)."""
         return f"{self.stream_prefix}_DEAD"
+
+    def dead_stream_of(self, publisher: str) -> str:
+        """The dead letters of one publisher (a worker, the relay), bounded in bytes: its
+        junk evicts only its own letters."""
+        return f"{self.dead_stream}_{publisher}"
+
+    def dead_of(self, publisher: str) -> list[str]:
+        """The subjects of one publisher's dead letters (its own stream's)."""
+        return [self.dead(publisher), f"{self.dead(publisher)}.>"]
+
+    @property
+    def legacy_dead(self) -> str:
+        """What the old dead stream keeps taking once each publisher has its own: a subject
+        nothing publishes to, so it overlaps none of theirs."""
+        return f"{self.root}.dead"
 
     # subjects --------------------------------------------------------------
     def fact(self, gateway_id: str, fact_type: str) -> str:
@@ -134,7 +151,7 @@ def _stream_prefix(root: str) -> str:
 @functools.lru_cache(maxsize=4096)  # the relay asks for every message it publishes
 def _stream_of(root: str, subject: str) -> str | None:
     """The stream of root `root` holding `subject` (its `FACTS`, `EVENTS`, `GATEWAY` or
-    `DEAD`); None for a subject none holds."""
+    `DEAD_<publisher>`); None for a subject none holds."""
     first, _, rest = subject.partition(".")
     if first != root:
         return None
@@ -142,6 +159,8 @@ def _stream_of(root: str, subject: str) -> str | None:
     if kind == "revocations" and not dot:
         return f"{_stream_prefix(root)}_EVENTS"
     stream = _STREAM_KINDS.get(kind) if tail else None
+    if stream == "DEAD":  # each publisher's letters: a stream of its own
+        return f"{_stream_prefix(root)}_DEAD_{tail.partition('.')[0]}"
     return None if stream is None else f"{_stream_prefix(root)}_{stream}"
 
 

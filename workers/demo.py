@@ -39,7 +39,7 @@ from workers.runtime.base.runtime_settings import (
 )
 from workers.runtime.base.settings import Settings
 from workers.runtime.base.waiting import stop_on_signals
-from workers.runtime.bus import streams
+from workers.runtime.bus import principals, streams
 from workers.runtime.observability import tracing
 from workers.runtime.process import run_process
 from workers.runtime.store import migrate
@@ -119,6 +119,7 @@ async def main(
             subjects.events_stream,
             subjects.gateway_stream,
             subjects.dead_stream,
+            *map(subjects.dead_stream_of, principals.DEAD_PUBLISHERS),
         ):
             with contextlib.suppress(Exception):
                 await js.delete_stream(stream)  # a demo starts from a clean bus

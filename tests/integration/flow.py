@@ -25,6 +25,7 @@ from tests.integration.support import (
     publish_through_outages,
     stream_messages,
 )
+from workers.runtime.bus import deadletter
 
 GATEWAY = "gw-1"
 #: the workers a Hello has effects in that keep an inbox row per fact; the third, the
@@ -117,12 +118,14 @@ class HelloFlow:
 
 
 async def dead_letters(nc: NATS, subjects: Subjects) -> list[str]:
-    """What is in the dead-letter stream (a reason per message); [] when it never existed."""
-    js = nc.jetstream()
-    try:
-        messages = await stream_messages(js, subjects.dead_stream)
-    except Exception as error:  # the stream was never created: nothing was dead-lettered
-        if "not found" in str(error).lower():
-            return []
-        raise
-    return [f"{m.subject}: {m.headers.get('Bc-Dead-Reason')}" for m in messages]
+    """What is in the dead-letter streams (a reason per message); [] when none exists."""
+    js, out = nc.jetstream(), []
+    for stream in await deadletter.dead_streams(js, subjects):
+        try:
+            messages = await stream_messages(js, stream)
+        except Exception as error:  # the stream was never created: nothing was dead-lettered
+            if "not found" in str(error).lower():
+                continue
+            raise
+        out += [f"{m.subject}: {m.headers.get('Bc-Dead-Reason')}" for m in messages]
+    return out

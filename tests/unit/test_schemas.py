@@ -281,21 +281,20 @@ def test_capabilities_never_refuse_a_hello() -> None:
     assert len(hello.capabilities) == 2003
 
 
-@given(
-    st.lists(
-        st.sampled_from(["t1", "t2", "facts", "events", "gw", "dead", "revocations", "gw-1", "x"]),
-        min_size=1,
-        max_size=5,
-    )
-)
+TOKENS = ["t1", "t2", "facts", "events", "gw", "dead", "revocations", "gw-1", "x"]
+
+
+@given(st.lists(st.sampled_from(TOKENS), min_size=1, max_size=5))
 def test_stream_of_names_the_stream_whose_subjects_match(tokens: list[str]) -> None:
     """`Subjects.stream_of` (the relay's grouping into fast batches) agrees with the
-    subjects the contract's streams are configured with, for any subject."""
+    subjects the contract's streams are configured with, for any subject (each token a
+    publisher of dead letters, with its own dead stream)."""
     subjects = Subjects("t1")
     subject = ".".join(tokens)
+    limits = streams.StreamLimits(dead_publishers=tuple(TOKENS))
     holding = [
         config.name
-        for config in streams.stream_configs(subjects)
+        for config in streams.stream_configs(subjects, 1, limits)
         if any(principals.matches(pattern, subject) for pattern in config.subjects or ())
     ]
     assert len(holding) <= 1

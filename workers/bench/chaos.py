@@ -42,7 +42,7 @@ from workers.bench.common import hello_fact, print_table, wire
 from workers.bench.proxy import Mode, TcpProxy
 from workers.embedded import EmbeddedNats, EmbeddedPostgres
 from workers.registry import WORKERS
-from workers.runtime.bus import streams
+from workers.runtime.bus import deadletter, streams
 from workers.runtime.effects import claims
 from workers.runtime.store import migrate
 
@@ -382,8 +382,11 @@ async def _events(nc: NATS, subjects: Subjects, within: float = 120) -> dict[str
 
 
 async def _count_dead(nc: NATS, subjects: Subjects) -> int:
-    try:
-        info = await nc.jetstream().stream_info(subjects.dead_stream)
-    except nats.js.errors.NotFoundError:
-        return 0
-    return int(info.state.messages)
+    """Letters in every dead stream (each publisher's, and an old one's)."""
+    js, held = nc.jetstream(), 0
+    for stream in await deadletter.dead_streams(js, subjects):
+        try:
+            held += int((await js.stream_info(stream)).state.messages)
+        except nats.js.errors.NotFoundError:
+            continue
+    return held

@@ -10,6 +10,7 @@ import asyncio
 import json
 import sys
 from datetime import datetime
+from typing import Any
 
 from workers.cli.common import (
     EXIT_BAD_SETTINGS,
@@ -37,13 +38,10 @@ def add(commands: Commands) -> None:
         "--cause",
         help="only dead letters of this cause (invalid, handler, max-deliveries, unsupported-major)",
     )
-    dead.add_argument(
-        "--seq", type=int, action="append", help="only this dead-letter sequence (repeatable)"
-    )
+    key: dict[str, Any] = {"type": _letter_key, "metavar": "STREAM:SEQ"}
+    dead.add_argument("--seq", action="append", help="only this letter (repeatable)", **key)
     dead.add_argument("--limit", type=int, default=1000, help="at most this many (a page)")
-    dead.add_argument(
-        "--after", type=int, default=0, help="from the dead letter after this sequence (paging)"
-    )
+    dead.add_argument("--after", help="from the dead letter after this one (paging)", **key)
     dead.add_argument("--all", action="store_true", help="redrive: every dead letter, knowingly")
     dead.add_argument(
         "--dry-run", action="store_true", help="redrive: say what would be re-driven, do nothing"
@@ -124,6 +122,15 @@ def _cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _letter_key(text: str) -> tuple[str, int]:
+    from workers.runtime.bus import deadletter
+
+    try:
+        return deadletter.parse_key(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.subjects import Subjects
     from workers.display import printable
@@ -143,8 +150,8 @@ def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
         nc = await connection.connect(settings.nats, name="bcw dead-letters")
         try:
             js = nc.jetstream()
-            missing: list[int] = []
-            if args.seq:  # looked up directly, wherever they are in the stream
+            missing: list[str] = []
+            if args.seq:  # looked up directly, wherever they are in their streams
                 letters, missing = await deadletter.dead_letters_at(js, subjects, args.seq)
                 letters = [
                     x for x in letters
@@ -155,42 +162,42 @@ def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
                 letters = await deadletter.list_dead_letters(
                     js, subjects, args.worker, args.limit, args.cause, args.after
                 )
-            for seq in missing:
-                print(f"no dead letter at {seq}", file=sys.stderr)
+            for key in missing:
+                print(f"no dead letter at {key}", file=sys.stderr)
             # each letter checked once: the verdict listed is the one a redrive acts on,
             # and a fact's body is read from its stream once
-            checked = {letter.seq: await checks.checked(js, subjects, letter) for letter in letters}
+            checked = {letter.key: await checks.checked(js, subjects, letter) for letter in letters}
             verdicts = {seq: why for seq, (why, _body) in checked.items()}
             if args.action == "list" and args.json:
                 for letter in letters:
                     print(json.dumps({
-                        "seq": letter.seq, "time": _plain(letter.time), "worker": letter.worker,
+                        "stream": letter.stream, "seq": letter.seq, "time": _plain(letter.time), "worker": letter.worker,
                         "cause": letter.cause, "subject": letter.subject,
                         "stream_seq": letter.stream_seq, "reason": letter.reason,
-                        "refused": verdicts[letter.seq],
+                        "refused": verdicts[letter.key],
                     }))  # fmt: skip
                 return EXIT_FAILED if missing else 0
             if args.action == "list":
                 for letter in letters:
                     when = letter.time.isoformat(timespec="seconds") if letter.time else "-"
                     print(printable(
-                        f"{letter.seq:>8} {when} {letter.worker:<12} {letter.cause:<17} "
+                        f"{letter.key} {when} {letter.worker:<12} {letter.cause:<17} "
                         f"{letter.subject}  {letter.reason}"
                     ))  # fmt: skip
-                    if verdicts[letter.seq] is not None:
-                        print(printable(f"{'':>8} REFUSED for redrive: {verdicts[letter.seq]}"))
+                    if verdicts[letter.key] is not None:
+                        print(printable(f"{'':>8} REFUSED for redrive: {verdicts[letter.key]}"))
                 print(f"{len(letters)} dead letter(s)")
                 if refused := sum(1 for why in verdicts.values() if why is not None):
                     print(f"{refused} refused for redrive (their source could not send them)")
                 if not args.seq and len(letters) == args.limit:
-                    print(f"more may follow: --after {letters[-1].seq}")
+                    print(f"more may follow: --after {letters[-1].key}")
                 return EXIT_FAILED if missing else 0
             if args.dry_run:
                 for letter in letters:
-                    why = verdicts[letter.seq]
+                    why = verdicts[letter.key]
                     print(
-                        f"would re-drive {letter.seq} to {letter.subject}" if why is None
-                        else printable(f"would refuse {letter.seq}: {why}")
+                        f"would re-drive {letter.key} to {letter.subject}" if why is None
+                        else printable(f"would refuse {letter.key}: {why}")
                     )  # fmt: skip
                 good = sum(1 for why in verdicts.values() if why is None)
                 print(f"{good} would be re-driven (--dry-run: nothing was)")
@@ -203,16 +210,16 @@ def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
                     return 0
             refused = 0
             for letter in letters:
-                why, body = checked[letter.seq]
+                why, body = checked[letter.key]
                 if why is not None or body is None:
                     print(
-                        printable(f"not re-driven: dead letter {letter.seq}: {why}"),
+                        printable(f"not re-driven: dead letter {letter.key}: {why}"),
                         file=sys.stderr,
                     )
                     refused += 1
                     continue
                 await deadletter.resend(js, subjects, letter, body)
-                print(f"re-drove {letter.seq} to {letter.subject}")
+                print(f"re-drove {letter.key} to {letter.subject}")
             print(f"{len(letters) - refused} re-driven")
             return EXIT_FAILED if refused or missing else 0
         finally:

@@ -15,7 +15,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TypeVar
 
@@ -138,6 +138,14 @@ async def run_process(
         raise parts.fatal[0]
 
 
+def dead_publishers(workers: Sequence[str]) -> tuple[str, ...]:
+    """The dead-letter streams a process checks at start: its workers' own (a worker's relay
+    dead-letters as its worker), or the relay's; a worker not of the fleet's (a test's, a
+    benchmark's: its rows' letters say `relay`) adds the relay's. Pure."""
+    foreign = not workers or any(w not in principals.WORKER_NAMES for w in workers)
+    return (*workers, *(["relay"] if foreign else []))
+
+
 async def _serve(
     settings: Settings,
     workers: Sequence[Worker],
@@ -198,9 +206,12 @@ async def _serve(
             # created when missing, never changed: only `bcw provision` updates a stream;
             # a dedicated relay checks only the streams it publishes to (its principal
             # may read no other's info: no facts stream, no gateway's own)
-            await streams.streams_for_a_worker(
-                js, subjects, settings.nats.stream_replicas,
+            limits = replace(
                 streams.limits_of(settings.nats, server.server_version(nc)),
+                dead_publishers=dead_publishers([w.name for w in workers]),
+            )
+            await streams.streams_for_a_worker(
+                js, subjects, settings.nats.stream_replicas, limits,
                 only=None if workers else principals.relay_streams(subjects),
             )  # fmt: skip
             for consumer in parts.consumers:

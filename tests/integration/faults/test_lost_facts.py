@@ -35,7 +35,7 @@ from workers.replay.decide import ASK_AGAIN_FACTOR
 from workers.replay.lost import LostHelloSearch
 from workers.runtime.base.rule_settings import LivenessSettings, ReplaySettings
 from workers.runtime.base.runtime_settings import ConsumerSettings
-from workers.runtime.bus import streams
+from workers.runtime.bus import deadletter, streams
 from workers.runtime.bus.streams import ConsumerSpec
 
 pytestmark = pytest.mark.slow
@@ -125,7 +125,7 @@ async def test_a_lost_hello_is_asked_of_its_gateway_and_everything_it_owes_follo
         assert replay["commandId"] == str(command) and replay["attempt"] == 2
         notices = await stream_messages(js, subjects.gateway_stream, None)
         assert [m.subject.rsplit(".", 1)[1] for m in notices] == ["hello-again", "dispatch"]
-        assert await stream_messages(js, subjects.dead_stream, None) == []
+        assert await deadletter.list_dead_letters(js, subjects) == []
     finally:
         await gateway.stop(graceful=False)
 

@@ -16,7 +16,7 @@ from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration.support import bcw, eventually, make_settings, running, stream_messages
 from workers import labeler
-from workers.runtime.bus import deadletter, letters, streams
+from workers.runtime.bus import deadletter, letters, principals, streams
 
 OWN = streams.StreamLimits(gateways=("gw-1", "gw-2"), per_gateway=2**20)
 
@@ -74,7 +74,7 @@ async def test_switching_to_each_gateways_own_stream_loses_and_doubles_nothing(
         subjects.gateway_facts_stream("gw-2"): "created",
         subjects.events_stream: "unchanged",
         subjects.gateway_stream: "unchanged",
-        subjects.dead_stream: "unchanged",
+        **{subjects.dead_stream_of(p): "unchanged" for p in principals.DEAD_PUBLISHERS},
     }
     assert set((await streams.provision_streams(js, subjects, limits=OWN)).values()) == {
         "unchanged"
@@ -146,7 +146,7 @@ async def test_a_workers_start_makes_no_stream_nobody_would_consume(
     assert (await js.stream_info(subjects.facts_stream)).config.subjects == [subjects.all_facts]
 
     for name in (subjects.facts_stream, subjects.events_stream,
-                 subjects.gateway_stream, subjects.dead_stream):  # fmt: skip
+                 subjects.gateway_stream, subjects.dead_stream_of("labeler")):  # fmt: skip
         await js.delete_stream(name)
     async with running(listed, [labeler.build(listed)]):
         pass

@@ -12,7 +12,6 @@ from collections import defaultdict
 import asyncpg
 import pytest
 from nats.aio.client import Client as NATS
-from nats.js.api import StorageType, StreamConfig
 from opentelemetry import trace
 
 from schemas import Zombie
@@ -197,30 +196,18 @@ async def test_a_worker_started_after_an_operators_edit_leaves_the_stream_as_edi
     await streams.provision_streams(js, subjects)
     info = await js.stream_info(subjects.events_stream)
     await js.update_stream(dataclasses.replace(info.config, max_age=3 * 86400.0))  # the operator
-    await js.delete_stream(subjects.dead_stream)  # and one missing
+    await js.delete_stream(subjects.dead_stream_of("labeler"))  # and one missing
     settings = make_settings(servers.nats_url, database_url, subjects)
     async with running(settings, [labeler.build(settings)]):
         pass
     assert (await js.stream_info(subjects.events_stream)).config.max_age == pytest.approx(
         3 * 86400
     )  # as edited
-    assert (await js.stream_info(subjects.dead_stream)).config.max_age == pytest.approx(14 * 86400)
+    own = await js.stream_info(subjects.dead_stream_of("labeler"))
+    assert own.config.max_age == pytest.approx(14 * 86400)
     assert any(
         "differs from these settings, left as it is" in r.getMessage() for r in caplog.records
     )
-
-
-async def test_a_stream_with_another_storage_is_reported_not_clobbered(
-    nc: NATS, subjects: Subjects
-) -> None:
-    js = nc.jetstream()
-    await js.add_stream(
-        StreamConfig(
-            name=subjects.dead_stream, subjects=[subjects.all_dead], storage=StorageType.MEMORY
-        )
-    )
-    with pytest.raises(streams.ProvisionError, match="storage"):
-        await streams.provision_streams(js, subjects)
 
 
 async def test_consumer_settings_reach_an_existing_durable(nc: NATS, subjects: Subjects) -> None:
@@ -308,21 +295,26 @@ async def test_redrive_needs_a_choice_dry_runs_and_finds_a_sequence_beyond_a_pag
     assert code == 0 and "5 would be re-driven (--dry-run: nothing was)" in out
     # paging: two at a time, and the way to the next page
     code, out = await _bcw(servers, subjects, "dead-letters", "list", "--limit", "2")
-    assert "2 dead letter(s)" in out and "more may follow: --after 2" in out
-    code, out = await _bcw(servers, subjects, "dead-letters", "list", "--after", "4")
+    dead = subjects.dead_stream_of("replay")
+    assert "2 dead letter(s)" in out and f"more may follow: --after {dead}:2" in out
+    code, out = await _bcw(servers, subjects, "dead-letters", "list", "--after", f"{dead}:4")
     assert "1 dead letter(s)" in out and "r5" in out
     code, out = await _bcw(servers, subjects, "dead-letters", "list", "--json", "--limit", "2")
     import json
 
     listed = [json.loads(line) for line in out.splitlines()]
-    assert [(x["seq"], x["worker"], x["cause"], x["reason"]) for x in listed] == [
-        (1, "replay", "handler", "r1"), (2, "replay", "handler", "r2"),
+    assert [(x["stream"], x["seq"], x["worker"], x["cause"], x["reason"]) for x in listed] == [
+        (dead, 1, "replay", "handler", "r1"), (dead, 2, "replay", "handler", "r2"),
     ]  # fmt: skip
     # --seq beyond the first page is looked up directly; one that holds none is said
     code, out = await _bcw(
-        servers, subjects, "dead-letters", "redrive", "--seq", "5", "--seq", "99", "--limit", "1"
-    )
-    assert code == 1 and "re-drove 5" in out and "no dead letter at 99" in out
+        servers, subjects, "dead-letters", "redrive", "--seq", f"{dead}:5", "--seq", f"{dead}:99",
+        "--seq", f"{subjects.facts_stream}:1", "--limit", "1",
+    )  # fmt: skip
+    assert code == 1 and f"re-drove {dead}:5" in out and f"no dead letter at {dead}:99" in out
+    assert f"no dead letter at {subjects.facts_stream}:1" in out  # a fact is no letter
+    code, out = await _bcw(servers, subjects, "dead-letters", "redrive", "--seq", "5")
+    assert code == 2 and "STREAM:SEQ" in out  # a bare sequence names no stream
     code, out = await _bcw(servers, subjects, "dead-letters", "list")
     assert "4 dead letter(s)" in out and "r5" not in out
 

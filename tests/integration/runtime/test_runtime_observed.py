@@ -218,7 +218,8 @@ async def test_a_fact_the_server_stopped_redelivering_is_dead_lettered_from_the_
     from workers.runtime.bus.deadletter import watch_max_deliveries
 
     js = nc.jetstream()
-    await streams.provision_streams(js, subjects)
+    tally = streams.StreamLimits(dead_publishers=("tally",))  # its own dead letters' stream
+    await streams.provision_streams(js, subjects, limits=tally)
     spec = build_tally().consumer_spec(subjects)
     await streams.ensure_consumer(
         js, subjects.facts_stream, spec, ConsumerSettings(max_deliver=2, ack_wait=1)

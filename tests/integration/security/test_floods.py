@@ -227,7 +227,7 @@ async def test_a_flood_of_junk_evicts_no_other_gateways_letter_nor_a_parked_fact
         f"{subjects.root}.dead.labeler.invalid.gw-2": 1,
         f"{subjects.root}.dead.labeler.unsupported-major.gw-1": 1,
     }
-    assert (await js.stream_info(subjects.dead_stream)).state.bytes < 100 * 6000
+    assert (await js.stream_info(subjects.dead_stream_of("labeler"))).state.bytes < 100 * 6000
     [theirs] = [x for x in kept if x.on.endswith(".gw-2")]
     [mine] = [x for x in kept if x.cause == "unsupported-major"]
     assert mine.data == body  # parked whole

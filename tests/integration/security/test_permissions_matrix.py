@@ -58,6 +58,7 @@ def probes(identities: dict[str, tuple[Path, str]]) -> list[str]:
     """One concrete subject for every kind of thing a principal might try."""
     s = SUBJECTS
     streams = [s.facts_stream, s.events_stream, s.gateway_stream, s.dead_stream]
+    streams += [s.dead_stream_of(p) for p in principals.DEAD_PUBLISHERS]  # each publisher's
     consumers = [*principals.WORKER_NAMES, *(f"gw-{g}" for g in GATEWAYS), "spy", "siem"]
     consumers += [principals.subscriber_durable(a) for a in SUBSCRIBERS]
     out = [f"{s.root}.facts.{g}.{t.BC_TYPE}" for g in GATEWAYS for t in FACT_TYPES]
@@ -68,7 +69,8 @@ def probes(identities: dict[str, tuple[Path, str]]) -> list[str]:
         s.notice(g, t) for g in GATEWAYS for t in [*(n.BC_TYPE for n in NOTICE_TYPES), "made-up"]
     ]
     out += [s.dead(w) for w in [*principals.WORKER_NAMES, "relay", "gateway"]]
-    out += ["$JS.API.INFO"]
+    out += [f"{s.dead(w)}.invented.{w}-1" for w in [*principals.DEAD_PUBLISHERS, "gateway"]]
+    out += [s.legacy_dead, "$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST"]
     for stream in streams:
         out += [f"$JS.API.STREAM.{op}.{stream}" for op in
                 ("INFO", "CREATE", "UPDATE", "DELETE", "PURGE", "MSG.GET", "MSG.DELETE")]  # fmt: skip
@@ -144,3 +146,26 @@ def test_a_worker_may_publish_only_what_its_rules_emit() -> None:
     labeler = made["worker-labeler"].publish
     assert _allowed(labeler, SUBJECTS.event("node.capabilities-changed"))
     assert not _allowed(labeler, SUBJECTS.event("node.connected"))
+
+
+def test_each_publisher_of_dead_letters_reaches_its_own_stream_only() -> None:
+    """The table, read for dead letters: each worker and the relay publish under their own
+    subjects only and read the info of their own dead stream only (never another's; the old
+    one's, which an older release's process checks at start); the operator reads and
+    deletes in every one of them."""
+    made = {p.name: p for p in principals.principals(SUBJECTS, GATEWAYS)}
+    for publisher in principals.DEAD_PUBLISHERS:
+        name = publisher if publisher == "relay" else f"worker-{publisher}"
+        grants = made[name].publish
+        for other in principals.DEAD_PUBLISHERS:
+            mine = other == publisher
+            info = f"$JS.API.STREAM.INFO.{SUBJECTS.dead_stream_of(other)}"
+            assert _allowed(grants, f"{SUBJECTS.dead(other)}.x.y") == mine, (name, other)
+            assert _allowed(grants, info) == mine, (name, other)
+        assert not _allowed(grants, SUBJECTS.legacy_dead)
+        assert not _allowed(grants, f"$JS.API.STREAM.MSG.GET.{SUBJECTS.dead_stream}")
+    operator = made["operator"].publish
+    for stream in (SUBJECTS.dead_stream, *map(SUBJECTS.dead_stream_of, principals.DEAD_PUBLISHERS)):
+        for op in ("INFO", "MSG.GET", "MSG.DELETE"):
+            assert _allowed(operator, f"$JS.API.STREAM.{op}.{stream}")
+    assert not _allowed(operator, f"{SUBJECTS.dead('relay')}.x")  # it plants no letter

@@ -1,6 +1,6 @@
 """Poison facts on the real servers: values PostgreSQL would refuse are refused at
-validation, dead-lettered `invalid` before any transaction — once, not once per worker
-that reads them — and no batch is split to find them (`bcw_batch_splits_total` stays 0); the healthy facts of the same batch take effect,
+validation, dead-lettered `invalid` before any transaction — once by each worker that
+reads them, in its own dead stream — and no batch is split to find them (`bcw_batch_splits_total` stays 0); the healthy facts of the same batch take effect,
 and a genuine failed result with a 4,096-character error is stored, not dead-lettered."""
 
 from __future__ import annotations
@@ -68,11 +68,13 @@ async def test_poison_is_refused_at_validation_and_splits_no_batch(
     assert splits == {"labeler": 0, "liveness": 0, "replay": 0}
     letters = await deadletter.list_dead_letters(js, subjects)
     assert {letter.cause for letter in letters} == {"invalid"}
-    # each poison fact once, whichever of the workers that read it got to it first
-    assert sorted(letter.reason.split(":")[0] for letter in letters) == [
-        "invalid hello", "invalid liveness", "invalid liveness", "invalid result",
-        "invalid result",
+    # each poison fact once per worker that reads it, in that worker's own stream
+    assert sorted((letter.worker, letter.reason.split(":")[0]) for letter in letters) == [
+        ("labeler", "invalid hello"), ("liveness", "invalid hello"),
+        ("liveness", "invalid liveness"), ("liveness", "invalid liveness"),
+        ("replay", "invalid hello"), ("replay", "invalid result"), ("replay", "invalid result"),
     ]  # fmt: skip
+    assert all(letter.stream == subjects.dead_stream_of(letter.worker) for letter in letters)
     row = await db.fetchrow(
         "SELECT c.state, c.failure_reason, s.last_seen > compute_now() - interval '10 seconds' AS seen,"
         " (SELECT array_agg(key) FROM node_labels l WHERE l.node_id = 'n1') AS labels"

@@ -8,8 +8,9 @@ import nats.errors
 import pytest
 
 from schemas.subjects import Subjects
+from workers.runtime import process
 from workers.runtime.base.errors import refused_publish_subject
-from workers.runtime.bus import letters
+from workers.runtime.bus import deadletter, letters
 from workers.runtime.bus.connection import RefusedSubjects
 from workers.runtime.bus.deadletter import SENDER, DeadLetter
 
@@ -21,7 +22,8 @@ def _letter(
     worker: str, cause: str, subject: str, on: str | None = None, **headers: str
 ) -> DeadLetter:
     return DeadLetter(
-        seq=1, on=S.dead(worker) if on is None else on, worker=worker, reason="r", cause=cause,
+        stream=S.dead_stream_of(worker), seq=1, on=S.dead(worker) if on is None else on,
+        worker=worker, reason="r", cause=cause,
         subject=subject, stream_seq=7, time=None, headers=dict(headers), data=b"{}",
     )  # fmt: skip
 
@@ -119,3 +121,30 @@ def test_a_letter_goes_under_its_worker_by_cause_and_source() -> None:
     assert "but names the worker replay" in str(letters.refusal(S, planted))
     elsewhere = _letter("labeler", "invalid", hello, on="bc.dead.labelerx.invalid")
     assert letters.refusal(S, elsewhere) is not None
+
+
+def test_a_letter_is_named_by_its_stream_and_sequence() -> None:
+    assert deadletter.parse_key("BC_DEAD_labeler:12") == ("BC_DEAD_labeler", 12)
+    assert deadletter.parse_key("A:B:3") == ("A:B", 3)  # the last colon splits
+    for bad in ("12", ":12", "BC_DEAD:", "BC_DEAD:0", "BC_DEAD:-1", "BC_DEAD:x"):
+        with pytest.raises(ValueError, match="STREAM:SEQ"):
+            deadletter.parse_key(bad)
+    letter = _letter("replay", "handler", S.fact("gw-1", "result"))
+    assert deadletter.parse_key(letter.key) == (S.dead_stream_of("replay"), 1)
+    assert deadletter.is_dead(S, S.dead_stream) and deadletter.is_dead(S, S.dead_stream_of("x"))
+    assert not deadletter.is_dead(S, S.facts_stream) and not deadletter.is_dead(S, "BC_DEADX")
+
+
+def test_each_publishers_letters_go_to_its_own_stream() -> None:
+    """A letter's subject (`subject_of`) is one only its publisher's stream takes."""
+    for publisher in ("labeler", "relay", "tally"):
+        on = deadletter.subject_of(S, publisher, "handler", S.fact("gw-1", "hello"))
+        assert S.stream_of(on) == S.dead_stream_of(publisher)
+        assert S.stream_of(S.dead(publisher)) == S.dead_stream_of(publisher)
+    assert S.stream_of(S.legacy_dead) is None  # the old stream's: nothing publishes there
+
+
+def test_a_process_checks_its_own_dead_streams_only() -> None:
+    assert process.dead_publishers(["labeler", "replay"]) == ("labeler", "replay")
+    assert process.dead_publishers([]) == ("relay",)  # `bcw run relay`
+    assert process.dead_publishers(["tally"]) == ("tally", "relay")  # a test's worker

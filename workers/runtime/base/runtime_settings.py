@@ -210,7 +210,7 @@ class NatsSettings(BaseSettings):
     dead_max_age: Seconds = Field(
         default=14 * 86400.0,
         ge=120,
-        description="how long the dead-letter stream keeps a letter (to list and re-drive)",
+        description="how long each dead-letter stream keeps a letter (to list and re-drive)",
     )
     events_max_bytes: int = Field(
         default=0, ge=-1,
@@ -219,7 +219,8 @@ class NatsSettings(BaseSettings):
     )  # fmt: skip
     dead_max_bytes: int = Field(
         default=0, ge=-1,
-        description="bytes the dead-letter stream keeps at most, its oldest dropped beyond (0: "
+        description="bytes each publisher's dead-letter stream (each worker's, the relay's) "
+        "keeps at most, its oldest dropped beyond: one's junk evicts only its own letters (0: "
         "BCW_NATS_STREAM_MAX_BYTES; -1: no bound but its age)",
     )  # fmt: skip
 

@@ -1,5 +1,6 @@
 """Dead letters: copies of messages that cannot be handled, with the reason, on
-`<root>.dead.<worker>`; listing and re-driving them (`bcw dead-letters`).
+`<root>.dead.<worker>` (each publisher's in a stream of its own, `BC_DEAD_<worker>`);
+listing and re-driving them (`bcw dead-letters`).
 
 Called by the consumer loop (before it terminates a message), by the max-deliveries
 advisory listener, and by the CLI. Nothing is dropped silently.
@@ -48,9 +49,9 @@ def _header_value(text: str) -> str:
     return " ".join(text.split())[:1024]
 
 
-#: causes that say the message itself is bad (every worker would say the same): such a
-#: message is dead-lettered once, whichever worker gets to it first (JetStream drops the
-#: other workers' copies as duplicates within its 2-minute window)
+#: causes that say the message itself is bad (every worker would say the same): each worker
+#: that reads it letters it once, in its own stream (its replicas' copies dropped as
+#: duplicates within the 2-minute window); a redrive of them all re-sends it once (`resend`)
 SHARED_CAUSES = frozenset({"invalid", "unsupported-major"})
 
 
@@ -65,9 +66,10 @@ INVALID_KEPT = 4096
 
 def subject_of(subjects: Subjects, worker: str, cause: str, subject: str) -> str:
     """Where a letter goes: `<root>.dead.<worker>.<cause>.<source>`, the source being the
-    fact's gateway (or `outbox` for what an outbox held). The dead stream keeps a bounded
-    number of letters per subject, so one gateway's flood of junk evicts only its own
-    oldest letters of that cause — never another gateway's, nor a parked fact. Pure."""
+    fact's gateway (or `outbox` for what an outbox held). The worker's own dead stream
+    (`BC_DEAD_<worker>`, bounded in bytes) keeps a bounded number of letters per subject, so
+    one gateway's flood of junk evicts only its own oldest letters of that cause — never
+    another gateway's, nor a parked fact. Pure."""
     try:
         source = subjects.parse_fact(subject)[0]
     except SubjectError:
@@ -182,6 +184,9 @@ async def watch_max_deliveries(
 
 @dataclass(frozen=True)
 class DeadLetter:
+    #: the dead stream holding it (its publisher's, or the old one: `dead_streams`) and its
+    #: sequence there: together its identity (`key`)
+    stream: str
     seq: int
     #: the subject it is stored on (`<root>.dead.<worker>`: who published it)
     on: str
@@ -194,10 +199,24 @@ class DeadLetter:
     headers: dict[str, str]
     data: bytes
 
+    @property
+    def key(self) -> str:
+        """`STREAM:SEQ`: what `bcw dead-letters` shows and `--seq` takes."""
+        return f"{self.stream}:{self.seq}"
 
-def _letter(seq: int, raw: Any) -> DeadLetter:
+
+def parse_key(text: str) -> tuple[str, int]:
+    """(stream, seq) of `STREAM:SEQ`; ValueError for anything else. Pure."""
+    stream, colon, seq = text.rpartition(":")
+    if not colon or not stream or not seq.isdigit() or int(seq) < 1:
+        raise ValueError(f"{text!r} is no dead letter (STREAM:SEQ, as listed)")
+    return stream, int(seq)
+
+
+def _letter(stream: str, seq: int, raw: Any) -> DeadLetter:
     headers = dict(raw.headers or {})
     return DeadLetter(
+        stream=stream,
         seq=seq,
         on=raw.subject or "",
         worker=headers.get(WORKER, ""),
@@ -211,46 +230,81 @@ def _letter(seq: int, raw: Any) -> DeadLetter:
     )
 
 
+def is_dead(subjects: Subjects, stream: str) -> bool:
+    """Whether `stream` is a dead stream: a publisher's own, or the old one. Pure."""
+    return stream == subjects.dead_stream or stream.startswith(f"{subjects.dead_stream}_")
+
+
+async def dead_streams(
+    js: JetStreamContext, subjects: Subjects, worker: str | None = None
+) -> list[str]:
+    """The dead streams to read, in name order: `worker`'s own and the old one (`BC_DEAD`,
+    kept while an upgraded install's holds letters); without a worker, every stream that
+    takes dead letters (the server's list of names), and the old one."""
+    if worker is not None:
+        return sorted({subjects.dead_stream, subjects.dead_stream_of(worker)})
+    names, offset = {subjects.dead_stream}, 0
+    while True:
+        request = json.dumps({"subject": subjects.all_dead, "offset": offset}).encode()
+        reply = json.loads((await js._nc.request(f"{js._prefix}.STREAM.NAMES", request, 5)).data)
+        if "error" in reply:
+            raise RuntimeError(f"the server lists no streams: {reply['error']}")
+        got = reply.get("streams") or []
+        names.update(got)
+        offset += len(got)
+        if not got or offset >= int(reply.get("total", 0)):
+            return sorted(n for n in names if is_dead(subjects, n))
+
+
 async def list_dead_letters(
     js: JetStreamContext,
     subjects: Subjects,
     worker: str | None = None,
     limit: int = 1000,
     cause: str | None = None,
-    after: int = 0,
+    after: tuple[str, int] | None = None,
 ) -> list[DeadLetter]:
-    """Dead letters in stream order, from the one after sequence `after` on (a page:
-    ask again `after` the last one for the next), at most `limit`, filtered."""
-    try:
-        info = await js.stream_info(subjects.dead_stream)
-    except NotFoundError:
-        return []
+    """Dead letters of every dead stream, stream by stream (`dead_streams`), each in its
+    order; from the one after `after` (stream, seq) on (a page: ask again `after` the last
+    one's for the next), at most `limit`, filtered."""
     out: list[DeadLetter] = []
-    seq = max(info.state.first_seq, after + 1)
-    while seq and seq <= info.state.last_seq and len(out) < limit:
-        try:
-            raw = await js.get_msg(subjects.dead_stream, seq)
-        except NotFoundError:  # deleted (re-driven) message
-            seq += 1
+    for stream in await dead_streams(js, subjects, worker):
+        if after is not None and stream < after[0]:
             continue
-        letter = _letter(seq, raw)
-        if (worker is None or letter.worker == worker) and (cause is None or letter.cause == cause):
-            out.append(letter)
-        seq += 1
+        try:
+            info = await js.stream_info(stream)
+        except NotFoundError:
+            continue
+        first = after[1] + 1 if after is not None and stream == after[0] else 0
+        seq = max(info.state.first_seq, first)
+        while seq and seq <= info.state.last_seq and len(out) < limit:
+            try:
+                raw = await js.get_msg(stream, seq)
+            except NotFoundError:  # deleted (re-driven) message
+                seq += 1
+                continue
+            letter = _letter(stream, seq, raw)
+            if (worker is None or letter.worker == worker) and (
+                cause is None or letter.cause == cause
+            ):
+                out.append(letter)
+            seq += 1
     return out
 
 
 async def dead_letters_at(
-    js: JetStreamContext, subjects: Subjects, seqs: Sequence[int]
-) -> tuple[list[DeadLetter], list[int]]:
-    """The dead letters at these sequences, looked up directly; and the sequences that
-    hold none (never one, or re-driven already)."""
+    js: JetStreamContext, subjects: Subjects, keys: Sequence[tuple[str, int]]
+) -> tuple[list[DeadLetter], list[str]]:
+    """The dead letters at these (stream, seq), looked up directly; and the `STREAM:SEQ`
+    that hold none (never one, re-driven already, or no dead stream's)."""
     found, missing = [], []
-    for seq in seqs:
+    for stream, seq in keys:
         try:
-            found.append(_letter(seq, await js.get_msg(subjects.dead_stream, seq)))
+            if not is_dead(subjects, stream):
+                raise NotFoundError
+            found.append(_letter(stream, seq, await js.get_msg(stream, seq)))
         except NotFoundError:
-            missing.append(seq)
+            missing.append(f"{stream}:{seq}")
     return found, missing
 
 
@@ -263,6 +317,8 @@ async def resend(js: JetStreamContext, subjects: Subjects, letter: DeadLetter, b
     """
     headers = {key: value for key, value in letter.headers.items() if key not in _DEAD_HEADERS}
     original = letter.headers.get(ORIGINAL_MSG_ID) or "unknown"
-    headers["Nats-Msg-Id"] = f"redrive:{subjects.dead_stream}:{letter.seq}:{original}"
+    # one re-send per message, however many letters hold it (each worker that read a bad
+    # fact letters it in its own stream): the stream drops the others as duplicates
+    headers["Nats-Msg-Id"] = f"redrive:{letter.subject}:{letter.stream_seq}:{original}"
     await js.publish(letter.subject, body, headers=headers, timeout=5)
-    await js.delete_msg(subjects.dead_stream, letter.seq)
+    await js.delete_msg(letter.stream, letter.seq)

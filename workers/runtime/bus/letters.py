@@ -3,8 +3,8 @@ have sent itself (issue #41). A dead letter's headers are written by whoever pub
 — any principal that may publish to its subject — so none of them is taken on trust:
 
 - a letter is stored under `<root>.dead.<worker>` of the worker it names
-  (`Bc-Dead-Worker`; `deadletter.subject_of`); only the relay principal publishes under
-  `<root>.dead.relay`, each worker only under its own;
+  (`Bc-Dead-Worker`; `deadletter.subject_of`), in that publisher's own stream; only the
+  relay principal publishes under `<root>.dead.relay`, each worker only under its own;
 - a consumer's letter holds a fact it read: it goes back to a facts subject only, and
   only as the facts stream still holds it at `Bc-Dead-Stream-Seq` (same subject, same
   body) — what is re-sent is that stored copy, a gateway's own, not the letter's body;
@@ -107,5 +107,5 @@ async def redrive(js: JetStreamContext, subjects: Subjects, letter: DeadLetter) 
     raises RedriveError (touching nothing) when `checked` refuses it."""
     why, body = await checked(js, subjects, letter)
     if why is not None or body is None:
-        raise RedriveError(f"dead letter {letter.seq}: {why}")
+        raise RedriveError(f"dead letter {letter.key}: {why}")
     await resend(js, subjects, letter, body)

@@ -44,6 +44,8 @@ from workers.runtime.bus.seeds import seed_of
 
 #: the worker kinds (the registry's names; a unit test keeps them equal)
 WORKER_NAMES = ("labeler", "liveness", "quarantine", "recorder", "replay")
+#: who publishes dead letters, each under `<root>.dead.<its name>` to a stream of its own
+DEAD_PUBLISHERS = (*WORKER_NAMES, "relay")
 #: what each worker's rules publish through its outbox: all its principal may publish
 #: besides its dead letters. `OutboxBatch.add` refuses any other message from that worker,
 #: so a worker that starts emitting something new fails its tests until it is listed here.
@@ -158,7 +160,7 @@ def _api(*parts: str) -> str:
 def relay_streams(subjects: Subjects) -> tuple[str, ...]:
     """The streams a dedicated relay (`bcw run relay`) publishes to: all it checks at start,
     and all its principal may read the info of (never a facts stream: it sends no fact)."""
-    return (subjects.events_stream, subjects.gateway_stream, subjects.dead_stream)
+    return (subjects.events_stream, subjects.gateway_stream, subjects.dead_stream_of("relay"))
 
 
 def gateway_durable(gateway: str) -> str:
@@ -185,8 +187,11 @@ def principals(
 ) -> list[Principal]:
     """Every principal and its grants (inboxes aside: `_INBOX.<key>.>` is added per key)."""
     facts, events = subjects.facts_stream, subjects.events_stream
-    notices, dead = subjects.gateway_stream, subjects.dead_stream
-    streams = (facts, events, notices, dead)
+    notices = subjects.gateway_stream
+    streams = (facts, events, notices)
+    # the operator reads every publisher's dead letters, and the old dead stream's (kept
+    # while an upgraded install's holds letters: `streams.narrow_old_dead_stream`)
+    dead = (subjects.dead_stream, *map(subjects.dead_stream_of, DEAD_PUBLISHERS))
     made = [
         Principal(
             "admin",
@@ -203,6 +208,10 @@ def principals(
                 publish=(
                     _api("INFO"),
                     *(_api("STREAM.INFO", s) for s in streams),
+                    # its own dead letters' stream (no other's: it checks it at start), and
+                    # the old one (a process of a release before it checks that one)
+                    _api("STREAM.INFO", subjects.dead_stream_of(worker)),
+                    _api("STREAM.INFO", subjects.dead_stream),
                     # how full each gateway's own facts stream is (BCW_NATS_FACTS_GATEWAYS)
                     *(_api("STREAM.INFO", subjects.gateway_facts_stream(g)) for g in gateways),
                     _api("CONSUMER.CREATE", facts, worker),
@@ -213,9 +222,9 @@ def principals(
                     # its relay publishes its own outbox rows: what its rules emit
                     *emitted(subjects, worker),
                     # its dead letters, and those of its outbox rows its relay cannot
-                    # publish (never `dead.relay`: only the relay's letters say "relay")
-                    subjects.dead(worker),
-                    f"{subjects.dead(worker)}.>",
+                    # publish (never `dead.relay`: only the relay's letters say "relay"),
+                    # which its own dead stream alone takes
+                    *subjects.dead_of(worker),
                 ),
                 subscribe=(f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{facts}.{worker}",),
             )
@@ -227,12 +236,15 @@ def principals(
             publish=(
                 _api("INFO"),
                 _api("STREAM.INFO", events),
-                _api("STREAM.INFO", dead),
                 _api("STREAM.MSG.GET", events),
-                _api("STREAM.MSG.GET", dead),
+                # which dead streams there are (`deadletter.dead_streams`)
+                _api("STREAM.NAMES"),
+                *(_api("STREAM.INFO", d) for d in dead),
+                *(_api("STREAM.MSG.GET", d) for d in dead),
                 # a fact's letter is re-driven as the facts stream holds it (`letters`)
                 _api("STREAM.MSG.GET", facts),
-                _api("STREAM.MSG.DELETE", dead),  # a re-driven dead letter goes away
+                # a re-driven dead letter goes away
+                *(_api("STREAM.MSG.DELETE", d) for d in dead),
                 # a re-drive publishes the message again where it was bound
                 subjects.all_facts,
                 subjects.all_events,
@@ -249,11 +261,12 @@ def principals(
             publish=(
                 _api("INFO"),
                 *(_api("STREAM.INFO", s) for s in relay_streams(subjects)),
+                # the old dead stream: a relay of a release before checks it at start
+                _api("STREAM.INFO", subjects.dead_stream),
                 subjects.all_events,
                 subjects.revocations,
                 subjects.all_notices,
-                subjects.dead("relay"),
-                f"{subjects.dead('relay')}.>",
+                *subjects.dead_of("relay"),
             ),
             subscribe=(),
         )

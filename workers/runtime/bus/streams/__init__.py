@@ -20,6 +20,7 @@ from nats.js.errors import BadRequestError, NotFoundError
 from schemas.subjects import Subjects
 from workers.runtime.base.runtime_settings import ConsumerSettings
 from workers.runtime.bus.streams.layout import StreamLimits as StreamLimits
+from workers.runtime.bus.streams.layout import is_dead_stream
 from workers.runtime.bus.streams.layout import limits_of as limits_of
 from workers.runtime.bus.streams.layout import stream_configs as stream_configs
 
@@ -45,6 +46,8 @@ _UPDATABLE = (
     "sources",
 )  # fmt: skip  (max_consumers is set at creation: the server refuses to change it)
 _FIXED = ("retention", "storage")
+#: the server's error code for a stream whose subjects another stream takes
+_OVERLAP = 10065
 
 
 def _differences(
@@ -230,7 +233,18 @@ async def streams_for_a_worker(
             out[str(wanted.name)] = "missing"
             continue
         if current is None:
-            await js.add_stream(wanted)
+            try:
+                await js.add_stream(wanted)
+            except BadRequestError as error:
+                if error.err_code != _OVERLAP or not is_dead_stream(subjects, str(wanted.name)):
+                    raise
+                # the one dead stream of an older release still takes every publisher's
+                # subjects (the server refuses the overlap): letters go there until
+                # `bcw provision` narrows it
+                log.warning("stream %s not created (%s): bcw provision creates it", wanted.name,
+                            error.description)  # fmt: skip
+                out[str(wanted.name)] = "missing"
+                continue
             log.info("stream %s created", wanted.name)
             out[str(wanted.name)] = "created"
             continue
@@ -248,11 +262,36 @@ async def provision_streams(
     js: JetStreamContext, subjects: Subjects, replicas: int = 1, limits: StreamLimits | None = None
 ) -> dict[str, str]:
     """Create or correct every stream; the facts stream first, so that it gives up its
-    subjects before the gateways' own streams take them."""
-    return {
+    subjects before the gateways' own streams take them, and the old dead stream gives up
+    its own before each publisher's dead stream takes them."""
+    out = {
         str(config.name): await ensure_stream(js, config, subjects)
         for config in stream_configs(subjects, replicas, limits)
+        if not is_dead_stream(subjects, str(config.name))
     }
+    if (old := await narrow_old_dead_stream(js, subjects)) is not None:
+        out[subjects.dead_stream] = old
+    for config in stream_configs(subjects, replicas, limits):
+        if is_dead_stream(subjects, str(config.name)):
+            out[str(config.name)] = await ensure_stream(js, config, subjects)
+    return out
+
+
+async def narrow_old_dead_stream(js: JetStreamContext, subjects: Subjects) -> str | None:
+    """The one dead stream of an older release (`BC_DEAD`), if there is one: it gives up
+    its subjects (`bc.dead.>`) to each publisher's own stream and keeps its letters, which
+    `bcw dead-letters` lists and re-drives until they age out (its `max_age`); it is never
+    created. `narrowed`, `kept` (narrowed already), or None (none)."""
+    try:
+        config = (await js.stream_info(subjects.dead_stream)).config
+    except NotFoundError:
+        return None
+    if config.subjects == [subjects.legacy_dead]:
+        return "kept"
+    await js.update_stream(dataclasses.replace(config, subjects=[subjects.legacy_dead]))
+    log.warning("stream %s narrowed to %s: each publisher's dead letters go to a stream of "
+                "its own; its letters are kept", subjects.dead_stream, subjects.legacy_dead)  # fmt: skip
+    return "narrowed"
 
 
 @dataclass(frozen=True)

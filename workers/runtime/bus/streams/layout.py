@@ -13,6 +13,11 @@ one gateway cannot fill it for the others (issue #59):
   (`discard_new_per_subject`): one gateway holds at most `msgs_per_gateway` messages of
   it, whatever it sends. Its bytes are not bounded below the stream's (NATS bounds bytes
   per stream, not per subject): one gateway can still fill it by bytes.
+
+Dead letters, likewise: each publisher (each worker, the relay) has a stream of its own,
+`BC_DEAD_<publisher>`, of its subjects only, at most `dead_bytes` (its oldest dropped
+beyond) and `dead_per_source` letters per subject: a principal that invents a subject per
+letter evicts only its own letters, never another's (a gateway's parked fact, say).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from schemas.facts import FACT_TYPES
 from schemas.subjects import Subjects
 from workers.runtime.base.runtime_settings import NatsSettings
 from workers.runtime.bus import server
+from workers.runtime.bus.principals import DEAD_PUBLISHERS
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -57,7 +63,7 @@ class StreamLimits:
     events_age: float = 7 * DAY
     notices_age: float = HOUR
     dead_age: float = 14 * DAY
-    #: the events' and the dead letters' own bounds in bytes (0: `max_bytes`)
+    #: the events' own bound in bytes, and each dead-letter publisher's (0: `max_bytes`)
     events_bytes: int = 0
     dead_bytes: int = 0
     #: JetStream fast batches (`allow_batched`): only where the server has them (2.14+)
@@ -65,6 +71,9 @@ class StreamLimits:
     #: messages one gateway's facts take at most: its own stream's bound, or (one facts
     #: stream) its subjects' together (`per_subject`)
     msgs_per_gateway: int = 5_000_000
+    #: who publishes dead letters, each to a stream of its own (a process of a worker
+    #: not of the fleet's, a test's, names its own)
+    dead_publishers: tuple[str, ...] = DEAD_PUBLISHERS
 
     @property
     def per_subject(self) -> int:
@@ -98,7 +107,7 @@ def limits_of(settings: NatsSettings, server_version: str | None = None) -> Stre
 def stream_configs(
     subjects: Subjects, replicas: int = 1, limits: StreamLimits | None = None
 ) -> list[StreamConfig]:
-    """The four streams of the contract (DESIGN §3), bounded by `limits`."""
+    """The streams of the contract (DESIGN §3), bounded by `limits`."""
     limits = limits or StreamLimits()
 
     def stream(
@@ -167,10 +176,19 @@ def stream_configs(
             limits.events_age, old, max_bytes=limits.events_bytes or limits.max_bytes,
         ),
         stream(subjects.gateway_stream, [subjects.all_notices], limits.notices_age, old),
-        # each worker, cause and source keeps its newest letters: one gateway's junk never
-        # evicts another's letters, nor a parked fact (`deadletter.subject_of`)
-        stream(
-            subjects.dead_stream, [subjects.all_dead], limits.dead_age, old,
-            limits.dead_per_source, max_bytes=limits.dead_bytes or limits.max_bytes,
+        # each publisher's own: within it each cause and source keeps its newest letters,
+        # so one gateway's junk never evicts another's letters, nor a parked fact
+        # (`deadletter.subject_of`); and its bytes are its own
+        *(
+            stream(
+                subjects.dead_stream_of(p), subjects.dead_of(p), limits.dead_age, old,
+                limits.dead_per_source, max_bytes=limits.dead_bytes or limits.max_bytes,
+            )
+            for p in limits.dead_publishers
         ),
     ]  # fmt: skip
+
+
+def is_dead_stream(subjects: Subjects, name: str) -> bool:
+    """Whether `name` is a publisher's own dead-letter stream. Pure."""
+    return name.startswith(f"{subjects.dead_stream}_")
