@@ -58,6 +58,10 @@ async def join(
         await conn.execute("SELECT enroll_hello_key($1, $2)", node_id, hello_key(node_id))
 
 
+#: the last `at` `say_hello` signed, per (database, node): its next is later
+_SIGNED: dict[tuple[str, str], int] = {}
+
+
 def proven(request: HelloRequest, gateway_id: str, at: float | None = None) -> HelloRequest:
     """`request` as the node's daemon sends it to `gateway_id`: proven by its key, at `at`
     (its clock: now by default), with a one-time id of its own."""
@@ -77,7 +81,7 @@ async def say_hello(
 ) -> Welcome:
     """The node's daemon saying Hello to `gateway`, proven afresh (`proven`) at `at`: by
     default the fleet's clock (`compute_now()`, which a test may have moved), as a daemon
-    whose clock is right would."""
+    whose clock is right would (or its last `at` + 1, if later: its `at` rises)."""
     if at is None:  # the fleet's clock as the gateway's login may read it
         async with gateway.pool.acquire() as conn:
             at = float(
@@ -88,6 +92,9 @@ async def say_hello(
                     request.cert_serial,
                 )
             )
+            # its `at` rises, as a daemon's (migration 0059): per database, per node
+            where = (str(await conn.fetchval("SELECT current_database()")), request.node_id)
+            at = _SIGNED[where] = max(int(at), _SIGNED.get(where, -1) + 1)
     return await gateway.hello(
         proven(request, gateway.gateway_id, at), stream if stream is not None else RecordingStream()
     )
