@@ -4,6 +4,8 @@ second — its `at` is its clock, or the last it signed + 1 if that is later."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -14,7 +16,7 @@ from workers.sim.servertime import ServerTime
 def test_each_at_is_later_than_the_last_and_never_before_the_clock(clocks: list[float]) -> None:
     server = ServerTime()
     signed = [server.sign_at(clock) for clock in clocks]
-    assert all(b > a for a, b in zip(signed, signed[1:], strict=False))
+    assert all(b > a for a, b in pairwise(signed))
     assert all(at >= int(clock) for at, clock in zip(signed, clocks, strict=True))
     # never further ahead of the clock than the Hellos beyond one per second
     assert all(at - int(max(clocks[: i + 1])) <= i for i, at in enumerate(signed))
