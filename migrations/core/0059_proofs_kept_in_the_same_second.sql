@@ -13,14 +13,16 @@
 --   (`hello_marks.at`). A restarted daemon that signs that second again is refused once
 --   and signs the refusal's challenge (issued now: it holds).
 -- * **A challenge binds the node's mark.** The challenge's MAC covers the node's last
---   accepted proven Hello (`hello_marks.accepted_at`, to the microsecond, empty when none),
+--   accepted proven Hello (`hello_marks.accepted_at`, to the microsecond, 0 when none),
 --   and the check recomputes it against the current mark: a challenge is dead once a
 --   proven Hello of the node is accepted anywhere after it was issued. Each accepted
 --   proven Hello moves `accepted_at` forward (at least a microsecond: the trigger below),
---   so no two accepted Hellos leave one mark. The proof check locks the node's key row
---   (owner-only) before it reads the mark, so the proven Hellos of one node are checked and
---   written one at a time: the mark a challenge was checked against is the one the Hello
---   transaction writes over.
+--   so no two accepted Hellos leave one mark. The proof check locks the node's mark row
+--   (owner-only; made as "none", `at` 0 at the epoch, for a node that had none) before it
+--   reads it, so the proven Hellos of one node are checked and written one at a time: the
+--   mark a challenge was checked against is the one the Hello transaction writes over.
+--   (Not the key row: the quarantine locks the node's session and then retires its key;
+--   the Hello locks the mark, then the session, and nothing locks them the other way.)
 
 -- hello_challenge as in migration 0047, over the node's mark too ('bc-hello-challenge-v2').
 CREATE OR REPLACE FUNCTION hello_challenge(p_node text, p_gateway text, p_at bigint, p_salt text)
@@ -29,15 +31,15 @@ RETURNS text LANGUAGE sql STABLE AS $$
                convert_to(concat_ws(E'\n', 'bc-hello-challenge-v2', p_node, p_gateway,
                                     p_at::text, p_salt,
                                     coalesce((SELECT (extract(epoch FROM m.accepted_at)
-                                                      * 1000000)::bigint::text
+                                                      * 1000000)::bigint
                                                 FROM hello_marks m WHERE m.node_id = p_node),
-                                             '')), 'UTF8'))), 'hex'), 40)
+                                             0)::text), 'UTF8'))), 'hex'), 40)
       FROM hello_challenge_key k
 $$;
 
 -- Whether a proof is not older than the node's newest accepted one: a plain proof's `at`
 -- after the newest accepted `at`; a challenge's freshness is its MAC over the node's mark
--- (hello_challenge, checked under the key row's lock by hello_proof_holds).
+-- (hello_challenge, checked under the mark's lock by hello_proof_holds).
 CREATE OR REPLACE FUNCTION hello_proof_fresh(p_node text, p_at bigint, p_nonce text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT left(p_nonce, 4) = 'srv-'
@@ -56,8 +58,8 @@ END $$;
 CREATE TRIGGER hello_marks_move BEFORE UPDATE ON hello_marks
    FOR EACH ROW EXECUTE FUNCTION hello_mark_moves();
 
--- hello_proof_holds as in migration 0053, but the node's key row is locked before the
--- challenge and the mark are read (the proven Hellos of a node one at a time).
+-- hello_proof_holds as in migration 0053, but the node's mark is locked before the
+-- challenge is checked against it (the proven Hellos of a node one at a time).
 CREATE OR REPLACE FUNCTION hello_proof_holds(p_node text, p_boot text, p_journal text,
                                              p_gateway text, p_at bigint, p_nonce text,
                                              p_mac text) RETURNS boolean
@@ -82,10 +84,17 @@ BEGIN
     IF left(p_nonce, 4) = 'srv-' AND p_nonce !~ '^srv-[0-9a-f]{16}-[0-9a-f]{40}$' THEN
         RETURN false;
     END IF;
-    -- the node's proven Hellos one at a time, from here to the Hello's commit
     SELECT k.inner_pad, k.outer_pad INTO pads FROM node_hello_keys k
-     WHERE k.node_id = p_node AND k.retired_at IS NULL FOR NO KEY UPDATE;
+     WHERE k.node_id = p_node AND k.retired_at IS NULL;
     IF NOT FOUND THEN RETURN false; END IF;  -- no key, or a retired one
+    -- the node's proven Hellos one at a time, from here to the Hello's commit: its mark
+    -- locked (made first, as "none", for a node that never had one)
+    PERFORM 1 FROM hello_marks m WHERE m.node_id = p_node FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO hello_marks (node_id, at, accepted_at)
+        VALUES (p_node, 0, 'epoch') ON CONFLICT (node_id) DO NOTHING;
+        PERFORM 1 FROM hello_marks m WHERE m.node_id = p_node FOR UPDATE;
+    END IF;
     IF left(p_nonce, 4) = 'srv-'
        AND p_nonce IS DISTINCT FROM hello_challenge(p_node, p_gateway, p_at,
                                                     substr(p_nonce, 5, 16)) THEN

@@ -58,8 +58,18 @@ async def join(
         await conn.execute("SELECT enroll_hello_key($1, $2)", node_id, hello_key(node_id))
 
 
-#: the last `at` `say_hello` signed, per (database, node): its next is later
-_SIGNED: dict[tuple[str, str], int] = {}
+#: the last `at` a test's daemons signed, per node: cleared for each test (each has its
+#: own database; tests/integration/conftest.py)
+SIGNED: dict[str, int] = {}
+
+
+def rising_at(node_id: str, clock: float | None = None) -> int:
+    """The `at` of the node's daemon's next plain proof: its clock (now by default), or the
+    last it signed + 1 if that is later — a proof holds only after the newest `at` taken
+    (migration 0059)."""
+    now = int(time.time() if clock is None else clock)
+    SIGNED[node_id] = max(now, SIGNED.get(node_id, -1) + 1)
+    return SIGNED[node_id]
 
 
 def proven(request: HelloRequest, gateway_id: str, at: float | None = None) -> HelloRequest:
@@ -92,9 +102,7 @@ async def say_hello(
                     request.cert_serial,
                 )
             )
-            # its `at` rises, as a daemon's (migration 0059): per database, per node
-            where = (str(await conn.fetchval("SELECT current_database()")), request.node_id)
-            at = _SIGNED[where] = max(int(at), _SIGNED.get(where, -1) + 1)
+        at = rising_at(request.node_id, at)
     return await gateway.hello(
         proven(request, gateway.gateway_id, at), stream if stream is not None else RecordingStream()
     )
