@@ -18,8 +18,8 @@
 --   proven Hello of the node is accepted anywhere after it was issued. Each accepted
 --   proven Hello moves `accepted_at` forward (at least a microsecond: the trigger below),
 --   so no two accepted Hellos leave one mark. The proof check locks the node's mark row
---   (owner-only; made as "none", `at` 0 at the epoch, for a node that had none) before it
---   reads it, so the proven Hellos of one node are checked and written one at a time: the
+--   (owner-only; made as "none", `at` 0 at the epoch, for a node that had none) once the
+--   proof's MAC by the node's key holds, before it checks a challenge against the mark, so the proven Hellos of one node are checked and written one at a time: the
 --   mark a challenge was checked against is the one the Hello transaction writes over.
 --   (Not the key row: the quarantine locks the node's session and then retires its key;
 --   the Hello locks the mark, then the session, and nothing locks them the other way.)
@@ -58,8 +58,9 @@ END $$;
 CREATE TRIGGER hello_marks_move BEFORE UPDATE ON hello_marks
    FOR EACH ROW EXECUTE FUNCTION hello_mark_moves();
 
--- hello_proof_holds as in migration 0053, but the node's mark is locked before the
--- challenge is checked against it (the proven Hellos of a node one at a time).
+-- hello_proof_holds as in migration 0053, but once the MAC by the node's key holds, the
+-- node's mark is locked and a challenge checked against it (the proven Hellos of a node
+-- one at a time; a proof without the key locks and writes nothing).
 CREATE OR REPLACE FUNCTION hello_proof_holds(p_node text, p_boot text, p_journal text,
                                              p_gateway text, p_at bigint, p_nonce text,
                                              p_mac text) RETURNS boolean
@@ -87,8 +88,13 @@ BEGIN
     SELECT k.inner_pad, k.outer_pad INTO pads FROM node_hello_keys k
      WHERE k.node_id = p_node AND k.retired_at IS NULL;
     IF NOT FOUND THEN RETURN false; END IF;  -- no key, or a retired one
-    -- the node's proven Hellos one at a time, from here to the Hello's commit: its mark
-    -- locked (made first, as "none", for a node that never had one)
+    IF encode(sha256(pads.outer_pad || sha256(pads.inner_pad ||
+              hello_proof_message(p_node, p_boot, p_journal, p_gateway, p_at, p_nonce))), 'hex')
+       <> p_mac THEN
+        RETURN false;
+    END IF;
+    -- signed by the node's key: now the node's proven Hellos one at a time, from here to
+    -- the Hello's commit — its mark locked (made first, as "none", for a node without one)
     PERFORM 1 FROM hello_marks m WHERE m.node_id = p_node FOR UPDATE;
     IF NOT FOUND THEN
         INSERT INTO hello_marks (node_id, at, accepted_at)
@@ -99,11 +105,6 @@ BEGIN
        AND p_nonce IS DISTINCT FROM hello_challenge(p_node, p_gateway, p_at,
                                                     substr(p_nonce, 5, 16)) THEN
         RETURN false;  -- not the database's, or a proven Hello of the node accepted since
-    END IF;
-    IF encode(sha256(pads.outer_pad || sha256(pads.inner_pad ||
-              hello_proof_message(p_node, p_boot, p_journal, p_gateway, p_at, p_nonce))), 'hex')
-       <> p_mac THEN
-        RETURN false;
     END IF;
     IF NOT hello_proof_fresh(p_node, p_at, p_nonce) THEN RETURN false; END IF;  -- kept back
     DELETE FROM hello_nonces
