@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
+from tests.integration import fleet
 from tests.integration.support import TALLY_DDL
 
 
@@ -28,3 +29,10 @@ async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=6)
     yield pool
     await pool.close()
+
+
+@pytest.fixture(autouse=True)
+def _daemons_signed_nothing_yet() -> None:
+    """Each test's daemons start with no `at` signed (`fleet.rising_at`): the test has a
+    database of its own."""
+    fleet.SIGNED.clear()

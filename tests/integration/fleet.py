@@ -58,6 +58,20 @@ async def join(
         await conn.execute("SELECT enroll_hello_key($1, $2)", node_id, hello_key(node_id))
 
 
+#: the last `at` a test's daemons signed, per node: cleared for each test (each has its
+#: own database; tests/integration/conftest.py)
+SIGNED: dict[str, int] = {}
+
+
+def rising_at(node_id: str, clock: float | None = None) -> int:
+    """The `at` of the node's daemon's next plain proof: its clock (now by default), or the
+    last it signed + 1 if that is later — a proof holds only after the newest `at` taken
+    (migration 0059)."""
+    now = int(time.time() if clock is None else clock)
+    SIGNED[node_id] = max(now, SIGNED.get(node_id, -1) + 1)
+    return SIGNED[node_id]
+
+
 def proven(request: HelloRequest, gateway_id: str, at: float | None = None) -> HelloRequest:
     """`request` as the node's daemon sends it to `gateway_id`: proven by its key, at `at`
     (its clock: now by default), with a one-time id of its own."""
@@ -77,7 +91,7 @@ async def say_hello(
 ) -> Welcome:
     """The node's daemon saying Hello to `gateway`, proven afresh (`proven`) at `at`: by
     default the fleet's clock (`compute_now()`, which a test may have moved), as a daemon
-    whose clock is right would."""
+    whose clock is right would (or its last `at` + 1, if later: its `at` rises)."""
     if at is None:  # the fleet's clock as the gateway's login may read it
         async with gateway.pool.acquire() as conn:
             at = float(
@@ -88,6 +102,7 @@ async def say_hello(
                     request.cert_serial,
                 )
             )
+        at = rising_at(request.node_id, at)
     return await gateway.hello(
         proven(request, gateway.gateway_id, at), stream if stream is not None else RecordingStream()
     )

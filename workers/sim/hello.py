@@ -142,13 +142,16 @@ class Hellos:
             self._back_off()
 
     def proof(self, gateway: Gateway) -> HelloProof | None:
-        """Its Hello's proof for `gateway`, by its key: at its own clock with a fresh
-        one-time id, or at the time of the challenge that gateway's refusal gave it (never
+        """Its Hello's proof for `gateway`, by its key: at its own clock (or the
+        last `at` it signed + 1: `ServerTime.sign_at`) with a fresh one-time id, or at the time of the challenge that gateway's refusal gave it (never
         a time a gateway told it with an id of its own: `workers.sim.servertime`)."""
         if self.hello_key is None:
             return None
         challenge = self.server.take_challenge(gateway.gateway_id, self.now())
-        at, nonce = (challenge.at, challenge.nonce) if challenge else (int(self.now()), None)
+        if challenge is not None:
+            at, nonce = challenge.at, challenge.nonce
+        else:
+            at, nonce = self.server.sign_at(self.now()), None
         return prove(
             self.hello_key, self.node_id, self.boot_id, self.journal_id, gateway.gateway_id,
             at, nonce,

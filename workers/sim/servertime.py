@@ -10,14 +10,16 @@ more than 5 minutes before the mark is not believed — a Welcome's ends that se
 refusal's is not signed — and the next attempt goes to another gateway if it can.
 
 **Proof freshness** (docs/contract.md, "The Hello's proof"): a Hello's proof signs the
-daemon's own clock. When the Hello is refused `UNAUTHENTICATED`, the refusal carries the
-database's time and a **challenge** the database issued for this node, that gateway and
-that time (a nonce `srv-…`); the daemon keeps the offset from it, and signs its next Hello
-to that gateway with the challenge and its time, once — whatever made its plain proof
-fail: a clock off, or one gone back past the newest proof the control plane took (a
-proof older than that is refused, so that a gateway cannot keep proofs back). It never signs a time a gateway told
-it with a nonce of its own: a gateway cannot make up a challenge (the database's key MACs
-it), so it cannot get a proof for a time the database did not say — only for now.
+daemon's own clock, or the last time it signed + 1 if that is later (its `at` rises). When
+the Hello is refused `UNAUTHENTICATED`, the refusal carries the database's time and a
+**challenge** the database issued for this node, that gateway and that time (a nonce
+`srv-…`, dead once another proven Hello of the node is accepted); the daemon keeps the
+offset from it, and signs its next Hello to that gateway with the challenge and its time,
+once — whatever made its plain proof fail: a clock off, or one gone back past the newest
+proof the control plane took (a proof not after that is refused, so that a gateway cannot
+keep proofs back). It never signs a time a gateway told it with a nonce of its own: a
+gateway cannot make up a challenge (the database's key MACs it), so it cannot get a proof
+for a time the database did not say — only for now.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class ServerTime:
     #: server time minus its own clock, when it was last told a server time it believed
     offset: float = 0.0
     challenge: Challenge | None = None
+    #: the last `at` it signed (in memory): each proof's `at` is later than the one before
+    signed: int = -1
     _latest: float = float("-inf")  # its working clock in server time: never back
 
     def now(self, own: float) -> float:
@@ -88,6 +92,16 @@ class ServerTime:
         if challenge is not None and CHALLENGE_RE.fullmatch(challenge):
             self.challenge = Challenge(gateway_id, int(server_time), challenge, own)
         return True
+
+    def sign_at(self, clock: float) -> int:
+        """The `at` of its next plain proof: its clock, or the last `at` it signed + 1 if
+        that is later — a plain proof holds only after the newest the control plane took,
+        so two Hellos in one second sign two seconds (its `at` runs ahead of its clock by
+        the Hellos beyond one a second; past 5 minutes ahead they are refused, and it
+        signs the refusal's challenge). A challenge's time never moves it: a gateway may hand
+        any `srv-…` nonce with any time, and only the database can tell it is not its own."""
+        self.signed = max(int(clock), self.signed + 1)
+        return self.signed
 
     def take_challenge(self, gateway_id: str, own: float) -> Challenge | None:
         """The challenge to sign a Hello to `gateway_id` with, if one is held for it and

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -66,7 +65,7 @@ def _hello(
     unproven otherwise (the attacker's, who has no key)."""
     proof = None
     if gateway is not None:
-        proof = prove(fleet.hello_key("n1"), "n1", boot, journal, gateway, int(time.time()))
+        proof = prove(fleet.hello_key("n1"), "n1", boot, journal, gateway, fleet.rising_at("n1"))
     return HelloRequest(
         node_id="n1", cert_serial="n1-serial", role="worker", boot_id=boot, journal_id=journal,
         proof=proof, running_command_ids=running or [],
@@ -324,7 +323,7 @@ async def test_one_proof_of_the_node_opens_no_hello_from_another_boot(
     identity, which at `require` counts toward a revocation through any gateways)."""
     async with _world(servers, logins, nc, subjects, database_url, db, "require") as (_, gw2):
         await gw2.hello(_hello("b1", "j1", "gw-2"), RecordingStream())
-        proof = prove(fleet.hello_key("n1"), "n1", "b1", "j1", "gw-1", int(time.time()))
+        proof = prove(fleet.hello_key("n1"), "n1", "b1", "j1", "gw-1", fleet.rising_at("n1"))
         conn = await asyncpg.connect(logins["bcw_gateway_bound"])
         try:
             lease = await conn.fetchval("SELECT gateway_acquire('gw-1', '60s')")
@@ -360,7 +359,7 @@ async def test_two_proofs_the_node_gave_a_gateway_do_not_revoke_it(
 
     async with _world(servers, logins, nc, subjects, database_url, db, "require") as (_, gw2):
         await gw2.hello(_hello("b1", "j1", "gw-2"), RecordingStream())
-        kept = [prove(fleet.hello_key("n1"), "n1", "b1", "j1", "gw-1", int(time.time()))
+        kept = [prove(fleet.hello_key("n1"), "n1", "b1", "j1", "gw-1", fleet.rising_at("n1"))
                 for _ in range(2)]  # fmt: skip
         conn = await asyncpg.connect(logins["bcw_gateway_bound"])
         refused = []

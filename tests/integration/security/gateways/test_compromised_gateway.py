@@ -56,7 +56,7 @@ def _key(node: str) -> bytes:
 def _honest(node: str, boot: str | None = None, keyed: bool = True) -> HelloRequest:
     """The node's own daemon, dialling gw-2 and proving its Hello (when it has a key)."""
     boot = boot or f"{node}-boot"
-    proof = prove(_key(node), node, boot, "j1", "gw-2", int(time.time())) if keyed else None
+    proof = prove(_key(node), node, boot, "j1", "gw-2", fleet.rising_at(node)) if keyed else None
     return HelloRequest(node_id=node, cert_serial=f"{node}-serial", role="worker",
                         boot_id=boot, journal_id="j1", proof=proof)  # fmt: skip
 

@@ -82,7 +82,7 @@ def _request(
     by its key), unproven otherwise (the attacker, who has no key)."""
     proof = None
     if gateway is not None:
-        proof = prove(fleet.hello_key(node), node, boot, "j1", gateway, int(time.time()))
+        proof = prove(fleet.hello_key(node), node, boot, "j1", gateway, fleet.rising_at(node))
     return HelloRequest(node_id=node, cert_serial=serial or f"{node}-serial", role="worker",
                         boot_id=boot, journal_id="j1", proof=proof,
                         capabilities=["evil.cap"] if gateway is None else ["real.cap"])  # fmt: skip

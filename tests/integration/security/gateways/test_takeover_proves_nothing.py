@@ -10,7 +10,6 @@ All five workers run (the quarantine's hold bound passed twice), on real servers
 from __future__ import annotations
 
 import asyncio
-import time
 from datetime import UTC, datetime
 
 import asyncpg
@@ -33,7 +32,7 @@ def _hello(boot: str, journal: str, running: list[str], gateway: str | None) -> 
     """n1's Hello: proven for `gateway` when given (its daemon), else the attacker's."""
     proof = None
     if gateway is not None:
-        proof = prove(fleet.hello_key("n1"), "n1", boot, journal, gateway, int(time.time()))
+        proof = prove(fleet.hello_key("n1"), "n1", boot, journal, gateway, fleet.rising_at("n1"))
     return HelloRequest(
         node_id="n1", cert_serial="n1-serial", role="worker", boot_id=boot, journal_id=journal,
         proof=proof, running_command_ids=running,

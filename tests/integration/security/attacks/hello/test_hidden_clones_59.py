@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -83,7 +82,7 @@ class World:
 
 def _request(boot: str, gateway: str) -> HelloRequest:
     """n1's Hello from `boot`, proven for `gateway` by n1's key (the clone stole it)."""
-    proof = prove(fleet.hello_key("n1"), "n1", boot, "j1", gateway, int(time.time()))
+    proof = prove(fleet.hello_key("n1"), "n1", boot, "j1", gateway, fleet.rising_at("n1"))
     return HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker", boot_id=boot,
                         journal_id="j1", proof=proof)  # fmt: skip
 

@@ -2,18 +2,21 @@
 
 A gateway the node dialled kept proofs it never used (it refused those Hellos with a
 pushback) and opened the node's session with them after the node had said Hello
-elsewhere. Now a proof holds only if it is not older than the newest the node's accepted
-Hellos gave (migration 0053: a plain proof's `at` not before the newest accepted `at`; a
-challenge issued no earlier than the second the last proven Hello was accepted), so a kept
-proof is dead once the node has said a proven Hello anywhere. The honest daemon still
-connects: after its clock stepped back (its plain proof refused, it signs the refusal's
-challenge) and with two Hellos in the same second.
+elsewhere. Now a proof holds only if it is newer than what the node's accepted Hellos
+gave: a plain proof's `at` after the newest accepted `at` (the daemon's `at` rises: its
+clock, or its last `at` + 1), a challenge only while the node's mark is the one its MAC
+covered (no proven Hello of the node accepted since it was issued) — migrations 0053 and
+0059 — so a kept proof is dead once the node has said a proven Hello anywhere, in the
+same second too. The honest daemon still connects: after its clock stepped back (its
+plain proof refused, it signs the refusal's challenge), with two Hellos in the same
+second, and with its `at` run more than 5 minutes ahead of its clock.
 
 gw-1 is the attacker (its own bound login, the reference gateway's code); gw-2 is honest.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import AsyncIterator
@@ -113,14 +116,114 @@ async def test_the_honest_daemon_connects_after_its_clock_stepped_back(
     assert await db.fetchval("SELECT count(*) FROM session_epochs WHERE proven") == 2
 
 
+async def _start_of_a_second(db: asyncpg.Connection) -> int:
+    """The fleet's clock just after a second began (what follows fits in that second)."""
+    while True:
+        now = float(await db.fetchval("SELECT extract(epoch FROM compute_now())"))
+        if now % 1 < 0.3:
+            return int(now)
+        await asyncio.sleep(1.02 - now % 1)
+
+
+async def test_proofs_kept_back_in_the_second_the_node_said_hello_elsewhere_are_dead(
+    two: tuple[Gateway, Gateway], db: asyncpg.Connection
+) -> None:
+    """Migration 0053 took them (a plain proof was refused only before the newest `at`, a
+    challenge only before the second the last Hello was accepted): gw-1 kept, in second
+    T, three plain proofs at T and one signed with a challenge issued at T; n1 said a
+    proven Hello at gw-2 in that same second. None of them opens now: a plain proof's `at`
+    must be after the newest taken, and the challenge's MAC covered n1's mark, which that
+    Hello moved."""
+    gw1, gw2 = two
+    now = await _start_of_a_second(db)
+    kept = [prove(KEY, "n1", "b1", "j1", "gw-1", now) for _ in range(3)]
+    challenge = await db.fetchrow("SELECT * FROM gateway_hello_challenge('gw-1', 'n1')")
+    kept.append(
+        prove(KEY, "n1", "b1", "j1", "gw-1", challenge["server_time"], challenge["challenge"])
+    )
+    assert await _hello(gw2, prove(KEY, "n1", "b1", "j1", "gw-2", now)) is None
+    accepted = await db.fetchval("SELECT extract(epoch FROM accepted_at) FROM hello_marks")
+    assert int(accepted) == now == challenge["server_time"]  # all in that one second
+    before = await db.fetchrow("SELECT session_epoch, gateway_id FROM node_sessions")
+    assert [await _hello(gw1, proof) for proof in kept] == [Code.UNAUTHENTICATED] * len(kept)
+    assert await db.fetchrow("SELECT session_epoch, gateway_id FROM node_sessions") == before
+    assert await db.fetchval("SELECT count(*) FROM session_epochs WHERE gateway_id = 'gw-1'") == 0
+    # a challenge issued after n1's last Hello, used next, holds: the honest path
+    fresh = await db.fetchrow("SELECT * FROM gateway_hello_challenge('gw-1', 'n1')")
+    signed = prove(KEY, "n1", "b1", "j1", "gw-1", fresh["server_time"], fresh["challenge"])
+    assert await _hello(gw1, signed) is None
+
+
+async def test_a_challenge_is_dead_once_the_node_said_hello_after_it_was_issued(
+    two: tuple[Gateway, Gateway], db: asyncpg.Connection
+) -> None:
+    """Whatever the clock says: the fleet's clock moved back between (a second Hello
+    accepted at an earlier database time) still kills a challenge issued before it."""
+    gw1, gw2 = two
+    assert await _hello(gw2, prove(KEY, "n1", "b1", "j1", "gw-2", int(time.time()))) is None
+    challenge = await db.fetchrow("SELECT * FROM gateway_hello_challenge('gw-1', 'n1')")
+    await _move(db, gw1, -2)
+    assert await _hello(gw2, prove(KEY, "n1", "b1", "j1", "gw-2", int(time.time()) + 1)) is None
+    kept = prove(KEY, "n1", "b1", "j1", "gw-1", challenge["server_time"], challenge["challenge"])
+    assert await _hello(gw1, kept) is Code.UNAUTHENTICATED
+    assert await db.fetchval("SELECT count(*) FROM session_epochs WHERE gateway_id = 'gw-1'") == 0
+
+
 async def test_two_hellos_in_the_same_second_both_open(
     two: tuple[Gateway, Gateway], db: asyncpg.Connection
 ) -> None:
-    """Two proofs of one second (a reconnect at once, to another gateway): both hold — and
-    one of an earlier second does not, after them."""
+    """The honest daemon's reconnect at once, to another gateway, in one second: both
+    open — its second proof signs its last `at` + 1 (its `at` rises); a proof at the
+    second already taken (another nonce) does not."""
     gw1, gw2 = two
-    at = int(await db.fetchval("SELECT extract(epoch FROM compute_now())::bigint"))
-    assert await _hello(gw2, prove(KEY, "n1", "b1", "j1", "gw-2", at)) is None
-    assert await _hello(gw1, prove(KEY, "n1", "b1", "j1", "gw-1", at)) is None
-    earlier = prove(KEY, "n1", "b1", "j1", "gw-1", at - 1)
-    assert await _hello(gw1, earlier) is Code.UNAUTHENTICATED
+    await _start_of_a_second(db)
+    daemon = FakeDaemon("n1", "n1-serial", time.time, random.Random(3), hello_key=KEY)
+    daemon.home = 1
+    await daemon.tick([gw1, gw2])
+    assert daemon.connected and daemon.gateway is gw2, daemon.refusals
+    await gw2.disconnect("n1", daemon.epoch)
+    daemon.drop("test")
+    daemon.home, daemon.next_try = 0, 0.0
+    await daemon.tick([gw1, gw2])
+    assert daemon.connected and daemon.gateway is gw1, daemon.refusals
+    assert not daemon.refusals
+    ats = await db.fetchval("SELECT at FROM hello_marks")
+    assert await db.fetchval("SELECT count(*) FROM session_epochs WHERE proven") == 2
+    taken = prove(KEY, "n1", "b1", "j1", "gw-1", ats)
+    assert await _hello(gw1, taken) is Code.UNAUTHENTICATED
+
+
+async def test_a_daemon_whose_clock_steps_back_within_its_process_connects(
+    two: tuple[Gateway, Gateway], db: asyncpg.Connection
+) -> None:
+    """Its host's clock steps back a minute between two Hellos: its working clock never
+    moves back and its `at` rises, so its plain proof holds, at once."""
+    gw1, _ = two
+    clock = [time.time()]
+    daemon = FakeDaemon("n1", "n1-serial", lambda: clock[0], random.Random(4), hello_key=KEY)
+    await daemon.tick([gw1])
+    assert daemon.connected, daemon.refusals
+    await gw1.disconnect("n1", daemon.epoch)
+    daemon.drop("test")
+    clock[0] -= 60
+    daemon.next_try = 0.0
+    await daemon.tick([gw1])
+    assert daemon.connected and not daemon.refusals, daemon.refusals
+
+
+async def test_a_daemon_whose_at_ran_past_the_window_connects_by_the_challenge(
+    two: tuple[Gateway, Gateway], db: asyncpg.Connection
+) -> None:
+    """More Hellos than one a second run its `at` ahead of its clock (the 120 a minute
+    allow 60 s a minute at most); past 5 minutes ahead its plain proof is refused as
+    stale, and it signs the refusal's challenge: in, at the second Hello."""
+    gw1, _ = two
+    daemon = FakeDaemon("n1", "n1-serial", time.time, random.Random(5), hello_key=KEY)
+    daemon.server.signed = int(time.time()) + 400
+    for _ in range(2):
+        daemon.next_try = 0.0
+        await daemon.tick([gw1])
+        if daemon.connected:
+            break
+    assert daemon.connected, daemon.refusals
+    assert daemon.refusals == {"UNAUTHENTICATED": 1}

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 
 import asyncpg
 import pytest
@@ -48,7 +47,7 @@ NEW_KEY = hashlib.sha256(b"n1's key after its revocation").digest()
 def _hello(serial: str, gateway: str, key: bytes | None, boot: str) -> HelloRequest:
     proof = None
     if key is not None:
-        proof = prove(key, "n1", boot, "j1", gateway, int(time.time()))
+        proof = prove(key, "n1", boot, "j1", gateway, fleet.rising_at("n1"))
     return HelloRequest(node_id="n1", cert_serial=serial, role="worker", boot_id=boot,
                         journal_id="j1", proof=proof)  # fmt: skip
 
