@@ -10,6 +10,11 @@ nats-server that admits only the principals, each attack made with the attacker'
   `ack_wait`: refused; the consumer stays as `bcw provision` made it, no message reaches
   the revocations' listeners, and the gateway's notices still wait for it alone.
 
+- the same through a worker's nkey: `worker-liveness` idles out, deletes or re-creates its
+  own facts durable `liveness` as a push consumer to `bc.revocations` (a 50 ms ack wait, no
+  bound on deliveries; 500 facts once reached every gateway 49,500 times in 5 s): refused,
+  its durable stays as `bcw provision` made it, and no fact reaches a revocations listener.
+
 A gateway whose consumer is missing (not provisioned yet, or deleted under it) says so,
 waits, and follows it once `bcw provision` makes it again.
 
@@ -44,6 +49,7 @@ from workers.runtime.bus import connection
 pytestmark = pytest.mark.slow
 
 EVENTS, NOTICES = SUBJECTS.events_stream, SUBJECTS.gateway_stream
+FACTS = SUBJECTS.facts_stream
 SETUPS = {
     "A": {"BCW_NATS_GATEWAYS": "gw-1,gw-2"},
     "B": {"BCW_NATS_FACTS_GATEWAYS": "gw-1,gw-2"},
@@ -238,6 +244,51 @@ async def test_a_notices_consumer_cannot_be_made_an_amplifier(
         assert (info.config.max_deliver, info.config.filter_subject) == (
             wanted.max_deliver, wanted.filter_subject,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("setup", ["A", "B"])
+async def test_a_worker_cannot_make_its_facts_durable_an_amplifier(
+    keys: Path, secured: str, setup: str
+) -> None:
+    """`worker-liveness` tries to idle out (1 s), delete and re-create its own durable
+    `liveness` with the revocations as deliver subject; then a gateway sends 50 facts the
+    durable takes. Nothing changes: the durable is as `bcw provision` made it, holds the 50
+    facts for the liveness worker's pulls, and no message reaches a revocations listener."""
+    output = await _provisioned(keys, secured, **SETUPS[setup])
+    assert "consumer liveness" in output, output
+    async with client_as(keys, secured, "admin") as (admin, _):
+        before = (await admin.jetstream().consumer_info(FACTS, "liveness")).config
+    async with client_as(keys, secured, "gateway-gw-1") as (listener, _):
+        heard: list[Msg] = []
+
+        async def hear(msg: Msg) -> None:
+            heard.append(msg)
+
+        await listener.subscribe(SUBJECTS.revocations, cb=hear)
+        await listener.flush()
+        own = SUBJECTS.fact_filter("liveness")
+        await _attack(keys, secured, "worker-liveness", _attacks(FACTS, "liveness", own, True))
+        await asyncio.sleep(1.5)  # past the 1 s threshold the attacker asked for
+        async with client_as(keys, secured, "gateway-gw-2") as (gateway, _):
+            js = gateway.jetstream()
+            for i in range(50):
+                await js.publish(
+                    SUBJECTS.fact("gw-2", "liveness"), b"{}", headers={"Nats-Msg-Id": f"l-{i}"}
+                )
+
+        async def all_held() -> bool:
+            async with client_as(keys, secured, "admin") as (admin, _):
+                info = await admin.jetstream().consumer_info(FACTS, "liveness")
+                return info.num_pending == 50
+
+        await eventually(all_held, what="the 50 facts held by the durable")
+        await asyncio.sleep(0.5)
+        assert heard == []
+    async with client_as(keys, secured, "admin") as (admin, _):
+        info = await admin.jetstream().consumer_info(FACTS, "liveness")
+        assert info.config == before
+        assert info.config.deliver_subject is None and info.config.inactive_threshold is None
+        assert info.delivered.consumer_seq == 0 and info.num_ack_pending == 0
 
 
 async def _gateway_acks(keys: Path, url: str, count: int) -> bool:
