@@ -38,13 +38,16 @@ import nats.js.errors
 import pytest
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
+from opentelemetry.sdk.trace import TracerProvider
 
 from tests.integration.security.conftest import SUBJECTS, client_as, nats_as
-from tests.integration.support import bcw, eventually
+from tests.integration.support import bcw, eventually, make_settings
 from workers.gateway import Gateway, HelloRequest, notices
 from workers.gateway.admission import Code
 from workers.gateway.types import Refused
-from workers.runtime.bus import connection
+from workers.registry import WORKERS
+from workers.runtime.bus import connection, streams
+from workers.runtime.process import run_process
 
 pytestmark = pytest.mark.slow
 
@@ -351,3 +354,47 @@ async def test_a_gateway_without_its_notices_consumer_says_so_waits_and_follows_
         await nc.close()
         await admin_nc.close()
         await pool.close()
+
+
+async def test_a_worker_binds_its_durable_only_as_provisioned_and_waits_meanwhile(
+    keys: Path, secured: str, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`worker-liveness` starts while its durable differs from its settings (provisioned
+    with a 60 s ack wait, its own 5 s): it says which consumer, what differs and that `bcw
+    provision` makes it, and waits, not ready — no crash, nothing changed; deleted, it
+    makes none; made as its settings want, it binds and runs."""
+    await _provisioned(keys, secured)  # the default settings: ack_wait 60 s
+    caplog.set_level(logging.INFO, logger="workers.runtime.process")
+    settings = make_settings(secured, database_url, SUBJECTS)
+    settings = settings.model_copy(update={"nats": nats_as(keys, secured, "worker-liveness")})
+    worker = WORKERS["liveness"](settings)
+    stopping, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(
+        run_process(settings, [worker], stopping=stopping, provider=TracerProvider(),
+                    on_ready=lambda *_: ready.set())
+    )  # fmt: skip
+    try:
+        async with client_as(keys, secured, "admin") as (admin, _):
+            js = admin.jetstream()
+
+            async def said() -> bool:
+                return any(f"consumer liveness on {FACTS} differs from these settings: "
+                           "ack_wait 60.0 (settings: 5.0)" in r.getMessage()
+                           and "`bcw provision` makes it" in r.getMessage()
+                           for r in caplog.records)  # fmt: skip
+
+            await eventually(said, what="what differs said")
+            await asyncio.sleep(1.0)
+            assert not ready.is_set() and not task.done()
+            assert (await js.consumer_info(FACTS, "liveness")).config.ack_wait == 60.0
+            await js.delete_consumer(FACTS, "liveness")
+            await asyncio.sleep(1.5)
+            with pytest.raises(nats.js.errors.NotFoundError):  # the worker made none
+                await js.consumer_info(FACTS, "liveness")
+            assert not ready.is_set() and not task.done()
+            spec = worker.consumer_spec(SUBJECTS)
+            await streams.ensure_consumer(js, FACTS, spec, settings.consumer)  # as provisioned
+            await asyncio.wait_for(ready.wait(), 15)
+    finally:
+        stopping.set()
+        await asyncio.wait_for(task, 15)
