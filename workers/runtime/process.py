@@ -214,14 +214,28 @@ async def _serve(
                 js, subjects, settings.nats.stream_replicas, limits,
                 only=None if workers else principals.relay_streams(subjects),
             )  # fmt: skip
-            for consumer in parts.consumers:
+
+        def bound(consumer: FactConsumer) -> Callable[[], Awaitable[None]]:
+            async def bind() -> None:
+                # as `bcw provision` made it; made here only where the principal may (a
+                # development server): a worker's nkey may not create its consumer
                 spec = consumer.worker.consumer_spec(subjects)
-                await streams.ensure_consumer(js, subjects.facts_stream, spec, settings.consumer)
+                made = await streams.consumer_for_a_worker(
+                    js, subjects.facts_stream, spec, settings.consumer
+                )
+                if made != "ok":
+                    log.info("consumer %s %s", spec.durable, made)
                 await consumer.bind()
                 await watch_max_deliveries(nc, js, subjects, consumer.worker.name)
 
+            return bind
+
         if await _until_up("JetStream", _provisioning(provision), stopping) is None:
             return
+        for consumer in parts.consumers:  # missing or different: said, and waited for
+            what = f"its consumer {consumer.worker.name}"
+            if await _until_up(what, _provisioning(bound(consumer)), stopping) is None:
+                return
         parts.provisioned = True
         metrics.outbox_backlog.set(0)
         log.info("running %s as %s (subject root %s)", names, instance, subjects.root)

@@ -7,7 +7,7 @@ nats-server that admits only them (`secured`), one per test module."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -22,7 +22,8 @@ from workers.embedded import EmbeddedNats
 from workers.gateway import store
 from workers.registry import WORKERS
 from workers.runtime.base.runtime_settings import NatsSettings
-from workers.runtime.bus import principals
+from workers.runtime.base.settings import Settings
+from workers.runtime.bus import principals, streams
 from workers.runtime.store import migrate, roles
 
 GROUPS = tuple(roles.GROUPS)
@@ -124,3 +125,15 @@ async def violated(errors: list[str], kind: str) -> bool:
     """Whether the server told a `client_as` client it broke a permission of `kind`
     (`Publish`, `Subscription`)."""
     return any("permissions violation" in e.lower() and kind.lower() in e.lower() for e in errors)
+
+
+async def provision_consumers(
+    keys: Path, url: str, settings: Settings, names: Iterable[str] = tuple(WORKERS)
+) -> None:
+    """The workers' durables of the facts stream as `bcw provision` makes them for
+    `settings` (a worker's principal may not make its own: it binds, or waits)."""
+    async with client_as(keys, url, "admin") as (nc, _):
+        js = nc.jetstream()
+        for name in names:
+            spec = WORKERS[name](settings).consumer_spec(SUBJECTS)
+            await streams.ensure_consumer(js, SUBJECTS.facts_stream, spec, settings.consumer)

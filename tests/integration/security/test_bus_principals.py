@@ -97,6 +97,8 @@ async def test_each_principal_does_its_work_and_nothing_else(
     code, output = await bcw(
         "provision", BCW_NATS_URL=secured, BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk"),
         BCW_NATS_GATEWAYS="gw-1,gw-2", BCW_NATS_SUBSCRIBERS="dashboards",
+        # the workers' consumer settings (`make_settings`): they bind what it makes
+        BCW_CONSUMER_ACK_WAIT="5s", BCW_DATABASE_COMMAND_TIMEOUT="4s",
     )  # fmt: skip
     assert code == 0 and "consumer sub-dashboards" in output, output
 
@@ -204,11 +206,15 @@ async def test_each_principal_does_its_work_and_nothing_else(
             )  # fmt: skip
         assert any("consumer.create" in e.lower() for e in errors), errors
 
-    # a worker may not publish facts
+    # a worker may not publish facts, nor change its own consumer (`bcw provision` made it)
     async with client_as(keys, secured, "worker-labeler") as (nc, errors):
         await nc.publish(SUBJECTS.fact("gw-1", "hello"), b"{}")
         await nc.flush()
         await eventually(lambda: violated(errors, "Publish"), what="a worker's fact refused")
+        errors.clear()
+        with pytest.raises(nats.errors.TimeoutError):  # no answer: the request is refused
+            await nc.jetstream(timeout=1.0).delete_consumer(SUBJECTS.facts_stream, "labeler")
+        assert any("consumer.delete" in e.lower() for e in errors), errors
 
 
 async def _one(stream: RecordingStream) -> bool:
@@ -228,8 +234,10 @@ async def test_a_row_its_relay_may_not_publish_never_stops_the_worker(
     and, as a dead letter, to the labeler's own (only the relay principal's say "relay"); the worker keeps running and applying facts. Another
     worker's row (a dispatch, the replay worker's) it never claims: it stays for its owner."""
     code, output = await bcw(
-        "provision", BCW_NATS_URL=secured, BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk")
-    )
+        "provision", BCW_NATS_URL=secured, BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk"),
+        # the worker's consumer settings (`make_settings`): it binds what it makes
+        BCW_CONSUMER_ACK_WAIT="5s", BCW_DATABASE_COMMAND_TIMEOUT="4s",
+    )  # fmt: skip
     assert code == 0, output
     forbidden = SUBJECTS.fact("gw-9", "hello")  # a worker never publishes a fact
     await db.execute(

@@ -21,7 +21,7 @@ from schemas.subjects import Subjects
 from tests.conftest import Clock, Servers
 from tests.factories import make_fact
 from tests.integration import fleet
-from tests.integration.security.conftest import SUBJECTS, client_as, nats_as
+from tests.integration.security.conftest import SUBJECTS, client_as, nats_as, provision_consumers
 from tests.integration.support import (
     bcw_process,
     eventually,
@@ -320,6 +320,7 @@ async def test_a_gateway_that_fills_the_facts_stream_fills_only_its_own(
     worker = settings.model_copy(
         update={"nats": nats_as(keys, secured, "worker-liveness").model_copy(update=own)}
     )
+    await provision_consumers(keys, secured, worker, ["liveness"])
     async with running(worker, [WORKERS["liveness"](worker)]) as (runtime, _port):
 
         async def seen() -> bool:

@@ -96,6 +96,17 @@ def test_a_gateway_only_pulls_and_acks_on_its_own_consumer() -> None:
     assert _grants("gateway-gw-1").subscribe == ("t1.revocations",)
 
 
+@pytest.mark.parametrize("worker", principals.WORKER_NAMES)
+def test_a_worker_only_pulls_and_acks_on_its_own_consumer(worker: str) -> None:
+    """No create, update or delete (a create names any deliver subject, where the server
+    sends every fact): `bcw provision` makes its durable; the worker binds it."""
+    assert _consumer_calls(_grants(f"worker-{worker}").publish) == [
+        f"$JS.API.CONSUMER.INFO.T1_FACTS.{worker}",
+        f"$JS.API.CONSUMER.MSG.NEXT.T1_FACTS.{worker}",
+        f"$JS.ACK.T1_FACTS.{worker}.>",
+    ]
+
+
 def test_the_subscriber_reads_events_only_and_touches_no_consumer() -> None:
     subscriber = _grants("subscriber")
     assert subscriber.subscribe == ("t1.events.>",)

@@ -47,6 +47,9 @@ class RefusedSubjects:
     def add(self, subject: str) -> None:
         if subject.lower() not in self._said:
             self._said.add(subject.lower())
+            if subject.lower().startswith("$js.api."):  # a request: its caller says what it means
+                log.debug("NATS refused us the request %s", subject)
+                return
             log.error(
                 "NATS refused us to publish to %s: a permission is missing (rows bound there "
                 "are dead-lettered; grant it and re-drive them)",

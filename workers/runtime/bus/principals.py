@@ -3,7 +3,8 @@ a nats-server configuration fragment. `bcw auth nats` writes it (`write`); `docs
 shows the same table, generated from `principals()`.
 
 - `admin`: everything (provision, stream setup at migrate time, dead-letter redrive).
-- `worker-<name>`: its own durable consumer on the facts stream; the events, notices and
+- `worker-<name>`: pulls from and acks on its own durable consumer of the facts stream
+  (`bcw provision` makes it: the worker binds it as it is, or waits); the events, notices and
   revocations its rules emit (`EMITS`, and nothing another worker emits) and its own dead
   letters (never the relay's); never a fact.
 - `relay`: a dedicated outbox relay (`bcw run relay`): the events, notices and revocations
@@ -17,7 +18,7 @@ shows the same table, generated from `principals()`.
   and is told of new events on their subjects; touches no consumer.
 - `subscriber-<app>` (`bcw auth nats --subscribers`): the same, and pulls from and acks on
   its own durable `sub-<app>` of the events stream (`bcw provision` makes it), no other.
-  Neither a gateway nor a subscriber creates, changes or deletes a consumer: a create
+  No worker, gateway or subscriber creates, changes or deletes a consumer: a create
   request may name any deliver subject, where the server then sends the stream's messages.
 
 Every principal's replies come to an inbox of its own, `_INBOX.<its public key>.>`, to
@@ -214,8 +215,7 @@ def principals(
                     _api("STREAM.INFO", subjects.dead_stream),
                     # how full each gateway's own facts stream is (BCW_NATS_FACTS_GATEWAYS)
                     *(_api("STREAM.INFO", subjects.gateway_facts_stream(g)) for g in gateways),
-                    _api("CONSUMER.CREATE", facts, worker),
-                    _api("CONSUMER.CREATE", facts, worker, ">"),
+                    # its own durable, which only `bcw provision` makes and changes
                     *_pulls(facts, worker),
                     _api("STREAM.MSG.GET", facts),
                     _api("DIRECT.GET", facts),

@@ -24,6 +24,7 @@ from tests.integration.security.conftest import (
     client_as,
     login_of,
     nats_as,
+    provision_consumers,
     url_as,
     violated,
 )
@@ -246,6 +247,7 @@ async def test_gw2_with_its_own_key_and_login_changes_nothing_of_gw1s(
     await _bind(db, "gw2_login_t", "gw-2")
     await fleet.join(db, "n1")
     base = make_settings(secured, database_url, SUBJECTS)
+    await provision_consumers(keys, secured, base)  # the workers' settings: they bind
     async with contextlib.AsyncExitStack() as stack:
         runtimes = []
         for name in sorted(WORKERS):

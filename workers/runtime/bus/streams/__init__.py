@@ -23,6 +23,10 @@ from workers.runtime.bus.streams.layout import StreamLimits as StreamLimits
 from workers.runtime.bus.streams.layout import is_dead_stream
 from workers.runtime.bus.streams.layout import limits_of as limits_of
 from workers.runtime.bus.streams.layout import stream_configs as stream_configs
+from workers.runtime.bus.streams.worker_consumer import (
+    ConsumerNotProvisioned as ConsumerNotProvisioned,
+)
+from workers.runtime.bus.streams.worker_consumer import ConsumerRefused, bind_ready
 
 log = logging.getLogger(__name__)
 
@@ -329,6 +333,17 @@ async def ensure_consumer(
             f"consumer {spec.durable} on {stream} cannot take the configured settings: {error}; "
             "delete it (`nats consumer rm`) to recreate it"
         ) from error
+
+
+async def consumer_for_a_worker(
+    js: JetStreamContext, stream: str, spec: ConsumerSpec, settings: ConsumerSettings
+) -> str:
+    """A worker's consumer at start (`worker_consumer.bind_ready`): `ok`, or made where
+    this principal may; ConsumerNotProvisioned (wait for `bcw provision`) where it may not."""
+    try:
+        return await bind_ready(js, stream, spec.durable, spec.config(settings))
+    except ConsumerRefused as error:
+        raise ProvisionError(str(error)) from error
 
 
 async def facts_fill(

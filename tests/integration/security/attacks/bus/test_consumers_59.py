@@ -10,6 +10,11 @@ nats-server that admits only the principals, each attack made with the attacker'
   `ack_wait`: refused; the consumer stays as `bcw provision` made it, no message reaches
   the revocations' listeners, and the gateway's notices still wait for it alone.
 
+- the same through a worker's nkey: `worker-liveness` idles out, deletes or re-creates its
+  own facts durable `liveness` as a push consumer to `bc.revocations` (a 50 ms ack wait, no
+  bound on deliveries; 500 facts once reached every gateway 49,500 times in 5 s): refused,
+  its durable stays as `bcw provision` made it, and no fact reaches a revocations listener.
+
 A gateway whose consumer is missing (not provisioned yet, or deleted under it) says so,
 waits, and follows it once `bcw provision` makes it again.
 
@@ -33,17 +38,21 @@ import nats.js.errors
 import pytest
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
+from opentelemetry.sdk.trace import TracerProvider
 
 from tests.integration.security.conftest import SUBJECTS, client_as, nats_as
-from tests.integration.support import bcw, eventually
+from tests.integration.support import bcw, eventually, make_settings
 from workers.gateway import Gateway, HelloRequest, notices
 from workers.gateway.admission import Code
 from workers.gateway.types import Refused
-from workers.runtime.bus import connection
+from workers.registry import WORKERS
+from workers.runtime.bus import connection, streams
+from workers.runtime.process import run_process
 
 pytestmark = pytest.mark.slow
 
 EVENTS, NOTICES = SUBJECTS.events_stream, SUBJECTS.gateway_stream
+FACTS = SUBJECTS.facts_stream
 SETUPS = {
     "A": {"BCW_NATS_GATEWAYS": "gw-1,gw-2"},
     "B": {"BCW_NATS_FACTS_GATEWAYS": "gw-1,gw-2"},
@@ -240,6 +249,51 @@ async def test_a_notices_consumer_cannot_be_made_an_amplifier(
         )  # fmt: skip
 
 
+@pytest.mark.parametrize("setup", ["A", "B"])
+async def test_a_worker_cannot_make_its_facts_durable_an_amplifier(
+    keys: Path, secured: str, setup: str
+) -> None:
+    """`worker-liveness` tries to idle out (1 s), delete and re-create its own durable
+    `liveness` with the revocations as deliver subject; then a gateway sends 50 facts the
+    durable takes. Nothing changes: the durable is as `bcw provision` made it, holds the 50
+    facts for the liveness worker's pulls, and no message reaches a revocations listener."""
+    output = await _provisioned(keys, secured, **SETUPS[setup])
+    assert "consumer liveness" in output, output
+    async with client_as(keys, secured, "admin") as (admin, _):
+        before = (await admin.jetstream().consumer_info(FACTS, "liveness")).config
+    async with client_as(keys, secured, "gateway-gw-1") as (listener, _):
+        heard: list[Msg] = []
+
+        async def hear(msg: Msg) -> None:
+            heard.append(msg)
+
+        await listener.subscribe(SUBJECTS.revocations, cb=hear)
+        await listener.flush()
+        own = SUBJECTS.fact_filter("liveness")
+        await _attack(keys, secured, "worker-liveness", _attacks(FACTS, "liveness", own, True))
+        await asyncio.sleep(1.5)  # past the 1 s threshold the attacker asked for
+        async with client_as(keys, secured, "gateway-gw-2") as (gateway, _):
+            js = gateway.jetstream()
+            for i in range(50):
+                await js.publish(
+                    SUBJECTS.fact("gw-2", "liveness"), b"{}", headers={"Nats-Msg-Id": f"l-{i}"}
+                )
+
+        async def all_held() -> bool:
+            async with client_as(keys, secured, "admin") as (admin, _):
+                info = await admin.jetstream().consumer_info(FACTS, "liveness")
+                return info.num_pending == 50
+
+        await eventually(all_held, what="the 50 facts held by the durable")
+        await asyncio.sleep(0.5)
+        assert heard == []
+    async with client_as(keys, secured, "admin") as (admin, _):
+        info = await admin.jetstream().consumer_info(FACTS, "liveness")
+        assert info.config == before
+        assert info.config.deliver_subject is None and info.config.inactive_threshold is None
+        assert info.delivered.consumer_seq == 0 and info.num_ack_pending == 0
+
+
 async def _gateway_acks(keys: Path, url: str, count: int) -> bool:
     async with client_as(keys, url, "admin") as (admin, _):
         with contextlib.suppress(Exception):
@@ -300,3 +354,47 @@ async def test_a_gateway_without_its_notices_consumer_says_so_waits_and_follows_
         await nc.close()
         await admin_nc.close()
         await pool.close()
+
+
+async def test_a_worker_binds_its_durable_only_as_provisioned_and_waits_meanwhile(
+    keys: Path, secured: str, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`worker-liveness` starts while its durable differs from its settings (provisioned
+    with a 60 s ack wait, its own 5 s): it says which consumer, what differs and that `bcw
+    provision` makes it, and waits, not ready — no crash, nothing changed; deleted, it
+    makes none; made as its settings want, it binds and runs."""
+    await _provisioned(keys, secured)  # the default settings: ack_wait 60 s
+    caplog.set_level(logging.INFO, logger="workers.runtime.process")
+    settings = make_settings(secured, database_url, SUBJECTS)
+    settings = settings.model_copy(update={"nats": nats_as(keys, secured, "worker-liveness")})
+    worker = WORKERS["liveness"](settings)
+    stopping, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(
+        run_process(settings, [worker], stopping=stopping, provider=TracerProvider(),
+                    on_ready=lambda *_: ready.set())
+    )  # fmt: skip
+    try:
+        async with client_as(keys, secured, "admin") as (admin, _):
+            js = admin.jetstream()
+
+            async def said() -> bool:
+                return any(f"consumer liveness on {FACTS} differs from these settings: "
+                           "ack_wait 60.0 (settings: 5.0)" in r.getMessage()
+                           and "`bcw provision` makes it" in r.getMessage()
+                           for r in caplog.records)  # fmt: skip
+
+            await eventually(said, what="what differs said")
+            await asyncio.sleep(1.0)
+            assert not ready.is_set() and not task.done()
+            assert (await js.consumer_info(FACTS, "liveness")).config.ack_wait == 60.0
+            await js.delete_consumer(FACTS, "liveness")
+            await asyncio.sleep(1.5)
+            with pytest.raises(nats.js.errors.NotFoundError):  # the worker made none
+                await js.consumer_info(FACTS, "liveness")
+            assert not ready.is_set() and not task.done()
+            spec = worker.consumer_spec(SUBJECTS)
+            await streams.ensure_consumer(js, FACTS, spec, settings.consumer)  # as provisioned
+            await asyncio.wait_for(ready.wait(), 15)
+    finally:
+        stopping.set()
+        await asyncio.wait_for(task, 15)

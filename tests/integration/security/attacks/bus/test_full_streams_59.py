@@ -27,7 +27,7 @@ from schemas import REGISTRY
 from schemas.facts import FACT_TYPES
 from tests.factories import make_fact
 from tests.integration import fleet
-from tests.integration.security.conftest import SUBJECTS, client_as, nats_as
+from tests.integration.security.conftest import SUBJECTS, client_as, nats_as, provision_consumers
 from tests.integration.support import eventually, make_settings, running
 from workers.registry import WORKERS
 from workers.runtime.bus import streams
@@ -101,6 +101,7 @@ async def test_a_gateway_that_floods_empty_messages_fills_only_its_own_share_by_
     worker = settings.model_copy(
         update={"nats": nats_as(keys, secured, "worker-liveness").model_copy(update=layout)}
     )
+    await provision_consumers(keys, secured, worker, ["liveness"])
     async with running(worker, [WORKERS["liveness"](worker)]) as (runtime, _port):
 
         async def seen() -> bool:

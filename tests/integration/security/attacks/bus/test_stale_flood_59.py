@@ -27,7 +27,7 @@ from schemas import REGISTRY
 from tests.factories import make_fact
 from tests.integration import fleet
 from tests.integration.security.attacks.bus.test_full_streams_59 import _fresh_streams
-from tests.integration.security.conftest import SUBJECTS, client_as, nats_as
+from tests.integration.security.conftest import SUBJECTS, client_as, nats_as, provision_consumers
 from tests.integration.support import eventually, make_settings, running
 from workers.registry import WORKERS
 
@@ -79,6 +79,7 @@ async def test_a_flood_of_a_gateways_stale_closes_costs_it_and_not_the_others(
     worker = settings.model_copy(
         update={"nats": nats_as(keys, secured, "worker-liveness").model_copy(update=layout)}
     )
+    await provision_consumers(keys, secured, worker, ["liveness"])
     started = time.monotonic()
     async with running(worker, [WORKERS["liveness"](worker)]) as (runtime, _port):
 

@@ -113,7 +113,11 @@ async def _world(
     settings = _settings(secured, database_url, hold_max, gateways)
     admin = nats_as(keys, secured, "admin").model_copy(update={"facts_gateways": gateways})
     async with client_as(keys, secured, "admin") as (nc, _):
-        await streams.provision_streams(nc.jetstream(), SUBJECTS, limits=streams.limits_of(admin))
+        js = nc.jetstream()
+        await streams.provision_streams(js, SUBJECTS, limits=streams.limits_of(admin))
+        for name in WORKERS:  # the workers' durables, as `bcw provision` makes them
+            spec = WORKERS[name](settings).consumer_spec(SUBJECTS)
+            await streams.ensure_consumer(js, SUBJECTS.facts_stream, spec, settings.consumer)
     with contextlib.suppress(asyncpg.DuplicateObjectError):
         await db.execute("CREATE ROLE gw2_login_t LOGIN IN ROLE bcw_gateway_bound")
     await store.bind(db, "gw2_login_t", "gw-2")
