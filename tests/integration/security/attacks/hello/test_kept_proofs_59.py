@@ -214,8 +214,8 @@ async def test_a_daemon_whose_clock_steps_back_within_its_process_connects(
 async def test_a_daemon_whose_at_ran_past_the_window_connects_by_the_challenge(
     two: tuple[Gateway, Gateway], db: asyncpg.Connection
 ) -> None:
-    """More Hellos than one a second run its `at` ahead of its clock (the 120 a minute
-    allow 60 s a minute at most); past 5 minutes ahead its plain proof is refused as
+    """More Hellos than one a second run its `at` ahead of its clock (the 240 a minute
+    allow 180 s a minute at most); past 5 minutes ahead its plain proof is refused as
     stale, and it signs the refusal's challenge: in, at the second Hello."""
     gw1, _ = two
     daemon = FakeDaemon("n1", "n1-serial", time.time, random.Random(5), hello_key=KEY)
