@@ -44,7 +44,13 @@ from schemas.subjects import Subjects
 from tests.conftest import Clock, Servers
 from tests.integration import fleet
 from tests.integration.driver import Driver, driving
-from tests.integration.security.conftest import SUBJECTS, client_as, nats_as, url_as
+from tests.integration.security.conftest import (
+    SUBJECTS,
+    client_as,
+    nats_as,
+    provision_consumers,
+    url_as,
+)
 from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, make_settings, running
 from workers import quarantine
@@ -115,9 +121,9 @@ async def _world(
     async with client_as(keys, secured, "admin") as (nc, _):
         js = nc.jetstream()
         await streams.provision_streams(js, SUBJECTS, limits=streams.limits_of(admin))
-        for name in WORKERS:  # the workers' durables, as `bcw provision` makes them
-            spec = WORKERS[name](settings).consumer_spec(SUBJECTS)
-            await streams.ensure_consumer(js, SUBJECTS.facts_stream, spec, settings.consumer)
+        for gateway_id in ("gw-1", "gw-2"):  # as `bcw provision` does (BCW_NATS_GATEWAYS)
+            await notices.provision(js, SUBJECTS, gateway_id)
+    await provision_consumers(keys, secured, settings)  # the workers' durables
     with contextlib.suppress(asyncpg.DuplicateObjectError):
         await db.execute("CREATE ROLE gw2_login_t LOGIN IN ROLE bcw_gateway_bound")
     await store.bind(db, "gw2_login_t", "gw-2")
@@ -133,10 +139,6 @@ async def _world(
                 running(worker, [WORKERS[name](worker)])
             )
         started = []
-        admin = await connection.connect(nats_as(keys, secured, "admin"), name="admin")
-        for gateway_id in ("gw-1", "gw-2"):  # as `bcw provision` does (BCW_NATS_GATEWAYS)
-            await notices.provision(admin.jetstream(), SUBJECTS, gateway_id)
-        await admin.close()
         for gateway_id, url in (
             ("gw-1", logins["bcw_gateway_bound"]),
             ("gw-2", url_as(logins["bcw_gateway_bound"], "gw2_login_t")),
