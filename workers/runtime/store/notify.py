@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import asyncpg
 
 from workers.runtime.base.runtime_settings import DatabaseSettings
-from workers.runtime.base.waiting import sleep_or_stop
+from workers.runtime.base.waiting import sleep_or_stop, wait_any
 from workers.runtime.store import db
 
 log = logging.getLogger(__name__)
@@ -125,9 +125,7 @@ class Listener:
                 self.connects += 1
                 self._wake.set()  # something may have come while we were not listening
                 while not lost.is_set() and not deaf.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(self._keepalive):
-                            await wait_first(lost, deaf)
+                    await wait_any((lost, deaf), self._keepalive)
                     if not lost.is_set() and not deaf.is_set():
                         await conn.fetchval("SELECT 1")  # not idle for idle_session_timeout
             except asyncio.CancelledError:
@@ -150,13 +148,3 @@ class Listener:
                 )  # fmt: skip
                 self._wake.set()
             await sleep_or_stop(stopping, self._rest if deaf.is_set() else 1.0)
-
-
-async def wait_first(*events: asyncio.Event) -> None:
-    """Return once any of `events` is set."""
-    waits = [asyncio.ensure_future(event.wait()) for event in events]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for wait in waits:
-            wait.cancel()
