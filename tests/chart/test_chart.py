@@ -13,8 +13,9 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
-from helm_python import _native
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.chart.rendering import CRD_APIS, render_in
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "bc-workers"
 PRODUCTION = CHART / "ci" / "production-values.yaml"
@@ -27,26 +28,10 @@ MINIMAL = {
 }
 
 
-# the CRDs' APIs of a cluster with prometheus-operator and KEDA (tests/chart/test_chart_prod.py
-# renders without them too)
-CRD_APIS = ("monitoring.coreos.com/v1", "keda.sh/v1alpha1")
-
-
 def render(
     values: dict[str, Any], api_versions: tuple[str, ...] = CRD_APIS
 ) -> list[dict[str, Any]]:
-    """The chart as `helm install` renders it in a cluster serving `api_versions` (the
-    wheel's render takes them as its options' `api_versions`, as `--api-versions`)."""
-    chart = helm.Chart.load(str(CHART))
-    options = {"name": "fleet", "namespace": "control-plane", "is_install": True}
-    rendered: dict[str, str] = json.loads(
-        _native.call_string(
-            "helm_render",
-            chart._raw(),
-            json.dumps(values),
-            json.dumps({**options, "api_versions": list(api_versions)}),
-        )
-    )
+    rendered = render_in(CHART, values, api_versions)  # prometheus-operator and KEDA served
     docs = []
     for name, text in rendered.items():
         if name.endswith(".txt"):

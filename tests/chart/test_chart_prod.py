@@ -9,7 +9,6 @@ real."""
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import shutil
 import ssl
@@ -22,16 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import certifi
-import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
 from asyncpg import connect_utils
-from helm_python import _native
 
+from tests.chart.rendering import CRD_APIS, render_in
 from tests.chart.test_chart import (
     CHART,
-    CRD_APIS,
     KUBE_VERSION,
     MINIMAL,
     WORKERS,
@@ -172,15 +169,7 @@ def test_asyncpg_verifies_the_docs_verify_full_url_with_the_charts_variables(
 
 
 def _notes(values: dict[str, Any], api_versions: tuple[str, ...]) -> str:
-    chart = helm.Chart.load(str(CHART))
-    options = {"name": "fleet", "namespace": "control-plane", "is_install": True}
-    rendered: dict[str, str] = json.loads(
-        _native.call_string(
-            "helm_render", chart._raw(), json.dumps(values),
-            json.dumps({**options, "api_versions": list(api_versions)}),
-        )
-    )  # fmt: skip
-    return rendered["bc-workers/templates/NOTES.txt"]
+    return render_in(CHART, values, api_versions)["bc-workers/templates/NOTES.txt"]
 
 
 @pytest.mark.parametrize(
