@@ -52,9 +52,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/* KEDA scales the listed workers: autoscaling on and the cluster serves keda.sh/v1alpha1
-   ("true" or nothing); otherwise each Deployment keeps its own replica count. */}}
+   ("true" or nothing); otherwise each Deployment keeps its own replica count. Values
+   without `autoscaling` (0.3's, reused) ask for none. */}}
 {{- define "bcw.keda" -}}
-{{- if and .Values.autoscaling.enabled (.Capabilities.APIVersions.Has "keda.sh/v1alpha1") }}true{{ end -}}
+{{- if and (default dict .Values.autoscaling).enabled (.Capabilities.APIVersions.Has "keda.sh/v1alpha1") }}true{{ end -}}
 {{- end -}}
 
 {{- define "bcw.serviceAccountName" -}}
