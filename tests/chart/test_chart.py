@@ -15,6 +15,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.chart.rendering import CRD_APIS, render_in
+
 CHART = Path(__file__).resolve().parents[2] / "charts" / "bc-workers"
 PRODUCTION = CHART / "ci" / "production-values.yaml"
 KUBE_VERSION = "1.31"
@@ -26,9 +28,10 @@ MINIMAL = {
 }
 
 
-def render(values: dict[str, Any]) -> list[dict[str, Any]]:
-    chart = helm.Chart.load(str(CHART))
-    rendered = chart.render(values, name="fleet", namespace="control-plane", is_install=True)
+def render(
+    values: dict[str, Any], api_versions: tuple[str, ...] = CRD_APIS
+) -> list[dict[str, Any]]:
+    rendered = render_in(CHART, values, api_versions)  # prometheus-operator and KEDA served
     docs = []
     for name, text in rendered.items():
         if name.endswith(".txt"):

@@ -44,6 +44,20 @@ app.kubernetes.io/component: {{ .component }}
 {{- .Values.subjectRoot | upper | replace "-" "_" -}}
 {{- end -}}
 
+{{/* Objects of a CRD render only where the cluster serves its API (`helm template`:
+   `--api-versions monitoring.coreos.com/v1`, `--api-versions keda.sh/v1alpha1`):
+   "true" or nothing. */}}
+{{- define "bcw.monitoringApi" -}}
+{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end -}}
+{{- end -}}
+
+{{/* KEDA scales the listed workers: autoscaling on and the cluster serves keda.sh/v1alpha1
+   ("true" or nothing); otherwise each Deployment keeps its own replica count. Values
+   without `autoscaling` (0.3's, reused) ask for none. */}}
+{{- define "bcw.keda" -}}
+{{- if and (default dict .Values.autoscaling).enabled (.Capabilities.APIVersions.Has "keda.sh/v1alpha1") }}true{{ end -}}
+{{- end -}}
+
 {{- define "bcw.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "bcw.fullname" .) .Values.serviceAccount.name -}}
@@ -174,6 +188,21 @@ imagePullSecrets:
   value: {{ $v.database.poolMax | quote }}
 - name: BCW_DATABASE_STATEMENT_CACHE_SIZE
   value: {{ $v.database.statementCacheSize | quote }}
+{{- if include "bcw.pgTlsSecret" .root }}
+{{- /* the standard libpq names, read by asyncpg when the URL names no sslrootcert */}}
+- name: PGSSLROOTCERT
+  value: /etc/bcw/pg-tls/ca.crt
+{{- if $v.database.tls.mutual }}
+- name: PGSSLCERT
+  value: /etc/bcw/pg-tls/tls.crt
+- name: PGSSLKEY
+  value: /etc/bcw/pg-tls/tls.key
+{{- end }}
+{{- with $v.database.tls.mode }}
+- name: PGSSLMODE
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- if $bus }}
 {{- /* a new install gives each gateway its own facts stream; an upgrade keeps the layout the streams have */}}
@@ -252,10 +281,18 @@ imagePullSecrets:
 {{- end }}
 {{- end -}}
 
-{{/* Call with (dict "root" $ "secrets" (include "bcw.secrets" …)). */}}
+{{/* The Secret of PostgreSQL's CA (database.tls.existingSecret), or nothing; values
+   without database.tls (an older release's) give nothing. */}}
+{{- define "bcw.pgTlsSecret" -}}
+{{- with .Values.database.tls }}{{ .existingSecret }}{{ end -}}
+{{- end -}}
+
+{{/* Call with (dict "root" $ "secrets" (include "bcw.secrets" …)); "nats" false or
+   "database" false: a container that does not reach that server mounts none of its files. */}}
 {{- define "bcw.volumeMounts" -}}
 {{- $s := splitList "|" .secrets -}}
 {{- $bus := or (not (hasKey . "nats")) .nats -}}
+{{- $db := or (not (hasKey . "database")) .database -}}
 - name: tmp
   mountPath: /tmp
 {{- with .root.Values.extraVolumeMounts }}
@@ -271,11 +308,18 @@ imagePullSecrets:
   mountPath: /etc/bcw/tls
   readOnly: true
 {{- end }}
+{{- if and $db (include "bcw.pgTlsSecret" .root) }}
+- name: pg-tls
+  mountPath: /etc/bcw/pg-tls
+  readOnly: true
+{{- end }}
 {{- end -}}
 
-{{/* Call with (dict "root" $ "secrets" (include "bcw.secrets" …)). */}}
+{{/* Call with (dict "root" $ "secrets" (include "bcw.secrets" …)); "database" false: a
+   pod none of whose containers reaches PostgreSQL gets no PostgreSQL TLS files. */}}
 {{- define "bcw.volumes" -}}
 {{- $s := splitList "|" .secrets -}}
+{{- $db := or (not (hasKey . "database")) .database -}}
 - name: tmp
   emptyDir: {sizeLimit: 64Mi}
 {{- with .root.Values.extraVolumes }}
@@ -296,6 +340,18 @@ imagePullSecrets:
     items:
       - {key: ca.crt, path: ca.crt}
       {{- if .root.Values.nats.tls.mutual }}
+      - {key: tls.crt, path: tls.crt}
+      - {key: tls.key, path: tls.key}
+      {{- end }}
+{{- end }}
+{{- with (and $db (include "bcw.pgTlsSecret" .root)) }}
+- name: pg-tls
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0400
+    items:
+      - {key: ca.crt, path: ca.crt}
+      {{- if $.root.Values.database.tls.mutual }}
       - {key: tls.crt, path: tls.crt}
       - {key: tls.key, path: tls.key}
       {{- end }}
