@@ -7,14 +7,11 @@ schemas as test_chart.py does."""
 from __future__ import annotations
 
 import copy
-import shutil
-from pathlib import Path
 from typing import Any
 
 import helm_python as helm
 import kubernetes_validate
 import pytest
-import yaml
 
 from tests.chart.test_chart import CHART, KUBE_VERSION, MINIMAL, WORKERS, by_kind, production
 from tests.chart.test_chart import render as render_chart
@@ -43,7 +40,7 @@ EVERYTHING: dict[str, Any] = {
         {
             "apiVersion": "scheduling.k8s.io/v1",
             "kind": "PriorityClass",
-            "metadata": {"name": "{{ include \"bcw.fullname\" . }}-critical"},
+            "metadata": {"name": '{{ include "bcw.fullname" . }}-critical'},
             "value": 1000000,
         },
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: extra\n"
@@ -215,7 +212,9 @@ def test_the_disruption_budget_takes_min_available_or_max_unavailable_not_both()
     assert len(budgets) == 6
     assert all(b["spec"].keys() == {"maxUnavailable", "selector"} for b in budgets.values())
     assert {b["spec"]["maxUnavailable"] for b in budgets.values()} == {1}
-    budgets = by_kind(render(_with(podDisruptionBudget={"maxUnavailable": "50%"})), "PodDisruptionBudget")
+    budgets = by_kind(
+        render(_with(podDisruptionBudget={"maxUnavailable": "50%"})), "PodDisruptionBudget"
+    )
     assert {b["spec"]["maxUnavailable"] for b in budgets.values()} == {"50%"}
     budgets = by_kind(render(EVERYTHING), "PodDisruptionBudget")
     for budget in budgets.values():
@@ -295,83 +294,3 @@ def test_without_its_own_login_the_test_pod_takes_no_other_and_says_so() -> None
     # a trial without NATS logins checks the streams with none
     [plain] = _test_pod(MINIMAL)["spec"]["containers"]
     assert plain["args"] == ["provision", "--check"]
-
-
-RETENTION_REFUSED = {
-    "a stream below 2m": (
-        {"nats": {"factsGateways": ["gw-1"], "retention": {"notices": "90s"}}},
-        r"nats\.retention\.notices \(90s\) is below 2m",
-    ),
-    "facts as long as the inbox rows": (
-        {"nats": {"factsGateways": ["gw-1"], "retention": {"facts": "25h"}}},
-        r"nats\.retention\.facts \(25h\) must be below BCW_RETENTION_PROCESSED_FACTS \(25h\)",
-    ),
-    "facts above a worker's own inbox rows": (
-        {
-            "nats": {"factsGateways": ["gw-1"], "retention": {"facts": "48h"}},
-            "extraEnv": [{"name": "BCW_RETENTION_PROCESSED_FACTS", "value": "3d"}],
-            "workers": {"replay": {"env": [{"name": "BCW_RETENTION_PROCESSED_FACTS", "value": "30h"}]}},
-        },
-        r"nats\.retention\.facts \(48h\) must be below BCW_RETENTION_PROCESSED_FACTS \(30h\)",
-    ),
-    "session history below a day": (
-        {"extraEnv": [{"name": "BCW_RETENTION_SESSION_HISTORY", "value": "12h"}]},
-        r"BCW_RETENTION_SESSION_HISTORY \(12h\) is below 1d",
-    ),
-}
-
-
-@pytest.mark.parametrize("case", RETENTION_REFUSED.values(), ids=RETENTION_REFUSED.keys())
-def test_incoherent_retention_is_refused_at_render_in_one_line(case: tuple[dict[str, Any], str]) -> None:
-    values, message = case
-    with pytest.raises(helm.HelmError, match=message):
-        render(_with(**values))
-
-
-@pytest.mark.parametrize(
-    "values",
-    [
-        {"nats": {"factsGateways": ["gw-1"], "retention": {"notices": "2m", "facts": "1w"}},
-         "extraEnv": [{"name": "BCW_RETENTION_PROCESSED_FACTS", "value": "8d"}]},
-        {"nats": {"factsGateways": ["gw-1"], "retention": {"events": "120", "deadLetters": "0.5w"}}},
-        {"extraEnv": [{"name": "BCW_RETENTION_NODE_EVENTS", "value": "1d"}]},
-    ],
-)  # fmt: skip
-def test_coherent_retention_renders(values: dict[str, Any]) -> None:
-    assert render(_with(**values))
-
-
-NEW_KEYS = {
-    "": ["commonLabels", "commonAnnotations", "extraObjects"],
-    "defaults": ["probes", "revisionHistoryLimit"],
-    "relay": ["probes", "podLabels", "podAnnotations"],
-    "tests": ["resources", "nats"],
-    "podDisruptionBudget": ["minAvailable", "unhealthyPodEvictionPolicy"],
-    "serviceMonitor": ["scrapeTimeout", "relabelings", "metricRelabelings"],
-    "networkPolicy": ["extraEgress", "extraIngress"],
-}
-
-
-def test_values_without_these_keys_still_render(tmp_path: Path) -> None:
-    """`helm upgrade --reuse-values` from a release before these keys gives the templates
-    values without them: every template reads them as absent, not as a nil pointer."""
-    chart = tmp_path / "bc-workers"
-    shutil.copytree(CHART, chart)
-    values = yaml.safe_load((chart / "values.yaml").read_text())
-    for parent, keys in NEW_KEYS.items():
-        for key in keys:
-            del (values[parent] if parent else values)[key]
-    for spec in values["workers"].values():
-        for key in ("probes", "podLabels", "podAnnotations"):
-            del spec[key]
-    (chart / "values.yaml").write_text(yaml.safe_dump(values))
-    on = {"enabled": True}
-    rendered = helm.Chart.load(str(chart)).render(
-        {**MINIMAL, "relay": on, "serviceMonitor": on, "networkPolicy": on},
-        name="fleet", namespace="control-plane", is_install=True,
-    )  # fmt: skip
-    texts = [text for name, text in rendered.items() if not name.endswith(".txt")]
-    docs = [d for text in texts for d in yaml.safe_load_all(text) if d]
-    deployments = by_kind(docs, "Deployment")
-    assert len(deployments) == 6
-    assert all(d["spec"]["revisionHistoryLimit"] == 5 for d in deployments.values())

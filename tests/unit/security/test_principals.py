@@ -279,7 +279,9 @@ def test_every_worker_may_read_how_full_each_gateways_stream_is_and_nobody_else_
     assert info not in table["gateway-gw-1"].publish  # a gateway reads no stream's info
 
 
-@pytest.mark.parametrize("gateways", [[], ["gw-1", "gw-2"]], ids=["one-facts-stream", "per-gateway"])
+@pytest.mark.parametrize(
+    "gateways", [[], ["gw-1", "gw-2"]], ids=["one-facts-stream", "per-gateway"]
+)
 def test_the_tester_reads_the_info_of_the_streams_the_check_looks_at_and_nothing_else(
     gateways: list[str],
 ) -> None:
@@ -295,6 +297,7 @@ def test_the_tester_reads_the_info_of_the_streams_the_check_looks_at_and_nothing
         SUBJECTS, limits=streams.StreamLimits(gateways=("gw-1", "gw-2"))
     )
     assert set(tester.publish) == {
-        "$JS.API.INFO", *(f"$JS.API.STREAM.INFO.{c.name}" for c in everything)
+        "$JS.API.INFO",
+        *(f"$JS.API.STREAM.INFO.{c.name}" for c in everything),
     }
     assert tester.subscribe == ()
