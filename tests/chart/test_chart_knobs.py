@@ -106,6 +106,15 @@ def test_common_labels_and_annotations_are_on_every_object_the_chart_renders() -
     assert "annotations" not in by_kind(plain, "Deployment")["fleet-bc-workers-labeler"]["metadata"]
 
 
+def test_common_labels_are_a_new_migration_job_whose_pod_template_cannot_change() -> None:
+    def job(values: dict[str, Any]) -> str:
+        [name] = [d["metadata"]["name"] for d in render(values) if d["kind"] == "Job"]
+        return name
+
+    assert job(_with(commonLabels={"team": "a"})) != job(_with(commonLabels={"team": "b"}))
+    assert job(_with(commonAnnotations={"a": "1"})) == job(MINIMAL)  # not in its pods
+
+
 def test_common_labels_may_not_replace_the_charts_own() -> None:
     chart = helm.Chart.load(str(CHART))
     with pytest.raises(helm.HelmValuesError):
