@@ -24,6 +24,86 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: bc-control-plane
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* An object's `annotations:` block: commonAnnotations, then the object's own ("own", a
+   dict that wins); nothing when both are empty. Call with (dict "root" $ "own" <dict or nil>). */}}
+{{- define "bcw.annotations" -}}
+{{- $all := merge (deepCopy (default dict .own)) (deepCopy (default dict .root.Values.commonAnnotations)) -}}
+{{- with $all }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* A pod's own labels or annotations: the chart-wide ones (podLabels, podAnnotations),
+   then the component's ("own", which wins). Call with (dict "global" <dict or nil> "own"
+   <dict or nil>); nothing when both are empty. */}}
+{{- define "bcw.podExtra" -}}
+{{- with merge (deepCopy (default dict .own)) (deepCopy (default dict .global)) }}
+{{- toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* A container's probe of `kind` (liveness, readiness, startup): the chart's, on the
+   workers' health endpoints (docs/runtime.md: /healthz answers as soon as the process
+   listens, /readyz once it works), then `defaults.probes.<kind>`, then the component's
+   own `probes.<kind>`, merged field by field; a handler given (httpGet, tcpSocket, exec,
+   grpc) replaces the chart's; `enabled: false` leaves the probe out. The startup probe
+   gives a slow start (imports on a busy node) 5 minutes before the liveness probe may
+   restart it. Call with (dict "root" $ "kind" "liveness" "own" <the component's probes or nil>). */}}
+{{- define "bcw.probe" -}}
+{{- $health := dict "path" "/healthz" "port" "http" -}}
+{{- $chart := dict
+  "liveness" (dict "httpGet" $health "periodSeconds" 10 "failureThreshold" 3)
+  "readiness" (dict "httpGet" (dict "path" "/readyz" "port" "http") "periodSeconds" 5 "failureThreshold" 3)
+  "startup" (dict "httpGet" $health "periodSeconds" 5 "failureThreshold" 60) -}}
+{{- $probe := deepCopy (index $chart .kind) -}}
+{{- $handlers := list "httpGet" "tcpSocket" "exec" "grpc" -}}
+{{- $defaults := default dict .root.Values.defaults -}}
+{{- range $layer := list (index (default dict $defaults.probes) .kind) (index (default dict .own) .kind) -}}
+{{- if $layer -}}
+{{- if gt (len (pick $layer "httpGet" "tcpSocket" "exec" "grpc")) 0 }}{{ $probe = omit $probe "httpGet" "tcpSocket" "exec" "grpc" }}{{ end -}}
+{{- $probe = mergeOverwrite $probe (deepCopy $layer) -}}
+{{- end -}}
+{{- end -}}
+{{- if or (not (hasKey $probe "enabled")) $probe.enabled -}}
+{{- toYaml (omit $probe "enabled") -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The probes of a worker's or the relay's container. Call with (dict "root" $ "own" <its probes or nil>). */}}
+{{- define "bcw.probes" -}}
+{{- range $kind := list "startup" "readiness" "liveness" }}
+{{- with include "bcw.probe" (dict "root" $.root "kind" $kind "own" $.own) }}
+{{ $kind }}Probe:
+  {{- . | nindent 2 }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* A Deployment's revisionHistoryLimit: its own, else defaults.revisionHistoryLimit, else 5. */}}
+{{- define "bcw.revisionHistoryLimit" -}}
+{{- $defaults := default dict .root.Values.defaults -}}
+{{- $limit := ternary $defaults.revisionHistoryLimit 5 (hasKey $defaults "revisionHistoryLimit") -}}
+{{- ternary .spec.revisionHistoryLimit $limit (hasKey .spec "revisionHistoryLimit") -}}
+{{- end -}}
+
+{{/* A PodDisruptionBudget's spec, but its selector: minAvailable or maxUnavailable (the
+   schema refuses both; neither: maxUnavailable 1), and unhealthyPodEvictionPolicy when set. */}}
+{{- define "bcw.pdbSpec" -}}
+{{- $pdb := .Values.podDisruptionBudget -}}
+{{- if not (kindIs "invalid" $pdb.minAvailable) }}
+minAvailable: {{ $pdb.minAvailable }}
+{{- else }}
+maxUnavailable: {{ ternary 1 $pdb.maxUnavailable (kindIs "invalid" $pdb.maxUnavailable) }}
+{{- end }}
+{{- with $pdb.unhealthyPodEvictionPolicy }}
+unhealthyPodEvictionPolicy: {{ . }}
+{{- end }}
 {{- end -}}
 
 {{- define "bcw.selector" -}}
@@ -375,4 +455,53 @@ imagePullSecrets:
     {{- toYaml .root.Values.securityContext | nindent 4 }}
   volumeMounts:
     {{- include "bcw.volumeMounts" (dict "root" .root "secrets" .secrets "nats" false) | nindent 4 }}
+{{- end -}}
+
+{{/* A duration as the workers read it (`500ms`, `45s`, `5m`, `2h`, `7d`, `1w`, a plain
+   number is seconds) → seconds; "" when it is none (the schema refuses such a value). */}}
+{{- define "bcw.seconds" -}}
+{{- $text := trim (toString .) -}}
+{{- $number := regexFind "^([0-9]+(\\.[0-9]*)?|\\.[0-9]+)" $text -}}
+{{- $scale := get (dict "" 1.0 "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0 "d" 86400.0 "w" 604800.0) (trim (trimPrefix $number $text)) -}}
+{{- if and $number (ne (toString $scale) "") }}{{ mulf (float64 $number) $scale }}{{ end -}}
+{{- end -}}
+
+{{/* The retention values checked as the workers check them at start (runtime_settings.py),
+   so an incoherent one fails the render with one line instead of every pod at start:
+   each stream keeps at least 2 minutes (JetStream's duplicate window); the facts less long
+   than the inbox rows (BCW_RETENTION_PROCESSED_FACTS, 25h unless extraEnv or a worker's
+   env sets it), or a redelivered fact would be applied twice; node events and session
+   history at least a day. Renders nothing. */}}
+{{- define "bcw.checkRetention" -}}
+{{- $v := .Values -}}
+{{- $retention := default dict (default dict $v.nats).retention -}}
+{{- range $key := list "facts" "events" "notices" "deadLetters" }}
+{{- with index $retention $key }}
+{{- $s := include "bcw.seconds" . }}
+{{- if and $s (lt (float64 $s) 120.0) }}
+{{- fail (printf "nats.retention.%s (%v) is below 2m: a stream keeps at least JetStream's 2-minute duplicate window" $key .) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $envs := list (default list $v.extraEnv) -}}
+{{- range $worker, $spec := default dict $v.workers }}
+{{- if and $spec $spec.enabled }}{{ $envs = append $envs (concat (default list $v.extraEnv) (default list $spec.env)) }}{{ end }}
+{{- end }}
+{{- $facts := include "bcw.seconds" (default "24h" $retention.facts) -}}
+{{- range $env := $envs }}
+{{- $set := dict "BCW_RETENTION_PROCESSED_FACTS" "25h" }}
+{{- range $env }}{{ if and (kindIs "map" .) (hasKey . "value") }}{{ $_ := set $set .name (toString .value) }}{{ end }}{{ end }}
+{{- $kept := include "bcw.seconds" $set.BCW_RETENTION_PROCESSED_FACTS }}
+{{- if and $facts $kept (le (float64 $kept) (float64 $facts)) }}
+{{- fail (printf "nats.retention.facts (%v) must be below BCW_RETENTION_PROCESSED_FACTS (%s): a fact redelivered after its inbox row was pruned would be applied twice; set BCW_RETENTION_PROCESSED_FACTS above it in extraEnv (a worker's env wins there)" (default "24h" $retention.facts) $set.BCW_RETENTION_PROCESSED_FACTS) }}
+{{- end }}
+{{- range $name := list "BCW_RETENTION_NODE_EVENTS" "BCW_RETENTION_SESSION_HISTORY" }}
+{{- with index $set $name }}
+{{- $s := include "bcw.seconds" . }}
+{{- if and $s (lt (float64 $s) 86400.0) }}
+{{- fail (printf "%s (%s) is below 1d: a worker's login may not delete a younger row" $name .) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end -}}

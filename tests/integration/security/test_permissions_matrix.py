@@ -59,6 +59,7 @@ def probes(identities: dict[str, tuple[Path, str]]) -> list[str]:
     s = SUBJECTS
     streams = [s.facts_stream, s.events_stream, s.gateway_stream, s.dead_stream]
     streams += [s.dead_stream_of(p) for p in principals.DEAD_PUBLISHERS]  # each publisher's
+    streams += [s.gateway_facts_stream(g) for g in GATEWAYS]  # each gateway's own facts
     consumers = [*principals.WORKER_NAMES, *(f"gw-{g}" for g in GATEWAYS), "spy", "siem"]
     consumers += [principals.subscriber_durable(a) for a in SUBSCRIBERS]
     out = [f"{s.root}.facts.{g}.{t.BC_TYPE}" for g in GATEWAYS for t in FACT_TYPES]

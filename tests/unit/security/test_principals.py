@@ -277,3 +277,27 @@ def test_every_worker_may_read_how_full_each_gateways_stream_is_and_nobody_else_
     info = "$JS.API.STREAM.INFO.BC_FACTS_gw-1"
     assert all(info in table[f"worker-{w}"].publish for w in principals.WORKER_NAMES)
     assert info not in table["gateway-gw-1"].publish  # a gateway reads no stream's info
+
+
+@pytest.mark.parametrize(
+    "gateways", [[], ["gw-1", "gw-2"]], ids=["one-facts-stream", "per-gateway"]
+)
+def test_the_tester_reads_the_info_of_the_streams_the_check_looks_at_and_nothing_else(
+    gateways: list[str],
+) -> None:
+    """`helm test`'s `bcw provision --check` reads each stream of the contract's info: the
+    `tester` principal may do that, for exactly those streams, and nothing else (no message,
+    no consumer, no subscription)."""
+    tester = {p.name: p for p in principals.principals(SUBJECTS, ["gw-1", "gw-2"])}["tester"]
+    checked = streams.stream_configs(
+        SUBJECTS, limits=streams.StreamLimits(gateways=tuple(gateways))
+    )
+    assert {f"$JS.API.STREAM.INFO.{c.name}" for c in checked} <= set(tester.publish)
+    everything = streams.stream_configs(
+        SUBJECTS, limits=streams.StreamLimits(gateways=("gw-1", "gw-2"))
+    )
+    assert set(tester.publish) == {
+        "$JS.API.INFO",
+        *(f"$JS.API.STREAM.INFO.{c.name}" for c in everything),
+    }
+    assert tester.subscribe == ()

@@ -20,10 +20,10 @@ shows the same table, generated from `principals()`.
   its own durable `sub-<app>` of the events stream (`bcw provision` makes it), no other.
   No worker, gateway or subscriber creates, changes or deletes a consumer: a create
   request may name any deliver subject, where the server then sends the stream's messages.
+- `tester`: the `helm test` Pod (`bcw provision --check`): the streams' info, nothing else.
 
-Every principal's replies come to an inbox of its own, `_INBOX.<its public key>.>`, to
-which it may also publish (a process probes its own connection there at start:
-`frames.verify`)
+Every principal's replies come to an inbox of its own, `_INBOX.<its public key>.>`, to which
+it may also publish (a process probes its own connection there at start: `frames.verify`)
 (`connection.connect` sets that prefix when it logs in with an nkey seed), so no principal can
 read another's replies (a worker's pulled facts, say).
 """
@@ -102,7 +102,7 @@ class Principal:
     name: str
     does: str
     publish: tuple[str, ...]
-    subscribe: tuple[str, ...]
+    subscribe: tuple[str, ...] = ()
 
 
 def emitted(subjects: Subjects, worker: str) -> tuple[str, ...]:
@@ -193,14 +193,15 @@ def principals(
     # the operator reads every publisher's dead letters, and the old dead stream's (kept
     # while an upgraded install's holds letters: `streams.narrow_old_dead_stream`)
     dead = (subjects.dead_stream, *map(subjects.dead_stream_of, DEAD_PUBLISHERS))
+    own_facts = tuple(subjects.gateway_facts_stream(g) for g in gateways)
     made = [
+        Principal("admin", "bcw provision, bcw migrate's stream setup, bcw dead-letters", (">",), (">",)),
         Principal(
-            "admin",
-            "bcw provision, bcw migrate's stream setup, bcw dead-letters",
-            publish=(">",),
-            subscribe=(">",),
-        )
-    ]
+            "tester",
+            "helm test (bcw provision --check): reads the streams' settings, nothing else",
+            (_api("INFO"), *(_api("STREAM.INFO", s) for s in (*streams, *dead[1:], *own_facts))),
+        ),
+    ]  # fmt: skip
     for worker in WORKER_NAMES:
         made.append(
             Principal(
@@ -214,7 +215,7 @@ def principals(
                     _api("STREAM.INFO", subjects.dead_stream_of(worker)),
                     _api("STREAM.INFO", subjects.dead_stream),
                     # how full each gateway's own facts stream is (BCW_NATS_FACTS_GATEWAYS)
-                    *(_api("STREAM.INFO", subjects.gateway_facts_stream(g)) for g in gateways),
+                    *(_api("STREAM.INFO", s) for s in own_facts),
                     # its own durable, which only `bcw provision` makes and changes
                     *_pulls(facts, worker),
                     _api("STREAM.MSG.GET", facts),
@@ -268,7 +269,6 @@ def principals(
                 subjects.all_notices,
                 *subjects.dead_of("relay"),
             ),
-            subscribe=(),
         )
     )
     for gateway in gateways:
