@@ -148,6 +148,8 @@ async def test_a_subscriber_reads_and_resumes_from_a_sequence_under_the_producti
     assert [line["event"].get("nodeId") for line in lines] == ["n1", "n2", "n3", None, "n5"]
     assert len({line["msgId"] for line in lines}) == 5
     assert "connectedAt" in lines[0]["event"] and "connectedAt" not in lines[1]["event"]
+    async with client_as(keys, url, "admin") as (nc, _):  # the retry was not stored again
+        assert (await nc.jetstream().stream_info("BC_EVENTS")).state.last_seq == 6
     stdin = "\n".join(json.dumps(line) for line in lines).encode()
     code, verdicts, err = await _node("validate-events.mjs", stdin=stdin)
     assert code == 0, err
