@@ -24,8 +24,42 @@ from schemas.registry import REGISTRY, SCHEMA_HEADER, TYPE_HEADER, Registry
 ASYNCAPI_FILE = Path(__file__).parent / "asyncapi.json"
 ASYNCAPI_VERSION = "3.0.0"
 
+#: how a subscriber resumes, and what it may see twice (docs/contract.md, "Subscribing")
+RESUME = (
+    "Resume: keep the stream sequence of the last event handled and read on from the next "
+    "(`$JS.API.STREAM.MSG.GET.BC_EVENTS` with `seq` and `next_by_subj`), or pull the durable "
+    "`sub-<app>` that `bcw provision` makes (the server keeps the place; what was not acked "
+    "comes again after the ack wait). No subscriber creates a consumer (no ordered consumer). "
+    "Duplicates: the stream holds each event once (the relay re-publishes with the same "
+    "`Nats-Msg-Id` within the duplicate window), but a subscriber may handle one twice (a "
+    "restart before it kept its place, a redelivery, a core subscription): drop repeats by "
+    "`Nats-Msg-Id`. Each event says when its fact happened (`connectedAt`, `disconnectedAt`, "
+    "`at`; since 0.4, absent from older workers' events)."
+)
 _ROOT = {"default": "bc", "description": "The subject root (`BCW_SUBJECT_ROOT`)."}
 _GATEWAY = {"description": "The gateway's id: `[A-Za-z0-9_-]{1,64}`, one subject token."}
+#: each kind's stream (root `bc`) and what it keeps (docs/contract.md, "Streams")
+STREAMS = {
+    "facts": (
+        "BC_FACTS",
+        "24 h, a 2-minute duplicate window (with BCW_NATS_FACTS_GATEWAYS, each listed gateway's "
+        "`BC_FACTS_<gateway>`, which BC_FACTS sources).",
+    ),
+    "events": ("BC_EVENTS", "7 days, a 2-minute duplicate window. " + RESUME),
+    "revocations": ("BC_EVENTS", "7 days, beside the events (not one of them)."),
+    "notices": ("BC_GATEWAY", "1 h; each gateway pulls its own durable `gw-<id>`."),
+}
+NKEY = {
+    "type": "asymmetricEncryption",
+    "description": "NATS nkey authentication (the closest AsyncAPI type; NATS calls it "
+    "`nkey`): each principal holds an Ed25519 seed (`bcw auth nats` writes "
+    "`<principal>.nk`) and signs the server's nonce at connect; the server knows its public "
+    "key (`U…`) and its permissions (`auth.conf`). Every principal takes its replies on "
+    "`_INBOX.<its public key>.>` only (nats.js `inboxPrefix`, nats.go "
+    "`nats.CustomInboxPrefix`). Subscribers: `subscriber` (reads BC_EVENTS message by "
+    "message, creates no consumer) and `subscriber-<app>` (also pulls its durable "
+    '`sub-<app>`). docs/contract.md, "Subscribing to session events".',
+}
 
 
 def _headers(bc_type: str, version: int) -> dict[str, Any]:
@@ -69,11 +103,15 @@ def _channel(bc_type: str, version: int) -> tuple[str, dict[str, Any], str]:
         address, params, kind, action = "{root}.revocations", False, "revocations", "send"
     else:
         address, params, kind, action = "{root}.events." + bc_type, False, "events", "send"
+    stream, kept = STREAMS[kind]
     channel: dict[str, Any] = {
         "address": address,
         "title": f"{kind}: {bc_type}",
+        "description": f"Stored in the JetStream stream `{stream}` (root `bc`; "
+        f"`<ROOT>{stream[2:]}` for another root): {kept}",
         "messages": {bc_type: message},
         "parameters": {"root": _ROOT, **({"gatewayId": _GATEWAY} if params else {})},
+        "x-bc-stream": stream,
     }
     return f"{kind}.{bc_type}", channel, action
 
@@ -136,7 +174,7 @@ def document(registry: Registry = REGISTRY) -> dict[str, Any]:
             "description": "Facts from gateways to the workers, session events to subscribers, "
             "notices to one gateway, revocations to every gateway, on NATS JetStream. Readers "
             "ignore fields they do not know; `Bc-Schema` is the major version "
-            "(docs/contract.md, Compatibility).",
+            "(docs/contract.md, Compatibility). " + RESUME,
             "license": {"name": "Apache-2.0"},
         },
         "defaultContentType": "application/json",
@@ -145,11 +183,16 @@ def document(registry: Registry = REGISTRY) -> dict[str, Any]:
                 "host": "localhost:4222",
                 "protocol": "nats",
                 "description": "Any NATS 2.10+ server or cluster with JetStream.",
+                "security": [{"$ref": "#/components/securitySchemes/nkey"}],
             }
         },
         "channels": channels,
         "operations": operations,
-        "components": {"messages": messages, "schemas": schemas},
+        "components": {
+            "messages": messages,
+            "schemas": schemas,
+            "securitySchemes": {"nkey": NKEY},
+        },
     }
 
 

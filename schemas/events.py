@@ -9,12 +9,18 @@ from __future__ import annotations
 from typing import Annotated, Literal
 from uuid import UUID
 
-from pydantic import Field
+from pydantic import AwareDatetime, Field
 
 from schemas.base import CamelMessage, GatewayId, Ident, Name, NodeId
 from schemas.facts import CloseCode, CloseReason, NonNegative, SmallNonNegative
 
 DisconnectReason = CloseReason | Literal["liveness-timeout", "gateway-lost"]
+#: when the event's fact happened (since 0.4; absent from a worker before it, so a reader
+#: takes both): when the facts stream stored the fact it comes of (the bus's clock, not the
+#: time a worker applied it), or, for what no fact says (a sweep's timeout, a gateway gone
+#: blind, a hold's end), when the worker decided it on the database's clock.
+#: docs/contract.md, "When it happened".
+FactTime = AwareDatetime | None
 
 
 class NodeConnected(CamelMessage):
@@ -27,6 +33,8 @@ class NodeConnected(CamelMessage):
     journal_changed: bool
     boot_changed: bool
     duplicate_identity: bool
+    #: when its Hello fact was stored (`FactTime`)
+    connected_at: FactTime = None
 
 
 class NodeDisconnected(CamelMessage):
@@ -38,6 +46,8 @@ class NodeDisconnected(CamelMessage):
     reason: DisconnectReason
     #: the status code its stream ended with (None: no stream end was seen, e.g. a sweep)
     code: CloseCode | None = None
+    #: when its stream's end was stored, or the sweep decided it (`FactTime`)
+    disconnected_at: FactTime = None
 
 
 class CapabilitiesChanged(CamelMessage):
@@ -47,6 +57,7 @@ class CapabilitiesChanged(CamelMessage):
     epoch: NonNegative
     added: list[Name] = Field(max_length=64)
     removed: list[Name] = Field(max_length=1024)
+    at: FactTime = None
 
 
 class DuplicateSession(CamelMessage):
@@ -63,6 +74,7 @@ class DuplicateSession(CamelMessage):
     #: holds: no session of the node gets a command until it is released or dismissed);
     #: None from a worker before 0.4
     held: bool | None = None
+    at: FactTime = None
 
 
 class UnprovenHello(CamelMessage):
@@ -77,6 +89,7 @@ class UnprovenHello(CamelMessage):
     epoch: NonNegative
     boot_id: Ident
     serial: Ident | None = None  # the certificate serial it presented
+    at: FactTime = None
 
 
 class Quarantined(CamelMessage):
@@ -86,6 +99,7 @@ class Quarantined(CamelMessage):
     reason: Name
     alternations: SmallNonNegative
     revoked_serials: list[Ident] = Field(max_length=1024)
+    at: FactTime = None
 
 
 class QuarantineHeld(CamelMessage):
@@ -101,6 +115,7 @@ class QuarantineHeld(CamelMessage):
     alternations: SmallNonNegative
     gateways: list[GatewayId] = Field(max_length=1024)
     serials: list[Ident] = Field(max_length=1024)
+    at: FactTime = None
 
 
 class QuarantineBreakerOpen(CamelMessage):
@@ -112,6 +127,7 @@ class QuarantineBreakerOpen(CamelMessage):
     gateway_id: GatewayId
     revoked: SmallNonNegative  # revocations made at once in the window, this gateway's
     window_seconds: SmallNonNegative
+    at: FactTime = None
 
 
 class HoldExpired(CamelMessage):
@@ -124,6 +140,7 @@ class HoldExpired(CamelMessage):
     epoch: NonNegative
     gateway_id: GatewayId | None
     held_seconds: Annotated[float, Field(ge=0)]
+    at: FactTime = None
 
 
 class CommandEvent(CamelMessage):
@@ -136,6 +153,7 @@ class CommandEvent(CamelMessage):
     kind: Name
     attempt: SmallNonNegative
     reason: Annotated[str, Field(max_length=1024)] | None = None
+    at: FactTime = None
 
 
 class CommandReplayed(CommandEvent):
@@ -160,6 +178,7 @@ class GatewaySight(CamelMessage):
     gateway_id: GatewayId
     sessions: NonNegative  # sessions routed to the gateway
     last_flush_age_seconds: Annotated[float, Field(ge=0)] | None  # None: it never flushed
+    at: FactTime = None
 
 
 class GatewayBlind(GatewaySight):
@@ -187,6 +206,7 @@ class BreakerOpen(CamelMessage):
     gateway_id: GatewayId
     would_disconnect: NonNegative
     connected: NonNegative
+    at: FactTime = None
 
 
 class Revocations(CamelMessage):
@@ -197,6 +217,7 @@ class Revocations(CamelMessage):
     node_id: NodeId
     serials: list[Ident] = Field(max_length=1024)
     reason: Name
+    at: FactTime = None
 
 
 EVENT_TYPES: tuple[type[CamelMessage], ...] = (

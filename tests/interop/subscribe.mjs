@@ -1,36 +1,44 @@
-// A subscriber as a team outside would write it: NATS.js, an ordered consumer on the
-// events stream, each event validated with the exported JSON Schema its headers name.
-// Usage: node subscribe.mjs NATS_URL STREAM SCHEMA_DIR COUNT
-// Prints one JSON line per event: {type, valid, errors}; exits after COUNT events.
+// Session events from a stream sequence on, as the `subscriber` principal (nats.js 3).
+// It creates no consumer: it reads BC_EVENTS message by message and is woken by the
+// events' own subjects. Prints one JSON line per event; resume with START_SEQ = seq + 1.
+// NATS_URL, NKEY_SEED_FILE (subscriber.nk), START_SEQ (none: from the next event),
+// COUNT (stop after that many; none: never).
 import { readFileSync } from "node:fs";
-import { connect } from "nats";
-import Ajv2020 from "ajv/dist/2020.js";
-import addFormats from "ajv-formats";
+import { connect, nkeyAuthenticator, nkeys } from "@nats-io/transport-node";
+import { jetstreamManager } from "@nats-io/jetstream";
 
-const [url, stream, schemaDir, count] = process.argv.slice(2);
-const ajv = new Ajv2020({ allErrors: true, strict: false });
-addFormats(ajv);
-const validators = new Map();
-function validatorFor(type, schemaHeader) {
-  const major = String(schemaHeader || "1").split(".")[0];
-  const key = `${type}.v${major}`;
-  if (!validators.has(key)) {
-    const schema = JSON.parse(readFileSync(`${schemaDir}/${key}.json`, "utf8"));
-    validators.set(key, ajv.compile(schema));
-  }
-  return validators.get(key);
+const env = process.env;
+const seed = new TextEncoder().encode(readFileSync(env.NKEY_SEED_FILE, "utf8").trim());
+const publicKey = nkeys.fromSeed(seed).getPublicKey(); // "U…", as in auth.conf
+const nc = await connect({
+  servers: env.NATS_URL,
+  authenticator: nkeyAuthenticator(seed),
+  inboxPrefix: `_INBOX.${publicKey}`, // its only reply subjects: _INBOX.<its key>.>
+});
+const jsm = await jetstreamManager(nc); // $JS.API.INFO
+const stream = "BC_EVENTS";
+const wanted = "bc.events.>"; // or one kind: "bc.events.node.>"
+
+let wake = () => {};
+nc.subscribe(wanted, { callback: () => wake() }); // told of a new event; read it from the stream
+const { state } = await jsm.streams.info(stream); // $JS.API.STREAM.INFO.BC_EVENTS
+let seq = env.START_SEQ ? Number(env.START_SEQ) : state.last_seq + 1;
+if (seq < state.first_seq) {
+  console.error(`events ${seq} to ${state.first_seq - 1} are past the stream's retention`);
 }
-
-const nc = await connect({ servers: url });
-const consumer = await nc.jetstream().consumers.get(stream);
-const messages = await consumer.consume();
-console.log(JSON.stringify({ ready: true }));
 let seen = 0;
-for await (const m of messages) {
-  const type = m.headers?.get("Bc-Type");
-  const validate = validatorFor(type, m.headers?.get("Bc-Schema"));
-  const valid = validate(m.json());
-  console.log(JSON.stringify({ type, valid, errors: valid ? [] : validate.errors }));
-  if (++seen >= Number(count)) break;
+while (!env.COUNT || seen < Number(env.COUNT)) {
+  // $JS.API.STREAM.MSG.GET.BC_EVENTS {"seq": seq, "next_by_subj": wanted}
+  const m = await jsm.streams.getMessage(stream, { seq, next_by_subj: wanted });
+  if (m === null) { // none yet: wait for a publish (or look again in a second)
+    await new Promise((resolve) => { wake = resolve; setTimeout(resolve, 1000); });
+    continue;
+  }
+  const line = { seq: m.seq, msgId: m.header.get("Nats-Msg-Id"), time: m.time.toISOString(),
+    type: m.header.get("Bc-Type"), schema: m.header.get("Bc-Schema"), subject: m.subject,
+    event: m.json() };
+  console.log(JSON.stringify(line)); // handle it, then keep m.seq: resume from m.seq + 1
+  seq = m.seq + 1;
+  seen += 1;
 }
 await nc.close();

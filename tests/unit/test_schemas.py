@@ -20,6 +20,7 @@ from schemas import (
     Subjects,
     UnknownMessageType,
 )
+from schemas.events import EVENT_TYPES
 from schemas.subjects import split_gateway_subject
 from tests.factories import WIRE_SAMPLES, hello_wire
 from workers.runtime.bus import principals, streams
@@ -81,6 +82,11 @@ DESIGN_FIELDS: dict[str, set[str]] = {
     "event-ack": {"node_id", "journal_id", "seq"},
     "hello-again": {"node_id", "epoch"},
 }  # fmt: skip
+#: every event says when its fact happened (issue 60, item 7; docs/contract.md, "When it
+#: happened"): these two by name, the others as `at`
+EVENT_TIMES = {"node.connected": "connectedAt", "node.disconnected": "disconnectedAt"}
+for _event in EVENT_TYPES:
+    DESIGN_FIELDS[_event.BC_TYPE].add(EVENT_TIMES.get(_event.BC_TYPE, "at"))
 
 
 def _decode(bc_type: str, body: Any) -> Any:
@@ -299,3 +305,23 @@ def test_stream_of_names_the_stream_whose_subjects_match(tokens: list[str]) -> N
     ]
     assert len(holding) <= 1
     assert subjects.stream_of(subject) == (holding[0] if holding else None)
+
+
+@pytest.mark.parametrize("event", EVENT_TYPES, ids=lambda t: t.BC_TYPE)
+def test_every_event_says_when_its_fact_happened_and_reads_one_that_does_not(
+    event: type[Any],
+) -> None:
+    name = EVENT_TIMES.get(event.BC_TYPE, "at")
+    sample = {k: v for k, v in WIRE_SAMPLES[event.BC_TYPE].items() if k != name}
+    # as a worker before 0.4 says it: no time, read as None (and said as null)
+    assert getattr(_decode(event.BC_TYPE, sample), _snake(name)) is None
+    timed = _decode(event.BC_TYPE, {**sample, name: "2026-12-05T05:47:55.5+01:00"})
+    body, _ = REGISTRY.encode(timed)
+    assert json.loads(body)[name] == "2026-12-05T05:47:55.500000+01:00"
+    # an aware time only: a time without its offset is refused, not taken for local
+    with pytest.raises(InvalidMessage):
+        _decode(event.BC_TYPE, {**sample, name: "2026-12-05T05:47:55"})
+
+
+def _snake(camel: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in camel)

@@ -162,8 +162,10 @@ def say_sights(
     subjects: Subjects,
     changes: Sequence[SightChange],
     sessions: dict[str, int],
+    now: datetime,
 ) -> None:
-    """A WARNING line and `gateway.blind` (with why) or `gateway.seeing` for each change."""
+    """A WARNING line and `gateway.blind` (with why) or `gateway.seeing` for each change,
+    seen `now` (the sweep's time)."""
     for change in changes:
         age = None if change.last_flush_age is None else change.last_flush_age.total_seconds()
         held = sessions.get(change.gateway_id, 0)
@@ -174,10 +176,11 @@ def say_sights(
                 sessions=held,
                 last_flush_age_seconds=age,
                 reason=change.reason,
+                at=now,
             )
         else:
             event = GatewaySeeing(
-                gateway_id=change.gateway_id, sessions=held, last_flush_age_seconds=age
+                gateway_id=change.gateway_id, sessions=held, last_flush_age_seconds=age, at=now
             )
         log.warning(
             "gateway %s %s: %d session(s), its flushes seen as of %s",

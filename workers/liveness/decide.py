@@ -99,8 +99,11 @@ def _overlap(a: Liveness, b: Liveness) -> bool:
     return a.range_start < b.range_end and b.range_start < a.range_end
 
 
-def connected(hello: Hello, current_epoch: int | None) -> NodeConnected | None:
-    """`node.connected` for a Hello that still holds its row; None for a late, stale one. Pure."""
+def connected(
+    hello: Hello, current_epoch: int | None, at: datetime | None = None
+) -> NodeConnected | None:
+    """`node.connected` for a Hello that still holds its row, connected `at` (when the bus
+    stored the Hello); None for a late, stale one. Pure."""
     if current_epoch != hello.epoch:
         return None
     return NodeConnected(
@@ -111,6 +114,7 @@ def connected(hello: Hello, current_epoch: int | None) -> NodeConnected | None:
         journal_changed=hello.journal_changed,
         boot_changed=hello.boot_changed,
         duplicate_identity=hello.duplicate_identity,
+        connected_at=at,
     )
 
 

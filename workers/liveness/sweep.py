@@ -217,10 +217,10 @@ async def sweep_once(
                 outbox.context = trace.set_span_in_context(span)
             current = trace.use_span(span) if span is not None else contextlib.nullcontext()
             with current:  # the statements that announce are the span's children
-                blindness.say_sights(outbox, subjects, changes, sessions)
-                _announce(outbox, subjects, lost, "gateway-lost")
-                _announce(outbox, subjects, stale, "liveness-timeout")
-                _say_breakers(outbox, subjects, breakers, rows)
+                blindness.say_sights(outbox, subjects, changes, sessions, now)
+                _announce(outbox, subjects, lost, "gateway-lost", now)
+                _announce(outbox, subjects, stale, "liveness-timeout", now)
+                _say_breakers(outbox, subjects, breakers, rows, now)
                 await outbox.write(conn)
     finally:
         if span is not None:
@@ -299,6 +299,7 @@ def _say_breakers(
     subjects: Subjects,
     breakers: dict[str, tuple[BreakerView, BreakerDecision]],
     rows: dict[str, asyncpg.Record],
+    now: datetime,
 ) -> None:
     for gw, (view, decision) in breakers.items():
         if not decision.opened:
@@ -309,13 +310,17 @@ def _say_breakers(
             gw, view.would_disconnect, view.connected, gw,
         )  # fmt: skip
         event = BreakerOpen(
-            gateway_id=gw, would_disconnect=view.would_disconnect, connected=view.connected
+            gateway_id=gw, would_disconnect=view.would_disconnect, connected=view.connected, at=now
         )
         outbox.add(event, subjects.event(event.BC_TYPE), order_key=f"gateway:{gw}")
 
 
 def _announce(
-    outbox: OutboxBatch, subjects: Subjects, rows: list[asyncpg.Record], reason: DisconnectReason
+    outbox: OutboxBatch,
+    subjects: Subjects,
+    rows: list[asyncpg.Record],
+    reason: DisconnectReason,
+    now: datetime,
 ) -> None:
     for row in rows:
         event = NodeDisconnected(
@@ -323,6 +328,7 @@ def _announce(
             epoch=row["session_epoch"],
             gateway_id=row["gateway_id"],
             reason=reason,
+            disconnected_at=now,  # as its row says (`disconnect` at `now`)
         )
         outbox.add(event, subjects.event(event.BC_TYPE), order_key=row["node_id"])
 

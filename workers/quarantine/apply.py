@@ -255,6 +255,7 @@ async def _judge(
                 first.number,
                 limits.breaker,
                 proven=proven_window(window),
+                at=tx.fact_time(hello),
             )
             if held is not None:
                 held_nodes.add(node)
@@ -311,6 +312,7 @@ def _publish_duplicate(
         window_seconds=int(limits.window.total_seconds()),
         quarantined=quarantined,
         held=held,
+        at=tx.fact_time(hello),
     )
     tx.publish(event, tx.subjects.event(event.BC_TYPE), cause=hello, order_key=hello.node_id)
 
@@ -328,6 +330,7 @@ def _publish_withheld(
             window_seconds=int(limits.window.total_seconds()),
             quarantined=False,
             held=held,
+            at=one.issued_at,
         )
     except ValidationError:
         log.warning("node %s's duplicate at epoch %d counted, not said", one.node_id, one.epoch)
@@ -349,14 +352,17 @@ def _publish_takeover(tx: Tx, hello: Hello) -> None:
         epoch=hello.epoch,
         boot_id=hello.boot_id,
         serial=hello.cert.serial,
+        at=tx.fact_time(hello),
     )
     tx.publish(event, tx.subjects.event(event.BC_TYPE), cause=hello, order_key=hello.node_id)
 
 
 def _publish_quarantine(tx: Tx, hello: Hello, alternations: int, serials: list[str]) -> None:
+    at = tx.fact_time(hello)
     event = Quarantined(
-        node_id=hello.node_id, reason=REASON, alternations=alternations, revoked_serials=serials
-    )
+        node_id=hello.node_id, reason=REASON, alternations=alternations, revoked_serials=serials,
+        at=at,
+    )  # fmt: skip
     tx.publish(event, tx.subjects.event(event.BC_TYPE), cause=hello, order_key=hello.node_id)
-    notice = Revocations(node_id=hello.node_id, serials=serials, reason=REASON)
+    notice = Revocations(node_id=hello.node_id, serials=serials, reason=REASON, at=at)
     tx.publish(notice, tx.subjects.revocations, cause=hello, order_key=hello.node_id)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from schemas.events import QuarantineBreakerOpen, Quarantined, QuarantineHeld, Revocations
 from workers.quarantine import conditions, proofs
@@ -64,7 +64,7 @@ ON CONFLICT (serial) DO UPDATE
  WHERE c.revoked_at IS NULL AND c.node_id = EXCLUDED.node_id
 """
 RELEASED = """
-SELECT q.node_id, q.epoch, q.alternations, q.serials FROM quarantines q
+SELECT q.node_id, q.epoch, q.alternations, q.serials, compute_now() AS now FROM quarantines q
  WHERE q.revoked_at IS NULL AND q.released_at IS NOT NULL AND q.dismissed_at IS NULL
  ORDER BY q.decided_at LIMIT 100
    FOR UPDATE SKIP LOCKED
@@ -95,9 +95,11 @@ async def hold(
     alternations: int,
     breaker: Breaker,
     proven: bool = False,
+    at: datetime | None = None,
 ) -> str | None:
     """Decide and record a quarantine of `node_id` (acted on at `epoch`, blamed on
-    `gateway_id`: `decide.blamed`; `proven`: its window's alternations all were): None when it revokes now (the
+    `gateway_id`: `decide.blamed`; `proven`: its window's alternations all were; `at`: when
+    its Hello was stored): None when it revokes now (the
     caller revokes and publishes), else why it is held (its events are queued here)."""
     conn = tx.conn
     await conn.execute(LOCK)
@@ -124,6 +126,7 @@ async def hold(
         alternations=alternations,
         gateways=list(gateways),
         serials=list(serials),
+        at=at,
     )
     tx.publish(event, tx.subjects.event(event.BC_TYPE), order_key=node_id)
     if opened:
@@ -131,6 +134,7 @@ async def hold(
             gateway_id=gateway_id,
             revoked=recent.get(gateway_id, 0),
             window_seconds=int(breaker.window.total_seconds()),
+            at=at,
         )
         tx.publish(notice, tx.subjects.event(notice.BC_TYPE), order_key=gateway_id)
     return held
@@ -154,9 +158,12 @@ async def revoke_released(runtime: Runtime, lease: leases.Lease) -> int:
                 reason=REASON,
                 alternations=row["alternations"],
                 revoked_serials=serials,
+                at=row["now"],  # revoked now, as its certificates say (`REVOKE_RELEASED`)
             )
             outbox.add(event, runtime.subjects.event(event.BC_TYPE), order_key=row["node_id"])
-            notice = Revocations(node_id=row["node_id"], serials=serials, reason=REASON)
+            notice = Revocations(
+                node_id=row["node_id"], serials=serials, reason=REASON, at=row["now"]
+            )
             outbox.add(notice, runtime.subjects.revocations, order_key=row["node_id"])
         if rows:
             await outbox.write(conn)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 import asyncpg
 
@@ -60,7 +61,7 @@ WITH counted AS (
     ON CONFLICT (node_id, epoch) DO NOTHING
     RETURNING node_id, epoch
 )
-SELECT c.node_id, c.epoch, e.gateway_id, e.boot_id, e.previous_boot_id
+SELECT c.node_id, c.epoch, e.gateway_id, e.boot_id, e.previous_boot_id, e.issued_at
   FROM counted c JOIN session_epochs e USING (node_id, epoch)
  ORDER BY c.node_id, c.epoch
 """
@@ -75,6 +76,8 @@ class Withheld:
     gateway_id: str
     boot_id: str | None
     previous_boot_id: str | None
+    #: when its Hello transaction issued the epoch (the database's clock): no fact says it
+    issued_at: datetime | None = None
 
 
 def says(hello: Hello) -> bool:

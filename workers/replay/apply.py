@@ -175,9 +175,15 @@ async def _poke(conn: asyncpg.Connection) -> None:
 
 
 def command_event(
-    kind: type[CommandEvent], command: Command, epoch: int, reason: str | None = None
+    kind: type[CommandEvent],
+    command: Command,
+    epoch: int,
+    reason: str | None = None,
+    at: datetime | None = None,
 ) -> CommandEvent:
+    """The event of `command` (`at`: when it happened; `publish_event` says its cause's)."""
     return kind(
+        at=at,
         command_id=command.command_id,
         node_id=command.node_id,
         epoch=epoch,
@@ -203,6 +209,9 @@ def dispatch_notice(command: Command, epoch: int) -> Dispatch:
 
 
 def publish_event(tx: Tx, event: CommandEvent, cause: Fact | None) -> None:
+    """Queue `event`, which happened when its cause was stored (where it does not say)."""
+    if event.at is None and cause is not None:
+        event = event.model_copy(update={"at": tx.fact_time(cause)})
     tx.publish(event, tx.subjects.event(event.BC_TYPE), cause=cause, order_key=event.node_id)
 
 

@@ -133,7 +133,7 @@ WITH locked AS (
 )
 UPDATE commands SET state = 'cancelled', failure_reason = 'kind-not-allowed', updated_at = now()
  WHERE command_id IN (SELECT command_id FROM locked)
-RETURNING command_id
+RETURNING command_id, compute_now() AS at
 """
 
 NEXT_DUE = "SELECT min(not_before) - compute_now() FROM commands WHERE state = 'pending' AND not_before > compute_now()"
@@ -257,13 +257,15 @@ async def dispatch_round(
                 context=tracing.from_traceparent(cause),
             )
         cancelled = {
-            r["command_id"] for r in await conn.fetch(CANCEL, [c.command_id for c, _ in cancel])
+            r["command_id"]: r["at"]
+            for r in await conn.fetch(CANCEL, [c.command_id for c, _ in cancel])
         }
         for command, row in cancel:
             if command.command_id in cancelled:
                 event = command_event(
-                    CommandCancelled, command, row["session_epoch"], "kind-not-allowed"
-                )
+                    CommandCancelled, command, row["session_epoch"], "kind-not-allowed",
+                    at=cancelled[command.command_id],
+                )  # fmt: skip
                 outbox.add(event, subjects.event(event.BC_TYPE), order_key=command.node_id)
         await outbox.write(conn)
     return RoundResult(len(marked), len(cancelled), len(nodes), cursor)

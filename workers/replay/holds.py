@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import asyncpg
 
@@ -70,7 +70,8 @@ UPDATE node_sessions s SET held_epoch = NULL
   FROM expired e
  WHERE s.node_id = e.node_id
 RETURNING s.node_id, s.session_epoch, s.gateway_id,
-          extract(epoch FROM compute_now() - s.connected_at)::float8 AS held_seconds
+          extract(epoch FROM compute_now() - s.connected_at)::float8 AS held_seconds,
+          compute_now() AS released_at
 """
 
 
@@ -80,6 +81,7 @@ class Released:
     epoch: int
     gateway_id: str | None
     held_seconds: float
+    at: datetime | None = None  # when it was released (the database's clock)
 
 
 async def release_expired_holds(
@@ -94,7 +96,13 @@ async def release_expired_holds(
         if lease is not None:
             await leases.fence(conn, lease)
         released = [
-            Released(r["node_id"], r["session_epoch"], r["gateway_id"], max(0.0, r["held_seconds"]))
+            Released(
+                r["node_id"],
+                r["session_epoch"],
+                r["gateway_id"],
+                max(0.0, r["held_seconds"]),
+                r["released_at"],
+            )
             for r in await conn.fetch(RELEASE, hold_max, limit, PUBLISHED_WITHIN)
         ]
         if not released:
@@ -106,6 +114,7 @@ async def release_expired_holds(
                 epoch=one.epoch,
                 gateway_id=one.gateway_id,
                 held_seconds=round(one.held_seconds, 3),
+                at=one.at,
             )
             outbox.add(event, subjects.event(event.BC_TYPE))
         await outbox.write(conn)

@@ -15,7 +15,7 @@ import contextlib
 import itertools
 import json
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -292,7 +292,9 @@ async def test_the_breaker_holds_30_of_40_and_a_release_lets_the_next_sweep_go(
             for r in await db.fetch(OUTBOX_MESSAGES)
             if json.loads(r["headers"])["Bc-Type"] == "liveness.breaker-open"
         ]
+        [at] = [o.pop("at") for o in opened]  # when the sweep decided it (its database clock)
         assert opened == [{"gatewayId": "gw-1", "wouldDisconnect": 30, "connected": 40}]  # once
+        assert datetime.fromisoformat(at) <= await db.fetchval("SELECT compute_now()")
         [state] = await _status(database_url, "gw-1")  # what an operator reads first
         assert state["gateway_id"] == "gw-1" and state["connected"] == 40
         assert (state["breaker_open"], state["blind"], state["breaker_released_by"]) == (

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -316,6 +316,10 @@ async def test_a_hold_the_quarantine_never_counts_is_released_after_its_bound(
             **expired, "nodeId": "n1", "epoch": 1, "gatewayId": "gw-9",
         }  # fmt: skip
         assert expired["heldSeconds"] >= 300
+        # released on the database's clock (the test's five minutes on), not the host's
+        released = datetime.fromisoformat(expired["at"])
+        now = await db.fetchval("SELECT compute_now()")
+        assert now - timedelta(seconds=30) < released <= now
         [sent] = await drive.published("dispatch", stream="notices")
         assert sent["command_id"] == str(command)
         assert runtime.metrics.holds_expired.value() == 1

@@ -3,7 +3,7 @@ completion, restarts, kinds a session may not get, BUSY back-off, progress and r
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -208,7 +208,8 @@ async def test_progress_forward_only_and_results_once(
 
     await apply(db, WORKER, subjects, progress("running"), progress("acked"))
     assert (await states(db))[0][1] == "running"
-    await apply(db, WORKER, subjects, result("done"))
+    done = result("done")
+    await apply(db, WORKER, subjects, done)
     await apply(
         db, WORKER, subjects, result("failed"), progress("acked")
     )  # replayed and late: no-ops
@@ -216,6 +217,9 @@ async def test_progress_forward_only_and_results_once(
     assert (row["state"], row["result"], row["failure_reason"]) == ("done", '{"exit": 0}', None)
     out = await take_outbox(db)
     assert [e["_type"] for e in out] == ["command.completed"]
+    # completed when its result was stored (applied here without the stream: when its
+    # gateway observed it)
+    assert datetime.fromisoformat(out[0]["at"]) == done.observed_at
 
 
 async def test_a_result_frees_a_credit_for_the_next_command(

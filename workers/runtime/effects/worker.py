@@ -77,6 +77,12 @@ class Tx:
         again numbers its facts from 1: this time still follows the last one's."""
         return self._stored_at(fact) if self._stored_at is not None else None
 
+    def fact_time(self, fact: Fact) -> datetime:
+        """When `fact` happened, as its events say it (`schemas.events.FactTime`): when the
+        facts stream stored it, or (not known: it did not come from the stream) when its
+        gateway says it observed it."""
+        return self.stored_at(fact) or fact.observed_at
+
     def context(self, fact: Fact) -> Context | None:
         """The trace context of `fact`'s processing (to store with work that waits)."""
         return self._contexts.get(fact.fact_id)

@@ -5,19 +5,20 @@ test_liveness_sweep.py."""
 from __future__ import annotations
 
 import json
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, cast
 
 import asyncpg
 import pytest
 from nats.aio.client import Client as NATS
 
+from schemas.facts import Fact
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.factories import make_fact
 from tests.integration import fleet
 from tests.integration.driver import Driver, driving
-from tests.integration.support import eventually, publish_fact
+from tests.integration.support import eventually, publish_fact, stream_messages
 from workers import liveness
 
 S = timedelta(seconds=1)
@@ -34,12 +35,11 @@ async def test_hello_announces_connected_and_a_late_hello_says_nothing(
     drive: Driver, db: asyncpg.Connection
 ) -> None:
     await fleet.session(db, "n1", epoch=3, gateway_id="gw-1")
-    await drive.send(
-        fleet.hello(
-            "n1", 3, boot_id="b2", journal_id="journal-1",
-            previous={"epoch": 2, "gateway_id": "gw-0", "boot_id": "b1", "journal_id": "journal-1", "live": True},
-        )
+    hello = fleet.hello(
+        "n1", 3, boot_id="b2", journal_id="journal-1",
+        previous={"epoch": 2, "gateway_id": "gw-0", "boot_id": "b1", "journal_id": "journal-1", "live": True},
     )  # fmt: skip
+    await drive.send(hello)
     await drive.send(fleet.hello("n1", 2))  # late: the row is at epoch 3
     [event] = await drive.published("node.connected")
     assert event == {
@@ -48,6 +48,23 @@ async def test_hello_announces_connected_and_a_late_hello_says_nothing(
         "journalChanged": False, "bootChanged": True, "duplicateIdentity": True,
     }  # fmt: skip
     assert drive.settled("stale") == 1
+    # connected when the bus stored the Hello: not the gateway's `observed_at`
+    assert _at(event["connectedAt"]) == await _stored_at(drive, hello)
+    assert _at(event["connectedAt"]) != hello.observed_at
+
+
+def _at(text: str) -> datetime:
+    return datetime.fromisoformat(text)
+
+
+async def _stored_at(drive: Driver, fact: Fact) -> datetime:
+    """When the facts stream stored `fact`, to the microsecond (as its events say it)."""
+    [msg] = [
+        m for m in await stream_messages(drive.nc.jetstream(), drive.subjects.facts_stream)
+        if m.headers.get("Nats-Msg-Id") == str(fact.fact_id)
+    ]  # fmt: skip
+    assert msg.time is not None
+    return cast(datetime, msg.time)
 
 
 def flush(gateway: str, *entries: tuple[str, int, int]) -> Any:
@@ -223,7 +240,8 @@ async def test_closed_writes_the_fenced_disconnect(drive: Driver, db: asyncpg.Co
     await fleet.session(db, "n1", epoch=3, gateway_id="gw-1")
     await fleet.session(db, "n2", epoch=3, gateway_id="gw-1")
     await fleet.session(db, "n3", epoch=3, gateway_id="gw-1")
-    await drive.send(make_fact("closed", node_id="n1", epoch=3, reason="heartbeat-timeout"))
+    closed = make_fact("closed", node_id="n1", epoch=3, reason="heartbeat-timeout")
+    await drive.send(closed)
     await drive.send(
         make_fact("closed", node_id="n2", epoch=2, reason="stream-closed")
     )  # an old epoch
@@ -238,4 +256,5 @@ async def test_closed_writes_the_fenced_disconnect(drive: Driver, db: asyncpg.Co
         "heartbeat-timeout",
         "gw-1",
     )
+    assert _at(event["disconnectedAt"]) == await _stored_at(drive, closed)
     assert (drive.settled("stale"), drive.settled("ignored")) == (1, 1)

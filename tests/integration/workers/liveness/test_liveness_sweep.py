@@ -9,7 +9,7 @@ import json
 import os
 import signal
 import sys
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,11 @@ async def test_stale_after_45s_not_at_44s(
         "gw-1",
         1,
     )
+    # no fact says it: disconnected when the sweep decided it, as the row says it
+    row_at = await db.fetchval(
+        "SELECT disconnected_at FROM node_sessions WHERE node_id = 'seen-46'"
+    )
+    assert datetime.fromisoformat(body["disconnectedAt"]) == row_at
     # the sweep that announced it is a span, and the node's history names its trace
     [sweep] = [s for s in exporter.get_finished_spans() if s.name == "liveness sweep"]
     assert sweep.attributes is not None and sweep.attributes["bcw.sweep.liveness_timeout"] == 1
