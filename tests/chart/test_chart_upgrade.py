@@ -184,7 +184,9 @@ def test_a_repository_that_names_its_registry_keeps_it(
 
 def _job(values: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     base = {**CASES["defaults"](), "nats": {"factsGateways": ["gw-1"]}}
-    [(name, template)] = jobs(upgrade.install(CHART, upgrade.coalesce(values, base)).manifest).items()
+    [(name, template)] = jobs(
+        upgrade.install(CHART, upgrade.coalesce(values, base)).manifest
+    ).items()
     return name, template
 
 
@@ -230,7 +232,7 @@ def test_the_rollback_runbook_renders_the_previous_chart() -> None:
         if name.startswith("Deployment/"):
             assert "initContainers" not in spec, name
     # what the runbook said before: 0.4's values into 0.3's strict schema
-    with pytest.raises(Exception, match="additional properties|not allowed"):
+    with pytest.raises(Exception, match=r"additional properties|not allowed"):
         upgrade.rollback_upgrade(current, old.chart, "reuse-values", runbook)
 
 
@@ -286,11 +288,19 @@ def test_every_documented_upgrade_command_is_a_tested_form() -> None:
     assert not untested, untested
 
 
-def test_the_command_classifier_tells_the_forms_apart() -> None:
-    assert form_of("upgrade", "fleet charts/bc-workers --set a=b".split()) == "untested"
-    assert form_of("upgrade", "fleet charts/bc-workers --reuse-values".split()) == "reuse-values"
-    assert form_of("upgrade", "fleet bc-workers -f my-values.yaml".split()) == "values-file"
-    assert form_of("upgrade", "nats nats/nats --set x=y".split()) is None
-    assert form_of("rollback", "fleet 3".split()) == "rollback"
-    back = "fleet bc-workers --version 0.3.0 --reuse-values --set a=b".split()
-    assert form_of("upgrade", back) == "rollback-to-reuse-values"
+@pytest.mark.parametrize(
+    ("command", "form"),
+    [
+        ("upgrade fleet charts/bc-workers --set a=b", "untested"),
+        ("upgrade fleet charts/bc-workers --reuse-values", "reuse-values"),
+        ("upgrade fleet bc-workers --reset-then-reuse-values", "reset-then-reuse-values"),
+        ("upgrade fleet bc-workers -f my-values.yaml", "values-file"),
+        ("upgrade nats nats/nats --set x=y", None),
+        ("upgrade", None),
+        ("rollback fleet 3", "rollback"),
+        ("upgrade fleet bc-workers --version 0.3.0 --reuse-values", "rollback-to-reuse-values"),
+    ],
+)
+def test_the_command_classifier_tells_the_forms_apart(command: str, form: str | None) -> None:
+    verb, *args = command.split()
+    assert form_of(verb, args) == form
