@@ -245,7 +245,7 @@ DOCS = [
     *sorted((upgrade.REPO / "docs").glob("*.md")),
 ]
 INLINE_RE = re.compile(r"(?<!`)`[^`]+`(?!`)")  # an inline command may wrap a line
-HELM_RE = re.compile(r"helm(?:\s+-n\s+\S+)?\s+(upgrade|rollback)\b((?:[^`\n]|\\\n)*)")
+HELM_RE = re.compile(r"helm(?:\s+-n\s+\S+)?\s+(upgrade|rollback)\b((?:\\\n|[^`\n])*)")
 
 
 def documented_commands() -> list[tuple[Path, str, list[str]]]:
