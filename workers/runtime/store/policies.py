@@ -62,6 +62,7 @@ BY_COMMAND: dict[str, dict[str, Rule]] = {
 #: release's schema after a `helm rollback`. Such a login sees the migrations of those
 #: releases only (to 0.3.0's last, 0024), unless it reads the ledger as releases since
 #: 0.4 do (`migrate.LEDGER_READ`: `SET LOCAL bcw.ledger = 'releases'`); owners see it all.
+#: A view for compatibility, not a secret: any login of these groups may say so too.
 LEDGER_BEFORE_0_4 = "current_setting('bcw.ledger', true) = 'releases' OR left(name, 4) <= '0024'"
 #: the groups whose logins run `bcw migrate --wait` before they start
 LEDGER_READERS = (*(group for group in GROUPS if worker_of(group)), "bcw_relay")
