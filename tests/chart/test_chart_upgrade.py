@@ -146,6 +146,18 @@ def test_the_values_filled_in_are_every_added_one_with_its_default() -> None:
     assert not missing, f"add to bcw.addedValues (templates/_upgrade.tpl): {missing}"
 
 
+def test_every_template_starts_by_filling_in_the_values_added_since() -> None:
+    """Helm shares one values map between templates: one that read `.Values` before
+    `bcw.enabled` filled it in would pass the render above by the others' fill alone."""
+    templates = [
+        p for p in (CHART / "templates").rglob("*") if p.is_file() and not p.name.startswith("_")
+    ]
+    assert len(templates) > 5
+    for path in templates:
+        first = path.read_text().splitlines()[0]
+        assert first == '{{- if include "bcw.enabled" . }}', path.name
+
+
 def test_enabled_absent_is_on_and_false_is_off() -> None:
     old = old_release("defaults")
     assert objects(upgrade.upgrade(old, "reuse-values"))
