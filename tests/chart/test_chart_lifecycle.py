@@ -129,8 +129,8 @@ def test_every_pod_pulls_from_the_private_registry_with_every_pull_secret() -> N
         ({"registry": "quay.io"}, "", "quay.io/bc-fleet/bc-workers:0.4.0"),
         ({"registry": "quay.io"}, "registry.local:5000/", "registry.local:5000/bc-fleet/bc-workers:0.4.0"),
         # a repository that still names its registry (0.3's values) keeps it, or has it replaced
-        ({"repository": "ghcr.io/bc-fleet/bc-workers"}, "", "ghcr.io/bc-fleet/bc-workers:0.4.0"),
-        ({"registry": "", "repository": "ghcr.io/bc-fleet/bc-workers"}, "registry.local:5000", "registry.local:5000/bc-fleet/bc-workers:0.4.0"),
+        ({"repository": "registry.example.com/platform/bc-workers"}, "", "registry.example.com/platform/bc-workers:0.4.0"),
+        ({"repository": "registry.example.com/platform/bc-workers"}, "registry.local:5000", "registry.local:5000/platform/bc-workers:0.4.0"),
         ({"registry": "", "repository": "localhost/bcw"}, "", "localhost/bcw:0.4.0"),
         ({"registry": "", "repository": "bcw"}, "", "bcw:0.4.0"),
         ({"tag": "0.4.1"}, "", "ghcr.io/bc-fleet/bc-workers:0.4.1"),

@@ -147,10 +147,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/* The image: [registry/]repository, then @digest or :tag (the chart's appVersion by
-   default). The registry is global.imageRegistry, else image.registry, else none; a
-   repository whose first part names a registry (it has a dot or a port, or is
-   localhost) keeps it only when neither is set — global.imageRegistry replaces it, so
-   no image ever has two registries. */}}
+   default). The registry is global.imageRegistry, else the one the repository names (its
+   first part has a dot or a port, or is localhost: 0.3's registry.example.com/platform/
+   bc-workers), else image.registry, else none: image.registry never moves a repository
+   that names its own, and no image ever has two registries. */}}
 {{- define "bcw.image" -}}
 {{- $image := .Values.image -}}
 {{- $repository := $image.repository -}}
@@ -158,7 +158,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- $first := first $parts -}}
 {{- $named := and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
 {{- $registry := default "" $image.registry -}}
-{{- if $named }}{{ $repository = join "/" (rest $parts) }}{{ if not $registry }}{{ $registry = $first }}{{ end }}{{ end -}}
+{{- if $named }}{{ $repository = join "/" (rest $parts) }}{{ $registry = $first }}{{ end -}}
 {{- with .Values.global }}{{ with .imageRegistry }}{{ $registry = . }}{{ end }}{{ end -}}
 {{- if $registry }}{{ trimSuffix "/" $registry }}/{{ end }}{{ $repository }}
 {{- if $image.digest }}@{{ $image.digest }}{{ else }}:{{ default .Chart.AppVersion $image.tag }}{{ end -}}

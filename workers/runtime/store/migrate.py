@@ -60,6 +60,11 @@ LEDGER_SELECT = (
     "FROM schema_migrations m"
 )
 
+#: This release reads every row of the ledger: a login of a worker otherwise sees only the
+#: migrations of releases before 0.4 (`policies.LEDGER_BEFORE_0_4`), which read every row
+#: they see. In a transaction of its own (SET LOCAL), so PgBouncer keeps it on one backend.
+LEDGER_READ = "SET LOCAL bcw.ledger = 'releases'"
+
 
 class MigrationError(RuntimeError):
     """A migration cannot be applied safely; the message says which and why."""
@@ -187,7 +192,9 @@ def load(directory: Path) -> list[Migration]:
 
 
 async def _applied(conn: asyncpg.Connection) -> dict[str, dict[str, object]]:
-    rows = await conn.fetch(LEDGER_SELECT)
+    async with conn.transaction():
+        await conn.execute(LEDGER_READ)
+        rows = await conn.fetch(LEDGER_SELECT)
     return {row["name"]: dict(row) for row in rows}
 
 

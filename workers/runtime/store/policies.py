@@ -56,8 +56,20 @@ BY_COMMAND: dict[str, dict[str, Rule]] = {
     "outbox_dead": {"INSERT": (None, "worker = '{w}'")},
 }
 
+#: The migrations' ledger as a release before 0.4 reads it: its `bcw migrate --wait` (a
+#: worker's or the relay's init container, as its login) reads every row and calls a
+#: migration it does not know `missing` (exit 2), so its pods would never start on this
+#: release's schema after a `helm rollback`. Such a login sees the migrations of those
+#: releases only (to 0.3.0's last, 0024), unless it reads the ledger as releases since
+#: 0.4 do (`migrate.LEDGER_READ`: `SET LOCAL bcw.ledger = 'releases'`); owners see it all.
+#: A view for compatibility, not a secret: any login of these groups may say so too.
+LEDGER_BEFORE_0_4 = "current_setting('bcw.ledger', true) = 'releases' OR left(name, 4) <= '0024'"
+#: the groups whose logins run `bcw migrate --wait` before they start
+LEDGER_READERS = (*(group for group in GROUPS if worker_of(group)), "bcw_relay")
+
 #: table → group → command → rule: what one worker's rules write of a table others trust
 GROUP_RULES: dict[str, dict[str, dict[str, Rule]]] = {
+    "schema_migrations": {group: {"SELECT": (LEDGER_BEFORE_0_4, None)} for group in LEDGER_READERS},
     # a certificate is recorded or marked revoked, never recorded live nor un-revoked
     "node_certs": {
         "bcw_quarantine": {
