@@ -16,11 +16,15 @@ CRD_APIS = ("monitoring.coreos.com/v1", "keda.sh/v1alpha1")
 
 
 def render_in(
-    chart_dir: Path, values: dict[str, Any], api_versions: tuple[str, ...] = CRD_APIS
+    chart_dir: Path,
+    values: dict[str, Any],
+    api_versions: tuple[str, ...] = CRD_APIS,
+    **release: Any,
 ) -> dict[str, str]:
-    """Every template's output by its path, NOTES.txt included."""
+    """Every template's output by its path, NOTES.txt included (`release`: Helm's render
+    options over an install's, e.g. `revision`, `is_install`, `is_upgrade`)."""
     chart = helm.Chart.load(str(chart_dir))
-    options = {"name": "fleet", "namespace": "control-plane", "is_install": True}
+    options = {"name": "fleet", "namespace": "control-plane", "is_install": True} | release
     options["api_versions"] = list(api_versions)
     rendered: dict[str, str] = json.loads(
         _native.call_string("helm_render", chart._raw(), json.dumps(values), json.dumps(options))

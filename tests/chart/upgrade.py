@@ -30,6 +30,7 @@ from typing import Any
 import helm_python as helm
 import yaml
 
+from tests.chart.rendering import render_in
 from tests.upgrade.release import CACHE, REPO, previous_release
 
 CHART = REPO / "charts" / "bc-workers"
@@ -107,9 +108,7 @@ def manifest(rendered: dict[str, str]) -> Docs:
 def install(chart: Path, config: dict[str, Any]) -> Release:
     """`helm install` of `chart` with these user-supplied values (revision 1)."""
     loaded = helm.Chart.load(str(chart))
-    rendered = loaded.render(
-        config, name=NAME, namespace=NAMESPACE, revision=1, is_install=True, is_upgrade=False
-    )
+    rendered = render_in(chart, config, name=NAME, namespace=NAMESPACE, revision=1)
     return Release(chart, config, loaded.merge_values(config), manifest(rendered))
 
 
@@ -119,8 +118,14 @@ def _upgrade(chart: Path, values: dict[str, Any], defaults: dict[str, Any] | Non
         if defaults is not None:
             chart = Path(shutil.copytree(chart, Path(scratch) / chart.name))
             (chart / "values.yaml").write_text(yaml.safe_dump(defaults))
-        rendered = helm.Chart.load(str(chart)).render(
-            values, name=NAME, namespace=NAMESPACE, revision=2, is_install=False, is_upgrade=True
+        rendered = render_in(
+            chart,
+            values,
+            name=NAME,
+            namespace=NAMESPACE,
+            revision=2,
+            is_install=False,
+            is_upgrade=True,
         )
     return manifest(rendered)
 

@@ -28,7 +28,7 @@
 enabled: true
 image:
   registry: ghcr.io
-  digest: ""
+  digest: ''
 global:
   imagePullSecrets: []
 nats:
@@ -48,15 +48,18 @@ nats:
     deadLettersBytes: 1073741824
 otel:
   sampler: parentbased_traceidratio
-  samplerRatio: "1.0"
+  samplerRatio: '1.0'
 migrations:
-  helloProof: ""
+  helloProof: ''
   legacyGatewayRole: false
 relay:
   nodeSelector: {}
   tolerations: []
   affinity: {}
-  priorityClassName: ""
+  priorityClassName: ''
+  podAnnotations: {}
+  podLabels: {}
+  probes: {}
 prometheusRule:
   factsStreamFullRatio: 0.8
   livenessLagSeconds: 15
@@ -64,8 +67,13 @@ prometheusRule:
   workerAbsentFor: 5m
 autoscaling:
   enabled: false
-  workers: [labeler, quarantine, recorder, replay, liveness]
-  natsMonitoringEndpoint: nats.nats.svc.cluster.local:8222
+  workers:
+  - labeler
+  - quarantine
+  - recorder
+  - replay
+  - liveness
+  natsMonitoringEndpoint: nats-headless.nats.svc.cluster.local:8222
   account: $G
   useHttps: false
   minReplicas: 2
@@ -74,4 +82,60 @@ autoscaling:
   activationLagThreshold: 0
   pollingInterval: 15
   cooldownPeriod: 300
+commonAnnotations: {}
+commonLabels: {}
+database:
+  tls:
+    existingSecret: ''
+    mode: verify-full
+    mutual: false
+defaults:
+  probes:
+    liveness: {}
+    readiness: {}
+    startup: {}
+  revisionHistoryLimit: 5
+extraObjects: []
+networkPolicy:
+  extraEgress: []
+  extraIngress: []
+podDisruptionBudget:
+  minAvailable: null
+  unhealthyPodEvictionPolicy: ''
+serviceMonitor:
+  metricRelabelings: []
+  relabelings: []
+  scrapeTimeout: ''
+tests:
+  nats:
+    existingSecret: ''
+    existingSecretKey: seed.nk
+    type: nkey
+  resources:
+    limits:
+      memory: 256Mi
+    requests:
+      cpu: 10m
+      memory: 64Mi
+workers:
+  labeler:
+    podAnnotations: {}
+    podLabels: {}
+    probes: {}
+  liveness:
+    podAnnotations: {}
+    podLabels: {}
+    probes: {}
+  quarantine:
+    podAnnotations: {}
+    podLabels: {}
+    probes: {}
+  recorder:
+    podAnnotations: {}
+    podLabels: {}
+    probes: {}
+  replay:
+    podAnnotations: {}
+    podLabels: {}
+    probes: {}
 {{- end -}}
