@@ -26,6 +26,8 @@ EXAMPLES: dict[str, str] = {
     "demo": "bcw demo --nodes 200 --keep",
     "config": "bcw config --json",
     "dead-letters": "bcw dead-letters redrive --cause unsupported-major --dry-run",
+    "dead-letters list": "bcw dead-letters list --worker labeler --json",
+    "dead-letters redrive": "bcw dead-letters redrive --cause unsupported-major --dry-run",
     "commands": "bcw commands node-17 --limit 20 --json",
     "explain": "bcw explain node-17 --since 2h",
     "liveness status": "bcw liveness status --gateway gw-3 --json",

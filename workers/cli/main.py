@@ -68,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return error.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # stdout's reader went away: `entry` ends quietly
+        raise
     except Exception as error:  # a bug, or a failure nothing above names: still one line
         _explain(args.command, f"{type(error).__name__}: {error}")
         return EXIT_FAILED

@@ -32,23 +32,31 @@ def add(commands: Commands) -> None:
     config.set_defaults(handler=_cmd_config)
 
     dead = commands.add_parser("dead-letters", help="list or re-drive dead-lettered messages")
-    dead.add_argument("action", choices=["list", "redrive"])
-    dead.add_argument("--worker", help="only this worker's dead letters")
-    dead.add_argument(
+    dead_commands = dead.add_subparsers(dest="action", required=True, metavar="ACTION")
+    which = argparse.ArgumentParser(add_help=False)  # what both actions choose letters by
+    which.add_argument("--worker", help="only this worker's dead letters")
+    which.add_argument(
         "--cause",
         help="only dead letters of this cause (invalid, handler, max-deliveries, unsupported-major)",
     )
     key: dict[str, Any] = {"type": _letter_key, "metavar": "STREAM:SEQ"}
-    dead.add_argument("--seq", action="append", help="only this letter (repeatable)", **key)
-    dead.add_argument("--limit", type=int, default=1000, help="at most this many (a page)")
-    dead.add_argument("--after", help="from the dead letter after this one (paging)", **key)
-    dead.add_argument("--all", action="store_true", help="redrive: every dead letter, knowingly")
-    dead.add_argument(
-        "--dry-run", action="store_true", help="redrive: say what would be re-driven, do nothing"
+    which.add_argument("--seq", action="append", help="only this letter (repeatable)", **key)
+    which.add_argument("--limit", type=int, default=1000, help="at most this many (a page)")
+    which.add_argument("--after", help="from the dead letter after this one (paging)", **key)
+    listed = dead_commands.add_parser(
+        "list", parents=[which], help="the dead letters with their reasons, a page at a time"
     )
-    dead.add_argument("--yes", action="store_true", help="redrive: ask no confirmation")
-    dead.add_argument("--json", action="store_true", help="list: one JSON object per letter")
-    dead.set_defaults(handler=_cmd_dead_letters)
+    listed.add_argument("--json", action="store_true", help="one JSON object per letter")
+    listed.set_defaults(handler=_cmd_dead_letters, all=False, dry_run=False, yes=False)
+    redrive = dead_commands.add_parser(
+        "redrive", parents=[which], help="re-send the chosen dead letters to their subjects"
+    )
+    redrive.add_argument("--all", action="store_true", help="every dead letter, knowingly")
+    redrive.add_argument(
+        "--dry-run", action="store_true", help="say what would be re-driven, do nothing"
+    )
+    redrive.add_argument("--yes", action="store_true", help="ask no confirmation")
+    redrive.set_defaults(handler=_cmd_dead_letters, json=False)
 
     listing = commands.add_parser("commands", help="a node's commands: state, epoch, attempts")
     listing.add_argument("node")
