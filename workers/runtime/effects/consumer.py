@@ -230,7 +230,9 @@ class FactConsumer:
             settled[(self.worker.name, item.fact.BC_TYPE if item.fact else "invalid", kind)] += 1
             if item.fact is not None and item.outcome.kind is outcome.Kind.APPLIED:
                 age = (now - item.fact.observed_at).total_seconds()
-                self._metrics.fact_age.observe(max(0.0, age), self.worker.name, item.fact.BC_TYPE)
+                self._metrics.fact_age.observe(
+                    max(0.0, age), self.worker.name, item.fact.BC_TYPE, span=item.span
+                )
         try:
             await self._frames.write_acks(acks)
         except Exception as error:  # redelivered: the inbox (or idempotence) absorbs them
