@@ -4,7 +4,8 @@ subcommand table the groups add their commands to."""
 from __future__ import annotations
 
 import argparse
-from datetime import timedelta
+import json
+from datetime import datetime, timedelta
 from typing import TypeAlias
 
 EXIT_FAILED = 1
@@ -72,3 +73,18 @@ def since(text: str) -> timedelta:
 def positive_duration(text: str) -> float:
     """The same (`since`), in seconds."""
     return since(text).total_seconds()
+
+
+def plain(value: object) -> object:
+    """A value as JSON carries it: times in ISO 8601, ids as strings."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if value is None or isinstance(value, bool | int | float | str | list | dict):
+        return value
+    return str(value)
+
+
+def json_line(**fields: object) -> None:
+    """Print one JSON object on a line of its own (what every `--json` prints: one object
+    per item, its field names in docs/runtime.md), values made `plain`."""
+    print(json.dumps({name: plain(value) for name, value in fields.items()}))

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from workers.cli import bench, operating, provisioning, quarantining, running
+from workers.cli import authorizing, bench, operating, provisioning, quarantining, running
 from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, document
 from workers.runtime.base.errors import SettingError, redact
 from workers.runtime.base.release import release
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bcw", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"bcw {release()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (provisioning, running, operating, quarantining, bench):
+    for group in (provisioning, authorizing, running, operating, quarantining, bench):
         group.add(commands)
     document(commands)
     return parser

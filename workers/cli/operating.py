@@ -16,6 +16,7 @@ from workers.cli.common import (
     EXIT_BAD_SETTINGS,
     EXIT_FAILED,
     Commands,
+    plain,
     positive_duration,
     since,
 )
@@ -179,7 +180,7 @@ def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
             if args.action == "list" and args.json:
                 for letter in letters:
                     print(json.dumps({
-                        "stream": letter.stream, "seq": letter.seq, "time": _plain(letter.time), "worker": letter.worker,
+                        "stream": letter.stream, "seq": letter.seq, "time": plain(letter.time), "worker": letter.worker,
                         "cause": letter.cause, "subject": letter.subject,
                         "stream_seq": letter.stream_seq, "reason": letter.reason,
                         "refused": verdicts[letter.key],
@@ -248,7 +249,7 @@ def _cmd_commands(args: argparse.Namespace, settings: Settings) -> int:
             await conn.close()
         if args.json:
             for r in rows:
-                print(json.dumps({k: _plain(v) for k, v in dict(r).items()}))
+                print(json.dumps({k: plain(v) for k, v in dict(r).items()}))
             return 0
         print(
             f"{'seq':>5} {'state':<10} {'epoch':>5} {'tries':>5} {'busy':>4} {'lane':<10} {'kind':<20} command_id / reason"
@@ -289,15 +290,6 @@ def _cmd_explain(args: argparse.Namespace, settings: Settings) -> int:
     return asyncio.run(run())
 
 
-def _plain(value: object) -> object:
-    """A value as JSON carries it: times in ISO 8601, ids as strings."""
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if value is None or isinstance(value, bool | int | float | str | list | dict):
-        return value
-    return str(value)
-
-
 def _start(text: str) -> datetime:
     from workers.explain import parse_start
 
@@ -336,7 +328,7 @@ def _cmd_liveness_status(args: argparse.Namespace, settings: Settings) -> int:
     rows = asyncio.run(run())
     if args.json:
         for row in rows:
-            print(json.dumps({k: _plain(v) for k, v in row.items()}))
+            print(json.dumps({k: plain(v) for k, v in row.items()}))
         return 0
     print(
         f"{'gateway':<20} {'connected':>9} {'oldest seen':>11} {'flush age':>9}  {'blind':<8} "
