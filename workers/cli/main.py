@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = Settings()
     except ValidationError as error:
-        for line in describe(error):
+        for line in describe(error, os.environ):
             print(redact(f"bcw: {line}"), file=sys.stderr)
         return EXIT_BAD_SETTINGS
     if not settings.database.application_name:  # bcw-liveness, bcw-migrate, …

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from datetime import datetime
 from typing import Any
@@ -121,10 +122,10 @@ def add(commands: Commands) -> None:
 def _cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     from workers.runtime.base.settings import effective
 
-    values = effective(settings)
-    if args.json:
-        print(json.dumps(values, indent=2))
+    if args.json:  # durations in seconds; the text says them as they were written
+        print(json.dumps(effective(settings), indent=2))
     else:
+        values = effective(settings, os.environ)
         width = max(len(name) for name in values)
         for name, value in values.items():
             print(f"{name:<{width}}  {'' if value is None else value}")
