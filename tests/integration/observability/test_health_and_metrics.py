@@ -154,3 +154,26 @@ async def test_an_acquire_that_waits_for_a_connection_is_timed(
         assert len(waits) == 2 and waits[0] < 0.1 <= 0.25 <= waits[1]
     finally:
         await pool.close()
+
+
+async def test_a_health_port_in_use_is_refused_not_half_taken() -> None:
+    """A port another process holds on IPv6 alone is refused (the process then exits 2
+    naming BCW_HEALTH_PORT), never taken on IPv4 alone; so is one held on IPv4."""
+    import pytest
+
+    from workers.runtime.observability.health import HealthServer
+
+    async def ready() -> dict[str, bool]:
+        return {}
+
+    holders = [
+        socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=False),
+        socket.create_server(("0.0.0.0", 0)),
+    ]
+    for taken in holders:
+        with taken:
+            port = taken.getsockname()[1]
+            server = HealthServer(port, ready, lambda _accept: (b"", "text/plain"))
+            with pytest.raises(OSError):
+                await server.start()
+            await server.stop()

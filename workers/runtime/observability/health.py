@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Iterable
@@ -30,8 +31,11 @@ def listening_socket(port: int, host: str | None = None) -> socket.socket:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         return socket.create_server((host, port), family=family)
     if socket.has_dualstack_ipv6():
-        with contextlib.suppress(OSError):  # IPv6 disabled at run time: IPv4 below
+        try:
             return socket.create_server(("::", port), family=socket.AF_INET6, dualstack_ipv6=True)
+        except OSError as error:  # IPv6 off at run time: IPv4 below; a port in use is said
+            if error.errno == errno.EADDRINUSE:
+                raise
     return socket.create_server(("0.0.0.0", port))
 
 
