@@ -48,6 +48,9 @@ def test_on_disk_each_is_applied_pending_or_changed() -> None:
         ("0.4.1", "0.4.0", "newer"),
         ("0.10.0", "0.9.3", "newer"),  # by number, not by text
         ("0.5.0rc1", "0.4.0", "newer"),
+        ("0.5.0", "0.5.0rc1", "newer"),  # a release candidate comes before its release
+        ("0.5.0rc1", "0.5.0", "missing"),
+        ("0.5.0rc2", "0.5.0rc1", "newer"),
         ("1.0.0", "0.4.0", "newer-major"),
         ("2.1.0", "1.7.0", "newer-major"),
         ("0.4.0", "0.4.0", "missing"),  # this release's own file is gone
@@ -88,7 +91,22 @@ def test_a_refusal_names_every_migration_in_the_way() -> None:
 )
 def test_versions_order_by_their_numbers(a: list[int], b: list[int]) -> None:
     va, vb = ".".join(map(str, a)), ".".join(map(str, b))
-    assert (parse(va) < parse(vb)) == (tuple(a) < tuple(b))  # type: ignore[operator]
+
+    def numbers(n: list[int]) -> tuple[int, ...]:  # 1.2 is 1.2.0
+        return tuple(n + [0] * (4 - len(n)))
+
+    assert (parse(va) < parse(vb)) == (numbers(a) < numbers(b))  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [("0.5.0rc1", "0.5.0"), ("0.5.0a1", "0.5.0b1"), ("0.5.0.dev1", "0.5.0rc1"),
+     ("v2.14.0-RC.1", "2.14.0"), ("0.4.0", "0.4.1rc1"), ("0.4.0", "0.4.0.post1")],
+)  # fmt: skip
+def test_a_pre_release_is_before_its_release_never_equal(a: str, b: str) -> None:
+    assert parse(a) is not None and parse(b) is not None
+    assert parse(a) < parse(b)  # type: ignore[operator]
+    assert parse(a) != parse(b)
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,8 @@ subcommand table the groups add their commands to."""
 from __future__ import annotations
 
 import argparse
-from datetime import timedelta
+import json
+from datetime import datetime, timedelta
 from typing import TypeAlias
 
 EXIT_FAILED = 1
@@ -26,6 +27,8 @@ EXAMPLES: dict[str, str] = {
     "demo": "bcw demo --nodes 200 --keep",
     "config": "bcw config --json",
     "dead-letters": "bcw dead-letters redrive --cause unsupported-major --dry-run",
+    "dead-letters list": "bcw dead-letters list --worker labeler --json",
+    "dead-letters redrive": "bcw dead-letters redrive --cause unsupported-major --dry-run",
     "commands": "bcw commands node-17 --limit 20 --json",
     "explain": "bcw explain node-17 --since 2h",
     "liveness status": "bcw liveness status --gateway gw-3 --json",
@@ -70,3 +73,18 @@ def since(text: str) -> timedelta:
 def positive_duration(text: str) -> float:
     """The same (`since`), in seconds."""
     return since(text).total_seconds()
+
+
+def plain(value: object) -> object:
+    """A value as JSON carries it: times in ISO 8601, ids as strings."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if value is None or isinstance(value, bool | int | float | str | list | dict):
+        return value
+    return str(value)
+
+
+def json_line(**fields: object) -> None:
+    """Print one JSON object on a line of its own (what every `--json` prints: one object
+    per item, its field names in docs/runtime.md), values made `plain`."""
+    print(json.dumps({name: plain(value) for name, value in fields.items()}))

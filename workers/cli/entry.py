@@ -8,11 +8,33 @@ comes up) would otherwise end the process unhandled, exit -15, instead of a clea
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
+#: what a command whose reader went away (`bcw config | head -1`) exits with: 128 + SIGPIPE,
+#: as a program the signal ends (`cat`, `git log`), so `set -o pipefail` reads it alike
+EXIT_CLOSED_PIPE = 141
+
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """`bcw`; a closed stdout ends it quietly, exit `EXIT_CLOSED_PIPE` (no traceback, no
+    "Exception ignored" at exit: Python's documented way, stdout pointed at devnull)."""
+    try:
+        try:
+            code = _main(argv)
+        except SystemExit:  # argparse's --help and usage errors: their output flushed here
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_CLOSED_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     if list(sys.argv[1:] if argv is None else argv)[:1] == ["run"]:
         from workers.runtime.base.waiting import defer_stop_signals
 

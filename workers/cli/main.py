@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from workers.cli import bench, operating, provisioning, quarantining, running
+from workers.cli import authorizing, bench, operating, provisioning, quarantining, running
 from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, document
 from workers.runtime.base.errors import SettingError, redact
 from workers.runtime.base.release import release
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bcw", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"bcw {release()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (provisioning, running, operating, quarantining, bench):
+    for group in (provisioning, authorizing, running, operating, quarantining, bench):
         group.add(commands)
     document(commands)
     return parser
@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = Settings()
     except ValidationError as error:
-        for line in describe(error):
+        for line in describe(error, os.environ):
             print(redact(f"bcw: {line}"), file=sys.stderr)
         return EXIT_BAD_SETTINGS
     if not settings.database.application_name:  # bcw-liveness, bcw-migrate, …
@@ -68,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return error.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # stdout's reader went away: `entry` ends quietly
+        raise
     except Exception as error:  # a bug, or a failure nothing above names: still one line
         _explain(args.command, f"{type(error).__name__}: {error}")
         return EXIT_FAILED

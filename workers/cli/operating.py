@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from datetime import datetime
 from typing import Any
@@ -16,6 +17,7 @@ from workers.cli.common import (
     EXIT_BAD_SETTINGS,
     EXIT_FAILED,
     Commands,
+    plain,
     positive_duration,
     since,
 )
@@ -32,23 +34,31 @@ def add(commands: Commands) -> None:
     config.set_defaults(handler=_cmd_config)
 
     dead = commands.add_parser("dead-letters", help="list or re-drive dead-lettered messages")
-    dead.add_argument("action", choices=["list", "redrive"])
-    dead.add_argument("--worker", help="only this worker's dead letters")
-    dead.add_argument(
+    dead_commands = dead.add_subparsers(dest="action", required=True, metavar="ACTION")
+    which = argparse.ArgumentParser(add_help=False)  # what both actions choose letters by
+    which.add_argument("--worker", help="only this worker's dead letters")
+    which.add_argument(
         "--cause",
         help="only dead letters of this cause (invalid, handler, max-deliveries, unsupported-major)",
     )
     key: dict[str, Any] = {"type": _letter_key, "metavar": "STREAM:SEQ"}
-    dead.add_argument("--seq", action="append", help="only this letter (repeatable)", **key)
-    dead.add_argument("--limit", type=int, default=1000, help="at most this many (a page)")
-    dead.add_argument("--after", help="from the dead letter after this one (paging)", **key)
-    dead.add_argument("--all", action="store_true", help="redrive: every dead letter, knowingly")
-    dead.add_argument(
-        "--dry-run", action="store_true", help="redrive: say what would be re-driven, do nothing"
+    which.add_argument("--seq", action="append", help="only this letter (repeatable)", **key)
+    which.add_argument("--limit", type=int, default=1000, help="at most this many (a page)")
+    which.add_argument("--after", help="from the dead letter after this one (paging)", **key)
+    listed = dead_commands.add_parser(
+        "list", parents=[which], help="the dead letters with their reasons, a page at a time"
     )
-    dead.add_argument("--yes", action="store_true", help="redrive: ask no confirmation")
-    dead.add_argument("--json", action="store_true", help="list: one JSON object per letter")
-    dead.set_defaults(handler=_cmd_dead_letters)
+    listed.add_argument("--json", action="store_true", help="one JSON object per letter")
+    listed.set_defaults(handler=_cmd_dead_letters, all=False, dry_run=False, yes=False)
+    redrive = dead_commands.add_parser(
+        "redrive", parents=[which], help="re-send the chosen dead letters to their subjects"
+    )
+    redrive.add_argument("--all", action="store_true", help="every dead letter, knowingly")
+    redrive.add_argument(
+        "--dry-run", action="store_true", help="say what would be re-driven, do nothing"
+    )
+    redrive.add_argument("--yes", action="store_true", help="ask no confirmation")
+    redrive.set_defaults(handler=_cmd_dead_letters, json=False)
 
     listing = commands.add_parser("commands", help="a node's commands: state, epoch, attempts")
     listing.add_argument("node")
@@ -112,10 +122,10 @@ def add(commands: Commands) -> None:
 def _cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     from workers.runtime.base.settings import effective
 
-    values = effective(settings)
-    if args.json:
-        print(json.dumps(values, indent=2))
+    if args.json:  # durations in seconds; the text says them as they were written
+        print(json.dumps(effective(settings), indent=2))
     else:
+        values = effective(settings, os.environ)
         width = max(len(name) for name in values)
         for name, value in values.items():
             print(f"{name:<{width}}  {'' if value is None else value}")
@@ -171,7 +181,7 @@ def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
             if args.action == "list" and args.json:
                 for letter in letters:
                     print(json.dumps({
-                        "stream": letter.stream, "seq": letter.seq, "time": _plain(letter.time), "worker": letter.worker,
+                        "stream": letter.stream, "seq": letter.seq, "time": plain(letter.time), "worker": letter.worker,
                         "cause": letter.cause, "subject": letter.subject,
                         "stream_seq": letter.stream_seq, "reason": letter.reason,
                         "refused": verdicts[letter.key],
@@ -240,7 +250,7 @@ def _cmd_commands(args: argparse.Namespace, settings: Settings) -> int:
             await conn.close()
         if args.json:
             for r in rows:
-                print(json.dumps({k: _plain(v) for k, v in dict(r).items()}))
+                print(json.dumps({k: plain(v) for k, v in dict(r).items()}))
             return 0
         print(
             f"{'seq':>5} {'state':<10} {'epoch':>5} {'tries':>5} {'busy':>4} {'lane':<10} {'kind':<20} command_id / reason"
@@ -281,15 +291,6 @@ def _cmd_explain(args: argparse.Namespace, settings: Settings) -> int:
     return asyncio.run(run())
 
 
-def _plain(value: object) -> object:
-    """A value as JSON carries it: times in ISO 8601, ids as strings."""
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if value is None or isinstance(value, bool | int | float | str | list | dict):
-        return value
-    return str(value)
-
-
 def _start(text: str) -> datetime:
     from workers.explain import parse_start
 
@@ -328,7 +329,7 @@ def _cmd_liveness_status(args: argparse.Namespace, settings: Settings) -> int:
     rows = asyncio.run(run())
     if args.json:
         for row in rows:
-            print(json.dumps({k: _plain(v) for k, v in row.items()}))
+            print(json.dumps({k: plain(v) for k, v in row.items()}))
         return 0
     print(
         f"{'gateway':<20} {'connected':>9} {'oldest seen':>11} {'flush age':>9}  {'blind':<8} "

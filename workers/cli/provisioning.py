@@ -1,7 +1,6 @@
-"""Setting a system up: `bcw migrate`, `bcw provision`, `bcw schemas export`, `bcw auth
-nats` and `bcw auth db` — the database schema and roles, the streams and consumers, the
-contract's JSON Schemas, the bus principals' keys and permissions, the gateway logins'
-bindings.
+"""Setting a system up: `bcw migrate`, `bcw provision`, `bcw schemas export` — the
+database schema and roles, the streams and consumers, the contract's JSON Schemas (the
+credentials: `authorizing`).
 """
 
 from __future__ import annotations
@@ -16,8 +15,8 @@ from typing import TYPE_CHECKING
 from workers.cli.common import (
     EXIT_BAD_SETTINGS,
     EXIT_FAILED,
-    EXIT_REFUSED,
     Commands,
+    json_line,
     positive_duration,
 )
 from workers.runtime.base.release import release
@@ -34,6 +33,9 @@ def add(commands: Commands) -> None:
     migrate = commands.add_parser("migrate", help="apply the database migrations")
     migrate.add_argument(
         "--status", action="store_true", help="list applied and pending migrations"
+    )
+    migrate.add_argument(
+        "--json", action="store_true", help="--status: one JSON object per migration"
     )
     migrate.add_argument(
         "--wait",
@@ -75,40 +77,10 @@ def add(commands: Commands) -> None:
         help="change nothing: say whether each stream exists as the settings describe it "
         "(exit 1 when one is missing)",
     )
+    provision.add_argument(
+        "--json", action="store_true", help="--check: one JSON object per stream"
+    )
     provision.set_defaults(handler=_cmd_provision)
-
-    auth = commands.add_parser("auth", help="credentials of the bus principals")
-    auth_commands = auth.add_subparsers(dest="auth_command", required=True)
-    auth_nats = auth_commands.add_parser(
-        "nats",
-        help="write DIR/auth.conf (nkey users and permissions), DIR/jetstream.conf "
-        "(sync_interval: always) and DIR/<principal>.nk seeds",
-    )
-    auth_nats.add_argument("--gateways", default="", help="gateway ids, comma-separated")
-    auth_nats.add_argument(
-        "--subscribers",
-        default="",
-        help="subscriber applications, comma-separated: each gets its own principal "
-        "`subscriber-<app>`, the only one that may pull from its durable `sub-<app>`",
-    )
-    auth_nats.add_argument("--out", required=True, help="the directory to write to")
-    auth_nats.set_defaults(handler=_cmd_auth_nats)
-    auth_db = auth_commands.add_parser(
-        "db",
-        help="bind gateway logins to their gateway ids (a login acts as its gateway only), "
-        "then list the bindings; as the schema's owner",
-    )
-    auth_db.add_argument(
-        "--bind",
-        action="append",
-        default=[],
-        metavar="LOGIN=GATEWAY",
-        help="let the database role LOGIN (IN ROLE bcw_gateway_bound) act as GATEWAY",
-    )
-    auth_db.add_argument(
-        "--unbind", action="append", default=[], metavar="LOGIN", help="LOGIN acts as no gateway"
-    )
-    auth_db.set_defaults(handler=_cmd_auth_db)
 
 
 def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
@@ -123,6 +95,9 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
         print(roles.create_roles_sql(groups) + roles.grants_sql(groups) + rules + logins, end="")
         return 0
 
+    if args.json and not args.status:
+        print("bcw migrate: --json goes with --status", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
     if args.wait is not None:
         return asyncio.run(_wait_for_schema(settings, args.wait))
 
@@ -132,6 +107,10 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
             if args.status:
                 rows = await migrate.status(conn)
                 for row in rows:
+                    if args.json:
+                        json_line(name=row.name, state=row.state, applied_at=row.applied_at,
+                                  release=row.release, refused=row.refused)  # fmt: skip
+                        continue
                     by = f"  (release {row.release})" if row.state.startswith("newer") else ""
                     print(f"{row.state:<8} {row.name}  {row.applied_at or ''}{by}".rstrip())
                 return 1 if any(row.refused for row in rows) else 0
@@ -244,6 +223,10 @@ def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
     from workers.registry import WORKERS
     from workers.runtime.bus import connection, server, streams
 
+    if args.json and not args.check:
+        print("bcw provision: --json goes with --check", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+
     async def run() -> int:
         subjects = Subjects(settings.subject_root)
         nc = await connection.connect(settings.nats, name="bcw provision")
@@ -254,14 +237,18 @@ def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
             if not limits.batched:
                 print(
                     f"nats-server {version} has no fast batches (2.14+): the "
-                    "streams are made without them, the relay publishes one message at a time"
+                    "streams are made without them, the relay publishes one message at a time",
+                    file=sys.stderr if args.json else sys.stdout,
                 )
             if args.check:
                 checked = await streams.check_streams(
                     js, subjects, settings.nats.stream_replicas, limits
                 )
                 for stream, state in checked.items():
-                    print(f"stream   {stream:<24} {state}")
+                    if args.json:
+                        json_line(stream=stream, state=state)
+                    else:
+                        print(f"stream   {stream:<24} {state}")
                 return EXIT_FAILED if "missing" in checked.values() else 0
             for stream, state in (
                 await streams.provision_streams(js, subjects, settings.nats.stream_replicas, limits)
@@ -303,80 +290,3 @@ def _cmd_schemas_export(args: argparse.Namespace, settings: Settings) -> int:
     if args.asyncapi:
         print(asyncapi.write(Path(args.asyncapi)))
     return 0
-
-
-def _cmd_auth_nats(args: argparse.Namespace, settings: Settings) -> int:
-    from schemas.subjects import Subjects
-    from workers.runtime.bus import principals, server
-
-    gateways = [g.strip() for g in args.gateways.split(",") if g.strip()]
-    apps = [a.strip() for a in args.subscribers.split(",") if a.strip()]
-    try:
-        apps = principals.check_subscribers(apps)
-    except ValueError as error:
-        print(f"bcw auth nats: --subscribers: {error}", file=sys.stderr)
-        return EXIT_BAD_SETTINGS
-    try:
-        written = principals.write(
-            Path(args.out), Subjects(settings.subject_root), principals.check_gateways(gateways),
-            apps,
-        )  # fmt: skip
-        written.insert(1, server.write_jetstream_fragment(Path(args.out)))
-    except principals.SeedFileError as error:
-        print(f"bcw auth nats: --out: {error}", file=sys.stderr)
-        return EXIT_BAD_SETTINGS
-    except ValueError as error:
-        print(f"bcw auth nats: --gateways: {error}", file=sys.stderr)
-        return EXIT_BAD_SETTINGS
-    except OSError as error:
-        print(f"bcw auth nats: --out {args.out}: {error.strerror or error}", file=sys.stderr)
-        return EXIT_FAILED
-    for path in written:
-        print(path)
-    return 0
-
-
-def _cmd_auth_db(args: argparse.Namespace, settings: Settings) -> int:
-    from workers.gateway import store
-    from workers.runtime.bus import principals
-    from workers.runtime.store import db
-
-    pairs = []
-    for given in args.bind:
-        login, _, gateway = given.partition("=")
-        try:
-            if not login or not gateway:
-                raise ValueError(f"{given!r} is not LOGIN=GATEWAY")
-            principals.check_gateways([gateway])
-        except ValueError as error:
-            print(f"bcw auth db: --bind: {error}", file=sys.stderr)
-            return EXIT_BAD_SETTINGS
-        pairs.append((login, gateway))
-
-    async def run() -> int:
-        conn = await db.connect(settings.database)
-        try:
-            async with conn.transaction():  # all of them or none
-                for login, gateway in pairs:
-                    await store.bind(conn, login, gateway)
-                for login in args.unbind:
-                    if not await store.unbind(conn, login):
-                        print(f"bcw auth db: --unbind {login}: was bound to no gateway")
-            rows = await store.bindings(conn)
-        finally:
-            await conn.close()
-        for row in rows:
-            warning = "" if row.in_group else "  (not IN ROLE bcw_gateway_bound: cannot act)"
-            print(f"{row.login:<24} acts as {row.gateway_id}{warning}")
-        if not rows:
-            print("no login is bound to a gateway")
-        return 0
-
-    try:
-        return asyncio.run(run())
-    except store.BindingError as error:
-        print(f"bcw auth db: --bind: {error}", file=sys.stderr)
-        return EXIT_BAD_SETTINGS
-    except store.LimitsRefused as error:
-        print(f"bcw auth db: --bind: {error}", file=sys.stderr)
-        return EXIT_REFUSED

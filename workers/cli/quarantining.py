@@ -10,7 +10,7 @@ import argparse
 import asyncio
 import sys
 
-from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, Commands
+from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, Commands, json_line
 from workers.runtime.base.settings import Settings
 
 HELD = """
@@ -43,6 +43,7 @@ def add(commands: Commands) -> None:
     status = sub.add_parser("status", help="the quarantines whose revocation waits")
     status.add_argument("--node", help="only this node's")
     status.add_argument("--gateway", help="only those blamed on this gateway")
+    status.add_argument("--json", action="store_true", help="one JSON object per quarantine")
     status.set_defaults(handler=_cmd_status)
     release = sub.add_parser(
         "release", help="let the quarantine worker revoke what the breaker holds (chosen ones)"
@@ -73,6 +74,10 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
             rows = await conn.fetch(HELD, args.node, args.gateway)
         finally:
             await conn.close()
+        if args.json:
+            for row in rows:
+                json_line(**dict(row))
+            return 0
         for row in rows:
             print(
                 f"{row['node_id']}  epoch {row['epoch']}  {row['held']:<11} via {row['gateway_id']}"

@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
+from functools import partial
 from typing import TypeVar
 
 import asyncpg
@@ -120,7 +121,7 @@ async def run_process(
         note = metrics.hello_proof_note()
         return [note] if note is not None else []
 
-    health = HealthServer(settings.health_port, parts.ready, metrics.render, notes=notes)
+    health = HealthServer(settings.health_port, parts.ready, metrics.exposition, notes=notes)
     try:
         await health.start()
     except OSError as error:
@@ -167,6 +168,7 @@ async def _serve(
         lambda: connection.connect(
             settings.nats,
             name=f"bcw {names} {instance}",
+            on_event=metrics.nats_events(f"bcw {names}"),  # disconnects, reconnects
             on_refused=refused,
             on_publish_refused=refused_subjects.add,
         ),
@@ -179,12 +181,13 @@ async def _serve(
     # each statement run inside a span becomes a CLIENT span of it (none without tracing)
     sql_spans = tracing.SqlSpans(tracer).install if tracing.is_recording(tracer) else None
     try:
-        parts.pool = await _until_up(
-            "PostgreSQL", lambda: db.create_pool(settings.database, init=sql_spans), stopping
-        )
+        waited = metrics.db_pool_acquire_seconds.observe
+        pooled = partial(db.create_pool, settings.database, init=sql_spans, on_acquire=waited)
+        parts.pool = await _until_up("PostgreSQL", pooled, stopping)
         if parts.pool is None:
             return
         pool = parts.pool
+        metrics.watch_pool(pool)
         js = nc.jetstream()
         relay = OutboxRelay(
             pool, js, settings.outbox, settings.database, metrics, tracer, subjects,

@@ -188,6 +188,8 @@ def test_metrics_are_the_librarys_exposition_and_parse() -> None:
         "bcw_dead_letters", "bcw_quarantine_holds_expired", "bcw_quarantines_held", "bcw_build_info",
         "bcw_fact_age_seconds", "bcw_facts_stream_full_ratio", "bcw_liveness_sweep_seconds",
         "bcw_hello_proof_policy", "bcw_unproven_sessions",
+        "bcw_nats_disconnects", "bcw_nats_reconnects", "bcw_db_pool_size", "bcw_db_pool_idle",
+        "bcw_db_pool_max", "bcw_db_pool_acquire_seconds",
     }  # fmt: skip
     assert {name for name in families if name.startswith("bcw_")} == expected
     # beside them, the process's own: CPU, memory, file descriptors, and Python's

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from importlib import metadata
 
+from packaging.version import InvalidVersion, Version
+
 
 def release() -> str:
     """The installed bc-workers version, or "unknown" when run from a bare checkout."""
@@ -14,18 +16,14 @@ def release() -> str:
         return "unknown"
 
 
-def parse(version: str | None) -> tuple[int, ...] | None:
-    """`0.4.0` → (0, 4, 0); a version with a suffix (`0.5.0rc1`, `0.5.0+local`,
-    `2.14.0-RC.1`) by its numbers, a tag's `v` left out; None when it does not start with
-    `N.N`. Pure: the one reader of versions, ours and nats-server's."""
+def parse(version: str | None) -> Version | None:
+    """A release's version as PEP 440 reads it (`packaging`): `0.4.0`, `v2.14.0-RC.1`
+    (a pre-release of 2.14.0), `0.5.0rc1` (before `0.5.0`, never equal to it),
+    `0.5.0+local`; None for text that is no version. Pure: the one reader of versions,
+    ours and nats-server's."""
     if not version:
         return None
-    numbers = []
-    for part in version.removeprefix("v").split("."):
-        digits = part[: len(part) - len(part.lstrip("0123456789"))]
-        if not digits:
-            break
-        numbers.append(int(digits))
-        if len(digits) < len(part):  # a suffix ends the numbers
-            break
-    return tuple(numbers) if len(numbers) >= 2 else None
+    try:
+        return Version(version)
+    except InvalidVersion:
+        return None

@@ -3,6 +3,8 @@ log levels. Used by every settings module and by the CLI's duration arguments; n
 
 Every duration — a setting, `--since`, `--idle-exit` — is written one way: a number and a
 unit (`500ms`, `45s`, `5m`, `2h`, `7d`, `1w`); a plain number is seconds (`45`, `0.5`).
+It is said back the way it was written (`bcw config`: `90s` is `90s`), and a refusal names
+its bound in a unit (`must be more than 0s`), never a bare float of seconds.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from datetime import timedelta
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BeforeValidator
+from pydantic.fields import FieldInfo
 from pydantic_settings import SettingsConfigDict
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d|w)?\s*$")
+_DURATION = re.compile(r"^\s*(-?)\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d|w)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 #: the units a duration is shown in, largest first (`bcw config`, the settings tables)
 _SHOWN = (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
@@ -22,25 +25,62 @@ _SHOWN = (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
 
 def parse_duration(text: str) -> timedelta:
     """`500ms`, `45s`, `5m`, `2h`, `7d`, `1w`, or a plain number of seconds → a duration
-    (zero or more). Pure; the one parser of durations. Raises ValueError."""
+    (a `-` before it makes it negative: refused by the bound of what reads it, in words).
+    Pure; the one parser of durations. Raises ValueError."""
     match = _DURATION.match(text)
     if not match:
         raise ValueError(
             f"{text!r} is not a duration such as 45s, 5m, 2h or 7d (a plain number is seconds)"
         )
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2) or "s"])
+    sign = -1.0 if match.group(1) else 1.0
+    return timedelta(seconds=sign * float(match.group(2)) * _UNITS[match.group(3) or "s"])
 
 
 def format_duration(value: timedelta) -> str:
     """A duration as `parse_duration` reads it, in the largest unit that shows it whole
     (`90000 s` → `25h`, `0.5 s` → `500ms`). Pure."""
     micro = value // timedelta(microseconds=1)
+    if micro == 0:
+        return "0s"
     for unit, size in _SHOWN:
         if micro >= size * 1_000_000 and micro % (size * 1_000_000) == 0:
             return f"{micro // (size * 1_000_000)}{unit}"
     if micro % 1000 == 0:
         return f"{micro // 1000}ms"
     return f"{micro / 1_000_000}s"
+
+
+def format_seconds(seconds: float) -> str:
+    """`format_duration` of a float of seconds (a `Seconds` setting's value). Pure."""
+    if seconds < 0:
+        return f"-{format_duration(timedelta(seconds=-seconds))}"
+    return format_duration(timedelta(seconds=seconds))
+
+
+def said_back(value: timedelta | float, written: str | None = None) -> str:
+    """A duration setting's value as its operator reads it: as `written` (the variable's
+    text) when that is what it holds — `90s` stays `90s`, `1.5m` stays `1.5m` — else in
+    the largest unit that shows it whole (a default: `1m`). Pure."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if written is not None:
+        try:
+            if parse_duration(written).total_seconds() == seconds:
+                return written.strip()
+        except ValueError:
+            pass
+    return format_seconds(seconds)
+
+
+def is_duration(info: FieldInfo) -> bool:
+    """Whether a settings field holds a duration (`Duration` or `Seconds`, optional or not)."""
+    return (
+        IN_SECONDS in info.metadata
+        or "timedelta" in repr(info.annotation)
+        or any(
+            IN_SECONDS in getattr(arg, "__metadata__", ())
+            for arg in getattr(info.annotation, "__args__", ())
+        )
+    )
 
 
 def _to_timedelta(value: object) -> object:

@@ -30,7 +30,13 @@ from workers.runtime.base.runtime_settings import (
     OutboxSettings,
     RetentionSettings,
 )
-from workers.runtime.base.setting_types import LogLevel, Seconds
+from workers.runtime.base.setting_types import (
+    LogLevel,
+    Seconds,
+    format_seconds,
+    is_duration,
+    said_back,
+)
 
 
 class Settings(BaseSettings):
@@ -96,8 +102,8 @@ class Settings(BaseSettings):
         idle = self.database.idle_in_transaction_timeout
         if idle and idle <= self.outbox.publish_timeout:
             raise ValueError(
-                f"BCW_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT ({idle:g}) must be above "
-                f"BCW_OUTBOX_PUBLISH_TIMEOUT ({self.outbox.publish_timeout:g}): the relay waits "
+                f"BCW_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT ({format_seconds(idle)}) must be above "
+                f"BCW_OUTBOX_PUBLISH_TIMEOUT ({format_seconds(self.outbox.publish_timeout)}): the relay waits "
                 "for PubAcks inside its transaction"
             )
         return self
@@ -107,8 +113,8 @@ class Settings(BaseSettings):
         kept = self.retention.processed_facts.total_seconds()
         if kept <= self.nats.facts_max_age:
             raise ValueError(
-                f"BCW_RETENTION_PROCESSED_FACTS ({kept:g} s) must be above BCW_NATS_FACTS_MAX_AGE "
-                f"({self.nats.facts_max_age:g} s): a fact redelivered after its inbox row was "
+                f"BCW_RETENTION_PROCESSED_FACTS ({format_seconds(kept)}) must be above BCW_NATS_FACTS_MAX_AGE "
+                f"({format_seconds(self.nats.facts_max_age)}): a fact redelivered after its inbox row was "
                 "pruned would be applied twice"
             )
         return self
@@ -117,8 +123,8 @@ class Settings(BaseSettings):
     def _timeouts_fit(self) -> Settings:
         if self.database.command_timeout >= self.consumer.ack_wait:
             raise ValueError(
-                f"BCW_DATABASE_COMMAND_TIMEOUT ({self.database.command_timeout:g}) must be below "
-                f"BCW_CONSUMER_ACK_WAIT ({self.consumer.ack_wait:g}): a slow statement would "
+                f"BCW_DATABASE_COMMAND_TIMEOUT ({format_seconds(self.database.command_timeout)}) must be below "
+                f"BCW_CONSUMER_ACK_WAIT ({format_seconds(self.consumer.ack_wait)}): a slow statement would "
                 "outlive the fact's delivery"
             )
         return self
@@ -208,9 +214,11 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     return lines
 
 
-def effective(settings: Settings) -> dict[str, object]:
+def effective(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, object]:
     """Every setting's variable → its effective value, secrets shown as `***` (a URL's
-    password and a NATS token redacted too). What `bcw config` prints."""
+    password and a NATS token redacted too). What `bcw config` prints: a duration in
+    seconds (a number), or with `environ`, as text the way it was written there
+    (`said_back`: `90s` is `90s`; a default in its largest whole unit)."""
     out: dict[str, object] = {}
     groups: dict[type[BaseSettings], BaseSettings] = {Settings: settings}
     for name in Settings.model_fields:  # each group's values, from the settings themselves
@@ -219,7 +227,9 @@ def effective(settings: Settings) -> dict[str, object]:
             groups[type(value)] = value
     for variable, (group, field) in sorted(_variables().items()):
         value = getattr(groups[group], field)
-        if isinstance(value, SecretStr):
+        if environ is not None and value is not None and is_duration(group.model_fields[field]):
+            value = said_back(value, environ.get(variable))
+        elif isinstance(value, SecretStr):
             secret = value.get_secret_value()
             value = redact(secret) if "://" in secret else ("***" if secret else "")
         elif isinstance(value, str):
@@ -232,10 +242,11 @@ def effective(settings: Settings) -> dict[str, object]:
     return out
 
 
-def describe(error: ValidationError) -> list[str]:
+def describe(error: ValidationError, environ: Mapping[str, str] | None = None) -> list[str]:
     """One line per bad setting, named as the operator sets it: `BCW_X_Y: what is wrong`.
 
-    Values are shown only for settings that are not secrets.
+    Values are shown only for settings that are not secrets: as written in `environ`
+    when given (`'0'`, not `0.0`); a duration's bound in a unit (`more than 0s`).
     """
     group = GROUPS.get(error.title)
     prefix = str(group.model_config.get("env_prefix", "BCW_")) if group else "BCW_"
@@ -249,9 +260,28 @@ def describe(error: ValidationError) -> list[str]:
         field = location[0]
         variable = prefix + field.upper()
         secret = group is not None and _is_secret(group, field)
-        shown = "" if secret or item.get("input") is None else f" (got {_short(item['input'])})"
+        info = group.model_fields.get(field) if group is not None else None
+        if info is not None and is_duration(info):
+            message = _duration_bound(item) or message
+        given = item.get("input")
+        if environ is not None and variable in environ:
+            given = environ[variable]
+        shown = "" if secret or given is None else f" (got {_short(given)})"
         lines.append(f"{variable}: {message}{shown}")
     return lines
+
+
+_BOUNDS = {"greater_than": ("gt", "more than"), "greater_than_equal": ("ge", "at least"),
+           "less_than": ("lt", "less than"), "less_than_equal": ("le", "at most")}  # fmt: skip
+
+
+def _duration_bound(item: Any) -> str | None:
+    """A duration's bound said in a unit (`must be more than 0s`), for pydantic's
+    `Input should be greater than 0`; None for any other error."""
+    bound = _BOUNDS.get(item.get("type", ""))
+    if bound is None or bound[0] not in (item.get("ctx") or {}):
+        return None
+    return f"must be {bound[1]} {format_seconds(float(item['ctx'][bound[0]]))}"
 
 
 def _is_secret(group: type[BaseSettings], field: str) -> bool:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import signal
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tenacity.wait import wait_base
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _asked_early: list[int] = []
@@ -52,7 +55,7 @@ class Patience:
     """Back-off and logging for one thing waited on (a server, a batch, a loop).
 
     `failed()` returns how long to wait before the next try: jittered, doubling from
-    `base` to `cap`. It logs the first failure, then at most one line every `every`
+    `base` to `cap` (`backoff`: tenacity's, as the consumer's batch retries use). It logs the first failure, then at most one line every `every`
     seconds while the wait lasts; `succeeded()` logs one summary when it ends. So an
     outage of any length costs a handful of log lines, not one a try.
     """
@@ -69,14 +72,13 @@ class Patience:
     ) -> None:
         self.what = what
         self._log = logger
-        self._base = base
-        self._cap = cap
         self._every = every
         self._level = level
         self.failures = 0
         self._since = 0.0
         self._logged_at = 0.0
         self._announced = False
+        self.backoff = backoff(base, cap)
 
     @property
     def waiting(self) -> bool:
@@ -103,8 +105,7 @@ class Patience:
                     _brief(error),
                 )
         self.failures += 1
-        ceiling = min(self._cap, self._base * 2 ** min(self.failures, 30))
-        return random.uniform(ceiling / 2, ceiling)
+        return waited(self.backoff, self.failures)
 
     def succeeded(self) -> None:
         if self._announced:
@@ -122,3 +123,24 @@ class Patience:
 def _brief(error: BaseException) -> str:
     text = str(error).strip()
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def backoff(base: float, cap: float) -> wait_base:
+    """The wait after a failure, tenacity's strategies composed: at the n-th failure in a
+    row, uniformly in [c/2, c] where c = min(cap, base·2ⁿ) — half of it fixed, half full
+    jitter, so replicas that failed together do not try again together, and none tries
+    again at once. (tenacity is imported here, not at the module's top: `bcw run` defers
+    its stop signals with this module before anything heavy is imported.)"""
+    from tenacity import wait_exponential, wait_random_exponential
+
+    half = {"multiplier": base / 2, "max": cap / 2}
+    return wait_exponential(**half) + wait_random_exponential(**half)
+
+
+def waited(strategy: wait_base, failures: int) -> float:
+    """How long `strategy` waits after the `failures`-th failure in a row (1 or more)."""
+    from tenacity import RetryCallState, Retrying
+
+    state = RetryCallState(Retrying(), None, (), {})
+    state.attempt_number = failures + 1  # tenacity's exponent is attempt_number - 1
+    return float(strategy(state))

@@ -266,7 +266,11 @@ async def list_dead_letters(
 ) -> list[DeadLetter]:
     """Dead letters of every dead stream, stream by stream (`dead_streams`), each in its
     order; from the one after `after` (stream, seq) on (a page: ask again `after` the last
-    one's for the next), at most `limit`, filtered."""
+    one's for the next), at most `limit`, filtered.
+
+    Read as `bcw events` reads: each request asks the stream for its next message at or
+    after a sequence (`next_by_subj`), so the gaps re-driven letters leave cost nothing;
+    the listing stops at the stream's last sequence when it began."""
     out: list[DeadLetter] = []
     for stream in await dead_streams(js, subjects, worker):
         if after is not None and stream < after[0]:
@@ -276,19 +280,20 @@ async def list_dead_letters(
         except NotFoundError:
             continue
         first = after[1] + 1 if after is not None and stream == after[0] else 0
-        seq = max(info.state.first_seq, first)
-        while seq and seq <= info.state.last_seq and len(out) < limit:
+        seq = max(info.state.first_seq, first, 1)
+        while seq <= info.state.last_seq and len(out) < limit:
             try:
-                raw = await js.get_msg(stream, seq)
-            except NotFoundError:  # deleted (re-driven) message
-                seq += 1
-                continue
-            letter = _letter(stream, seq, raw)
+                raw = await js.get_msg(stream, seq=seq, subject=">", next=True)
+            except NotFoundError:  # none at or after it
+                break
+            if raw.seq is None or raw.seq > info.state.last_seq:
+                break
+            letter = _letter(stream, raw.seq, raw)
             if (worker is None or letter.worker == worker) and (
                 cause is None or letter.cause == cause
             ):
                 out.append(letter)
-            seq += 1
+            seq = raw.seq + 1
     return out
 
 

@@ -24,7 +24,8 @@ FAST_BATCHES = (2, 14)
 
 def _minor(text: str) -> tuple[int, ...]:
     """(major, minor) of a nats-server version; (0,) for one that does not parse."""
-    return (parse(text) or (0,))[:2]
+    version = parse(text)
+    return version.release[:2] if version is not None else (0,)
 
 
 def too_old(text: str) -> str | None:

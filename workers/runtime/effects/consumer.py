@@ -229,8 +229,8 @@ class FactConsumer:
             kind = item.outcome.kind.value
             settled[(self.worker.name, item.fact.BC_TYPE if item.fact else "invalid", kind)] += 1
             if item.fact is not None and item.outcome.kind is outcome.Kind.APPLIED:
-                age = (now - item.fact.observed_at).total_seconds()
-                self._metrics.fact_age.observe(max(0.0, age), self.worker.name, item.fact.BC_TYPE)
+                age, of = (now - item.fact.observed_at).total_seconds(), item.fact.BC_TYPE
+                self._metrics.fact_age.observe(max(0.0, age), self.worker.name, of, span=item.span)
         try:
             await self._frames.write_acks(acks)
         except Exception as error:  # redelivered: the inbox (or idempotence) absorbs them

@@ -1,21 +1,42 @@
 """`/healthz`, `/readyz` and `/metrics` on one port per process (a tiny HTTP/1.1 server).
 
 Started by the process lifecycle; probes are callables owned by the lifecycle. Serves
-GET only, closes each connection after the answer.
+GET only, closes each connection after the answer. Listens on every address of both
+families (one dual-stack `::` socket, IPv4 only where the host has no IPv6), or on the
+one `host` given. `/metrics` answers in the exposition the request's `Accept` asks for
+(OpenMetrics, with exemplars, or Prometheus text).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
+import socket
 from collections.abc import Awaitable, Callable, Iterable
-
-from workers.runtime.observability.metrics import CONTENT_TYPE
 
 log = logging.getLogger(__name__)
 
 Probe = Callable[[], Awaitable[dict[str, bool]]]
+#: the `/metrics` body and its content type, for the request's `Accept` header
+Exposition = Callable[[str], tuple[bytes, str]]
+
+
+def listening_socket(port: int, host: str | None = None) -> socket.socket:
+    """A bound socket for `port`: on `host` when given; else on every address, IPv6 and
+    IPv4 on one dual-stack socket where the host has both, IPv4 alone where IPv6 is off
+    (a kernel or container without it)."""
+    if host is not None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        return socket.create_server((host, port), family=family)
+    if socket.has_dualstack_ipv6():
+        try:
+            return socket.create_server(("::", port), family=socket.AF_INET6, dualstack_ipv6=True)
+        except OSError as error:  # IPv6 off at run time: IPv4 below; a port in use is said
+            if error.errno == errno.EADDRINUSE:
+                raise
+    return socket.create_server(("0.0.0.0", port))
 
 
 class HealthServer:
@@ -26,8 +47,8 @@ class HealthServer:
         self,
         port: int,
         ready: Probe,
-        metrics: Callable[[], str],
-        host: str = "0.0.0.0",
+        metrics: Exposition,
+        host: str | None = None,
         notes: Callable[[], Iterable[str]] = tuple,
     ):
         self._port = port
@@ -43,7 +64,12 @@ class HealthServer:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self._host, self._port)
+        sock = listening_socket(self._port, self._host)
+        try:
+            self._server = await asyncio.start_server(self._serve, sock=sock)
+        except BaseException:
+            sock.close()
+            raise
         log.info("health and metrics on port %d", self.port)
 
     async def stop(self) -> None:
@@ -55,15 +81,18 @@ class HealthServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request = await asyncio.wait_for(reader.readline(), 5)
+            accept = ""
             while (line := await asyncio.wait_for(reader.readline(), 5)) not in (
                 b"\r\n",
                 b"\n",
                 b"",
             ):
-                del line  # headers are not used
+                name, _, value = line.decode("latin-1").partition(":")
+                if name.strip().lower() == "accept":  # the one header read
+                    accept = f"{accept},{value.strip()}" if accept else value.strip()
             parts = request.decode("latin-1").split()
             method, path = (parts[0], parts[1].split("?")[0]) if len(parts) >= 2 else ("", "")
-            status, body, ctype = await self._route(method, path)
+            status, body, ctype = await self._route(method, path, accept)
             head = (
                 f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
                 "Connection: close\r\n\r\n"
@@ -77,7 +106,7 @@ class HealthServer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _route(self, method: str, path: str) -> tuple[str, bytes, str]:
+    async def _route(self, method: str, path: str, accept: str = "") -> tuple[str, bytes, str]:
         text = "text/plain; charset=utf-8"
         if method != "GET":
             return "405 Method Not Allowed", b"GET only\n", text
@@ -89,5 +118,6 @@ class HealthServer:
             body = "".join(f"{line}\n" for line in (*lines, *self._notes())).encode()
             return ("200 OK" if all(checks.values()) else "503 Service Unavailable"), body, text
         if path == "/metrics":
-            return "200 OK", self._metrics().encode(), CONTENT_TYPE
+            body, ctype = self._metrics(accept)
+            return "200 OK", body, ctype
         return "404 Not Found", b"not found\n", text

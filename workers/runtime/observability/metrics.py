@@ -9,14 +9,26 @@ No I/O here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 import prometheus_client as prom
+from opentelemetry import trace
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
 from workers.runtime.base.release import release
 
 LabelValues = tuple[str, ...]
+
+
+class PoolSizes(Protocol):
+    """What the pool gauges read of a pool (asyncpg's `Pool`)."""
+
+    def get_size(self) -> int: ...
+    def get_idle_size(self) -> int: ...
+    def get_max_size(self) -> int: ...
+
 
 # no `<name>_created` series: a timestamp per child that dashboards never read
 prom.disable_created_metrics()
@@ -98,8 +110,19 @@ class Histogram(_Family):
         metric = prom.Histogram(name, help_text, labels, registry=registry, buckets=buckets)
         super().__init__(registry, f"{name}_count", metric, labels)
 
-    def observe(self, value: float, *labels: str) -> None:
-        self._child(labels).observe(value)
+    def observe(self, value: float, *labels: str, span: trace.Span | None = None) -> None:
+        """Observe `value`; with an exemplar naming the trace of `span` (else of the
+        current span) when it is sampled — shown in the OpenMetrics exposition only."""
+        self._child(labels).observe(value, exemplar=exemplar(span))
+
+
+def exemplar(span: trace.Span | None = None) -> dict[str, str] | None:
+    """`trace_id` and `span_id` (hex, as the W3C traceparent writes them) of `span`, or of
+    the current span; None when there is none, or it is not sampled (no backend has it)."""
+    context = (span or trace.get_current_span()).get_span_context()
+    if not context.is_valid or not context.trace_flags.sampled:
+        return None
+    return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
 
 
 class Metrics:
@@ -233,6 +256,48 @@ class Metrics:
             r, "bcw_dead_letters_total", "Messages copied to the dead-letter subject.",
             ("worker", "cause"),
         )  # fmt: skip
+        self.nats_disconnects = Counter(
+            r, "bcw_nats_disconnects_total",
+            "Times this process's NATS connection was lost after it had connected.",
+            ("connection",),
+        )  # fmt: skip
+        self.nats_reconnects = Counter(
+            r, "bcw_nats_reconnects_total", "Times this process's NATS connection came back.",
+            ("connection",),
+        )  # fmt: skip
+        self.db_pool_size = Gauge(
+            r, "bcw_db_pool_size", "Connections the PostgreSQL pool holds open, busy or idle."
+        )
+        self.db_pool_idle = Gauge(
+            r, "bcw_db_pool_idle", "Connections of the PostgreSQL pool that wait to be used."
+        )
+        self.db_pool_max = Gauge(
+            r, "bcw_db_pool_max", "The PostgreSQL pool's bound (BCW_DATABASE_POOL_MAX)."
+        )
+        self.db_pool_acquire_seconds = Histogram(
+            r, "bcw_db_pool_acquire_seconds",
+            "How long a statement's turn waited for a connection of the pool (long: the pool "
+            "is too small for the work, or PostgreSQL slow to give connections).",
+            buckets=(0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+        )  # fmt: skip
+
+    def watch_pool(self, pool: PoolSizes) -> None:
+        """The pool gauges read `pool` at each scrape."""
+        self.db_pool_size.set_function(lambda: float(pool.get_size()))
+        self.db_pool_idle.set_function(lambda: float(pool.get_idle_size()))
+        self.db_pool_max.set_function(lambda: float(pool.get_max_size()))
+
+    def nats_events(self, connection: str) -> Callable[[str], Awaitable[None]]:
+        """What counts the `disconnected` and `reconnected` events (nats-py's callbacks,
+        as `bus.connection` hands them on) of the NATS connection named `connection`."""
+
+        async def count(event: str) -> None:
+            if event == "disconnected":
+                self.nats_disconnects.inc(connection)
+            elif event == "reconnected":
+                self.nats_reconnects.inc(connection)
+
+        return count
 
     def hello_proof_note(self) -> str | None:
         """One line for `/readyz` when the fleet's Hellos need no proof (the policy as this
@@ -247,9 +312,13 @@ class Metrics:
         )
 
     def render(self) -> str:
-        """The Prometheus text exposition of every metric (what `/metrics` serves)."""
+        """The Prometheus text exposition of every metric."""
         return prom.generate_latest(self.registry).decode()
 
-
-#: the content type `/metrics` answers with
-CONTENT_TYPE = prom.CONTENT_TYPE_LATEST
+    def exposition(self, accept: str = "") -> tuple[bytes, str]:
+        """What `/metrics` serves for a request's `Accept` header, and its content type:
+        the OpenMetrics exposition (with the histograms' exemplars) when it accepts
+        `application/openmetrics-text`, else the Prometheus text format (as the library's
+        own server chooses)."""
+        encode, content_type = choose_encoder(accept)
+        return encode(self.registry), content_type

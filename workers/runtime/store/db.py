@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -85,21 +86,49 @@ async def _nothing_to_reset(_conn: asyncpg.Connection) -> None:
     pooled connection would outlive its `acquire()`."""
 
 
+class _TimedPool(asyncpg.Pool):
+    """asyncpg's pool, telling `on_acquire` how long each `acquire()` waited for a
+    connection (asyncpg has no hook for it: its one acquire path, `_acquire`, is timed;
+    `test_pool_metrics` fails if an asyncpg upgrade moves it)."""
+
+    __slots__ = ("_on_acquire",)
+
+    def __init__(self, *args: Any, on_acquire: Callable[[float], None], **kwargs: Any) -> None:
+        self._on_acquire = on_acquire
+        super().__init__(*args, **kwargs)
+
+    async def _acquire(self, timeout: float | None) -> Any:  # noqa: ASYNC109 - asyncpg's
+        started = time.perf_counter()
+        try:
+            return await super()._acquire(timeout)
+        finally:
+            self._on_acquire(time.perf_counter() - started)
+
+
 async def create_pool(
     settings: DatabaseSettings,
     init: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
+    on_acquire: Callable[[float], None] | None = None,
 ) -> asyncpg.Pool:
-    """The process's pool; `init` runs on each new connection (tracing's query logger)."""
+    """The process's pool; `init` runs on each new connection (tracing's query logger),
+    `on_acquire` is told how long each acquire waited (seconds: the pool metrics)."""
+    options: dict[str, Any] = {
+        "min_size": settings.pool_min,
+        "max_size": settings.pool_max,
+        "init": init,
+        "reset": _nothing_to_reset,
+        "max_inactive_connection_lifetime": IDLE_LIFETIME,
+        **_options(settings),
+    }
+    url = settings.url.get_secret_value()
     try:
-        pool = await asyncpg.create_pool(
-            settings.url.get_secret_value(),
-            min_size=settings.pool_min,
-            max_size=settings.pool_max,
-            init=init,
-            reset=_nothing_to_reset,
-            max_inactive_connection_lifetime=IDLE_LIFETIME,
-            **_options(settings),
-        )
+        if on_acquire is None:
+            pool = await asyncpg.create_pool(url, **options)
+        else:  # as `asyncpg.create_pool` makes it, its defaults given
+            pool = await _TimedPool(
+                url, on_acquire=on_acquire, max_queries=50000, loop=None,
+                connection_class=asyncpg.Connection, record_class=asyncpg.Record, **options,
+            )  # fmt: skip
     except Exception as error:
         raise named(error, settings) from error
     assert pool is not None

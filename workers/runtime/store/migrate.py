@@ -129,7 +129,7 @@ def classify(
         theirs = parse(_release(row))
         if mine is None or theirs is None or theirs <= mine:
             state = "missing"
-        elif theirs[0] == mine[0]:
+        elif theirs.major == mine.major:
             state = "newer"
         else:
             state = "newer-major"
