@@ -28,6 +28,7 @@ from workers.runtime.base.settings import (
     read_secret_files,
     unknown_variables,
 )
+from workers.runtime.observability import otel_env
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,6 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:  # a misspelt setting would otherwise be silently ignored
         for line in unknown:
             print(f"bcw: {line}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+    try:
+        otel_env.check(os.environ)  # the standard OTEL_* ones, before the SDK reads them
+    except SettingError as error:
+        print(f"bcw: {error}", file=sys.stderr)
         return EXIT_BAD_SETTINGS
     try:
         code: int = args.handler(args, settings)
