@@ -75,6 +75,13 @@ def propagators(env: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def carried(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The formats the workers write and read: W3C `tracecontext` always (the messages'
+    contract), then those `OTEL_PROPAGATORS` names; `none`: none. Pure."""
+    names = propagators(env)
+    return names if not names or "tracecontext" in names else ("tracecontext", *names)
+
+
 def exporters(env: Mapping[str, str]) -> tuple[str, ...]:
     """The exporters `OTEL_TRACES_EXPORTER` lists (default: otlp; `none`: none). Pure."""
     text = _get(env, "OTEL_TRACES_EXPORTER") or "otlp"
@@ -205,7 +212,7 @@ def shown(env: Mapping[str, str]) -> dict[str, str]:
     headers hidden, a URL's password redacted). Assumes `check` passed. Pure."""
     variable, chosen = protocol(env)
     out = {
-        "OTEL_PROPAGATORS": ",".join(propagators(env)) or "none",
+        "OTEL_PROPAGATORS": ",".join(carried(env)) or "none",
         "OTEL_TRACES_EXPORTER": ",".join(exporters(env)) or "none",
         (
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"

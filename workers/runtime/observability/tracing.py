@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -136,10 +136,7 @@ def propagator() -> TextMapPropagator:
     `traceparent` always (the messages' contract), then each format named (`b3`,
     `b3multi`, `jaeger`, `baggage`); `none`: none. Built here, never by
     `opentelemetry.propagate`, whose import fails on a name it cannot load."""
-    names = otel_env.propagators(os.environ)
-    if names and "tracecontext" not in names:
-        names = ("tracecontext", *names)
-    return _propagator(names)
+    return _propagator(otel_env.carried(os.environ))
 
 
 def inject(headers: dict[str, str], context: Context | None = None) -> dict[str, str]:
@@ -247,6 +244,29 @@ def start_producer_span(
     return span
 
 
+#: the reference gateway's delivery of a command onto a daemon's session stream (not NATS)
+DAEMON_SYSTEM = "bc.daemon_stream"
+DAEMON_TEMPLATE = "daemon.{node_id}"
+
+
+def start_delivery_span(tracer: trace.Tracer, node_id: str, command_id: str) -> trace.Span:
+    """A PRODUCER span `deliver daemon.{node_id}` for a command sent down a daemon's
+    stream, with the messaging attributes every producer span has (`messaging.system`
+    `bc.daemon_stream`, the node's stream as the destination, the command as the message)."""
+    span = tracer.start_span(f"deliver {DAEMON_TEMPLATE}", kind=trace.SpanKind.PRODUCER)
+    if span.is_recording():
+        span.set_attributes({
+            "messaging.system": DAEMON_SYSTEM,
+            "messaging.operation.name": "deliver",
+            "messaging.operation.type": "send",
+            "messaging.destination.name": DAEMON_TEMPLATE.format(node_id=node_id),
+            "messaging.destination.template": DAEMON_TEMPLATE,
+            "messaging.message.id": command_id,
+            "bc.node.id": node_id,
+        })  # fmt: skip
+    return span
+
+
 def start_consumer_span(
     tracer: trace.Tracer,
     msg: Msg,
@@ -279,20 +299,80 @@ def start_consumer_span(
 
 
 def batch_span(
-    tracer: trace.Tracer, group: str, spans: list[trace.Span]
+    tracer: trace.Tracer, group: str, spans: list[trace.Span], messages: list[Msg]
 ) -> contextlib.AbstractContextManager[object]:
-    """The span a batch's statements belong to: its one fact's; for several facts a span
-    of the batch, linked to each fact's (a statement serves them all); none untraced."""
+    """The span a batch's statements belong to: its one message's; for several, a
+    CONSUMER span `process <template>` of the batch (the messaging conventions' batch
+    receiving), linked to each message's creation context (`messages`' headers), and
+    linked from each message's span (`spans`): from a Hello's trace, its fact's span
+    leads to the statements that applied it in one click. None untraced."""
     if not spans:
         return contextlib.nullcontext()
     if len(spans) == 1:
         return trace.use_span(spans[0], end_on_exit=False)
-    return tracer.start_as_current_span(
-        f"process {group} batch",
-        kind=trace.SpanKind.INTERNAL,
-        links=[trace.Link(span.get_span_context()) for span in spans],
-        attributes={
-            "messaging.batch.message_count": len(spans),
-            "messaging.consumer.group.name": group,
-        },
-    )
+    return _batch(tracer, group, spans, messages)
+
+
+@contextlib.contextmanager
+def _batch(
+    tracer: trace.Tracer, group: str, spans: list[trace.Span], messages: list[Msg]
+) -> Iterator[trace.Span]:
+    templates = {destination_template(m.subject) for m in messages}
+    subjects = {m.subject for m in messages}
+    links = []
+    for msg in messages:
+        created = extract(msg.headers)
+        span_context = trace.get_current_span(created).get_span_context()
+        if created is not None and span_context.is_valid:
+            links.append(trace.Link(span_context))
+    attributes: dict[str, Any] = {
+        "messaging.system": MESSAGING_SYSTEM,
+        "messaging.operation.name": "process",
+        "messaging.operation.type": "process",
+        "messaging.batch.message_count": len(spans),
+        "messaging.consumer.group.name": group,
+    }
+    if len(subjects) == 1:
+        attributes["messaging.destination.name"] = next(iter(subjects))
+    if len(templates) == 1:
+        attributes["messaging.destination.template"] = next(iter(templates))
+    name = f"process {next(iter(templates))}" if len(templates) == 1 else "process"
+    with tracer.start_as_current_span(
+        name, kind=trace.SpanKind.CONSUMER, links=links, attributes=attributes
+    ) as batch:
+        for span in spans:  # each message's span leads to the batch's statements
+            span.add_link(batch.get_span_context(), {"messaging.batch.message_count": len(spans)})
+        try:
+            yield batch
+        except BaseException as error:
+            failed(batch, error)
+            raise
+
+
+@contextlib.contextmanager
+def active(span: trace.Span, end: bool = False) -> Iterator[trace.Span]:
+    """`span` current (`trace.use_span`), ended on leaving when `end`; an exception
+    through it marks it failed (`failed`: `error.type` too, which `use_span` omits),
+    unless the code inside already did (a refusal names its own `error.type`)."""
+    with trace.use_span(
+        span, end_on_exit=end, record_exception=False, set_status_on_exception=False
+    ):
+        try:
+            yield span
+        except Exception as error:
+            if "error.type" not in (getattr(span, "attributes", None) or {}):  # else said
+                failed(span, error)
+            raise
+
+
+def failed(span: trace.Span, error: BaseException | str, description: str | None = None) -> None:
+    """Mark `span` failed as the conventions say: status ERROR and `error.type` (an
+    exception's class name, or the low-cardinality cause given), the exception recorded."""
+    if isinstance(error, BaseException):
+        span.record_exception(error)
+        kind = type(error).__qualname__
+        description = description or f"{kind}: {error}"
+    else:
+        kind = error
+    span.set_attribute("error.type", kind)
+    span.set_status(trace.StatusCode.ERROR, description)
