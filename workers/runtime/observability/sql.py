@@ -38,8 +38,8 @@ _TOKEN = re.compile(
 
 @dataclass(frozen=True)
 class Summary:
-    """What a statement does: its summary (the span's name), its main operation (the
-    last top-level one of a `WITH`, else the first), that operation's one table (None
+    """What a statement does: its summary (the span's name), its main operation (its
+    first outside parentheses: a `WITH`'s statement, not its queries'), that operation's one table (None
     when it names none or several), and the function a lone `SELECT f(…)` calls."""
 
     text: str
@@ -103,7 +103,12 @@ def summarize(query: str) -> Summary:
         ):  # a WITH query's name (`WITH name AS (`, `, name AS (`) is not a table
             naming_ctes = True
             j = i + 2 if after == "RECURSIVE" else i + 1
-            if j + 1 < n and words[j + 1] == "AS":
+            k = j + 1
+            if k < n and tokens[k] == "(":  # `name(column, …) AS`
+                while k < n and tokens[k] != ")":
+                    k += 1
+                k += 1
+            if k < n and words[k] == "AS":
                 ctes.add(tokens[j].lower())
         elif word in OPERATIONS and before not in ("DO", "FOR", "KEY", "ON"):
             if depth == 0:
@@ -153,8 +158,8 @@ def summarize(query: str) -> Summary:
         if calls:
             procedure = calls[0]
             pieces.append(procedure)
-    top = [p for p in parts if p[2] == 0]
-    main = top[-1] if ctes and top else parts[0]  # a WITH's: the statement it ends in
+    # the statement's own: its first at the top (a WITH's queries are in parentheses)
+    main = next((p for p in parts if p[2] == 0), parts[0])
     text = ""
     for piece in pieces:  # cut between words at the conventions' bound
         if len(text) + len(piece) + 1 > SUMMARY_MAX:
@@ -168,7 +173,8 @@ def summarize(query: str) -> Summary:
 _BUILTINS = frozenset({
     "COUNT", "UNNEST", "NOW", "MIN", "MAX", "SUM", "AVG", "ARRAY_AGG", "STRING_AGG",
     "JSONB_BUILD_OBJECT", "JSON_BUILD_OBJECT", "CARDINALITY", "EXTRACT", "TO_REGCLASS",
-    "CURRENT_SETTING", "SET_CONFIG", "VERSION", "PG_TRY_ADVISORY_LOCK", "PG_ADVISORY_UNLOCK",
+    "CURRENT_SETTING", "SET_CONFIG", "VERSION", "QUOTE_IDENT", "QUOTE_LITERAL", "FORMAT",
+    "CURRENT_DATABASE", "CURRENT_SCHEMA", "CURRENT_USER",
 })  # fmt: skip
 _KEYWORDS = frozenset({
     "WHERE", "JOIN", "LEFT", "RIGHT", "INNER", "OUTER", "FULL", "CROSS", "NATURAL", "ON",
