@@ -4,15 +4,17 @@ links both ways, `error.type` on a failure, the producer attributes of a deliver
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
+import asyncpg
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from workers.runtime.observability import tracing
+from workers.runtime.observability import sql, tracing
 
 
 @dataclass
@@ -136,3 +138,32 @@ def test_a_delivery_is_a_producer_span_with_the_messaging_attributes(
         "messaging.message.id",
     )} == {"messaging.system": "bc.daemon_stream", "messaging.operation.type": "send",
            "messaging.destination.name": "daemon.n1", "messaging.message.id": "c-1"}  # fmt: skip
+
+
+@pytest.mark.parametrize("query_text", [False, True])
+def test_a_statement_s_span_and_its_text_only_when_asked(
+    spans: tuple[trace.Tracer, InMemorySpanExporter], query_text: bool
+) -> None:
+    tracer, exporter = spans
+    logger = sql.SqlSpans(tracer, query_text)
+    query = "INSERT INTO node_labels (k) VALUES ($1) ON CONFLICT (k) DO UPDATE SET v = $2"
+    failure = asyncpg.exceptions.UniqueViolationError("duplicate key")
+    with tracer.start_as_current_span("process"):
+        logger(SimpleNamespace(query=query, elapsed=0.002, conn_addr=("db", 5432),
+                               conn_params=SimpleNamespace(database="bc"), exception=None))  # fmt: skip
+        logger(SimpleNamespace(query="SELECT 1 FROM nodes", elapsed=0.001, conn_addr=None,
+                               conn_params=None, exception=failure))  # fmt: skip
+    logger(SimpleNamespace(query="SELECT 1", elapsed=0.0, conn_addr=None, conn_params=None,
+                           exception=None))  # outside a span: none  # fmt: skip
+    [upsert] = _named(exporter, "INSERT node_labels")
+    assert upsert.kind is trace.SpanKind.CLIENT and upsert.attributes is not None
+    assert upsert.attributes["db.collection.name"] == "node_labels"
+    assert upsert.attributes["db.query.summary"] == "INSERT node_labels"
+    assert upsert.attributes["server.address"] == "db" and upsert.attributes["db.namespace"] == "bc"
+    assert upsert.attributes.get("db.query.text") == (query if query_text else None)
+    [failed] = _named(exporter, "SELECT nodes")
+    assert failed.status.status_code is trace.StatusCode.ERROR and failed.attributes is not None
+    assert (
+        failed.attributes["error.type"] == failed.attributes["db.response.status_code"] == "23505"
+    )
+    assert len(exporter.get_finished_spans()) == 3  # the two statements and their parent
