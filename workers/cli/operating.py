@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from datetime import datetime
 from typing import Any
@@ -114,7 +113,7 @@ def _cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     from workers.runtime.base.settings import effective
     from workers.runtime.observability import otel_env
 
-    values = effective(settings) | otel_env.shown(os.environ)  # the OTEL_* it uses too
+    values = effective(settings) | otel_env.shown()  # the OTEL_* it uses too
     if args.json:
         print(json.dumps(values, indent=2))
     else:

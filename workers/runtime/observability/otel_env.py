@@ -206,10 +206,11 @@ def check(env: Mapping[str, str], exists: Callable[[str], bool] = os.path.exists
                 raise SettingError(f"{prefix}{file}", f"no file {path!r}")
 
 
-def shown(env: Mapping[str, str]) -> dict[str, str]:
+def shown(env: Mapping[str, str] = os.environ) -> dict[str, str]:
     """What `bcw config` prints of tracing: the effective propagators, exporters, protocol,
     sampler and whether the SDK is on, then every other `OTEL_*` variable set (exporter
-    headers hidden, a URL's password redacted). Assumes `check` passed. Pure."""
+    headers hidden, a URL's password redacted; `env`: this process's by default). Assumes
+    `check` passed."""
     variable, chosen = protocol(env)
     out = {
         "OTEL_PROPAGATORS": ",".join(carried(env)) or "none",

@@ -20,14 +20,14 @@ from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration import fleet
 from tests.integration.fleet import Provisioned
-from tests.integration.operations.test_traces import (
+from tests.integration.otlp import HttpReceiver, Received
+from tests.integration.support import eventually
+from tests.integration.traces.test_traces import (
     HELLO_WORKERS,
     _consumers,
     _spawn,
     named_by_conventions,
 )
-from tests.integration.otlp import HttpReceiver, Received
-from tests.integration.support import eventually
 from workers.gateway import HelloRequest
 from workers.runtime.bus import streams
 from workers.runtime.observability import sql, tracing
