@@ -1,8 +1,10 @@
-"""OpenTelemetry at the boundary: the tracer provider, and W3C context in message headers.
+"""OpenTelemetry at the boundary: the tracer provider, the trace context in message
+headers (W3C, and the formats `OTEL_PROPAGATORS` adds), and the messaging spans.
 
-The entry point builds the provider from the standard `OTEL_*` variables; tests inject
-their own (an in-memory exporter). Decisions never open spans; only the consumer loop,
-the outbox relay and the publishers here do.
+The entry point builds the provider from the standard `OTEL_*` variables (checked by
+`otel_env`); tests inject their own (an in-memory exporter). Decisions never open spans;
+only the consumer loop, the outbox relay, the sweeps and the publishers here do. SQL
+spans: `sql`.
 """
 
 from __future__ import annotations
@@ -109,9 +111,11 @@ _W3C = TraceContextTextMapPropagator()
 
 
 @functools.cache
-def _propagator(names: tuple[str, ...]) -> TextMapPropagator:
+def _propagator(value: str) -> tuple[TextMapPropagator, frozenset[str]]:
+    """The propagator `OTEL_PROPAGATORS=value` asks for, and its fields (once per value:
+    every fact passes here)."""
     chosen: list[TextMapPropagator] = []
-    for name in names:
+    for name in otel_env.carried({"OTEL_PROPAGATORS": value}):
         if name == "tracecontext":
             chosen.append(_W3C)
         elif name == "baggage":
@@ -128,7 +132,8 @@ def _propagator(names: tuple[str, ...]) -> TextMapPropagator:
             from opentelemetry.propagators.jaeger import JaegerPropagator
 
             chosen.append(JaegerPropagator())
-    return CompositePropagator(chosen)
+    composite = CompositePropagator(chosen)
+    return composite, frozenset(composite.fields)
 
 
 def propagator() -> TextMapPropagator:
@@ -136,7 +141,7 @@ def propagator() -> TextMapPropagator:
     `traceparent` always (the messages' contract), then each format named (`b3`,
     `b3multi`, `jaeger`, `baggage`); `none`: none. Built here, never by
     `opentelemetry.propagate`, whose import fails on a name it cannot load."""
-    return _propagator(otel_env.carried(os.environ))
+    return _propagator(os.environ.get("OTEL_PROPAGATORS", ""))[0]
 
 
 def inject(headers: dict[str, str], context: Context | None = None) -> dict[str, str]:
@@ -151,8 +156,8 @@ def extract(headers: Mapping[str, str] | None) -> Context | None:
     """The context `headers` carry in any format of `propagator()`, None without one."""
     if not headers:
         return None
-    chosen = propagator()
-    if not any(field in headers for field in chosen.fields):
+    chosen, fields = _propagator(os.environ.get("OTEL_PROPAGATORS", ""))
+    if not any(field in headers for field in fields):
         return None
     return chosen.extract(dict(headers))
 
