@@ -16,20 +16,20 @@ import os
 import sys
 from collections.abc import Sequence
 
-from workers.runtime.base.errors import SettingError
-from workers.runtime.observability import otel_env
-
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if list(sys.argv[1:] if argv is None else argv)[:1] == ["run"]:
+        from workers.runtime.base.waiting import defer_stop_signals
+
+        defer_stop_signals()  # `run_workers` hands what came meanwhile to its event loop
+    from workers.runtime.base.errors import SettingError
+    from workers.runtime.observability import otel_env
+
     try:
         otel_env.check(os.environ)  # before anything imports the SDK
     except SettingError as error:
         print(f"bcw: {error}", file=sys.stderr)
         return 2
-    if list(sys.argv[1:] if argv is None else argv)[:1] == ["run"]:
-        from workers.runtime.base.waiting import defer_stop_signals
-
-        defer_stop_signals()  # `run_workers` hands what came meanwhile to its event loop
     from workers.cli.main import main as bcw
 
     return bcw(argv)
