@@ -120,6 +120,8 @@ async def test_under_batching_each_hello_reaches_the_sql_that_applied_it(
     children: dict[tuple[str, str], list[Received]] = {}
     for span in spans:
         children.setdefault((span.trace_id, span.parent_id), []).append(span)
+    # no span of any process without its parent, in any trace (the batches' own too)
+    assert [s for s in spans if s.parent_id and (s.trace_id, s.parent_id) not in index] == []
     processed = _processed(spans, hellos)
     linked = [s for s in processed if s.links]
     assert linked, "no batch formed in four power-ons"
