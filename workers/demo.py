@@ -40,7 +40,7 @@ from workers.runtime.base.runtime_settings import (
 from workers.runtime.base.settings import Settings
 from workers.runtime.base.waiting import stop_on_signals
 from workers.runtime.bus import principals, streams
-from workers.runtime.observability import tracing
+from workers.runtime.observability import sql, tracing
 from workers.runtime.process import run_process
 from workers.runtime.store import migrate
 from workers.sim import SCENARIOS, Check, Simulator
@@ -131,7 +131,13 @@ async def main(
                 settings, [build(settings) for build in WORKERS.values()], stopping=stopping
             )
         )
-        sql_spans = tracing.SqlSpans(tracing.tracer(gateway_provider)).install if otlp else None
+        # the gateways' SQL (the Hello transaction's) whenever their spans are exported
+        gateway_tracer = tracing.tracer(gateway_provider)
+        sql_spans = (
+            sql.SqlSpans(gateway_tracer, settings.trace_query_text).install
+            if tracing.is_recording(gateway_tracer)
+            else None
+        )
         pool = await asyncpg.create_pool(postgres.url, min_size=2, max_size=8, init=sql_spans)
         sim = Simulator(pool, nc, subjects, nodes=nodes, gateways=gateways, prefix="node")
         checks: list[Check] = []

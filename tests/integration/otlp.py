@@ -28,6 +28,12 @@ KINDS = {
 }
 
 
+STATUSES = {
+    trace_pb2.Status.STATUS_CODE_OK: "OK",
+    trace_pb2.Status.STATUS_CODE_ERROR: "ERROR",
+}
+
+
 @dataclass(frozen=True)
 class Received:
     """One span as it arrived."""
@@ -39,6 +45,9 @@ class Received:
     span_id: str
     parent_id: str  # "" for a root
     attributes: dict[str, Any]
+    #: (trace id, span id) of each span it links to
+    links: tuple[tuple[str, str], ...] = ()
+    status: str = "UNSET"  # UNSET, OK or ERROR
 
 
 def _value(any_value: Any) -> Any:
@@ -67,6 +76,10 @@ class _Spans:
                             span_id=span.span_id.hex(),
                             parent_id=span.parent_span_id.hex(),
                             attributes={a.key: _value(a.value) for a in span.attributes},
+                            links=tuple(
+                                (link.trace_id.hex(), link.span_id.hex()) for link in span.links
+                            ),
+                            status=STATUSES.get(span.status.code, "UNSET"),
                         )
                     )
         with self._lock:

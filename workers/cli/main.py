@@ -18,7 +18,15 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from workers.cli import authorizing, bench, operating, provisioning, quarantining, running
+from workers.cli import (
+    authorizing,
+    bench,
+    operating,
+    provisioning,
+    quarantining,
+    redriving,
+    running,
+)
 from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, document
 from workers.runtime.base.errors import SettingError, redact
 from workers.runtime.base.release import release
@@ -28,13 +36,14 @@ from workers.runtime.base.settings import (
     read_secret_files,
     unknown_variables,
 )
+from workers.runtime.observability import otel_env
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bcw", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"bcw {release()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (provisioning, authorizing, running, operating, quarantining, bench):
+    for group in (provisioning, authorizing, running, operating, redriving, quarantining, bench):
         group.add(commands)
     document(commands)
     return parser
@@ -60,6 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:  # a misspelt setting would otherwise be silently ignored
         for line in unknown:
             print(f"bcw: {line}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+    try:
+        otel_env.check(os.environ)  # the standard OTEL_* ones, before the SDK reads them
+    except SettingError as error:
+        print(f"bcw: {error}", file=sys.stderr)
         return EXIT_BAD_SETTINGS
     try:
         code: int = args.handler(args, settings)

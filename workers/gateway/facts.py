@@ -181,7 +181,7 @@ class FactPublisher:
         headers["Nats-Msg-Id"] = str(fact.fact_id)
         subject = self.subjects.fact(self.gateway_id, fact.BC_TYPE)
         span = tracing.start_producer_span(self.tracer, subject, str(fact.fact_id), self.js._nc)
-        with trace.use_span(span, end_on_exit=True):
+        with tracing.active(span, end=True):
             tracing.inject(headers)  # every worker's processing is a child of this span
             await self._publish(subject, body, headers, fact.BC_TYPE)
 

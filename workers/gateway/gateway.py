@@ -188,17 +188,16 @@ class Gateway(Frames):
         self.pending_hellos += 1
         opening = self.opening[request.node_id] = Opening()
         try:
-            with self.tracer.start_as_current_span(
+            span = self.tracer.start_span(
                 "Hello",
                 kind=trace.SpanKind.SERVER,
                 attributes={"bc.node.id": request.node_id, "bc.gateway.id": self.gateway_id},
-                record_exception=False,
-                set_status_on_exception=False,
-            ) as span:
+            )
+            with tracing.active(span, end=True):  # error.type on a failure
                 try:
                     welcome = await self._hello(request, stream, opening)
-                except Refused as refused:
-                    span.set_status(trace.StatusCode.ERROR, refused.code.value)
+                except Refused as refused:  # error.type: the status code it answers
+                    tracing.failed(span, refused.code.value, refused.reason)
                     span.set_attribute("bc.refusal.reason", refused.reason)
                     raise
                 span.set_attribute("bc.session.epoch", welcome.epoch)

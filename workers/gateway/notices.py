@@ -168,7 +168,7 @@ class Notices:
             f"gw-{self.gateway_id}",
             self.nc,
         )
-        with trace.use_span(span, end_on_exit=True):
+        with tracing.active(span, end=True):
             try:
                 notice = REGISTRY.decode(msg.headers, msg.data)
             except MessageError as error:  # a newer worker's notice type: not ours to obey
@@ -217,15 +217,11 @@ class Notices:
             trace.get_current_span().set_attribute("bcw.outcome", "stale")
             return
         if isinstance(notice, Dispatch):
-            with self.tracer.start_as_current_span(
-                f"deliver {notice.kind}",
-                kind=trace.SpanKind.PRODUCER,  # onto the daemon's stream
-                attributes={
-                    "bc.node.id": notice.node_id,
-                    "bc.command.id": str(notice.command_id),
-                    "bc.command.attempt": notice.attempt,
-                },
-            ):
+            span = tracing.start_delivery_span(self.tracer, notice.node_id, str(notice.command_id))
+            span.set_attributes(
+                {"bc.command.kind": notice.kind, "bc.command.attempt": notice.attempt}
+            )
+            with tracing.active(span, end=True):  # onto the daemon's stream
                 await session.stream.deliver(notice)
         elif isinstance(notice, Zombie):
             await self.end(session, "fenced")

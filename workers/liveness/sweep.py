@@ -44,6 +44,7 @@ from workers.liveness.seeing import blind_reason, seen_at, sees, sight_change, s
 from workers.runtime.base.rule_settings import LivenessSettings
 from workers.runtime.effects.batch import OutboxBatch
 from workers.runtime.effects.worker import Loop, Runtime
+from workers.runtime.observability import tracing
 from workers.runtime.store import leases
 
 log = logging.getLogger(__name__)
@@ -215,7 +216,7 @@ async def sweep_once(
                     },
                 )
                 outbox.context = trace.set_span_in_context(span)
-            current = trace.use_span(span) if span is not None else contextlib.nullcontext()
+            current = tracing.active(span) if span is not None else contextlib.nullcontext()
             with current:  # the statements that announce are the span's children
                 blindness.say_sights(outbox, subjects, changes, sessions, now)
                 _announce(outbox, subjects, lost, "gateway-lost", now)

@@ -35,7 +35,7 @@ from workers.runtime.bus.deadletter import watch_max_deliveries
 from workers.runtime.effects.consumer import FactConsumer
 from workers.runtime.effects.outbox import OutboxRelay
 from workers.runtime.effects.worker import Runtime, Worker
-from workers.runtime.observability import tracing
+from workers.runtime.observability import sql, tracing
 from workers.runtime.observability.health import HealthServer
 from workers.runtime.observability.metrics import Metrics
 from workers.runtime.store import db, leases, retention
@@ -179,7 +179,8 @@ async def _serve(
     nc = parts.nc
     await frames.verify(nc, settings.nats.fast_path)  # or the public API, said once
     # each statement run inside a span becomes a CLIENT span of it (none without tracing)
-    sql_spans = tracing.SqlSpans(tracer).install if tracing.is_recording(tracer) else None
+    traced = tracing.is_recording(tracer)
+    sql_spans = sql.SqlSpans(tracer, settings.trace_query_text).install if traced else None
     try:
         waited = metrics.db_pool_acquire_seconds.observe
         pooled = partial(db.create_pool, settings.database, init=sql_spans, on_acquire=waited)

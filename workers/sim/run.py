@@ -4,12 +4,19 @@ workers run elsewhere: `bcw run all`, or the chart). Prints the checks; exit 0 i
 It moves `compute_now()` only when told the database is a simulation database
 (`--own-clock`), and refuses that (exit 2) while the database holds a session no
 simulator created: moving the clock would age it, expire every lease and sweep real
-nodes as silent. Otherwise the scenario runs in real time: longer, and harmless."""
+nodes as silent. Otherwise the scenario runs in real time: longer, and harmless.
+
+Its gateways trace as `bcw-gateway` (their Hello spans, the Hello transaction's SQL, the
+fact publishes) from the standard `OTEL_*` variables, as the workers do: with
+`OTEL_EXPORTER_OTLP_ENDPOINT` set, a Hello against `bcw run` workers is one trace."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
 
+from opentelemetry import trace
 from rich.console import Console
 from rich.table import Table
 
@@ -17,6 +24,7 @@ from schemas.subjects import Subjects
 from workers.runtime.base.errors import SettingError
 from workers.runtime.base.settings import Settings
 from workers.runtime.bus import connection, server, streams
+from workers.runtime.observability import sql, tracing
 from workers.runtime.store import db
 from workers.sim.scenarios import SCENARIOS
 from workers.sim.simulator import Simulator, foreign_sessions
@@ -25,10 +33,34 @@ from workers.sim.simulator import Simulator, foreign_sessions
 async def run_scenario(
     settings: Settings, scenario: str, nodes: int, gateways: int, seed: int, own_clock: bool
 ) -> int:
-    console = Console()
     subjects = Subjects(settings.subject_root)
+    provider = tracing.build_provider("bcw-gateway")  # SettingError: a bad OTEL_*
+    trace.set_tracer_provider(provider)  # the simulator's gateways trace with it
+    tracer = tracing.tracer(provider)
+    traced = tracing.is_recording(tracer)
+    try:
+        return await _run(settings, subjects, scenario, nodes, gateways, seed, own_clock, (
+            sql.SqlSpans(tracer, settings.trace_query_text).install if traced else None
+        ))  # fmt: skip
+    finally:
+        shutdown = getattr(provider, "shutdown", None)
+        if shutdown is not None:
+            shutdown()  # what is left is exported
+
+
+async def _run(
+    settings: Settings,
+    subjects: Subjects,
+    scenario: str,
+    nodes: int,
+    gateways: int,
+    seed: int,
+    own_clock: bool,
+    sql_spans: Callable[[Any], Awaitable[None]] | None,
+) -> int:
+    console = Console()
     pool = await db.create_pool(
-        settings.database.model_copy(update={"pool_min": 2, "pool_max": 8})
+        settings.database.model_copy(update={"pool_min": 2, "pool_max": 8}), init=sql_spans
     )  # a failure names BCW_DATABASE_URL
     async with pool.acquire() as conn:
         foreign, example = await foreign_sessions(conn)

@@ -1,2 +1,2 @@
-"""What an operator runs: the CLI's errors and exit codes, bcw events, entry points,
-traces over OTLP, the storm benchmark."""
+"""What an operator runs: the CLI's errors and exit codes, bcw events, entry points, the
+storm benchmark (traces over OTLP: tests/integration/traces)."""

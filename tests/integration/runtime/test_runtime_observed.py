@@ -77,12 +77,18 @@ async def test_a_handled_fact_is_a_span_tree_in_the_producers_trace(
     assert attributes["messaging.batch.message_count"] == 1
     # the batch's statements are CLIENT spans of the fact's span, without their values
     statements = [s for s in spans if s.kind is trace.SpanKind.CLIENT]
-    assert {s.name for s in statements} >= {"INSERT processed_facts", "INSERT outbox_packs"}
+    assert {
+        (s.attributes["db.operation.name"], s.attributes.get("db.collection.name"))
+        for s in statements
+        if s.attributes is not None
+    } >= {("INSERT", "processed_facts"), ("INSERT", "outbox_packs")}
     for statement in statements:
         assert statement.parent is not None and statement.parent.span_id == process.context.span_id
         assert statement.attributes is not None
         assert statement.attributes["db.system.name"] == "postgresql"
         assert statement.attributes["db.operation.name"] == statement.name.split()[0]
+        assert statement.attributes["db.query.summary"] == statement.name
+        assert "db.query.text" not in statement.attributes  # off by default
     publish = by_name[event_span]
     assert publish.kind is trace.SpanKind.PRODUCER
     assert (

@@ -134,25 +134,6 @@ def test_destination_template(subject: str, template: str) -> None:
     assert tracing.destination_template(subject) == template
 
 
-@pytest.mark.parametrize(
-    ("query", "summary"),
-    [
-        ("SELECT 1", ("SELECT", None)),
-        ("BEGIN;", ("BEGIN", None)),
-        ("INSERT INTO outbox (msg_id) SELECT 1", ("INSERT", "outbox")),
-        ("DELETE FROM processed_facts WHERE consumer = $1", ("DELETE", "processed_facts")),
-        ("WITH locked AS (SELECT 1 FROM commands FOR UPDATE) UPDATE commands c SET x = 1",
-         ("UPDATE", "commands")),
-        ("SELECT c.* FROM unnest($1::text[]) AS n(node_id) JOIN commands c USING (node_id)",
-         ("SELECT", "commands")),
-    ],
-)  # fmt: skip
-def test_a_statement_is_named_by_its_operation_and_table(
-    query: str, summary: tuple[str, str | None]
-) -> None:
-    assert tracing.summarize(query) == summary
-
-
 def test_a_traceparent_round_trips() -> None:
     provider = TracerProvider()
     with provider.get_tracer("t").start_as_current_span("s") as span:

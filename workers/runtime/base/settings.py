@@ -63,6 +63,11 @@ class Settings(BaseSettings):
         default=None,
         description="this process's name (the lease holder it writes); default host:pid",
     )
+    trace_query_text: bool = Field(
+        default=False,
+        description="traced SQL spans carry `db.query.text`, the statement as sent (parameterized: "
+        "`$1`, never a value; the statements are the project's own); off: the summary only",
+    )
 
     hello_proof: Literal["off", "warn", "require"] | None = Field(
         default=None,

@@ -21,11 +21,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import nats.js.errors
-from opentelemetry import propagate
 
 from schemas.registry import SCHEMA_HEADER, TYPE_HEADER
 from schemas.subjects import Subjects
 from workers.runtime.bus.principals import EMITS, refusal
+from workers.runtime.observability import tracing
 
 #: the headers a worker's outbox writes (`batch.OutboxBatch.add`): its message's type and
 #: schema (`REGISTRY.encode`) and the W3C trace context (`tracing.inject`)
@@ -52,7 +52,7 @@ REFUSALS = 3
 def allowed() -> frozenset[str]:
     """`HEADERS` and the fields of this process's trace propagator (`OTEL_PROPAGATORS`: b3,
     say), never one the NATS server reads (`Nats-*`)."""
-    fields = set(getattr(propagate.get_global_textmap(), "fields", ()) or ())
+    fields = set(tracing.propagator().fields)
     return frozenset(n for n in HEADERS | fields if not n.lower().startswith("nats-"))
 
 

@@ -324,8 +324,8 @@ class FactConsumer:
         facts = [item.fact for item in items if item.fact is not None]
         contexts, positions = contexts_of(items), stream_positions(items)
         spans = [item.span for item in items if item.span is not None]
-        # the transaction's statements are children of the batch's span
-        with tracing.batch_span(self._tracer, self.worker.name, spans):
+        messages = [item.msg for item in items if item.span is not None]  # statements: below
+        with tracing.batch_span(self._tracer, self.worker.name, spans, messages):
             async with self._pool.acquire() as conn, conn.transaction():
                 tx = Tx(
                     conn, self._subjects, contexts, self.worker.name, self._bindings, *positions
@@ -389,8 +389,8 @@ class FactConsumer:
             self._foreign.saw(item.fact)
         if item.span is not None:
             item.span.set_attribute("bcw.outcome", result.kind.value)
-            if result.kind is outcome.Kind.DEAD:
-                item.span.set_status(trace.StatusCode.ERROR, result.reason)
+            if result.kind is outcome.Kind.DEAD:  # error.type: the dead letter's cause
+                tracing.failed(item.span, result.cause or "dead", result.reason)
             item.span.end()
 
     async def observe(self) -> None:

@@ -166,10 +166,10 @@ class OutboxRelay:
                     dead[row_id] = f"{type(failure).__name__}: {failure}"
         refused = self._count_refusals(rows, failed, dead) if failed or self._refusals else 0
         for row_id, span in spans.items():
-            if row_id in failed or row_id in dead:
-                if row_id in failed:
-                    span.record_exception(failed[row_id])
-                span.set_status(trace.StatusCode.ERROR, dead.get(row_id, "not published"))
+            if row_id in failed:  # error.type: the error's class
+                tracing.failed(span, failed[row_id], dead.get(row_id, "not published"))
+            elif row_id in dead:
+                tracing.failed(span, "refused", dead[row_id])
             span.end()
         return done, dead, forged, refused
 

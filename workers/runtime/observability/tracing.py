@@ -1,8 +1,10 @@
-"""OpenTelemetry at the boundary: the tracer provider, and W3C context in message headers.
+"""OpenTelemetry at the boundary: the tracer provider, the trace context in message
+headers (W3C, and the formats `OTEL_PROPAGATORS` adds), and the messaging spans.
 
-The entry point builds the provider from the standard `OTEL_*` variables; tests inject
-their own (an in-memory exporter). Decisions never open spans; only the consumer loop,
-the outbox relay and the publishers here do.
+The entry point builds the provider from the standard `OTEL_*` variables (checked by
+`otel_env`); tests inject their own (an in-memory exporter). Decisions never open spans;
+only the consumer loop, the outbox relay, the sweeps and the publishers here do. SQL
+spans: `sql`.
 """
 
 from __future__ import annotations
@@ -10,66 +12,39 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import re
-import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from nats.aio.msg import Msg
-from opentelemetry import propagate, trace
+from opentelemetry import trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from schemas.subjects import split_gateway_subject
 from workers.runtime.base.errors import SettingError
 from workers.runtime.base.release import release
+from workers.runtime.observability import otel_env
 
 TRACER_NAME = "bc-workers"
 MESSAGING_SYSTEM = "nats"  # not a registered value yet: a custom one, as the conventions allow
 
 
-PROTOCOLS = ("http/protobuf", "grpc")
-#: `OTEL_TRACES_SAMPLER` values the SDK knows, and those that read a ratio from
-#: `OTEL_TRACES_SAMPLER_ARG`
-SAMPLERS = (
-    "always_on", "always_off", "traceidratio",
-    "parentbased_always_on", "parentbased_always_off", "parentbased_traceidratio",
-)  # fmt: skip
-RATIO_SAMPLERS = ("traceidratio", "parentbased_traceidratio")
-
-
-def check_sampler(env: Mapping[str, str]) -> None:
-    """The sampler variables as the SDK reads them, refused by name where the SDK would
-    only warn and fall back (to sampling everything). Pure."""
-    sampler = env.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
-    if sampler not in SAMPLERS:
-        raise SettingError(
-            "OTEL_TRACES_SAMPLER", f"{sampler!r} is not one of {', '.join(SAMPLERS)}"
-        )
-    if sampler in RATIO_SAMPLERS and "OTEL_TRACES_SAMPLER_ARG" in env:
-        text = env["OTEL_TRACES_SAMPLER_ARG"].strip()
-        try:
-            ratio = float(text)
-        except ValueError:
-            ratio = -1.0
-        if not 0.0 <= ratio <= 1.0:
-            raise SettingError(
-                "OTEL_TRACES_SAMPLER_ARG",
-                f"{text!r} is not a ratio from 0 to 1 (0.1: one trace in ten)",
-            )
-
-
 def build_provider(service_name: str) -> trace.TracerProvider:
-    """A provider configured from the standard `OTEL_*` variables.
+    """A provider configured from the standard `OTEL_*` variables (`otel_env.check`
+    first: a bad value is a SettingError naming it).
 
-    - `OTEL_SDK_DISABLED=true`, `OTEL_TRACES_EXPORTER=none`, or no OTLP endpoint
-      (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`): a no-op
-      provider, which still carries a producer's `traceparent` on to what a fact publishes,
-      at no cost per fact.
-    - `OTEL_TRACES_EXPORTER=console`: spans printed to stdout.
-    - Otherwise OTLP over `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` or
+    - `OTEL_SDK_DISABLED=true`, `OTEL_TRACES_EXPORTER=none`, or only `otlp` without an
+      endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`): a
+      no-op provider, which still carries a producer's context on to what a fact
+      publishes, at no cost per fact.
+    - Each exporter `OTEL_TRACES_EXPORTER` lists (`otlp,console`): `console` prints spans
+      to stdout; `otlp` sends them over `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` or
       `OTEL_EXPORTER_OTLP_PROTOCOL`: `http/protobuf` (the default) or `grpc`. The exporter
       itself reads the endpoint, headers, timeout and certificates (`OTEL_EXPORTER_OTLP_*`,
       per signal or not).
@@ -78,53 +53,40 @@ def build_provider(service_name: str) -> trace.TracerProvider:
     `service_name` (`bcw-<worker>`) is the default only when neither names the service.
     The sampler is the SDK's, from `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG`
     (default: every trace the producer sampled, and every new one).
-    A protocol, exporter or sampler that is not supported is a SettingError naming the
-    variable.
     """
     env = os.environ
-    exporter_name = env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
-    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
-        "OTEL_EXPORTER_OTLP_ENDPOINT"
-    )
-    if exporter_name not in ("otlp", "console", "none"):
-        raise SettingError(
-            "OTEL_TRACES_EXPORTER", f"{exporter_name!r} is not otlp, console or none"
-        )
-    protocol_variable = (
-        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
-        if env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-        else "OTEL_EXPORTER_OTLP_PROTOCOL"
-    )
-    protocol = env.get(protocol_variable, "http/protobuf").strip().lower() or "http/protobuf"
-    if protocol not in PROTOCOLS:
-        raise SettingError(protocol_variable, f"{protocol!r} is not one of {', '.join(PROTOCOLS)}")
-    check_sampler(env)
-    disabled = env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
-    if disabled or exporter_name == "none" or (exporter_name == "otlp" and not endpoint):
+    otel_env.check(env)
+    names = otel_env.exporters(env)
+    protocol_variable, protocol = otel_env.protocol(env)
+    endpoint = otel_env.endpoint(env)
+    if "otlp" in names and not endpoint:
+        names = tuple(n for n in names if n != "otlp")
+    if otel_env.disabled(env) or not names:
         return trace.NoOpTracerProvider()
     provider = TracerProvider(resource=resource(service_name))
-    exporter: SpanExporter
-    if exporter_name == "console":
-        exporter = ConsoleSpanExporter()
-    elif protocol == "grpc":
-        try:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-                OTLPSpanExporter as GrpcExporter,
+    for name in names:
+        exporter: SpanExporter
+        if name == "console":
+            exporter = ConsoleSpanExporter()
+        elif protocol == "grpc":
+            try:
+                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                    OTLPSpanExporter as GrpcExporter,
+                )
+            except ImportError:  # an extra: grpcio is large, and HTTP is the default
+                raise SettingError(
+                    protocol_variable,
+                    "grpc needs the gRPC exporter: pip install 'bc-workers[grpc]' "
+                    "(or use http/protobuf, the default)",
+                ) from None
+            exporter = GrpcExporter()
+        else:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+                OTLPSpanExporter as HttpExporter,
             )
-        except ImportError:  # an extra: grpcio is large, and HTTP is the default
-            raise SettingError(
-                protocol_variable,
-                "grpc needs the gRPC exporter: pip install 'bc-workers[grpc]' "
-                "(or use http/protobuf, the default)",
-            ) from None
-        exporter = GrpcExporter()
-    else:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-            OTLPSpanExporter as HttpExporter,
-        )
 
-        exporter = HttpExporter()
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+            exporter = HttpExporter()
+        provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
 
 
@@ -145,17 +107,59 @@ def is_recording(tracer: trace.Tracer) -> bool:
     return not isinstance(tracer, trace.NoOpTracer)
 
 
+_W3C = TraceContextTextMapPropagator()
+
+
+@functools.cache
+def _propagator(value: str) -> tuple[TextMapPropagator, frozenset[str]]:
+    """The propagator `OTEL_PROPAGATORS=value` asks for, and its fields (once per value:
+    every fact passes here)."""
+    chosen: list[TextMapPropagator] = []
+    for name in otel_env.carried({"OTEL_PROPAGATORS": value}):
+        if name == "tracecontext":
+            chosen.append(_W3C)
+        elif name == "baggage":
+            chosen.append(W3CBaggagePropagator())
+        elif name == "b3":
+            from opentelemetry.propagators.b3 import B3SingleFormat
+
+            chosen.append(B3SingleFormat())
+        elif name == "b3multi":
+            from opentelemetry.propagators.b3 import B3MultiFormat
+
+            chosen.append(B3MultiFormat())
+        elif name == "jaeger":
+            from opentelemetry.propagators.jaeger import JaegerPropagator
+
+            chosen.append(JaegerPropagator())
+    composite = CompositePropagator(chosen)
+    return composite, frozenset(composite.fields)
+
+
+def propagator() -> TextMapPropagator:
+    """The process's propagator, from `OTEL_PROPAGATORS` (`otel_env.propagators`): W3C
+    `traceparent` always (the messages' contract), then each format named (`b3`,
+    `b3multi`, `jaeger`, `baggage`); `none`: none. Built here, never by
+    `opentelemetry.propagate`, whose import fails on a name it cannot load."""
+    return _propagator(os.environ.get("OTEL_PROPAGATORS", ""))[0]
+
+
 def inject(headers: dict[str, str], context: Context | None = None) -> dict[str, str]:
-    """Add `traceparent`/`tracestate` of `context` (default: the current one) to `headers`."""
+    """Add the trace context of `context` (default: the current one) to `headers`, in
+    the formats of `propagator()`."""
     if trace.get_current_span(context).get_span_context().is_valid:
-        propagate.inject(headers, context=context)
+        propagator().inject(headers, context=context)
     return headers
 
 
 def extract(headers: Mapping[str, str] | None) -> Context | None:
-    if not headers or "traceparent" not in headers:
+    """The context `headers` carry in any format of `propagator()`, None without one."""
+    if not headers:
         return None
-    return propagate.extract(dict(headers))
+    chosen, fields = _propagator(os.environ.get("OTEL_PROPAGATORS", ""))
+    if not any(field in headers for field in fields):
+        return None
+    return chosen.extract(dict(headers))
 
 
 def tracer(provider: trace.TracerProvider) -> trace.Tracer:
@@ -164,15 +168,16 @@ def tracer(provider: trace.TracerProvider) -> trace.Tracer:
 
 def traceparent(context: Context | None) -> str | None:
     """The W3C traceparent of `context` (stored with work that waits), None without one."""
-    if context is None:
+    if context is None or not trace.get_current_span(context).get_span_context().is_valid:
         return None
-    carrier = inject({}, context)
+    carrier: dict[str, str] = {}
+    _W3C.inject(carrier, context=context)
     return carrier.get("traceparent")
 
 
 def from_traceparent(value: str | None) -> Context | None:
     """The context a stored traceparent names (None: none stored)."""
-    return extract({"traceparent": value}) if value else None
+    return _W3C.extract({"traceparent": value}) if value else None
 
 
 def trace_id(context: Context | None) -> str | None:
@@ -244,6 +249,29 @@ def start_producer_span(
     return span
 
 
+#: the reference gateway's delivery of a command onto a daemon's session stream (not NATS)
+DAEMON_SYSTEM = "bc.daemon_stream"
+DAEMON_TEMPLATE = "daemon.{node_id}"
+
+
+def start_delivery_span(tracer: trace.Tracer, node_id: str, command_id: str) -> trace.Span:
+    """A PRODUCER span `deliver daemon.{node_id}` for a command sent down a daemon's
+    stream, with the messaging attributes every producer span has (`messaging.system`
+    `bc.daemon_stream`, the node's stream as the destination, the command as the message)."""
+    span = tracer.start_span(f"deliver {DAEMON_TEMPLATE}", kind=trace.SpanKind.PRODUCER)
+    if span.is_recording():
+        span.set_attributes({
+            "messaging.system": DAEMON_SYSTEM,
+            "messaging.operation.name": "deliver",
+            "messaging.operation.type": "send",
+            "messaging.destination.name": DAEMON_TEMPLATE.format(node_id=node_id),
+            "messaging.destination.template": DAEMON_TEMPLATE,
+            "messaging.message.id": command_id,
+            "bc.node.id": node_id,
+        })  # fmt: skip
+    return span
+
+
 def start_consumer_span(
     tracer: trace.Tracer,
     msg: Msg,
@@ -276,96 +304,80 @@ def start_consumer_span(
 
 
 def batch_span(
-    tracer: trace.Tracer, group: str, spans: list[trace.Span]
+    tracer: trace.Tracer, group: str, spans: list[trace.Span], messages: list[Msg]
 ) -> contextlib.AbstractContextManager[object]:
-    """The span a batch's statements belong to: its one fact's; for several facts a span
-    of the batch, linked to each fact's (a statement serves them all); none untraced."""
+    """The span a batch's statements belong to: its one message's; for several, a
+    CONSUMER span `process <template>` of the batch (the messaging conventions' batch
+    receiving), linked to each message's creation context (`messages`' headers), and
+    linked from each message's span (`spans`): from a Hello's trace, its fact's span
+    leads to the statements that applied it in one click. None untraced."""
     if not spans:
         return contextlib.nullcontext()
     if len(spans) == 1:
         return trace.use_span(spans[0], end_on_exit=False)
-    return tracer.start_as_current_span(
-        f"process {group} batch",
-        kind=trace.SpanKind.INTERNAL,
-        links=[trace.Link(span.get_span_context()) for span in spans],
-        attributes={
-            "messaging.batch.message_count": len(spans),
-            "messaging.consumer.group.name": group,
-        },
-    )
+    return _batch(tracer, group, spans, messages)
 
 
-# -- database spans (OpenTelemetry database conventions) ---------------------------------
-_IDENT = r"([a-z_][a-z0-9_]*)"
-_WRITES = re.compile(
-    rf"\b(?:INSERT\s+INTO\s+{_IDENT}|UPDATE\s+{_IDENT}|DELETE\s+FROM\s+{_IDENT})", re.IGNORECASE
-)
-_READ = re.compile(rf"\b(?:FROM|JOIN)\s+{_IDENT}", re.IGNORECASE)
-_NOT_TABLES = {"unnest", "lateral", "only", "select", "generate_series"}
+@contextlib.contextmanager
+def _batch(
+    tracer: trace.Tracer, group: str, spans: list[trace.Span], messages: list[Msg]
+) -> Iterator[trace.Span]:
+    templates = {destination_template(m.subject) for m in messages}
+    subjects = {m.subject for m in messages}
+    links = []
+    for msg in messages:
+        created = extract(msg.headers)
+        span_context = trace.get_current_span(created).get_span_context()
+        if created is not None and span_context.is_valid:
+            links.append(trace.Link(span_context))
+    attributes: dict[str, Any] = {
+        "messaging.system": MESSAGING_SYSTEM,
+        "messaging.operation.name": "process",
+        "messaging.operation.type": "process",
+        "messaging.batch.message_count": len(spans),
+        "messaging.consumer.group.name": group,
+    }
+    if len(subjects) == 1:
+        attributes["messaging.destination.name"] = next(iter(subjects))
+    if len(templates) == 1:
+        attributes["messaging.destination.template"] = next(iter(templates))
+    name = f"process {next(iter(templates))}" if len(templates) == 1 else "process"
+    with tracer.start_as_current_span(
+        name, kind=trace.SpanKind.CONSUMER, links=links, attributes=attributes
+    ) as batch:
+        for span in spans:  # each message's span leads to the batch's statements
+            span.add_link(batch.get_span_context(), {"messaging.batch.message_count": len(spans)})
+        try:
+            yield batch
+        except BaseException as error:
+            failed(batch, error)
+            raise
 
 
-@functools.lru_cache(maxsize=512)
-def summarize(query: str) -> tuple[str, str | None]:
-    """(operation, table) of a statement, for a span name such as `UPDATE node_sessions`:
-    a statement that writes is named by its last write (the one a `WITH` ends in), one
-    that reads by its first table. Never a value. Pure."""
-    words = query.split(None, 1)
-    first = words[0].upper().rstrip(";") if words else "QUERY"
-    writes = [
-        (
-            "INSERT" if m.group(1) else "UPDATE" if m.group(2) else "DELETE",
-            m.group(m.lastindex or 1),
-        )
-        for m in _WRITES.finditer(query)
-    ]
-    if first in ("INSERT", "UPDATE", "DELETE", "WITH") and writes:
-        return writes[-1]
-    if first in ("SELECT", "WITH"):
-        tables = [t for t in _READ.findall(query) if t.lower() not in _NOT_TABLES]
-        return "SELECT", tables[0] if tables else None
-    return first, None
+@contextlib.contextmanager
+def active(span: trace.Span, end: bool = False) -> Iterator[trace.Span]:
+    """`span` current (`trace.use_span`), ended on leaving when `end`; an exception
+    through it marks it failed (`failed`: `error.type` too, which `use_span` omits),
+    unless the code inside already did (a refusal names its own `error.type`)."""
+    with trace.use_span(
+        span, end_on_exit=end, record_exception=False, set_status_on_exception=False
+    ):
+        try:
+            yield span
+        except Exception as error:
+            if "error.type" not in (getattr(span, "attributes", None) or {}):  # else said
+                failed(span, error)
+            raise
 
 
-class SqlSpans:
-    """An asyncpg query logger that turns each statement run inside a recording span into
-    a CLIENT span: `<operation> <table>`, `db.system.name=postgresql`, the operation and
-    table, the server, the error; no parameters, no query text. Statements outside a
-    span (idle loops) make none. Installed on every connection of a pool (`install`)."""
-
-    def __init__(self, tracer: trace.Tracer) -> None:
-        self._tracer = tracer
-
-    async def install(self, conn: Any) -> None:
-        conn.add_query_logger(self)
-
-    def __call__(self, record: Any) -> None:
-        parent = trace.get_current_span()
-        if not parent.is_recording():
-            return
-        end = time.time_ns()
-        operation, table = summarize(record.query)
-        attributes: dict[str, Any] = {
-            "db.system.name": "postgresql",
-            "db.operation.name": operation,
-        }
-        if table:
-            attributes["db.collection.name"] = table
-        address = record.conn_addr
-        if isinstance(address, tuple) and len(address) >= 2:
-            attributes["server.address"], attributes["server.port"] = address[0], address[1]
-        database = getattr(record.conn_params, "database", None)
-        if database:
-            attributes["db.namespace"] = database
-        span = self._tracer.start_span(
-            f"{operation} {table}" if table else operation,
-            kind=trace.SpanKind.CLIENT,
-            start_time=end - int(record.elapsed * 1e9),
-            attributes=attributes,
-        )
-        if record.exception is not None:
-            span.record_exception(record.exception)
-            span.set_status(trace.StatusCode.ERROR, type(record.exception).__name__)
-            sqlstate = getattr(record.exception, "sqlstate", None)
-            if sqlstate:
-                span.set_attribute("db.response.status_code", sqlstate)
-        span.end(end_time=end)
+def failed(span: trace.Span, error: BaseException | str, description: str | None = None) -> None:
+    """Mark `span` failed as the conventions say: status ERROR and `error.type` (an
+    exception's class name, or the low-cardinality cause given), the exception recorded."""
+    if isinstance(error, BaseException):
+        span.record_exception(error)
+        kind = type(error).__qualname__
+        description = description or f"{kind}: {error}"
+    else:
+        kind = error
+    span.set_attribute("error.type", kind)
+    span.set_status(trace.StatusCode.ERROR, description)

@@ -11,6 +11,7 @@ of the waiting command, and the gateway's receipt and delivery of it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -29,9 +30,9 @@ from tests.integration.fleet import Provisioned
 from tests.integration.otlp import GrpcReceiver, HttpReceiver, Received
 from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, stream_messages
-from workers.gateway import HelloRequest
+from workers.gateway import HelloRequest, Refused
 from workers.runtime.bus import streams
-from workers.runtime.observability import tracing
+from workers.runtime.observability import sql, tracing
 
 ROOT = Path(__file__).resolve().parents[3]
 WORKERS = ("labeler", "liveness", "quarantine", "recorder", "replay")
@@ -83,7 +84,7 @@ async def test_one_hello_is_one_trace_from_the_gateway_to_the_dispatch(
         assert isinstance(provider, TracerProvider)
         tracer = tracing.tracer(provider)
         pool = await asyncpg.create_pool(
-            database_url, min_size=1, max_size=4, init=tracing.SqlSpans(tracer).install
+            database_url, min_size=1, max_size=4, init=sql.SqlSpans(tracer).install
         )
         gateway = Provisioned("gw-a", pool, nc, subjects, tracer=tracer)
         try:
@@ -95,6 +96,8 @@ async def test_one_hello_is_one_trace_from_the_gateway_to_the_dispatch(
             await fleet.say_hello(gateway, request, stream)
             await eventually(lambda: _delivered(stream), within=30, what="the waiting command")
             assert [d.command_id for d in stream.delivered] == [command]
+            with pytest.raises(Refused):  # a node never joined: a failed span
+                await fleet.say_hello(gateway, dataclasses.replace(request, node_id="ghost"))
             provider.force_flush()
 
             async def arrived() -> bool:
@@ -111,7 +114,7 @@ async def test_one_hello_is_one_trace_from_the_gateway_to_the_dispatch(
                     await process.wait()
 
         spans = receiver.spans()
-        [hello] = [s for s in spans if s.name == "Hello"]
+        [hello] = [s for s in spans if s.name == "Hello" and s.attributes["bc.node.id"] == "n1"]
         trace = [s for s in spans if s.trace_id == hello.trace_id]
         ids = {s.span_id for s in trace}
         assert [s for s in trace if s.parent_id and s.parent_id not in ids] == []  # no orphans
@@ -123,14 +126,18 @@ async def test_one_hello_is_one_trace_from_the_gateway_to_the_dispatch(
             return by_id[span.parent_id]
 
         root = subjects.root
+        assert [s.name for s in spans if not named_by_conventions(s)] == []
         [fact] = [s for s in trace if s.name == f"publish {root}.facts.{{gateway_id}}.hello"]
         assert fact.kind == "PRODUCER" and parent(fact) is hello
         assert fact.attributes["messaging.system"] == "nats"
         assert fact.attributes["messaging.operation.type"] == "send"
         assert fact.attributes["messaging.destination.name"] == subjects.fact("gw-a", "hello")
         assert fact.attributes["server.address"] == "127.0.0.1"
-        gateway_sql = {s.name for s in trace if s.kind == "CLIENT" and parent(s) is hello}
-        assert "SELECT gateway_hello" in gateway_sql  # the Hello transaction (its function)
+        gateway_sql = [s for s in trace if s.kind == "CLIENT" and parent(s) is hello]
+        # the Hello transaction (its function)
+        assert "gateway_hello" in {
+            s.attributes.get("db.stored_procedure.name") for s in gateway_sql
+        }
         processed = [s for s in trace if s.name == f"process {root}.facts.{{gateway_id}}.hello"]
         assert {s.attributes["messaging.consumer.group.name"] for s in processed} == HELLO_WORKERS
         assert all(s.kind == "CONSUMER" and parent(s) is fact for s in processed)
@@ -147,7 +154,10 @@ async def test_one_hello_is_one_trace_from_the_gateway_to_the_dispatch(
             statements = [s for s in trace if s.kind == "CLIENT" and parent(s) is span]
             inbox = span.attributes["messaging.consumer.group.name"] != "labeler"  # it has none
             if span.attributes["bcw.outcome"] == "applied" and inbox:
-                assert "INSERT processed_facts" in {s.name for s in statements}, span
+                assert ("INSERT", "processed_facts") in {
+                    (s.attributes["db.operation.name"], s.attributes.get("db.collection.name"))
+                    for s in statements
+                }, span
             assert all(s.attributes["db.system.name"] == "postgresql" for s in statements)
         events = {s.name: s for s in trace if s.name.startswith(f"publish {root}.events.")}
         for event in ("node.connected", "node.capabilities-changed"):
@@ -158,8 +168,21 @@ async def test_one_hello_is_one_trace_from_the_gateway_to_the_dispatch(
         [receipt] = [s for s in trace if s.name == f"process {root}.gw.{{gateway_id}}.dispatch"]
         assert receipt.kind == "CONSUMER" and parent(receipt) is dispatch
         assert receipt.service == "gateway-a"
-        [deliver] = [s for s in trace if s.name == "deliver noop"]
-        assert parent(deliver) is receipt
+        [deliver] = [s for s in trace if s.name == "deliver daemon.{node_id}"]
+        assert parent(deliver) is receipt and deliver.kind == "PRODUCER"
+        assert deliver.attributes["messaging.destination.name"] == "daemon.n1"
+        assert deliver.attributes["messaging.message.id"] == str(command)
+        assert deliver.attributes["bc.command.kind"] == "noop"
+        # every producer span carries the messaging attributes
+        for producer in (s for s in spans if s.kind == "PRODUCER"):
+            assert {"messaging.system", "messaging.destination.name",
+                    "messaging.operation.type"} <= producer.attributes.keys(), producer  # fmt: skip
+            assert producer.attributes["messaging.operation.type"] == "send"
+            assert "messaging.message.id" in producer.attributes, producer
+        # the refused Hello: its span failed, and says why
+        [ghost] = [s for s in spans if s.name == "Hello" and s.attributes["bc.node.id"] == "ghost"]
+        assert ghost.status == "ERROR" and ghost.attributes["error.type"] == "PERMISSION_DENIED"
+        assert all("error.type" in s.attributes for s in spans if s.status == "ERROR")
 
         # every event and notice about the node carries the Hello's trace on the wire
         js = nc.jetstream()
@@ -168,6 +191,21 @@ async def test_one_hello_is_one_trace_from_the_gateway_to_the_dispatch(
         about = [m for m in published if _node(m.data) == "n1"]
         assert len(about) >= 3
         assert all(hello.trace_id in m.headers["traceparent"] for m in about)
+
+
+def named_by_conventions(span: Received) -> bool:
+    """A span named as the OpenTelemetry conventions say for its kind: a database call by
+    its query summary, a messaging span by its operation and destination template."""
+    a = span.attributes
+    if span.kind == "CLIENT":
+        return span.name == a.get("db.query.summary") and a.get("db.system.name") == "postgresql"
+    if span.kind in ("PRODUCER", "CONSUMER"):
+        template = a.get("messaging.destination.template")
+        operation = a.get("messaging.operation.name")
+        return span.name == (f"{operation} {template}" if template else operation)
+    if span.kind == "SERVER":
+        return span.name == "Hello"  # the gateway's RPC
+    return span.name == "liveness sweep"
 
 
 async def _spawn(
@@ -209,7 +247,7 @@ def _complete(spans: list[Received]) -> bool:
     }
     return (
         groups >= HELLO_WORKERS
-        and "deliver noop" in names
+        and "deliver daemon.{node_id}" in names
         and any(n.endswith("events.node.connected") for n in names)
         and any(n.endswith("events.node.capabilities-changed") for n in names)
         and any(n.startswith("publish ") and n.endswith(".dispatch") for n in names)
