@@ -110,9 +110,9 @@ def add(commands: Commands) -> None:
 
 
 def _cmd_config(args: argparse.Namespace, settings: Settings) -> int:
-    from workers.runtime.base.settings import effective
+    from workers.runtime.base.settings import database_tls, effective
 
-    values = effective(settings)
+    values = {**effective(settings), "PostgreSQL TLS": database_tls(settings.database).said()}
     if args.json:
         print(json.dumps(values, indent=2))
     else:

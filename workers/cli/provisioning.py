@@ -174,21 +174,27 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 async def _wait_for_schema(settings: Settings, patience: float) -> int:
     """Until the database holds every migration on disk: exit 0; 2 when one differs (the
     database is ahead or was changed); 1 after `patience` seconds. A database out of reach,
-    a ledger not there yet or not yet readable by this login all mean: not yet."""
+    refusing, hanging, starting up or full, a ledger not there yet or not yet readable by
+    this login all mean: not yet. A setting that can never work (TLS that does not verify,
+    credentials refused) raises at once (`db.named`). No try outlasts the bound."""
     import asyncpg
 
+    from workers.runtime.base.errors import UnreachableError
     from workers.runtime.store import db, migrate
 
     deadline = time.monotonic() + patience
     waiting = "the database"
     while True:
         try:
-            conn = await db.connect(settings.database)
-            try:
-                rows = await migrate.status(conn)
-            finally:
-                await conn.close()
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+            async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
+                conn = await db.connect(settings.database)
+                try:
+                    rows = await migrate.status(conn)
+                finally:
+                    await conn.close()
+        except UnreachableError as error:
+            waiting = f"the database: {error.message}"
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
             waiting = f"the database ({type(error).__name__})"
         else:
             why = migrate.refusal(rows, release())
@@ -204,9 +210,13 @@ async def _wait_for_schema(settings: Settings, patience: float) -> int:
                 return 0
             waiting = f"{len(pending)} pending migration(s): {', '.join(pending[:3])}"
         if time.monotonic() >= deadline:
+            hint = (
+                ""
+                if waiting.startswith("the database")
+                else (": has `bcw migrate` run (the chart's migration Job)?")
+            )
             print(
-                f"bcw migrate --wait: still waiting for {waiting} after {patience:g} s: "
-                "has `bcw migrate` run (the chart's migration Job)?",
+                f"bcw migrate --wait: still waiting for {waiting} after {patience:g} s{hint}",
                 file=sys.stderr,
             )
             return 1
