@@ -148,3 +148,29 @@ def test_db_named_gives_settings_their_exit_code(
     named = db.named(error, _settings("postgresql://u:hunter2@db:5432/bcw"))
     assert type(named) is cls and named.exit_code == code
     assert named.setting == "BCW_DATABASE_URL" and "hunter2" not in str(named)
+
+
+def test_nats_names_tls_that_can_never_work_and_waits_for_a_cut_handshake() -> None:
+    from workers.runtime.base.runtime_settings import NatsSettings
+    from workers.runtime.bus.connection import _named
+
+    settings = NatsSettings(url="tls://n1:4222")
+    unverified = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    named = _named(nats.errors.NoServersError(), [unverified], settings)
+    assert type(named) is SettingError and named.setting == "BCW_NATS_TLS_CA_FILE"
+    cut = ssl.SSLEOFError(8, "EOF occurred in violation of protocol")
+    assert type(_named(nats.errors.NoServersError(), [cut], settings)) is UnreachableError
+    assert type(_named(TimeoutError(), [], settings)) is UnreachableError
+
+
+async def test_a_first_nats_round_is_given_up_when_it_can_never_work_or_hangs() -> None:
+    import asyncio
+
+    from workers.runtime.bus.connection import _first_round
+
+    never = asyncio.Event()
+    never.set()  # told of a certificate that does not verify: nats-py would wait for ever
+    with pytest.raises(nats.errors.NoServersError):
+        await asyncio.wait_for(_first_round(asyncio.sleep(3600), never, 3600), 5)
+    with pytest.raises(TimeoutError):  # a round that hangs: a failed try, waited on
+        await asyncio.wait_for(_first_round(asyncio.sleep(3600), asyncio.Event(), 0.1), 5)
