@@ -174,3 +174,30 @@ async def test_a_first_nats_round_is_given_up_when_it_can_never_work_or_hangs() 
         await asyncio.wait_for(_first_round(asyncio.sleep(3600), never, 3600), 5)
     with pytest.raises(TimeoutError):  # a round that hangs: a failed try, waited on
         await asyncio.wait_for(_first_round(asyncio.sleep(3600), asyncio.Event(), 0.1), 5)
+
+
+def _subclasses(cls: type[BaseException]) -> list[type[BaseException]]:
+    out, todo = [], [cls]
+    while todo:
+        cls = todo.pop()
+        out.append(cls)
+        todo += cls.__subclasses__()
+    return out
+
+
+@pytest.mark.parametrize("cls", _subclasses(OSError), ids=lambda cls: cls.__name__)
+def test_every_os_error_waits_but_tls_that_can_never_work(cls: type[OSError]) -> None:
+    """Every OSError the socket layer, asyncio or ssl raise (the ones loaded here): "not
+    yet" — but an ssl error that is not a cut handshake: TLS that cannot work."""
+    try:
+        error = cls(1, "x")
+    except TypeError:
+        pytest.skip(f"{cls.__name__} is not made this way")
+    cut = ssl.SSLEOFError | ssl.SSLZeroReturnError | ssl.SSLSyscallError | ssl.SSLWantReadError
+    if issubclass(cls, ssl.SSLError):
+        expected = Reach.NOT_YET if issubclass(cls, cut | ssl.SSLWantWriteError) else Reach.TLS
+    elif issubclass(cls, ValueError):  # io.UnsupportedOperation: a client's misuse
+        expected = Reach.SETTING
+    else:
+        expected = Reach.NOT_YET
+    assert reach(error) is expected

@@ -85,6 +85,7 @@ CA_URL = "postgresql://u:hunter2@db:5432/bcw?sslmode=verify-full&sslrootcert={ca
         ("postgresql://db/bcw?sslmode=verify-full", {}, "BCW_DATABASE_URL: sslmode=verify-full verifies the server, but no CA file is given"),
         ("postgresql://db/bcw", {"PGSSLMODE": "verify-ca"}, "PGSSLMODE: sslmode=verify-ca verifies the server, but no CA file is given"),
         ("postgresql://db/bcw?sslmode=bogus", {}, "BCW_DATABASE_URL: its sslmode 'bogus' is not one of"),
+        ("postgresql://db/bcw?sslmode=verify-full&sslrootcert=system", {}, "BCW_DATABASE_URL: its sslrootcert=system: asyncpg does not know `system`"),
     ],
 )  # fmt: skip
 def test_settings_refuse_tls_that_can_never_work_in_one_line(

@@ -154,7 +154,13 @@ class Reach(enum.Enum):
 
 
 #: a TLS handshake cut short by the peer or the network: a server restarting, not a setting
-_TLS_CUT = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError, ssl.SSLWantReadError)
+_TLS_CUT = (
+    ssl.SSLEOFError,
+    ssl.SSLZeroReturnError,
+    ssl.SSLSyscallError,
+    ssl.SSLWantReadError,
+    ssl.SSLWantWriteError,
+)
 
 
 def reach(error: BaseException) -> Reach:

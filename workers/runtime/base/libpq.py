@@ -132,6 +132,11 @@ def unreadable(settings: Tls, readable: Callable[[str], bool] = _readable) -> st
     """Why the TLS files cannot work, in one line naming the setting, or None: a file given
     that cannot be read, or no CA at all where the mode verifies the server."""
     for file in settings.files:
+        if file.param == "sslrootcert" and file.path == "system":  # libpq 16's, not asyncpg's
+            return (
+                f"{file.said()}: asyncpg does not know `system`; give the CA bundle's file "
+                "(e.g. /etc/ssl/certs/ca-certificates.crt)"
+            )
         if not readable(file.path):
             what = "is not a readable file" if Path(file.path).exists() else "does not exist"
             return f"{file.said()} {what}"
