@@ -2,10 +2,11 @@
 
 Called by the entry point and the runtime. Each attempt is bounded by
 `BCW_DATABASE_CONNECT_TIMEOUT` (asyncpg waits 60 s on a blackholed host by default), and
-its failure is named for the operator (`errors.reach`): a setting that cannot work — TLS
-that does not verify or load included — (`SettingError`, exit 2), credentials refused
+its failure is named for the operator (`errors.reach`): a setting that cannot work, TLS
+that does not verify or load included (`SettingError`, exit 2), credentials refused
 (`RefusedError`, exit 3) or a server out of reach, refusing, hanging or starting up
-(`UnreachableError`: waited on by `bcw run` and `bcw migrate --wait`). Nothing here decides anything.
+(`UnreachableError`: waited on by `bcw run` and `bcw migrate --wait`). Nothing here
+decides anything.
 """
 
 from __future__ import annotations
