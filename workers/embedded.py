@@ -224,6 +224,9 @@ class EmbeddedPostgres(_Child):
     standby_of: EmbeddedPostgres | None = None
     name: str = "bcw"
     settings: dict[str, str] = field(default_factory=dict)
+    #: another PostgreSQL installation (its directory holding bin/), e.g. one built with
+    #: OpenSSL where TLS is wanted (the embedded wheel's has none); None: the wheel's
+    install: Path | None = None
     process: subprocess.Popen[bytes] | None = None
     _install: Path | None = None
     _prefix: list[str] = field(default_factory=list)
@@ -237,7 +240,7 @@ class EmbeddedPostgres(_Child):
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
 
     def _prepare(self) -> None:
-        self._install = postgres_install()
+        self._install = self.install or postgres_install()
         self._prefix = as_non_root()
         self.directory.mkdir(parents=True, exist_ok=True)
         data = self.directory / "data"

@@ -91,14 +91,15 @@ def add(commands: Commands) -> None:
 
 
 def _cmd_config(args: argparse.Namespace, settings: Settings) -> int:
-    from workers.runtime.base.settings import effective
+    from workers.runtime.base.settings import database_tls, effective
     from workers.runtime.observability import otel_env
 
     shown = otel_env.shown()  # the OTEL_* it uses too
+    tls = {"PostgreSQL TLS": database_tls(settings.database).said()}
     if args.json:  # durations in seconds; the text says them as they were written
-        print(json.dumps(effective(settings) | shown, indent=2))
+        print(json.dumps(effective(settings) | shown | tls, indent=2))
     else:
-        values = effective(settings, os.environ) | shown
+        values = effective(settings, os.environ) | shown | tls
         width = max(len(name) for name in values)
         for name, value in values.items():
             print(f"{name:<{width}}  {'' if value is None else value}")

@@ -153,7 +153,9 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 async def _wait_for_schema(settings: Settings, patience: float) -> int:
     """Until the database holds every migration on disk: exit 0; 2 when one differs (the
     database is ahead or was changed); 1 after `patience` seconds. A database out of reach,
-    a ledger not there yet or not yet readable by this login all mean: not yet."""
+    refusing, hanging, starting up or full, a ledger not there yet or not yet readable by
+    this login all mean: not yet. A setting that can never work (TLS that does not verify,
+    credentials refused) raises at once (`db.named`). No try outlasts the bound by 2 s."""
     import asyncpg
 
     from workers.runtime.store import db, migrate
@@ -162,11 +164,15 @@ async def _wait_for_schema(settings: Settings, patience: float) -> int:
     waiting = "the database"
     while True:
         try:
-            conn = await db.connect(settings.database)
-            try:
-                rows = await migrate.status(conn)
-            finally:
-                await conn.close()
+            # to the bound; a try begun just before it still has 2 s (a loaded node)
+            async with asyncio.timeout(max(2.0, deadline - time.monotonic())):
+                conn = await db.connect(settings.database)
+                try:
+                    rows = await migrate.status(conn)
+                finally:
+                    await conn.close()
+        except (db.UnreachableError, TimeoutError) as error:  # TimeoutError: the bound came
+            waiting = f"the database: {str(error) or f'{db.URL_SETTING}: no answer'}"
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
             waiting = f"the database ({type(error).__name__})"
         else:
@@ -183,9 +189,10 @@ async def _wait_for_schema(settings: Settings, patience: float) -> int:
                 return 0
             waiting = f"{len(pending)} pending migration(s): {', '.join(pending[:3])}"
         if time.monotonic() >= deadline:
+            database = waiting.startswith("the database")
+            hint = "" if database else ": has `bcw migrate` run (the chart's migration Job)?"
             print(
-                f"bcw migrate --wait: still waiting for {waiting} after {patience:g} s: "
-                "has `bcw migrate` run (the chart's migration Job)?",
+                f"bcw migrate --wait: still waiting for {waiting} after {patience:g} s{hint}",
                 file=sys.stderr,
             )
             return 1

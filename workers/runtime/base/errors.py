@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import re
+import ssl
 
 import asyncpg
 import asyncpg.exceptions._base as asyncpg_base
@@ -136,6 +137,53 @@ def _classify_sqlstate(code: str) -> Severity:
         return Severity.FATAL
     # 22 data exception, 23 integrity, P0 raised by a function, and the rest: this input
     return Severity.PERMANENT
+
+
+class Reach(enum.Enum):
+    """What a failed first connection to a server says about waiting for it."""
+
+    NOT_YET = "not yet"
+    """Out of reach, refusing, hanging, starting up, shutting down, full: wait (to a bound)."""
+    SETTING = "setting"
+    """A setting that can never work (a malformed URL, a database that does not exist)."""
+    TLS = "tls"
+    """TLS that can never work: a CA that does not verify the server, a certificate or key
+    that does not load, a server that offers no TLS where the mode requires it."""
+    REFUSED = "refused"
+    """The server refused who we are (a bad password, no such role, not allowed)."""
+
+
+#: a TLS handshake cut short by the peer or the network: a server restarting, not a setting
+_TLS_CUT = (
+    ssl.SSLEOFError,
+    ssl.SSLZeroReturnError,
+    ssl.SSLSyscallError,
+    ssl.SSLWantReadError,
+    ssl.SSLWantWriteError,
+)
+
+
+def reach(error: BaseException) -> Reach:
+    """How a failed first connection (PostgreSQL or NATS) is taken: waited on, or a
+    setting named at once. A database that does not exist is a setting: the operators
+    that provision one make it before its server answers. Pure."""
+    if isinstance(error, SettingError):
+        return Reach.NOT_YET if isinstance(error, UnreachableError) else Reach.SETTING
+    if isinstance(error, ssl.SSLError):
+        return Reach.NOT_YET if isinstance(error, _TLS_CUT) else Reach.TLS
+    if isinstance(error, ConnectionError) and "rejected SSL upgrade" in str(error):
+        return Reach.TLS  # asyncpg's word for a server without TLS under sslmode=require
+    if isinstance(error, asyncpg.InvalidCatalogNameError | asyncpg.ClientConfigurationError):
+        return Reach.SETTING
+    if is_nats_refusal(error):
+        return Reach.REFUSED
+    if isinstance(error, asyncpg.PostgresError):
+        return Reach.REFUSED if classify(error) is Severity.FATAL else Reach.NOT_YET
+    if isinstance(error, ValueError | TypeError):  # a URL or option the client refuses
+        return Reach.SETTING
+    # OSError (refused, reset, no route, DNS not resolving yet), a connect timeout, the
+    # client's own confusion at a connection lost: all pass
+    return Reach.NOT_YET
 
 
 def is_transient(error: BaseException) -> bool:

@@ -13,6 +13,7 @@ from pydantic import Field, FilePath, SecretStr, field_validator, model_validato
 from pydantic_settings import BaseSettings
 
 from schemas.base import check_gateway_ids
+from workers.runtime.base.libpq import database_hosts
 from workers.runtime.base.setting_types import Duration, Seconds, env_group, format_duration
 
 
@@ -74,31 +75,6 @@ class DatabaseSettings(BaseSettings):
                 f"BCW_DATABASE_POOL_MIN ({self.pool_min}) is above BCW_DATABASE_POOL_MAX ({self.pool_max})"
             )
         return self
-
-
-def database_hosts(url: str) -> list[tuple[str, int]]:
-    """The (host, port) of each server a libpq URL names, in order: one, or several for a
-    primary and its standbys (`postgresql://u@h1:5432,h2:5432/db?target_session_attrs=
-    read-write`: a client tries each and keeps the one that takes writes). Raises
-    ValueError without echoing the URL (it may carry a password)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError as error:
-        raise ValueError(f"not a valid URL ({error})") from None
-    if parts.scheme not in ("postgresql", "postgres"):
-        raise ValueError("must be a postgresql:// URL")
-    out = []
-    for server in parts.netloc.rpartition("@")[2].split(","):
-        if server.startswith("["):  # [IPv6]:port
-            host, _, rest = server[1:].partition("]")
-            port = rest.removeprefix(":")
-        else:
-            host, _, port = server.partition(":")
-        port = port or "5432"
-        if not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError("not a valid URL (a port is not a number from 1 to 65535)")
-        out.append((host or "localhost", int(port)))
-    return out
 
 
 def _listed(value: str) -> list[str]:

@@ -8,6 +8,7 @@ Secrets are `SecretStr` and never appear in a repr or a log line.
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Mapping, MutableMapping
 from datetime import timedelta
 from pathlib import Path
@@ -17,6 +18,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.subjects import ROOT_RE
+from workers.runtime.base import libpq
 from workers.runtime.base.errors import SettingError, redact
 from workers.runtime.base.rule_settings import (
     LivenessSettings,
@@ -125,6 +127,15 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _database_tls_files_readable(self) -> Settings:
+        # a CA, a client certificate or key that is not there never will be: refused now,
+        # not waited on as if the server were away
+        why = libpq.unreadable(database_tls(self.database))
+        if why is not None:
+            raise ValueError(why)
+        return self
+
+    @model_validator(mode="after")
     def _timeouts_fit(self) -> Settings:
         if self.database.command_timeout >= self.consumer.ack_wait:
             raise ValueError(
@@ -133,6 +144,16 @@ class Settings(BaseSettings):
                 "outlive the fact's delivery"
             )
         return self
+
+
+def database_tls(database: DatabaseSettings) -> libpq.Tls:
+    """The TLS of the database's connections: the URL's parameters, else the libpq
+    variables (`PGSSLMODE`, `PGSSLROOTCERT`, …), else ~/.postgresql, as asyncpg reads them."""
+    try:
+        home: Path | None = Path.home()
+    except (RuntimeError, KeyError):
+        home = None
+    return libpq.tls(database.url.get_secret_value(), os.environ, home, os.path.exists)
 
 
 GROUPS: dict[str, type[BaseSettings]] = {

@@ -7,6 +7,7 @@ Called by the entry point, every worker process, the gateway and the tests.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import ssl
@@ -16,10 +17,12 @@ from nats.aio.client import Client as NATS
 from nats.errors import NoServersError
 
 from workers.runtime.base.errors import (
+    Reach,
     RefusedError,
     SettingError,
     UnreachableError,
     is_nats_refusal,
+    reach,
     refused_publish_subject,
 )
 from workers.runtime.base.runtime_settings import NatsSettings
@@ -89,6 +92,7 @@ async def connect(
     """
     connected = False
     seen: list[Exception] = []
+    never = asyncio.Event()  # the first round met what can never work (TLS that fails)
     # every failed reconnect reports an error: a line now and then, and one at the end
     outage = Patience("NATS connection", log, every=30.0)
 
@@ -108,6 +112,8 @@ async def connect(
     async def error(exc: Exception) -> None:
         if not connected:
             seen.append(exc)  # the first connection reports them itself
+            if reach(exc) is not Reach.NOT_YET:
+                never.set()
             return
         subject = refused_publish_subject(exc)
         if subject is not None and on_publish_refused is not None:
@@ -148,7 +154,7 @@ async def connect(
         options["tls"] = _tls_context(settings)
     client = NATS()
     try:
-        await client.connect(**options)  # type: ignore[arg-type]
+        await _first_round(client.connect(**options), never, _round_bound(settings))  # type: ignore[arg-type]
     except BaseException as failure:
         with contextlib.suppress(Exception):
             await client.close()
@@ -162,6 +168,29 @@ async def connect(
     client.options["max_reconnect_attempts"] = -1
     connected = True
     return client
+
+
+async def _first_round(connecting: Awaitable[None], never: asyncio.Event, bound: float) -> None:
+    """The client's first round, given up as soon as `never` is set (nats-py, told of a
+    certificate that does not verify, keeps its connect waiting for ever) or after `bound`
+    seconds (a round that hangs is one more failed try: waited on by the caller)."""
+    attempt = asyncio.ensure_future(connecting)
+    stop = asyncio.ensure_future(never.wait())
+    try:
+        await asyncio.wait({attempt, stop}, timeout=bound, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not attempt.done():
+            attempt.cancel()
+            await asyncio.gather(attempt, return_exceptions=True)
+    if attempt.cancelled():
+        raise NoServersError() if never.is_set() else TimeoutError()
+    attempt.result()
+
+
+def _round_bound(settings: NatsSettings) -> float:
+    """The longest a first round may take: each server's connect, then its pause."""
+    return len(settings.servers) * (settings.connect_timeout + 1.0) * 2 + 5.0
 
 
 def _tls_context(settings: NatsSettings) -> ssl.SSLContext:
@@ -179,6 +208,14 @@ def _tls_context(settings: NatsSettings) -> ssl.SSLContext:
                 "BCW_NATS_TLS_CERT_FILE", f"cannot be used with its key ({error})"
             ) from error
     return context
+
+
+def _tls_setting(settings: NatsSettings, error: BaseException) -> str:
+    """The setting behind a TLS failure: the CA for a certificate that does not verify,
+    else the client certificate when one is given (refused by the server), else the CA."""
+    if isinstance(error, ssl.SSLCertVerificationError) or not settings.tls_cert_file:
+        return "BCW_NATS_TLS_CA_FILE"
+    return "BCW_NATS_TLS_CERT_FILE"
 
 
 def _nkey_inbox(settings: NatsSettings) -> str:
@@ -211,11 +248,12 @@ def _named(failure: Exception, seen: list[Exception], settings: NatsSettings) ->
     for error in errors:
         if is_nats_refusal(error):
             return RefusedError(credentials_setting(settings), f"NATS refused us: {error}")
+    for error in errors:  # TLS that can never work first: `reach` (a cut handshake waits)
+        if reach(error) is Reach.TLS:
+            return SettingError(_tls_setting(settings, error), f"TLS failed ({error})")
     for error in errors:
-        if isinstance(error, ValueError | TypeError):
+        if reach(error) is Reach.SETTING:
             return SettingError("BCW_NATS_URL", f"cannot be used ({error})")
-        if isinstance(error, ssl.SSLError):
-            return SettingError("BCW_NATS_TLS_CA_FILE", f"TLS failed ({error})")
     last = next((e for e in reversed(errors) if not isinstance(e, NoServersError)), failure)
     detail = f"{type(last).__name__}: {last}".strip().rstrip(":")
     return UnreachableError(

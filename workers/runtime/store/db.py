@@ -2,15 +2,18 @@
 
 Called by the entry point and the runtime. Each attempt is bounded by
 `BCW_DATABASE_CONNECT_TIMEOUT` (asyncpg waits 60 s on a blackholed host by default), and
-its failure is named for the operator: a setting that cannot work (`SettingError`,
-exit 2), credentials refused (`RefusedError`, exit 3) or a server out of reach
-(`UnreachableError`, retried by `bcw run`). Nothing here decides anything.
+its failure is named for the operator (`errors.reach`): a setting that cannot work, TLS
+that does not verify or load included (`SettingError`, exit 2), credentials refused
+(`RefusedError`, exit 3) or a server out of reach, refusing, hanging or starting up
+(`UnreachableError`: waited on by `bcw run` and `bcw migrate --wait`). Nothing here
+decides anything.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -19,13 +22,16 @@ from urllib.parse import urlsplit
 import asyncpg
 
 from workers.runtime.base.errors import (
+    Reach,
     RefusedError,
     SettingError,
     Severity,
     UnreachableError,
     classify,
+    reach,
 )
-from workers.runtime.base.runtime_settings import DatabaseSettings, database_hosts
+from workers.runtime.base.libpq import database_hosts
+from workers.runtime.base.runtime_settings import DatabaseSettings
 
 log = logging.getLogger(__name__)
 
@@ -154,23 +160,46 @@ def where(settings: DatabaseSettings) -> str:
 
 
 def named(error: BaseException, settings: DatabaseSettings) -> Exception:
-    """The operator's reading of a connection failure (the URL's secret never shown)."""
+    """The operator's reading of a connection failure (the URL's secret never shown), as
+    `errors.reach` takes it: `UnreachableError` (waited on), else a setting at once."""
     if isinstance(error, SettingError):
         return error
     detail = f"{type(error).__name__}: {error}".strip().rstrip(":")
     at = where(settings)
-    if isinstance(error, asyncpg.InvalidAuthorizationSpecificationError):
-        return RefusedError(URL_SETTING, f"{at} refused the credentials ({detail})")
-    if isinstance(error, asyncpg.InvalidCatalogNameError):
-        return SettingError(URL_SETTING, f"{at}: the database does not exist ({detail})")
-    if isinstance(error, asyncpg.ClientConfigurationError | ValueError):
-        return SettingError(URL_SETTING, f"cannot be used ({error})")
-    severity = classify(error)
-    if severity is Severity.FATAL:
+    kind = reach(error)
+    if kind is Reach.REFUSED:
+        if isinstance(error, asyncpg.InvalidAuthorizationSpecificationError):
+            return RefusedError(URL_SETTING, f"{at} refused the credentials ({detail})")
         return RefusedError(URL_SETTING, f"{at} refused us ({detail})")
-    if severity is Severity.TRANSIENT or isinstance(error, OSError | TimeoutError):
+    if kind is Reach.TLS:  # a CA that does not verify the server is the CA's setting's
+        setting = (
+            _ca_setting(settings)
+            if isinstance(error, ssl.SSLCertVerificationError)
+            else URL_SETTING
+        )
+        return SettingError(setting, f"TLS with {at} cannot work ({detail})")
+    if kind is Reach.SETTING:
+        if isinstance(error, asyncpg.InvalidCatalogNameError):
+            return SettingError(URL_SETTING, f"{at}: the database does not exist ({detail})")
+        return SettingError(URL_SETTING, f"cannot be used ({error})")
+    if isinstance(error, OSError | TimeoutError) or classify(error) is Severity.TRANSIENT:
         return UnreachableError(URL_SETTING, f"cannot reach {at} ({detail or 'timed out'})")
     return UnreachableError(URL_SETTING, f"cannot connect to {at} ({detail})")
+
+
+def _ca_setting(settings: DatabaseSettings) -> str:
+    """The setting that names the CA the server's certificate was checked against (with its
+    file), or the URL's sslmode when none is given."""
+    from workers.runtime.base.settings import database_tls
+
+    try:
+        ca = database_tls(settings).ca
+    except ValueError:
+        ca = None
+    if ca is None:
+        return URL_SETTING
+    origin = URL_SETTING if ca.origin == "default" else ca.origin
+    return f"{origin} (sslrootcert {ca.path})"
 
 
 async def with_lock_patience(
