@@ -329,7 +329,7 @@ def _relay_health(ready: bool, oldest: float) -> Iterator[str]:
     async def probe() -> dict[str, bool]:
         return {"nats": ready, "database": True}
 
-    server = HealthServer(0, probe, metrics.render, host="127.0.0.1")
+    server = HealthServer(0, probe, metrics.exposition, host="127.0.0.1")
     loop.run_until_complete(server.start())
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()

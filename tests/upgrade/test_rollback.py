@@ -24,7 +24,7 @@ from workers.runtime.store import migrate
 
 pytestmark = [pytest.mark.timeout(300)]
 
-MAJOR = parse(release())[0]  # type: ignore[index]
+MAJOR = parse(release()).major  # type: ignore[union-attr]
 NEWER = f"{MAJOR}.999.0"  # a later release of this major
 LATER_MAJOR = f"{MAJOR + 1}.0.0"
 

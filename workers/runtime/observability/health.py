@@ -92,7 +92,11 @@ class HealthServer:
                     accept = f"{accept},{value.strip()}" if accept else value.strip()
             parts = request.decode("latin-1").split()
             method, path = (parts[0], parts[1].split("?")[0]) if len(parts) >= 2 else ("", "")
-            status, body, ctype = await self._route(method, path, accept)
+            try:
+                status, body, ctype = await self._route(method, path, accept)
+            except Exception:  # a probe or an exposition that failed: said, not a dropped line
+                log.exception("health server: %s %s failed", method, path)
+                status, body, ctype = "500 Internal Server Error", b"error\n", "text/plain"
             head = (
                 f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
                 "Connection: close\r\n\r\n"
