@@ -38,7 +38,7 @@ from workers.liveness.decide import newest_ranges, range_sight_on, replaces
 from workers.liveness.ranges import credits_json, node_load_json, sequenced, write_rows
 from workers.runtime.base.release import release
 from workers.runtime.effects.worker import Tx
-from workers.runtime.store.migrate import LEDGER_SELECT
+from workers.runtime.store.migrate import read_ledger
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +46,14 @@ log = logging.getLogger(__name__)
 async def switched_on(conn: asyncpg.Connection, setting: bool | str) -> bool:
     """`BCW_LIVENESS_RANGE_SIGHT` decided (`decide.range_sight_on`: "auto" reads which
     release applied which migration), and said once at INFO."""
-    ledger = [] if isinstance(setting, bool) else await conn.fetch(LEDGER_SELECT)
-    on, why = range_sight_on(setting, {r["name"]: r["release"] for r in ledger}, release())
+    ledger = {} if isinstance(setting, bool) else await read_ledger(conn)  # every row
+    on, why = range_sight_on(setting, {n: _text(r["release"]) for n, r in ledger.items()}, release())
     log.info("range sight %s: %s", "on" if on else "off", why)
     return on
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 # The rows each kept fact's range overlaps, of any age, locked in order.

@@ -191,7 +191,8 @@ def load(directory: Path) -> list[Migration]:
     return migrations
 
 
-async def _applied(conn: asyncpg.Connection) -> dict[str, dict[str, object]]:
+async def read_ledger(conn: asyncpg.Connection) -> dict[str, dict[str, object]]:
+    """Every row of the ledger by name, whichever login reads it (`LEDGER_READ`)."""
     async with conn.transaction():
         await conn.execute(LEDGER_READ)
         rows = await conn.fetch(LEDGER_SELECT)
@@ -223,7 +224,7 @@ async def migrate(conn: asyncpg.Connection, directory: Path | None = None) -> li
         "AND table_schema = current_schema())"
     ):
         await conn.execute(LEDGER_RELEASE_DDL)
-    applied = await _applied(conn)
+    applied = await read_ledger(conn)
     _check(migrations, applied)
     done = []
     for migration in migrations:
@@ -303,7 +304,7 @@ async def status(conn: asyncpg.Connection, directory: Path | None = None) -> lis
     """Every migration on disk or in the ledger, with its state."""
     migrations = load(directory or default_directory())
     exists = await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL")
-    applied = await _applied(conn) if exists else {}
+    applied = await read_ledger(conn) if exists else {}
     return classify(migrations, applied, release())
 
 
