@@ -11,7 +11,9 @@ does work, on the servers that have it.
 Real: the session's nats-server (no auth), and beside it a tiny server that speaks
 NATS's greeting and refuses every CONNECT as nats-server does ("Authorization
 Violation"). nats-py picks the first server at random: tried 8 times, the refusing one
-comes first in almost every run."""
+comes first in almost every run. And one URL before a cluster (a Kubernetes Service, the
+chart's `nats.url`): nats-py's second try is a new connection, which the Service may send
+to a pod that takes us; #60 gives up after the first. Both pass on 8498986."""
 
 from __future__ import annotations
 
@@ -66,3 +68,49 @@ async def test_a_server_of_the_list_that_takes_us_is_used(servers: Servers) -> N
                 outcomes.append("connected")
                 await nc.close()
     assert outcomes == ["connected"] * 8, outcomes
+
+
+@contextlib.asynccontextmanager
+async def _service(real: str) -> AsyncIterator[int]:
+    """One address before two servers, as a Kubernetes Service before a cluster's pods
+    (kube-proxy picks one per connection): the first connection goes to a server that
+    refuses us (one pod has not reloaded `auth.conf` yet), the next ones to the real one."""
+    host, port = real.removeprefix("nats://").rsplit(":", 1)
+    count = 0
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal count
+        count += 1
+        if count == 1:
+            writer.write(INFO)
+            await writer.drain()
+            with contextlib.suppress(Exception):
+                await reader.readline()
+                writer.write(b"-ERR 'Authorization Violation'\r\n")
+                await writer.drain()
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield int(server.sockets[0].getsockname()[1])
+    finally:
+        server.close()
+
+
+async def test_one_url_before_a_cluster_takes_the_next_connection(servers: Servers) -> None:
+    async with _service(servers.nats_url) as port:
+        nc = await connection.connect(
+            NatsSettings(url=f"nats://127.0.0.1:{port}", connect_timeout=2.0), name="review"
+        )
+        assert nc.is_connected
+        await nc.close()
