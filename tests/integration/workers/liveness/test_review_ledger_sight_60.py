@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncpg
 
+from tests.integration.security import conftest as security
 from workers.liveness.sight import switched_on
+
+logins = security.logins  # the fixture: a login per group
 
 
 async def test_range_sight_auto_decides_the_same_as_the_liveness_login(
