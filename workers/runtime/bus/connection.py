@@ -92,7 +92,7 @@ async def connect(
     """
     connected = False
     seen: list[Exception] = []
-    never = asyncio.Event()  # the first round met what can never work (TLS that fails)
+    never = asyncio.Event()  # the round met TLS that fails (nats-py would wait for ever)
     # every failed reconnect reports an error: a line now and then, and one at the end
     outage = Patience("NATS connection", log, every=30.0)
 
@@ -112,7 +112,7 @@ async def connect(
     async def error(exc: Exception) -> None:
         if not connected:
             seen.append(exc)  # the first connection reports them itself
-            if reach(exc) is not Reach.NOT_YET:
+            if reach(exc) is Reach.TLS:  # a refusal is one server's: the round goes on
                 never.set()
             return
         subject = refused_publish_subject(exc)
@@ -152,15 +152,23 @@ async def connect(
         options["token"] = settings.token.get_secret_value()
     if settings.tls_ca_file or settings.tls_cert_file:
         options["tls"] = _tls_context(settings)
-    client = NATS()
-    try:
-        await _first_round(client.connect(**options), never, _round_bound(settings))  # type: ignore[arg-type]
-    except BaseException as failure:
-        with contextlib.suppress(Exception):
-            await client.close()
-        if isinstance(failure, Exception):
-            raise _named(failure, seen, settings) from failure
-        raise
+    # TLS that fails at one server ends nats-py's round: the next round may reach another
+    # (a pod behind the same Service, not yet given its new certificate); all of them: exit 2
+    rounds = max(3, 2 * len(settings.servers))
+    for round_ in range(1, rounds + 1):
+        client = NATS()
+        never.clear()
+        try:
+            await _first_round(client.connect(**options), never, _round_bound(settings))  # type: ignore[arg-type]
+        except BaseException as failure:
+            with contextlib.suppress(Exception):
+                await client.close()
+            if isinstance(failure, Exception) and never.is_set() and round_ < rounds:
+                continue
+            if isinstance(failure, Exception):
+                raise _named(failure, seen, settings) from failure
+            raise
+        break
     refusal = server.too_old(server.server_version(client))
     if refusal is not None:  # one floor everywhere (`server.FLOOR`)
         await client.close()
