@@ -16,9 +16,10 @@ from schemas.facts import CloseCode, CloseReason, NonNegative, SmallNonNegative
 
 DisconnectReason = CloseReason | Literal["liveness-timeout", "gateway-lost"]
 #: when the event's fact happened (since 0.4; absent from a worker before it, so a reader
-#: takes both): when the facts stream stored the fact it comes of (the bus's clock, not the
-#: time a worker applied it), or, for what no fact says (a sweep's timeout, a gateway gone
-#: blind, a hold's end), when the worker decided it on the database's clock.
+#: takes both): when the fact it comes of happened (its gateway's `observed_at`, never later
+#: than the facts stream stored it; not the time a worker applied it), or, for what no fact
+#: says (a sweep's timeout, a gateway gone blind, a hold's end), when the worker decided
+#: it; on the database's clock.
 #: docs/contract.md, "When it happened".
 FactTime = AwareDatetime | None
 
@@ -33,7 +34,7 @@ class NodeConnected(CamelMessage):
     journal_changed: bool
     boot_changed: bool
     duplicate_identity: bool
-    #: when its Hello fact was stored (`FactTime`)
+    #: when its Hello happened (`FactTime`)
     connected_at: FactTime = None
 
 
@@ -46,7 +47,7 @@ class NodeDisconnected(CamelMessage):
     reason: DisconnectReason
     #: the status code its stream ended with (None: no stream end was seen, e.g. a sweep)
     code: CloseCode | None = None
-    #: when its stream's end was stored, or the sweep decided it (`FactTime`)
+    #: when its stream ended, or the sweep decided it (`FactTime`)
     disconnected_at: FactTime = None
 
 

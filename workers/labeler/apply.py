@@ -86,7 +86,7 @@ async def handle(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outcome]:
                 epoch=hello.epoch,
                 added=list(labeling.added),
                 removed=list(labeling.removed),
-                at=tx.fact_time(hello),
+                at=await tx.fact_time(hello),
             )
             tx.publish(
                 event, tx.subjects.event(event.BC_TYPE), cause=hello, order_key=hello.node_id

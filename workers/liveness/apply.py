@@ -208,7 +208,7 @@ async def _announce(tx: Tx, hellos: list[Hello]) -> dict[uuid.UUID, Outcome]:
     epochs = {r["node_id"]: r["session_epoch"] for r in await tx.conn.fetch(CURRENT_EPOCHS, nodes)}
     outcomes: dict[uuid.UUID, Outcome] = {}
     for hello in hellos:
-        event = connected(hello, epochs.get(hello.node_id), tx.fact_time(hello))
+        event = connected(hello, epochs.get(hello.node_id), await tx.fact_time(hello))
         if event is None:
             outcomes[hello.fact_id] = outcome.STALE
             continue
@@ -358,7 +358,7 @@ async def _disconnect(tx: Tx, closed: list[Closed]) -> dict[uuid.UUID, Outcome]:
             continue
         event = NodeDisconnected(
             node_id=fact.node_id, epoch=fact.epoch, gateway_id=fact.gateway_id, reason=fact.reason,
-            code=fact.code or CLOSE_CODES.get(fact.reason), disconnected_at=tx.fact_time(fact),
+            code=fact.code or CLOSE_CODES.get(fact.reason), disconnected_at=await tx.fact_time(fact),
         )  # fmt: skip
         tx.publish(event, tx.subjects.event(event.BC_TYPE), cause=fact, order_key=fact.node_id)
     return outcomes

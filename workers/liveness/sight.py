@@ -47,7 +47,9 @@ async def switched_on(conn: asyncpg.Connection, setting: bool | str) -> bool:
     """`BCW_LIVENESS_RANGE_SIGHT` decided (`decide.range_sight_on`: "auto" reads which
     release applied which migration), and said once at INFO."""
     ledger = {} if isinstance(setting, bool) else await read_ledger(conn)  # every row
-    on, why = range_sight_on(setting, {n: _text(r["release"]) for n, r in ledger.items()}, release())
+    on, why = range_sight_on(
+        setting, {n: _text(r["release"]) for n, r in ledger.items()}, release()
+    )
     log.info("range sight %s: %s", "on" if on else "off", why)
     return on
 

@@ -163,7 +163,7 @@ def make_handler(limits: Limits) -> Handler:
         for hello in fresh:
             now_counted, counted_for = recorded[(hello.node_id, hello.epoch)]
             if now_counted and is_takeover(hello):
-                _publish_takeover(tx, hello)  # held by its Hello transaction, for good
+                await _publish_takeover(tx, hello)  # held by its Hello transaction, for good
             elif now_counted:
                 counted.append(hello)
             elif counted_for == hello.fact_id:  # this very fact again: nothing to do
@@ -236,7 +236,7 @@ async def _judge(
             # not the Hello that acts on a quarantine (a late one of a window acted on: none)
             if act is None or hello.epoch != act[1]:
                 number = judged[hello.epoch].number
-                _publish_duplicate(tx, hello, number, False, node in held_nodes, limits)
+                await _publish_duplicate(tx, hello, number, False, node in held_nodes, limits)
                 released[node] = max(hello.epoch, released.get(node, 0))
                 continue
             first = act[0]
@@ -255,16 +255,18 @@ async def _judge(
                 first.number,
                 limits.breaker,
                 proven=proven_window(window),
-                at=tx.fact_time(hello),
+                at=await tx.fact_time(hello),
             )
             if held is not None:
                 held_nodes.add(node)
-            _publish_duplicate(tx, hello, first.number, held is None, node in held_nodes, limits)
+            await _publish_duplicate(
+                tx, hello, first.number, held is None, node in held_nodes, limits
+            )
             if held is None:
                 live[node] = live.get(node, set()) - set(serials)
                 recorded.update(serials)
                 revoked += [(serial, node) for serial in serials]
-                _publish_quarantine(tx, hello, first.number, serials)
+                await _publish_quarantine(tx, hello, first.number, serials)
             judged_up_to[node] = max(first.epoch, hello.epoch)
         # held for good: the clone gets nothing, its revocation closes it (or, held for an
         # operator, no session of the node gets anything until one acts)
@@ -300,7 +302,7 @@ async def _write(
         await conn.execute(REVOKE, [s for s, _ in revoked], [n for _, n in revoked], REASON)
 
 
-def _publish_duplicate(
+async def _publish_duplicate(
     tx: Tx, hello: Hello, alternations: int, quarantined: bool, held: bool, limits: Limits
 ) -> None:
     event = DuplicateSession(
@@ -312,7 +314,7 @@ def _publish_duplicate(
         window_seconds=int(limits.window.total_seconds()),
         quarantined=quarantined,
         held=held,
-        at=tx.fact_time(hello),
+        at=await tx.fact_time(hello),
     )
     tx.publish(event, tx.subjects.event(event.BC_TYPE), cause=hello, order_key=hello.node_id)
 
@@ -338,7 +340,7 @@ def _publish_withheld(
     tx.publish(event, tx.subjects.event(event.BC_TYPE), order_key=one.node_id)
 
 
-def _publish_takeover(tx: Tx, hello: Hello) -> None:
+async def _publish_takeover(tx: Tx, hello: Hello) -> None:
     log.warning(
         "gateway %s said an unproven Hello for node %s (epoch %d), which proves its Hellos: "
         "a takeover attempt, held",
@@ -352,13 +354,13 @@ def _publish_takeover(tx: Tx, hello: Hello) -> None:
         epoch=hello.epoch,
         boot_id=hello.boot_id,
         serial=hello.cert.serial,
-        at=tx.fact_time(hello),
+        at=await tx.fact_time(hello),
     )
     tx.publish(event, tx.subjects.event(event.BC_TYPE), cause=hello, order_key=hello.node_id)
 
 
-def _publish_quarantine(tx: Tx, hello: Hello, alternations: int, serials: list[str]) -> None:
-    at = tx.fact_time(hello)
+async def _publish_quarantine(tx: Tx, hello: Hello, alternations: int, serials: list[str]) -> None:
+    at = await tx.fact_time(hello)
     event = Quarantined(
         node_id=hello.node_id, reason=REASON, alternations=alternations, revoked_serials=serials,
         at=at,

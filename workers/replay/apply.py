@@ -208,10 +208,10 @@ def dispatch_notice(command: Command, epoch: int) -> Dispatch:
     )
 
 
-def publish_event(tx: Tx, event: CommandEvent, cause: Fact | None) -> None:
+async def publish_event(tx: Tx, event: CommandEvent, cause: Fact | None) -> None:
     """Queue `event`, which happened when its cause was stored (where it does not say)."""
     if event.at is None and cause is not None:
-        event = event.model_copy(update={"at": tx.fact_time(cause)})
+        event = event.model_copy(update={"at": await tx.fact_time(cause)})
     tx.publish(event, tx.subjects.event(event.BC_TYPE), cause=cause, order_key=event.node_id)
 
 
@@ -273,15 +273,17 @@ async def _replay(
         for command in plan.failed:
             node_rows[command.command_id].set(state="failed")
             node_rows[command.command_id].reason = "journal-lost"
-            publish_event(tx, command_event(CommandFailed, command, epoch, "journal-lost"), hello)
+            await publish_event(
+                tx, command_event(CommandFailed, command, epoch, "journal-lost"), hello
+            )
         for command, proof in plan.completed:
             node_rows[command.command_id].set(state="done")
             node_rows[command.command_id].result = json.dumps({"proof": proof})
-            publish_event(tx, command_event(CommandCompleted, command, epoch, proof), hello)
+            await publish_event(tx, command_event(CommandCompleted, command, epoch, proof), hello)
         for command in plan.cancelled:
             node_rows[command.command_id].set(state="cancelled")
             node_rows[command.command_id].reason = "kind-not-allowed"
-            publish_event(
+            await publish_event(
                 tx, command_event(CommandCancelled, command, epoch, "kind-not-allowed"), hello
             )
         # held (for the quarantine, or the node for an operator): the resume rules its
@@ -304,7 +306,7 @@ async def _replay(
                 delivery_attempt=command.delivery_attempt + 1,
                 delivered_epochs=with_delivery(command, epoch),
             )
-            publish_event(tx, command_event(CommandReplayed, row.command, epoch), hello)
+            await publish_event(tx, command_event(CommandReplayed, row.command, epoch), hello)
             if gateway is not None:
                 notice = dispatch_notice(row.command, epoch)
                 tx.publish(
@@ -336,13 +338,13 @@ async def _answers(
             outcomes[fact.fact_id] = outcome.STALE  # unknown command, or not this node's
             continue
         cause = (causes or {}).get(fact.fact_id)
-        if not _answer(tx, row, fact, now, settings, cause):
+        if not await _answer(tx, row, fact, now, settings, cause):
             outcomes[fact.fact_id] = outcome.STALE
     await _write(tx.conn, list(rows.values()))
     return outcomes
 
 
-def _answer(
+async def _answer(
     tx: Tx,
     row: Row,
     fact: Progress | Result | Rejected,
@@ -371,9 +373,11 @@ def _answer(
         row.result = json.dumps(fact.result) if fact.result is not None else None
         if fact.outcome == "failed":
             row.reason = fact.error or "failed"
-            publish_event(tx, command_event(CommandFailed, command, fact.epoch, row.reason), cause)
+            await publish_event(
+                tx, command_event(CommandFailed, command, fact.epoch, row.reason), cause
+            )
         else:
-            publish_event(tx, command_event(CommandCompleted, command, fact.epoch), cause)
+            await publish_event(tx, command_event(CommandCompleted, command, fact.epoch), cause)
         return True
     # BUSY: about the delivery of now only; back to pending with a back-off
     if not busy_counts(command, fact.epoch):

@@ -10,7 +10,7 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -45,6 +45,10 @@ class Runtime:
     wake_outbox: Callable[[], None]
 
 
+#: The database's clock against the transaction's own: `bus_time` (migration 0043) in one read.
+CLOCK = "SELECT compute_now() - now() AS shift, compute_now() AS now"
+
+
 class Tx:
     """What a handler gets: the connection inside the batch's transaction, and the outbox."""
 
@@ -66,6 +70,9 @@ class Tx:
         self.bindings = bindings
         self._sequence = sequence
         self._stored_at = stored_at
+        self._clock: tuple[timedelta, datetime] | None = (
+            None  # compute_now() - now(), compute_now()
+        )
 
     def sequence(self, fact: Fact) -> int | None:
         """`fact`'s sequence in the facts stream: the order its gateway published it in
@@ -77,11 +84,20 @@ class Tx:
         again numbers its facts from 1: this time still follows the last one's."""
         return self._stored_at(fact) if self._stored_at is not None else None
 
-    def fact_time(self, fact: Fact) -> datetime:
-        """When `fact` happened, as its events say it (`schemas.events.FactTime`): when the
-        facts stream stored it, or (not known: it did not come from the stream) when its
-        gateway says it observed it."""
-        return self.stored_at(fact) or fact.observed_at
+    async def fact_time(self, fact: Fact) -> datetime:
+        """When `fact` happened, as its events say it (`schemas.events.FactTime`): when its
+        gateway observed it, never later than the facts stream stored it — so a re-publish
+        (`hello-again`), a re-drive, a source's stall or a publish retried through an outage
+        changes nothing — on the one clock, `compute_now()`'s, mapped as `bus_time` maps the
+        bus's time (migration 0043) and never later than now."""
+        stored = self.stored_at(fact)
+        seen = fact.observed_at if stored is None else min(fact.observed_at, stored)
+        if self._clock is None:  # once a batch: its transaction's now()
+            row = await self.conn.fetchrow(CLOCK)
+            assert row is not None
+            self._clock = (row["shift"], row["now"])
+        shift, now = self._clock
+        return min(seen + shift, now)
 
     def context(self, fact: Fact) -> Context | None:
         """The trace context of `fact`'s processing (to store with work that waits)."""

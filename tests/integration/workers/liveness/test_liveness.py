@@ -5,7 +5,7 @@ test_liveness_sweep.py."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import asyncpg
@@ -48,9 +48,22 @@ async def test_hello_announces_connected_and_a_late_hello_says_nothing(
         "journalChanged": False, "bootChanged": True, "duplicateIdentity": True,
     }  # fmt: skip
     assert drive.settled("stale") == 1
-    # connected when the bus stored the Hello: not the gateway's `observed_at`
-    assert _at(event["connectedAt"]) == await _stored_at(drive, hello)
-    assert _at(event["connectedAt"]) != hello.observed_at
+    # connected when the Hello happened (its gateway's `observed_at`, days before the bus
+    # stored it here), not when the bus stored it nor when it was applied
+    assert _at(event["connectedAt"]) == hello.observed_at
+    assert _at(event["connectedAt"]) < await _stored_at(drive, hello)
+
+
+async def test_a_gateway_that_claims_the_future_is_bounded_by_the_bus(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    await fleet.session(db, "n1", epoch=3, gateway_id="gw-1")
+    ahead = datetime.now(UTC) + timedelta(days=1)
+    hello = fleet.hello("n1", 3).model_copy(update={"observed_at": ahead})
+    await drive.send(hello)
+    [event] = await drive.published("node.connected")
+    stored = await _stored_at(drive, hello)
+    assert abs(_at(event["connectedAt"]) - stored) < timedelta(milliseconds=1)
 
 
 def _at(text: str) -> datetime:
@@ -256,5 +269,5 @@ async def test_closed_writes_the_fenced_disconnect(drive: Driver, db: asyncpg.Co
         "heartbeat-timeout",
         "gw-1",
     )
-    assert _at(event["disconnectedAt"]) == await _stored_at(drive, closed)
+    assert _at(event["disconnectedAt"]) == closed.observed_at  # when the gateway saw it
     assert (drive.settled("stale"), drive.settled("ignored")) == (1, 1)

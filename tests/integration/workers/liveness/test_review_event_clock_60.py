@@ -1,18 +1,14 @@
-"""Review of issue #60 (shows a defect; expected to FAIL until fixed): events' times on
-two clocks. `node.connected`'s `connectedAt` (and `disconnectedAt` of a `closed` fact,
-`at` of command and quarantine events) is the facts stream's raw timestamp, the bus's
-clock; the sweep's `node.disconnected`, `gateway.blind`, the breaker, hold ends and
-dispatch cancels say `compute_now()`, the database's. The project has one clock for
-every time comparison (migration 0001: `compute_now()`), and reads the bus's time on it
-only through `bus_time()` (migration 0043: mapped onto `compute_now()`, never later
-than now). Here the fleet's time is moved an hour (as tests move it, and as a database
-whose clock is an hour off the bus's would be): a node said Hello at compute_now(), its
-row says so, and its `node.connected` says an hour earlier than the sweep's
-`node.disconnected` of the session before it would."""
+"""Events' times on one clock (found in review of issue #60): a fact's time, the gateway's
+`observed_at` bounded by when the bus stored it, is mapped onto `compute_now()` as
+`bus_time` maps the bus's (migration 0043), the clock the sweep's `node.disconnected`,
+`gateway.blind`, the breaker, hold ends and dispatch cancels say. Here the fleet's time
+is moved an hour (as tests move it, and as a database whose clock is an hour off the
+bus's would be): a node said Hello now, and its `node.connected` must not read as an
+hour before the sweep's `node.disconnected` of a session decided now."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
@@ -36,7 +32,10 @@ async def test_connected_at_is_on_the_clock_of_the_sweeps_disconnected_at(
 ) -> None:
     await clock.advance(timedelta(hours=1))
     await fleet.session(db, "n1", epoch=3, gateway_id="gw-1")
-    await drive.send(fleet.hello("n1", 3))
+    # the gateway's clock is right (the Hello happened now): the fact's time mapped onto the
+    # fleet's clock, as `bus_time` maps the bus's
+    hello = fleet.hello("n1", 3).model_copy(update={"observed_at": datetime.now(UTC)})
+    await drive.send(hello)
     [event] = await drive.published("node.connected")
     now = await db.fetchval("SELECT compute_now()")
     connected_at = datetime.fromisoformat(event["connectedAt"])
