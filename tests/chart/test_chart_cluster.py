@@ -20,17 +20,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.chart.test_chart import (
     CHART,
-    DASHBOARD,
     KUBE_VERSION,
     MINIMAL,
     WORKERS,
-    _every_metric_once,
     _pod,
     by_kind,
     migration_job,
     production,
     render,
 )
+from tests.chart.test_monitoring import DASHBOARD, _every_metric_once
 
 
 def test_secrets_are_mounted_key_by_key() -> None:
