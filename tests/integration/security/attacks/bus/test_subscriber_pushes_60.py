@@ -1,0 +1,89 @@
+"""Issue 60, item 7, attacked as the docs' durable recipe's principal (`subscriber-siem`):
+docs/contract.md says a subscriber "must take its replies on its own inbox prefix … a
+request whose reply would go elsewhere is refused", and that no subscriber may make a
+consumer because "a create request may name any deliver subject, where the server then
+pushes the stream (another application's subjects, `bc.revocations`)".
+
+A pull request names its deliver subject too: the reply subject of
+`$JS.API.CONSUMER.MSG.NEXT.BC_EVENTS.sub-siem`, which no permission covers. So
+`subscriber-siem` has the server push `BC_EVENTS` — a `revocations` message among them,
+with its `Bc-Type` — onto `bc.revocations`, where every gateway listens, and into the
+gateways' notices stream; the server reports no violation.
+
+The test asserts a defended end state (no gateway hears a revocation the quarantine did not
+send now; the notices stream holds nothing new), `xfail(strict=True)` while the finding
+stands."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from tests.integration.security.conftest import SUBJECTS, client_as, nats_as
+from workers.runtime.bus import streams
+
+pytestmark = pytest.mark.slow
+
+FINDING = (
+    "finding (issue 60): a pull request's reply subject is a deliver subject the server "
+    "pushes the events to, unchecked (docs/contract.md says it is refused)"
+)
+
+
+async def _fresh(keys: Path, secured: str) -> int:
+    """The streams, `sub-siem` as `bcw provision` makes it, an event and a revocation in
+    the events stream; the notices stream's count."""
+    settings = nats_as(keys, secured, "admin")
+    async with client_as(keys, secured, "admin") as (nc, _):
+        js = nc.jetstream()
+        for info in await js.streams_info():
+            await js.delete_stream(str(info.config.name))
+        await streams.provision_streams(js, SUBJECTS, limits=streams.limits_of(settings))
+        await js.add_consumer(
+            SUBJECTS.events_stream,
+            ConsumerConfig(durable_name="sub-siem", ack_policy=AckPolicy.EXPLICIT),
+        )
+        await js.publish(
+            SUBJECTS.event("node.connected"), b"{}", headers={"Bc-Type": "node.connected"}
+        )
+        await js.publish(
+            SUBJECTS.revocations, b'{"revoked": ["old"]}', headers={"Bc-Type": "revocations"}
+        )
+        return (await js.stream_info(SUBJECTS.gateway_stream)).state.messages
+
+
+@pytest.mark.xfail(strict=True, reason=FINDING)
+@pytest.mark.parametrize("target", ["revocations", "notices"])
+async def test_a_subscriber_application_cannot_push_the_events_where_it_names(
+    target: str, keys: Path, secured: str
+) -> None:
+    notices_before = await _fresh(keys, secured)
+    heard: list[tuple[str, Any]] = []
+    async with client_as(keys, secured, "gateway-gw-1") as (gw1, _):
+
+        async def hear(msg: Any) -> None:
+            heard.append((msg.subject, (msg.headers or {}).get("Bc-Type")))
+
+        await gw1.subscribe(SUBJECTS.revocations, cb=hear)
+        await gw1.flush()
+        deliver = (
+            SUBJECTS.revocations if target == "revocations" else SUBJECTS.notice("gw-1", "dispatch")
+        )
+        async with client_as(keys, secured, "subscriber-siem") as (siem, errors):
+            await siem.publish(
+                f"$JS.API.CONSUMER.MSG.NEXT.{SUBJECTS.events_stream}.sub-siem",
+                json.dumps({"batch": 10, "no_wait": True}).encode(),
+                reply=deliver,
+            )
+            await siem.flush()
+            await asyncio.sleep(0.5)
+        assert errors == [] or not any("violation" in e.lower() for e in errors)
+    async with client_as(keys, secured, "admin") as (nc, _):
+        notices_after = (await nc.jetstream().stream_info(SUBJECTS.gateway_stream)).state.messages
+    assert heard == []
+    assert notices_after == notices_before
