@@ -17,14 +17,17 @@ stands."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
+import nats.errors
+import nats.js.errors
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from tests.integration.security.conftest import SUBJECTS, client_as, nats_as
+from tests.integration.security.conftest import SUBJECTS, client_as, nats_as, violated
 from workers.runtime.bus import streams
 
 pytestmark = pytest.mark.slow
@@ -87,3 +90,53 @@ async def test_a_subscriber_application_cannot_push_the_events_where_it_names(
         notices_after = (await nc.jetstream().stream_info(SUBJECTS.gateway_stream)).state.messages
     assert heard == []
     assert notices_after == notices_before
+
+
+async def test_the_subscribers_recipe_reads_the_events_and_nothing_else(
+    keys: Path, secured: str
+) -> None:
+    """Held: as `subscriber` and as `subscriber-dashboards`, past the events: the facts by
+    `STREAM.MSG.GET` (on the facts stream, or on the events stream with a facts subject
+    filter), a consumer created with a crafted body (an ordered one, a durable named as
+    `sub-siem` with a deliver subject), another application's durable, `_INBOX.>`: none
+    answers, nothing is made, `sub-siem` keeps its events."""
+    await _fresh(keys, secured)
+    async with client_as(keys, secured, "admin") as (admin, _):
+        await admin.jetstream().publish(SUBJECTS.fact("gw-1", "hello"), b"{}")
+    events, facts = SUBJECTS.events_stream, SUBJECTS.facts_stream
+    crafted = {"stream_name": events, "config": {"deliver_subject": "bc.gw.gw-1.dispatch"}}
+    asks = {
+        f"$JS.API.STREAM.MSG.GET.{facts}": {"seq": 1},
+        f"$JS.API.DIRECT.GET.{events}": {"seq": 1},
+        f"$JS.API.CONSUMER.CREATE.{events}": crafted,
+        f"$JS.API.CONSUMER.CREATE.{events}.sub-siem": crafted,
+        f"$JS.API.CONSUMER.DURABLE.CREATE.{events}.sub-siem": crafted,
+        f"$JS.API.CONSUMER.MSG.NEXT.{events}.sub-siem": {"batch": 10},
+        f"$JS.API.CONSUMER.INFO.{events}.sub-siem": {},
+        f"$JS.API.CONSUMER.DELETE.{events}.sub-siem": {},
+    }
+    for principal in ("subscriber", "subscriber-dashboards"):
+        async with client_as(keys, secured, principal) as (nc, errors):
+            heard: list[str] = []
+
+            async def hear(msg: Any, into: list[str] = heard) -> None:
+                into.append(msg.subject)
+
+            await nc.subscribe("_INBOX.>", cb=hear)
+            answered = []
+            for subject, body in asks.items():
+                try:
+                    await nc.request(subject, json.dumps(body).encode(), timeout=0.3)
+                except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+                    continue
+                answered.append(subject)
+            # the events stream answers its own subjects only, whatever the filter
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                got = await nc.jetstream().get_msg(events, 1, next=True, subject=SUBJECTS.all_facts)
+                answered.append(f"a fact from {events}: {got.subject}")
+            assert answered == [], principal
+            assert heard == [] and await violated(errors, "Publish"), principal
+    async with client_as(keys, secured, "admin") as (admin, _):
+        js = admin.jetstream()
+        assert [c.name for c in await js.consumers_info(events)] == ["sub-siem"]
+        assert (await js.consumer_info(events, "sub-siem")).num_pending == 2
