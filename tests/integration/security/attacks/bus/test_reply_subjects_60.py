@@ -76,7 +76,7 @@ async def _settled(keys: Path, secured: str, layout: dict[str, Any]) -> None:
             await asyncio.sleep(0.3)
 
 
-async def _gw1_facts(keys: Path, secured: str) -> list[tuple[str, Any]]:
+async def _gw1_facts(keys: Path, secured: str) -> list[tuple[str | None, Any]]:
     """Every message of gw-1's facts in the facts stream: its subject and `Bc-Type`."""
     async with client_as(keys, secured, "admin") as (nc, _):
         js = nc.jetstream()

@@ -140,3 +140,38 @@ async def test_the_subscribers_recipe_reads_the_events_and_nothing_else(
         js = admin.jetstream()
         assert [c.name for c in await js.consumers_info(events)] == ["sub-siem"]
         assert (await js.consumer_info(events, "sub-siem")).num_pending == 2
+
+
+@pytest.mark.xfail(strict=True, reason=FINDING)
+async def test_a_subscriber_application_cannot_publish_an_old_event_again(
+    keys: Path, secured: str
+) -> None:
+    """An event older than the events stream's duplicate window (2 minutes; shortened to
+    1 s here, as admin, so that the test need not wait), pulled by `subscriber-siem` with
+    an events subject as its reply, is stored again: a second `security.node.quarantined`
+    every reader of the stream takes for a new one (docs/contract.md: "readers of the
+    stream see each event once")."""
+    await _fresh(keys, secured)
+    events = SUBJECTS.events_stream
+    async with client_as(keys, secured, "admin") as (admin, _):
+        js = admin.jetstream()
+        config = (await js.stream_info(events)).config
+        config.duplicate_window = 1.0
+        await js.update_stream(config)
+        await js.purge_stream(events)
+        await js.publish(
+            SUBJECTS.event("security.node.quarantined"), b'{"nodeId": "n1"}',
+            headers={"Bc-Type": "security.node.quarantined", "Nats-Msg-Id": "q-n1"},
+        )  # fmt: skip
+        before = (await js.stream_info(events)).state.messages
+    await asyncio.sleep(1.5)
+    async with client_as(keys, secured, "subscriber-siem") as (siem, _):
+        await siem.publish(
+            f"$JS.API.CONSUMER.MSG.NEXT.{events}.sub-siem",
+            b'{"batch": 1, "no_wait": true}',
+            reply=SUBJECTS.event("anything"),
+        )
+        await siem.flush()
+        await asyncio.sleep(0.5)
+    async with client_as(keys, secured, "admin") as (admin, _):
+        assert (await admin.jetstream().stream_info(events)).state.messages == before

@@ -107,7 +107,7 @@ async def test_stream_info_with_a_subject_filter_lists_every_gateway(
 ) -> None:
     await _fresh(keys, secured)
     async with client_as(keys, secured, "tester") as (nc, _):
-        listed = {}
+        listed: dict[str, int] = {}
         for stream in (SUBJECTS.facts_stream, SUBJECTS.gateway_stream):
             answer = await nc.request(
                 f"$JS.API.STREAM.INFO.{stream}", b'{"subjects_filter": ">"}', timeout=2
