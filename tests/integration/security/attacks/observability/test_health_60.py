@@ -54,21 +54,22 @@ async def test_a_request_whose_headers_never_end_is_cut_off() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         writer.write(b"GET /metrics HTTP/1.1\r\n")
         line = b"Accept: " + b"a" * 60_000 + b"\r\n"
-        sent = 0
+        cut_off, answer = False, b""
         try:
-            for _ in range(100):  # 24 MB of one header, in lines the server takes
+            for _ in range(64):  # 16 MB of one header, in lines the server takes
                 writer.write(line * 4)
-                await asyncio.wait_for(writer.drain(), 5)
-                sent += 4 * len(line)
+                await asyncio.wait_for(writer.drain(), 30)
             writer.write(b"\r\n")
             await writer.drain()
-            answer = await asyncio.wait_for(reader.read(), 30)
-        except (ConnectionError, TimeoutError):
-            answer = b""
+            answer = await asyncio.wait_for(reader.read(), 60)
+        except ConnectionError:
+            cut_off = True  # what a bounded server does: it stops reading, it closes
+        except TimeoutError:
+            answer = b"(still reading)"
         finally:
             writer.close()
-        # a bounded server stops reading (or refuses) long before 24 MB of headers
-        assert not answer.startswith(b"HTTP/1.1 200"), f"{sent >> 20} MB of headers read"
+        # a bounded server closes (or refuses, 4xx) long before 16 MB of headers
+        assert cut_off or answer.startswith(b"HTTP/1.1 4"), answer[:40]
     finally:
         await server.stop()
 
@@ -87,7 +88,10 @@ async def test_no_header_makes_a_traceback(header: bytes, caplog: pytest.LogCapt
     try:
         with caplog.at_level(logging.ERROR, logger="asyncio"):
             answer = await _ask(server.port, b"GET /metrics HTTP/1.1\r\n" + header + b"\r\n")
-            await asyncio.sleep(0.1)
+            for _ in range(30):  # the loop logs what a connection's handler raised, later
+                if any(r.exc_info for r in caplog.records):
+                    break
+                await asyncio.sleep(0.1)
     finally:
         await server.stop()
     assert [r.getMessage() for r in caplog.records if r.exc_info] == []
