@@ -39,6 +39,21 @@ def listening_socket(port: int, host: str | None = None) -> socket.socket:
     return socket.create_server(("0.0.0.0", port))
 
 
+TEXT = "text/plain; charset=utf-8"
+#: The most a request's line and headers may take: a probe or a scrape sends a few hundred
+#: bytes; more is refused unread, so no client holds a process's memory with headers.
+HEAD_BOUND = 16 * 1024
+END_OF_HEAD = (b"\r\n", b"\n", b"")
+
+
+def _response(status: str, body: bytes, ctype: str = TEXT) -> bytes:
+    head = (
+        f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
 class HealthServer:
     """`notes`: lines `/readyz` says after its checks, whatever they are (a warning an
     operator should see, not a reason to be unready)."""
@@ -80,28 +95,8 @@ class HealthServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request = await asyncio.wait_for(reader.readline(), 5)
-            accept = ""
-            while (line := await asyncio.wait_for(reader.readline(), 5)) not in (
-                b"\r\n",
-                b"\n",
-                b"",
-            ):
-                name, _, value = line.decode("latin-1").partition(":")
-                if name.strip().lower() == "accept":  # the one header read
-                    accept = f"{accept},{value.strip()}" if accept else value.strip()
-            parts = request.decode("latin-1").split()
-            method, path = (parts[0], parts[1].split("?")[0]) if len(parts) >= 2 else ("", "")
-            try:
-                status, body, ctype = await self._route(method, path, accept)
-            except Exception:  # a probe or an exposition that failed: said, not a dropped line
-                log.exception("health server: %s %s failed", method, path)
-                status, body, ctype = "500 Internal Server Error", b"error\n", "text/plain"
-            head = (
-                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                "Connection: close\r\n\r\n"
-            )
-            writer.write(head.encode() + body)
+            answer = await self._answer(reader)
+            writer.write(answer)
             await writer.drain()
         except (TimeoutError, ConnectionError):
             pass
@@ -110,8 +105,34 @@ class HealthServer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
+    async def _answer(self, reader: asyncio.StreamReader) -> bytes:
+        """The whole response to one request; a request past `HEAD_BOUND` bytes of request
+        line and headers (or a line past the reader's own limit) is refused 431, unread."""
+        read = 0
+        accept = ""
+        try:
+            request = await asyncio.wait_for(reader.readline(), 5)
+            read += len(request)
+            while (line := await asyncio.wait_for(reader.readline(), 5)) not in END_OF_HEAD:
+                read += len(line)
+                if read > HEAD_BOUND:
+                    return _response("431 Request Header Fields Too Large", b"too long\n")
+                name, _, value = line.decode("latin-1").partition(":")
+                if name.strip().lower() == "accept":  # the one header read
+                    accept = f"{accept},{value.strip()}" if accept else value.strip()
+        except ValueError:  # a line past the reader's limit (64 KiB)
+            return _response("431 Request Header Fields Too Large", b"too long\n")
+        parts = request.decode("latin-1").split()
+        method, path = (parts[0], parts[1].split("?")[0]) if len(parts) >= 2 else ("", "")
+        try:
+            status, body, ctype = await self._route(method, path, accept)
+        except Exception:  # a probe or an exposition that failed: said, not a dropped line
+            log.exception("health server: %s %s failed", method, path)
+            status, body, ctype = "500 Internal Server Error", b"error\n", TEXT
+        return _response(status, body, ctype)
+
     async def _route(self, method: str, path: str, accept: str = "") -> tuple[str, bytes, str]:
-        text = "text/plain; charset=utf-8"
+        text = TEXT
         if method != "GET":
             return "405 Method Not Allowed", b"GET only\n", text
         if path == "/healthz":

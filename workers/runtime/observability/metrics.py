@@ -320,5 +320,8 @@ class Metrics:
         the OpenMetrics exposition (with the histograms' exemplars) when it accepts
         `application/openmetrics-text`, else the Prometheus text format (as the library's
         own server chooses)."""
-        encode, content_type = choose_encoder(accept)
-        return encode(self.registry), content_type
+        try:
+            encode, content_type = choose_encoder(accept)
+            return encode(self.registry), content_type
+        except (ValueError, TypeError):  # a version it cannot read (`version=abc`): text
+            return prom.generate_latest(self.registry), prom.CONTENT_TYPE_LATEST
