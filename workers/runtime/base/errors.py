@@ -198,10 +198,14 @@ _PUBLISH_REFUSED = re.compile(r'permissions violation for publish to "([^"]+)"',
 _URL_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<info>[^@/\s'\"]+)@")
 
 
+#: a libpq URL's secret parameters (`?password=…`, `&sslpassword=…`)
+_URL_SECRET_PARAMETER = re.compile(r"(?P<key>[?&](?:ssl)?password=)[^&#\s'\"]*", re.IGNORECASE)
+
+
 def redact(text: str) -> str:
     """`text` with the secrets a URL can carry replaced by `***`: a password
-    (`user:***@`) and a NATS token (`nats://***@`). Every log line and every error line
-    goes through it. Pure."""
+    (`user:***@`, `?password=***`, `&sslpassword=***`) and a NATS token (`nats://***@`).
+    Every log line and every error line goes through it. Pure."""
 
     def hide(match: re.Match[str]) -> str:
         scheme, info = match["scheme"], match["info"]
@@ -211,7 +215,7 @@ def redact(text: str) -> str:
             return f"{scheme}***@"
         return match.group()
 
-    return _URL_USERINFO.sub(hide, text)
+    return _URL_SECRET_PARAMETER.sub(r"\g<key>***", _URL_USERINFO.sub(hide, text))
 
 
 def refused_publish_subject(error: BaseException) -> str | None:

@@ -44,7 +44,10 @@ SIZES = ("OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE")
 #: files the OTLP exporter reads (per signal or not)
 FILES = ("CERTIFICATE", "CLIENT_CERTIFICATE", "CLIENT_KEY")
 #: values `bcw config` hides (credentials travel in the exporter's headers)
-SECRET = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+#: every signal's exporter headers (an API key, a bearer token): shown as `***`
+SECRET = tuple(
+    f"OTEL_EXPORTER_OTLP{signal}_HEADERS" for signal in ("", "_TRACES", "_METRICS", "_LOGS")
+)
 
 
 def _get(env: Mapping[str, str], name: str) -> str | None:
