@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import ssl
 from collections.abc import Awaitable, Callable
 
@@ -154,8 +155,14 @@ async def connect(
         options["tls"] = _tls_context(settings)
     # TLS that fails at one server ends nats-py's round: the next round may reach another
     # (a pod behind the same Service, not yet given its new certificate); all of them: exit 2
+    # Each round starts at the next server of the list (from a random one: the load spread
+    # as the client's own shuffle spreads it), so every server is tried first twice.
     rounds = max(3, 2 * len(settings.servers))
+    start = random.randrange(len(settings.servers))
     for round_ in range(1, rounds + 1):
+        first = (start + round_ - 1) % len(settings.servers)
+        options["servers"] = [*settings.servers[first:], *settings.servers[:first]]
+        options["dont_randomize"] = True
         client = NATS()
         never.clear()
         try:

@@ -15,7 +15,8 @@ Found: a NATS cluster list with one member whose certificate the CA does not ver
 node mid-rotation, or an address someone else answers on) stops the whole first round at
 that member (`connection._first_round`'s `never`) instead of trying the others: `bcw`
 exits 2 whenever the client happens to try that member first, although a good server is
-in the list. `xfail(strict=True)` while it stands."""
+in the list. Fixed: each round starts at the next server of the list, and only every
+round failing so is exit 2."""
 
 from __future__ import annotations
 
@@ -182,7 +183,6 @@ def rogue_and_good(certs: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="finding (issue 60): one bad member ends the first round")
 async def test_one_cluster_member_with_a_bad_certificate_does_not_stop_the_others(
     rogue_and_good: str, certs: Path
 ) -> None:
