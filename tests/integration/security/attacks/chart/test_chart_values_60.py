@@ -13,8 +13,9 @@ Found: `podLabels` (chart-wide, a worker's, the relay's) take the chart's own
 `app.kubernetes.io/*` keys that `commonLabels` refuses: the pod template then carries the
 key twice (the selector's and the values'); `extraObjects`' strings go through `tpl`,
 where `lookup` reads the cluster with the installer's credentials (a Secret of another
-namespace copied into a ConfigMap by a values file) — the README says `tpl`, not that.
-`xfail(strict=True)` while they stand."""
+namespace copied into a ConfigMap by a values file) — the README said `tpl`, not that.
+Both fixed: the schema refuses those keys in every `podLabels`, and the README says what
+`lookup` reads."""
 
 from __future__ import annotations
 
@@ -98,7 +99,6 @@ def test_common_labels_refuse_the_charts_own_keys() -> None:
         render_in(CHART, _values(commonLabels={"app.kubernetes.io/component": "relay"}))
 
 
-@pytest.mark.xfail(strict=True, reason="finding (issue 60): podLabels take the chart's own keys")
 @pytest.mark.parametrize("where", ["chart-wide", "a worker's", "the relay's"])
 def test_pod_labels_refuse_the_charts_own_keys(where: str) -> None:
     with pytest.raises(helm.HelmError):
@@ -125,7 +125,6 @@ def test_extra_objects_reach_lookup_through_tpl() -> None:
     assert copied["data"]["found"] == "{}"
 
 
-@pytest.mark.xfail(strict=True, reason="finding (issue 60): extraObjects' lookup undocumented")
 def test_the_readme_says_extra_objects_read_the_cluster_as_the_installer() -> None:
     readme = (CHART / "README.md").read_text()
     row = next(line for line in readme.splitlines() if line.startswith("| `extraObjects`"))
