@@ -45,6 +45,7 @@ def test_make_image_tags_the_image_with_the_version() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # a venv and a pinned install: minutes on a loaded machine
 def test_the_image_install_succeeds_in_a_fresh_venv(tmp_path: Path) -> None:
     """What the build stage does, done here: the files its COPY lines name, installed with
     its own pip command (pinned by constraints.txt); the result has no development tools."""

@@ -116,13 +116,20 @@ async def _proxied(url: str) -> AsyncIterator[TcpProxy]:
         await proxy.stop()
 
 
+SWEPT = """
+SELECT count(*) FROM node_sessions
+ WHERE gateway_id IS NULL AND disconnect_reason IN ('liveness-timeout', 'gateway-lost')
+"""
+
+
 async def _watch_for_disconnects(db: asyncpg.Connection, seconds: float) -> int:
-    """The most sessions seen disconnected at once over `seconds` (sampled)."""
+    """The most sessions seen disconnected by the controller at once over `seconds`
+    (sampled): by its sweep, for a liveness timeout or a lost gateway. A session its gateway
+    closed (a heartbeat this loaded test process sent late) is the gateway's word, not the
+    controller's."""
     worst = 0
     for _ in range(int(seconds / 0.25)):
-        worst = max(
-            worst, await db.fetchval("SELECT count(*) FROM node_sessions WHERE gateway_id IS NULL")
-        )
+        worst = max(worst, await db.fetchval(SWEPT))
         await asyncio.sleep(0.25)
     return worst
 
