@@ -1,0 +1,157 @@
+"""The rollout's daemons: `workers.sim.daemon.FakeDaemon`s that redial as the seed says
+(full jitter, `plan.back_off`; a pushback honoured, or — `honour_pushback=False`, the
+power-on comparison — ignored for their own doubling), to any gateway that is up and not
+draining, and `Daemons`, which ticks only those with something to do.
+
+A connected daemon's heartbeats are its gateway's flush (`gateways.RolloutGateway` says
+their ages as `bcw bench steady` does): it is ticked only while it redials, runs a
+command or owes a result or an event, so a million of them cost nothing at rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from schemas.notices import Dispatch
+from workers.bench.rollout import plan
+from workers.bench.rollout.tally import DRAIN_REASON
+from workers.gateway import Gateway, Refused
+from workers.sim.daemon import FakeDaemon
+
+#: ticks of daemons at once (a herd: many Hellos under way)
+AT_ONCE = 512
+
+
+@dataclass(eq=False)
+class RolloutDaemon(FakeDaemon):
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.fleet: Daemons | None = None
+        self.closed_at: float | None = None  # when a drained gateway closed its session
+        self.left: str | None = None  # that gateway
+        self.honour_pushback = True
+
+    def _wake(self) -> None:
+        if self.fleet is not None:
+            self.fleet.active[self.node_id] = self
+
+    def drop(self, reason: str, code: str = "CANCELLED") -> None:
+        if reason == DRAIN_REASON and self.gateway is not None and self.closed_at is None:
+            self.closed_at, self.left = time.time(), self.gateway.gateway_id
+        super().drop(reason, code)
+        self._wake()
+
+    async def deliver(self, dispatch: Dispatch) -> None:
+        await super().deliver(dispatch)
+        self._wake()
+
+    def _back_off(self) -> None:
+        self.failures += 1
+        self.next_try = self.now() + plan.back_off(self.failures, self.rng.random)
+
+    def _refused(self, gateway: Gateway, refused: Refused) -> None:
+        if not self.honour_pushback:  # its own doubling only
+            refused = Refused(
+                refused.code, refused.reason, None, refused.server_time, refused.challenge
+            )
+        super()._refused(gateway, refused)
+
+    def _dial(self, gateways: Sequence[Gateway]) -> Gateway | None:
+        """Any gateway that is up and not draining (a load balancer's pick), but the one
+        whose challenge it holds if that one is."""
+        draining = self.fleet.draining if self.fleet is not None else set()
+        up = [g for g in gateways if g.alive and g.gateway_id not in draining]
+        held = self.server.challenged_by()
+        for gateway in up:
+            if gateway.gateway_id == held:
+                return gateway
+        return self.rng.choice(up) if up else None
+
+    async def _connect(self, gateways: Sequence[Gateway]) -> None:
+        await super()._connect(gateways)
+        if self.gateway is not None and self.fleet is not None:
+            self.fleet.welcomed(self)
+
+    async def tick(self, gateways: Sequence[Gateway]) -> None:
+        """Its redial, its commands and its reports; no heartbeat (its gateway's flush
+        says it, as in `bcw bench steady`)."""
+        now = self.now()
+        if self.gateway is not None and not self.gateway.alive:
+            self.drop("gateway gone")
+        if self.gateway is None:
+            if now >= self.next_try:
+                await self._connect(gateways)
+            await self._finish_due(now)
+            return
+        await self._finish_due(now)
+        await self._report()
+
+    def settled(self) -> bool:
+        """Connected with nothing to do until a notice comes: not ticked."""
+        return (
+            self.gateway is not None
+            and self.gateway.alive
+            and not self.running
+            and all(c in self.in_hello for c in self.results)
+            and (not self.journal or self.journal[-1]["seq"] <= self.sent_seq)
+        )
+
+    def due(self, now: float) -> bool:
+        if self.gateway is None:
+            return now >= self.next_try
+        return not self.settled() and (
+            not self.running or any(r.finish_at <= now for r in self.running.values())
+            or any(c not in self.in_hello for c in self.results)
+            or bool(self.journal and self.journal[-1]["seq"] > self.sent_seq)
+        )  # fmt: skip
+
+
+class Daemons:
+    """The fleet's daemons, and the loop that ticks those with something to do."""
+
+    def __init__(self, daemons: Sequence[RolloutDaemon], gateways: list[Gateway]) -> None:
+        self.all = list(daemons)
+        self.gateways = gateways  # replaced in place when a gateway comes back
+        self.active: dict[str, RolloutDaemon] = {}
+        self.draining: set[str] = set()
+        self.reconnects: list[float] = []  # seconds, close at a drained gateway → Welcome
+        self.connects: list[float] = []  # seconds since `started`, each first Welcome
+        self.welcomes = 0
+        self.away: dict[str, int] = {}  # drained gateway → its sessions not welcomed yet
+        self.started = time.time()
+        for daemon in self.all:
+            daemon.fleet = self
+
+    def welcomed(self, daemon: RolloutDaemon) -> None:
+        self.welcomes += 1
+        now = time.time()
+        if daemon.closed_at is not None:
+            self.reconnects.append(now - daemon.closed_at)
+            if daemon.left is not None:
+                self.away[daemon.left] = self.away.get(daemon.left, 0) - 1
+            daemon.closed_at = daemon.left = None
+        elif daemon.welcomes == 1:
+            self.connects.append(now - self.started)
+
+    def runs(self) -> list[dict[uuid.UUID, int]]:
+        return [dict(d.runs) for d in self.all if d.runs]
+
+    async def run(self, stopping: asyncio.Event, interval: float = 0.05) -> None:
+        limit = asyncio.Semaphore(AT_ONCE)
+
+        async def one(daemon: RolloutDaemon) -> None:
+            async with limit:
+                await daemon.tick(self.gateways)
+
+        while not stopping.is_set():
+            now = time.time()
+            for node in [n for n, d in self.active.items() if d.settled()]:
+                del self.active[node]
+            due = [d for d in self.active.values() if d.due(now)]
+            if due:
+                await asyncio.gather(*(one(d) for d in due))
+            await asyncio.sleep(interval)
