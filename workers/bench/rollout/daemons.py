@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -72,7 +73,14 @@ class RolloutDaemon(FakeDaemon):
         return self.rng.choice(up) if up else None
 
     async def _connect(self, gateways: Sequence[Gateway]) -> None:
-        await super()._connect(gateways)
+        try:
+            await super()._connect(gateways)
+        except Exception as error:  # a dial that failed (its gateway stopping): again later
+            if self.fleet is not None:
+                self.fleet.errors[type(error).__name__] += 1
+            self.gateway, self.epoch = None, 0
+            self._back_off()
+            return
         if self.gateway is not None and self.fleet is not None:
             self.fleet.welcomed(self)
 
@@ -121,6 +129,7 @@ class Daemons:
         self.reconnects: list[float] = []  # seconds, close at a drained gateway → Welcome
         self.connects: list[float] = []  # seconds since `started`, each first Welcome
         self.welcomes = 0
+        self.errors: Counter[str] = Counter()  # dials that failed otherwise than refused
         self.away: dict[str, int] = {}  # drained gateway → its sessions not welcomed yet
         self.started = time.time()
         for daemon in self.all:
@@ -152,6 +161,7 @@ class Daemons:
             for node in [n for n, d in self.active.items() if d.settled()]:
                 del self.active[node]
             due = [d for d in self.active.values() if d.due(now)]
-            if due:
-                await asyncio.gather(*(one(d) for d in due))
+            for failed in await asyncio.gather(*(one(d) for d in due), return_exceptions=True):
+                if isinstance(failed, Exception):  # counted (the run says them), never fatal
+                    self.errors[type(failed).__name__] += 1
             await asyncio.sleep(interval)

@@ -40,7 +40,11 @@ from workers.runtime.base.settings import Settings
 WAVE_WITHIN = 900.0
 #: seconds between a wave's first commands and its drain: dispatched and running by then
 RUNNING_BEFORE_DRAIN = 2.0
-COMMANDS = "SELECT count(*) FILTER (WHERE state = 'done') AS done, count(*) FILTER (WHERE state IN ('failed', 'cancelled')) AS failed, count(*) AS all FROM commands"  # noqa: E501
+COMMANDS = """
+SELECT count(*) FILTER (WHERE state = 'done') AS done,
+       count(*) FILTER (WHERE state IN ('failed', 'cancelled')) AS failed
+  FROM commands
+"""
 
 
 def _free_port() -> int:
@@ -191,7 +195,13 @@ async def run(
     broken = tally.problems(final)
     for line in broken:
         print(f"BOUND BROKEN: {line}")
-    for line in (*watch.blind_why, *notes, f"steady state before the rollout: {steady_cores:.2f} cores"):
+    errors = [f"daemons' dials or ticks failed: {dict(fleet_.errors)}"] if fleet_.errors else []
+    for line in (
+        *watch.blind_why,
+        *errors,
+        *notes,
+        f"steady state before the rollout: {steady_cores:.2f} cores",
+    ):
         print(line)
     print(final.last_line(), flush=True)
     return 1 if broken else 0

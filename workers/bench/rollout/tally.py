@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from workers.bench.soak import slope_per_hour
 from workers.bench.steady.figures import percentile
@@ -28,7 +29,7 @@ def hello_ms(spent: float, seconds: float, steady_cores: float, hellos: int) -> 
     return 1000.0 * (spent - steady_cores * seconds) / hellos
 
 
-def run_twice(runs: Sequence[Mapping[object, int]]) -> int:
+def run_twice(runs: Sequence[Mapping[Any, int]]) -> int:
     """Commands some daemon ran more than once (each daemon's count of runs). Pure."""
     return sum(1 for counts in runs for n in counts.values() if n > 1)
 
