@@ -33,7 +33,6 @@ class RolloutDaemon(FakeDaemon):
         super().__post_init__()
         self.fleet: Daemons | None = None
         self.closed_at: float | None = None  # when a drained gateway closed its session
-        self.left: str | None = None  # that gateway
         self.honour_pushback = True
 
     def _wake(self) -> None:
@@ -41,8 +40,8 @@ class RolloutDaemon(FakeDaemon):
             self.fleet.active[self.node_id] = self
 
     def drop(self, reason: str, code: str = "CANCELLED") -> None:
-        if reason == DRAIN_REASON and self.gateway is not None and self.closed_at is None:
-            self.closed_at, self.left = time.time(), self.gateway.gateway_id
+        if reason == DRAIN_REASON and self.fleet is not None and self.node_id in self.fleet.leaving:
+            self.closed_at = time.time()
         super().drop(reason, code)
         self._wake()
 
@@ -98,6 +97,15 @@ class RolloutDaemon(FakeDaemon):
         await self._finish_due(now)
         await self._report()
 
+    def state(self) -> str:
+        """What it is doing, said (a stuck daemon's, in a run's message)."""
+        gateway = self.gateway.gateway_id if self.gateway is not None else None
+        return (
+            f"{self.node_id} on {gateway} epoch {self.epoch}, next try in "
+            f"{self.next_try - self.now():.1f} s, refusals {dict(self.refusals)}, "
+            f"active {self.fleet is not None and self.node_id in self.fleet.active}"
+        )
+
     def settled(self) -> bool:
         """Connected with nothing to do until a notice comes: not ticked."""
         return (
@@ -130,19 +138,41 @@ class Daemons:
         self.connects: list[float] = []  # seconds since `started`, each first Welcome
         self.welcomes = 0
         self.errors: Counter[str] = Counter()  # dials that failed otherwise than refused
-        self.away: dict[str, int] = {}  # drained gateway → its sessions not welcomed yet
+        #: drained gateway → its sessions' nodes not welcomed elsewhere yet
+        self.away: dict[str, set[str]] = {}
+        #: node → the drained gateway it leaves, and when that gateway began closing
+        self.leaving: dict[str, tuple[str, float]] = {}
+        #: sessions a drained gateway held for a daemon that had gone elsewhere (none)
+        self.stale = 0
+        self.by_node = {d.node_id: d for d in self.all}
         self.started = time.time()
         for daemon in self.all:
             daemon.fleet = self
 
+    def leave(self, gateway: Gateway) -> int:
+        """`gateway` is about to close its sessions: each must be welcomed elsewhere.
+        Returns how many."""
+        now, nodes = time.time(), set()
+        for node in gateway.sessions:
+            if self.by_node[node].gateway is gateway:
+                self.leaving[node] = (gateway.gateway_id, now)
+                nodes.add(node)
+            else:
+                self.stale += 1
+        self.away[gateway.gateway_id] = nodes
+        return len(nodes)
+
     def welcomed(self, daemon: RolloutDaemon) -> None:
         self.welcomes += 1
         now = time.time()
-        if daemon.closed_at is not None:
-            self.reconnects.append(now - daemon.closed_at)
-            if daemon.left is not None:
-                self.away[daemon.left] = self.away.get(daemon.left, 0) - 1
-            daemon.closed_at = daemon.left = None
+        left = self.leaving.get(daemon.node_id)
+        if left is not None and daemon.gateway is not None:
+            if daemon.gateway.gateway_id == left[0]:
+                return  # not elsewhere (never: it is draining)
+            del self.leaving[daemon.node_id]
+            self.reconnects.append(now - (daemon.closed_at or left[1]))
+            self.away[left[0]].discard(daemon.node_id)
+            daemon.closed_at = None
         elif daemon.welcomes == 1:
             self.connects.append(now - self.started)
 

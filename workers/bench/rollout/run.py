@@ -37,7 +37,7 @@ from workers.registry import WORKERS
 from workers.runtime.base.settings import Settings
 
 #: a wave's sessions are all welcomed elsewhere within this, or the run goes on without
-WAVE_WITHIN = 900.0
+WAVE_WITHIN = 120.0
 #: seconds between a wave's first commands and its drain: dispatched and running by then
 RUNNING_BEFORE_DRAIN = 2.0
 COMMANDS = """
@@ -196,6 +196,8 @@ async def run(
     for line in broken:
         print(f"BOUND BROKEN: {line}")
     errors = [f"daemons' dials or ticks failed: {dict(fleet_.errors)}"] if fleet_.errors else []
+    if fleet_.stale:
+        errors.append(f"sessions drained gateways held for daemons gone: {fleet_.stale}")
     for line in (
         *watch.blind_why,
         *errors,
@@ -235,17 +237,18 @@ async def _roll(
         await gateway.drain()  # refuses new Hellos, UNAVAILABLE
     await _enqueue(conn, nodes, second, rng, state)
     for gateway in draining:
-        fleet_.away[gateway.gateway_id] = len(gateway.sessions)
-        state.closed += len(gateway.sessions)
+        state.closed += fleet_.leave(gateway)
         await gateway.stop()  # closes each session, gateway-shutdown; gives its lease up
 
     async def moved() -> bool:
-        return all(fleet_.away[g.gateway_id] <= 0 for g in draining)
+        return not any(fleet_.away[g.gateway_id] for g in draining)
 
     try:
         await wait_until(moved, within=WAVE_WITHIN)
     except TimeoutError:
-        print(f"  not every session of {[g.gateway_id for g in draining]} was welcomed elsewhere")
+        stuck = sorted(n for g in draining for n in fleet_.away[g.gateway_id])
+        said = [fleet_.by_node[n].state() for n in stuck[:5]]
+        print(f"  {len(stuck)} session(s) not welcomed elsewhere, e.g. {said}", flush=True)
     for g, gateway in zip(wave, draining, strict=True):  # back, empty, taking new sessions
         again = await gws.started(pool, nc, subjects, gateway.gateway_id, gw_settings)
         again.on_publish = watch.publish
