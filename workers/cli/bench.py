@@ -87,7 +87,12 @@ def add(commands: Commands) -> None:
         default=None,
         help="Hellos a second (chaos: 20 in all; herd: 200 per gateway)",
     )
-    bench.add_argument("--seed", type=int, default=1, help="the faults' random seed (chaos)")
+    bench.add_argument(
+        "--seed",
+        type=int,
+        default=1,
+        help="the faults' random seed (chaos), the daemons' (rollout)",
+    )
     bench.add_argument(
         "--silent-share",
         type=float,
