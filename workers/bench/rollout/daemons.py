@@ -34,6 +34,7 @@ class RolloutDaemon(FakeDaemon):
         self.fleet: Daemons | None = None
         self.closed_at: float | None = None  # when a drained gateway closed its session
         self.honour_pushback = True
+        self.counted = False  # its first Welcome counted (`Daemons.connects`)
 
     def _wake(self) -> None:
         if self.fleet is not None:
@@ -173,7 +174,8 @@ class Daemons:
             self.reconnects.append(now - (daemon.closed_at or left[1]))
             self.away[left[0]].discard(daemon.node_id)
             daemon.closed_at = None
-        elif daemon.welcomes == 1:
+        elif not daemon.counted:  # its first Welcome (one it kept)
+            daemon.counted = True
             self.connects.append(now - self.started)
 
     def runs(self) -> list[dict[uuid.UUID, int]]:
