@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import Servers
 from tests.integration.support import bcw
+from workers.cli.common import EXIT_BAD_SETTINGS
 
 LAST = re.compile(
     r"^rolled (\d+) gateways under (\d+) nodes in ([\d.]+) min: reconnect p99 ([\d.]+) s, "
@@ -50,3 +51,18 @@ async def test_a_small_rollout_moves_every_session_and_loses_nothing(
     # twice when the gateway it went to drained later)
     assert int(lines[-1][1]) >= 1200, out
     assert "BOUND BROKEN" not in out and "failed:" not in out, out
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--gateways", "1"), "at least 2 gateways"),
+        (("--gateways", "4", "--parallel", "4"), "--parallel must be in [1, 3], got 4"),
+    ],
+)
+async def test_a_rollout_that_leaves_no_gateway_up_is_refused_in_a_line(
+    args: tuple[str, ...], said: str
+) -> None:
+    code, out = await bcw("bench", "rollout", *args)
+    assert code == EXIT_BAD_SETTINGS, out
+    assert said in out and "Traceback" not in out and len(out.strip().splitlines()) == 1, out
