@@ -182,31 +182,23 @@ class Daemons:
         return [dict(d.runs) for d in self.all if d.runs]
 
     async def run(self, stopping: asyncio.Event, interval: float = 0.05) -> None:
-        """Tick each daemon with something due, AT_ONCE at most, each beside the others: a
-        slow Hello holds up its own daemon only."""
+        """Tick every daemon with something due, AT_ONCE at most, in rounds: a round ends
+        when its slowest tick does. (Ticking each beside the others, never waiting for a
+        round, kept 512 Hellos always under way: at a 10,000-daemon power-on the two
+        gateways, on one process's CPU and a pool of 16, renewed their leases too late and
+        lost them.)"""
         limit = asyncio.Semaphore(AT_ONCE)
-        ticking: dict[str, asyncio.Task[None]] = {}
 
         async def one(daemon: RolloutDaemon) -> None:
-            try:
-                async with limit:
-                    await daemon.tick(self.gateways)
-            except Exception as error:  # counted (the run says them), never fatal
-                self.errors[type(error).__name__] += 1
-            finally:
-                del ticking[daemon.node_id]
+            async with limit:
+                await daemon.tick(self.gateways)
 
-        try:
-            while not stopping.is_set():
-                now = time.time()
-                for node in [n for n, d in self.active.items() if d.settled()]:
-                    if node not in ticking:
-                        del self.active[node]
-                for daemon in self.active.values():
-                    if daemon.node_id not in ticking and daemon.due(now):
-                        ticking[daemon.node_id] = asyncio.create_task(one(daemon))
-                await asyncio.sleep(interval)
-        finally:
-            for task in list(ticking.values()):
-                task.cancel()
-            await asyncio.gather(*ticking.values(), return_exceptions=True)
+        while not stopping.is_set():
+            now = time.time()
+            for node in [n for n, d in self.active.items() if d.settled()]:
+                del self.active[node]
+            due = [d for d in self.active.values() if d.due(now)]
+            for failed in await asyncio.gather(*(one(d) for d in due), return_exceptions=True):
+                if isinstance(failed, Exception):  # counted (the run says them), never fatal
+                    self.errors[type(failed).__name__] += 1
+            await asyncio.sleep(interval)
