@@ -97,6 +97,21 @@ def nats_server_pid(url: str) -> int | None:
     return None
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds so far of process `pid` (a postmaster, say), the children it waited for,
+    and its live children: one server's, not every server's on this machine. NaN once
+    it is gone."""
+    own = _proc_stat(pid)
+    if own is None:
+        return float("nan")
+    total = _ticks(own[1], 4)
+    for entry in os.listdir("/proc"):
+        stat = _proc_stat(entry) if entry.isdigit() else None
+        if stat is not None and int(stat[1][1]) == pid:  # its parent: the field after state
+            total += _ticks(stat[1], 4)
+    return total
+
+
 SERVER_NAMES = ("postgres", "nats-server")
 
 

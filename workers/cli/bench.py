@@ -34,6 +34,7 @@ def add(commands: Commands) -> None:
             "steady",
             "flush",
             "rest",
+            "rollout",
         ],
         help="which benchmark",
     )
@@ -86,7 +87,12 @@ def add(commands: Commands) -> None:
         default=None,
         help="Hellos a second (chaos: 20 in all; herd: 200 per gateway)",
     )
-    bench.add_argument("--seed", type=int, default=1, help="the faults' random seed (chaos)")
+    bench.add_argument(
+        "--seed",
+        type=int,
+        default=1,
+        help="the faults' random seed (chaos), the daemons' (rollout)",
+    )
     bench.add_argument(
         "--silent-share",
         type=float,
@@ -112,6 +118,33 @@ def add(commands: Commands) -> None:
         default=None,
         help="steady: `bcw run liveness` processes (one per 500,000 nodes, at least one: "
         "each is one Python process, at most a core)",
+    )
+    bench.add_argument(
+        "--parallel", type=int, default=1, help="rollout: gateways drained at a time (1)"
+    )
+    bench.add_argument(
+        "--commands", type=int, default=1_000, help="rollout: commands kept in flight (1,000)"
+    )
+    bench.add_argument(
+        "--minutes-after",
+        type=float,
+        default=0.0,
+        help="rollout: minutes the fleet is held after the last gateway is back (0)",
+    )
+    bench.add_argument(
+        "--hold",
+        type=float,
+        default=60.0,
+        help="rollout: seconds of steady state measured before the first drain (60)",
+    )
+    bench.add_argument(
+        "--every", type=float, default=60.0, help="rollout: seconds between its lines (60)"
+    )
+    bench.add_argument(
+        "--power-on",
+        action="store_true",
+        help="rollout: instead, --nodes daemons (10,000) powering on at once against "
+        "--gateways (2) at 200 Hellos/s each, with the pushback honoured and without it",
     )
     bench.add_argument(
         "--sync-always",
@@ -238,6 +271,8 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         from workers.bench.steady import rest
 
         return asyncio.run(rest.run(settings, nodes, gateways, math.ceil(minutes), args.embedded))
+    if args.bench == "rollout":
+        return _rollout(args, settings)
     if args.bench == "herd":
         from workers.bench import herd
 
@@ -245,3 +280,25 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
             herd.run(settings, nodes, gateways, args.rate or 200.0, args.embedded, args.sync_always)
         )
     return 2
+
+
+def _rollout(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.bench.rollout import plan, poweron
+    from workers.bench.rollout import run as rollout
+
+    if args.power_on:
+        return asyncio.run(
+            poweron.run(settings, args.nodes or 10_000, args.gateways or 2, args.embedded)
+        )
+    nodes, gateways = args.nodes or 100_000, args.gateways or 25
+    try:
+        plan.waves(gateways, args.parallel)
+    except ValueError as bad:
+        print(f"bcw bench rollout: {bad}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+    return asyncio.run(
+        rollout.run(
+            settings, nodes, gateways, args.parallel, args.commands, args.minutes_after,
+            args.embedded, hold=args.hold, every=args.every, seed=args.seed,
+        )
+    )  # fmt: skip
