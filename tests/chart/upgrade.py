@@ -130,28 +130,27 @@ def _upgrade(chart: Path, values: dict[str, Any], defaults: dict[str, Any] | Non
     return manifest(rendered)
 
 
+def _in_form(chart: Path, form: str, values: dict[str, Any], base: Release) -> Docs:
+    """`chart`'s manifest as `helm upgrade` in `form` computes it from `base`, with the
+    command's own -f/--set `values` (for `values-file`, the file)."""
+    if form == "reuse-values":
+        return _upgrade(chart, coalesce(values, base.config), base.coalesced)
+    if form == "reset-then-reuse-values":
+        return _upgrade(chart, coalesce(values, base.config), None)
+    if form == "values-file":
+        return _upgrade(chart, values, None)
+    raise ValueError(form)
+
+
 def upgrade(old: Release, form: str, values: dict[str, Any] | None = None) -> Docs:
     """This chart's manifest as `helm upgrade` in `form` computes it from `old`
     (`values`: the command's own -f/--set values; for `values-file`, the file)."""
-    given = values or {}
-    if form == "reuse-values":
-        return _upgrade(CHART, coalesce(given, old.config), old.coalesced)
-    if form == "reset-then-reuse-values":
-        return _upgrade(CHART, coalesce(given, old.config), None)
-    if form == "values-file":
-        return _upgrade(CHART, given, None)
     if form == "rollback":
         return old.manifest
-    raise ValueError(form)
+    return _in_form(CHART, form, values or {}, old)
 
 
 def rollback_upgrade(new: Release, old_chart: Path, form: str, values: dict[str, Any]) -> Docs:
     """The previous release's chart as `helm upgrade --version <previous>` in `form`
     computes it from `new` (a rollback across releases written as an upgrade)."""
-    if form == "reuse-values":
-        return _upgrade(old_chart, coalesce(values, new.config), new.coalesced)
-    if form == "reset-then-reuse-values":
-        return _upgrade(old_chart, coalesce(values, new.config), None)
-    if form == "values-file":
-        return _upgrade(old_chart, values, None)
-    raise ValueError(form)
+    return _in_form(old_chart, form, values, new)

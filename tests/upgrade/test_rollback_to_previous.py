@@ -8,16 +8,15 @@ this release, reading as `migrate.LEDGER_READ` says, still sees every row."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import os
 
 import asyncpg
 import pytest
 
 from tests.integration.security.conftest import url_as
 from tests.integration.support import bcw
-from tests.upgrade.release import Release, _git, install, previous_release
+from tests.upgrade.conftest import run_bcw
+from tests.upgrade.release import Release, _git
 from workers.runtime.store import migrate, policies
 
 pytestmark = [pytest.mark.timeout(600)]
@@ -25,22 +24,8 @@ pytestmark = [pytest.mark.timeout(600)]
 GROUPS = ("bcw_labeler", "bcw_relay")
 
 
-@pytest.fixture(scope="module")
-def old() -> Release:
-    release = previous_release()
-    if release is None:
-        pytest.skip("CHANGELOG.md lists no release before this version yet")
-    install(release)
-    return release
-
-
 async def _old_bcw(release: Release, *args: str, **env: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        str(release.bcw), *args, env={**os.environ, **env},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    out, _ = await proc.communicate()
-    return proc.returncode or 0, out.decode()
+    return await run_bcw([str(release.bcw)], env, *args)
 
 
 def test_the_rule_shows_the_migrations_the_previous_release_has(old: Release) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import sys
 from collections.abc import Callable
@@ -24,7 +23,8 @@ from nats.aio.client import Client as NATS
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration.support import eventually
-from tests.upgrade.release import Release, install, previous_release
+from tests.upgrade.conftest import run_bcw
+from tests.upgrade.release import Release
 from workers.bench.chaos import (
     HELLO_WORKERS,
     INBOX_WORKERS,
@@ -43,27 +43,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 #: 30 s of them with the relays in process, 15 s with dedicated ones
 NODES = {"in-process": 900, "dedicated": 450}
 RATE = 30.0
-
-
-@pytest.fixture(scope="module")
-def old() -> Release:
-    release = previous_release()
-    if release is None:
-        pytest.skip("CHANGELOG.md lists no release before this version yet")
-    install(release)
-    return release
-
-
-async def _bcw(command: list[str], env: dict[str, str], *args: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *command,
-        *args,
-        env={**os.environ, **env},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await proc.communicate()
-    return proc.returncode or 0, out.decode()
 
 
 @pytest.mark.parametrize("relays", list(NODES))
@@ -96,7 +75,7 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
 
     # 1. the previous release sets the system up and runs
     for step in ("migrate", "provision"):
-        code, out = await _bcw(old_bcw, env, step)
+        code, out = await run_bcw(old_bcw, env, step)
         assert code == 0, f"{old.version} bcw {step}: {out}"
     await join_fleet(database_url, nodes)
     olds = await spawn_workers(env, tmp_path, old_bcw, f"v{old.version}-")
@@ -116,7 +95,7 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
             lambda: _at_least(database_url, total // 5), within=120, what="old workers applying"
         )
         # 2. this release's migrations, under the running old workers
-        code, out = await _bcw(new_bcw, env, "migrate")
+        code, out = await run_bcw(new_bcw, env, "migrate")
         assert code == 0, f"bcw migrate: {out}"
         if relays == "dedicated":  # the relay first, then the workers
             news["relay"] = await _relay(new_bcw, env, tmp_path, "new-")

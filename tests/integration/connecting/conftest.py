@@ -1,14 +1,16 @@
 """A PostgreSQL of this folder's own with TLS on: a CA and a server certificate made here
 (openssl), the certificate's names `localhost` and 127.0.0.1; a login that only TLS
 admits (`bcw_tls`, the workers' and `bcw migrate`'s) and one with a password
-(`bcw_pw`, scram over TLS). The shared server is not touched."""
+(`bcw_pw`, scram over TLS). The shared server is not touched. And a local endpoint that
+talks as a test says (`endpoint`): a server that hangs, or one that is hostile."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,3 +153,29 @@ def _psql(server: EmbeddedPostgres, sql: str) -> None:
             await conn.close()
 
     asyncio.run(run())
+
+
+#: what an `endpoint` says to each connection
+Speak = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def endpoint(speak: Speak | None = None) -> AsyncIterator[int]:
+    """A port on 127.0.0.1 that accepts every connection, `speak`s to it (without a
+    `speak`: never says a word) and holds it open; each connection is cut on leaving."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        if speak is not None:
+            with contextlib.suppress(Exception):
+                await speak(reader, writer)
+                await writer.drain()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield int(server.sockets[0].getsockname()[1])
+    finally:
+        for writer in held:
+            writer.transport.abort()
+        server.close()

@@ -95,21 +95,30 @@ async def _equal(url: str, sql: str, n: int) -> bool:
     return await count(url, sql) == n
 
 
+async def _bcw_on(url: str, servers: Servers, command: str, **env: str) -> tuple[int, str]:
+    """`bcw <command>` on the database `url` and the session's NATS (within 60 s)."""
+    return await asyncio.wait_for(
+        bcw(*command.split(), BCW_DATABASE_URL=url, BCW_NATS_URL=servers.nats_url,
+            BCW_HEALTH_PORT="0", **env),
+        60,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("command", ["migrate", "migrate --wait 60s", "run labeler"])
 @pytest.mark.parametrize("ca_from", ["url", "PGSSLROOTCERT"])
 async def test_a_ca_that_does_not_verify_the_server_is_one_line_at_once(
     tls_postgres: TlsPostgres, servers: Servers, command: str, ca_from: str
 ) -> None:
     url = tls_postgres.url("bcw") + "?sslmode=verify-full"
-    env = {"BCW_NATS_URL": servers.nats_url, "BCW_HEALTH_PORT": "0"}
+    env = {}
     if ca_from == "url":
-        env["BCW_DATABASE_URL"] = f"{url}&sslrootcert={tls_postgres.other_ca}"
+        url = f"{url}&sslrootcert={tls_postgres.other_ca}"
         setting = f"BCW_DATABASE_URL (sslrootcert {tls_postgres.other_ca})"
     else:
-        env |= {"BCW_DATABASE_URL": url, "PGSSLROOTCERT": str(tls_postgres.other_ca)}
+        env = {"PGSSLROOTCERT": str(tls_postgres.other_ca)}
         setting = f"PGSSLROOTCERT (sslrootcert {tls_postgres.other_ca})"
     started = time.monotonic()
-    code, out = await asyncio.wait_for(bcw(*command.split(), **env), 60)
+    code, out = await _bcw_on(url, servers, command, **env)
     assert code == 2, out
     _one_line(out, setting, "certificate verify failed")
     assert time.monotonic() - started < 20  # at once: not waited on
@@ -128,19 +137,13 @@ async def test_a_tls_file_that_does_not_exist_is_one_line_at_once(
         else f"{url}&{param}={missing}"
     )
     started = time.monotonic()
-    code, out = await asyncio.wait_for(
-        bcw(*command.split(), BCW_DATABASE_URL=url, BCW_NATS_URL=servers.nats_url, BCW_HEALTH_PORT="0"),
-        60,
-    )  # fmt: skip
+    code, out = await _bcw_on(url, servers, command)
     assert code == 2, out
     line = _one_line(out, f"BCW_DATABASE_URL: its {param}={missing} does not exist")
     assert time.monotonic() - started < 20, line
     variable = {"sslrootcert": "PGSSLROOTCERT", "sslcert": "PGSSLCERT", "sslkey": "PGSSLKEY"}[param]
-    code, out = await asyncio.wait_for(
-        bcw(*command.split(), BCW_DATABASE_URL=f"{tls_postgres.url('bcw')}?sslmode=require",
-            BCW_NATS_URL=servers.nats_url, BCW_HEALTH_PORT="0", **{variable: str(missing)}),
-        60,
-    )  # fmt: skip
+    require = f"{tls_postgres.url('bcw')}?sslmode=require"
+    code, out = await _bcw_on(require, servers, command, **{variable: str(missing)})
     assert code == 2, out
     _one_line(out, f"{variable}: {missing} does not exist")
 
@@ -153,10 +156,7 @@ async def test_a_wrong_password_is_one_line_at_once(
     base = tls_postgres.url("bcw", user="bcw_pw:wrong-password")
     url = f"{base}?sslmode=verify-full&sslrootcert={tls_postgres.ca}"
     started = time.monotonic()
-    code, out = await asyncio.wait_for(
-        bcw(*command.split(), BCW_DATABASE_URL=url, BCW_NATS_URL=servers.nats_url, BCW_HEALTH_PORT="0"),
-        60,
-    )  # fmt: skip
+    code, out = await _bcw_on(url, servers, command)
     assert code == 3, out
     _one_line(out, "BCW_DATABASE_URL", "refused the credentials")
     assert "wrong-password" not in out

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.conftest import Servers
+from tests.integration.connecting.conftest import endpoint
 from tests.integration.support import bcw, bcw_process
 from workers.bench.proxy import Mode, TcpProxy
 from workers.embedded import free_port
@@ -29,28 +30,11 @@ BOUND = 4.0
 
 
 @contextlib.asynccontextmanager
-async def _hanging_port() -> AsyncIterator[int]:
-    """A port that accepts connections and never says a word."""
-    held: list[asyncio.StreamWriter] = []
-
-    async def hold(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        held.append(writer)
-
-    server = await asyncio.start_server(hold, "127.0.0.1", 0)
-    try:
-        yield int(server.sockets[0].getsockname()[1])
-    finally:
-        for writer in held:
-            writer.transport.abort()
-        server.close()
-
-
-@contextlib.asynccontextmanager
 async def _unreachable(how: str) -> AsyncIterator[str]:
     if how == "closed port":
         yield f"postgresql://u:hunter2@127.0.0.1:{free_port()}/db"
     elif how == "accepts and hangs":
-        async with _hanging_port() as port:
+        async with endpoint() as port:  # accepts, and never says a word
             yield f"postgresql://u:hunter2@127.0.0.1:{port}/db"
     else:  # a name that does not resolve (yet): a Service not created, a DNS outage
         yield "postgresql://u:hunter2@bcw-no-such-host.invalid:5432/db"

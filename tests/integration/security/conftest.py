@@ -7,14 +7,18 @@ nats-server that admits only them (`secured`), one per test module."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Iterator
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import nats
+import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
 
 from schemas.subjects import Subjects
 from tests.conftest import Servers
@@ -126,6 +130,45 @@ async def violated(errors: list[str], kind: str) -> bool:
     """Whether the server told a `client_as` client it broke a permission of `kind`
     (`Publish`, `Subscription`)."""
     return any("permissions violation" in e.lower() and kind.lower() in e.lower() for e in errors)
+
+
+async def got_through(attempts: Mapping[str, Callable[[], Awaitable[Any]]]) -> list[str]:
+    """The attempts (by name) that got an answer: a refused one times out or has no
+    responder."""
+    through = []
+    for what, attempt in attempts.items():
+        try:
+            await attempt()
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            continue
+        through.append(what)
+    return through
+
+
+async def answered(nc: NATS, asks: Mapping[str, object], within: float) -> list[str]:
+    """The subjects of `asks` (subject → JSON body) a request on which was answered
+    within `within` seconds."""
+
+    def ask(subject: str, body: object) -> Callable[[], Awaitable[Any]]:
+        return lambda: nc.request(subject, json.dumps(body).encode(), timeout=within)
+
+    return await got_through({subject: ask(subject, body) for subject, body in asks.items()})
+
+
+@contextlib.asynccontextmanager
+async def fresh_streams(
+    keys: Path, url: str, layout: Mapping[str, Any] | None = None
+) -> AsyncIterator[JetStreamContext]:
+    """As `admin`, on the module's shared server: every stream an earlier test left
+    deleted, then the streams as `bcw provision` makes them for `layout` (`NatsSettings`
+    fields); `admin`'s JetStream, for what the test adds to them."""
+    settings = nats_as(keys, url, "admin").model_copy(update=dict(layout or {}))
+    async with client_as(keys, url, "admin") as (nc, _):
+        js = nc.jetstream()
+        for info in await js.streams_info():
+            await js.delete_stream(str(info.config.name))
+        await streams.provision_streams(js, SUBJECTS, limits=streams.limits_of(settings))
+        yield js
 
 
 async def provision_consumers(

@@ -15,37 +15,26 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
 import pytest
 from nats.aio.client import Client as NATS
-from opentelemetry.sdk.trace import TracerProvider
 
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration import fleet
-from tests.integration.fleet import Provisioned
 from tests.integration.otlp import GrpcReceiver, HttpReceiver, Received
 from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, stream_messages
+from tests.integration.traces.conftest import traced_gateway
 from workers.gateway import HelloRequest, Refused
 from workers.runtime.bus import streams
-from workers.runtime.observability import sql, tracing
 
 ROOT = Path(__file__).resolve().parents[3]
 WORKERS = ("labeler", "liveness", "quarantine", "recorder", "replay")
 #: the workers a Hello goes through (the recorder reads events and status only)
 HELLO_WORKERS = {"labeler", "liveness", "quarantine", "replay"}
-
-
-@pytest.fixture
-def otel_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    for name in list(os.environ):
-        if name.startswith("OTEL_"):
-            monkeypatch.delenv(name)
-    yield monkeypatch
 
 
 @pytest.mark.slow
@@ -75,39 +64,30 @@ async def test_one_hello_is_one_trace_from_the_gateway_to_the_dispatch(
             await _spawn(names, database_url, servers, subjects, otel) for names in commands
         ]
         # the gateway, from the same variables; the resource names the service
-        for name, value in otel.items():
-            otel_env.setenv(name, value)
-        otel_env.setenv(
-            "OTEL_RESOURCE_ATTRIBUTES", "service.name=gateway-a,deployment.environment=test"
-        )
-        provider = tracing.build_provider("bcw-gateway")
-        assert isinstance(provider, TracerProvider)
-        tracer = tracing.tracer(provider)
-        pool = await asyncpg.create_pool(
-            database_url, min_size=1, max_size=4, init=sql.SqlSpans(tracer).install
-        )
-        gateway = Provisioned("gw-a", pool, nc, subjects, tracer=tracer)
+        gateway_otel = {
+            **otel,
+            "OTEL_RESOURCE_ATTRIBUTES": "service.name=gateway-a,deployment.environment=test",
+        }
         try:
-            await gateway.start()
-            await eventually(lambda: _consumers(nc, subjects), within=60, what="five consumers")
-            stream = RecordingStream()
-            request = HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker",
-                                   boot_id="b1", journal_id="j1", capabilities=["gpu"])  # fmt: skip
-            await fleet.say_hello(gateway, request, stream)
-            await eventually(lambda: _delivered(stream), within=30, what="the waiting command")
-            assert [d.command_id for d in stream.delivered] == [command]
-            with pytest.raises(Refused):  # a node never joined: a failed span
-                await fleet.say_hello(gateway, dataclasses.replace(request, node_id="ghost"))
-            provider.force_flush()
+            async with traced_gateway(
+                otel_env, gateway_otel, database_url, nc, subjects, pool_size=4
+            ) as (gateway, provider):
+                await eventually(lambda: _consumers(nc, subjects), within=60, what="five consumers")
+                stream = RecordingStream()
+                request = HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker",
+                                       boot_id="b1", journal_id="j1", capabilities=["gpu"])  # fmt: skip
+                await fleet.say_hello(gateway, request, stream)
+                await eventually(lambda: _delivered(stream), within=30, what="the waiting command")
+                assert [d.command_id for d in stream.delivered] == [command]
+                with pytest.raises(Refused):  # a node never joined: a failed span
+                    await fleet.say_hello(gateway, dataclasses.replace(request, node_id="ghost"))
+                provider.force_flush()
 
-            async def arrived() -> bool:
-                return _complete(receiver.spans())
+                async def arrived() -> bool:
+                    return _complete(receiver.spans())
 
-            await eventually(arrived, within=30, what="every process's spans")
+                await eventually(arrived, within=30, what="every process's spans")
         finally:
-            await gateway.stop(graceful=False)
-            await pool.close()
-            provider.shutdown()
             for process in processes:
                 if process.returncode is None:
                     process.terminate()

@@ -8,20 +8,17 @@ whose children are the statements, and which links back to each message's creati
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import Iterator
 
 import asyncpg
 import pytest
 from nats.aio.client import Client as NATS
-from opentelemetry.sdk.trace import TracerProvider
 
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration import fleet
-from tests.integration.fleet import Provisioned
 from tests.integration.otlp import HttpReceiver, Received
 from tests.integration.support import eventually
+from tests.integration.traces.conftest import traced_gateway
 from tests.integration.traces.test_traces import (
     HELLO_WORKERS,
     _consumers,
@@ -30,17 +27,8 @@ from tests.integration.traces.test_traces import (
 )
 from workers.gateway import HelloRequest
 from workers.runtime.bus import streams
-from workers.runtime.observability import sql, tracing
 
 NODES = [f"p{i:02d}" for i in range(24)]
-
-
-@pytest.fixture
-def otel_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    for name in list(os.environ):
-        if name.startswith("OTEL_"):
-            monkeypatch.delenv(name)
-    yield monkeypatch
 
 
 def _processed(spans: list[Received], hellos: set[str]) -> list[Received]:
@@ -74,43 +62,32 @@ async def test_under_batching_each_hello_reaches_the_sql_that_applied_it(
             "OTEL_BSP_SCHEDULE_DELAY": "100",
         }
         process = await _spawn(["all"], database_url, servers, subjects, otel)
-        for name, value in otel.items():
-            otel_env.setenv(name, value)
-        provider = tracing.build_provider("bcw-gateway")
-        assert isinstance(provider, TracerProvider)
-        tracer = tracing.tracer(provider)
-        pool = await asyncpg.create_pool(
-            database_url, min_size=1, max_size=8, init=sql.SqlSpans(tracer).install
-        )
-        gateway = Provisioned("gw-a", pool, nc, subjects, tracer=tracer)
         hellos: set[str] = set()
         try:
-            await gateway.start()
-            await eventually(lambda: _consumers(nc, subjects), within=60, what="five consumers")
-            for round_ in range(4):  # until some worker applied several Hellos at once
-                provider.force_flush()  # the earlier rounds' Hellos are in
-                before = _hellos(receiver.spans())
-                await asyncio.gather(*(
-                    fleet.say_hello(gateway, HelloRequest(
-                        node_id=node, cert_serial=f"{node}-serial", role="worker",
-                        boot_id=f"b{round_}", journal_id="j1"))
-                    for node in NODES
-                ))  # fmt: skip
-                provider.force_flush()
-                hellos = _hellos(receiver.spans()) - before
-                assert len(hellos) == len(NODES)
+            traced = traced_gateway(otel_env, otel, database_url, nc, subjects, pool_size=8)
+            async with traced as (gateway, provider):
+                await eventually(lambda: _consumers(nc, subjects), within=60, what="five consumers")
+                for round_ in range(4):  # until some worker applied several Hellos at once
+                    provider.force_flush()  # the earlier rounds' Hellos are in
+                    before = _hellos(receiver.spans())
+                    await asyncio.gather(*(
+                        fleet.say_hello(gateway, HelloRequest(
+                            node_id=node, cert_serial=f"{node}-serial", role="worker",
+                            boot_id=f"b{round_}", journal_id="j1"))
+                        for node in NODES
+                    ))  # fmt: skip
+                    provider.force_flush()
+                    hellos = _hellos(receiver.spans()) - before
+                    assert len(hellos) == len(NODES)
 
-                async def arrived(hellos: set[str] = hellos) -> bool:
-                    processed = _processed(receiver.spans(), hellos)
-                    return len(processed) >= len(NODES) * len(HELLO_WORKERS)
+                    async def arrived(hellos: set[str] = hellos) -> bool:
+                        processed = _processed(receiver.spans(), hellos)
+                        return len(processed) >= len(NODES) * len(HELLO_WORKERS)
 
-                await eventually(arrived, within=60, what="every worker's span of every Hello")
-                if any(s.links for s in _processed(receiver.spans(), hellos)):
-                    break
+                    await eventually(arrived, within=60, what="every worker's span of every Hello")
+                    if any(s.links for s in _processed(receiver.spans(), hellos)):
+                        break
         finally:
-            await gateway.stop(graceful=False)
-            await pool.close()
-            provider.shutdown()
             process.terminate()
             await process.wait()
 

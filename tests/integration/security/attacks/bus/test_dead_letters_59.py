@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client as NATS
 
-from tests.integration.security.conftest import SUBJECTS, client_as, nats_as
+from tests.integration.security.conftest import SUBJECTS, client_as, fresh_streams
 from tests.integration.support import bcw, eventually, stream_messages
-from workers.runtime.bus import deadletter, streams
+from workers.runtime.bus import deadletter
 
 pytestmark = pytest.mark.slow
 
@@ -29,17 +29,6 @@ LAYOUTS = {
     "A-one-stream": {"dead_max_bytes": BOUND},
     "B-per-gateway": {"dead_max_bytes": BOUND, "facts_gateways": "gw-1,gw-2"},
 }
-
-
-async def _fresh_streams(keys: Path, secured: str, layout: dict[str, object]) -> None:
-    """The streams as `bcw provision` makes them for `layout` (the module's server is
-    shared: whatever an earlier test left is deleted first)."""
-    admin = nats_as(keys, secured, "admin").model_copy(update=layout)
-    async with client_as(keys, secured, "admin") as (nc, _):
-        js = nc.jetstream()
-        for name in await js.streams_info():
-            await js.delete_stream(str(name.config.name))
-        await streams.provision_streams(js, SUBJECTS, limits=streams.limits_of(admin))
 
 
 async def _stored_fact(admin: NATS, gateway: str, body: bytes) -> tuple[int, dict[str, str]]:
@@ -88,7 +77,8 @@ async def _flood(keys: Path, secured: str) -> tuple[int, float]:
 async def test_a_workers_flood_of_letters_evicts_only_its_own(
     layout: dict[str, object], keys: Path, secured: str
 ) -> None:
-    await _fresh_streams(keys, secured, layout)
+    async with fresh_streams(keys, secured, layout):
+        pass  # the streams only
     parked = await _letter_of(keys, secured, "liveness", "gw-1", "unsupported-major")
     handled = await _letter_of(keys, secured, "replay", "gw-2", "handler")
     stored, seconds = await _flood(keys, secured)

@@ -27,10 +27,15 @@ from schemas import REGISTRY
 from schemas.facts import FACT_TYPES
 from tests.factories import make_fact
 from tests.integration import fleet
-from tests.integration.security.conftest import SUBJECTS, client_as, nats_as, provision_consumers
+from tests.integration.security.conftest import (
+    SUBJECTS,
+    client_as,
+    fresh_streams,
+    nats_as,
+    provision_consumers,
+)
 from tests.integration.support import eventually, make_settings, running
 from workers.registry import WORKERS
-from workers.runtime.bus import streams
 
 pytestmark = pytest.mark.slow
 
@@ -43,17 +48,6 @@ LAYOUTS = {
         "stream_max_msgs": 10 * PER_GATEWAY,
     },
 }
-
-
-async def _fresh_streams(keys: Path, secured: str, layout: dict[str, object]) -> None:
-    """The streams as `bcw provision` makes them for `layout`, on a server shared by the
-    module (whatever an earlier test left is deleted first)."""
-    admin = nats_as(keys, secured, "admin").model_copy(update=layout)
-    async with client_as(keys, secured, "admin") as (nc, _):
-        js = nc.jetstream()
-        for name in await js.streams_info():
-            await js.delete_stream(str(name.config.name))
-        await streams.provision_streams(js, SUBJECTS, limits=streams.limits_of(admin))
 
 
 async def _flood(keys: Path, secured: str) -> tuple[int, int, float, set[str]]:
@@ -80,7 +74,8 @@ async def _flood(keys: Path, secured: str) -> tuple[int, int, float, set[str]]:
 async def test_a_gateway_that_floods_empty_messages_fills_only_its_own_share_by_count(
     layout: dict[str, object], keys: Path, secured: str, database_url: str, db: asyncpg.Connection
 ) -> None:
-    await _fresh_streams(keys, secured, layout)
+    async with fresh_streams(keys, secured, layout):
+        pass  # the streams only
     await fleet.session(db, "theirs", epoch=3, gateway_id="gw-2", seen_ago=timedelta(minutes=5))
     stored, refused, seconds, said = await _flood(keys, secured)
     print(f"gw-1: {stored} stored, {refused} refused in {seconds:.2f} s: {sorted(said)}")

@@ -28,8 +28,7 @@ from typing import Any
 import nats.js.errors
 import pytest
 
-from tests.integration.security.conftest import SUBJECTS, client_as, nats_as
-from workers.runtime.bus import streams
+from tests.integration.security.conftest import SUBJECTS, client_as, fresh_streams
 
 pytestmark = pytest.mark.slow
 
@@ -53,12 +52,7 @@ FINDING = (
 
 async def _fresh(keys: Path, secured: str, layout: dict[str, Any]) -> None:
     """The streams as `bcw provision` makes them for `layout`, one event in the events."""
-    settings = nats_as(keys, secured, "admin").model_copy(update=layout)
-    async with client_as(keys, secured, "admin") as (nc, _):
-        js = nc.jetstream()
-        for info in await js.streams_info():
-            await js.delete_stream(str(info.config.name))
-        await streams.provision_streams(js, SUBJECTS, limits=streams.limits_of(settings))
+    async with fresh_streams(keys, secured, layout) as js:
         await js.publish(SUBJECTS.event("node.connected"), b"{}")
 
 

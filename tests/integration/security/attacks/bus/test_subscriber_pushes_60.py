@@ -22,13 +22,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-import nats.errors
 import nats.js.errors
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from tests.integration.security.conftest import SUBJECTS, client_as, nats_as, violated
-from workers.runtime.bus import streams
+from tests.integration.security.conftest import (
+    SUBJECTS,
+    answered,
+    client_as,
+    fresh_streams,
+    violated,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -41,12 +45,7 @@ FINDING = (
 async def _fresh(keys: Path, secured: str) -> int:
     """The streams, `sub-siem` as `bcw provision` makes it, an event and a revocation in
     the events stream; the notices stream's count."""
-    settings = nats_as(keys, secured, "admin")
-    async with client_as(keys, secured, "admin") as (nc, _):
-        js = nc.jetstream()
-        for info in await js.streams_info():
-            await js.delete_stream(str(info.config.name))
-        await streams.provision_streams(js, SUBJECTS, limits=streams.limits_of(settings))
+    async with fresh_streams(keys, secured) as js:
         await js.add_consumer(
             SUBJECTS.events_stream,
             ConsumerConfig(durable_name="sub-siem", ack_policy=AckPolicy.EXPLICIT),
@@ -137,18 +136,12 @@ async def test_the_subscribers_recipe_reads_the_events_and_nothing_else(
                 into.append(msg.subject)
 
             await nc.subscribe("_INBOX.>", cb=hear)
-            answered = []
-            for subject, body in asks.items():
-                try:
-                    await nc.request(subject, json.dumps(body).encode(), timeout=0.3)
-                except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
-                    continue
-                answered.append(subject)
+            through = await answered(nc, asks, within=0.3)
             # the events stream answers its own subjects only, whatever the filter
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 got = await nc.jetstream().get_msg(events, 1, next=True, subject=SUBJECTS.all_facts)
-                answered.append(f"a fact from {events}: {got.subject}")
-            assert answered == [], principal
+                through.append(f"a fact from {events}: {got.subject}")
+            assert through == [], principal
             assert heard == [] and await violated(errors, "Publish"), principal
     async with client_as(keys, secured, "admin") as (admin, _):
         js = admin.jetstream()

@@ -15,13 +15,17 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import nats.errors
 import pytest
 from nats.js.api import ConsumerConfig, StreamConfig
 
-from tests.integration.security.conftest import SUBJECTS, client_as, nats_as, violated
+from tests.integration.security.conftest import (
+    SUBJECTS,
+    client_as,
+    fresh_streams,
+    got_through,
+    violated,
+)
 from tests.integration.support import bcw
-from workers.runtime.bus import streams
 
 pytestmark = pytest.mark.slow
 
@@ -34,12 +38,7 @@ LAYOUTS: dict[str, dict[str, Any]] = {
 async def _fresh_streams(keys: Path, secured: str, layout: dict[str, Any]) -> None:
     """The streams and the labeler's durable as `bcw provision` makes them, one fact and
     one event in them (the module's server is shared: what was there is deleted first)."""
-    admin = nats_as(keys, secured, "admin").model_copy(update=layout)
-    async with client_as(keys, secured, "admin") as (nc, _):
-        js = nc.jetstream()
-        for info in await js.streams_info():
-            await js.delete_stream(str(info.config.name))
-        await streams.provision_streams(js, SUBJECTS, limits=streams.limits_of(admin))
+    async with fresh_streams(keys, secured, layout) as js:
         await js.add_consumer(SUBJECTS.facts_stream, ConsumerConfig(durable_name="labeler"))
         await js.publish(SUBJECTS.fact("gw-1", "hello"), b"{}", headers={"Bc-Type": "hello"})
         await js.publish(SUBJECTS.event("node.connected"), b"{}")
@@ -98,14 +97,7 @@ async def test_the_test_pods_login_checks_the_streams_and_can_do_nothing_else(
             "publish a fact": lambda: js.publish(SUBJECTS.fact("gw-1", "hello"), b"{}"),
             "publish an event": lambda: js.publish(SUBJECTS.event("node.connected"), b"{}"),
         }
-        got_through = []
-        for what, attempt in attempts.items():
-            try:
-                await attempt()
-            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
-                continue
-            got_through.append(what)
-        assert got_through == []
+        assert await got_through(attempts) == []
         assert await violated(errors, "Publish")
         # what another principal owns is as it was, and nothing reaches the test's login
         assert await _state(keys, secured) == before

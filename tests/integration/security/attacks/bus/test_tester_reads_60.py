@@ -21,23 +21,23 @@ import json
 from pathlib import Path
 from typing import Any
 
-import nats.errors
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from tests.integration.security.conftest import SUBJECTS, client_as, nats_as, violated
-from workers.runtime.bus import principals, streams
+from tests.integration.security.conftest import (
+    SUBJECTS,
+    answered,
+    client_as,
+    fresh_streams,
+    violated,
+)
+from workers.runtime.bus import principals
 
 pytestmark = pytest.mark.slow
 
 
 async def _fresh(keys: Path, secured: str) -> None:
-    settings = nats_as(keys, secured, "admin")
-    async with client_as(keys, secured, "admin") as (nc, _):
-        js = nc.jetstream()
-        for info in await js.streams_info():
-            await js.delete_stream(str(info.config.name))
-        await streams.provision_streams(js, SUBJECTS, limits=streams.limits_of(settings))
+    async with fresh_streams(keys, secured) as js:
         await js.add_consumer(
             SUBJECTS.facts_stream,
             ConsumerConfig(durable_name="labeler", ack_policy=AckPolicy.EXPLICIT),
@@ -91,14 +91,7 @@ async def test_the_test_login_hears_no_inbox_but_its_own_and_reads_no_message(
             "$JS.API.STREAM.LIST": {},
             "$JS.API.STREAM.NAMES": {},
         }
-        answered = []
-        for subject, body in asks.items():
-            try:
-                await nc.request(subject, json.dumps(body).encode(), timeout=0.5)
-            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
-                continue
-            answered.append(subject)
-        assert answered == []
+        assert await answered(nc, asks, within=0.5) == []
         assert await violated(errors, "Publish")
 
 

@@ -26,18 +26,16 @@ import os
 import shutil
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.connecting.conftest import make_ca, make_server_cert
+from tests.integration.connecting.conftest import Speak, endpoint, make_ca, make_server_cert
 from tests.integration.support import bcw
 from workers.embedded import EmbeddedNats
 
 pytestmark = pytest.mark.slow
-
-Speak = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 def _error(code: bytes, text: bytes) -> bytes:
@@ -86,25 +84,6 @@ def _speakers(tls: ssl.SSLContext) -> dict[str, Speak]:
     }  # fmt: skip
 
 
-@contextlib.asynccontextmanager
-async def _endpoint(speak: Speak) -> AsyncIterator[int]:
-    held: list[asyncio.StreamWriter] = []
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        held.append(writer)
-        with contextlib.suppress(Exception):
-            await speak(reader, writer)
-            await writer.drain()
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    try:
-        yield int(server.sockets[0].getsockname()[1])
-    finally:
-        for writer in held:
-            writer.transport.abort()
-        server.close()
-
-
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`ca.crt`; `good/` and `rogue/` each a server certificate (for localhost), the good
@@ -137,7 +116,7 @@ async def test_a_hostile_database_endpoint_is_one_line_within_the_bound(
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     tls.load_cert_chain(certs / "rogue" / "server.crt", certs / "rogue" / "server.key")
     mode, codes = DATABASE[kind]
-    async with _endpoint(_speakers(tls)[kind]) as port:
+    async with endpoint(_speakers(tls)[kind]) as port:
         started = time.monotonic()
         code, out = await asyncio.wait_for(
             bcw("migrate", "--wait", "4s",
@@ -152,7 +131,7 @@ async def test_a_hostile_database_endpoint_is_one_line_within_the_bound(
 
 @pytest.mark.parametrize("kind", ["http", "noise", "broken-info", "info-then-hang"])
 async def test_a_hostile_nats_endpoint_is_an_outage_never_a_setting(kind: str) -> None:
-    async with _endpoint(_speakers(ssl.create_default_context())[kind]) as port:
+    async with endpoint(_speakers(ssl.create_default_context())[kind]) as port:
         started = time.monotonic()
         code, out = await asyncio.wait_for(
             bcw("provision", "--check", BCW_NATS_URL=f"nats://127.0.0.1:{port}",
