@@ -26,8 +26,13 @@ import pytest
 from schemas import REGISTRY
 from tests.factories import make_fact
 from tests.integration import fleet
-from tests.integration.security.attacks.bus.test_full_streams_59 import _fresh_streams
-from tests.integration.security.conftest import SUBJECTS, client_as, nats_as, provision_consumers
+from tests.integration.security.conftest import (
+    SUBJECTS,
+    client_as,
+    fresh_streams,
+    nats_as,
+    provision_consumers,
+)
 from tests.integration.support import eventually, make_settings, running
 from workers.registry import WORKERS
 
@@ -48,7 +53,8 @@ async def _stored(keys: Path, secured: str, count: int) -> bool:
 async def test_a_flood_of_a_gateways_stale_closes_costs_it_and_not_the_others(
     layout: dict[str, object], keys: Path, secured: str, database_url: str, db: asyncpg.Connection
 ) -> None:
-    await _fresh_streams(keys, secured, layout)
+    async with fresh_streams(keys, secured, layout):
+        pass
     # gw-1 was issued epoch 1 of each node; each moved to gw-2 at epoch 2
     for i in range(NODES):
         await fleet.session(db, f"n{i}", epoch=1, gateway_id="gw-1")
