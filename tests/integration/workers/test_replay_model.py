@@ -117,7 +117,12 @@ class ReplayMachine(RuleBasedStateMachine):
         self.pool: asyncpg.Pool = self.run(
             asyncpg.create_pool(self.database_url, min_size=1, max_size=2)
         )
-        self.settings = ReplaySettings(credits=CREDITS, nodes_per_round=10_000)
+        # a BUSY back-off the machine's own pace never outlasts (a loaded machine takes
+        # seconds between steps; the default's first second would lapse unseen by the
+        # model): only `time_passes` ends one, as the model says
+        self.settings = ReplaySettings(
+            credits=CREDITS, nodes_per_round=10_000, busy_base=timedelta(seconds=20)
+        )
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
