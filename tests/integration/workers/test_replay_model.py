@@ -229,9 +229,12 @@ class ReplayMachine(RuleBasedStateMachine):
         )
         order = {"dispatched": 0, "acked": 1, "running": 2}
         epoch = self.model.epoch - 1 if stale else self.model.epoch
-        # progress counts for a delivery at its epoch, forward only, while in flight
+        # progress is about the delivery of now (docs/contract.md: the seed names results,
+        # events and status as facts of any epoch, not progress): it moves a command in
+        # flight at its epoch, forward only — an older delivery's word never moves a
+        # command re-sent since
         moves = command.state in order and order[state] > order[command.state]
-        if moves and max(1, epoch) in command.delivered:
+        if moves and command.epoch == max(1, epoch):
             command.state = state
         fact = make_fact(
             "progress",
