@@ -125,7 +125,8 @@ async def connect(
         outage.failed(exc)
 
     options: dict[str, object] = {
-        "servers": settings.servers,
+        "servers": settings.servers,  # each round's own order, below
+        "dont_randomize": True,
         "name": name,
         "max_reconnect_attempts": 1,  # the first round only; endless once connected
         "reconnect_time_wait": 1.0,
@@ -162,7 +163,6 @@ async def connect(
     for round_ in range(1, rounds + 1):
         first = (start + round_ - 1) % len(settings.servers)
         options["servers"] = [*settings.servers[first:], *settings.servers[:first]]
-        options["dont_randomize"] = True
         client = NATS()
         never.clear()
         try:

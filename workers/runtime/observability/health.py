@@ -132,17 +132,16 @@ class HealthServer:
         return _response(status, body, ctype)
 
     async def _route(self, method: str, path: str, accept: str = "") -> tuple[str, bytes, str]:
-        text = TEXT
         if method != "GET":
-            return "405 Method Not Allowed", b"GET only\n", text
+            return "405 Method Not Allowed", b"GET only\n", TEXT
         if path == "/healthz":
-            return "200 OK", b"ok\n", text
+            return "200 OK", b"ok\n", TEXT
         if path == "/readyz":
             checks = await self._ready()
             lines = [f"{name} {'ok' if ok else 'FAIL'}" for name, ok in checks.items()]
             body = "".join(f"{line}\n" for line in (*lines, *self._notes())).encode()
-            return ("200 OK" if all(checks.values()) else "503 Service Unavailable"), body, text
+            return ("200 OK" if all(checks.values()) else "503 Service Unavailable"), body, TEXT
         if path == "/metrics":
             body, ctype = self._metrics(accept)
             return "200 OK", body, ctype
-        return "404 Not Found", b"not found\n", text
+        return "404 Not Found", b"not found\n", TEXT
