@@ -26,11 +26,6 @@ from nats.js import JetStreamContext
 from opentelemetry import context, trace
 from pydantic import ValidationError
 
-from schemas.facts import (
-    CLOSE_CODES,
-    ROW_OF_ANOTHER,
-    CloseReason,
-)
 from schemas.subjects import Subjects
 from workers.gateway import store
 from workers.gateway.admission import (
@@ -41,6 +36,7 @@ from workers.gateway.admission import (
     pushback,
     upgrade_required,
 )
+from workers.gateway.endings import Endings
 from workers.gateway.facts import FactPublisher
 from workers.gateway.frames import Frames
 from workers.gateway.inventory import sections_to_request
@@ -67,7 +63,7 @@ QUARANTINED = "certificate quarantined: duplicate identity"
 
 
 @dataclass
-class Gateway(Frames):
+class Gateway(Frames, Endings):
     gateway_id: str
     pool: asyncpg.Pool
     nc: NATS
@@ -147,8 +143,7 @@ class Gateway(Frames):
         await asyncio.gather(*others, return_exceptions=True)
         await self.notices.stop()
         if graceful and self.lease_epoch is not None:
-            for session in list(self.sessions.values()):
-                await self._end(session, "gateway-shutdown")
+            await self._end_all("gateway-shutdown")
             try:  # its sessions closed: the lease is given up, not left to expire
                 async with self.pool.acquire() as conn:
                     await store.release(conn, self.gateway_id, self.lease_epoch)
@@ -322,14 +317,6 @@ class Gateway(Frames):
         if self.pause is not None:
             await self.pause(point, node_id, epoch)
 
-    async def disconnect(
-        self, node_id: str, epoch: int, reason: CloseReason = "stream-closed"
-    ) -> None:
-        session = self.sessions.get(node_id)
-        if session is not None and session.epoch == epoch:
-            del self.sessions[node_id]
-            await self._closed(session, reason)
-
     # -- periodic work -------------------------------------------------------------------
     async def tick(self) -> None:
         """Renew the lease, flush last-seen, time out silent sessions (whatever is due)."""
@@ -379,20 +366,3 @@ class Gateway(Frames):
         """
         self._flushed_at = self.clock()
         await self.facts.flush(list(self.sessions.values()), self._flushed_at)
-
-    async def _end(self, session: Session, reason: CloseReason) -> None:
-        """Drop a session's stream and say so (`closed`), unless it ended meanwhile."""
-        if self.sessions.get(session.node_id) is session:
-            del self.sessions[session.node_id]
-        session.stream.drop(reason, CLOSE_CODES[reason])
-        await self._closed(session, reason)
-
-    async def _closed(self, session: Session, reason: CloseReason) -> None:
-        """Its fenced disconnect at once (unless a newer session owns the row), then the
-        `closed` fact: the next Hello anywhere reads the session as not live."""
-        if reason not in ROW_OF_ANOTHER:
-            lease = self.lease_epoch or 0
-            await store.close_session(
-                self.pool, self.gateway_id, lease, session.node_id, session.epoch, reason
-            )
-        await self.facts.publish(self.facts.closed(session.node_id, session.epoch, reason))
