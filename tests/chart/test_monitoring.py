@@ -113,13 +113,15 @@ def test_every_dashboard_query_names_an_exported_metric() -> None:
 def _every_metric_once() -> str:
     """The exposition with one sample of every metric (the registry shows a labeled
     metric only once it has a child)."""
-    from workers.runtime.observability.metrics import Metrics
+    from tests.unit.runtime.test_metrics_documented import fleet_metrics
+    from workers.liveness.metrics import SweepMetrics
+    from workers.quarantine.metrics import QuarantineMetrics
 
-    m = Metrics()
+    m = fleet_metrics()
     m.facts.inc("w", "hello", "applied")
     m.fencing_misses.inc("w", "hello")
     m.batch_seconds.observe(0.1, "w")
-    m.liveness_sweep_seconds.observe(0.2)
+    m.of(SweepMetrics).sweep_seconds.observe(0.2)
     m.batch_retries.inc("w")
     m.batch_splits.inc("w")
     m.fact_age.observe(1.0, "w", "hello")
@@ -130,7 +132,7 @@ def _every_metric_once() -> str:
     m.dead_letters.inc("w", "invalid")
     m.outbox_published.inc()
     m.outbox_failures.inc()
-    m.hello_proof_policy.set(1, "warn")
+    m.of(QuarantineMetrics).hello_proof_policy.set(1, "warn")
     m.nats_disconnects.inc("bcw w")
     m.nats_reconnects.inc("bcw w")
     return m.render()

@@ -10,6 +10,7 @@ sessions, with an outage grace. Disconnected is not dead: nothing is released.
 from __future__ import annotations
 
 from workers.liveness.apply import make_handler, wants
+from workers.liveness.metrics import SweepMetrics
 from workers.liveness.sweep import sweep_loop
 from workers.runtime.base.settings import Settings
 from workers.runtime.effects.worker import Worker
@@ -22,4 +23,5 @@ def build(settings: Settings) -> Worker:
         handle=make_handler(settings.liveness.max_zombie_notices, settings.liveness.range_sight),
         wants=wants,
         loops=(sweep_loop(settings.liveness),),
+        metrics=(SweepMetrics,),
     )

@@ -40,6 +40,7 @@ from workers.liveness.decide import (
     decide_breaker,
     plan_sweep,
 )
+from workers.liveness.metrics import HELD_REASONS, SweepMetrics
 from workers.liveness.seeing import blind_reason, seen_at, sees, sight_change, stale_before
 from workers.runtime.base.rule_settings import LivenessSettings
 from workers.runtime.effects.batch import OutboxBatch
@@ -337,11 +338,12 @@ def _announce(
 def _withdraw(runtime: Runtime) -> None:
     """The leader's gauges go back to 0 when it stops leading: a former leader must not
     keep saying gateways are blind, or a breaker open, that it no longer sweeps."""
-    runtime.metrics.liveness_blind_gateways.set(0.0)
-    runtime.metrics.liveness_breakers_open.set(0.0)
-    runtime.metrics.liveness_lag_seconds.set(0.0)
-    for reason in ("lag", "no-flush"):
-        runtime.metrics.liveness_held_sessions.set(0.0, reason)
+    metrics = runtime.metrics.of(SweepMetrics)
+    metrics.blind_gateways.set(0.0)
+    metrics.breakers_open.set(0.0)
+    metrics.lag_seconds.set(0.0)
+    for reason in HELD_REASONS:
+        metrics.held_sessions.set(0.0, reason)
 
 
 def sweep_loop(settings: LivenessSettings) -> Loop:
@@ -354,13 +356,13 @@ def sweep_loop(settings: LivenessSettings) -> Loop:
             result = await sweep_once(
                 runtime.pool, lease, runtime.subjects, rules, runtime.tracer, lag
             )
-            metrics = runtime.metrics
-            metrics.liveness_sweep_seconds.observe(time.perf_counter() - started)
-            metrics.liveness_blind_gateways.set(float(len(result.blind)))
-            metrics.liveness_breakers_open.set(float(len(result.held)))
-            metrics.liveness_lag_seconds.set(blindness.lag_gauge(lag))
+            metrics = runtime.metrics.of(SweepMetrics)
+            metrics.sweep_seconds.observe(time.perf_counter() - started)
+            metrics.blind_gateways.set(float(len(result.blind)))
+            metrics.breakers_open.set(float(len(result.held)))
+            metrics.lag_seconds.set(blindness.lag_gauge(lag))
             for reason, held in result.held_sessions.items():
-                metrics.liveness_held_sessions.set(float(held), reason)
+                metrics.held_sessions.set(float(held), reason)
             await ranges.prune(runtime.pool)  # not the sweep's: its own, after it
             runtime.wake_outbox()
 

@@ -21,6 +21,7 @@ from workers.quarantine import record
 from workers.quarantine.apply import make_handler, wants
 from workers.quarantine.breaker import release_loop
 from workers.quarantine.decide import Breaker, Limits
+from workers.quarantine.metrics import QuarantineMetrics, hello_proof_note
 from workers.runtime.base.settings import Settings
 from workers.runtime.effects.worker import Worker
 
@@ -40,6 +41,8 @@ def build(settings: Settings) -> Worker:
         recorded=record.recorded,
         inbox=False,
         loops=(release_loop(),),
+        metrics=(QuarantineMetrics,),
+        notes=(hello_proof_note,),
     )
 
 

@@ -23,6 +23,7 @@ from datetime import datetime, timedelta
 from schemas.events import QuarantineBreakerOpen, Quarantined, QuarantineHeld, Revocations
 from workers.quarantine import conditions, proofs
 from workers.quarantine.decide import BREAKER, REASON, Breaker, hold_revocation
+from workers.quarantine.metrics import QuarantineMetrics
 from workers.runtime.effects import watermarks
 from workers.runtime.effects.batch import OutboxBatch
 from workers.runtime.effects.worker import Loop, Runtime, Tx
@@ -172,7 +173,7 @@ async def revoke_released(runtime: Runtime, lease: leases.Lease) -> int:
         held = int(await conn.fetchval(HELD))
         # re-joined machines, and nodes with no duplicate for a window, hold good sessions
         await conditions.clear_recovered(conn, runtime.settings.quarantine.window)
-    runtime.metrics.quarantines_held.set(held)
+    runtime.metrics.of(QuarantineMetrics).quarantines_held.set(held)
     return len(rows)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 
+from workers.quarantine.metrics import QuarantineMetrics
 from workers.runtime.effects.worker import Runtime
 from workers.runtime.store import migrate
 
@@ -33,9 +34,10 @@ class ProofWatch:
         async with runtime.pool.acquire() as conn:
             policy = await migrate.hello_proof(conn)
             unproven = await migrate.unproven_sessions(conn)
+        metrics = runtime.metrics.of(QuarantineMetrics)
         for name in POLICIES:
-            runtime.metrics.hello_proof_policy.set(1.0 if name == policy else 0.0, name)
-        runtime.metrics.unproven_sessions.set(float(unproven))
+            metrics.hello_proof_policy.set(1.0 if name == policy else 0.0, name)
+        metrics.unproven_sessions.set(float(unproven))
         if policy != "require" and policy != self._said:
             log.warning("%s", migrate.proof_warning(policy, unproven))
         self._said = policy

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from workers.replay.apply import make_handler
 from workers.replay.dispatch import dispatch_loop
+from workers.replay.holds import HoldMetrics
 from workers.runtime.base.settings import Settings
 from workers.runtime.effects.worker import Worker
 
@@ -21,4 +22,5 @@ def build(settings: Settings) -> Worker:
         fact_types=("hello", "progress", "result", "rejected"),
         handle=make_handler(settings.replay),
         loops=(dispatch_loop(settings.replay, settings.quarantine.hold_max),),
+        metrics=(HoldMetrics,),
     )

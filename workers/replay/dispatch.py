@@ -32,7 +32,7 @@ from schemas.subjects import Subjects
 from workers.replay.apply import DISPATCH_CHANNEL, command_event, command_from_row, dispatch_notice
 from workers.replay.decide import Command, Session, lane_limits, plan_dispatch
 from workers.replay.deliveries import KEPT
-from workers.replay.holds import release_expired_holds
+from workers.replay.holds import HoldMetrics, release_expired_holds
 from workers.replay.lost import LostHelloSearch
 from workers.runtime.base.rule_settings import ReplaySettings
 from workers.runtime.base.waiting import wait_any
@@ -306,7 +306,7 @@ def dispatch_loop(settings: ReplaySettings, hold_max: timedelta) -> Loop:
                         runtime.pool, lease, runtime.subjects, hold_max, settings.nodes_per_round
                     )
                     if released:
-                        runtime.metrics.holds_expired.inc(by=len(released))
+                        runtime.metrics.of(HoldMetrics).holds_expired.inc(by=len(released))
                     if asked or released:
                         runtime.wake_outbox()
                 wake.clear()

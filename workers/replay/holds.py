@@ -24,13 +24,25 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import asyncpg
+from prometheus_client.registry import CollectorRegistry
 
 from schemas.events import HoldExpired
 from schemas.subjects import Subjects
 from workers.runtime.effects.batch import OutboxBatch
+from workers.runtime.observability.metrics import Counter, MetricSet
 from workers.runtime.store import leases
 
 log = logging.getLogger(__name__)
+
+
+class HoldMetrics(MetricSet):
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
+        self.holds_expired = Counter(
+            registry, "bcw_quarantine_holds_expired_total",
+            "Sessions held for the quarantine that were released after BCW_QUARANTINE_HOLD_MAX.",
+        )  # fmt: skip
+
 
 CONSUMER = "replay"
 

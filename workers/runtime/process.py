@@ -107,6 +107,9 @@ async def run_process(
     names = "+".join(w.name for w in workers) or "relay"
     instance = settings.instance or f"{socket.gethostname()}:{os.getpid()}"
     metrics = Metrics()
+    for worker in workers:
+        for kind in worker.metrics:
+            metrics.of(kind)
     subjects = Subjects(settings.subject_root)
     parts = _Parts()
 
@@ -118,8 +121,8 @@ async def run_process(
     provider = provider or tracing.build_provider(f"bcw-{names}")  # SettingError: bad OTEL_*
 
     def notes() -> list[str]:
-        note = metrics.hello_proof_note()
-        return [note] if note is not None else []
+        said = (note(metrics) for worker in workers for note in worker.notes)
+        return [line for line in said if line is not None]
 
     health = HealthServer(settings.health_port, parts.ready, metrics.exposition, notes=notes)
     try:

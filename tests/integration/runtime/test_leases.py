@@ -117,17 +117,19 @@ async def test_a_leader_that_loses_its_lease_withdraws_what_only_a_leader_says(
 ) -> None:
     """The liveness sweep's gauges (blind gateways, open breakers) are the leader's to
     say: taken over, the former leader sets them back to 0 at once."""
+    from workers.liveness.metrics import SweepMetrics
     from workers.liveness.sweep import _withdraw
     from workers.runtime.observability.metrics import Metrics
 
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     metrics = Metrics()
+    swept = metrics.of(SweepMetrics)
     runtime = type("R", (), {"metrics": metrics})()
     stopping = asyncio.Event()
 
     async def lead(lease: leases.Lease) -> None:  # what the sweep says while it leads
-        metrics.liveness_blind_gateways.set(2.0)
-        metrics.liveness_breakers_open.set(1.0)
+        swept.blind_gateways.set(2.0)
+        swept.breakers_open.set(1.0)
 
     task = asyncio.create_task(
         leases.run_leased(
@@ -138,15 +140,15 @@ async def test_a_leader_that_loses_its_lease_withdraws_what_only_a_leader_says(
     )  # fmt: skip
     try:
         await asyncio.sleep(0.4)
-        assert metrics.liveness_blind_gateways.value() == 2.0
+        assert swept.blind_gateways.value() == 2.0
         # another replica takes the lease over (this one was paused past its expiry, say)
         await db.execute(
             "UPDATE controller_leases SET holder = 'b', epoch = epoch + 1,"
             " expires_at = now() + interval '1 hour' WHERE name = 'liveness'"
         )
         await asyncio.sleep(0.4)
-        assert metrics.liveness_blind_gateways.value() == 0.0
-        assert metrics.liveness_breakers_open.value() == 0.0
+        assert swept.blind_gateways.value() == 0.0
+        assert swept.breakers_open.value() == 0.0
         assert metrics.lease_held.value("liveness") == 0.0
     finally:
         stopping.set()

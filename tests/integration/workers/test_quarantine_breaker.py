@@ -19,6 +19,7 @@ from tests.integration.support import eventually
 from tests.integration.workers.test_quarantine import clone_hello
 from workers import quarantine
 from workers.cli.main import main
+from workers.quarantine.metrics import QuarantineMetrics
 
 
 @pytest.fixture
@@ -108,7 +109,7 @@ async def test_the_breaker_holds_a_gateways_fourth_revocation(
 
 
 async def _gauge(drive: Driver, value: float) -> bool:
-    return bool(drive.runtime.metrics.quarantines_held.value() == value)
+    return bool(drive.runtime.metrics.of(QuarantineMetrics).quarantines_held.value() == value)
 
 
 async def _revoked_now(db: asyncpg.Connection, serials: set[str]) -> bool:

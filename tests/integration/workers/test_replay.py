@@ -29,6 +29,7 @@ from tests.integration.workers.replay_steps import (
     states,
 )
 from workers import replay
+from workers.replay.holds import HoldMetrics
 from workers.runtime.base.rule_settings import QuarantineSettings, ReplaySettings
 from workers.runtime.base.settings import Settings
 
@@ -322,7 +323,7 @@ async def test_a_hold_the_quarantine_never_counts_is_released_after_its_bound(
         assert now - timedelta(seconds=30) < released <= now
         [sent] = await drive.published("dispatch", stream="notices")
         assert sent["command_id"] == str(command)
-        assert runtime.metrics.holds_expired.value() == 1
+        assert runtime.metrics.of(HoldMetrics).holds_expired.value() == 1
     assert await db.fetchval("SELECT held_epoch FROM node_sessions") is None
     [warning] = [r for r in caplog.records if "BCW_QUARANTINE_HOLD_MAX" in r.getMessage()]
     assert warning.levelname == "WARNING" and "released n1 (epoch 1)" in warning.getMessage()
@@ -368,6 +369,6 @@ async def test_the_hold_bound_never_releases_what_the_quarantine_decided(
         assert await db.fetchval("SELECT state FROM commands WHERE command_id = $1", mine) == (
             "pending"
         )
-        assert runtime.metrics.holds_expired.value() == 1  # n2's only
+        assert runtime.metrics.of(HoldMetrics).holds_expired.value() == 1  # n2's only
     held = await db.fetchval("SELECT held_epoch FROM node_sessions WHERE node_id = 'n1'")
     assert held == (None if why == "certificate-revoked" else 4)

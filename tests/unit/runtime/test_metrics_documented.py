@@ -1,14 +1,27 @@
 """The metrics table of docs/runtime.md is the code's: every `bcw_*` metric a process
-registers is in it, with its type and labels, and the table names no other."""
+registers — the runtime's and each worker's own — is in it, with its type and labels, and
+the table names no other."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+from workers.registry import WORKERS
+from workers.runtime.base.settings import Settings
 from workers.runtime.observability.metrics import Metrics
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "runtime.md"
+
+
+def fleet_metrics(version: str = "") -> Metrics:
+    """A process's metrics with each worker's own made, as in a process running them all."""
+    metrics = Metrics(version)
+    settings = Settings()
+    for build in WORKERS.values():
+        for kind in build(settings).metrics:
+            metrics.of(kind)
+    return metrics
 
 
 def _table() -> dict[str, tuple[str, str]]:
@@ -29,7 +42,7 @@ def _table() -> dict[str, tuple[str, str]]:
 def _registered() -> dict[str, tuple[str, tuple[str, ...]]]:
     """metric name as scraped (a counter with `_total`) → (type, label names)."""
     out = {}
-    for family in Metrics("0.0.0").registry.collect():
+    for family in fleet_metrics("0.0.0").registry.collect():
         if not family.name.startswith("bcw_"):
             continue
         name = f"{family.name}_total" if family.type == "counter" else family.name
@@ -41,9 +54,9 @@ def _registered() -> dict[str, tuple[str, tuple[str, ...]]]:
 def _labels_declared() -> dict[str, tuple[str, ...]]:
     """Label names of every family, children made or not (a family with none shows no
     sample: `_registered` would see no label)."""
-    metrics = Metrics("0.0.0")
+    metrics = fleet_metrics("0.0.0")
     out = {}
-    for value in vars(metrics).values():
+    for value in [v for owner in (metrics, *metrics.sets()) for v in vars(owner).values()]:
         metric = getattr(value, "_metric", None)
         if metric is not None and metric._name.startswith("bcw_"):
             name = metric._name + ("_total" if metric._type == "counter" else "")
@@ -63,3 +76,14 @@ def test_each_documented_metric_has_its_type_and_labels() -> None:
         assert table[name][0] == kind, name
         for label in labels[name]:
             assert f"`{label}`" in table[name][1], f"{name}: label {label} not in the table"
+
+
+def test_a_workers_own_metrics_are_its_own_and_made_once_per_process() -> None:
+    from workers.liveness.metrics import SweepMetrics
+
+    metrics = Metrics()
+    assert "bcw_liveness_" not in metrics.render()  # the runtime's own name no worker
+    swept = metrics.of(SweepMetrics)
+    assert metrics.of(SweepMetrics) is swept  # made again, its names would clash
+    assert metrics.sets() == [swept]
+    assert 'bcw_liveness_held_sessions{reason="lag"} 0.0' in metrics.render()

@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.unit.runtime.test_metrics_documented import fleet_metrics
 from workers.runtime.base.errors import (
     PermanentError,
     RefusedError,
@@ -36,7 +37,6 @@ from workers.runtime.base.waiting import (
 from workers.runtime.effects import outcome
 from workers.runtime.effects.batch import RandomIds, uuid4_of
 from workers.runtime.effects.claims import Pack, publishable
-from workers.runtime.observability.metrics import Metrics
 
 
 @pytest.mark.parametrize(
@@ -158,7 +158,7 @@ def test_patience_quiet_failures_back_off_without_a_line(caplog: pytest.LogCaptu
 
 
 def test_metrics_are_the_librarys_exposition_and_parse() -> None:
-    metrics = Metrics()
+    metrics = fleet_metrics()
     metrics.facts.inc("labeler", "hello", "applied")
     metrics.facts.inc("labeler", "hello", "applied", by=2)
     metrics.fencing_misses.inc("liveness", "liveness")

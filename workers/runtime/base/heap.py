@@ -75,8 +75,8 @@ def release() -> bool:
     traced heap stayed flat) but glibc's main arena: memory freed inside it — message
     bodies and other blocks over 512 bytes, which Python takes from `malloc` — stays
     resident until the top of the arena is free, so each new high-water mark of the
-    process's work raised its RSS for good (the liveness controller's arena held 19.2 MB
-    for 14.0 MB in use). A few milliseconds a minute keep RSS at what is in use."""
+    process's work raised its RSS for good (one worker's arena held 19.2 MB for 14.0 MB
+    in use). A few milliseconds a minute keep RSS at what is in use."""
     return _TRIM is not None and bool(_TRIM(0))
 
 

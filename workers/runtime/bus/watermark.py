@@ -1,9 +1,9 @@
 """How far a worker's durable consumer is behind its facts: when the bus stored the oldest
 fact (of one type) it has not applied yet.
 
-Read, and recorded (`effects.watermarks`), by the liveness sweep (a controller behind its
-flushes says its gateways are blind for lag; the Hello transaction's live window) and by
-the quarantine worker's loop (the replay worker's hold bound). A loop that judges
+Read, and recorded (`effects.watermarks`), by a worker's loop whose rules — its own, or
+another worker's, or the Hello transaction's — conclude from a fact's absence (a
+controller behind its flushes says its gateways are blind for lag). A loop that judges
 the world by the facts its worker applied must know when those facts end: a worker
 behind its facts must never decide as if the world had gone quiet (docs/workers.md,
 "One clock for sight").

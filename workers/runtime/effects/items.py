@@ -154,8 +154,8 @@ def stream_positions(
 ) -> tuple[Callable[[Fact], int | None], Callable[[Fact], datetime | None]]:
     """Each fact's sequence in the facts stream, and the time the stream stored it (read
     from its message's metadata only when asked, and the facts mapped to their messages
-    only then: every batch of every worker passes here, and only the liveness worker's
-    range facts ask)."""
+    only then: every batch of every worker passes here, and only range facts ask, kept
+    by their place in the stream)."""
     messages: dict[uuid.UUID, Msg] = {}
 
     def message(fact: Fact) -> Msg | None:

@@ -8,15 +8,14 @@ could have seen. Checked in two places, both named in `FENCES`, one row per fact
   on the events' journal. What this asks only ever becomes true, so a confirmation is
   remembered a minute (`KnownBindings`), the Hello's excepted;
 - in the worker's write, under the node's lock, where it can change. Routing and
-  liveness writes are fenced on the session of now: a flush entry matches node, epoch
+  sightings are fenced on the session of now: a flush entry matches node, epoch
   and gateway; a close, the row's epoch and gateway. Facts are not (the seed: they are
   true whichever session carried them), but each counts only for what its gateway saw
   at its epoch: an answer (`progress`, `result`, `rejected`), for a command delivered at
-  the fact's epoch, whatever epoch it is at now (`workers.replay.deliveries`; a BUSY
-  only for the delivery of now); `events`, any seq from the holder of the journal now,
-  from a former holder only seqs the journal has reached without it; `status`, never a
-  generation above the node's spec generation, its trust version only from the session
-  of now (`workers.recorder.decide`).
+  the fact's epoch, whatever epoch it is at now (a BUSY only for the delivery of now);
+  `events`, any seq from the holder of the journal now, from a former holder only seqs
+  the journal has reached without it; `status`, never a generation above the node's spec
+  generation, its trust version only from the session of now.
 
 Anything failing the first is *foreign*: acked, kept in the inbox, changes nothing, counted
 (`bcw_facts_total{outcome="foreign"}`) and logged once per gateway and minute; the second
@@ -78,6 +77,8 @@ class Fence:
 #: Every fact type's fencing, in one place (docs/contract.md, "Every fact fenced on its
 #: holder"); tests/integration/security/gateways/test_fences.py tries each row as the
 #: holder, as a former holder (its true facts and its forged ones) and as a stranger.
+#: The write fences are kept by their workers: answers in `workers.replay.deliveries`,
+#: events and status in `workers.recorder.decide`.
 FENCES: dict[type[Fact], Fence] = {
     Hello: Fence(Binding.HELLO, "the node's row at the Hello's epoch (a later one: stale)"),
     Liveness: Fence(None, "each entry: the row's node, epoch and gateway; folded per gateway"),

@@ -14,17 +14,18 @@ database — and counted (`bcw_facts_total{outcome="shed"}`, logged once per win
 honest gateway sends no foreign fact (its facts are about the epochs issued to it), so
 only a flooding gateway is shed, and only the type it floods: its flushes and Hellos
 still go through. What a shed gateway sent genuinely of that type in the window is lost
-— a `closed` the liveness sweep makes up for, an answer the next Hello's replay.
+— a `closed` the sweep of stale sessions makes up for, an answer its command sent again
+at the node's next Hello.
 
 A *stale* fact (issue #59) is bound — its epoch was issued to its gateway — but fenced
 out: the gateway no longer holds that epoch. It costs the same (a check in PostgreSQL, a
 write fenced to nothing), and a compromised gateway has all the epochs it was ever
-issued to replay: 231,445 `closed` facts for them in 20 s made every other gateway's
+issued to send again: 231,445 `closed` facts for them in 20 s made every other gateway's
 flushes 12.9 s late, and blind. So stale facts are counted too, against a threshold of
 their own (`stale_threshold`): an honest gateway sends some (a session's close after its
 node moved on, one per session that moved), a flood of them is its own. Hellos are not
 counted: a stale Hello is superseded by its node's next one (a reconnect storm makes
-many), and shedding Hellos would lose sessions' replays.
+many), and shedding Hellos would lose the commands each session is sent again.
 """
 
 from __future__ import annotations

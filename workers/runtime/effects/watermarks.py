@@ -2,10 +2,10 @@
 (`bus.watermark`) and recorded in `consumer_watermarks` (migration 0044) for the rules of
 other workers that conclude from a fact's absence.
 
-Recorded by the quarantine's release loop (the replay worker's hold bound reads it) and
-by the liveness sweep (the Hello transaction's live window reads it): a worker behind its
-facts must never read as one that saw the world go quiet (docs/workers.md, "One clock for
-sight"). Each worker's login writes its own row only (`store.policies`).
+Recorded by a worker's loop when other rules read its watermark (another worker's bound
+on a hold, the Hello transaction's live window): a worker behind its facts must never
+read as one that saw the world go quiet (docs/workers.md, "One clock for sight"). Each
+worker's login writes its own row only (`store.policies`).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from workers.runtime.bus.streams import ConsumerSpec
 from workers.runtime.effects import outcome, provenance
 from workers.runtime.effects.batch import OutboxBatch
 from workers.runtime.effects.outcome import Outcome
-from workers.runtime.observability.metrics import Metrics
+from workers.runtime.observability.metrics import Metrics, MetricSet
 
 
 @dataclass(frozen=True)
@@ -165,6 +165,12 @@ class Worker:
     recorded: Callable[[asyncpg.Connection, Sequence[Fact]], Awaitable[set[uuid.UUID]]] | None = (
         None
     )
+    #: its own metrics (defined in its folder): made at its process's start, so that
+    #: `/metrics` shows them before their first value
+    metrics: tuple[type[MetricSet], ...] = ()
+    #: a line each for `/readyz` to say after its checks, read from the process's metrics
+    #: at each probe (None: nothing to say): a warning an operator must see
+    notes: tuple[Callable[[Metrics], str | None], ...] = ()
 
     def consumer_spec(self, subjects: Subjects) -> ConsumerSpec:
         return ConsumerSpec(

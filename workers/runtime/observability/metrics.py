@@ -1,16 +1,18 @@
 """The metrics of one process, kept by `prometheus_client` in a registry of its own.
 
 Filled by the runtime (consumer, relay, loops), read by `/metrics` (`Metrics.render`, the
-library's text exposition). The small wrappers keep the call sites short (`inc(*labels)`)
-and let tests read a value back (`value(*labels)`, `items()`); every metric lives in
-`Metrics.registry` and nowhere else, so two runtimes in one test process never mix.
+library's text exposition); a worker's own metrics are defined in its folder
+(`MetricSet`) and made on the same registry (`Metrics.of`). The small wrappers keep the
+call sites short (`inc(*labels)`) and let tests read a value back (`value(*labels)`,
+`items()`); every metric lives in `Metrics.registry` and nowhere else, so two runtimes
+in one test process never mix.
 No I/O here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar, cast
 
 import prometheus_client as prom
 from opentelemetry import trace
@@ -125,11 +127,25 @@ def exemplar(span: trace.Span | None = None) -> dict[str, str] | None:
     return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
 
 
+class MetricSet:
+    """A worker's own metrics, defined in its folder: a subclass makes its families on
+    `registry` in its `__init__`. Made once per process by `Metrics.of`; a worker names its
+    sets in its definition (`Worker.metrics`) so that a process running it shows them from
+    its start, before their first value."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+
+S = TypeVar("S", bound=MetricSet)
+
+
 class Metrics:
     """The metrics of one process. Each consumer, the relay and the loops write to it."""
 
     def __init__(self, version: str = "") -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._sets: dict[type[MetricSet], MetricSet] = {}
         r = self.registry
         # the process's CPU, memory and file descriptors, and Python's own figures
         prom.ProcessCollector(registry=r)
@@ -157,12 +173,6 @@ class Metrics:
         self.batch_seconds = Histogram(
             r, "bcw_batch_seconds", "Time to apply one batch (transaction included).", ("worker",)
         )
-        self.liveness_sweep_seconds = Histogram(
-            r, "bcw_liveness_sweep_seconds",
-            "Time one liveness sweep takes, its transaction included; observed by the replica "
-            "that sweeps (well under BCW_LIVENESS_SWEEP_INTERVAL, or sweeps queue up).",
-            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0),
-        )  # fmt: skip
         self.batch_splits = Counter(
             r, "bcw_batch_splits_total",
             "Batches split into single facts to find the one that cannot be applied "
@@ -196,51 +206,6 @@ class Metrics:
             r, "bcw_lease_held",
             "1 while this process holds the singleton loop's lease (sweep, dispatch, relay…).",
             ("loop",),
-        )  # fmt: skip
-        self.liveness_blind_gateways = Gauge(
-            r, "bcw_liveness_blind_gateways",
-            "Gateways whose flushes the liveness controller has not applied lately "
-            "(their sessions are held); set by the replica that sweeps.",
-        )  # fmt: skip
-        self.liveness_lag_seconds = Gauge(
-            r, "bcw_liveness_lag_seconds",
-            "How long ago the bus stored the oldest flush the liveness controller has not "
-            "applied (0: none waits; NaN: its consumer could not be read). Past "
-            "BCW_LIVENESS_BLIND_AFTER the controller is behind: every gateway it cannot see "
-            "for it is blind for lag, its sessions held. Set by the replica that sweeps.",
-        )  # fmt: skip
-        self.liveness_held_sessions = Gauge(
-            r, "bcw_liveness_held_sessions",
-            "Sessions the liveness controller holds (neither ages nor disconnects) because their "
-            "gateway is blind, by why: lag (the controller is behind its facts) or no-flush "
-            "(none of the gateway's flushes reaches it); counted when it went blind.",
-            ("reason",),
-        )  # fmt: skip
-        for reason in ("lag", "no-flush"):  # shown at 0 from the start, as the unlabeled ones
-            self.liveness_held_sessions.set(0.0, reason)
-        self.liveness_breakers_open = Gauge(
-            r, "bcw_liveness_breakers_open",
-            "Gateways whose stale sessions the fleet breaker holds; set by the replica that sweeps.",
-        )  # fmt: skip
-        self.quarantines_held = Gauge(
-            r, "bcw_quarantines_held",
-            "Quarantines whose revocation waits for an operator (one gateway's alternations, "
-            "or the breaker): bcw quarantine release.",
-        )  # fmt: skip
-        self.holds_expired = Counter(
-            r, "bcw_quarantine_holds_expired_total",
-            "Sessions held for the quarantine that were released after BCW_QUARANTINE_HOLD_MAX.",
-        )  # fmt: skip
-        self.hello_proof_policy = Gauge(
-            r, "bcw_hello_proof_policy",
-            "1 for the fleet's Hello proof policy (off, warn, require), as the quarantine worker "
-            "last read it: below require, a gateway's credentials open sessions of nodes without "
-            "a Hello key.",
-            ("policy",),
-        )  # fmt: skip
-        self.unproven_sessions = Gauge(
-            r, "bcw_unproven_sessions",
-            "Connected sessions whose Hello was not proven, as the quarantine worker last counted.",
         )  # fmt: skip
         self.outbox_published = Counter(
             r, "bcw_outbox_published_total", "Outbox rows published and acknowledged by JetStream."
@@ -281,6 +246,17 @@ class Metrics:
             buckets=(0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
         )  # fmt: skip
 
+    def of(self, kind: type[S]) -> S:
+        """This process's `kind` of metrics, made on its registry the first time asked."""
+        made = self._sets.get(kind)
+        if made is None:
+            made = self._sets[kind] = kind(self.registry)
+        return cast(S, made)
+
+    def sets(self) -> list[MetricSet]:
+        """The sets made so far, in the order they were."""
+        return list(self._sets.values())
+
     def watch_pool(self, pool: PoolSizes) -> None:
         """The pool gauges read `pool` at each scrape."""
         self.db_pool_size.set_function(lambda: float(pool.get_size()))
@@ -298,18 +274,6 @@ class Metrics:
                 self.nats_reconnects.inc(connection)
 
         return count
-
-    def hello_proof_note(self) -> str | None:
-        """One line for `/readyz` when the fleet's Hellos need no proof (the policy as this
-        process last read it is `warn` or `off`); None otherwise."""
-        policy = next((p for (p,), on in self.hello_proof_policy.by_labels().items() if on), None)
-        if policy is None or policy == "require":
-            return None
-        unproven = int(self.unproven_sessions.value())
-        return (
-            f"hello-proof {policy}: {unproven} session(s) unproven; a gateway's credentials "
-            "can open sessions of nodes without a Hello key (BCW_HELLO_PROOF=require)"
-        )
 
     def render(self) -> str:
         """The Prometheus text exposition of every metric."""

@@ -1,6 +1,6 @@
 """Leases for singleton loops (`controller_leases`): acquire, renew, lose, and the fence.
 
-A loop that must run in one replica at a time (the liveness sweep, retention) holds a
+A loop that must run in one replica at a time (a worker's sweep, retention) holds a
 named lease with an epoch that rises with each new holder. Every transaction such a
 loop writes in calls `fence()` first: it locks the lease row FOR SHARE and fails unless
 this holder's epoch is current and unexpired, so a paused ex-leader's writes match

@@ -2,7 +2,7 @@
 
 `prune()` deletes at most `batch` rows per statement, each in its own short transaction
 fenced on the lease, so it never holds locks a consumer would wait on for long. Used by
-the runtime (the inbox, in every process) and by the recorder (node events).
+the runtime (the inbox, in every process) and by a worker for its own rows (node events).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, make_settings, running
 from workers import quarantine
 from workers.gateway import Code, Gateway, HelloRequest, Refused
+from workers.quarantine.metrics import QuarantineMetrics
 from workers.runtime.bus import streams
 from workers.runtime.store import migrate
 
@@ -275,11 +276,11 @@ async def test_below_require_the_quarantine_worker_says_it_and_counts_the_unprov
     async with running(settings, [quarantine.build(settings)]) as (runtime, port):
 
         async def looked() -> bool:
-            return runtime.metrics.hello_proof_policy.value(policy) == 1.0
+            return runtime.metrics.of(QuarantineMetrics).hello_proof_policy.value(policy) == 1.0
 
         await eventually(looked, what="the policy read")
         unproven = 2 if policy == "warn" else 0
-        assert runtime.metrics.unproven_sessions.value() == unproven
+        assert runtime.metrics.of(QuarantineMetrics).unproven_sessions.value() == unproven
         status, body = await _get(port, "/readyz")
     assert status == 200
     notes = [line for line in body.splitlines() if line.startswith("hello-proof")]

@@ -53,7 +53,7 @@ from tests.integration.security.conftest import (
 )
 from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, make_settings, running
-from workers import quarantine
+from workers import quarantine, replay
 from workers.embedded import EmbeddedNats
 from workers.gateway import Gateway, GatewaySettings, HelloRequest, Refused, notices, store
 from workers.registry import WORKERS
@@ -251,7 +251,7 @@ async def test_a_clone_said_as_no_duplicate_is_counted_revoked_and_blamed_on_its
         # revocation any session, gets nothing
         last = await enqueue(db, "n1", "exec", {"secret": "s3cr3t-2"})
         await asyncio.sleep(1.5)  # several looks of the hold bound (every 0.2 s)
-        assert w.runtimes["replay"].metrics.holds_expired.value() == 0
+        assert w.runtimes["replay"].metrics.of(replay.HoldMetrics).holds_expired.value() == 0
         assert streams_[-1].delivered == []
         assert await _state(db, last) == "pending"
         assert [d for s in streams_ for d in s.delivered if str(d.command_id) == str(last)] == []
@@ -301,7 +301,7 @@ async def test_a_clone_whose_hello_fact_never_comes_gets_nothing_and_the_node_ge
         await asyncio.sleep(1.5)  # several looks of the hold bound
         held = await db.fetchval("SELECT held_epoch FROM node_sessions WHERE node_id = 'n1'")
         assert (held, await _state(db, secret), clone.delivered) == (welcome.epoch, "pending", [])
-        assert w.runtimes["replay"].metrics.holds_expired.value() == 0
+        assert w.runtimes["replay"].metrics.of(replay.HoldMetrics).holds_expired.value() == 0
         # n1's daemon says Hello again at gw-2 (a duplicate: the clone's session is live):
         # counted, with the clone's from its record; its hold ends, the secret goes to n1
         mine = RecordingStream()
