@@ -25,7 +25,7 @@ import asyncpg
 from schemas.events import GatewayBlind, GatewaySeeing
 from schemas.facts import Liveness
 from schemas.subjects import Subjects
-from workers.liveness.seeing import BlindReason, GatewaySight, RangeSight, SightChange
+from workers.liveness.seeing import BlindReason, GatewaySight, RangeSight, SightChange, gone
 from workers.runtime.effects import watermarks
 from workers.runtime.effects.batch import OutboxBatch
 from workers.runtime.effects.worker import Runtime
@@ -58,6 +58,9 @@ UPDATE liveness_gateways lg
   FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[], $4::text[], $5::integer[])
        AS t(gateway_id, blind_since, opened, reason, sessions)
  WHERE lg.gateway_id = t.gateway_id
+"""
+LEASES_GONE = """
+SELECT gateway_id FROM gateways WHERE gateway_id = ANY($1::text[]) AND lease_expires_at <= $2
 """
 SESSIONS_OF = """
 SELECT gateway_id, count(*) AS n FROM node_sessions
@@ -106,12 +109,18 @@ async def consumer_lag(runtime: Runtime) -> float | None:
     return max(0.0, (datetime.now(UTC) - found.oldest).total_seconds())
 
 
-async def sessions_of(conn: asyncpg.Connection, changes: Sequence[SightChange]) -> dict[str, int]:
-    """How many sessions each gateway of `changes` holds now."""
+async def sessions_of(
+    conn: asyncpg.Connection, changes: Sequence[SightChange], now: datetime
+) -> tuple[list[SightChange], dict[str, int]]:
+    """The changes worth saying (not those of a gateway `gone`: lease given up or lost,
+    no session), and how many sessions each of their gateways holds now."""
     if not changes:
-        return {}
+        return [], {}
     gateways = sorted(c.gateway_id for c in changes)
-    return {r["gateway_id"]: r["n"] for r in await conn.fetch(SESSIONS_OF, gateways)}
+    held = {r["gateway_id"]: r["n"] for r in await conn.fetch(SESSIONS_OF, gateways)}
+    lapsed = {r["gateway_id"] for r in await conn.fetch(LEASES_GONE, gateways, now)}
+    said = [c for c in changes if not gone(c, held.get(c.gateway_id, 0), c.gateway_id in lapsed)]
+    return said, held
 
 
 async def write_sights(

@@ -191,3 +191,11 @@ def sight_change(
     age = None if last is None else max(timedelta(0), now - last)
     reason = blind_reason(sight, now, rules, lag) if blind else None
     return SightChange(sight.gateway_id, blind, age, reason)
+
+
+def gone(change: SightChange, sessions: int, lease_gone: bool) -> bool:
+    """Whether a gateway the controller stops seeing is gone rather than blind: it gave its
+    lease up (a drained gateway that stopped) or lost it, and holds no session — nothing of
+    it is held, so nothing is said (a rolling restart would otherwise call every gateway
+    blind while it is away). A gateway with sessions, or a lease, is blind as ever. Pure."""
+    return change.blind and lease_gone and sessions == 0

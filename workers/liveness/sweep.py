@@ -200,7 +200,7 @@ async def sweep_once(
                     [before[c["gateway_id"]] for c in going],
                 )
                 stale = await disconnect(conn, stale, now, ["liveness-timeout"] * len(stale))
-            sessions = await blindness.sessions_of(conn, changes)
+            changes, sessions = await blindness.sessions_of(conn, changes, now)
             await blindness.write_sights(
                 conn, rows, changes, sessions, reasons, _breaker_changes(breakers, rows, now), now
             )

@@ -334,3 +334,28 @@ async def test_the_breaker_holds_30_of_40_and_a_release_lets_the_next_sweep_go(
         assert code == 1 and "no open breaker" in out
     finally:
         await pool.close()
+
+
+async def test_a_gateway_stopped_gracefully_is_gone_not_blind(
+    nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection, gateways: Fleet
+) -> None:
+    """A rolling restart: gw-b is drained and stops — its sessions closed, its lease given
+    up — and stays away longer than `blind_after`. Nothing of it is held, so it is not
+    called blind (every gateway of a rollout was); gw-a, which keeps its session, is
+    seen throughout. (A gateway that keeps its lease, or a session, and stops flushing is
+    blind: `test_a_silent_gateway_is_held_...`.)"""
+    seeing = await gateways.gateway("gw-a", nc)
+    stopping = await gateways.gateway("gw-b", nc)
+    settings = _liveness_settings(make_settings(nc.connected_url.geturl(), database_url, subjects))
+    async with running(settings, [liveness.build(settings)]):
+        await gateways.connect(seeing, 1)
+        await gateways.connect(stopping, 3)
+        await eventually(lambda: _seen(db, "gw-b"), what="gw-b seen")
+        mark = await _last_seq(nc, subjects)
+        await stopping.drain()
+        await stopping.stop()  # graceful: its sessions closed, its lease released
+        assert await _routed(db, "gw-b") == 0
+        await asyncio.sleep(3 * 2.0)  # blind_after (2 s here), three times over: it is away
+        assert await _events(nc, subjects, "gateway.blind", after=mark) == []
+        assert await _seen(db, "gw-a")
+        assert await _routed(db, "gw-a") == 1

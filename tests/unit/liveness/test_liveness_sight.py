@@ -19,6 +19,7 @@ from workers.liveness.seeing import (
     behind,
     blind_reason,
     covered_at,
+    gone,
     seen_at,
     sees,
     sight_change,
@@ -262,3 +263,16 @@ def test_a_healthy_session_of_a_seen_gateway_is_never_stale(covered_ago: int, ag
     sight = NOW - (covered_ago + age) * S
     assert sees(GatewaySight("gw-1", NOW - covered_ago * S, None), NOW, RULES)
     assert not sight < stale_before(NOW - covered_ago * S, NOW, RULES)
+
+
+# -- a gateway that stopped: gone, not blind --------------------------------------------
+@given(blind=st.booleans(), sessions=st.integers(0, 3), lease_gone=st.booleans())
+def test_only_a_gateway_without_lease_or_session_is_gone_rather_than_blind(
+    blind: bool, sessions: int, lease_gone: bool
+) -> None:
+    """A drained gateway that stopped gave its lease up and holds nothing: not called
+    blind while it is away. One that holds a session, or a lease, is blind as ever, and a
+    gateway seen again is always said."""
+    change = SightChange("gw-1", blind, 40 * S, "no-flush" if blind else None)
+    assert gone(change, sessions, lease_gone) == (blind and lease_gone and sessions == 0)
+

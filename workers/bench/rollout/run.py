@@ -27,7 +27,7 @@ from workers.bench.common import (
     workers_bound,
 )
 from workers.bench.rollout import gateways as gws
-from workers.bench.rollout import plan, tally
+from workers.bench.rollout import plan, statements, tally
 from workers.bench.rollout.daemons import Daemons
 from workers.bench.rollout.watch import Processes, RolloutWatch
 from workers.bench.steady import fleet
@@ -84,7 +84,7 @@ async def run(
         print(f"bcw bench rollout: {nodes} nodes do not fit on {gateways - parallel} gateways")
         return 2
     rng = random.Random(seed)
-    server = {"shared_buffers": SHARED_BUFFERS}
+    server = {"shared_buffers": SHARED_BUFFERS, **statements.SERVER}
     async with bench_target(
         settings, embedded, facts_max_age=FACTS_MAX_AGE, postgres=server
     ) as target:
@@ -152,6 +152,7 @@ async def run(
             cpu_before = processes.cpu()
             await asyncio.sleep(hold)
             cpu_start = processes.cpu()
+            counting = await statements.start(conn)
             steady_cores = sum(cpu_start[k] - cpu_before[k] for k in cpu_start) / hold
             started = time.monotonic()
             shares = plan.spread(commands, len(waves))
@@ -165,6 +166,7 @@ async def run(
             seconds = time.monotonic() - started
             cpu_end = processes.cpu()
             spent = sum(cpu_end[k] - cpu_start[k] for k in cpu_end)
+            by_statement = await statements.top(conn, len(fleet_.reconnects)) if counting else []
             await asyncio.sleep(60.0 * minutes_after)
             await asyncio.sleep(2.0)  # the last events through the relays
             printer.cancel()
@@ -205,6 +207,7 @@ async def run(
         *watch.blind_why,
         *errors,
         *notes,
+        *by_statement,
         f"steady state before the rollout: {steady_cores:.2f} cores",
     ):
         print(line)
