@@ -13,8 +13,8 @@ import pytest
 from rich.console import Console
 
 from tests.integration.support import bcw
-from workers import demo, stuck
-from workers.explain import HISTORY
+from workers.demo import run as demo
+from workers.demo import stuck
 from workers.sim import Check, Simulator
 from workers.sim.scenarios import (
     busy,
@@ -26,6 +26,7 @@ from workers.sim.scenarios import (
     reconnect,
     restart,
 )
+from workers.tools.explain import HISTORY
 
 pytestmark = pytest.mark.slow
 

@@ -256,7 +256,7 @@ def render(node_id: str, row: Mapping[str, Any] | None, steps: Sequence[Step], s
     from rich.console import Console
     from rich.table import Table
 
-    from workers.display import plain
+    from workers.tools.display import plain
 
     # piped (grep, less): wide enough that no line folds
     console = Console(width=None if sys.stdout.isatty() else 220)
