@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from workers.tools.explain import describe, parse_since, state_line
+from workers.runtime.base.setting_types import parse_since
+from workers.tools.explain import describe, state_line
 
 
 @pytest.mark.parametrize(

@@ -160,7 +160,7 @@ def _cmd_explain(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _start(text: str) -> datetime:
-    from workers.tools.explain import parse_start
+    from workers.runtime.base.setting_types import parse_start
 
     try:
         return parse_start(text)

@@ -15,8 +15,8 @@ from nats.aio.client import Client as NATS
 from schemas import REGISTRY, NodeConnected, NodeDisconnected
 from schemas.subjects import Subjects
 from tests.conftest import Servers
+from workers.runtime.base.setting_types import parse_start
 from workers.runtime.bus import streams
-from workers.tools.explain import parse_start
 
 
 async def test_events_filters_by_type_and_node(
