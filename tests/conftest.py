@@ -26,7 +26,7 @@ from hypothesis import settings
 from nats.aio.client import Client as NATS
 
 from schemas.subjects import Subjects
-from workers.embedded import EmbeddedNats, EmbeddedPostgres
+from workers.embedded.servers import EmbeddedNats, EmbeddedPostgres
 from workers.runtime.store import migrate
 
 # The suite runs in parallel on a shared machine: a rule's examples are judged by what they

@@ -13,7 +13,7 @@ from nats.aio.client import Client as NATS
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration.support import running
-from workers.demo import demo_settings, fresh_sweep_history
+from workers.demo.run import demo_settings, fresh_sweep_history
 from workers.registry import WORKERS
 from workers.sim import Simulator
 

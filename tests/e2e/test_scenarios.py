@@ -13,8 +13,8 @@ import pytest
 from rich.console import Console
 
 from tests.integration.support import bcw
-from workers import demo, stuck
-from workers.explain import HISTORY
+from workers.demo import run as demo
+from workers.demo import stuck
 from workers.sim import Check, Simulator
 from workers.sim.scenarios import (
     busy,
@@ -26,6 +26,7 @@ from workers.sim.scenarios import (
     reconnect,
     restart,
 )
+from workers.tools.explain import HISTORY
 
 pytestmark = pytest.mark.slow
 
@@ -208,7 +209,8 @@ async def test_a_scenario_that_overruns_names_what_everything_waits_for(
         await holder.close()
     text = console.export_text()
     assert "the scenario did not end within 1 s" in text, text
-    assert "test_scenarios.py" in text and "waits_for_the_lock" in text, text  # where it waits
+    # where it waits, named from the checkout: a frame of this project, not a library's
+    assert "tests/e2e/test_scenarios.py" in text and "waits_for_the_lock" in text, text
     assert re.search(r"^\s+liveness\s+\d+\s+\d+\s+\d+$", text, flags=re.M), text  # its consumer
     assert "Lock:" in text and "LOCK TABLE gateways" in text, text  # the backend and its wait
 

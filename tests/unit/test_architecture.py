@@ -64,6 +64,50 @@ def test_every_room_says_what_it_is_for() -> None:
         assert doc and "use" in doc, f"{init.relative_to(ROOT)} says nothing of what it may use"
 
 
+def test_every_floor_of_workers_says_what_it_may_use() -> None:
+    """Each package of `workers/` but the five workers (whose bounds are one rule for
+    all, on the map) says in its docstring what it may use."""
+    from workers.registry import WORKERS
+
+    floors = [p for p in (ROOT / "workers").iterdir() if (p / "__init__.py").exists()]
+    floors = [p for p in floors if p.name not in WORKERS]
+    assert {"cli", "tools", "demo", "embedded", "runtime"} <= {p.name for p in floors}
+    for floor in floors:
+        doc = ast.get_docstring(ast.parse((floor / "__init__.py").read_text())) or ""
+        assert "may use" in doc.lower(), f"{floor.relative_to(ROOT)} says not what it may use"
+
+
+def test_no_loose_module_at_the_root_but_the_registry_and_the_settings() -> None:
+    """The root of `workers/` holds the map of worker kinds and the composed settings;
+    every other module has a room of its own (docs/architecture.md)."""
+    kept = {"__init__.py", "registry.py", "settings.py"}
+    loose = sorted(p.name for p in (ROOT / "workers").glob("*.py") if p.name not in kept)
+    assert not loose, f"loose modules at workers/: {loose}"
+
+
+def test_no_import_cycle() -> None:
+    """No module of `workers/` or `schemas/` imports itself back through others (lazy and
+    type-checking imports included); `lint-imports` keeps the arrows between the floors
+    and rooms pointing down."""
+    import grimp
+
+    graph = grimp.build_graph("workers", "schemas")
+    imports = {m: graph.find_modules_directly_imported_by(m) for m in graph.modules}
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            pytest.fail("an import cycle: " + " -> ".join([*path[path.index(module) :], module]))
+        if module in done:
+            return
+        for imported in sorted(imports[module]):
+            visit(imported, [*path, module])
+        done.add(module)
+
+    for module in sorted(imports):
+        visit(module, [])
+
+
 def test_every_test_docs_durability_names_exists() -> None:
     """docs/durability.md backs each repair it claims with a test, named there."""
     page = (ROOT / "docs" / "durability.md").read_text()

@@ -32,8 +32,8 @@ from workers.bench.steady.figures import (
 from workers.bench.steady.figures import problems as steady_problems
 from workers.bench.steady.fleet import HEADERS, HEARTBEAT_MS, Gateway, silenced
 from workers.bench.steady.sightread import SightRead
-from workers.demo import kept_up
-from workers.embedded import EmbeddedNats, EmbeddedPostgres
+from workers.demo.run import kept_up
+from workers.embedded.servers import EmbeddedNats, EmbeddedPostgres
 from workers.gateway.facts import MAX_FLUSH_BYTES, entry_bytes, range_bits, range_cut
 
 

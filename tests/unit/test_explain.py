@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from workers.explain import describe, parse_since, state_line
+from workers.runtime.base.setting_types import parse_since
+from workers.tools.explain import describe, state_line
 
 
 @pytest.mark.parametrize(
@@ -71,8 +72,8 @@ HOSTILE = "[link=http://evil]x[/link] \x1b[2J\x1b]0;owned\x07 [red]"
 
 def test_operator_output_shows_node_data_as_text(capsys: pytest.CaptureFixture[str]) -> None:
     """What nodes and gateways said never reaches the terminal as markup or a control."""
-    from workers.display import plain, printable
-    from workers.explain import Step, render
+    from workers.tools.display import plain, printable
+    from workers.tools.explain import Step, render
 
     assert printable("a\x1bb\nc\x9b") == "a\\x1bb\\nc\\x9b"
     assert plain("[bold]x") == "\\[bold]x"
@@ -87,7 +88,7 @@ def test_operator_output_shows_node_data_as_text(capsys: pytest.CaptureFixture[s
 
 
 def test_bcw_events_shows_node_data_without_controls() -> None:
-    from workers.tail import render
+    from workers.tools.tail import render
 
     body = {"nodeId": "n\x1b[31m1", "epoch": 1, "reason": HOSTILE}
     line = render(
@@ -100,7 +101,7 @@ def test_bcw_events_shows_node_data_without_controls() -> None:
 def test_explain_json_gives_the_state_as_fields() -> None:
     import json
 
-    from workers.explain import as_json
+    from workers.tools.explain import as_json
 
     held = {**ROW, "held_epoch": 4, "revoked": True}
     out = json.loads(as_json("n1", held, []))
@@ -115,7 +116,7 @@ def test_explain_json_gives_the_state_as_fields() -> None:
 def test_explain_says_a_takeover_attempt_and_a_hold_for_an_operator() -> None:
     import json
 
-    from workers.explain import as_json, state_line
+    from workers.tools.explain import as_json, state_line
 
     taken = {**ROW, "held_epoch": 4, "proven": False}
     assert "a takeover attempt, held" in state_line(taken)

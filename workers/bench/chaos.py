@@ -40,7 +40,7 @@ from nats.aio.client import Client as NATS
 from schemas.subjects import Subjects
 from workers.bench.common import hello_fact, print_table, wire
 from workers.bench.proxy import Mode, TcpProxy
-from workers.embedded import EmbeddedNats, EmbeddedPostgres
+from workers.embedded.servers import EmbeddedNats, EmbeddedPostgres
 from workers.registry import WORKERS
 from workers.runtime.bus import deadletter, streams
 from workers.runtime.effects import claims

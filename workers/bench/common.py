@@ -23,7 +23,7 @@ from nats.js import JetStreamContext
 from schemas import REGISTRY, Fact, Hello
 from schemas.subjects import Subjects
 from workers.bench.costs import cpu_seconds
-from workers.embedded import EmbeddedNats, EmbeddedPostgres, die_with_parent
+from workers.embedded.servers import EmbeddedNats, EmbeddedPostgres, die_with_parent
 from workers.runtime.base.runtime_settings import ConsumerSettings
 from workers.runtime.base.settings import Settings
 from workers.runtime.effects.worker import Worker

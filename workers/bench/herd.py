@@ -46,10 +46,10 @@ from workers.bench.common import (
     workers_bound,
 )
 from workers.bench.costs import CpuSpent, cpu_seconds, peak_rss_mib
-from workers.explain import HISTORY
 from workers.labeler.apply import ADD_LABELS
 from workers.labeler.decide import LABEL_PREFIX
 from workers.runtime.base.settings import Settings
+from workers.tools.explain import HISTORY
 
 HELLO_WORKERS = ("labeler", "liveness", "quarantine", "replay")
 CAPABILITIES = ("cpu", "mem", "nvml", "ib")

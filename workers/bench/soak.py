@@ -40,7 +40,7 @@ from workers.bench.common import (
     workers_bound,
 )
 from workers.bench.costs import memory_mib
-from workers.demo import fresh_sweep_history
+from workers.demo.run import fresh_sweep_history
 from workers.runtime.base import heap
 from workers.runtime.base.settings import Settings
 from workers.sim import Simulator

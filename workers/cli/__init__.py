@@ -7,4 +7,5 @@ and an exit code (`common`). The groups: `provisioning` (migrate, provision, sch
 dead-letters, commands, explain, liveness, events), `quarantining` and `bench`. `entry`
 is the command itself: this package imports nothing, so that `bcw run` defers its stop
 signals before any heavy import; it also ends a command whose stdout closed, exit 141.
+The top floor: may use every room of `workers/`; nothing imports it.
 """

@@ -62,7 +62,7 @@ def document(commands: Commands, prefix: str = "") -> None:
 def since(text: str) -> timedelta:
     """An argument that is a duration (`10s`, `5m`, `2h`; a plain number is seconds),
     more than 0: a bad one exits 2 before any connection (argparse)."""
-    from workers.explain import parse_since  # the one parser of durations, positive
+    from workers.runtime.base.setting_types import parse_since  # a positive duration
 
     try:
         return parse_since(text)

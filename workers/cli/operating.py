@@ -140,8 +140,8 @@ def _cmd_commands(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_explain(args: argparse.Namespace, settings: Settings) -> int:
-    from workers import explain
     from workers.runtime.store import db
+    from workers.tools import explain
 
     async def run() -> int:
         conn = await db.connect(settings.database)
@@ -160,7 +160,7 @@ def _cmd_explain(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _start(text: str) -> datetime:
-    from workers.explain import parse_start
+    from workers.runtime.base.setting_types import parse_start
 
     try:
         return parse_start(text)
@@ -183,9 +183,9 @@ def _blind(row: dict[str, object]) -> str:
 
 
 def _cmd_liveness_status(args: argparse.Namespace, settings: Settings) -> int:
-    from workers.display import printable
     from workers.liveness.breaker import status
     from workers.runtime.store import db
+    from workers.tools.display import printable
 
     async def run() -> list[dict[str, object]]:
         conn = await db.connect(settings.database)
@@ -254,7 +254,7 @@ def _cmd_liveness_release(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_events(args: argparse.Namespace, settings: Settings) -> int:
-    from workers import tail
+    from workers.tools import tail
 
     try:
         return asyncio.run(

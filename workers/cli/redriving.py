@@ -55,9 +55,9 @@ def _letter_key(text: str) -> tuple[str, int]:
 
 def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.subjects import Subjects
-    from workers.display import printable
     from workers.runtime.bus import connection, deadletter
     from workers.runtime.bus import letters as checks
+    from workers.tools.display import printable
 
     chosen = args.worker or args.cause or args.seq
     if args.action == "redrive" and not chosen and not args.all:

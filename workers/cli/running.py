@@ -165,7 +165,7 @@ def _cmd_sim(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
-    from workers import demo
+    from workers.demo import run as demo
 
     return asyncio.run(
         demo.main(

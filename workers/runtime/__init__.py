@@ -9,5 +9,6 @@ Five rooms, each allowed to use only the rooms below it (checked by import-linte
 - `observability/`: traces, metrics, logs and the health port.
 - `base/`: settings, errors and their classification, waiting and retrying.
 
+As a whole it may use `schemas` and nothing else of this project.
 `docs/architecture.md` draws the rooms and what flows between them.
 """

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from workers.embedded import EmbeddedPostgres
-from workers.embedded_install import EmbeddedError, postgres_install
+from workers.embedded.install import EmbeddedError, postgres_install
+from workers.embedded.servers import EmbeddedPostgres
 
 #: first match wins: `bcw_tls` trusted over TLS only, `bcw_pw` by its password over TLS;
 #: without TLS only `postgres` (the test's own connections)

@@ -18,7 +18,7 @@ import pytest
 
 from tests.integration.connecting.conftest import make_ca, make_server_cert
 from tests.integration.support import bcw
-from workers.embedded import EmbeddedNats
+from workers.embedded.servers import EmbeddedNats
 
 
 @dataclass(frozen=True)

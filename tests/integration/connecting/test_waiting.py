@@ -24,7 +24,7 @@ from tests.conftest import Servers
 from tests.integration.connecting.conftest import endpoint
 from tests.integration.support import bcw, bcw_process
 from workers.bench.proxy import Mode, TcpProxy
-from workers.embedded import free_port
+from workers.embedded.servers import free_port
 
 BOUND = 4.0
 

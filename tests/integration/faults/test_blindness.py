@@ -38,7 +38,7 @@ from tests.integration.support import (
 )
 from workers import liveness
 from workers.bench.proxy import Mode, TcpProxy
-from workers.demo import fresh_sweep_history
+from workers.demo.run import fresh_sweep_history
 from workers.liveness.decide import Rules
 from workers.liveness.sweep import sweep_once
 from workers.runtime.base.rule_settings import LivenessSettings

@@ -23,7 +23,7 @@ import pytest
 from schemas.subjects import Subjects
 from tests.integration.flow import HelloFlow
 from tests.integration.support import count, eventually
-from workers.embedded import EmbeddedNatsCluster
+from workers.embedded.servers import EmbeddedNatsCluster
 from workers.registry import WORKERS
 from workers.runtime.bus import streams
 

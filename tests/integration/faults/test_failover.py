@@ -36,7 +36,7 @@ from workers.bench.chaos import (
     wait_settled,
 )
 from workers.bench.common import print_table, spawn_workers, stop_workers, workers_bound
-from workers.embedded import EmbeddedPostgres
+from workers.embedded.servers import EmbeddedPostgres
 from workers.runtime.bus import streams
 from workers.runtime.store import migrate
 

@@ -25,8 +25,8 @@ from tests.factories import make_fact
 from tests.integration import fleet
 from tests.integration.support import eventually, make_settings, publish_fact, running
 from workers import labeler, liveness
-from workers.explain import HISTORY
 from workers.runtime.bus import streams
+from workers.tools.explain import HISTORY
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -27,7 +27,7 @@ from tests.integration.fleet import Provisioned
 from tests.integration.gateway.hellos import request
 from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, make_settings, running, stream_messages
-from workers.demo import fresh_sweep_history
+from workers.demo.run import fresh_sweep_history
 from workers.gateway import store
 from workers.registry import WORKERS
 from workers.replay import lost

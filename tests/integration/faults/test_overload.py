@@ -34,7 +34,7 @@ from tests.integration.heartbeats import Fleet
 from tests.integration.support import eventually, make_settings, running, stream_messages
 from workers import liveness
 from workers.bench.steady import fleet
-from workers.demo import fresh_sweep_history
+from workers.demo.run import fresh_sweep_history
 from workers.gateway.facts import range_bits, range_cut
 from workers.liveness.sight import switched_on
 from workers.runtime.base.rule_settings import LivenessSettings

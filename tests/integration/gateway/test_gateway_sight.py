@@ -11,8 +11,8 @@ import asyncpg
 from schemas.facts import HASH_SPACE
 from tests.integration import fleet
 from tests.integration.gateway.hellos import request
-from workers import explain
 from workers.gateway import Gateway
+from workers.tools import explain
 
 RANGE_ROW = """
 INSERT INTO liveness_ranges

@@ -31,7 +31,7 @@ from schemas.notices import Dispatch
 from schemas.subjects import Subjects
 from tests.integration.fleet import Provisioned
 from tests.integration.support import OUTBOX_LEFT, running
-from workers.demo import demo_settings, fresh_sweep_history
+from workers.demo.run import demo_settings, fresh_sweep_history
 from workers.gateway import Gateway, Refused
 from workers.gateway.types import GatewaySettings
 from workers.registry import WORKERS

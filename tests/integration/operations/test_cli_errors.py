@@ -27,7 +27,7 @@ from tests.conftest import Servers
 from tests.integration.flow import HelloFlow, capabilities
 from tests.integration.support import bcw, bcw_process, count, eventually
 from workers.bench.proxy import Mode, TcpProxy
-from workers.embedded import EmbeddedNats, free_port
+from workers.embedded.servers import EmbeddedNats, free_port
 from workers.runtime.bus import streams
 
 ROOT = Path(__file__).resolve().parents[3]

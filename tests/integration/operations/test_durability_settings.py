@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from tests.integration.support import bcw
-from workers.embedded import (
+from workers.embedded.servers import (
     EmbeddedNats,
     EmbeddedPostgres,
     embedded_servers,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import asyncpg
 
-from workers.embedded import EmbeddedPostgres
+from workers.embedded.servers import EmbeddedPostgres
 
 
 def _digest(path: str) -> str:

@@ -17,8 +17,8 @@ import asyncpg
 import nats
 import pytest
 
-from workers.embedded import EmbeddedNats, EmbeddedPostgres
-from workers.embedded_ready import PortTaken
+from workers.embedded.ready import PortTaken
+from workers.embedded.servers import EmbeddedNats, EmbeddedPostgres
 
 
 @contextlib.contextmanager

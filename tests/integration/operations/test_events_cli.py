@@ -15,7 +15,7 @@ from nats.aio.client import Client as NATS
 from schemas import REGISTRY, NodeConnected, NodeDisconnected
 from schemas.subjects import Subjects
 from tests.conftest import Servers
-from workers.explain import parse_start
+from workers.runtime.base.setting_types import parse_start
 from workers.runtime.bus import streams
 
 

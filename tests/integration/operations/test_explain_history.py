@@ -11,8 +11,8 @@ import asyncpg
 
 from schemas import Zombie
 from schemas.subjects import Subjects
-from workers.explain import HISTORY, timeline
 from workers.runtime.effects.batch import OutboxBatch
+from workers.tools.explain import HISTORY, timeline
 
 
 async def test_a_nodes_timeline_is_its_entries_of_the_packs_and_of_the_old_rows(

@@ -18,7 +18,7 @@ import pytest
 
 from schemas.subjects import Subjects
 from tests.integration.support import bcw, hellos_applied_by_workers
-from workers.embedded import EmbeddedNats
+from workers.embedded.servers import EmbeddedNats
 from workers.registry import WORKERS
 from workers.runtime.bus import principals, server
 

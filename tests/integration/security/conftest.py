@@ -22,7 +22,7 @@ from nats.js import JetStreamContext
 
 from schemas.subjects import Subjects
 from tests.conftest import Servers
-from workers.embedded import EmbeddedNats
+from workers.embedded.servers import EmbeddedNats
 from workers.gateway import store
 from workers.registry import WORKERS
 from workers.runtime.base.runtime_settings import NatsSettings

@@ -23,7 +23,7 @@ from tests.integration import fleet
 from tests.integration.security.conftest import SUBJECTS, client_as, nats_as, violated
 from tests.integration.streams import RecordingStream
 from tests.integration.support import bcw, eventually, make_settings, running
-from workers.embedded import EmbeddedNats
+from workers.embedded.servers import EmbeddedNats
 from workers.gateway import Gateway, HelloRequest
 from workers.registry import WORKERS
 from workers.runtime.base.errors import RefusedError

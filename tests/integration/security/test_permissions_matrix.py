@@ -18,7 +18,7 @@ from schemas.events import EVENT_TYPES, Revocations
 from schemas.facts import FACT_TYPES
 from schemas.notices import NOTICE_TYPES
 from schemas.subjects import Subjects
-from workers.embedded import EmbeddedNats
+from workers.embedded.servers import EmbeddedNats
 from workers.runtime.bus import principals
 
 pytestmark = pytest.mark.slow

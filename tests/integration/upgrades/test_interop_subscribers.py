@@ -27,7 +27,7 @@ from schemas.export import JSON_DIR
 from schemas.subjects import Subjects
 from tests.integration.security.conftest import client_as
 from tests.integration.upgrades.conftest import INTEROP
-from workers.embedded import EmbeddedNats
+from workers.embedded.servers import EmbeddedNats
 
 pytestmark = pytest.mark.slow
 

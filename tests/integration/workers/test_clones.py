@@ -25,11 +25,12 @@ from tests.integration import fleet
 from tests.integration.fleet import Provisioned
 from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, make_settings, running, stream_messages
-from workers import explain, liveness, quarantine, replay
+from workers import liveness, quarantine, replay
 from workers.cli.main import main
 from workers.gateway import Code, GatewaySettings, HelloRequest, Refused
 from workers.runtime.bus import streams
 from workers.runtime.store import migrate
+from workers.tools import explain
 
 
 @pytest.mark.parametrize(

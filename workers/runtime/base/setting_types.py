@@ -1,5 +1,6 @@
 """The value types of settings and the configuration of a settings group: durations,
-log levels. Used by every settings module and by the CLI's duration arguments; no I/O.
+log levels. Used by every settings module and by the CLI's duration and time arguments
+(`parse_since`, `parse_start`: how far back, when from); no I/O.
 
 Every duration — a setting, `--since`, `--idle-exit` — is written one way: a number and a
 unit (`500ms`, `45s`, `5m`, `2h`, `7d`, `1w`); a plain number is seconds (`45`, `0.5`).
@@ -10,7 +11,7 @@ its bound in a unit (`must be more than 0s`), never a bare float of seconds.
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BeforeValidator
@@ -34,6 +35,32 @@ def parse_duration(text: str) -> timedelta:
         )
     sign = -1.0 if match.group(1) else 1.0
     return timedelta(seconds=sign * float(match.group(2)) * _UNITS[match.group(3) or "s"])
+
+
+def parse_since(text: str) -> timedelta:
+    """How far back: a positive duration in the one syntax of durations (`90s`, `30m`,
+    `1h`, `2d`, `1w`, or plain seconds; `parse_duration`). Pure; for `bcw explain` and
+    `bcw events` alike."""
+    since = parse_duration(text)
+    if since <= timedelta(0):
+        raise ValueError(f"{text!r} is not a duration back: give more than 0 (30m, 1h, 2d)")
+    return since
+
+
+def parse_start(text: str, now: datetime | None = None) -> datetime:
+    """A duration back from `now` (`parse_since`), or an ISO 8601 time (UTC when it names
+    no zone) → when to start. Pure."""
+    try:
+        return (now or datetime.now(UTC)) - parse_since(text)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is neither a duration such as 30m, 1h or 2d nor an ISO 8601 time"
+        ) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def format_duration(value: timedelta) -> str:

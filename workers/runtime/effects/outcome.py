@@ -1,7 +1,8 @@
 """One outcome vocabulary for every fact a worker handles, settled in one place.
 
-Handlers return an `Outcome` per fact; the consumer loop calls `settle()`; no worker
-acks, naks or terminates a message itself. Pure data, no I/O here.
+Handlers return an `Outcome` per fact; the consume loop settles each
+(`FactConsumer._settle` in `consumer.py`: ack, nak or dead letter); no worker acks, naks
+or terminates a message itself. Pure data, no I/O here.
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
 """What a worker is, to the runtime: its name, the facts it reads, its handler and loops;
 and what its handler and loops get to work with (`Tx`, `Runtime`).
 
-Imported by every worker's `build()` and by the runtime. No I/O happens here.
+Imported by every worker's `build()` and by the runtime. Its I/O is SQL only, on the
+connection of a transaction its caller opened and commits: the inbox (`apply_batch`),
+the provenance check and the batch's clock (`Tx.fact_time`). It opens no connection and
+publishes nothing: `Tx.publish` only queues a message for the outbox.
 """
 
 from __future__ import annotations

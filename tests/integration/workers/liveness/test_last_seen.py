@@ -22,11 +22,12 @@ from tests.conftest import Servers
 from tests.integration import fleet
 from tests.integration.heartbeats import GATEWAY_SETTINGS, Fleet
 from tests.integration.support import eventually, make_settings, running
-from workers import explain, liveness
-from workers.demo import fresh_sweep_history
+from workers import liveness
+from workers.demo.run import fresh_sweep_history
 from workers.liveness import breaker
 from workers.runtime.base.rule_settings import LivenessSettings
 from workers.runtime.bus import streams
+from workers.tools import explain
 
 S = timedelta(seconds=1)
 FLUSH = timedelta(seconds=GATEWAY_SETTINGS.flush_period)

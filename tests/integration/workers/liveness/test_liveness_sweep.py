@@ -33,10 +33,10 @@ from tests.integration.support import (
     stream_messages,
 )
 from workers import liveness
-from workers.explain import HISTORY
 from workers.liveness.decide import Rules
 from workers.liveness.sweep import LEASE, sweep_once
 from workers.runtime.store import leases
+from workers.tools.explain import HISTORY
 
 S = timedelta(seconds=1)
 

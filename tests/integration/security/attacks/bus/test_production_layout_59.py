@@ -47,7 +47,7 @@ from tests.conftest import Servers
 from tests.integration import fleet
 from tests.integration.security.conftest import url_as
 from tests.integration.support import bcw, eventually, stream_messages
-from workers.embedded import EmbeddedNats, die_with_parent
+from workers.embedded.servers import EmbeddedNats, die_with_parent
 from workers.gateway import Gateway
 from workers.registry import WORKERS
 from workers.replay.commands import enqueue_command as enqueue

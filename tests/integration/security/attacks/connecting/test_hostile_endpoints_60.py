@@ -33,7 +33,7 @@ import pytest
 
 from tests.integration.connecting.conftest import Speak, endpoint, make_ca, make_server_cert
 from tests.integration.support import bcw
-from workers.embedded import EmbeddedNats
+from workers.embedded.servers import EmbeddedNats
 
 pytestmark = pytest.mark.slow
 

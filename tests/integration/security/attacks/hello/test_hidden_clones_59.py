@@ -54,7 +54,7 @@ from tests.integration.security.conftest import (
 from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, make_settings, running
 from workers import quarantine, replay
-from workers.embedded import EmbeddedNats
+from workers.embedded.servers import EmbeddedNats
 from workers.gateway import Gateway, GatewaySettings, HelloRequest, Refused, notices, store
 from workers.registry import WORKERS
 from workers.replay.commands import enqueue_command as enqueue

@@ -14,12 +14,10 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
-
-from workers.runtime.base.setting_types import parse_duration
 
 #: each entry of each history pack (one row a transaction), as a row: `p` the pack, `h`
 #: the entry, `h.n` its place in the pack
@@ -68,32 +66,6 @@ SELECT s.session_epoch, s.gateway_id, s.connected_at,
                   WHERE c.node_id = s.node_id), '{}') AS conditions
   FROM node_sessions s WHERE s.node_id = $1
 """
-
-
-def parse_since(text: str) -> timedelta:
-    """How far back: a positive duration in the one syntax of durations (`90s`, `30m`,
-    `1h`, `2d`, `1w`, or plain seconds; `parse_duration`). Pure; for `bcw explain` and
-    `bcw events` alike."""
-    since = parse_duration(text)
-    if since <= timedelta(0):
-        raise ValueError(f"{text!r} is not a duration back: give more than 0 (30m, 1h, 2d)")
-    return since
-
-
-def parse_start(text: str, now: datetime | None = None) -> datetime:
-    """A duration back from `now` (`parse_since`), or an ISO 8601 time (UTC when it names
-    no zone) → when to start. Pure."""
-    try:
-        return (now or datetime.now(UTC)) - parse_since(text)
-    except ValueError:
-        pass
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(
-            f"{text!r} is neither a duration such as 30m, 1h or 2d nor an ISO 8601 time"
-        ) from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -256,7 +228,7 @@ def render(node_id: str, row: Mapping[str, Any] | None, steps: Sequence[Step], s
     from rich.console import Console
     from rich.table import Table
 
-    from workers.display import plain
+    from workers.tools.display import plain
 
     # piped (grep, less): wide enough that no line folds
     console = Console(width=None if sys.stdout.isatty() else 220)

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from workers.embedded_install import EmbeddedError, as_non_root, postgres_install
-from workers.embedded_ready import (
+from workers.embedded.install import EmbeddedError, as_non_root, postgres_install
+from workers.embedded.ready import (
     PORT_TRIES,
     PortTaken,
     free_port,

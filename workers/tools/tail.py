@@ -24,9 +24,9 @@ from nats.aio.client import Client as NATS
 from nats.js.errors import NotFoundError
 
 from schemas.subjects import Subjects
-from workers.display import printable
 from workers.runtime.base.settings import Settings
 from workers.runtime.bus import connection
+from workers.tools.display import printable
 
 
 def render(

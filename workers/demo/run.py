@@ -27,8 +27,8 @@ from rich.live import Live
 from rich.table import Table
 
 from schemas.subjects import Subjects
-from workers import stuck
-from workers.embedded import EmbeddedNats, EmbeddedPostgres, embedded_servers
+from workers.demo import stuck
+from workers.embedded.servers import EmbeddedNats, EmbeddedPostgres, embedded_servers
 from workers.registry import WORKERS
 from workers.runtime.base.rule_settings import LivenessSettings, ReplaySettings
 from workers.runtime.base.runtime_settings import (

@@ -19,7 +19,7 @@ from typing import Any
 import asyncpg
 from nats.js import JetStreamContext
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 BUSY_BACKENDS = """
 SELECT pid, state, coalesce(wait_event_type || ':' || wait_event, '') AS waits,
