@@ -129,8 +129,20 @@ async def run_process(
             "BCW_HEALTH_PORT", f"cannot listen on {settings.health_port} ({error})"
         ) from error
     try:
-        await _serve(settings, workers, names, instance, metrics, subjects, parts, health,
-                     provider, stopping, refused, on_ready)  # fmt: skip
+        await _serve(
+            settings,
+            workers,
+            names,
+            instance,
+            metrics,
+            subjects,
+            parts,
+            health,
+            provider,
+            stopping,
+            refused,
+            on_ready,
+        )
     finally:
         await health.stop()
         if own_provider and isinstance(provider, TracerProvider):
@@ -191,20 +203,33 @@ async def _serve(
         metrics.watch_pool(pool)
         js = nc.jetstream()
         relay = OutboxRelay(
-            pool, js, settings.outbox, settings.database, metrics, tracer, subjects,
+            pool,
+            js,
+            settings.outbox,
+            settings.database,
+            metrics,
+            tracer,
+            subjects,
             refused=refused_subjects,
             # its own workers' rows (its principal may publish what they emit); a process
             # of no worker (`bcw run relay`) publishes every worker's
             owners=[worker.name for worker in workers] or None,
-        )  # fmt: skip
+        )
         runtime = Runtime(settings, subjects, pool, nc, js, metrics, tracer, instance, relay.wake)
         parts.consumers = [
             FactConsumer(
-                worker, nc=nc, js=js, pool=pool, subjects=subjects, settings=settings.consumer,
-                metrics=metrics, tracer=tracer, on_outbox_rows=relay.wake,
+                worker,
+                nc=nc,
+                js=js,
+                pool=pool,
+                subjects=subjects,
+                settings=settings.consumer,
+                metrics=metrics,
+                tracer=tracer,
+                on_outbox_rows=relay.wake,
             )
             for worker in workers
-        ]  # fmt: skip
+        ]
 
         async def provision() -> None:
             # created when missing, never changed: only `bcw provision` updates a stream;
@@ -215,9 +240,12 @@ async def _serve(
                 dead_publishers=dead_publishers([w.name for w in workers]),
             )
             await streams.streams_for_a_worker(
-                js, subjects, settings.nats.stream_replicas, limits,
+                js,
+                subjects,
+                settings.nats.stream_replicas,
+                limits,
                 only=None if workers else principals.relay_streams(subjects),
-            )  # fmt: skip
+            )
 
         def bound(consumer: FactConsumer) -> Callable[[], Awaitable[None]]:
             async def bind() -> None:
