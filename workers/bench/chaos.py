@@ -80,7 +80,9 @@ class Chaos:
     def worker_env(self) -> dict[str, str]:
         return {
             **os.environ,
-            "BCW_DATABASE_URL": self.postgres_proxy.url("postgresql", f"/{self.database}", "postgres"),
+            "BCW_DATABASE_URL": self.postgres_proxy.url(
+                "postgresql", f"/{self.database}", "postgres"
+            ),
             "BCW_NATS_URL": self.nats_proxy.url("nats"),
             "BCW_SUBJECT_ROOT": self.subjects.root,
             "BCW_HEALTH_PORT": "0",
@@ -91,15 +93,21 @@ class Chaos:
             "BCW_NATS_CONNECT_TIMEOUT": "3",
             # no daemon flushes liveness in this soak: no session may age out meanwhile
             "BCW_LIVENESS_HEARTBEAT_INTERVAL": "3600",
-        }  # fmt: skip
+        }
 
     async def start_worker(self, name: str) -> None:
         log = (self.base / f"{name}.log").open("ab")
         with log:
             self.processes[name] = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "workers.cli", "run", name, env=self.worker_env(),
-                stdout=asyncio.subprocess.DEVNULL, stderr=log,
-            )  # fmt: skip
+                sys.executable,
+                "-m",
+                "workers.cli",
+                "run",
+                name,
+                env=self.worker_env(),
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=log,
+            )
 
     # -- the faults ------------------------------------------------------------------
     async def kill_a_worker(self) -> None:
@@ -136,9 +144,13 @@ class Chaos:
 
     async def rampage(self, until: float) -> None:
         faults: list[Callable[[], Awaitable[None]]] = [
-            self.kill_a_worker, self.kill_a_worker, self.restart_nats, self.restart_postgres,
-            self.cut, self.cut,
-        ]  # fmt: skip
+            self.kill_a_worker,
+            self.kill_a_worker,
+            self.restart_nats,
+            self.restart_postgres,
+            self.cut,
+            self.cut,
+        ]
         while time.monotonic() < until:
             await asyncio.sleep(min(self.rng.uniform(8, 20), max(0.0, until - time.monotonic())))
             if time.monotonic() < until:
@@ -173,11 +185,15 @@ async def _soak(
     await admin.execute(f'CREATE DATABASE "{database}"')
     await admin.close()
     chaos = Chaos(
-        base, nats_server, postgres,
+        base,
+        nats_server,
+        postgres,
         await TcpProxy("127.0.0.1", nats_server.port).start(),
         await TcpProxy("127.0.0.1", postgres.port).start(),
-        database, Subjects(f"chaos{uuid.uuid4().hex[:6]}"), random.Random(seed),
-    )  # fmt: skip
+        database,
+        Subjects(f"chaos{uuid.uuid4().hex[:6]}"),
+        random.Random(seed),
+    )
     await _prepare(chaos, nodes)
     for name in sorted(WORKERS):
         await chaos.start_worker(name)
