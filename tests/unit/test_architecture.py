@@ -109,6 +109,13 @@ def test_the_readme_diagram_names_the_real_processes_and_streams() -> None:
     from workers.registry import WORKERS
 
     names = Subjects()
-    for name in (*WORKERS, names.facts_stream, names.events_stream, names.gateway_stream,
-                 names.dead_stream, "PostgreSQL", "gateways"):  # fmt: skip
+    for name in (
+        *WORKERS,
+        names.facts_stream,
+        names.events_stream,
+        names.gateway_stream,
+        names.dead_stream,
+        "PostgreSQL",
+        "gateways",
+    ):
         assert name in diagram.group(1), name

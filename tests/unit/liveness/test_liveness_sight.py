@@ -195,9 +195,12 @@ def test_a_hash_no_range_row_covers_is_not_seen_unless_a_whole_flush_covers_it()
     assert seen_at(whole) == NOW - 2 * S  # a whole flush names every session
     # a gateway rolled back to whole flushes: its old range rows no longer say anything
     rolled_back = GatewaySight(
-        "gw-1", NOW - 1 * S, None, ranges=((0, HASH_SPACE, NOW - 3600 * S),),
+        "gw-1",
+        NOW - 1 * S,
+        None,
+        ranges=((0, HASH_SPACE, NOW - 3600 * S),),
         whole_flush_at=NOW - 1 * S,
-    )  # fmt: skip
+    )
     assert sees(rolled_back, NOW, RULES)
 
 
