@@ -67,9 +67,12 @@ async def _provisioned(keys: Path, url: str, **env: str) -> str:
             if stream.config.name and stream.config.name.startswith(SUBJECTS.stream_prefix):
                 await js.delete_stream(stream.config.name)
     code, output = await bcw(
-        "provision", BCW_NATS_URL=url, BCW_SUBJECT_ROOT=SUBJECTS.root,
-        BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk"), **env,
-    )  # fmt: skip
+        "provision",
+        BCW_NATS_URL=url,
+        BCW_SUBJECT_ROOT=SUBJECTS.root,
+        BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk"),
+        **env,
+    )
     assert code == 0, output
     return output
 
@@ -89,10 +92,15 @@ def _attacks(
     likewise."""
     api = "$JS.API.CONSUMER"
     flood = {
-        "durable_name": durable, "name": durable, "deliver_subject": SUBJECTS.revocations,
-        "ack_policy": "explicit", "ack_wait": 50_000_000, "max_deliver": -1,
-        "filter_subject": filter_subject, "deliver_policy": "all",
-    }  # fmt: skip
+        "durable_name": durable,
+        "name": durable,
+        "deliver_subject": SUBJECTS.revocations,
+        "ack_policy": "explicit",
+        "ack_wait": 50_000_000,
+        "max_deliver": -1,
+        "filter_subject": filter_subject,
+        "deliver_policy": "all",
+    }
     idle = {**flood, "inactive_threshold": 1_000_000_000}
     del idle["deliver_subject"]
     ack = f"$JS.ACK.{stream}.{durable}.1.1.1.1.0"
@@ -152,9 +160,10 @@ async def _publish_events(keys: Path, url: str, count: int) -> None:
         js = admin.jetstream()
         for i in range(count):
             await js.publish(
-                SUBJECTS.event("node.connected"), json.dumps({"nodeId": f"n{i}", "epoch": 1}).encode(),
+                SUBJECTS.event("node.connected"),
+                json.dumps({"nodeId": f"n{i}", "epoch": 1}).encode(),
                 headers={"Bc-Type": "node.connected", "Nats-Msg-Id": f"siem-{i}"},
-            )  # fmt: skip
+            )
 
 
 @pytest.mark.parametrize("attacker", ["subscriber", "subscriber-dashboards", "gateway-gw-1"])
@@ -214,9 +223,10 @@ async def test_a_notices_consumer_cannot_be_made_an_amplifier(
         js = admin.jetstream()
         for i in range(3):
             await js.publish(
-                SUBJECTS.notice("gw-1", "zombie"), b"{}",
+                SUBJECTS.notice("gw-1", "zombie"),
+                b"{}",
                 headers={"Bc-Type": "zombie", "Nats-Msg-Id": f"z-{i}"},
-            )  # fmt: skip
+            )
         before = {d: (await js.consumer_info(NOTICES, d)).config for d in ("gw-gw-1", "gw-gw-2")}
         events_before = (await js.stream_info(EVENTS)).state.messages
     async with client_as(keys, secured, "gateway-gw-2") as (listener, _):
@@ -245,8 +255,9 @@ async def test_a_notices_consumer_cannot_be_made_an_amplifier(
         assert (await js.stream_info(EVENTS)).state.messages == events_before
         wanted = notices.consumer_config(SUBJECTS, "gw-1")
         assert (info.config.max_deliver, info.config.filter_subject) == (
-            wanted.max_deliver, wanted.filter_subject,
-        )  # fmt: skip
+            wanted.max_deliver,
+            wanted.filter_subject,
+        )
 
 
 @pytest.mark.parametrize("setup", ["A", "B"])
@@ -321,14 +332,16 @@ async def test_a_gateway_without_its_notices_consumer_says_so_waits_and_follows_
         await gateway.start(autotick=None)
 
         async def said(what: str) -> bool:
-            return any(what in r.getMessage() and "gw-gw-1" in r.getMessage()
-                       for r in caplog.records)  # fmt: skip
+            return any(
+                what in r.getMessage() and "gw-gw-1" in r.getMessage() for r in caplog.records
+            )
 
         await eventually(lambda: said("is missing"), what="the missing consumer said")
         assert gateway.alive
         # no session opens where no command would reach it: the seed's not-started refusal
-        request = HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker",
-                               boot_id="b1", journal_id="j1")  # fmt: skip
+        request = HelloRequest(
+            node_id="n1", cert_serial="n1-serial", role="worker", boot_id="b1", journal_id="j1"
+        )
         with pytest.raises(Refused) as refused:
             await gateway.hello(request, None)  # type: ignore[arg-type]
         assert refused.value.code is Code.UNAVAILABLE and refused.value.retry_after
@@ -370,18 +383,26 @@ async def test_a_worker_binds_its_durable_only_as_provisioned_and_waits_meanwhil
     worker = WORKERS["liveness"](settings)
     stopping, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(
-        run_process(settings, [worker], stopping=stopping, provider=TracerProvider(),
-                    on_ready=lambda *_: ready.set())
-    )  # fmt: skip
+        run_process(
+            settings,
+            [worker],
+            stopping=stopping,
+            provider=TracerProvider(),
+            on_ready=lambda *_: ready.set(),
+        )
+    )
     try:
         async with client_as(keys, secured, "admin") as (admin, _):
             js = admin.jetstream()
 
             async def said() -> bool:
-                return any(f"consumer liveness on {FACTS} differs from these settings: "
-                           "ack_wait 60.0 (settings: 5.0)" in r.getMessage()
-                           and "`bcw provision` makes it" in r.getMessage()
-                           for r in caplog.records)  # fmt: skip
+                return any(
+                    f"consumer liveness on {FACTS} differs from these settings: "
+                    "ack_wait 60.0 (settings: 5.0)"
+                    in r.getMessage()
+                    and "`bcw provision` makes it" in r.getMessage()
+                    for r in caplog.records
+                )
 
             await eventually(said, what="what differs said")
             await asyncio.sleep(1.0)

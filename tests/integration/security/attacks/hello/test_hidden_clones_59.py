@@ -89,8 +89,14 @@ class World:
 def _request(boot: str, gateway: str) -> HelloRequest:
     """n1's Hello from `boot`, proven for `gateway` by n1's key (the clone stole it)."""
     proof = prove(fleet.hello_key("n1"), "n1", boot, "j1", gateway, fleet.rising_at("n1"))
-    return HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker", boot_id=boot,
-                        journal_id="j1", proof=proof)  # fmt: skip
+    return HelloRequest(
+        node_id="n1",
+        cert_serial="n1-serial",
+        role="worker",
+        boot_id=boot,
+        journal_id="j1",
+        proof=proof,
+    )
 
 
 def _settings(secured: str, database_url: str, hold_max: timedelta, gateways: str) -> Settings:
@@ -150,9 +156,12 @@ async def _world(
             )
             stack.push_async_callback(bus.close)
             gateway = Gateway(
-                gateway_id, pool, bus, SUBJECTS,
+                gateway_id,
+                pool,
+                bus,
+                SUBJECTS,
                 settings=GatewaySettings(verdict_wait=0.5, lease_ttl=300.0),
-            )  # fmt: skip
+            )
             await gateway.start(autotick=None)
             stack.push_async_callback(gateway.stop, False)
             started.append(gateway)
@@ -212,8 +221,10 @@ async def test_a_clone_said_as_no_duplicate_is_counted_revoked_and_blamed_on_its
             clone = RecordingStream()
             streams_.append(clone)
             await w.attacker.hello(_request("clone-boot", "gw-1"), clone)
-            await eventually(lambda t=turn: _counted(db, 2 * t + 1),
-                             what="the clone's Hello counted (said: no duplicate)")  # fmt: skip
+            await eventually(
+                lambda t=turn: _counted(db, 2 * t + 1),
+                what="the clone's Hello counted (said: no duplicate)",
+            )
             again = RecordingStream()
             streams_.append(again)
             try:  # n1's daemon, its session superseded, says Hello again at gw-2
@@ -230,11 +241,17 @@ async def test_a_clone_said_as_no_duplicate_is_counted_revoked_and_blamed_on_its
             "ORDER BY epoch"
         )
         assert [tuple(r) for r in recorded] == [
-            (2, "gw-1", True), (3, "gw-2", True), (4, "gw-1", True), (5, "gw-2", True),
-        ]  # fmt: skip
+            (2, "gw-1", True),
+            (3, "gw-2", True),
+            (4, "gw-1", True),
+            (5, "gw-2", True),
+        ]
         assert [tuple(r) for r in counted] == [
-            (2, "gw-1", True), (3, "gw-2", True), (4, "gw-1", True), (5, "gw-2", True),
-        ]  # fmt: skip
+            (2, "gw-1", True),
+            (3, "gw-2", True),
+            (4, "gw-1", True),
+            (5, "gw-2", True),
+        ]
 
         async def revoked() -> bool:
             return bool(await db.fetchval("SELECT is_revoked('n1-serial')"))
@@ -244,8 +261,10 @@ async def test_a_clone_said_as_no_duplicate_is_counted_revoked_and_blamed_on_its
             "SELECT epoch, gateway_id, gateways, held, revoked_at FROM quarantines"
         )
         assert (quarantine["epoch"], quarantine["gateway_id"], quarantine["held"]) == (
-            5, "gw-1", None,
-        ), dict(quarantine)  # fmt: skip
+            5,
+            "gw-1",
+            None,
+        ), dict(quarantine)
         assert sorted(quarantine["gateways"]) == ["gw-1", "gw-2"]
         # nothing released by the hold bound; the fourth's session, and after the
         # revocation any session, gets nothing
@@ -307,8 +326,9 @@ async def test_a_clone_whose_hello_fact_never_comes_gets_nothing_and_the_node_ge
         mine = RecordingStream()
         honest = await w.honest.hello(_request("b1", "gw-2"), mine)
         await eventually(lambda: _is(db, secret, "dispatched"), what="the secret sent to n1")
-        delivered = await db.fetchval("SELECT session_epoch FROM commands WHERE command_id = $1",
-                                      secret)  # fmt: skip
+        delivered = await db.fetchval(
+            "SELECT session_epoch FROM commands WHERE command_id = $1", secret
+        )
         assert delivered == honest.epoch and clone.delivered == []
         counted = await db.fetch(
             "SELECT epoch, gateway_id FROM node_alternations WHERE node_id = 'n1' ORDER BY epoch"
@@ -319,8 +339,9 @@ async def test_a_clone_whose_hello_fact_never_comes_gets_nothing_and_the_node_ge
         )
         if duplicate:  # the clone's session was still live: both counted
             assert [tuple(r) for r in counted] == [
-                (welcome.epoch, "gw-1"), (honest.epoch, "gw-2"),
-            ]  # fmt: skip
+                (welcome.epoch, "gw-1"),
+                (honest.epoch, "gw-2"),
+            ]
 
 
 # -- the quarantine alone: what it counts is the record ----------------------------------
@@ -347,9 +368,14 @@ async def _recorded_hello(
     (`recorded`) or not; its fact says `says`."""
     boot, other = ("boot-a", "boot-b") if epoch % 2 else ("boot-b", "boot-a")
     hello = fleet.hello(
-        "n1", epoch, gateway_id=gateway, boot_id=boot, cert={"serial": "n1-serial"},
-        duplicate=says, previous={"epoch": epoch - 1, "live": says},
-    )  # fmt: skip
+        "n1",
+        epoch,
+        gateway_id=gateway,
+        boot_id=boot,
+        cert={"serial": "n1-serial"},
+        duplicate=says,
+        previous={"epoch": epoch - 1, "live": says},
+    )
     other_gateway = "gw-2" if gateway == "gw-1" else "gw-1"
     await db.execute(RECORD, epoch, gateway, boot, hello.fact_id, other_gateway, other, recorded)
     return hello
@@ -388,12 +414,17 @@ async def test_a_duplicate_whose_fact_never_came_is_counted_with_the_next(
     assert await _alternations(db) == [(2, "gw-1"), (3, "gw-2"), (4, "gw-1"), (5, "gw-2")]
     events = await drive.published("security.node.duplicate-session")
     assert [(e["gatewayId"], e["alternations"], e["quarantined"]) for e in events] == [
-        ("gw-1", 1, False), ("gw-2", 2, False), ("gw-1", 3, False), ("gw-2", 4, True),
-    ]  # fmt: skip
+        ("gw-1", 1, False),
+        ("gw-2", 2, False),
+        ("gw-1", 3, False),
+        ("gw-2", 4, True),
+    ]
     row = await db.fetchrow("SELECT gateway_id, gateways, held FROM quarantines")
     assert (row["gateway_id"], sorted(row["gateways"]), row["held"]) == (
-        "gw-1", ["gw-1", "gw-2"], None,
-    )  # fmt: skip
+        "gw-1",
+        ["gw-1", "gw-2"],
+        None,
+    )
     assert await db.fetchval("SELECT is_revoked('n1-serial')")
     await drive.send(*withheld)
     assert drive.settled("duplicate") == 2
