@@ -140,8 +140,11 @@ async def test_a_session_ends_when_its_certificate_expires(
     await gateway.tick()
     assert "n1" not in gateway.sessions and stream.dropped == ["certificate-expired"]
     assert stream.codes == ["UNAUTHENTICATED"]  # the status the stream ends with
-    closed = [json.loads(m.data) for m in await stream_messages(nc.jetstream(), subjects.facts_stream)
-              if m.headers["Bc-Type"] == "closed"]  # fmt: skip
+    closed = [
+        json.loads(m.data)
+        for m in await stream_messages(nc.jetstream(), subjects.facts_stream)
+        if m.headers["Bc-Type"] == "closed"
+    ]
     assert [c["reason"] for c in closed] == ["certificate-expired"]
 
 
@@ -191,11 +194,15 @@ async def test_a_zombie_notice_and_a_graceful_shutdown_close_their_sessions(
     assert await db.fetchval(  # its sessions closed, its lease given up rather than left to run
         "SELECT lease_expires_at <= compute_now() FROM gateways WHERE gateway_id = 'gw-a'"
     )
-    closed = [json.loads(m.data) for m in await stream_messages(js, subjects.facts_stream)
-              if m.headers["Bc-Type"] == "closed"]  # fmt: skip
+    closed = [
+        json.loads(m.data)
+        for m in await stream_messages(js, subjects.facts_stream)
+        if m.headers["Bc-Type"] == "closed"
+    ]
     assert [(c["node_id"], c["reason"], c["code"]) for c in closed] == [
-        ("n1", "fenced", "ABORTED"), ("n2", "gateway-shutdown", "UNAVAILABLE")
-    ]  # fmt: skip
+        ("n1", "fenced", "ABORTED"),
+        ("n2", "gateway-shutdown", "UNAVAILABLE"),
+    ]
 
 
 async def test_a_duplicate_hello_holds_its_session_and_a_serial_revoked_meanwhile_is_refused(
@@ -217,9 +224,15 @@ async def test_a_duplicate_hello_holds_its_session_and_a_serial_revoked_meanwhil
     async with pool.acquire() as conn:  # past admission, as if it had read before the revoke
         with pytest.raises(store.Revoked):
             await store.open_session(
-                conn, "gw-a", gateway.lease_epoch, request(boot_id="b3"), False,
-                GatewaySettings().live_window, None, uuid.uuid4(),
-            )  # fmt: skip
+                conn,
+                "gw-a",
+                gateway.lease_epoch,
+                request(boot_id="b3"),
+                False,
+                GatewaySettings().live_window,
+                None,
+                uuid.uuid4(),
+            )
     assert await db.fetchval("SELECT session_epoch FROM node_sessions") == 3
 
 
@@ -299,15 +312,34 @@ async def test_the_hello_transaction_and_its_fact(
     )
     old_stream = RecordingStream()
     gateway.sessions["n1"].stream = old_stream
-    second = await fleet.say_hello(gateway, request(boot_id="b2", journal_id="j2", daemon_version="2.1.0", proto_max=2, capabilities=["nvml", "NOT VALID", "cpu", "cpu"]))  # fmt: skip
+    second = await fleet.say_hello(
+        gateway,
+        request(
+            boot_id="b2",
+            journal_id="j2",
+            daemon_version="2.1.0",
+            proto_max=2,
+            capabilities=["nvml", "NOT VALID", "cpu", "cpu"],
+        ),
+    )
     assert (first.epoch, second.epoch) == (1, 2)
     row = await db.fetchrow(
         "SELECT *, connected_at > compute_now() - interval '1 minute' AS connected_now "
         "FROM node_sessions WHERE node_id = 'n1'"
     )
-    assert (row["session_epoch"], row["gateway_id"], row["boot_id"], row["journal_id"], row["acked_event_seq"]) == (
-        2, "gw-a", "b2", "j2", 0,  # a new journal resets the ack
-    )  # fmt: skip
+    assert (
+        row["session_epoch"],
+        row["gateway_id"],
+        row["boot_id"],
+        row["journal_id"],
+        row["acked_event_seq"],
+    ) == (
+        2,
+        "gw-a",
+        "b2",
+        "j2",
+        0,  # a new journal resets the ack
+    )
     # the statement's other fields: the session's own from this Hello on
     assert (row["role"], row["daemon_version"], row["proto_max"]) == ("worker", "2.1.0", 2)
     assert row["connected_now"] and row["disconnected_at"] is None
@@ -382,7 +414,8 @@ async def test_the_live_window_is_three_heartbeats_of_a_quiet_but_routed_row(
         "SELECT node_id, previous_live FROM session_epochs WHERE epoch = 2 ORDER BY node_id"
     )
     assert [(r["node_id"], r["previous_live"]) for r in rows] == [
-        ("quiet-29", True), ("quiet-31", False)
-    ]  # fmt: skip
+        ("quiet-29", True),
+        ("quiet-31", False),
+    ]
     held = await db.fetch("SELECT node_id FROM node_sessions WHERE held_epoch IS NOT NULL")
     assert [r["node_id"] for r in held] == ["quiet-29"]  # the duplicate identity is held

@@ -149,9 +149,15 @@ async def test_a_notice_from_a_newer_worker_is_read_tolerantly(
     unknown = {"Bc-Type": "drain", "Bc-Schema": "1", "Nats-Msg-Id": str(uuid.uuid4())}
     await js.publish(subjects.notice("gw-a", "drain"), b'{"node_id": "n1"}', headers=unknown)
     notice = Dispatch(
-        node_id="n1", epoch=welcome.epoch, command_id=uuid.uuid4(), seq=1, kind="exec",
-        lane="default", attempt=1, payload={},
-    )  # fmt: skip
+        node_id="n1",
+        epoch=welcome.epoch,
+        command_id=uuid.uuid4(),
+        seq=1,
+        kind="exec",
+        lane="default",
+        attempt=1,
+        payload={},
+    )
     body, headers = REGISTRY.encode(notice)
     later = json.dumps({**json.loads(body), "deadline_ms": 5000}).encode()
     await js.publish(subjects.notice("gw-a", "dispatch"), later, headers=headers)

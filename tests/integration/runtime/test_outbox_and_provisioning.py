@@ -114,9 +114,15 @@ async def test_a_relay_claims_and_counts_only_its_own_workers_rows(
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     metrics = Metrics()
     relay = OutboxRelay(
-        pool, js, OutboxSettings(), DatabaseSettings(url=database_url), metrics,
-        trace.NoOpTracer(), subjects, owners=["liveness"],
-    )  # fmt: skip
+        pool,
+        js,
+        OutboxSettings(),
+        DatabaseSettings(url=database_url),
+        metrics,
+        trace.NoOpTracer(),
+        subjects,
+        owners=["liveness"],
+    )
     try:
         await relay.observe()
         assert (metrics.outbox_backlog.value(), await relay.backlog()) == (3.0, 3)
@@ -184,9 +190,12 @@ async def test_provisioning_is_idempotent_and_corrects_drift(nc: NATS, subjects:
 
 
 async def test_a_worker_started_after_an_operators_edit_leaves_the_stream_as_edited(
-    servers: Servers, nc: NATS, subjects: Subjects, database_url: str,
+    servers: Servers,
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     """Only `bcw provision` changes a stream: a worker's start creates a missing one
     (a development server) and reports, never reverts, one an operator edited."""
     from tests.integration.support import make_settings, running
@@ -242,10 +251,17 @@ async def test_cli_provision_and_dead_letters(
 
     stored = await js.publish(subjects.fact("gw-1", "hello"), b"{}", headers={"Bc-Type": "hello"})
     await dead_letter(
-        js, subjects, "liveness", subject=subjects.fact("gw-1", "hello"), stream=subjects.facts_stream,
-        stream_seq=stored.seq, data=b"{}", headers={"Bc-Type": "hello", "Nats-Msg-Id": "m-1"},
-        reason="invalid hello: field 'boot_id': Field required", cause="invalid",
-    )  # fmt: skip
+        js,
+        subjects,
+        "liveness",
+        subject=subjects.fact("gw-1", "hello"),
+        stream=subjects.facts_stream,
+        stream_seq=stored.seq,
+        data=b"{}",
+        headers={"Bc-Type": "hello", "Nats-Msg-Id": "m-1"},
+        reason="invalid hello: field 'boot_id': Field required",
+        cause="invalid",
+    )
     code, out = await _bcw(servers, subjects, "dead-letters", "list")
     assert code == 0 and "field 'boot_id'" in out and "1 dead letter(s)" in out
     code, out = await _bcw(servers, subjects, "dead-letters", "redrive", "--worker", "liveness")
@@ -284,10 +300,17 @@ async def test_redrive_needs_a_choice_dry_runs_and_finds_a_sequence_beyond_a_pag
     for seq in range(1, 6):  # the facts they hold, stored at 1 … 5
         await js.publish(subjects.fact("gw-1", "result"), b"{}", headers={"Bc-Type": "result"})
         await dead_letter(
-            js, subjects, "replay", subject=subjects.fact("gw-1", "result"),
-            stream=subjects.facts_stream, stream_seq=seq, data=b"{}",
-            headers={"Bc-Type": "result"}, reason=f"r{seq}", cause="handler",
-        )  # fmt: skip
+            js,
+            subjects,
+            "replay",
+            subject=subjects.fact("gw-1", "result"),
+            stream=subjects.facts_stream,
+            stream_seq=seq,
+            data=b"{}",
+            headers={"Bc-Type": "result"},
+            reason=f"r{seq}",
+            cause="handler",
+        )
     # no filter: refused before any connection, nothing touched
     code, out = await bcw("dead-letters", "redrive", BCW_NATS_URL="nats://10.255.255.1:4222")
     assert code == 2 and "say which: --worker, --cause, --seq, or --all" in out
@@ -304,13 +327,24 @@ async def test_redrive_needs_a_choice_dry_runs_and_finds_a_sequence_beyond_a_pag
 
     listed = [json.loads(line) for line in out.splitlines()]
     assert [(x["stream"], x["seq"], x["worker"], x["cause"], x["reason"]) for x in listed] == [
-        (dead, 1, "replay", "handler", "r1"), (dead, 2, "replay", "handler", "r2"),
-    ]  # fmt: skip
+        (dead, 1, "replay", "handler", "r1"),
+        (dead, 2, "replay", "handler", "r2"),
+    ]
     # --seq beyond the first page is looked up directly; one that holds none is said
     code, out = await _bcw(
-        servers, subjects, "dead-letters", "redrive", "--seq", f"{dead}:5", "--seq", f"{dead}:99",
-        "--seq", f"{subjects.facts_stream}:1", "--limit", "1",
-    )  # fmt: skip
+        servers,
+        subjects,
+        "dead-letters",
+        "redrive",
+        "--seq",
+        f"{dead}:5",
+        "--seq",
+        f"{dead}:99",
+        "--seq",
+        f"{subjects.facts_stream}:1",
+        "--limit",
+        "1",
+    )
     assert code == 1 and f"re-drove {dead}:5" in out and f"no dead letter at {dead}:99" in out
     assert f"no dead letter at {subjects.facts_stream}:1" in out  # a fact is no letter
     code, out = await _bcw(servers, subjects, "dead-letters", "redrive", "--seq", "5")
@@ -354,9 +388,14 @@ async def test_a_row_that_can_never_be_published_does_not_jam_the_relay(
         )
         metrics = Metrics()
         relay = OutboxRelay(
-            pool, js, OutboxSettings(batch_size=10), DatabaseSettings(url=database_url), metrics,
-            trace.NoOpTracer(), subjects,
-        )  # fmt: skip
+            pool,
+            js,
+            OutboxSettings(batch_size=10),
+            DatabaseSettings(url=database_url),
+            metrics,
+            trace.NoOpTracer(),
+            subjects,
+        )
         assert await relay.flush(time.monotonic() + 10) == 5
         assert await conn.fetchval(OUTBOX_LEFT) == 0
         [buried] = await conn.fetch("SELECT msg_id, reason, length(body) AS n FROM outbox_dead")
