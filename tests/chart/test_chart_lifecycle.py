@@ -121,6 +121,7 @@ def test_every_pod_pulls_from_the_private_registry_with_every_pull_secret() -> N
             assert container["image"] == "registry.example.com/platform/bc-workers:0.4.0", name
 
 
+# one case a row, read down its columns: kept out of the formatter (fmt: skip)
 @pytest.mark.parametrize(
     ("image", "global_registry", "expected"),
     [
@@ -268,10 +269,14 @@ def test_extra_env_replaces_what_the_chart_sets_and_a_workers_own_env_wins() -> 
 
 def test_defaults_replicas_apply_and_notes_tell_the_real_counts_and_streams() -> None:
     values = {
-        **MINIMAL, "defaults": {"replicas": 3}, "subjectRoot": "my-fleet",
+        **MINIMAL,
+        "defaults": {"replicas": 3},
+        "subjectRoot": "my-fleet",
         "workers": {"replay": {"replicas": 5}, "recorder": {"replicas": 0}},
-        "nats": {"factsGateways": ["gw-1"]}, "relay": {"enabled": True}, "logLevel": "CRITICAL",
-    }  # fmt: skip
+        "nats": {"factsGateways": ["gw-1"]},
+        "relay": {"enabled": True},
+        "logLevel": "CRITICAL",
+    }
     deployments = by_kind(render(values), "Deployment")
     replicas = {
         n.removeprefix("fleet-bc-workers-"): d["spec"]["replicas"] for n, d in deployments.items()
@@ -315,19 +320,39 @@ SCALED_OBJECT = {
             "type": "object",
             "required": ["scaleTargetRef", "triggers"],
             "properties": {
-                "scaleTargetRef": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}},
-                **{k: {"type": "integer", "minimum": 0, "maximum": 2**31 - 1} for k in ("minReplicaCount", "maxReplicaCount", "pollingInterval", "cooldownPeriod")},
+                "scaleTargetRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {"name": {"type": "string"}},
+                },
+                **{
+                    k: {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}
+                    for k in (
+                        "minReplicaCount",
+                        "maxReplicaCount",
+                        "pollingInterval",
+                        "cooldownPeriod",
+                    )
+                },
                 "triggers": {
-                    "type": "array", "minItems": 1,
+                    "type": "array",
+                    "minItems": 1,
                     "items": {
-                        "type": "object", "required": ["type", "metadata"],
-                        "properties": {"type": {"type": "string"}, "metadata": {"type": "object", "additionalProperties": {"type": "string"}}},
+                        "type": "object",
+                        "required": ["type", "metadata"],
+                        "properties": {
+                            "type": {"type": "string"},
+                            "metadata": {
+                                "type": "object",
+                                "additionalProperties": {"type": "string"},
+                            },
+                        },
                     },
                 },
             },
         },
     },
-}  # fmt: skip
+}
 #: what the nats-jetstream scaler reads (its documented parameters)
 JETSTREAM_TRIGGER = {
     "natsServerMonitoringEndpoint",
@@ -341,9 +366,10 @@ JETSTREAM_TRIGGER = {
 def test_keda_scales_each_listed_worker_on_its_consumers_lag() -> None:
     assert not by_kind(render(MINIMAL), "ScaledObject")  # off by default
     values = {
-        **MINIMAL, "subjectRoot": "my-fleet",
+        **MINIMAL,
+        "subjectRoot": "my-fleet",
         "autoscaling": {"enabled": True, "workers": ["labeler", "replay"], "maxReplicas": 6},
-    }  # fmt: skip
+    }
     docs = render(values)
     scaled = by_kind(docs, "ScaledObject")
     deployments = by_kind(docs, "Deployment")
