@@ -19,9 +19,7 @@ stream per gateway).
   secret waits. n1's daemon says Hello again at gw-2: the clone's Hello is counted from
   its record with it, and the secret goes to n1.
 
-And the quarantine alone (a driver in place of the gateways): the record decides what is
-counted, not the fact; a recorded duplicate whose fact never came is counted, and said,
-with the node's next one, and its fact arriving at last counts nothing again.
+The quarantine alone, counting from the record: test_counted_from_the_record_59.py.
 """
 
 from __future__ import annotations
@@ -36,14 +34,11 @@ from typing import Any
 
 import asyncpg
 import pytest
-from nats.aio.client import Client as NATS
 
 from schemas.facts import Fact, Hello, PreviousSession
 from schemas.proof import prove
-from schemas.subjects import Subjects
-from tests.conftest import Clock, Servers
+from tests.conftest import Clock
 from tests.integration import fleet
-from tests.integration.driver import Driver, driving
 from tests.integration.security.conftest import (
     SUBJECTS,
     client_as,
@@ -53,7 +48,6 @@ from tests.integration.security.conftest import (
 )
 from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, make_settings, running
-from workers import quarantine
 from workers.embedded import EmbeddedNats
 from workers.gateway import Gateway, GatewaySettings, HelloRequest, Refused, notices, store
 from workers.registry import WORKERS
@@ -342,90 +336,3 @@ async def test_a_clone_whose_hello_fact_never_comes_gets_nothing_and_the_node_ge
                 (welcome.epoch, "gw-1"),
                 (honest.epoch, "gw-2"),
             ]
-
-
-# -- the quarantine alone: what it counts is the record ----------------------------------
-
-# what the Hello transaction records for an epoch (migration 0049): its judgement
-RECORD = """
-INSERT INTO session_epochs (node_id, epoch, gateway_id, boot_id, journal_id, hello_fact_id,
-                            previous_epoch, previous_gateway_id, previous_boot_id,
-                            previous_live, duplicate)
-VALUES ('n1', $1::bigint, $2, $3, 'j1', $4, $1::bigint - 1, $5, $6, true, $7)
-"""
-
-
-@pytest.fixture
-async def drive(servers: Servers, nc: NATS, subjects: Subjects, database_url: str):  # type: ignore[no-untyped-def]
-    async with driving(servers, nc, subjects, database_url, quarantine.build) as driver:
-        yield driver
-
-
-async def _recorded_hello(
-    db: asyncpg.Connection, epoch: int, gateway: str, recorded: bool, says: bool
-) -> object:
-    """n1's Hello at `epoch` through `gateway`: its transaction recorded it a duplicate
-    (`recorded`) or not; its fact says `says`."""
-    boot, other = ("boot-a", "boot-b") if epoch % 2 else ("boot-b", "boot-a")
-    hello = fleet.hello(
-        "n1",
-        epoch,
-        gateway_id=gateway,
-        boot_id=boot,
-        cert={"serial": "n1-serial"},
-        duplicate=says,
-        previous={"epoch": epoch - 1, "live": says},
-    )
-    other_gateway = "gw-2" if gateway == "gw-1" else "gw-1"
-    await db.execute(RECORD, epoch, gateway, boot, hello.fact_id, other_gateway, other, recorded)
-    return hello
-
-
-async def _alternations(db: asyncpg.Connection) -> list[tuple[int, str]]:
-    rows = await db.fetch("SELECT epoch, gateway_id FROM node_alternations ORDER BY epoch")
-    return [(r["epoch"], r["gateway_id"]) for r in rows]
-
-
-async def test_the_record_decides_what_is_counted_not_the_fact(
-    drive: Driver, db: asyncpg.Connection
-) -> None:
-    await fleet.session(db, "n1", epoch=1)
-    hidden = await _recorded_hello(db, 2, "gw-1", recorded=True, says=False)  # a hidden clone
-    made_up = await _recorded_hello(db, 3, "gw-1", recorded=False, says=True)  # no clone at all
-    await drive.send(hidden, made_up)
-    assert await _alternations(db) == [(2, "gw-1")]
-    assert drive.settled("ignored") == 1
-    [event] = await drive.published("security.node.duplicate-session")
-    assert (event["gatewayId"], event["bootId"], event["alternations"]) == ("gw-1", "boot-b", 1)
-
-
-async def test_a_duplicate_whose_fact_never_came_is_counted_with_the_next(
-    drive: Driver, db: asyncpg.Connection
-) -> None:
-    """gw-1 never says the clone's Hellos (epochs 2, 4); n1's reconnects through gw-2 (3, 5)
-    are said: at the fourth the node is quarantined (two gateways), blamed on gw-1. The
-    withheld facts, arriving at last, count nothing again."""
-    await fleet.session(db, "n1", epoch=1)
-    withheld = [await _recorded_hello(db, e, "gw-1", recorded=True, says=True) for e in (2, 4)]
-    said = [await _recorded_hello(db, e, "gw-2", recorded=True, says=True) for e in (3, 5)]
-    await drive.send(said[0])
-    assert await _alternations(db) == [(2, "gw-1"), (3, "gw-2")]
-    await drive.send(said[1])
-    assert await _alternations(db) == [(2, "gw-1"), (3, "gw-2"), (4, "gw-1"), (5, "gw-2")]
-    events = await drive.published("security.node.duplicate-session")
-    assert [(e["gatewayId"], e["alternations"], e["quarantined"]) for e in events] == [
-        ("gw-1", 1, False),
-        ("gw-2", 2, False),
-        ("gw-1", 3, False),
-        ("gw-2", 4, True),
-    ]
-    row = await db.fetchrow("SELECT gateway_id, gateways, held FROM quarantines")
-    assert (row["gateway_id"], sorted(row["gateways"]), row["held"]) == (
-        "gw-1",
-        ["gw-1", "gw-2"],
-        None,
-    )
-    assert await db.fetchval("SELECT is_revoked('n1-serial')")
-    await drive.send(*withheld)
-    assert drive.settled("duplicate") == 2
-    assert len(await drive.published("security.node.duplicate-session")) == 4
