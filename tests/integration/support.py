@@ -261,7 +261,7 @@ async def hellos_applied_by_workers(
     `nodes` (joined here) and stop on SIGTERM; their exit codes (each 0 when clean)."""
     import signal
 
-    from workers.bench.chaos import join_fleet, publish_hellos, wait_settled
+    from workers.bench.chaos.flow import join_fleet, publish_hellos, wait_settled
     from workers.bench.common import spawn_workers
 
     await join_fleet(database_url, nodes)

@@ -25,7 +25,7 @@ from tests.conftest import Servers
 from tests.integration.support import eventually
 from tests.upgrade.conftest import run_bcw
 from tests.upgrade.release import Release
-from workers.bench.chaos import (
+from workers.bench.chaos.flow import (
     HELLO_WORKERS,
     INBOX_WORKERS,
     count_effects,

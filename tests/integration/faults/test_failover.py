@@ -27,7 +27,7 @@ from nats.aio.client import Client as NATS
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration.support import eventually
-from workers.bench.chaos import (
+from workers.bench.chaos.flow import (
     HELLO_WORKERS,
     count_effects,
     hellos_handled,
