@@ -261,9 +261,10 @@ def test_no_annotation_carries_a_digest_of_a_secret(values: dict[str, Any]) -> N
     labeler = by_kind(docs, "Deployment")["fleet-bc-workers-labeler"]
     names = labeler["spec"]["template"]["metadata"]["annotations"]["bc.dev/secrets"]
     assert names == (
-        "bcw-labeler-database,bcw-labeler-nats" if values is not MINIMAL
+        "bcw-labeler-database,bcw-labeler-nats"
+        if values is not MINIMAL
         else "fleet-bc-workers-database"
-    )  # fmt: skip
+    )
 
 
 def test_the_otlp_endpoint_and_protocol_reach_every_worker() -> None:

@@ -43,16 +43,20 @@ def test_secrets_are_mounted_key_by_key() -> None:
 @pytest.mark.parametrize(
     ("values", "named"),
     [
-        ({"database": {"existingSecret": "shared"}, "nats": {"factsGateways": ["gw-1"]}},
-         "workers.labeler.database.existingSecret"),
         (
-            {"database": {"existingSecret": "shared"},
-             "nats": {"credentials": {"existingSecret": "all"}, "factsGateways": ["gw-1"]},
-             "workers": {w: {"database": {"existingSecret": f"{w}-db"}} for w in WORKERS}},
+            {"database": {"existingSecret": "shared"}, "nats": {"factsGateways": ["gw-1"]}},
+            "workers.labeler.database.existingSecret",
+        ),
+        (
+            {
+                "database": {"existingSecret": "shared"},
+                "nats": {"credentials": {"existingSecret": "all"}, "factsGateways": ["gw-1"]},
+                "workers": {w: {"database": {"existingSecret": f"{w}-db"}} for w in WORKERS},
+            },
             "workers.labeler.nats.existingSecret",
         ),
     ],
-)  # fmt: skip
+)
 def test_a_worker_without_its_own_credentials_does_not_render(
     values: dict[str, Any], named: str
 ) -> None:
@@ -70,11 +74,19 @@ def test_the_prometheus_rule_alerts_on_exported_metrics_with_a_runbook_line_each
     [group] = rule["spec"]["groups"]
     alerts = {r["alert"]: r for r in group["rules"]}
     assert set(alerts) == {
-        "BcwConsumerLag", "BcwFactAgeHigh", "BcwGatewayBlind", "BcwLivenessBehind", "BcwBreakerOpen",
-        "BcwQuarantineHeld", "BcwHelloProofNotRequired", "BcwFactsStreamFilling",
-        "BcwDeadLetters", "BcwOutboxStuck",
-        "BcwLoopUnheld", "BcwWorkerAbsent",
-    }  # fmt: skip
+        "BcwConsumerLag",
+        "BcwFactAgeHigh",
+        "BcwGatewayBlind",
+        "BcwLivenessBehind",
+        "BcwBreakerOpen",
+        "BcwQuarantineHeld",
+        "BcwHelloProofNotRequired",
+        "BcwFactsStreamFilling",
+        "BcwDeadLetters",
+        "BcwOutboxStuck",
+        "BcwLoopUnheld",
+        "BcwWorkerAbsent",
+    }
     absent = [r for r in group["rules"] if r["alert"] == "BcwWorkerAbsent"]
     assert sorted(r["labels"]["worker"] for r in absent) == sorted(WORKERS)  # one each
     exported = {
@@ -111,13 +123,14 @@ def test_a_cluster_install_can_shape_each_worker() -> None:
         "workers": {
             "recorder": {"enabled": True, "replicas": 0},
             "replay": {
-                "enabled": True, "priorityClassName": "fleet-critical",
+                "enabled": True,
+                "priorityClassName": "fleet-critical",
                 "nodeSelector": {"pool": "replay"},
                 "tolerations": [{"key": "dedicated", "operator": "Exists"}],
                 "affinity": {"podAntiAffinity": {}},
             },
         },
-    }  # fmt: skip
+    }
     docs = render(values)
     deployments = by_kind(docs, "Deployment")
     assert deployments["fleet-bc-workers-recorder"]["spec"]["replicas"] == 0
@@ -168,8 +181,14 @@ def test_a_relay_deployment_takes_the_outbox_off_the_workers_and_helm_test_check
     for doc in docs:
         kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
     with pytest.raises(Exception, match=r"relay\.database\.existingSecret is empty"):
-        render({"database": {"existingSecret": "shared"}, "relay": {"enabled": True}, "nats": {"factsGateways": ["gw-1"]},
-                "workers": {w: {"enabled": False} for w in WORKERS}})  # fmt: skip
+        render(
+            {
+                "database": {"existingSecret": "shared"},
+                "relay": {"enabled": True},
+                "nats": {"factsGateways": ["gw-1"]},
+                "workers": {w: {"enabled": False} for w in WORKERS},
+            }
+        )
 
 
 def test_the_alerting_rules_parse_as_prometheus_reads_them(tmp_path: Path) -> None:

@@ -190,8 +190,10 @@ def test_probes_merge_chart_then_defaults_then_the_components_own() -> None:
         "failureThreshold": 6,
     }
     assert liveness["readinessProbe"] == {
-        "tcpSocket": {"port": "http"}, "periodSeconds": 5, "failureThreshold": 3,
-    }  # fmt: skip
+        "tcpSocket": {"port": "http"},
+        "periodSeconds": 5,
+        "failureThreshold": 3,
+    }
     assert liveness["startupProbe"] is None
     labeler = _probes(docs, "labeler")
     assert labeler["livenessProbe"]["failureThreshold"] == 5
@@ -210,10 +212,18 @@ def test_revision_history_is_a_value_with_a_components_own_winning() -> None:
         relay={"enabled": True, "revisionHistoryLimit": 7},
     )
     deployments = by_kind(render(values), "Deployment")
-    limits = {n.removeprefix("fleet-bc-workers-"): d["spec"]["revisionHistoryLimit"]
-              for n, d in deployments.items()}  # fmt: skip
-    assert limits == {"labeler": 2, "liveness": 2, "quarantine": 2, "recorder": 2, "replay": 0,
-                      "relay": 7}  # fmt: skip
+    limits = {
+        n.removeprefix("fleet-bc-workers-"): d["spec"]["revisionHistoryLimit"]
+        for n, d in deployments.items()
+    }
+    assert limits == {
+        "labeler": 2,
+        "liveness": 2,
+        "quarantine": 2,
+        "recorder": 2,
+        "replay": 0,
+        "relay": 7,
+    }
 
 
 def test_the_disruption_budget_takes_min_available_or_max_unavailable_not_both() -> None:

@@ -66,12 +66,19 @@ def test_incoherent_retention_is_refused_at_render_in_one_line(
 @pytest.mark.parametrize(
     "values",
     [
-        {"nats": {"factsGateways": ["gw-1"], "retention": {"notices": "2m", "facts": "1w"}},
-         "extraEnv": [{"name": "BCW_RETENTION_PROCESSED_FACTS", "value": "8d"}]},
-        {"nats": {"factsGateways": ["gw-1"], "retention": {"events": "120", "deadLetters": "0.5w"}}},
+        {
+            "nats": {"factsGateways": ["gw-1"], "retention": {"notices": "2m", "facts": "1w"}},
+            "extraEnv": [{"name": "BCW_RETENTION_PROCESSED_FACTS", "value": "8d"}],
+        },
+        {
+            "nats": {
+                "factsGateways": ["gw-1"],
+                "retention": {"events": "120", "deadLetters": "0.5w"},
+            }
+        },
         {"extraEnv": [{"name": "BCW_RETENTION_NODE_EVENTS", "value": "1d"}]},
     ],
-)  # fmt: skip
+)
 def test_coherent_retention_renders(values: dict[str, Any]) -> None:
     assert render(_with(**values))
 
@@ -103,8 +110,10 @@ def test_values_without_these_keys_still_render(tmp_path: Path) -> None:
     on = {"enabled": True}
     rendered = helm.Chart.load(str(chart)).render(
         {**MINIMAL, "relay": on, "serviceMonitor": on, "networkPolicy": on},
-        name="fleet", namespace="control-plane", is_install=True,
-    )  # fmt: skip
+        name="fleet",
+        namespace="control-plane",
+        is_install=True,
+    )
     texts = [text for name, text in rendered.items() if not name.endswith(".txt")]
     docs = [d for text in texts for d in yaml.safe_load_all(text) if d]
     deployments = by_kind(docs, "Deployment")

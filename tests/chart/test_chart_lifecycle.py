@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import helm_python as helm
-import jsonschema
 import kubernetes_validate
 import pytest
 
@@ -121,6 +120,7 @@ def test_every_pod_pulls_from_the_private_registry_with_every_pull_secret() -> N
             assert container["image"] == "registry.example.com/platform/bc-workers:0.4.0", name
 
 
+# one case a row, read down its columns: kept out of the formatter (fmt: skip)
 @pytest.mark.parametrize(
     ("image", "global_registry", "expected"),
     [
@@ -268,10 +268,14 @@ def test_extra_env_replaces_what_the_chart_sets_and_a_workers_own_env_wins() -> 
 
 def test_defaults_replicas_apply_and_notes_tell_the_real_counts_and_streams() -> None:
     values = {
-        **MINIMAL, "defaults": {"replicas": 3}, "subjectRoot": "my-fleet",
+        **MINIMAL,
+        "defaults": {"replicas": 3},
+        "subjectRoot": "my-fleet",
         "workers": {"replay": {"replicas": 5}, "recorder": {"replicas": 0}},
-        "nats": {"factsGateways": ["gw-1"]}, "relay": {"enabled": True}, "logLevel": "CRITICAL",
-    }  # fmt: skip
+        "nats": {"factsGateways": ["gw-1"]},
+        "relay": {"enabled": True},
+        "logLevel": "CRITICAL",
+    }
     deployments = by_kind(render(values), "Deployment")
     replicas = {
         n.removeprefix("fleet-bc-workers-"): d["spec"]["replicas"] for n, d in deployments.items()
@@ -301,75 +305,3 @@ def test_defaults_replicas_apply_and_notes_tell_the_real_counts_and_streams() ->
         if "value" in e
     }
     assert env["BCW_LOG_LEVEL"] == "CRITICAL"  # the schema accepts what the application does
-
-
-#: what KEDA's ScaledObject CRD (keda.sh/v1alpha1) requires of the fields the chart sets:
-#: a target by name, int32 counts, triggers each with a type and string-only metadata
-SCALED_OBJECT = {
-    "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "keda.sh/v1alpha1"},
-        "kind": {"const": "ScaledObject"},
-        "spec": {
-            "type": "object",
-            "required": ["scaleTargetRef", "triggers"],
-            "properties": {
-                "scaleTargetRef": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}},
-                **{k: {"type": "integer", "minimum": 0, "maximum": 2**31 - 1} for k in ("minReplicaCount", "maxReplicaCount", "pollingInterval", "cooldownPeriod")},
-                "triggers": {
-                    "type": "array", "minItems": 1,
-                    "items": {
-                        "type": "object", "required": ["type", "metadata"],
-                        "properties": {"type": {"type": "string"}, "metadata": {"type": "object", "additionalProperties": {"type": "string"}}},
-                    },
-                },
-            },
-        },
-    },
-}  # fmt: skip
-#: what the nats-jetstream scaler reads (its documented parameters)
-JETSTREAM_TRIGGER = {
-    "natsServerMonitoringEndpoint",
-    "account",
-    "stream",
-    "consumer",
-    "lagThreshold",
-}
-
-
-def test_keda_scales_each_listed_worker_on_its_consumers_lag() -> None:
-    assert not by_kind(render(MINIMAL), "ScaledObject")  # off by default
-    values = {
-        **MINIMAL, "subjectRoot": "my-fleet",
-        "autoscaling": {"enabled": True, "workers": ["labeler", "replay"], "maxReplicas": 6},
-    }  # fmt: skip
-    docs = render(values)
-    scaled = by_kind(docs, "ScaledObject")
-    deployments = by_kind(docs, "Deployment")
-    assert sorted(scaled) == ["fleet-bc-workers-labeler", "fleet-bc-workers-replay"]
-    for name, obj in scaled.items():
-        jsonschema.validate(obj, SCALED_OBJECT)
-        spec = obj["spec"]
-        assert spec["scaleTargetRef"]["name"] == name and name in deployments
-        assert "replicas" not in deployments[name]["spec"]  # KEDA's, not the chart's
-        assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (2, 6)
-        [trigger] = spec["triggers"]
-        assert trigger["type"] == "nats-jetstream" and set(trigger["metadata"]) >= JETSTREAM_TRIGGER
-        worker = name.removeprefix("fleet-bc-workers-")
-        assert (trigger["metadata"]["stream"], trigger["metadata"]["consumer"]) == (
-            "MY_FLEET_FACTS",
-            worker,
-        )
-    assert (
-        deployments["fleet-bc-workers-liveness"]["spec"]["replicas"] == 2
-    )  # not listed: the chart's
-    for doc in docs:
-        if doc["kind"] != "ScaledObject" and not doc["apiVersion"].startswith(
-            "monitoring.coreos.com"
-        ):
-            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
-    with pytest.raises(Exception, match="minReplicas"):
-        render({**MINIMAL, "autoscaling": {"enabled": True, "minReplicas": 0}})
-    with pytest.raises(Exception, match=r"above autoscaling\.maxReplicas"):
-        render({**MINIMAL, "autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 3}})

@@ -99,8 +99,11 @@ def test_postgres_tls_reaches_every_container_that_reaches_postgres_and_no_other
         != []
     )
     # the test pod reaches NATS only: it mounts no PostgreSQL key
-    assert not [v for v in by_kind(docs, "Pod")["fleet-bc-workers-test"]["spec"]["volumes"]
-                if v["name"] == "pg-tls"]  # fmt: skip
+    assert not [
+        v
+        for v in by_kind(docs, "Pod")["fleet-bc-workers-test"]["spec"]["volumes"]
+        if v["name"] == "pg-tls"
+    ]
     for doc in docs:
         if doc["apiVersion"].startswith("monitoring.coreos.com"):
             continue
@@ -148,12 +151,26 @@ def test_asyncpg_verifies_the_docs_verify_full_url_with_the_charts_variables(
 
     def parse() -> Any:
         _addrs, params, _config = connect_utils._parse_connect_arguments(
-            dsn=dsn, host=None, port=None, user=None, password=None, passfile=None,
-            database=None, command_timeout=None, statement_cache_size=100,
-            max_cached_statement_lifetime=300, max_cacheable_statement_size=15360,
-            ssl=None, direct_tls=None, server_settings=None, target_session_attrs=None,
-            krbsrvname=None, gsslib=None, service=None, servicefile=None,
-        )  # fmt: skip
+            dsn=dsn,
+            host=None,
+            port=None,
+            user=None,
+            password=None,
+            passfile=None,
+            database=None,
+            command_timeout=None,
+            statement_cache_size=100,
+            max_cached_statement_lifetime=300,
+            max_cacheable_statement_size=15360,
+            ssl=None,
+            direct_tls=None,
+            server_settings=None,
+            target_session_attrs=None,
+            krbsrvname=None,
+            gsslib=None,
+            service=None,
+            servicefile=None,
+        )
         return params.ssl
 
     with pytest.raises(FileNotFoundError):
@@ -173,9 +190,10 @@ def _notes(values: dict[str, Any], api_versions: tuple[str, ...]) -> str:
 
 
 @pytest.mark.parametrize(
-    "apis", [CRD_APIS, (), ("monitoring.coreos.com/v1",), ("keda.sh/v1alpha1",)],
+    "apis",
+    [CRD_APIS, (), ("monitoring.coreos.com/v1",), ("keda.sh/v1alpha1",)],
     ids=["both", "none", "monitoring", "keda"],
-)  # fmt: skip
+)
 def test_servicemonitor_rule_and_scaledobject_render_only_where_their_api_is(
     apis: tuple[str, ...],
 ) -> None:
@@ -274,8 +292,10 @@ def test_the_production_example_names_only_objects_the_chart_or_the_docs_make() 
                     assert ref["name"] in secrets, (owner, ref)
     # the CRDs of what it renders: a step installs them
     groups = {d["apiVersion"].split("/")[0] for d in docs if "." in d["apiVersion"].split("/")[0]}
-    crd_steps = {"monitoring.coreos.com": "prometheus-community/kube-prometheus-stack",
-                 "keda.sh": "kedacore/keda"}  # fmt: skip
+    crd_steps = {
+        "monitoring.coreos.com": "prometheus-community/kube-prometheus-stack",
+        "keda.sh": "kedacore/keda",
+    }
     for group in groups - {
         "apps",
         "batch",
@@ -309,8 +329,12 @@ def test_the_production_example_publishes_through_its_relay() -> None:
     assert float(bound) == production().get("prometheusRule", {}).get("outboxAgeSeconds", 60)
     policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
     rendered = pods(docs)
-    assert allowed(policies, labels_of(rendered["Pod/fleet-bc-workers-test"]),
-                   labels_of(rendered["Deployment/fleet-bc-workers-relay"]), 8080)  # fmt: skip
+    assert allowed(
+        policies,
+        labels_of(rendered["Pod/fleet-bc-workers-test"]),
+        labels_of(rendered["Deployment/fleet-bc-workers-relay"]),
+        8080,
+    )
     # no relay, no such check
     assert [
         c["name"]
@@ -344,10 +368,14 @@ def _relay_health(ready: bool, oldest: float) -> Iterator[str]:
 
 @pytest.mark.parametrize(
     ("ready", "oldest", "passes", "says"),
-    [(True, 0.0, True, "ready"), (True, 12.0, True, "waits 12 s"),
-     (True, 600.0, False, "nothing is published"), (False, 0.0, False, "503")],
+    [
+        (True, 0.0, True, "ready"),
+        (True, 12.0, True, "waits 12 s"),
+        (True, 600.0, False, "nothing is published"),
+        (False, 0.0, False, "503"),
+    ],
     ids=["idle", "moving", "stuck", "unready"],
-)  # fmt: skip
+)
 def test_helm_tests_relay_check_fails_when_the_relay_does_not_publish(
     ready: bool, oldest: float, passes: bool, says: str
 ) -> None:

@@ -18,8 +18,15 @@ import yaml
 from tests.chart import upgrade
 from tests.chart.upgrade import CHART, FORMS, Docs, Release
 
-KEPT = ("Deployment", "StatefulSet", "DaemonSet", "Service", "PodDisruptionBudget", "Secret",
-        "ServiceAccount")  # fmt: skip
+KEPT = (
+    "Deployment",
+    "StatefulSet",
+    "DaemonSet",
+    "Service",
+    "PodDisruptionBudget",
+    "Secret",
+    "ServiceAccount",
+)
 #: What an upgrade may remove, each with the reason (a documented choice). None so far: a
 #: kind/name pair listed here must be one the previous release rendered.
 REMOVED: dict[tuple[str, str], str] = {}
@@ -175,17 +182,26 @@ def test_enabled_absent_is_on_and_false_is_off() -> None:
 @pytest.mark.parametrize(
     ("image", "global_registry", "expected"),
     [
-        ({"repository": "registry.example.com/platform/bc-workers"}, "",
-         "registry.example.com/platform/bc-workers:0.4.0"),
-        ({"registry": "quay.io", "repository": "registry.example.com/platform/bc-workers"}, "",
-         "registry.example.com/platform/bc-workers:0.4.0"),
-        ({"repository": "registry.example.com/platform/bc-workers"}, "mirror.local:5000",
-         "mirror.local:5000/platform/bc-workers:0.4.0"),
+        (
+            {"repository": "registry.example.com/platform/bc-workers"},
+            "",
+            "registry.example.com/platform/bc-workers:0.4.0",
+        ),
+        (
+            {"registry": "quay.io", "repository": "registry.example.com/platform/bc-workers"},
+            "",
+            "registry.example.com/platform/bc-workers:0.4.0",
+        ),
+        (
+            {"repository": "registry.example.com/platform/bc-workers"},
+            "mirror.local:5000",
+            "mirror.local:5000/platform/bc-workers:0.4.0",
+        ),
         ({"repository": "localhost:5000/bcw"}, "", "localhost:5000/bcw:0.4.0"),
         ({"repository": "localhost/bcw"}, "", "localhost/bcw:0.4.0"),
         ({"repository": "platform/bc-workers"}, "", "ghcr.io/platform/bc-workers:0.4.0"),
     ],
-)  # fmt: skip
+)
 def test_a_repository_that_names_its_registry_keeps_it(
     image: dict[str, str], global_registry: str, expected: str
 ) -> None:
@@ -243,8 +259,12 @@ def test_the_rollback_runbook_renders_the_previous_chart() -> None:
     """docs/kubernetes.md "Back to 0.3": the previous chart with the values that release
     had (`helm get values --revision`) as `-f`, its init containers' check off."""
     old = old_release("production")
-    current = Release(CHART, old.config, helm.Chart.load(str(CHART)).merge_values(old.config),
-                      upgrade.upgrade(old, "reset-then-reuse-values"))  # fmt: skip
+    current = Release(
+        CHART,
+        old.config,
+        helm.Chart.load(str(CHART)).merge_values(old.config),
+        upgrade.upgrade(old, "reset-then-reuse-values"),
+    )
     runbook = upgrade.coalesce({"migrations": {"waitForSchema": False}}, old.config)
     docs = upgrade.rollback_upgrade(current, old.chart, "values-file", runbook)
     assert objects(docs) == objects(old.manifest)

@@ -35,9 +35,12 @@ def test_make_image_tags_the_image_with_the_version() -> None:
     from tests.upgrade.release import current_version
 
     planned = subprocess.run(
-        ["make", "-n", "image", "ENGINE=docker"], cwd=ROOT, capture_output=True, text=True,
+        ["make", "-n", "image", "ENGINE=docker"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
         check=True,
-    ).stdout  # fmt: skip
+    ).stdout
     version = current_version()
     assert f"docker build --build-arg VERSION={version} -t bc-workers:{version} ." in planned
     ignored = (ROOT / ".dockerignore").read_text().split()
@@ -69,15 +72,28 @@ def test_the_image_install_succeeds_in_a_fresh_venv(tmp_path: Path) -> None:
     installs = re.search(r'pip install --constraint (\S+) "\.\[(\w+)\]"', DOCKERFILE)
     assert installs is not None  # the product and its gRPC exporter extra, pinned
     subprocess.run(
-        [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         "--constraint", str(source / installs.group(1)), f"{source}[{installs.group(2)}]"],
-        check=True, timeout=600, cwd=source,
-    )  # fmt: skip
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--constraint",
+            str(source / installs.group(1)),
+            f"{source}[{installs.group(2)}]",
+        ],
+        check=True,
+        timeout=600,
+        cwd=source,
+    )
     pins = _pins(ROOT / "constraints.txt")
     frozen = subprocess.run(
         [python, "-m", "pip", "freeze", "--exclude", "bc-workers"],
-        check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     assert _pins_of(frozen.splitlines()).items() <= pins.items()
     help_text = subprocess.run(
         [str(venv / "bin" / "bcw"), "--help"], check=True, capture_output=True, text=True
@@ -85,19 +101,27 @@ def test_the_image_install_succeeds_in_a_fresh_venv(tmp_path: Path) -> None:
     for command in ("migrate", "provision", "run", "dead-letters", "events"):
         assert command in help_text
     packaged = subprocess.run(
-        [python, "-c",
-         "import importlib.util as u; from workers.runtime.store.migrate import default_directory as d; "
-         "print(d(), len(list(d().glob('*.sql'))), u.find_spec('workers.bench') is None)"],
-        check=True, capture_output=True, text=True, cwd=tmp_path,  # not this checkout's packages
-    ).stdout.split()  # fmt: skip
+        [
+            python,
+            "-c",
+            "import importlib.util as u; from workers.runtime.store.migrate import default_directory as d; "
+            "print(d(), len(list(d().glob('*.sql'))), u.find_spec('workers.bench') is None)",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,  # not this checkout's packages
+    ).stdout.split()
     assert "site-packages" in packaged[0] and int(packaged[1]) == len(
         list((ROOT / "migrations" / "core").glob("*.sql"))
     )
     assert packaged[2] == "True"  # the benchmarks and the fault proxy stay in the checkout
     bench = subprocess.run(
-        [str(venv / "bin" / "bcw"), "bench", "runtime"], capture_output=True, text=True,
+        [str(venv / "bin" / "bcw"), "bench", "runtime"],
+        capture_output=True,
+        text=True,
         cwd=tmp_path,
-    )  # fmt: skip
+    )
     assert bench.returncode == 2 and "development tool" in bench.stderr, bench.stderr
     assert "Traceback" not in bench.stderr
     licensed = list(

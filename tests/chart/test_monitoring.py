@@ -1,19 +1,31 @@
 """Monitoring as the chart ships it (issue 60, items 6 and 8): KEDA's endpoint where the
-official NATS chart serves the monitoring port, alerts that need no label only the
-chart's ServiceMonitor sets, and the Grafana dashboard with a panel for every metric the
-workers export. Rendered by real Helm."""
+official NATS chart serves the monitoring port and a ScaledObject that scales each listed
+worker on its consumer's lag, alerts that need no label only the chart's ServiceMonitor
+sets, and the Grafana dashboard with a panel for every metric the workers export.
+Rendered by real Helm."""
 
 from __future__ import annotations
 
 import json
 import re
 
+import jsonschema
+import kubernetes_validate
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.chart.test_chart import CHART, MINIMAL, WORKERS, by_kind, production, render
+from tests.chart.test_chart import (
+    CHART,
+    KUBE_VERSION,
+    MINIMAL,
+    WORKERS,
+    by_kind,
+    production,
+    render,
+)
 from tests.chart.test_chart_prod import DOCS, KUBERNETES_MD
 
-# -- KEDA's endpoint ----------------------------------------------------------------------
+# -- KEDA: its endpoint and its ScaledObjects ---------------------------------------------
 
 
 def test_kedas_default_endpoint_is_the_headless_service_of_the_documented_nats_release() -> None:
@@ -30,6 +42,98 @@ def test_kedas_default_endpoint_is_the_headless_service_of_the_documented_nats_r
             f"{release}-headless.{namespace}.svc.cluster.local:8222"
         ), name
     assert "leader" in KUBERNETES_MD and "useHttps" in KUBERNETES_MD
+
+
+#: what KEDA's ScaledObject CRD (keda.sh/v1alpha1) requires of the fields the chart sets:
+#: a target by name, int32 counts, triggers each with a type and string-only metadata
+SCALED_OBJECT = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "ScaledObject"},
+        "spec": {
+            "type": "object",
+            "required": ["scaleTargetRef", "triggers"],
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {"name": {"type": "string"}},
+                },
+                **{
+                    k: {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}
+                    for k in (
+                        "minReplicaCount",
+                        "maxReplicaCount",
+                        "pollingInterval",
+                        "cooldownPeriod",
+                    )
+                },
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["type", "metadata"],
+                        "properties": {
+                            "type": {"type": "string"},
+                            "metadata": {
+                                "type": "object",
+                                "additionalProperties": {"type": "string"},
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+#: what the nats-jetstream scaler reads (its documented parameters)
+JETSTREAM_TRIGGER = {
+    "natsServerMonitoringEndpoint",
+    "account",
+    "stream",
+    "consumer",
+    "lagThreshold",
+}
+
+
+def test_keda_scales_each_listed_worker_on_its_consumers_lag() -> None:
+    assert not by_kind(render(MINIMAL), "ScaledObject")  # off by default
+    values = {
+        **MINIMAL,
+        "subjectRoot": "my-fleet",
+        "autoscaling": {"enabled": True, "workers": ["labeler", "replay"], "maxReplicas": 6},
+    }
+    docs = render(values)
+    scaled = by_kind(docs, "ScaledObject")
+    deployments = by_kind(docs, "Deployment")
+    assert sorted(scaled) == ["fleet-bc-workers-labeler", "fleet-bc-workers-replay"]
+    for name, obj in scaled.items():
+        jsonschema.validate(obj, SCALED_OBJECT)
+        spec = obj["spec"]
+        assert spec["scaleTargetRef"]["name"] == name and name in deployments
+        assert "replicas" not in deployments[name]["spec"]  # KEDA's, not the chart's
+        assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (2, 6)
+        [trigger] = spec["triggers"]
+        assert trigger["type"] == "nats-jetstream" and set(trigger["metadata"]) >= JETSTREAM_TRIGGER
+        worker = name.removeprefix("fleet-bc-workers-")
+        assert (trigger["metadata"]["stream"], trigger["metadata"]["consumer"]) == (
+            "MY_FLEET_FACTS",
+            worker,
+        )
+    # liveness is not listed: its replicas are the chart's
+    assert deployments["fleet-bc-workers-liveness"]["spec"]["replicas"] == 2
+    for doc in docs:
+        if doc["kind"] != "ScaledObject" and not doc["apiVersion"].startswith(
+            "monitoring.coreos.com"
+        ):
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+    with pytest.raises(Exception, match="minReplicas"):
+        render({**MINIMAL, "autoscaling": {"enabled": True, "minReplicas": 0}})
+    with pytest.raises(Exception, match=r"above autoscaling\.maxReplicas"):
+        render({**MINIMAL, "autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 3}})
 
 
 # -- alerts without the chart's ServiceMonitor ---------------------------------------------

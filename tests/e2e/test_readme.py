@@ -58,9 +58,14 @@ def test_the_readme_commands_run_in_order() -> None:
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("BCW_")}
     shell = subprocess.Popen(
-        ["bash", "-c", script], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+        ["bash", "-c", script],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = shell.communicate(timeout=540)
     except subprocess.TimeoutExpired:
@@ -86,9 +91,11 @@ def test_the_diagram_names_the_real_processes_and_streams() -> None:
     [diagram] = re.findall(r"^```mermaid\n(.*?)^```", text, flags=re.M | re.S)
     subjects = Subjects("bc")
     streams = {
-        subjects.facts_stream, subjects.events_stream, subjects.gateway_stream,
+        subjects.facts_stream,
+        subjects.events_stream,
+        subjects.gateway_stream,
         f"{subjects.dead_stream}_&lt;worker&gt;",  # each publisher's own
-    }  # fmt: skip
+    }
     assert set(re.findall(r'\[\["([A-Za-z_&;]+)"\]\]', diagram)) == streams
     drawn = set(re.findall(r"\b[a-z]+\b", diagram))
     assert set(WORKERS) <= drawn

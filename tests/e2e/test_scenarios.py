@@ -110,9 +110,10 @@ async def test_slow_steps_slow_simulated_time_and_every_gateway_keeps_its_lease(
     assert sim.clock() - began >= 30  # the budget is simulated time, spent in full
     assert all(g.alive for g in sim.gateways)
     assert await sim.connected() == 10
-    assert await sim.fetchval(
-        "SELECT count(*) FROM node_sessions WHERE disconnect_reason IS NOT NULL"
-    ) == 0  # fmt: skip
+    assert (
+        await sim.fetchval("SELECT count(*) FROM node_sessions WHERE disconnect_reason IS NOT NULL")
+        == 0
+    )
 
 
 async def test_a_lost_gateway(simulator: Make) -> None:
@@ -151,10 +152,13 @@ async def test_mixed_and_bcw_explain_tells_each_nodes_story(
 
     clone = sim.daemons[0].node_id  # the quarantined clone's identity
     steps = await story(clone)
-    assert after(steps, ("security.node.duplicate-session", "counted"),
-                 ("security.node.duplicate-session", "quarantined"),
-                 ("security.node.quarantined", "duplicate-identity"),
-                 ("node.disconnected", "revoked")), steps  # fmt: skip
+    assert after(
+        steps,
+        ("security.node.duplicate-session", "counted"),
+        ("security.node.duplicate-session", "quarantined"),
+        ("security.node.quarantined", "duplicate-identity"),
+        ("node.disconnected", "revoked"),
+    ), steps
     lost = await sim.fetchval(
         "SELECT node_id FROM commands WHERE failure_reason = 'journal-lost' ORDER BY node_id LIMIT 1"
     )
@@ -167,8 +171,13 @@ async def test_mixed_and_bcw_explain_tells_each_nodes_story(
         " AND detail->>'reason' = 'gateway-lost' ORDER BY node_id LIMIT 1"
     )
     steps = await story(str(stranded))
-    assert after(steps, ("dispatch", "attempt 1"), ("node.disconnected", "gateway-lost"),
-                 ("command.replayed", "attempt 2"), ("command.completed", "attempt 2")), steps  # fmt: skip
+    assert after(
+        steps,
+        ("dispatch", "attempt 1"),
+        ("node.disconnected", "gateway-lost"),
+        ("command.replayed", "attempt 2"),
+        ("command.completed", "attempt 2"),
+    ), steps
     replayed_at = epochs(steps, "command.replayed", "attempt 2")
     assert replayed_at and replayed_at <= epochs(steps, "node.connected", ""), steps
     dispatches = await sim.fetchval(

@@ -21,8 +21,17 @@ from workers.gateway import notices as gateway_notices
 from workers.gateway.gateway import LIVENESS_LOOP
 
 __all__ = [
-    "Provisioned", "flushed", "gateway", "hello", "hello_key", "issued", "join", "proven", "say_hello", "session",
-]  # fmt: skip
+    "Provisioned",
+    "flushed",
+    "gateway",
+    "hello",
+    "hello_key",
+    "issued",
+    "join",
+    "proven",
+    "say_hello",
+    "session",
+]
 
 
 class Provisioned(Gateway):
@@ -77,9 +86,13 @@ def proven(request: HelloRequest, gateway_id: str, at: float | None = None) -> H
     (its clock: now by default), with a one-time id of its own."""
     moment = int(time.time() if at is None else at)
     proof = prove(
-        hello_key(request.node_id), request.node_id, request.boot_id, request.journal_id,
-        gateway_id, moment,
-    )  # fmt: skip
+        hello_key(request.node_id),
+        request.node_id,
+        request.boot_id,
+        request.journal_id,
+        gateway_id,
+        moment,
+    )
     return dataclasses.replace(request, proof=proof)
 
 

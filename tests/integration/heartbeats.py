@@ -48,7 +48,16 @@ class Fleet:
             for i in range(count):
                 node = f"{gateway.gateway_id}-n{i:02d}"
                 await fleet.join(conn, node)
-                welcome = await fleet.say_hello(gateway, HelloRequest(node_id=node, cert_serial=f"{node}-serial", role="worker", boot_id="b1", journal_id="j1"))  # fmt: skip
+                welcome = await fleet.say_hello(
+                    gateway,
+                    HelloRequest(
+                        node_id=node,
+                        cert_serial=f"{node}-serial",
+                        role="worker",
+                        boot_id="b1",
+                        journal_id="j1",
+                    ),
+                )
                 self.held[node] = (gateway, node, welcome.epoch)
         if self._beat is None:
             self._beat = asyncio.create_task(self._heartbeats())

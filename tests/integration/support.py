@@ -222,9 +222,14 @@ async def bcw(*args: str, **env: str) -> tuple[int, str]:
     import sys
 
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "workers.cli", *args, env={**os.environ, **env},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "workers.cli",
+        *args,
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     out, _ = await proc.communicate()
     return proc.returncode or 0, out.decode()
 
@@ -239,9 +244,14 @@ async def bcw_process(*args: str, output: bool = False, **env: str) -> asyncio.s
     out = asyncio.subprocess.PIPE if output else asyncio.subprocess.DEVNULL
     err = asyncio.subprocess.STDOUT if output else asyncio.subprocess.DEVNULL
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "workers.cli", *args, env={**os.environ, **env},
-        stdout=out, stderr=err,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "workers.cli",
+        *args,
+        env={**os.environ, **env},
+        stdout=out,
+        stderr=err,
+    )
 
 
 async def hellos_applied_by_workers(
@@ -251,7 +261,7 @@ async def hellos_applied_by_workers(
     `nodes` (joined here) and stop on SIGTERM; their exit codes (each 0 when clean)."""
     import signal
 
-    from workers.bench.chaos import join_fleet, publish_hellos, wait_settled
+    from workers.bench.chaos.flow import join_fleet, publish_hellos, wait_settled
     from workers.bench.common import spawn_workers
 
     await join_fleet(database_url, nodes)

@@ -152,10 +152,13 @@ def test_the_cost_table_takes_medians_per_fact_and_the_ceiling_they_allow() -> N
     from workers.bench.costs import CpuSpent, cost_rows
 
     spent = {  # 1,000 facts; the middle round decides
-        "a": [CpuSpent(0.05, 0.01, 0.02, 0.02), CpuSpent(0.06, 0.01, 0.02, 0.02),
-              CpuSpent(0.09, 0.03, 0.05, 0.05)],
+        "a": [
+            CpuSpent(0.05, 0.01, 0.02, 0.02),
+            CpuSpent(0.06, 0.01, 0.02, 0.02),
+            CpuSpent(0.09, 0.03, 0.05, 0.05),
+        ],
         "b": [CpuSpent(0.05, 0.0, 0.01, 0.01)],
-    }  # fmt: skip
+    }
     header, rows, totals = cost_rows(spent, 1000, 10_000.0, [("a", "(a)"), ("b", "(b)")], 2)
     assert header[0] == "pipeline" and header[-1] == "vs (b)"
     assert rows[0][:6] == ("(a)", "60", "10", "20", "20", "110")
@@ -222,10 +225,16 @@ def test_the_silenced_share_is_the_same_on_every_gateway(gateways: int, share: f
 
 def _minute(m: int, lags: list[float], size: int, rss: float = 100.0, **kw: object) -> Minute:
     base: dict[str, object] = {
-        "minute": m, "lags": lags, "sweep_max": 0.2, "blind": 0, "expected": 0, "wrong": 0,
-        "cores": {"postgres": 0.5, "liveness-1": 0.25}, "sizes": {"node_sessions": size},
+        "minute": m,
+        "lags": lags,
+        "sweep_max": 0.2,
+        "blind": 0,
+        "expected": 0,
+        "wrong": 0,
+        "cores": {"postgres": 0.5, "liveness-1": 0.25},
+        "sizes": {"node_sessions": size},
         "rss": {"liveness-1": rss, "postgres": 100.0 * m},
-    }  # fmt: skip
+    }
     return Minute(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -358,12 +367,27 @@ def test_the_range_design_cuts_each_gateway_into_ranges_of_node_hashes() -> None
 
     unsigned = int(hashlib.md5(b"node-1").hexdigest()[:8], 16)
     assert node_hash("node-1") == (unsigned - 2**32 if unsigned >= 2**31 else unsigned)
-    load = {"load_average": 0.5, "memory_available_bytes": 8, "running_commands": 0,
-            "pending_events": 1}  # fmt: skip
-    entries = [{"node_id": f"node-{i}", "epoch": 1 + i % 3, "age_ms": i, "credits": {"a": i},
-                "load": 0.5, "node_load": load} for i in range(200)]  # fmt: skip
-    facts = [make_fact("liveness", gateway_id="gw-0", entries=entries[:120]),
-             make_fact("liveness", gateway_id="gw-1", entries=entries[120:])]  # fmt: skip
+    load = {
+        "load_average": 0.5,
+        "memory_available_bytes": 8,
+        "running_commands": 0,
+        "pending_events": 1,
+    }
+    entries = [
+        {
+            "node_id": f"node-{i}",
+            "epoch": 1 + i % 3,
+            "age_ms": i,
+            "credits": {"a": i},
+            "load": 0.5,
+            "node_load": load,
+        }
+        for i in range(200)
+    ]
+    facts = [
+        make_fact("liveness", gateway_id="gw-0", entries=entries[:120]),
+        make_fact("liveness", gateway_id="gw-1", entries=entries[120:]),
+    ]
     cut = range_facts(facts)  # type: ignore[arg-type]
     assert len(cut) == 2 * RANGES
     assert [f[2] for f in cut] == ["gw-0"] * RANGES + ["gw-1"] * RANGES

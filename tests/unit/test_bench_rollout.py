@@ -69,10 +69,22 @@ def test_run_twice_counts_commands_a_daemon_ran_more_than_once() -> None:
 
 def _final(**fields: object) -> tally.Final:
     base: dict[str, object] = dict(
-        gateways=250, nodes=1_000_000, minutes=29.56, reconnects=[1.0] * 99 + [40.0],
-        lags=[2.0] * 100, blind=0, wrong=0, duplicates=0, lost=0, commands=1000, twice=0,
-        cores=1.93, hello_ms=1.234, moved=10, sessions=10,
-    )  # fmt: skip
+        gateways=250,
+        nodes=1_000_000,
+        minutes=29.56,
+        reconnects=[1.0] * 99 + [40.0],
+        lags=[2.0] * 100,
+        blind=0,
+        wrong=0,
+        duplicates=0,
+        lost=0,
+        commands=1000,
+        twice=0,
+        cores=1.93,
+        hello_ms=1.234,
+        moved=10,
+        sessions=10,
+    )
     return tally.Final(**{**base, **fields})  # type: ignore[arg-type]
 
 
@@ -105,11 +117,25 @@ def test_each_broken_bound_is_said(fields: dict[str, object], said: str) -> None
 
 def test_a_line_says_every_field() -> None:
     line = tally.Line(
-        at=60.0, gateways_done=3, gateways=25, moved=12_000, hellos_per_s=200.0,
-        reconnects=[1.0, 2.0], lags=[0.5], sweep_max=0.25, blind=0, expected=11_000, wrong=0,
-        duplicates=0, done=40, lost=0, twice=0, commands=50, cores={"postgres": 0.5},
+        at=60.0,
+        gateways_done=3,
+        gateways=25,
+        moved=12_000,
+        hellos_per_s=200.0,
+        reconnects=[1.0, 2.0],
+        lags=[0.5],
+        sweep_max=0.25,
+        blind=0,
+        expected=11_000,
+        wrong=0,
+        duplicates=0,
+        done=40,
+        lost=0,
+        twice=0,
+        commands=50,
+        cores={"postgres": 0.5},
         rss={"replay": 60.0},
-    )  # fmt: skip
+    )
     assert line.line() == (
         "t    +60 s: gateways done 3/25, sessions moved 12000, Hellos 200/s, reconnect p50 1.00 "
         "p99 2.00 max 2.00 s, flush lag p50 0.50 p99 0.50 max 0.50 s, sweep max 0.25 s, blind 0, "

@@ -52,9 +52,13 @@ def test_unknown_fields_take_no_effect_in_every_message(
 
 @pytest.mark.parametrize(
     ("bc_type", "path"),
-    [("hello", ("cert",)), ("hello", ("previous",)), ("liveness", ("entries", 0)),
-     ("events", ("events", 0))],
-)  # fmt: skip
+    [
+        ("hello", ("cert",)),
+        ("hello", ("previous",)),
+        ("liveness", ("entries", 0)),
+        ("events", ("events", 0)),
+    ],
+)
 def test_unknown_fields_in_nested_objects_take_no_effect(
     bc_type: str, path: tuple[str | int, ...]
 ) -> None:

@@ -13,6 +13,7 @@ import pytest
 from workers.runtime.store.migrate import Migration, default_directory, load
 
 #: (what a statement may not do, why the previous release's workers would break)
+# one pattern a row beside its reason: kept out of the formatter (fmt: skip)
 BREAKING: tuple[tuple[re.Pattern[str], str], ...] = tuple(
     (re.compile(pattern, re.IGNORECASE | re.DOTALL), why)
     for pattern, why in [

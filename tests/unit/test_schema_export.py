@@ -78,9 +78,11 @@ def test_every_command_has_a_description_and_an_example() -> None:
         if not nested:
             return [(path, parser)]
         return [
-            leaf for action in nested for name, sub in action.choices.items()
+            leaf
+            for action in nested
+            for name, sub in action.choices.items()
             for leaf in leaves(sub, f"{path} {name}".strip())
-        ]  # fmt: skip
+        ]
 
     found = leaves(build_parser(), "")
     assert len(found) >= 14

@@ -100,9 +100,15 @@ def test_versions_order_by_their_numbers(a: list[int], b: list[int]) -> None:
 
 @pytest.mark.parametrize(
     ("a", "b"),
-    [("0.5.0rc1", "0.5.0"), ("0.5.0a1", "0.5.0b1"), ("0.5.0.dev1", "0.5.0rc1"),
-     ("v2.14.0-RC.1", "2.14.0"), ("0.4.0", "0.4.1rc1"), ("0.4.0", "0.4.0.post1")],
-)  # fmt: skip
+    [
+        ("0.5.0rc1", "0.5.0"),
+        ("0.5.0a1", "0.5.0b1"),
+        ("0.5.0.dev1", "0.5.0rc1"),
+        ("v2.14.0-RC.1", "2.14.0"),
+        ("0.4.0", "0.4.1rc1"),
+        ("0.4.0", "0.4.0.post1"),
+    ],
+)
 def test_a_pre_release_is_before_its_release_never_equal(a: str, b: str) -> None:
     assert parse(a) is not None and parse(b) is not None
     assert parse(a) < parse(b)  # type: ignore[operator]
@@ -134,9 +140,14 @@ def test_one_nats_server_floor_and_fast_batches_from_2_14(
 
 def test_each_streams_retention_is_its_setting() -> None:
     settings = NatsSettings(
-        facts_max_age="2d", events_max_age="30d", notices_max_age="10m", dead_max_age="3d",
-        stream_max_bytes=2**30, events_max_bytes=2**34, dead_max_bytes=0,
-    )  # fmt: skip
+        facts_max_age="2d",
+        events_max_age="30d",
+        notices_max_age="10m",
+        dead_max_age="3d",
+        stream_max_bytes=2**30,
+        events_max_bytes=2**34,
+        dead_max_bytes=0,
+    )
     subjects = Subjects("bc")
     configs = {c.name: c for c in streams.stream_configs(subjects, 1, streams.limits_of(settings))}
     ages = {name: c.max_age for name, c in configs.items()}
@@ -160,8 +171,9 @@ def test_each_streams_retention_is_its_setting() -> None:
     own = NatsSettings(facts_max_age="2d", facts_gateways="gw-1")
     per_gateway = streams.stream_configs(subjects, 1, streams.limits_of(own))
     assert {c.name: c.max_age for c in per_gateway if "FACTS" in str(c.name)} == {
-        "BC_FACTS": 2 * 86400, "BC_FACTS_gw-1": 2 * 86400,
-    }  # fmt: skip
+        "BC_FACTS": 2 * 86400,
+        "BC_FACTS_gw-1": 2 * 86400,
+    }
 
 
 @pytest.mark.parametrize("age", ["1m", "0", "-5"])

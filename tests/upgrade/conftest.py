@@ -25,8 +25,11 @@ async def run_bcw(command: Sequence[str], env: Mapping[str, str], *args: str) ->
     """`command` (a `bcw`) with `args`, `env` over this environment: (its exit code, what
     it printed, errors included)."""
     proc = await asyncio.create_subprocess_exec(
-        *command, *args, env={**os.environ, **env},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
+        *command,
+        *args,
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     out, _ = await proc.communicate()
     return proc.returncode or 0, out.decode()

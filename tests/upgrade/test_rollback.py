@@ -69,10 +69,13 @@ async def test_a_schema_a_newer_release_of_this_major_expanded_is_run_on(
     # and its workers apply Hellos on it
     nodes = [f"rb-{i:03d}" for i in range(60)]
     run_env = {
-        "BCW_NATS_URL": servers.nats_url, "BCW_DATABASE_URL": empty_database_url,
-        "BCW_SUBJECT_ROOT": subjects.root, "BCW_HEALTH_PORT": "0", "BCW_LOG_LEVEL": "WARNING",
+        "BCW_NATS_URL": servers.nats_url,
+        "BCW_DATABASE_URL": empty_database_url,
+        "BCW_SUBJECT_ROOT": subjects.root,
+        "BCW_HEALTH_PORT": "0",
+        "BCW_LOG_LEVEL": "WARNING",
         "BCW_LIVENESS_HEARTBEAT_INTERVAL": "3600",
-    }  # fmt: skip
+    }
     code, out = await bcw("provision", **run_env)
     assert code == 0, out
     codes = await hellos_applied_by_workers(

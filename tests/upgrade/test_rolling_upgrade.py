@@ -25,7 +25,7 @@ from tests.conftest import Servers
 from tests.integration.support import eventually
 from tests.upgrade.conftest import run_bcw
 from tests.upgrade.release import Release
-from workers.bench.chaos import (
+from workers.bench.chaos.flow import (
     HELLO_WORKERS,
     INBOX_WORKERS,
     count_effects,
@@ -61,11 +61,14 @@ async def test_a_rolling_upgrade_from_the_previous_release_applies_every_effect_
     outbox packs), and publishes the rows of the previous release's workers as well."""
     database_url = empty_database_url
     env = {
-        "BCW_NATS_URL": servers.nats_url, "BCW_DATABASE_URL": database_url,
-        "BCW_SUBJECT_ROOT": subjects.root, "BCW_HEALTH_PORT": "0", "BCW_LOG_LEVEL": "WARNING",
+        "BCW_NATS_URL": servers.nats_url,
+        "BCW_DATABASE_URL": database_url,
+        "BCW_SUBJECT_ROOT": subjects.root,
+        "BCW_HEALTH_PORT": "0",
+        "BCW_LOG_LEVEL": "WARNING",
         # no daemon flushes liveness here: no session may age out meanwhile
         "BCW_LIVENESS_HEARTBEAT_INTERVAL": "3600",
-    }  # fmt: skip
+    }
     if relays == "dedicated":
         env["BCW_OUTBOX_RELAY"] = "false"
     old_bcw, new_bcw = [str(old.bcw)], [sys.executable, "-m", "workers.cli"]

@@ -195,13 +195,25 @@ async def consume_and_relay(
             js, subjects.facts_stream, worker.consumer_spec(subjects), settings
         )
         relayer = OutboxRelay(
-            pool, js, OutboxSettings(batch_size=1000), DatabaseSettings(url=target.database_url),
-            metrics, trace.NoOpTracer(), subjects,
-        )  # fmt: skip
+            pool,
+            js,
+            OutboxSettings(batch_size=1000),
+            DatabaseSettings(url=target.database_url),
+            metrics,
+            trace.NoOpTracer(),
+            subjects,
+        )
         consumer = FactConsumer(
-            worker, nc=nc, js=js, pool=pool, subjects=subjects, settings=settings,
-            metrics=metrics, tracer=trace.NoOpTracer(), on_outbox_rows=relayer.wake,
-        )  # fmt: skip
+            worker,
+            nc=nc,
+            js=js,
+            pool=pool,
+            subjects=subjects,
+            settings=settings,
+            metrics=metrics,
+            tracer=trace.NoOpTracer(),
+            on_outbox_rows=relayer.wake,
+        )
         await consumer.bind()
         started = time.perf_counter()
         tasks = [asyncio.create_task(consumer.run(stopping))]
@@ -231,12 +243,26 @@ async def consume_and_relay(
 def hello_fact(node_id: str, **fields: object) -> Hello:
     """A valid Hello of `node_id` at epoch 1 on gateway gw-0; `fields` override."""
     base: dict[str, object] = {
-        "fact_id": uuid.uuid4(), "gateway_id": "gw-0", "observed_at": "2026-11-30T00:00:00Z",
-        "node_id": node_id, "session_id": "s", "epoch": 1, "role": "worker", "boot_id": "boot-1",
-        "journal_id": "journal-1", "daemon_version": "1.0.0", "proto_max": 3, "trust_version": 1,
-        "capabilities": [], "running_command_ids": [], "inventory_hashes": {}, "cert": {},
-        "upgrade_required": False, "transport": "grpc", "previous": {"epoch": 0, "live": False},
-    }  # fmt: skip
+        "fact_id": uuid.uuid4(),
+        "gateway_id": "gw-0",
+        "observed_at": "2026-11-30T00:00:00Z",
+        "node_id": node_id,
+        "session_id": "s",
+        "epoch": 1,
+        "role": "worker",
+        "boot_id": "boot-1",
+        "journal_id": "journal-1",
+        "daemon_version": "1.0.0",
+        "proto_max": 3,
+        "trust_version": 1,
+        "capabilities": [],
+        "running_command_ids": [],
+        "inventory_hashes": {},
+        "cert": {},
+        "upgrade_required": False,
+        "transport": "grpc",
+        "previous": {"epoch": 0, "live": False},
+    }
     return Hello.model_validate({**base, **fields}, strict=False)
 
 
@@ -251,9 +277,12 @@ def wire(subjects: Subjects, fact: Fact) -> tuple[str, bytes, dict[str, str]]:
 def worker_env(target: BenchTarget) -> dict[str, str]:
     """The environment of a `bcw run` worker process against `target`."""
     return {
-        "BCW_NATS_URL": target.nats_url, "BCW_DATABASE_URL": target.database_url,
-        "BCW_SUBJECT_ROOT": target.subject_root, "BCW_HEALTH_PORT": "0", "BCW_LOG_LEVEL": "WARNING",
-    }  # fmt: skip
+        "BCW_NATS_URL": target.nats_url,
+        "BCW_DATABASE_URL": target.database_url,
+        "BCW_SUBJECT_ROOT": target.subject_root,
+        "BCW_HEALTH_PORT": "0",
+        "BCW_LOG_LEVEL": "WARNING",
+    }
 
 
 async def join_herd(conn: asyncpg.Connection, nodes: int) -> None:
@@ -290,10 +319,14 @@ async def spawn_workers(
         if logs is not None:
             out = (logs / f"{tag}{name}.log").open("w")
         procs[name] = await asyncio.create_subprocess_exec(
-            *command, "run", name, env={**os.environ, **target_env},
-            stdout=out, stderr=None if logs is None else asyncio.subprocess.STDOUT,
+            *command,
+            "run",
+            name,
+            env={**os.environ, **target_env},
+            stdout=out,
+            stderr=None if logs is None else asyncio.subprocess.STDOUT,
             preexec_fn=die_with_parent(signal.SIGTERM),  # a bench killed stops its workers
-        )  # fmt: skip
+        )
         if logs is not None:
             out.close()  # type: ignore[union-attr]  # the child holds its own descriptor
     return procs

@@ -224,10 +224,23 @@ def cost_rows(
         servers = [per_fact("postgres"), per_fact("nats")]
         most = ceiling([process, relay], servers, cores)
         totals[key] = process + relay + sum(servers)
-        rows.append((
-            label, *(f"{1e6 * cost:,.0f}" for cost in (process, relay, *servers)),
-            f"{1e6 * totals[key]:,.0f}", f"{most:,.0f}", f"{most / floor:.2f}",
-        ))  # fmt: skip
-    header = ("pipeline", "this process", "relay process", "postgres", "nats-server", "all",
-              "at most", "vs (b)")  # fmt: skip
+        rows.append(
+            (
+                label,
+                *(f"{1e6 * cost:,.0f}" for cost in (process, relay, *servers)),
+                f"{1e6 * totals[key]:,.0f}",
+                f"{most:,.0f}",
+                f"{most / floor:.2f}",
+            )
+        )
+    header = (
+        "pipeline",
+        "this process",
+        "relay process",
+        "postgres",
+        "nats-server",
+        "all",
+        "at most",
+        "vs (b)",
+    )
     return header, rows, totals

@@ -95,10 +95,12 @@ def _wire_of(
     out = []
     for i in nodes:
         fact = hello_fact(
-            f"node-{i}", gateway_id=f"gw-{g}", session_id=f"s-{i}",
+            f"node-{i}",
+            gateway_id=f"gw-{g}",
+            session_id=f"s-{i}",
             capabilities=[*CAPABILITIES, f"rack{i % 40}"],
             cert={"serial": f"node-serial-{i}", "allowed_kinds": None, "identity_generation": 1},
-        )  # fmt: skip
+        )
         out.append(wire(subjects, fact))
     return out
 
@@ -215,9 +217,11 @@ async def run(
             )
         )
     rows.append(
-        ("last Hello → every effect applied", f"{settled - last:.1f} s (labels, replays, "
-         "node.connected, outbox empty)")
-    )  # fmt: skip
+        (
+            "last Hello → every effect applied",
+            f"{settled - last:.1f} s (labels, replays, node.connected, outbox empty)",
+        )
+    )
 
     def cost(spent: float) -> str:
         return f"CPU {spent:.1f} s ({1000 * spent / nodes:.2f} ms per Hello)"
@@ -231,10 +235,12 @@ async def run(
     spent = sum(cpu.values()) + others.total
     rows.append(("all of it", cost(spent)))
     rows.append(
-        (f"cores for ≤ {WITHIN_S:.0f} s at {rate:.0f}/s per gateway",
-         f"≥ {cores_for(spent, nodes, gateways, rate, WITHIN_S):.1f} at this cost "
-         f"(this machine has {os.cpu_count()})")
-    )  # fmt: skip
+        (
+            f"cores for ≤ {WITHIN_S:.0f} s at {rate:.0f}/s per gateway",
+            f"≥ {cores_for(spent, nodes, gateways, rate, WITHIN_S):.1f} at this cost "
+            f"(this machine has {os.cpu_count()})",
+        )
+    )
     print_table(
         f"bcw bench herd: {nodes:,} nodes, {gateways} gateways at {rate:.0f} Hellos/s each "
         f"({os.cpu_count()} cores){', JetStream sync_interval: always' if sync_always else ''}",
@@ -347,8 +353,14 @@ async def _hello_transaction(
     node_id = f"h{node}"
     proof = prove(key, node_id, "boot", "journal", "gw-bench", int(time.time())) if key else None
     outcome = await conn.fetchval(
-        HELLO_TRANSACTION, lease, node_id, f"h-serial-{node}", uuid.uuid4(),
-        proof.at if proof else None, proof.nonce if proof else None, proof.mac if proof else None,
-    )  # fmt: skip
+        HELLO_TRANSACTION,
+        lease,
+        node_id,
+        f"h-serial-{node}",
+        uuid.uuid4(),
+        proof.at if proof else None,
+        proof.nonce if proof else None,
+        proof.mac if proof else None,
+    )
     if outcome != "opened":
         raise RuntimeError(f"the Hello transaction of {node_id} answered {outcome!r}")

@@ -298,10 +298,17 @@ def _print(
     print_table(
         f"bcw bench soak: {minutes:g} min, warm-up {warmup / 60:.1f} min, {rounds} churn rounds "
         f"({failed} failed checks), {dead} dead-lettered; logs in {logs}",
-        ("process", "RSS MiB start / warm / end", "MiB/h after warm-up", "fds",
-         "PostgreSQL conns", "NATS conns", "warnings / errors"),
+        (
+            "process",
+            "RSS MiB start / warm / end",
+            "MiB/h after warm-up",
+            "fds",
+            "PostgreSQL conns",
+            "NATS conns",
+            "warnings / errors",
+        ),
         rows,
-    )  # fmt: skip
+    )
 
 
 def _print_memory(samples: dict[str, list[Sample]], minutes: float) -> None:
@@ -336,13 +343,17 @@ def _print_heap(pids: dict[str, int], snapshots: Path, warmup: float) -> None:
             continue
         total, places = heap.growth(warm[0], warm[-1], top=5)
         hours = (heap.snapshot_age(warm[-1]) - heap.snapshot_age(warm[0])) / 3600
-        print(f"{name}: traced heap {total / 1024 / hours:+,.0f} KiB/h after the warm-up "
-              f"({warm[0].name} → {warm[-1].name})")  # fmt: skip
+        print(
+            f"{name}: traced heap {total / 1024 / hours:+,.0f} KiB/h after the warm-up "
+            f"({warm[0].name} → {warm[-1].name})"
+        )
         for place in places:
             at = max(i for i, frame in enumerate(place.stack) if frame == place.where)
             inner = f" -> {place.stack[-1]}" if at < len(place.stack) - 1 else ""
             callers = "".join(
                 f" <- {frame}" for frame in reversed(place.stack[max(0, at - 3) : at])
             )
-            print(f"  {place.size_diff / 1024:+9,.1f} KiB {place.count_diff:+7,d} blocks  "
-                  f"{place.where}{inner}{callers}")  # fmt: skip
+            print(
+                f"  {place.size_diff / 1024:+9,.1f} KiB {place.count_diff:+7,d} blocks  "
+                f"{place.where}{inner}{callers}"
+            )

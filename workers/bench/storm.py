@@ -98,11 +98,14 @@ async def host(spec: HostSpec) -> None:
     }
     fleet = {
         g: Gateway(
-            f"gw-{g}", pools[g], nc, subjects,
+            f"gw-{g}",
+            pools[g],
+            nc,
+            subjects,
             settings=GatewaySettings(max_streams=max(5000, spec.nodes), lease_ttl=LEASE_TTL),
         )
         for g in spec.gateway_ids
-    }  # fmt: skip
+    }
     order = list(spec.gateway_ids)
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
@@ -123,10 +126,13 @@ async def host(spec: HostSpec) -> None:
             while todo:
                 i = todo.pop()
                 request = HelloRequest(
-                    node_id=f"node-{i}", cert_serial=f"node-serial-{i}", role="worker",
-                    boot_id=uuid.uuid4().hex[:8], journal_id="journal-1",
+                    node_id=f"node-{i}",
+                    cert_serial=f"node-serial-{i}",
+                    role="worker",
+                    boot_id=uuid.uuid4().hex[:8],
+                    journal_id="journal-1",
                     capabilities=["cpu", "mem", "nvml", f"rack{i % 40}", "ib"],
-                )  # fmt: skip
+                )
                 choice = order.index(i % spec.gateways)
                 while True:
                     try:
@@ -174,9 +180,13 @@ async def _spawn_hosts(
         ids = tuple(g for g in range(gateways) if g % processes == p)
         spec = {"target": asdict(target), "gateway_ids": ids, "gateways": gateways, "nodes": nodes}
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "workers.bench.storm", json.dumps(spec),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "workers.bench.storm",
+            json.dumps(spec),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
         hosts.append(process)
     return hosts
 

@@ -69,9 +69,11 @@ def _cmd_auth_nats(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_BAD_SETTINGS
     try:
         written = principals.write(
-            Path(args.out), Subjects(settings.subject_root), principals.check_gateways(gateways),
+            Path(args.out),
+            Subjects(settings.subject_root),
+            principals.check_gateways(gateways),
             apps,
-        )  # fmt: skip
+        )
         written.insert(1, server.write_jetstream_fragment(Path(args.out)))
     except principals.SeedFileError as error:
         print(f"bcw auth nats: --out: {error}", file=sys.stderr)
@@ -121,8 +123,12 @@ def _cmd_auth_db(args: argparse.Namespace, settings: Settings) -> int:
             await conn.close()
         if args.json:
             for row in rows:
-                json_line(login=row.login, gateway_id=row.gateway_id,
-                          bound_at=row.bound_at, in_group=row.in_group)  # fmt: skip
+                json_line(
+                    login=row.login,
+                    gateway_id=row.gateway_id,
+                    bound_at=row.bound_at,
+                    in_group=row.in_group,
+                )
             return 0
         for row in rows:
             warning = "" if row.in_group else "  (not IN ROLE bcw_gateway_bound: cannot act)"

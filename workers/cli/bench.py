@@ -298,7 +298,15 @@ def _rollout(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_BAD_SETTINGS
     return asyncio.run(
         rollout.run(
-            settings, nodes, gateways, args.parallel, args.commands, args.minutes_after,
-            args.embedded, hold=args.hold, every=args.every, seed=args.seed,
+            settings,
+            nodes,
+            gateways,
+            args.parallel,
+            args.commands,
+            args.minutes_after,
+            args.embedded,
+            hold=args.hold,
+            every=args.every,
+            seed=args.seed,
         )
-    )  # fmt: skip
+    )

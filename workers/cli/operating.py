@@ -209,9 +209,12 @@ def _cmd_liveness_status(args: argparse.Namespace, settings: Settings) -> int:
         oldest = row["oldest_sight_age_seconds"]  # its least recently seen session's sight
         shown_oldest = "-" if oldest is None else f"{float(str(oldest)):.0f}s"
         breaker = (
-            "released" if row["breaker_released_at"] and row["breaker_open"]
-            else "open" if row["breaker_open"] else "closed"
-        )  # fmt: skip
+            "released"
+            if row["breaker_released_at"] and row["breaker_open"]
+            else "open"
+            if row["breaker_open"]
+            else "closed"
+        )
         lease = "draining" if row["draining"] else "live" if row["lease_live"] else "expired"
         print(
             f"{printable(str(row['gateway_id'])):<20} {row['connected']:>9} {shown_oldest:>11} "
@@ -259,10 +262,16 @@ def _cmd_events(args: argparse.Namespace, settings: Settings) -> int:
     try:
         return asyncio.run(
             tail.follow(
-                settings, event_type=args.type, node=args.node, since=args.since, everything=args.all,
+                settings,
+                event_type=args.type,
+                node=args.node,
+                since=args.since,
+                everything=args.all,
                 start_seq=args.start_seq,
-                as_json=args.json, count=args.count, idle_exit=args.idle_exit,
+                as_json=args.json,
+                count=args.count,
+                idle_exit=args.idle_exit,
             )
-        )  # fmt: skip
+        )
     except KeyboardInterrupt:
         return 0

@@ -108,8 +108,13 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
                 rows = await migrate.status(conn)
                 for row in rows:
                     if args.json:
-                        json_line(name=row.name, state=row.state, applied_at=row.applied_at,
-                                  release=row.release, refused=row.refused)  # fmt: skip
+                        json_line(
+                            name=row.name,
+                            state=row.state,
+                            applied_at=row.applied_at,
+                            release=row.release,
+                            refused=row.refused,
+                        )
                         continue
                     by = f"  (release {row.release})" if row.state.startswith("newer") else ""
                     print(f"{row.state:<8} {row.name}  {row.applied_at or ''}{by}".rstrip())
@@ -219,9 +224,14 @@ def subscriber_config(app: str) -> ConsumerConfig:
 
     durable = subscriber_durable(app)
     return ConsumerConfig(
-        name=durable, durable_name=durable, deliver_policy=DeliverPolicy.ALL,
-        ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0, max_ack_pending=1000, max_waiting=64,
-    )  # fmt: skip
+        name=durable,
+        durable_name=durable,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=30.0,
+        max_ack_pending=1000,
+        max_waiting=64,
+    )
 
 
 def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:

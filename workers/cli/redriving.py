@@ -76,10 +76,11 @@ def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
             if args.seq:  # looked up directly, wherever they are in their streams
                 letters, missing = await deadletter.dead_letters_at(js, subjects, args.seq)
                 letters = [
-                    x for x in letters
+                    x
+                    for x in letters
                     if (not args.worker or x.worker == args.worker)
                     and (not args.cause or x.cause == args.cause)
-                ]  # fmt: skip
+                ]
             else:
                 letters = await deadletter.list_dead_letters(
                     js, subjects, args.worker, args.limit, args.cause, args.after
@@ -92,20 +93,31 @@ def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
             verdicts = {seq: why for seq, (why, _body) in checked.items()}
             if args.action == "list" and args.json:
                 for letter in letters:
-                    print(json.dumps({
-                        "stream": letter.stream, "seq": letter.seq, "time": plain(letter.time), "worker": letter.worker,
-                        "cause": letter.cause, "subject": letter.subject,
-                        "stream_seq": letter.stream_seq, "reason": letter.reason,
-                        "refused": verdicts[letter.key],
-                    }))  # fmt: skip
+                    print(
+                        json.dumps(
+                            {
+                                "stream": letter.stream,
+                                "seq": letter.seq,
+                                "time": plain(letter.time),
+                                "worker": letter.worker,
+                                "cause": letter.cause,
+                                "subject": letter.subject,
+                                "stream_seq": letter.stream_seq,
+                                "reason": letter.reason,
+                                "refused": verdicts[letter.key],
+                            }
+                        )
+                    )
                 return EXIT_FAILED if missing else 0
             if args.action == "list":
                 for letter in letters:
                     when = letter.time.isoformat(timespec="seconds") if letter.time else "-"
-                    print(printable(
-                        f"{letter.key} {when} {letter.worker:<12} {letter.cause:<17} "
-                        f"{letter.subject}  {letter.reason}"
-                    ))  # fmt: skip
+                    print(
+                        printable(
+                            f"{letter.key} {when} {letter.worker:<12} {letter.cause:<17} "
+                            f"{letter.subject}  {letter.reason}"
+                        )
+                    )
                     if verdicts[letter.key] is not None:
                         print(printable(f"{'':>8} REFUSED for redrive: {verdicts[letter.key]}"))
                 print(f"{len(letters)} dead letter(s)")
@@ -118,9 +130,10 @@ def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
                 for letter in letters:
                     why = verdicts[letter.key]
                     print(
-                        f"would re-drive {letter.key} to {letter.subject}" if why is None
+                        f"would re-drive {letter.key} to {letter.subject}"
+                        if why is None
                         else printable(f"would refuse {letter.key}: {why}")
-                    )  # fmt: skip
+                    )
                 good = sum(1 for why in verdicts.values() if why is None)
                 print(f"{good} would be re-driven (--dry-run: nothing was)")
                 return 0

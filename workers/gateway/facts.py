@@ -157,23 +157,38 @@ class FactPublisher:
         return Hello.model_validate(
             {
                 **base,
-                "node_id": request.node_id, "session_id": opened.session_id, "epoch": opened.epoch,
-                "role": request.role, "boot_id": request.boot_id, "journal_id": request.journal_id,
-                "daemon_version": request.daemon_version, "proto_max": request.proto_max,
-                "trust_version": request.trust_version, "capabilities": list(request.capabilities),
-                "approver_set_epoch": request.approver_set_epoch, "approver_set_sha256": request.approver_set_sha256,
+                "node_id": request.node_id,
+                "session_id": opened.session_id,
+                "epoch": opened.epoch,
+                "role": request.role,
+                "boot_id": request.boot_id,
+                "journal_id": request.journal_id,
+                "daemon_version": request.daemon_version,
+                "proto_max": request.proto_max,
+                "trust_version": request.trust_version,
+                "capabilities": list(request.capabilities),
+                "approver_set_epoch": request.approver_set_epoch,
+                "approver_set_sha256": request.approver_set_sha256,
                 "running_command_ids": list(request.running_command_ids),
                 "inventory_hashes": dict(request.inventory_hashes),
-                "cert": CertInfo(serial=request.cert_serial, allowed_kinds=list(kinds) if kinds is not None else None, identity_generation=generation),
-                "upgrade_required": upgrade, "transport": request.transport,
-                "process_started_at": request.process_started_at, "results": list(request.results),
+                "cert": CertInfo(
+                    serial=request.cert_serial,
+                    allowed_kinds=list(kinds) if kinds is not None else None,
+                    identity_generation=generation,
+                ),
+                "upgrade_required": upgrade,
+                "transport": request.transport,
+                "process_started_at": request.process_started_at,
+                "results": list(request.results),
                 # the Hello transaction tells no gateway of the session before it: the
                 # workers read it where that transaction recorded it (session_epochs)
                 "previous": PreviousSession(epoch=opened.epoch - 1, live=opened.duplicate),
-                "duplicate": opened.duplicate, "proven": opened.proven, "proof": request.proof,
+                "duplicate": opened.duplicate,
+                "proven": opened.proven,
+                "proof": request.proof,
             },
             strict=False,
-        )  # fmt: skip
+        )
 
     async def publish(self, fact: Fact) -> None:
         """Publish, at least once: retried (same Nats-Msg-Id) until acknowledged."""

@@ -89,9 +89,10 @@ class Frames:
             session.reported = dict(inventory_hashes)
             held = session.held_hashes
             wanted = tuple(
-                s for s in sections_to_request(inventory_hashes, session.inventory)
+                s
+                for s in sections_to_request(inventory_hashes, session.inventory)
                 if held.get(s) != inventory_hashes[s]
-            )  # fmt: skip
+            )
             session.requested.update(wanted)
             if session.held_sections:  # sent before these hashes: they may agree now
                 # (as this heartbeat told them: a later report replaces, never changes, them)
@@ -147,8 +148,10 @@ class Frames:
         except Exception as error:  # the next report asks for them again
             log.warning(
                 "gateway %s: inventory of %s not applied (%r)",
-                self.gateway_id, session.node_id, error,
-            )  # fmt: skip
+                self.gateway_id,
+                session.node_id,
+                error,
+            )
             return
         for (section, digest, _), stored in zip(sections, written, strict=True):
             if stored:
@@ -180,9 +183,14 @@ class Frames:
     ) -> None:
         self._frame(node_id, epoch)
         await self.facts.fact(
-            Result, node_id=node_id, epoch=epoch, command_id=command_id, outcome=outcome,
-            result=result, error=error,
-        )  # fmt: skip
+            Result,
+            node_id=node_id,
+            epoch=epoch,
+            command_id=command_id,
+            outcome=outcome,
+            result=result,
+            error=error,
+        )
 
     async def busy(self, node_id: str, epoch: int, command_id: uuid.UUID) -> None:
         self._frame(node_id, epoch)
@@ -207,7 +215,11 @@ class Frames:
         the approver set the daemon holds (fields 10 and 11), published as it is."""
         self._frame(node_id, epoch)
         await self.facts.fact(
-            Status, node_id=node_id, epoch=epoch, observed_generation=observed_generation,
-            trust_version=trust_version, approver_set_epoch=approver_set_epoch,
+            Status,
+            node_id=node_id,
+            epoch=epoch,
+            observed_generation=observed_generation,
+            trust_version=trust_version,
+            approver_set_epoch=approver_set_epoch,
             approver_set_sha256=approver_set_sha256,
-        )  # fmt: skip
+        )

@@ -96,9 +96,14 @@ class Gateway(Frames, Endings):
         self._flushing: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self.notices = Notices(
-            self.gateway_id, self.nc, self.subjects, self.facts, self.sessions, self._end,
+            self.gateway_id,
+            self.nc,
+            self.subjects,
+            self.facts,
+            self.sessions,
+            self._end,
             self.opening,
-        )  # fmt: skip
+        )
 
     # -- life ------------------------------------------------------------------------------
     async def start(self, autotick: float | None = LIVENESS_LOOP) -> None:
@@ -244,9 +249,11 @@ class Gateway(Frames, Endings):
             except store.Revoked as refused:
                 raise Refused(Code.UNAUTHENTICATED, str(refused)) from refused
             except store.Unproven as unproven:  # a proof given: sign again in server time
-                at, challenge = (None, None) if request.proof is None else (
-                    await store.hello_challenge(conn, self.gateway_id, request.node_id)
-                )  # fmt: skip
+                at, challenge = (
+                    (None, None)
+                    if request.proof is None
+                    else (await store.hello_challenge(conn, self.gateway_id, request.node_id))
+                )
                 raise Refused(
                     Code.UNAUTHENTICATED, str(unproven), server_time=at, challenge=challenge
                 ) from unproven
@@ -254,9 +261,11 @@ class Gateway(Frames, Endings):
                 wait = 30.0 if isinstance(later, store.TooMany) else 1.0  # Hellos age out
                 raise Refused(Code.UNAVAILABLE, str(later), retry_after=pushback(wait)) from later
             # the node's spec, now that its session is this gateway's (never before: 0057)
-            spec = None if upgrade else await store.desired_state(
-                conn, self.gateway_id, request.node_id, opened.epoch
-            )  # fmt: skip
+            spec = (
+                None
+                if upgrade
+                else await store.desired_state(conn, self.gateway_id, request.node_id, opened.epoch)
+            )
         opening.epoch = opened.epoch  # its notices may come from now on: they wait
         await self._paused("committed", request.node_id, opened.epoch)
         hello = self.facts.hello(request, opened, upgrade, kinds, generation, fact_id)

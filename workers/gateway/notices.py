@@ -48,10 +48,16 @@ def consumer_config(subjects: Subjects, gateway_id: str) -> ConsumerConfig:
     (no deliver subject) of its own notices, each redelivered at most 10 times."""
     durable = gateway_durable(gateway_id)
     return ConsumerConfig(
-        name=durable, durable_name=durable, deliver_policy=DeliverPolicy.ALL,
-        ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0, max_deliver=10, max_ack_pending=4096,
-        max_waiting=512, filter_subject=subjects.gateway_notices(gateway_id),
-    )  # fmt: skip
+        name=durable,
+        durable_name=durable,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=30.0,
+        max_deliver=10,
+        max_ack_pending=4096,
+        max_waiting=512,
+        filter_subject=subjects.gateway_notices(gateway_id),
+    )
 
 
 async def provision(js: JetStreamContext, subjects: Subjects, gateway_id: str) -> None:
@@ -113,8 +119,10 @@ class Notices:
                 log.warning(
                     "gateway %s: its notices consumer %s of %s is missing: no command reaches "
                     "its sessions until `bcw provision` makes it (BCW_NATS_GATEWAYS); waiting",
-                    self.gateway_id, durable, stream,
-                )  # fmt: skip
+                    self.gateway_id,
+                    durable,
+                    stream,
+                )
             return False
         except Exception as error:  # no answer: its pulls will tell
             log.debug("gateway %s: no notices consumer info (%r)", self.gateway_id, error)

@@ -87,8 +87,12 @@ async def close_session(
         async with pool.acquire() as conn:
             closed = await conn.fetchval(
                 "SELECT gateway_close($1, $2, $3, $4, $5)",
-                gateway_id, lease, node_id, epoch, reason,
-            )  # fmt: skip
+                gateway_id,
+                lease,
+                node_id,
+                epoch,
+                reason,
+            )
             return bool(closed)
     except Exception as error:  # the database away: the fact is the fallback
         log.warning("gateway %s: close of %s not written (%r)", gateway_id, node_id, error)
@@ -291,8 +295,14 @@ async def write_section(
     may (`MAX_INVENTORY_SECTIONS`) and this one is new (nothing written)."""
     written = await conn.fetchval(
         "SELECT gateway_write_section($1, $2, $3, $4, $5, $6, $7::jsonb)",
-        gateway_id, lease_epoch, node_id, epoch, section, digest, json.dumps(body),
-    )  # fmt: skip
+        gateway_id,
+        lease_epoch,
+        node_id,
+        epoch,
+        section,
+        digest,
+        json.dumps(body),
+    )
     return bool(written)
 
 

@@ -64,8 +64,11 @@ async def publish_hello(
         log.warning(
             "gateway %s: the Hello of %s (epoch %d) could not be published (%r): its session "
             "is closed and the Hello refused",
-            hello.gateway_id, hello.node_id, hello.epoch, error,
-        )  # fmt: skip
+            hello.gateway_id,
+            hello.node_id,
+            hello.epoch,
+            error,
+        )
         session = sessions.get(hello.node_id)
         if session is not None and session.epoch == hello.epoch:
             del sessions[hello.node_id]

@@ -141,8 +141,10 @@ async def write_sights(
     for gw in sorted(moved):
         log.info(
             "gateway %s is still blind, now for %s (was %s)",
-            gw, reasons[gw], rows[gw]["blind_reason"],
-        )  # fmt: skip
+            gw,
+            reasons[gw],
+            rows[gw]["blind_reason"],
+        )
     touched = sorted((set(changed) | set(breakers) | moved) & set(rows))
     if not touched:
         return

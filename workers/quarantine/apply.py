@@ -362,9 +362,12 @@ async def _publish_takeover(tx: Tx, hello: Hello) -> None:
 async def _publish_quarantine(tx: Tx, hello: Hello, alternations: int, serials: list[str]) -> None:
     at = await tx.fact_time(hello)
     event = Quarantined(
-        node_id=hello.node_id, reason=REASON, alternations=alternations, revoked_serials=serials,
+        node_id=hello.node_id,
+        reason=REASON,
+        alternations=alternations,
+        revoked_serials=serials,
         at=at,
-    )  # fmt: skip
+    )
     tx.publish(event, tx.subjects.event(event.BC_TYPE), cause=hello, order_key=hello.node_id)
     notice = Revocations(node_id=hello.node_id, serials=serials, reason=REASON, at=at)
     tx.publish(notice, tx.subjects.revocations, cause=hello, order_key=hello.node_id)

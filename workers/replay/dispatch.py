@@ -263,9 +263,12 @@ async def dispatch_round(
         for command, row in cancel:
             if command.command_id in cancelled:
                 event = command_event(
-                    CommandCancelled, command, row["session_epoch"], "kind-not-allowed",
+                    CommandCancelled,
+                    command,
+                    row["session_epoch"],
+                    "kind-not-allowed",
                     at=cancelled[command.command_id],
-                )  # fmt: skip
+                )
                 outbox.add(event, subjects.event(event.BC_TYPE), order_key=command.node_id)
         await outbox.write(conn)
     return RoundResult(len(marked), len(cancelled), len(nodes), cursor)

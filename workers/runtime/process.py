@@ -16,7 +16,6 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
 from functools import partial
 from typing import TypeVar
 
@@ -26,7 +25,6 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from schemas.subjects import Subjects
-from workers.runtime.base import heap
 from workers.runtime.base.errors import SettingError, Severity, classify
 from workers.runtime.base.settings import Settings
 from workers.runtime.base.waiting import Patience, sleep_or_stop
@@ -35,10 +33,11 @@ from workers.runtime.bus.deadletter import watch_max_deliveries
 from workers.runtime.effects.consumer import FactConsumer
 from workers.runtime.effects.outbox import OutboxRelay
 from workers.runtime.effects.worker import Runtime, Worker
+from workers.runtime.housekeeping import observe, prune_inbox
 from workers.runtime.observability import sql, tracing
 from workers.runtime.observability.health import HealthServer
 from workers.runtime.observability.metrics import Metrics
-from workers.runtime.store import db, leases, retention
+from workers.runtime.store import db
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -132,8 +131,20 @@ async def run_process(
             "BCW_HEALTH_PORT", f"cannot listen on {settings.health_port} ({error})"
         ) from error
     try:
-        await _serve(settings, workers, names, instance, metrics, subjects, parts, health,
-                     provider, stopping, refused, on_ready)  # fmt: skip
+        await _serve(
+            settings,
+            workers,
+            names,
+            instance,
+            metrics,
+            subjects,
+            parts,
+            health,
+            provider,
+            stopping,
+            refused,
+            on_ready,
+        )
     finally:
         await health.stop()
         if own_provider and isinstance(provider, TracerProvider):
@@ -194,20 +205,33 @@ async def _serve(
         metrics.watch_pool(pool)
         js = nc.jetstream()
         relay = OutboxRelay(
-            pool, js, settings.outbox, settings.database, metrics, tracer, subjects,
+            pool,
+            js,
+            settings.outbox,
+            settings.database,
+            metrics,
+            tracer,
+            subjects,
             refused=refused_subjects,
             # its own workers' rows (its principal may publish what they emit); a process
             # of no worker (`bcw run relay`) publishes every worker's
             owners=[worker.name for worker in workers] or None,
-        )  # fmt: skip
+        )
         runtime = Runtime(settings, subjects, pool, nc, js, metrics, tracer, instance, relay.wake)
         parts.consumers = [
             FactConsumer(
-                worker, nc=nc, js=js, pool=pool, subjects=subjects, settings=settings.consumer,
-                metrics=metrics, tracer=tracer, on_outbox_rows=relay.wake,
+                worker,
+                nc=nc,
+                js=js,
+                pool=pool,
+                subjects=subjects,
+                settings=settings.consumer,
+                metrics=metrics,
+                tracer=tracer,
+                on_outbox_rows=relay.wake,
             )
             for worker in workers
-        ]  # fmt: skip
+        ]
 
         async def provision() -> None:
             # created when missing, never changed: only `bcw provision` updates a stream;
@@ -218,9 +242,12 @@ async def _serve(
                 dead_publishers=dead_publishers([w.name for w in workers]),
             )
             await streams.streams_for_a_worker(
-                js, subjects, settings.nats.stream_replicas, limits,
+                js,
+                subjects,
+                settings.nats.stream_replicas,
+                limits,
                 only=None if workers else principals.relay_streams(subjects),
-            )  # fmt: skip
+            )
 
         def bound(consumer: FactConsumer) -> Callable[[], Awaitable[None]]:
             async def bind() -> None:
@@ -340,58 +367,6 @@ async def _run_tasks(
         for worker in workers:
             for loop in worker.loops:
                 group.create_task(loop(runtime, stopping), name=f"{worker.name}-{loop.__name__}")
-        group.create_task(_observe(runtime, relay, consumers, stopping), name="observe")
+        group.create_task(observe(runtime, relay, consumers, stopping), name="observe")
         if consumers:
-            group.create_task(_prune_inbox(runtime, workers, stopping), name="inbox-retention")
-
-
-async def _prune_inbox(
-    runtime: Runtime, workers: Sequence[Worker], stopping: asyncio.Event
-) -> None:
-    """Inbox rows outlive the facts stream's max age, then go; so does old session
-    history. One replica of each worker does it, under a lease of that worker's: a
-    worker's login reads and deletes only its own inbox rows (row-level security)."""
-    settings = runtime.settings.retention
-    targets = (
-        retention.Prunable("processed_facts", "processed_at", settings.processed_facts),
-        retention.Prunable("session_history", "at", settings.session_history),
-        retention.Prunable("session_history_packs", "at", settings.session_history),
-    )
-
-    async def body(lease: leases.Lease) -> None:
-        for target in targets:
-            await retention.prune(runtime.pool, target, settings.batch, lease)
-
-    await leases.run_leased(
-        runtime.pool,
-        leases.inbox_pruning([worker.name for worker in workers]),
-        runtime.instance,
-        body,
-        period=settings.interval,
-        ttl=max(settings.lease_ttl, timedelta(seconds=2 * settings.interval)),
-        stopping=stopping,
-        held=runtime.metrics.lease_held,
-    )
-
-
-async def _observe(
-    runtime: Runtime, relay: OutboxRelay, consumers: Sequence[FactConsumer], stopping: asyncio.Event
-) -> None:
-    """Refresh the gauges that need a question to the servers, every few seconds; hand
-    the allocator's free memory back every minute (`heap.release`)."""
-    limits = streams.limits_of(runtime.settings.nats)  # which facts streams there are
-    released = time.monotonic()
-    while not stopping.is_set():
-        if time.monotonic() - released >= heap.RELEASE_SECONDS:
-            heap.release()
-            released = time.monotonic()
-        with contextlib.suppress(Exception):
-            await relay.observe()
-            for consumer in consumers:
-                await consumer.observe()
-            if consumers:  # a full facts stream refuses every gateway's facts
-                for (stream, bound), ratio in (
-                    await streams.facts_fill(runtime.js, runtime.subjects, limits)
-                ).items():
-                    runtime.metrics.facts_stream_full.set(ratio, stream, bound)
-        await sleep_or_stop(stopping, 5.0)
+            group.create_task(prune_inbox(runtime, workers, stopping), name="inbox-retention")

@@ -211,9 +211,17 @@ class FakeDaemon(Hellos, Reports):
     def clone(self, home: int) -> FakeDaemon:
         """The same identity (certificate) on a second machine: another boot id."""
         return FakeDaemon(
-            self.node_id, self.serial, self.clock, self.rng, list(self.capabilities), self.version,
-            self.lane_credits, self.work_seconds, home=home, hello_key=self.hello_key,
-        )  # fmt: skip
+            self.node_id,
+            self.serial,
+            self.clock,
+            self.rng,
+            list(self.capabilities),
+            self.version,
+            self.lane_credits,
+            self.work_seconds,
+            home=home,
+            hello_key=self.hello_key,
+        )
 
     def crash(self) -> None:
         """Its process dies and starts again (same boot, same journal: what finished is

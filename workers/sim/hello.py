@@ -87,16 +87,26 @@ class Hellos:
             self._back_off()
             return
         request = HelloRequest(
-            node_id=self.node_id, cert_serial=self.serial, cert_node_id=self.node_id, role="worker", boot_id=self.boot_id,
-            journal_id=self.journal_id, daemon_version=self.version, capabilities=list(self.capabilities),
-            running_command_ids=[str(c) for c in self.running], transport=self.transport,
+            node_id=self.node_id,
+            cert_serial=self.serial,
+            cert_node_id=self.node_id,
+            role="worker",
+            boot_id=self.boot_id,
+            journal_id=self.journal_id,
+            daemon_version=self.version,
+            capabilities=list(self.capabilities),
+            running_command_ids=[str(c) for c in self.running],
+            transport=self.transport,
             trust_version=self.trust_version,
             approver_set_epoch=self.approver_set[0] if self.approver_set else None,
             approver_set_sha256=self.approver_set[1] if self.approver_set else None,
             process_started_at=datetime.fromtimestamp(self.process_started, UTC),
-            inventory_hashes=self.inventory_hashes(), results=list(self.finished.unacked.values()),
-            applied_generation=self.generation, spec_hash=self.spec_hash, proof=self.proof(gateway),
-        )  # fmt: skip
+            inventory_hashes=self.inventory_hashes(),
+            results=list(self.finished.unacked.values()),
+            applied_generation=self.generation,
+            spec_hash=self.spec_hash,
+            proof=self.proof(gateway),
+        )
         self.in_hello = set(self.finished.unacked)
         try:
             welcome = await gateway.hello(request, cast("DaemonStream", self))
@@ -153,6 +163,11 @@ class Hellos:
         else:
             at, nonce = self.server.sign_at(self.now()), None
         return prove(
-            self.hello_key, self.node_id, self.boot_id, self.journal_id, gateway.gateway_id,
-            at, nonce,
-        )  # fmt: skip
+            self.hello_key,
+            self.node_id,
+            self.boot_id,
+            self.journal_id,
+            gateway.gateway_id,
+            at,
+            nonce,
+        )

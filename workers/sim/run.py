@@ -39,9 +39,16 @@ async def run_scenario(
     tracer = tracing.tracer(provider)
     traced = tracing.is_recording(tracer)
     try:
-        return await _run(settings, subjects, scenario, nodes, gateways, seed, own_clock, (
-            sql.SqlSpans(tracer, settings.trace_query_text).install if traced else None
-        ))  # fmt: skip
+        return await _run(
+            settings,
+            subjects,
+            scenario,
+            nodes,
+            gateways,
+            seed,
+            own_clock,
+            (sql.SqlSpans(tracer, settings.trace_query_text).install if traced else None),
+        )
     finally:
         shutdown = getattr(provider, "shutdown", None)
         if shutdown is not None:
@@ -90,9 +97,15 @@ async def _run(
         )
     prefix = f"sim{uuid.uuid4().hex[:6]}"
     sim = Simulator(
-        pool, nc, subjects, nodes=nodes, gateways=gateways, seed=seed, prefix=prefix,
+        pool,
+        nc,
+        subjects,
+        nodes=nodes,
+        gateways=gateways,
+        seed=seed,
+        prefix=prefix,
         owns_clock=own_clock,
-    )  # fmt: skip
+    )
     try:
         await streams.provision_streams(
             nc.jetstream(),

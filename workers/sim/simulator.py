@@ -80,9 +80,12 @@ def about(body: Mapping[str, object], prefix: str) -> bool:
     return any(
         isinstance(value, str) and value.startswith(own)
         for value in (
-            body.get("nodeId"), body.get("gatewayId"), body.get("node_id"), body.get("gateway_id"),
+            body.get("nodeId"),
+            body.get("gatewayId"),
+            body.get("node_id"),
+            body.get("gateway_id"),
         )
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True)
@@ -180,9 +183,14 @@ class Simulator:
         # its notices consumer, as `bcw provision` makes it (the gateway makes none)
         await notices.provision(self.nc.jetstream(timeout=5.0), self.subjects, gateway_id)
         gateway = Gateway(
-            gateway_id, self.pool, self.nc, self.subjects, self.clock, self.clock,
+            gateway_id,
+            self.pool,
+            self.nc,
+            self.subjects,
+            self.clock,
+            self.clock,
             self.gateway_settings,
-        )  # fmt: skip
+        )
         await gateway.start(autotick=None)  # the simulator ticks it, moving time
         return gateway
 

@@ -24,9 +24,14 @@ from tests.integration.support import bcw
 async def _stdout(*args: str, **env: str) -> tuple[int, list[dict[str, object]], str]:
     """(exit code, stdout's JSON objects, stderr) of `bcw args`: every stdout line is one."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "workers.cli", *args, env={**os.environ, **env},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "workers.cli",
+        *args,
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await proc.communicate()
     objects = [json.loads(line) for line in out.decode().splitlines()]
     assert all(isinstance(o, dict) for o in objects)
@@ -44,8 +49,16 @@ async def test_quarantine_status_json(database_url: str, db: asyncpg.Connection)
     code, held, _ = await _stdout("quarantine", "status", "--json", BCW_DATABASE_URL=database_url)
     assert code == 0
     [one] = held
-    assert set(one) == {"node_id", "epoch", "gateway_id", "held", "alternations", "gateways",
-                        "serials", "decided_at"}  # fmt: skip
+    assert set(one) == {
+        "node_id",
+        "epoch",
+        "gateway_id",
+        "held",
+        "alternations",
+        "gateways",
+        "serials",
+        "decided_at",
+    }
     assert (one["node_id"], one["epoch"], one["gateway_id"], one["held"]) == (
         "n1",
         3,
@@ -101,9 +114,15 @@ async def test_auth_db_json(database_url: str, db: asyncpg.Connection) -> None:
         assert set(one) == {"login", "gateway_id", "bound_at", "in_group"}
         assert (one["login"], one["gateway_id"], one["in_group"]) == (login, "gw-7", False)
         code, bound, err = await _stdout(
-            "auth", "db", "--unbind", login, "--unbind", login, "--json",
+            "auth",
+            "db",
+            "--unbind",
+            login,
+            "--unbind",
+            login,
+            "--json",
             BCW_DATABASE_URL=database_url,
-        )  # fmt: skip
+        )
         assert (code, bound) == (0, []) and "was bound to no gateway" in err
     finally:
         await db.execute("DELETE FROM gateway_logins WHERE login = $1", login)

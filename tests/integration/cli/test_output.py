@@ -57,8 +57,12 @@ async def test_each_dead_letters_action_has_its_own_help() -> None:
 async def test_bcw_config_says_each_duration_as_it_was_written() -> None:
     import json
 
-    given = {"BCW_LIVENESS_HEARTBEAT_INTERVAL": "90s", "BCW_CONSUMER_ACK_WAIT": "1.5m",
-             "BCW_DATABASE_LOCK_TIMEOUT": "2500ms", "BCW_REPLAY_DISPATCH_INTERVAL": "3"}  # fmt: skip
+    given = {
+        "BCW_LIVENESS_HEARTBEAT_INTERVAL": "90s",
+        "BCW_CONSUMER_ACK_WAIT": "1.5m",
+        "BCW_DATABASE_LOCK_TIMEOUT": "2500ms",
+        "BCW_REPLAY_DISPATCH_INTERVAL": "3",
+    }
     code, out = await bcw("config", **given)
     assert code == 0, out
     shown = dict(line.split(None, 1) for line in out.splitlines() if len(line.split()) == 2)
@@ -75,17 +79,33 @@ async def test_bcw_config_says_each_duration_as_it_was_written() -> None:
 @pytest.mark.parametrize(
     ("env", "line"),
     [
-        ({"BCW_CONSUMER_ACK_WAIT": "0"}, "bcw: BCW_CONSUMER_ACK_WAIT: must be more than 0s (got '0')"),
-        ({"BCW_CONSUMER_ACK_WAIT": "-500ms"}, "bcw: BCW_CONSUMER_ACK_WAIT: must be more than 0s (got '-500ms')"),
-        ({"BCW_NATS_FACTS_MAX_AGE": "1m"}, "bcw: BCW_NATS_FACTS_MAX_AGE: must be at least 2m (got '1m')"),
-        ({"BCW_CONSUMER_NAK_DELAY": "-5"}, "bcw: BCW_CONSUMER_NAK_DELAY: must be at least 0s (got '-5')"),
-        ({"BCW_LIVENESS_HEARTBEAT_INTERVAL": "-10s"},
-         "bcw: BCW_LIVENESS_HEARTBEAT_INTERVAL: must be a positive duration (45s, 5m, 2h, 7d) (got '-10s')"),
-        ({"BCW_DATABASE_COMMAND_TIMEOUT": "90s"},
-         "bcw: BCW_DATABASE_COMMAND_TIMEOUT (90s) must be below BCW_CONSUMER_ACK_WAIT (1m): a slow "
-         "statement would outlive the fact's delivery"),
+        (
+            {"BCW_CONSUMER_ACK_WAIT": "0"},
+            "bcw: BCW_CONSUMER_ACK_WAIT: must be more than 0s (got '0')",
+        ),
+        (
+            {"BCW_CONSUMER_ACK_WAIT": "-500ms"},
+            "bcw: BCW_CONSUMER_ACK_WAIT: must be more than 0s (got '-500ms')",
+        ),
+        (
+            {"BCW_NATS_FACTS_MAX_AGE": "1m"},
+            "bcw: BCW_NATS_FACTS_MAX_AGE: must be at least 2m (got '1m')",
+        ),
+        (
+            {"BCW_CONSUMER_NAK_DELAY": "-5"},
+            "bcw: BCW_CONSUMER_NAK_DELAY: must be at least 0s (got '-5')",
+        ),
+        (
+            {"BCW_LIVENESS_HEARTBEAT_INTERVAL": "-10s"},
+            "bcw: BCW_LIVENESS_HEARTBEAT_INTERVAL: must be a positive duration (45s, 5m, 2h, 7d) (got '-10s')",
+        ),
+        (
+            {"BCW_DATABASE_COMMAND_TIMEOUT": "90s"},
+            "bcw: BCW_DATABASE_COMMAND_TIMEOUT (90s) must be below BCW_CONSUMER_ACK_WAIT (1m): a slow "
+            "statement would outlive the fact's delivery",
+        ),
     ],
-)  # fmt: skip
+)
 async def test_a_bad_duration_is_refused_in_units_as_written(
     env: dict[str, str], line: str
 ) -> None:

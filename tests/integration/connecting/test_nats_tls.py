@@ -52,9 +52,11 @@ async def test_a_ca_that_does_not_verify_nats_is_one_line_at_once(
     tls_nats: TlsNats, database_url: str, command: str
 ) -> None:
     env = {
-        "BCW_NATS_URL": tls_nats.url, "BCW_DATABASE_URL": database_url, "BCW_HEALTH_PORT": "0",
+        "BCW_NATS_URL": tls_nats.url,
+        "BCW_DATABASE_URL": database_url,
+        "BCW_HEALTH_PORT": "0",
         "BCW_SUBJECT_ROOT": f"t{uuid.uuid4().hex[:10]}",
-    }  # fmt: skip
+    }
     started = time.monotonic()
     code, out = await asyncio.wait_for(
         bcw(*command.split(), **env, BCW_NATS_TLS_CA_FILE=str(tls_nats.other_ca)), 60
@@ -91,10 +93,16 @@ async def test_an_nkey_seed_that_is_not_one_is_one_line_at_once(
     seed = tmp_path / "bad.nk"
     seed.write_text("not a seed\n")
     code, out = await asyncio.wait_for(
-        bcw("run", "labeler", BCW_NATS_URL=tls_nats.url, BCW_DATABASE_URL=database_url,
-            BCW_NATS_TLS_CA_FILE=str(tls_nats.ca), BCW_NATS_NKEY_SEED_FILE=str(seed),
-            BCW_HEALTH_PORT="0"),
+        bcw(
+            "run",
+            "labeler",
+            BCW_NATS_URL=tls_nats.url,
+            BCW_DATABASE_URL=database_url,
+            BCW_NATS_TLS_CA_FILE=str(tls_nats.ca),
+            BCW_NATS_NKEY_SEED_FILE=str(seed),
+            BCW_HEALTH_PORT="0",
+        ),
         60,
-    )  # fmt: skip
+    )
     assert code == 2, out
     _one_line(out, "BCW_NATS_NKEY_SEED_FILE")

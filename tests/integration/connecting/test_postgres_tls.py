@@ -98,10 +98,15 @@ async def _equal(url: str, sql: str, n: int) -> bool:
 async def _bcw_on(url: str, servers: Servers, command: str, **env: str) -> tuple[int, str]:
     """`bcw <command>` on the database `url` and the session's NATS (within 60 s)."""
     return await asyncio.wait_for(
-        bcw(*command.split(), BCW_DATABASE_URL=url, BCW_NATS_URL=servers.nats_url,
-            BCW_HEALTH_PORT="0", **env),
+        bcw(
+            *command.split(),
+            BCW_DATABASE_URL=url,
+            BCW_NATS_URL=servers.nats_url,
+            BCW_HEALTH_PORT="0",
+            **env,
+        ),
         60,
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("command", ["migrate", "migrate --wait 60s", "run labeler"])

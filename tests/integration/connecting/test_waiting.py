@@ -49,10 +49,15 @@ async def test_migrate_wait_waits_to_its_bound_then_says_so_in_one_line(how: str
         started = time.monotonic()
         # a connect timeout above the bound: the bound still holds
         code, out = await asyncio.wait_for(
-            bcw("migrate", "--wait", f"{BOUND:g}s", BCW_DATABASE_URL=url,
-                BCW_DATABASE_CONNECT_TIMEOUT="30"),
+            bcw(
+                "migrate",
+                "--wait",
+                f"{BOUND:g}s",
+                BCW_DATABASE_URL=url,
+                BCW_DATABASE_CONNECT_TIMEOUT="30",
+            ),
             60,
-        )  # fmt: skip
+        )
         took = time.monotonic() - started
     assert code == 1, out
     lines = [line for line in out.splitlines() if line.strip()]
@@ -86,10 +91,15 @@ async def test_run_waits_for_a_database_it_cannot_reach_and_stops_on_sigterm(
 ) -> None:
     async with _unreachable(how) as url:
         process = await bcw_process(
-            "run", "labeler", output=True, BCW_DATABASE_URL=url, BCW_NATS_URL=servers.nats_url,
-            BCW_HEALTH_PORT="0", BCW_SUBJECT_ROOT=f"t{uuid.uuid4().hex[:10]}",
+            "run",
+            "labeler",
+            output=True,
+            BCW_DATABASE_URL=url,
+            BCW_NATS_URL=servers.nats_url,
+            BCW_HEALTH_PORT="0",
+            BCW_SUBJECT_ROOT=f"t{uuid.uuid4().hex[:10]}",
             BCW_DATABASE_CONNECT_TIMEOUT="1",
-        )  # fmt: skip
+        )
         try:
             await asyncio.sleep(BOUND)
             assert process.returncode is None, "it did not wait"

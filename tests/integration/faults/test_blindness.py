@@ -136,9 +136,13 @@ async def _watch_for_disconnects(db: asyncpg.Connection, seconds: float) -> int:
 
 @pytest.mark.slow
 async def test_the_controllers_bus_cut_for_12s_disconnects_nobody(
-    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection,
+    servers: Servers,
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
     gateways: Fleet,
-) -> None:  # fmt: skip
+) -> None:
     gateway = await gateways.gateway("gw-a", nc)
     async with _proxied(servers.nats_url) as proxy:
         settings = _liveness_settings(
@@ -178,9 +182,13 @@ async def test_the_controllers_bus_cut_for_12s_disconnects_nobody(
 
 @pytest.mark.slow
 async def test_a_controller_stopped_for_8s_disconnects_nobody_after_its_restart(
-    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection,
+    servers: Servers,
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
     gateways: Fleet,
-) -> None:  # fmt: skip
+) -> None:
     gateway = await gateways.gateway("gw-a", nc)
     settings = _liveness_settings(make_settings(servers.nats_url, database_url, subjects))
     async with running(settings, [liveness.build(settings)]):
@@ -196,9 +204,13 @@ async def test_a_controller_stopped_for_8s_disconnects_nobody_after_its_restart(
 
 @pytest.mark.slow
 async def test_a_silent_gateway_is_held_while_its_lease_holds_then_lost_after_the_grace(
-    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection,
+    servers: Servers,
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
     gateways: Fleet,
-) -> None:  # fmt: skip
+) -> None:
     """gw-b's link to the bus breaks while its lease in PostgreSQL stays alive: its
     sessions are held whatever their ages; when its lease expires, the gateway-loss rule
     takes them after its grace. gw-a, flushing as usual, is the control: a node it does
@@ -305,8 +317,10 @@ async def test_the_breaker_holds_30_of_40_and_a_release_lets_the_next_sweep_go(
         [state] = await _status(database_url, "gw-1")  # what an operator reads first
         assert state["gateway_id"] == "gw-1" and state["connected"] == 40
         assert (state["breaker_open"], state["blind"], state["breaker_released_by"]) == (
-            True, False, None,
-        )  # fmt: skip
+            True,
+            False,
+            None,
+        )
         assert isinstance(state["last_flush_age_seconds"], float)
         assert state["oldest_sight_age_seconds"] >= 60  # its 30 sessions seen a minute ago
         code, out = await bcw("liveness", "status", BCW_DATABASE_URL=database_url)
@@ -315,9 +329,14 @@ async def test_the_breaker_holds_30_of_40_and_a_release_lets_the_next_sweep_go(
         assert int(oldest.removesuffix("s")) >= 60
 
         code, out = await bcw(
-            "liveness", "release", "--gateway", "gw-1", "--by", "oncall",
+            "liveness",
+            "release",
+            "--gateway",
+            "gw-1",
+            "--by",
+            "oncall",
             BCW_DATABASE_URL=database_url,
-        )  # fmt: skip
+        )
         assert code == 0 and "released by oncall" in out, out
         [state] = await _status(database_url, "gw-1")
         assert (state["breaker_open"], state["breaker_released_by"]) == (True, "oncall")

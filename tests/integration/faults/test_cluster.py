@@ -50,9 +50,16 @@ async def _provisioned(js: nats.js.JetStreamContext, subjects: Subjects) -> bool
 async def _spawn(name: str, env: dict[str, str], log: Path) -> asyncio.subprocess.Process:
     with log.open("ab") as out:
         return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "workers.cli", "run", name, env={**os.environ, **env},
-            cwd=ROOT, stdout=asyncio.subprocess.DEVNULL, stderr=out,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "workers.cli",
+            "run",
+            name,
+            env={**os.environ, **env},
+            cwd=ROOT,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=out,
+        )
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ from nats.aio.client import Client as NATS
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration.support import eventually
-from workers.bench.chaos import (
+from workers.bench.chaos.flow import (
     HELLO_WORKERS,
     count_effects,
     hellos_handled,
@@ -95,13 +95,17 @@ async def _follow(
             "?target_session_attrs=read-write"
         )
         env = {
-            "BCW_DATABASE_URL": both, "BCW_NATS_URL": servers.nats_url,
-            "BCW_SUBJECT_ROOT": subjects.root, "BCW_HEALTH_PORT": "0", "BCW_LOG_LEVEL": "WARNING",
-            "BCW_CONSUMER_ACK_WAIT": "10", "BCW_DATABASE_COMMAND_TIMEOUT": "8",
+            "BCW_DATABASE_URL": both,
+            "BCW_NATS_URL": servers.nats_url,
+            "BCW_SUBJECT_ROOT": subjects.root,
+            "BCW_HEALTH_PORT": "0",
+            "BCW_LOG_LEVEL": "WARNING",
+            "BCW_CONSUMER_ACK_WAIT": "10",
+            "BCW_DATABASE_COMMAND_TIMEOUT": "8",
             "BCW_DATABASE_CONNECT_TIMEOUT": "3",
             # no daemon flushes liveness here: no session may age out meanwhile
             "BCW_LIVENESS_HEARTBEAT_INTERVAL": "3600",
-        }  # fmt: skip
+        }
         procs = await spawn_workers(env, logs)
         try:
             await eventually(lambda: workers_bound(nc.jetstream(), subjects), what="bound")

@@ -48,9 +48,10 @@ async def _flood(nc: NATS, subjects: Subjects) -> int:
     while time.monotonic() - started < SECONDS:
         fact = {**body, "fact_id": str(uuid.uuid4()), "entries": entries}
         await js.publish(
-            subjects.fact("gw-flood", "liveness"), json.dumps(fact).encode(),
+            subjects.fact("gw-flood", "liveness"),
+            json.dumps(fact).encode(),
             headers={"Bc-Type": "liveness", "Bc-Schema": "1", "Nats-Msg-Id": fact["fact_id"]},
-        )  # fmt: skip
+        )
         sent += 1
         await asyncio.sleep(max(0.0, started + sent - time.monotonic()))
     return sent
@@ -91,8 +92,10 @@ async def test_a_flood_of_unknown_nodes_stays_bounded_and_others_stay_on_time(
     cap = settings.liveness.max_zombie_notices
     history = await db.fetchval(f"SELECT count(*) FROM {HISTORY} WHERE node_id LIKE 'ghost-%'")
     inbox = await db.fetchval("SELECT count(*) FROM processed_facts WHERE consumer = 'liveness'")
-    print(f"{flushes} flushes of {ENTRIES} unknown nodes: {notices} zombie notices, "
-          f"{history} history rows; Hellos labeled after {max(lateness):.1f} s at worst")  # fmt: skip
+    print(
+        f"{flushes} flushes of {ENTRIES} unknown nodes: {notices} zombie notices, "
+        f"{history} history rows; Hellos labeled after {max(lateness):.1f} s at worst"
+    )
     assert notices <= flushes * cap  # never a notice per entry (300,000 entries)
     assert history <= flushes * cap
     assert inbox <= flushes + len(nodes)  # one inbox row per fact, none per entry

@@ -68,9 +68,14 @@ async def _commands(db: asyncpg.Connection) -> list[tuple[Any, ...]]:
 
 
 async def test_a_lost_hello_is_asked_of_its_gateway_and_everything_it_owes_follows(
-    servers: Servers, nc: NATS, js: JetStreamContext, pool: asyncpg.Pool, subjects: Subjects,
-    database_url: str, db: asyncpg.Connection,
-) -> None:  # fmt: skip
+    servers: Servers,
+    nc: NATS,
+    js: JetStreamContext,
+    pool: asyncpg.Pool,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
+) -> None:
     await fleet.join(db, "n1", serial="n1-serial")
     await fleet.session(db, "n1", epoch=1, gateway_id="gw-a", boot_id="b1", journal_id="j1")
     command = await db.fetchval("SELECT enqueue_command('n1', 'exec', '{}')")
@@ -136,9 +141,15 @@ async def _events(js: JetStreamContext, subjects: Subjects, kind: str) -> list[A
 
 
 async def test_a_lost_flush_is_made_good_by_the_next(
-    servers: Servers, nc: NATS, js: JetStreamContext, pool: asyncpg.Pool, subjects: Subjects,
-    database_url: str, db: asyncpg.Connection, clock: Clock,
-) -> None:  # fmt: skip
+    servers: Servers,
+    nc: NATS,
+    js: JetStreamContext,
+    pool: asyncpg.Pool,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
+    clock: Clock,
+) -> None:
     gateway = Provisioned("gw-a", pool, nc, subjects)
     await gateway.start()
     try:
@@ -169,9 +180,16 @@ async def test_a_lost_flush_is_made_good_by_the_next(
 
 
 async def test_a_lost_close_ends_its_session_when_the_silence_is_swept(
-    servers: Servers, nc: NATS, js: JetStreamContext, pool: asyncpg.Pool, subjects: Subjects,
-    database_url: str, db: asyncpg.Connection, clock: Clock, monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+    servers: Servers,
+    nc: NATS,
+    js: JetStreamContext,
+    pool: asyncpg.Pool,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
+    clock: Clock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The worst case: the gateway's own write of the close failed (the database away at
     that moment) and its `closed` fact is lost too."""
 
@@ -211,18 +229,23 @@ async def test_a_lost_close_ends_its_session_when_the_silence_is_swept(
 
 
 async def test_the_search_for_lost_hellos_reads_what_changed_since_its_last_look(
-    js: JetStreamContext, subjects: Subjects, pool: asyncpg.Pool, db: asyncpg.Connection,
+    js: JetStreamContext,
+    subjects: Subjects,
+    pool: asyncpg.Pool,
+    db: asyncpg.Connection,
     clock: Clock,
-) -> None:  # fmt: skip
+) -> None:
     """A fleet at rest costs the search nothing: after a process's first look (every
     session), a look reads the sessions that became old enough since the last one and the
     asks that came due again — through their indexes, not 2,000 sessions at rest — and
     still finds each lost Hello: one of a session that connected after the last look, and
     one asked before it whose time to be asked again came."""
     await streams.ensure_consumer(
-        js, subjects.facts_stream, ConsumerSpec("replay", (subjects.fact_filter("hello"),)),
+        js,
+        subjects.facts_stream,
+        ConsumerSpec("replay", (subjects.fact_filter("hello"),)),
         ConsumerSettings(),
-    )  # fmt: skip
+    )
     await fleet.gateway(db, "gw-1", expires_in=timedelta(days=1))
     await db.execute(
         "SELECT join_node('r' || i, 'worker', 'r-serial-' || i, NULL) FROM generate_series(1, 2000) i"

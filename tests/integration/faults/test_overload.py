@@ -101,11 +101,14 @@ def _settings(servers: Servers, database_url: str, subjects: Subjects, sight: bo
     return base.model_copy(
         update={
             "liveness": LivenessSettings(
-                sweep_interval=SWEEP, heartbeat_interval=1 * S, missed_heartbeats=3,
-                flush_period=1 * S, range_sight=sight,
+                sweep_interval=SWEEP,
+                heartbeat_interval=1 * S,
+                missed_heartbeats=3,
+                flush_period=1 * S,
+                range_sight=sight,
             )
         }
-    )  # fmt: skip
+    )
 
 
 async def _events(
@@ -144,9 +147,14 @@ async def _watch_disconnects(db: asyncpg.Connection, seconds: float) -> set[str]
 @pytest.mark.slow
 @pytest.mark.parametrize("sight", [True, False], ids=["range-sight", "rows"])
 async def test_one_range_of_a_gateway_held_behind_disconnects_nobody_and_is_said(
-    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection,
-    pool: asyncpg.Pool, sight: bool,
-) -> None:  # fmt: skip
+    servers: Servers,
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
+    pool: asyncpg.Pool,
+    sight: bool,
+) -> None:
     """The busy day's failure: a controller behind applies a gateway's range facts unevenly.
     One range's flushes wait past the stale threshold while the other three are applied:
     the gateway is not seen (what was applied does not cover it), its sessions are held,
@@ -195,9 +203,13 @@ async def test_one_range_of_a_gateway_held_behind_disconnects_nobody_and_is_said
 
 @pytest.mark.slow
 async def test_a_controller_steadily_behind_is_blind_for_lag_and_keeps_no_node_alive_by_it(
-    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection,
+    servers: Servers,
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
     pool: asyncpg.Pool,
-) -> None:  # fmt: skip
+) -> None:
     """The slow day's failure: a controller applying every flush 6 s after the bus stored
     it (three times the blind threshold) — at a steady pace, so that each gateway's facts
     keep arriving — never said it was blind, and aged sessions from when it applied their
@@ -239,9 +251,14 @@ async def test_a_controller_steadily_behind_is_blind_for_lag_and_keeps_no_node_a
 @pytest.mark.slow
 @pytest.mark.parametrize("skew", [-600, 600], ids=["10-min-behind", "10-min-ahead"])
 async def test_a_gateway_whose_clock_is_minutes_off_fakes_no_liveness(
-    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection,
-    pool: asyncpg.Pool, skew: int,
-) -> None:  # fmt: skip
+    servers: Servers,
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
+    pool: asyncpg.Pool,
+    skew: int,
+) -> None:
     """The seed: ages, not timestamps, so a gateway's clock skew cannot fake liveness. A
     reference gateway whose clock is ten minutes off (its facts' `observed_at` with it)
     keeps its heartbeating sessions connected, and a session it does not hold (missing

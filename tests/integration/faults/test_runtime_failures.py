@@ -51,11 +51,16 @@ def _spawn(servers: Servers, database_url: str, subjects: Subjects) -> asyncio.s
         "BCW_LOG_FORMAT": "json",
     }
     return asyncio.create_subprocess_exec(  # type: ignore[return-value]
-        sys.executable, "-m", "tests.integration.tally_process", env=env, cwd=ROOT,
+        sys.executable,
+        "-m",
+        "tests.integration.tally_process",
+        env=env,
+        cwd=ROOT,
         # not PIPE: nobody reads it, and a process that logs 64 KiB (retries on a loaded
         # machine) would block on a full pipe and stall the very thing under test
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
 
 
 async def _pulling(js: JetStreamContext, subjects: Subjects) -> bool:

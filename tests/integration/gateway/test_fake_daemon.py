@@ -29,9 +29,15 @@ from workers.sim.daemon import FakeDaemon
 
 def dispatch(daemon: FakeDaemon, seq: int, epoch: int | None = None) -> Dispatch:
     return Dispatch(
-        node_id=daemon.node_id, epoch=epoch or daemon.epoch, command_id=uuid.uuid4(), seq=seq,
-        kind="exec", lane="default", attempt=1, payload={},
-    )  # fmt: skip
+        node_id=daemon.node_id,
+        epoch=epoch or daemon.epoch,
+        command_id=uuid.uuid4(),
+        seq=seq,
+        kind="exec",
+        lane="default",
+        attempt=1,
+        payload={},
+    )
 
 
 async def _facts(nc: NATS, subjects: Subjects, kind: str) -> list[dict[str, object]]:
@@ -75,9 +81,13 @@ async def test_it_holds_no_more_per_lane_than_the_welcome_allows_and_never_fence
     await fleet.join(db, "n1")
     gateway.settings = replace(gateway.settings, credits=1)
     daemon = FakeDaemon(
-        "n1", "n1-serial", time.time, random.Random(1), lane_credits=4,
+        "n1",
+        "n1-serial",
+        time.time,
+        random.Random(1),
+        lane_credits=4,
         hello_key=fleet.hello_key("n1"),
-    )  # fmt: skip
+    )
     await daemon.tick([gateway])
     assert (daemon.welcome_credits, daemon.credits_per_lane) == (1, 1)
     # a dispatch naming another epoch is run all the same: only the gateway fences
@@ -125,9 +135,14 @@ async def test_its_status_report_carries_the_trust_version_and_the_approver_set_
     await fleet.join(db, "n1")
     await db.fetchval("SELECT set_node_spec('n1', '{\"sysctl\": {}}'::jsonb)")
     daemon = FakeDaemon(
-        "n1", "n1-serial", time.time, random.Random(1), trust_version=2,
-        approver_set=(3, "a" * 64), hello_key=fleet.hello_key("n1"),
-    )  # fmt: skip
+        "n1",
+        "n1-serial",
+        time.time,
+        random.Random(1),
+        trust_version=2,
+        approver_set=(3, "a" * 64),
+        hello_key=fleet.hello_key("n1"),
+    )
     await daemon.tick([gateway])  # its Hello, then the desired state it is behind
     await asyncio.sleep(0.1)
     assert daemon.generation == 1
@@ -189,9 +204,13 @@ async def test_a_replay_of_a_command_it_finished_is_answered_from_its_journal_an
     await fleet.join(db, "n1")
     now = [time.time()]
     daemon = FakeDaemon(
-        "n1", "n1-serial", lambda: now[0], random.Random(1), work_seconds=(5, 5),
+        "n1",
+        "n1-serial",
+        lambda: now[0],
+        random.Random(1),
+        work_seconds=(5, 5),
         hello_key=fleet.hello_key("n1"),
-    )  # fmt: skip
+    )
     await daemon.tick([gateway])
     command = dispatch(daemon, 1)
 

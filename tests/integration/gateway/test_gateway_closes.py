@@ -109,9 +109,10 @@ async def test_a_started_gateway_renews_its_lease_and_flushes_by_itself_on_a_mon
         await asyncio.sleep(1.0)
         assert await db.fetchval("SELECT lease_expires_at FROM gateways") > expires
         flushes = [
-            m for m in await stream_messages(nc.jetstream(), subjects.facts_stream)
+            m
+            for m in await stream_messages(nc.jetstream(), subjects.facts_stream)
             if m.headers["Bc-Type"] == "liveness"
-        ]  # fmt: skip
+        ]
         assert len(flushes) >= 2
         assert "n1" in gateway.sessions and stream.dropped == []
     finally:

@@ -1,6 +1,6 @@
-"""The reference gateway's Hello on real servers: admission codes from real rows, the Hello
-transaction and its fact, the Welcome, certificate expiry, draining, duplicate holds,
-zombie notices and a graceful shutdown."""
+"""The reference gateway's Hello on real servers, once admitted (admission:
+test_gateway_admission.py): the Hello transaction and its fact, the Welcome, certificate
+expiry, duplicate holds, zombie notices and a graceful shutdown."""
 
 from __future__ import annotations
 
@@ -27,105 +27,6 @@ from workers.gateway import Code, Gateway, GatewaySettings, Refused, store
 from workers.sim.daemon import FakeDaemon
 
 
-async def test_each_refusal_code_from_real_rows(gateway: Gateway, db: asyncpg.Connection) -> None:
-    await fleet.join(db, "n1")
-    await fleet.join(db, "n2")
-    await fleet.join(db, "n1", "n1-serial-new")  # n1's first certificate is now an older generation
-    await fleet.join(db, "n3", "n3-serial")
-    await db.execute(
-        "UPDATE node_certs SET revoked_at = now(), revocation_reason = 'x' WHERE serial = 'n3-serial'"
-    )
-    cases = [
-        (request(boot_id=""), Code.INVALID_ARGUMENT),
-        (request(node_id="ghost", cert_serial="n2-serial"), Code.PERMISSION_DENIED),
-        (request(cert_serial="nope", role="admin"), Code.PERMISSION_DENIED),
-        (request(node_id="n3", cert_serial="n3-serial"), Code.UNAUTHENTICATED),
-        (request(cert_serial="n1-serial"), Code.UNAUTHENTICATED),
-        (request(cert_serial="n2-serial"), Code.PERMISSION_DENIED),
-        (request(cert_serial="n1-serial-new", role="admin"), Code.PERMISSION_DENIED),
-    ]
-    for hello, code in cases:
-        with pytest.raises(Refused) as refused:
-            await fleet.say_hello(gateway, hello)
-        assert refused.value.code is code, hello
-    welcome = await fleet.say_hello(gateway, request(cert_serial="n1-serial-new"))
-    assert welcome.epoch == 1
-
-
-async def test_a_serial_with_no_record_is_admitted_unrestricted(
-    gateway: Gateway, db: asyncpg.Connection, nc: NATS, subjects: Subjects
-) -> None:
-    await fleet.join(db, "n1")  # its recorded certificate restricts nothing either way
-    await db.execute("UPDATE node_certs SET allowed_kinds = '{noop}'")
-    welcome = await fleet.say_hello(gateway, request(cert_serial="not-recorded"))
-    assert welcome.epoch == 1
-    [fact] = await stream_messages(nc.jetstream(), subjects.facts_stream)
-    cert = json.loads(fact.data)["cert"]
-    assert cert == {"serial": "not-recorded", "allowed_kinds": None, "identity_generation": None}
-    assert gateway.sessions["n1"].cert_not_after == float("inf")  # no expiry of record
-
-
-async def test_a_certificate_naming_another_node_is_refused_recorded_or_not(
-    gateway: Gateway, db: asyncpg.Connection
-) -> None:
-    """The certificate's own node id (its SPIFFE ID) is an input to admission for every
-    serial: an unrecorded serial of n2 cannot claim n1 (docs/contract.md)."""
-    await fleet.join(db, "n1")
-    await fleet.join(db, "n2")
-    for serial in ("not-recorded", "n1-serial"):
-        with pytest.raises(Refused) as refused:
-            await fleet.say_hello(gateway, request(cert_serial=serial, cert_node_id="n2"))
-        assert refused.value.code is Code.PERMISSION_DENIED
-    assert await db.fetchval("SELECT max(session_epoch) FROM node_sessions") == 0
-    welcome = await fleet.say_hello(gateway, request(cert_node_id="n1"))
-    assert welcome.epoch == 1
-
-
-async def test_any_capability_list_connects_and_a_fact_that_cannot_be_published_bumps_nothing(
-    gateway: Gateway, db: asyncpg.Connection, nc: NATS, subjects: Subjects
-) -> None:
-    await fleet.join(db, "n1")
-    caps = [f"cap-{i}" for i in range(2000)] + ["x" * 300]
-    welcome = await fleet.say_hello(gateway, request(capabilities=caps))
-    assert welcome.epoch == 1
-    [fact] = [m for m in await stream_messages(nc.jetstream(), subjects.facts_stream)]
-    import json
-
-    assert len(json.loads(fact.data)["capabilities"]) == 2001
-    with pytest.raises(Refused) as refused:  # a version no fact can carry (over 256 chars)
-        await fleet.say_hello(gateway, request(boot_id="b2", daemon_version="9" * 300))
-    assert refused.value.code is Code.INVALID_ARGUMENT
-    assert "daemon_version" in str(refused.value)
-    with pytest.raises(Refused) as refused:  # a digest that is not SHA-256 hex: not a CHECK error
-        await fleet.say_hello(gateway, request(boot_id="b3", approver_set_sha256="XYZ"))
-    assert refused.value.code is Code.INVALID_ARGUMENT
-    assert "approver_set_sha256" in str(refused.value)
-    assert await db.fetchval("SELECT session_epoch FROM node_sessions WHERE node_id = 'n1'") == 1
-
-
-async def test_a_draining_gateway_refuses_hellos_and_a_node_without_a_row_is_denied(
-    gateway: Gateway, db: asyncpg.Connection
-) -> None:
-    await fleet.join(db, "n1")
-    await db.execute("UPDATE gateways SET draining = true WHERE gateway_id = 'gw-a'")
-    with pytest.raises(Refused) as refused:
-        await fleet.say_hello(gateway, request())
-    assert refused.value.code is Code.UNAVAILABLE and refused.value.retry_after is not None
-    assert gateway.alive  # draining is not a lost lease: its sessions stay
-    await gateway.drain(False)  # the gateway itself takes Hellos again, and drains again
-    assert not await db.fetchval("SELECT draining FROM gateways WHERE gateway_id = 'gw-a'")
-    await gateway.drain()
-    with pytest.raises(Refused) as refused:
-        await fleet.say_hello(gateway, request())
-    assert refused.value.code is Code.UNAVAILABLE
-    await gateway.drain(False)
-    await db.execute("DELETE FROM node_sessions WHERE node_id = 'n1'")
-    with pytest.raises(Refused) as refused:
-        await fleet.say_hello(gateway, request())
-    assert refused.value.code is Code.PERMISSION_DENIED
-    assert await db.fetchval("SELECT count(*) FROM session_epochs") == 0
-
-
 async def test_a_session_ends_when_its_certificate_expires(
     gateway: Gateway, db: asyncpg.Connection, nc: NATS, subjects: Subjects
 ) -> None:
@@ -140,8 +41,11 @@ async def test_a_session_ends_when_its_certificate_expires(
     await gateway.tick()
     assert "n1" not in gateway.sessions and stream.dropped == ["certificate-expired"]
     assert stream.codes == ["UNAUTHENTICATED"]  # the status the stream ends with
-    closed = [json.loads(m.data) for m in await stream_messages(nc.jetstream(), subjects.facts_stream)
-              if m.headers["Bc-Type"] == "closed"]  # fmt: skip
+    closed = [
+        json.loads(m.data)
+        for m in await stream_messages(nc.jetstream(), subjects.facts_stream)
+        if m.headers["Bc-Type"] == "closed"
+    ]
     assert [c["reason"] for c in closed] == ["certificate-expired"]
 
 
@@ -191,11 +95,15 @@ async def test_a_zombie_notice_and_a_graceful_shutdown_close_their_sessions(
     assert await db.fetchval(  # its sessions closed, its lease given up rather than left to run
         "SELECT lease_expires_at <= compute_now() FROM gateways WHERE gateway_id = 'gw-a'"
     )
-    closed = [json.loads(m.data) for m in await stream_messages(js, subjects.facts_stream)
-              if m.headers["Bc-Type"] == "closed"]  # fmt: skip
+    closed = [
+        json.loads(m.data)
+        for m in await stream_messages(js, subjects.facts_stream)
+        if m.headers["Bc-Type"] == "closed"
+    ]
     assert [(c["node_id"], c["reason"], c["code"]) for c in closed] == [
-        ("n1", "fenced", "ABORTED"), ("n2", "gateway-shutdown", "UNAVAILABLE")
-    ]  # fmt: skip
+        ("n1", "fenced", "ABORTED"),
+        ("n2", "gateway-shutdown", "UNAVAILABLE"),
+    ]
 
 
 async def test_a_duplicate_hello_holds_its_session_and_a_serial_revoked_meanwhile_is_refused(
@@ -217,9 +125,15 @@ async def test_a_duplicate_hello_holds_its_session_and_a_serial_revoked_meanwhil
     async with pool.acquire() as conn:  # past admission, as if it had read before the revoke
         with pytest.raises(store.Revoked):
             await store.open_session(
-                conn, "gw-a", gateway.lease_epoch, request(boot_id="b3"), False,
-                GatewaySettings().live_window, None, uuid.uuid4(),
-            )  # fmt: skip
+                conn,
+                "gw-a",
+                gateway.lease_epoch,
+                request(boot_id="b3"),
+                False,
+                GatewaySettings().live_window,
+                None,
+                uuid.uuid4(),
+            )
     assert await db.fetchval("SELECT session_epoch FROM node_sessions") == 3
 
 
@@ -299,15 +213,34 @@ async def test_the_hello_transaction_and_its_fact(
     )
     old_stream = RecordingStream()
     gateway.sessions["n1"].stream = old_stream
-    second = await fleet.say_hello(gateway, request(boot_id="b2", journal_id="j2", daemon_version="2.1.0", proto_max=2, capabilities=["nvml", "NOT VALID", "cpu", "cpu"]))  # fmt: skip
+    second = await fleet.say_hello(
+        gateway,
+        request(
+            boot_id="b2",
+            journal_id="j2",
+            daemon_version="2.1.0",
+            proto_max=2,
+            capabilities=["nvml", "NOT VALID", "cpu", "cpu"],
+        ),
+    )
     assert (first.epoch, second.epoch) == (1, 2)
     row = await db.fetchrow(
         "SELECT *, connected_at > compute_now() - interval '1 minute' AS connected_now "
         "FROM node_sessions WHERE node_id = 'n1'"
     )
-    assert (row["session_epoch"], row["gateway_id"], row["boot_id"], row["journal_id"], row["acked_event_seq"]) == (
-        2, "gw-a", "b2", "j2", 0,  # a new journal resets the ack
-    )  # fmt: skip
+    assert (
+        row["session_epoch"],
+        row["gateway_id"],
+        row["boot_id"],
+        row["journal_id"],
+        row["acked_event_seq"],
+    ) == (
+        2,
+        "gw-a",
+        "b2",
+        "j2",
+        0,  # a new journal resets the ack
+    )
     # the statement's other fields: the session's own from this Hello on
     assert (row["role"], row["daemon_version"], row["proto_max"]) == ("worker", "2.1.0", 2)
     assert row["connected_now"] and row["disconnected_at"] is None
@@ -382,7 +315,8 @@ async def test_the_live_window_is_three_heartbeats_of_a_quiet_but_routed_row(
         "SELECT node_id, previous_live FROM session_epochs WHERE epoch = 2 ORDER BY node_id"
     )
     assert [(r["node_id"], r["previous_live"]) for r in rows] == [
-        ("quiet-29", True), ("quiet-31", False)
-    ]  # fmt: skip
+        ("quiet-29", True),
+        ("quiet-31", False),
+    ]
     held = await db.fetch("SELECT node_id FROM node_sessions WHERE held_epoch IS NOT NULL")
     assert [r["node_id"] for r in held] == ["quiet-29"]  # the duplicate identity is held

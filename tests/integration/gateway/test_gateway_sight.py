@@ -22,9 +22,14 @@ VALUES ($1, $2, $3, $4, compute_now(), compute_now(), 1, $5::json)
 
 
 async def seen_in_a_range_row(
-    db: asyncpg.Connection, gateway: str, node: str, epoch: int, seq: int, start: int = 0,
+    db: asyncpg.Connection,
+    gateway: str,
+    node: str,
+    epoch: int,
+    seq: int,
+    start: int = 0,
     end: int = HASH_SPACE,
-) -> None:  # fmt: skip
+) -> None:
     entry = f'[["{node}", {epoch}, 500]]'  # [node_id, epoch, age_ms]
     await db.execute(RANGE_ROW, gateway, start, end, seq, entry)
 
@@ -57,8 +62,11 @@ async def test_a_session_seen_only_by_its_range_row_is_live_to_the_next_hello(
         "SELECT node_id, previous_live FROM session_epochs WHERE epoch = 2 ORDER BY node_id"
     )
     assert {r["node_id"]: r["previous_live"] for r in rows} == {
-        "by-its-row": True, "old-epoch": False, "other-gateway": False, "wrong-range": False,
-    }  # fmt: skip
+        "by-its-row": True,
+        "old-epoch": False,
+        "other-gateway": False,
+        "wrong-range": False,
+    }
     held = await db.fetch("SELECT node_id FROM node_sessions WHERE held_epoch IS NOT NULL")
     assert [r["node_id"] for r in held] == ["by-its-row"]
 
@@ -115,7 +123,9 @@ async def test_the_live_window_is_measured_before_what_the_liveness_controller_a
         "SELECT node_id, previous_live FROM session_epochs WHERE epoch = 2 ORDER BY node_id"
     )
     assert [(r["node_id"], r["previous_live"]) for r in rows] == [
-        ("behind", True), ("caught-up", False), ("said-long-ago", False)
-    ]  # fmt: skip
+        ("behind", True),
+        ("caught-up", False),
+        ("said-long-ago", False),
+    ]
     held = await db.fetch("SELECT node_id FROM node_sessions WHERE held_epoch IS NOT NULL")
     assert [r["node_id"] for r in held] == ["behind"]

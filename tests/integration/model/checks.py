@@ -39,10 +39,11 @@ async def always(world: World) -> list[str]:
         holders = [
             g.gateway_id
             for g in [*world.gateways, world.hostile]
-            if g is not None and g.alive
+            if g is not None
+            and g.alive
             and (s := g.sessions.get(node.node_id)) is not None
             and s.epoch == row["session_epoch"]
-        ]  # fmt: skip
+        ]
         if len(holders) > 1 or (holders and holders[0] != row["gateway_id"]):
             wrong.append(f"{node.node_id}: live routed sessions {holders}, row {row['gateway_id']}")
         if node.attacker is not None and world.watch[id(node.attacker)].deliveries:
@@ -173,9 +174,10 @@ async def _quarantines(world: World, revoked: dict[str, object]) -> list[str]:
                 if daemon is None:
                     continue
                 late = [
-                    c for epoch, c in world.watch[id(daemon)].deliveries
+                    c
+                    for epoch, c in world.watch[id(daemon)].deliveries
                     if epoch in issued and issued[epoch] > revoked[node.node_id]
-                ]  # fmt: skip
+                ]
                 if late:
                     wrong.append(f"{node.node_id}: a session opened after revocation got {late}")
     return wrong

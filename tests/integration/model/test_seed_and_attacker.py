@@ -294,20 +294,35 @@ SESSION = "SELECT session_epoch, gateway_id, journal_id FROM node_sessions WHERE
 async def snapshot_of(world: World, node_id: str) -> tuple[Any, ...]:
     """What a forged fact about `node_id` could change."""
     return (
-        [tuple(r) for r in await world.fetch(
-            "SELECT command_id, state, session_epoch, delivery_attempt, result::text, busy_attempts "
-            "FROM commands WHERE node_id = $1 ORDER BY seq", node_id)],
-        tuple((await world.fetch(
-            "SELECT session_epoch, gateway_id, disconnected_at, acked_event_seq, observed_generation, "
-            "trust_version "
-            "FROM node_sessions WHERE node_id = $1", node_id))[0]),
+        [
+            tuple(r)
+            for r in await world.fetch(
+                "SELECT command_id, state, session_epoch, delivery_attempt, result::text, busy_attempts "
+                "FROM commands WHERE node_id = $1 ORDER BY seq",
+                node_id,
+            )
+        ],
+        tuple(
+            (
+                await world.fetch(
+                    "SELECT session_epoch, gateway_id, disconnected_at, acked_event_seq, observed_generation, "
+                    "trust_version "
+                    "FROM node_sessions WHERE node_id = $1",
+                    node_id,
+                )
+            )[0]
+        ),
         await world.val("SELECT count(*) FROM node_events WHERE node_id = $1", node_id),
-        [tuple(r) for r in await world.fetch(
-            "SELECT key, value FROM node_labels WHERE node_id = $1 ORDER BY key", node_id)],
+        [
+            tuple(r)
+            for r in await world.fetch(
+                "SELECT key, value FROM node_labels WHERE node_id = $1 ORDER BY key", node_id
+            )
+        ],
         await world.val(
             "SELECT count(*) FROM node_certs WHERE node_id = $1 AND revoked_at IS NOT NULL", node_id
         ),
-    )  # fmt: skip
+    )
 
 
 def diff(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
@@ -328,8 +343,9 @@ def make_forger(world: World) -> tuple[Any, Any]:
         assert world.hostile is not None
         own = await world.val(
             "SELECT max(epoch) FROM session_epochs WHERE node_id = $1 AND gateway_id = $2",
-            node_id, world.hostile.gateway_id,
-        )  # fmt: skip
+            node_id,
+            world.hostile.gateway_id,
+        )
         epoch = row["session_epoch"] if stranger or not own else own
         delivered = world.delivered(node_id, epoch)
         rows = await world.fetch(

@@ -20,11 +20,20 @@ async def test_a_short_soak_prints_each_process_and_fails_above_the_bound(
     servers: Servers, tmp_path: Path
 ) -> None:
     code, out = await bcw(
-        "bench", "soak", "--minutes", "0.3", "--nodes", "20", "--gateways", "2",
-        "--max-slope=-1000000", "--heap",
-        BCW_NATS_URL=servers.nats_url, BCW_DATABASE_URL=servers.postgres_url,
+        "bench",
+        "soak",
+        "--minutes",
+        "0.3",
+        "--nodes",
+        "20",
+        "--gateways",
+        "2",
+        "--max-slope=-1000000",
+        "--heap",
+        BCW_NATS_URL=servers.nats_url,
+        BCW_DATABASE_URL=servers.postgres_url,
         TMPDIR=str(tmp_path),  # the workers' logs stay with the test
-    )  # fmt: skip
+    )
     assert code == 1, out
     assert re.search(r"\d+ churn rounds \(0 failed checks\), 0 dead-lettered", out), out
     for worker in ("labeler", "liveness", "quarantine", "recorder", "replay"):

@@ -41,9 +41,21 @@ async def test_events_filters_by_type_and_node(
             await js.publish(subjects.event(event.BC_TYPE), body, headers=headers)
     env = {**os.environ, "BCW_NATS_URL": servers.nats_url, "BCW_SUBJECT_ROOT": subjects.root}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "workers.cli", "events", "--all", "--json", "--type", "node.*",
-        "--node", "n2", "--idle-exit", "1.5", env=env, stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "workers.cli",
+        "events",
+        "--all",
+        "--json",
+        "--type",
+        "node.*",
+        "--node",
+        "n2",
+        "--idle-exit",
+        "1.5",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+    )
     out, _ = await asyncio.wait_for(proc.communicate(), 20)
     lines = [json.loads(line) for line in out.decode().splitlines()]
     assert [(e["type"], e["event"]["nodeId"]) for e in lines] == [
@@ -70,9 +82,12 @@ async def test_a_bad_since_exits_2_before_any_connection() -> None:
     for command in (("events",), ("explain", "n1")):
         started = time.monotonic()
         code, out = await bcw(
-            *command, "--since", "yesterday", BCW_NATS_URL="nats://10.255.255.1:4222",
+            *command,
+            "--since",
+            "yesterday",
+            BCW_NATS_URL="nats://10.255.255.1:4222",
             BCW_DATABASE_URL="postgresql://x@10.255.255.1/x",
-        )  # fmt: skip
+        )
         assert code == 2 and "yesterday" in out, out
         assert time.monotonic() - started < 10
 
@@ -141,9 +156,18 @@ async def test_a_bad_start_sequence_exits_2_before_any_connection() -> None:
 async def _run(servers: Servers, subjects: Subjects, *args: str) -> tuple[int, str, str]:
     env = {**os.environ, "BCW_NATS_URL": servers.nats_url, "BCW_SUBJECT_ROOT": subjects.root}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "workers.cli", "events", "--json", "--idle-exit", "1", *args,
-        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "workers.cli",
+        "events",
+        "--json",
+        "--idle-exit",
+        "1",
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 20)
     return proc.returncode or 0, out.decode(), err.decode()
 

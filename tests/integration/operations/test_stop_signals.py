@@ -44,9 +44,11 @@ async def test_a_sigterm_while_bcw_run_still_imports_ends_it_with_exit_0(
     servers: Servers, database_url: str
 ) -> None:
     env = {
-        "BCW_NATS_URL": servers.nats_url, "BCW_DATABASE_URL": database_url,
-        "BCW_HEALTH_PORT": "0", "BCW_SUBJECT_ROOT": f"t{uuid.uuid4().hex[:10]}",
-    }  # fmt: skip
+        "BCW_NATS_URL": servers.nats_url,
+        "BCW_DATABASE_URL": database_url,
+        "BCW_HEALTH_PORT": "0",
+        "BCW_SUBJECT_ROOT": f"t{uuid.uuid4().hex[:10]}",
+    }
     process = await bcw_process("run", "labeler", output=True, **env)
     try:
         loaded = await asyncio.to_thread(_freeze_once_it_catches_sigterm, process.pid, 30)

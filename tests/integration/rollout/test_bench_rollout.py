@@ -28,11 +28,24 @@ async def test_a_small_rollout_moves_every_session_and_loses_nothing(
     servers: Servers, tmp_path: Path
 ) -> None:
     code, out = await bcw(
-        "bench", "rollout", "--nodes", "1200", "--gateways", "4", "--parallel", "1",
-        "--commands", "60", "--hold", "3", "--every", "5",
-        BCW_NATS_URL=servers.nats_url, BCW_DATABASE_URL=servers.postgres_url,
+        "bench",
+        "rollout",
+        "--nodes",
+        "1200",
+        "--gateways",
+        "4",
+        "--parallel",
+        "1",
+        "--commands",
+        "60",
+        "--hold",
+        "3",
+        "--every",
+        "5",
+        BCW_NATS_URL=servers.nats_url,
+        BCW_DATABASE_URL=servers.postgres_url,
         TMPDIR=str(tmp_path),
-    )  # fmt: skip
+    )
     # The suite runs in parallel: a starved bench process (its gateways run in it) may
     # flush late, and the controller then says that gateway blind and holds its sessions,
     # as it must. That bound is the benchmark's figure of a quiet machine, not this test's

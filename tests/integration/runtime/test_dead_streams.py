@@ -35,10 +35,17 @@ async def test_the_old_dead_streams_letters_stay_listed_and_redrivable(
     )
     fact = await js.publish(subjects.fact("gw-1", "hello"), b"{}", headers={"Bc-Type": "hello"})
     await deadletter.dead_letter(
-        js, subjects, "liveness", subject=subjects.fact("gw-1", "hello"),
-        stream=subjects.facts_stream, stream_seq=fact.seq, data=b"{}",
-        headers={"Bc-Type": "hello"}, reason="older", cause="handler",
-    )  # fmt: skip
+        js,
+        subjects,
+        "liveness",
+        subject=subjects.fact("gw-1", "hello"),
+        stream=subjects.facts_stream,
+        stream_seq=fact.seq,
+        data=b"{}",
+        headers={"Bc-Type": "hello"},
+        reason="older",
+        cause="handler",
+    )
     assert (await js.stream_info(subjects.dead_stream)).state.messages == 1
 
     # a worker of this release started before `bcw provision`: its own stream cannot take
@@ -97,10 +104,17 @@ async def test_a_fact_every_worker_lettered_is_redriven_once(nc: NATS, subjects:
     bad = await js.publish(subjects.fact("gw-1", "hello"), b"{}", headers={"Bc-Type": "hello"})
     for worker in ("labeler", "liveness", "replay"):
         await deadletter.dead_letter(
-            js, subjects, worker, subject=subjects.fact("gw-1", "hello"),
-            stream=subjects.facts_stream, stream_seq=bad.seq, data=b"{}",
-            headers={"Bc-Type": "hello", "Nats-Msg-Id": "bad-1"}, reason="r", cause="invalid",
-        )  # fmt: skip
+            js,
+            subjects,
+            worker,
+            subject=subjects.fact("gw-1", "hello"),
+            stream=subjects.facts_stream,
+            stream_seq=bad.seq,
+            data=b"{}",
+            headers={"Bc-Type": "hello", "Nats-Msg-Id": "bad-1"},
+            reason="r",
+            cause="invalid",
+        )
     lettered = await deadletter.list_dead_letters(js, subjects)
     assert sorted(x.stream for x in lettered) == sorted(
         subjects.dead_stream_of(w) for w in ("labeler", "liveness", "replay")
@@ -118,10 +132,17 @@ async def test_a_listing_costs_one_request_a_letter_whatever_the_gaps(
     await streams.provision_streams(js, subjects)
     for n in range(40):
         await deadletter.dead_letter(
-            js, subjects, "liveness", subject=subjects.fact("gw-1", "hello"),
-            stream=subjects.facts_stream, stream_seq=n + 1, data=b"{}",
-            headers={"Bc-Type": "hello"}, reason=f"letter {n}", cause="handler",
-        )  # fmt: skip
+            js,
+            subjects,
+            "liveness",
+            subject=subjects.fact("gw-1", "hello"),
+            stream=subjects.facts_stream,
+            stream_seq=n + 1,
+            data=b"{}",
+            headers={"Bc-Type": "hello"},
+            reason=f"letter {n}",
+            cause="handler",
+        )
     own = subjects.dead_stream_of("liveness")
     kept = {1, 20, 40}
     for seq in set(range(1, 41)) - kept:  # re-driven: deleted from the stream
@@ -136,8 +157,10 @@ async def test_a_listing_costs_one_request_a_letter_whatever_the_gaps(
     listed = await deadletter.list_dead_letters(js, subjects, "liveness")
     await nc.flush()
     assert [(x.stream, x.seq, x.reason) for x in listed] == [
-        (own, 1, "letter 0"), (own, 20, "letter 19"), (own, 40, "letter 39"),
-    ]  # fmt: skip
+        (own, 1, "letter 0"),
+        (own, 20, "letter 19"),
+        (own, 40, "letter 39"),
+    ]
     assert len(requests) == 3  # one a letter: the 37 gaps cost none
     requests.clear()
     page = await deadletter.list_dead_letters(js, subjects, "liveness", limit=1, after=(own, 1))

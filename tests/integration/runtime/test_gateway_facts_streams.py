@@ -27,8 +27,9 @@ async def _publish(nc: NATS, subjects: Subjects, gateway: str, n: int, size: int
     stored = ""
     for i in range(n):
         body = json.dumps({"i": i, "pad": "x" * size}).encode()
-        ack = await js.publish(subjects.fact(gateway, "hello"), body,
-                               headers={"Nats-Msg-Id": f"{gateway}-{i}-{size}"})  # fmt: skip
+        ack = await js.publish(
+            subjects.fact(gateway, "hello"), body, headers={"Nats-Msg-Id": f"{gateway}-{i}-{size}"}
+        )
         stored = ack.stream
     return stored
 
@@ -145,8 +146,12 @@ async def test_a_workers_start_makes_no_stream_nobody_would_consume(
     assert subjects.gateway_facts_stream("gw-1") not in names
     assert (await js.stream_info(subjects.facts_stream)).config.subjects == [subjects.all_facts]
 
-    for name in (subjects.facts_stream, subjects.events_stream,
-                 subjects.gateway_stream, subjects.dead_stream_of("labeler")):  # fmt: skip
+    for name in (
+        subjects.facts_stream,
+        subjects.events_stream,
+        subjects.gateway_stream,
+        subjects.dead_stream_of("labeler"),
+    ):
         await js.delete_stream(name)
     async with running(listed, [labeler.build(listed)]):
         pass
@@ -170,10 +175,17 @@ async def test_a_sourced_fact_is_dead_lettered_and_redriven_through_its_gateways
     [stored] = await stream_messages(js, subjects.facts_stream)
     assert "Nats-Stream-Source" in (stored.headers or {})
     await deadletter.dead_letter(
-        js, subjects, "labeler", subject=stored.subject, stream=subjects.facts_stream,
-        stream_seq=stored.seq, data=stored.data, headers=stored.headers,
-        reason="test", cause="unsupported-major",
-    )  # fmt: skip
+        js,
+        subjects,
+        "labeler",
+        subject=stored.subject,
+        stream=subjects.facts_stream,
+        stream_seq=stored.seq,
+        data=stored.data,
+        headers=stored.headers,
+        reason="test",
+        cause="unsupported-major",
+    )
     [letter] = await deadletter.list_dead_letters(js, subjects)
     assert "Nats-Stream-Source" not in letter.headers
     await letters.redrive(js, subjects, letter)
@@ -190,15 +202,23 @@ async def test_the_simulator_refuses_a_bus_whose_gateways_each_have_their_own_st
     """Its gateways (ids of its own) would have no stream: their facts would be refused."""
     await streams.provision_streams(nc.jetstream(), subjects, limits=OWN)
     code, output = await bcw(
-        "sim", "--scenario", "power-on", "--nodes", "2", "--gateways", "1",
-        BCW_NATS_URL=servers.nats_url, BCW_DATABASE_URL=database_url,
+        "sim",
+        "--scenario",
+        "power-on",
+        "--nodes",
+        "2",
+        "--gateways",
+        "1",
+        BCW_NATS_URL=servers.nats_url,
+        BCW_DATABASE_URL=database_url,
         BCW_SUBJECT_ROOT=subjects.root,
-    )  # fmt: skip
+    )
     assert code == 2, output
     assert "BCW_SUBJECT_ROOT" in output and "own stream" in output and "Traceback" not in output
     assert await streams.gateways_sourced(nc.jetstream(), subjects) == [
-        subjects.gateway_facts_stream("gw-1"), subjects.gateway_facts_stream("gw-2")
-    ]  # fmt: skip
+        subjects.gateway_facts_stream("gw-1"),
+        subjects.gateway_facts_stream("gw-2"),
+    ]
 
 
 async def test_a_flush_too_large_for_one_message_is_cut_and_every_session_arrives(
@@ -217,12 +237,19 @@ async def test_a_flush_too_large_for_one_message_is_cut_and_every_session_arrive
     js = nc.jetstream()
     await streams.provision_streams(js, subjects)
     sessions = [
-        SimpleNamespace(node_id=f"node-{n:05d}-{'x' * 40}", epoch=n + 1, last_seen=99.0,
-                        credits={f"lane-{k}-{'y' * 20}": k for k in range(4)}, load=0.5, node_load=None,
-                        applied_generation=0, reported_generation=0,
-                        hash=node_hash(f"node-{n:05d}-{'x' * 40}"))
+        SimpleNamespace(
+            node_id=f"node-{n:05d}-{'x' * 40}",
+            epoch=n + 1,
+            last_seen=99.0,
+            credits={f"lane-{k}-{'y' * 20}": k for k in range(4)},
+            load=0.5,
+            node_load=None,
+            applied_generation=0,
+            reported_generation=0,
+            hash=node_hash(f"node-{n:05d}-{'x' * 40}"),
+        )
         for n in range(9_000)
-    ]  # fmt: skip
+    ]
     publisher = FactPublisher("gw-big", js, subjects, clock=lambda: 100.0)
     await publisher.flush(sessions, now=100.0)  # type: ignore[arg-type]  # what it reads of one
 

@@ -133,11 +133,17 @@ async def test_a_leader_that_loses_its_lease_withdraws_what_only_a_leader_says(
 
     task = asyncio.create_task(
         leases.run_leased(
-            pool, "liveness", "a", lead, period=0.1, ttl=timedelta(seconds=30),
-            stopping=stopping, held=metrics.lease_held,
+            pool,
+            "liveness",
+            "a",
+            lead,
+            period=0.1,
+            ttl=timedelta(seconds=30),
+            stopping=stopping,
+            held=metrics.lease_held,
             on_lost=lambda: _withdraw(runtime),  # type: ignore[arg-type]
         )
-    )  # fmt: skip
+    )
     try:
         await asyncio.sleep(0.4)
         assert swept.blind_gateways.value() == 2.0

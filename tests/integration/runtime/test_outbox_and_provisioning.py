@@ -1,6 +1,7 @@
 """The outbox relay and provisioning on real servers: rows published once, in order per
 key across concurrent relays; streams and consumers created idempotently, drift
-corrected or refused clearly; `bcw dead-letters` and `bcw provision` from the CLI."""
+corrected or refused clearly (`bcw provision` and `bcw dead-letters` from the command
+line: tests/integration/cli/test_provision_and_dead_letters.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from schemas import Zombie
 from schemas.notices import HelloAgain
 from schemas.subjects import Subjects
 from tests.conftest import Servers
-from tests.integration.support import OUTBOX_LEFT, bcw, stream_messages
+from tests.integration.support import OUTBOX_LEFT, stream_messages
 from workers.runtime.base.runtime_settings import ConsumerSettings, DatabaseSettings, OutboxSettings
 from workers.runtime.bus import streams
 from workers.runtime.bus.streams import ConsumerSpec
@@ -114,9 +115,15 @@ async def test_a_relay_claims_and_counts_only_its_own_workers_rows(
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     metrics = Metrics()
     relay = OutboxRelay(
-        pool, js, OutboxSettings(), DatabaseSettings(url=database_url), metrics,
-        trace.NoOpTracer(), subjects, owners=["liveness"],
-    )  # fmt: skip
+        pool,
+        js,
+        OutboxSettings(),
+        DatabaseSettings(url=database_url),
+        metrics,
+        trace.NoOpTracer(),
+        subjects,
+        owners=["liveness"],
+    )
     try:
         await relay.observe()
         assert (metrics.outbox_backlog.value(), await relay.backlog()) == (3.0, 3)
@@ -184,9 +191,12 @@ async def test_provisioning_is_idempotent_and_corrects_drift(nc: NATS, subjects:
 
 
 async def test_a_worker_started_after_an_operators_edit_leaves_the_stream_as_edited(
-    servers: Servers, nc: NATS, subjects: Subjects, database_url: str,
+    servers: Servers,
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     """Only `bcw provision` changes a stream: a worker's start creates a missing one
     (a development server) and reports, never reverts, one an operator edited."""
     from tests.integration.support import make_settings, running
@@ -227,98 +237,6 @@ async def test_consumer_settings_reach_an_existing_durable(nc: NATS, subjects: S
     ] or info.config.filter_subject == subjects.fact_filter("hello")
 
 
-async def _bcw(servers: Servers, subjects: Subjects, *args: str) -> tuple[int, str]:
-    return await bcw(*args, BCW_NATS_URL=servers.nats_url, BCW_SUBJECT_ROOT=subjects.root)
-
-
-async def test_cli_provision_and_dead_letters(
-    servers: Servers, nc: NATS, subjects: Subjects
-) -> None:
-    code, out = await _bcw(servers, subjects, "provision")
-    assert code == 0, out
-    assert f"stream   {subjects.facts_stream}" in out
-    js = nc.jetstream()
-    from workers.runtime.bus.deadletter import dead_letter
-
-    stored = await js.publish(subjects.fact("gw-1", "hello"), b"{}", headers={"Bc-Type": "hello"})
-    await dead_letter(
-        js, subjects, "liveness", subject=subjects.fact("gw-1", "hello"), stream=subjects.facts_stream,
-        stream_seq=stored.seq, data=b"{}", headers={"Bc-Type": "hello", "Nats-Msg-Id": "m-1"},
-        reason="invalid hello: field 'boot_id': Field required", cause="invalid",
-    )  # fmt: skip
-    code, out = await _bcw(servers, subjects, "dead-letters", "list")
-    assert code == 0 and "field 'boot_id'" in out and "1 dead letter(s)" in out
-    code, out = await _bcw(servers, subjects, "dead-letters", "redrive", "--worker", "liveness")
-    assert code == 0 and "1 re-driven" in out
-    redriven = await stream_messages(js, subjects.facts_stream)
-    assert [m.subject for m in redriven] == [subjects.fact("gw-1", "hello")] * 2
-    assert "Bc-Dead-Reason" not in redriven[1].headers
-    code, out = await _bcw(servers, subjects, "dead-letters", "list")
-    assert "0 dead letter(s)" in out
-
-
-async def test_provision_check_changes_nothing_and_says_what_differs(
-    servers: Servers, nc: NATS, subjects: Subjects
-) -> None:
-    code, out = await _bcw(servers, subjects, "provision", "--check")
-    assert code == 1 and f"stream   {subjects.facts_stream:<24} missing" in out
-    code, out = await _bcw(servers, subjects, "provision")
-    assert code == 0, out
-    js = nc.jetstream()
-    info = await js.stream_info(subjects.events_stream)
-    info.config.max_age = 3 * 24 * 3600.0  # an operator keeps events 3 days, not 7
-    await js.update_stream(info.config)
-    code, out = await _bcw(servers, subjects, "provision", "--check")
-    assert code == 0 and f"stream   {subjects.facts_stream:<24} ok" in out
-    assert f"stream   {subjects.events_stream:<24} differs: max_age 259200" in out
-    assert (await js.stream_info(subjects.events_stream)).config.max_age == 3 * 24 * 3600.0
-
-
-async def test_redrive_needs_a_choice_dry_runs_and_finds_a_sequence_beyond_a_page(
-    servers: Servers, nc: NATS, subjects: Subjects
-) -> None:
-    js = nc.jetstream()
-    await streams.provision_streams(js, subjects)
-    from workers.runtime.bus.deadletter import dead_letter
-
-    for seq in range(1, 6):  # the facts they hold, stored at 1 … 5
-        await js.publish(subjects.fact("gw-1", "result"), b"{}", headers={"Bc-Type": "result"})
-        await dead_letter(
-            js, subjects, "replay", subject=subjects.fact("gw-1", "result"),
-            stream=subjects.facts_stream, stream_seq=seq, data=b"{}",
-            headers={"Bc-Type": "result"}, reason=f"r{seq}", cause="handler",
-        )  # fmt: skip
-    # no filter: refused before any connection, nothing touched
-    code, out = await bcw("dead-letters", "redrive", BCW_NATS_URL="nats://10.255.255.1:4222")
-    assert code == 2 and "say which: --worker, --cause, --seq, or --all" in out
-    code, out = await _bcw(servers, subjects, "dead-letters", "redrive", "--all", "--dry-run")
-    assert code == 0 and "5 would be re-driven (--dry-run: nothing was)" in out
-    # paging: two at a time, and the way to the next page
-    code, out = await _bcw(servers, subjects, "dead-letters", "list", "--limit", "2")
-    dead = subjects.dead_stream_of("replay")
-    assert "2 dead letter(s)" in out and f"more may follow: --after {dead}:2" in out
-    code, out = await _bcw(servers, subjects, "dead-letters", "list", "--after", f"{dead}:4")
-    assert "1 dead letter(s)" in out and "r5" in out
-    code, out = await _bcw(servers, subjects, "dead-letters", "list", "--json", "--limit", "2")
-    import json
-
-    listed = [json.loads(line) for line in out.splitlines()]
-    assert [(x["stream"], x["seq"], x["worker"], x["cause"], x["reason"]) for x in listed] == [
-        (dead, 1, "replay", "handler", "r1"), (dead, 2, "replay", "handler", "r2"),
-    ]  # fmt: skip
-    # --seq beyond the first page is looked up directly; one that holds none is said
-    code, out = await _bcw(
-        servers, subjects, "dead-letters", "redrive", "--seq", f"{dead}:5", "--seq", f"{dead}:99",
-        "--seq", f"{subjects.facts_stream}:1", "--limit", "1",
-    )  # fmt: skip
-    assert code == 1 and f"re-drove {dead}:5" in out and f"no dead letter at {dead}:99" in out
-    assert f"no dead letter at {subjects.facts_stream}:1" in out  # a fact is no letter
-    code, out = await _bcw(servers, subjects, "dead-letters", "redrive", "--seq", "5")
-    assert code == 2 and "STREAM:SEQ" in out  # a bare sequence names no stream
-    code, out = await _bcw(servers, subjects, "dead-letters", "list")
-    assert "4 dead letter(s)" in out and "r5" not in out
-
-
 async def test_a_row_that_can_never_be_published_does_not_jam_the_relay(
     nc: NATS, subjects: Subjects, database_url: str
 ) -> None:
@@ -354,9 +272,14 @@ async def test_a_row_that_can_never_be_published_does_not_jam_the_relay(
         )
         metrics = Metrics()
         relay = OutboxRelay(
-            pool, js, OutboxSettings(batch_size=10), DatabaseSettings(url=database_url), metrics,
-            trace.NoOpTracer(), subjects,
-        )  # fmt: skip
+            pool,
+            js,
+            OutboxSettings(batch_size=10),
+            DatabaseSettings(url=database_url),
+            metrics,
+            trace.NoOpTracer(),
+            subjects,
+        )
         assert await relay.flush(time.monotonic() + 10) == 5
         assert await conn.fetchval(OUTBOX_LEFT) == 0
         [buried] = await conn.fetch("SELECT msg_id, reason, length(body) AS n FROM outbox_dead")

@@ -36,9 +36,14 @@ from workers.runtime.observability.metrics import Metrics
 
 def _connected(epoch: int) -> NodeConnected:
     return NodeConnected(
-        node_id="n", epoch=epoch, gateway_id="gw-1", boot_id="b1", journal_changed=False,
-        boot_changed=False, duplicate_identity=False,
-    )  # fmt: skip
+        node_id="n",
+        epoch=epoch,
+        gateway_id="gw-1",
+        boot_id="b1",
+        journal_changed=False,
+        boot_changed=False,
+        duplicate_identity=False,
+    )
 
 
 def _notices_and_events(subjects: Subjects, notices: int, events: int) -> OutboxBatch:
@@ -63,9 +68,14 @@ async def _relay_all(
     conn = await asyncpg.connect(database_url)
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     relay = OutboxRelay(
-        pool, js, OutboxSettings(batch_size=1200), DatabaseSettings(url=database_url),
-        metrics, trace.NoOpTracer(), subjects,
-    )  # fmt: skip
+        pool,
+        js,
+        OutboxSettings(batch_size=1200),
+        DatabaseSettings(url=database_url),
+        metrics,
+        trace.NoOpTracer(),
+        subjects,
+    )
     try:
         if batch is not None:
             await batch.write(conn)
@@ -125,8 +135,10 @@ async def test_a_row_the_stream_refuses_mid_batch_is_dead_lettered_alone(
         await conn.execute(
             "INSERT INTO outbox (msg_id, subject, headers, body, order_key)"
             " SELECT unnest($1::uuid[]), $2, '{\"Bc-Type\": \"zombie\"}', unnest($3::bytea[]), 'n'",
-            [uuid.uuid4() for _ in bodies], subject, bodies,
-        )  # fmt: skip
+            [uuid.uuid4() for _ in bodies],
+            subject,
+            bodies,
+        )
         metrics = await _relay_all(database_url, js, subjects)
         dead = await conn.fetch("SELECT body, reason FROM outbox_dead")
     finally:
@@ -157,9 +169,14 @@ async def test_batches_unanswered_in_a_partition_are_published_again_each_row_on
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     metrics = Metrics()
     relay = OutboxRelay(
-        pool, relay_nc.jetstream(), OutboxSettings(batch_size=1000, publish_timeout=1.0),
-        DatabaseSettings(url=database_url), metrics, trace.NoOpTracer(), subjects,
-    )  # fmt: skip
+        pool,
+        relay_nc.jetstream(),
+        OutboxSettings(batch_size=1000, publish_timeout=1.0),
+        DatabaseSettings(url=database_url),
+        metrics,
+        trace.NoOpTracer(),
+        subjects,
+    )
     try:
         await batch.write(conn)
         await proxy.set_mode(Mode.BLACKHOLE)
@@ -197,9 +214,14 @@ async def test_a_pack_partly_published_keeps_only_the_rest_and_they_follow_once(
     conn = await asyncpg.connect(database_url)
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     relay = OutboxRelay(
-        pool, js, OutboxSettings(publish_timeout=2.0), DatabaseSettings(url=database_url),
-        Metrics(), trace.NoOpTracer(), subjects,
-    )  # fmt: skip
+        pool,
+        js,
+        OutboxSettings(publish_timeout=2.0),
+        DatabaseSettings(url=database_url),
+        Metrics(),
+        trace.NoOpTracer(),
+        subjects,
+    )
     try:
         await batch.write(conn)
         with pytest.raises(OutboxPublishError, match="20 of 40"):

@@ -131,11 +131,17 @@ async def test_the_bench_runtimes_worker_finds_nothing_to_do_in_a_fact_again(
 
     def status(generation: int) -> Status:
         return Status.model_validate(
-            {"fact_id": uuid.uuid4(), "gateway_id": "gw-0", "node_id": "bench-1", "epoch": 1,
-             "observed_at": "2026-12-02T00:00:00Z", "observed_generation": generation,
-             "trust_version": 0},
+            {
+                "fact_id": uuid.uuid4(),
+                "gateway_id": "gw-0",
+                "node_id": "bench-1",
+                "epoch": 1,
+                "observed_at": "2026-12-02T00:00:00Z",
+                "observed_generation": generation,
+                "trust_version": 0,
+            },
             strict=False,
-        )  # fmt: skip
+        )
 
     async def deliver(fact: Status) -> int:
         async with db.transaction():
@@ -168,9 +174,16 @@ async def test_a_fact_redelivered_after_a_crash_before_the_ack_takes_effect_once
         await publish_fact(js, subjects, fact)
     pool = await asyncpg.create_pool(tally_db, min_size=1, max_size=2)
     try:
-        consumer = FactConsumer(worker, nc=nc, js=js, pool=pool, subjects=subjects, settings=settings.consumer,
-            metrics=Metrics(), tracer=trace.NoOpTracer(),
-        )  # fmt: skip
+        consumer = FactConsumer(
+            worker,
+            nc=nc,
+            js=js,
+            pool=pool,
+            subjects=subjects,
+            settings=settings.consumer,
+            metrics=Metrics(),
+            tracer=trace.NoOpTracer(),
+        )
         await consumer.bind()
         sub = await js.pull_subscribe_bind(durable="tally", stream=subjects.facts_stream)
         msgs = await sub.fetch(20, timeout=2)

@@ -133,9 +133,13 @@ async def test_each_process_names_itself_to_postgresql(
     import signal
 
     worker = await bcw_process(
-        "run", "labeler", BCW_NATS_URL=servers.nats_url, BCW_DATABASE_URL=database_url,
-        BCW_SUBJECT_ROOT=subjects.root, BCW_HEALTH_PORT="0",
-    )  # fmt: skip
+        "run",
+        "labeler",
+        BCW_NATS_URL=servers.nats_url,
+        BCW_DATABASE_URL=database_url,
+        BCW_SUBJECT_ROOT=subjects.root,
+        BCW_HEALTH_PORT="0",
+    )
 
     async def named() -> bool:
         conn = await asyncpg.connect(database_url)

@@ -86,10 +86,17 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("principals")
     written = principals.write(directory, SUBJECTS, ["gw-1", "gw-2"], SUBSCRIBERS)
     assert {p.name for p in written} == {
-        "auth.conf", "admin.nk", "subscriber.nk", "relay.nk", "operator.nk", "tester.nk", "gateway-gw-1.nk",
+        "auth.conf",
+        "admin.nk",
+        "subscriber.nk",
+        "relay.nk",
+        "operator.nk",
+        "tester.nk",
+        "gateway-gw-1.nk",
         "gateway-gw-2.nk",
-        *(f"worker-{w}.nk" for w in sorted(WORKERS)), *(f"subscriber-{a}.nk" for a in SUBSCRIBERS),
-    }  # fmt: skip
+        *(f"worker-{w}.nk" for w in sorted(WORKERS)),
+        *(f"subscriber-{a}.nk" for a in SUBSCRIBERS),
+    }
     return directory
 
 

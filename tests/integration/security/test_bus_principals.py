@@ -95,11 +95,15 @@ async def test_each_principal_does_its_work_and_nothing_else(
     # admin provisions the streams and consumers: the workers', gw-1's and gw-2's notices
     # consumers and the dashboards' durable (none of those principals may make its own)
     code, output = await bcw(
-        "provision", BCW_NATS_URL=secured, BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk"),
-        BCW_NATS_GATEWAYS="gw-1,gw-2", BCW_NATS_SUBSCRIBERS="dashboards",
+        "provision",
+        BCW_NATS_URL=secured,
+        BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk"),
+        BCW_NATS_GATEWAYS="gw-1,gw-2",
+        BCW_NATS_SUBSCRIBERS="dashboards",
         # the workers' consumer settings (`make_settings`): they bind what it makes
-        BCW_CONSUMER_ACK_WAIT="5s", BCW_DATABASE_COMMAND_TIMEOUT="4s",
-    )  # fmt: skip
+        BCW_CONSUMER_ACK_WAIT="5s",
+        BCW_DATABASE_COMMAND_TIMEOUT="4s",
+    )
     assert code == 0 and "consumer sub-dashboards" in output, output
 
     # the five workers, each as its own principal; a gateway as gateway-gw-1
@@ -121,10 +125,16 @@ async def test_each_principal_does_its_work_and_nothing_else(
             stream = RecordingStream()
             await fleet.say_hello(
                 gateway,
-                HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker",
-                             boot_id="b1", journal_id="j1", capabilities=["gpu"]),
+                HelloRequest(
+                    node_id="n1",
+                    cert_serial="n1-serial",
+                    role="worker",
+                    boot_id="b1",
+                    journal_id="j1",
+                    capabilities=["gpu"],
+                ),
                 stream,
-            )  # fmt: skip
+            )
             await eventually(lambda: _one(stream), what="the command delivered through gw-1")
             assert stream.delivered[0].command_id == command
             await eventually(lambda: _labeled(db), what="the labeler's system label")
@@ -137,9 +147,11 @@ async def test_each_principal_does_its_work_and_nothing_else(
                 async def connected() -> bool:  # relayed by the liveness worker in its time
                     with contextlib.suppress(nats.js.errors.NotFoundError):
                         first = await js.get_msg(
-                            SUBJECTS.events_stream, seq=1, next=True,
+                            SUBJECTS.events_stream,
+                            seq=1,
+                            next=True,
                             subject=SUBJECTS.event("node.connected"),
-                        )  # fmt: skip
+                        )
                         return bool(first.headers and first.headers["Bc-Type"] == "node.connected")
                     return False
 
@@ -175,10 +187,18 @@ async def test_each_principal_does_its_work_and_nothing_else(
                     assert info.ack_floor is not None and info.ack_floor.stream_seq >= 1
                 assert errors == []
             code, output = await bcw(
-                "events", "--all", "--type", "node.connected", "--count", "1", "--idle-exit", "10",
-                BCW_NATS_URL=secured, BCW_SUBJECT_ROOT="bc",
+                "events",
+                "--all",
+                "--type",
+                "node.connected",
+                "--count",
+                "1",
+                "--idle-exit",
+                "10",
+                BCW_NATS_URL=secured,
+                BCW_SUBJECT_ROOT="bc",
                 BCW_NATS_NKEY_SEED_FILE=str(keys / "subscriber.nk"),
-            )  # fmt: skip
+            )
             assert code == 0 and "n1" in output, output
         finally:
             await gateway.stop(graceful=False)
@@ -201,9 +221,12 @@ async def test_each_principal_does_its_work_and_nothing_else(
         with pytest.raises(nats.errors.TimeoutError):  # no answer: the request is refused
             await js.add_consumer(
                 SUBJECTS.gateway_stream,
-                ConsumerConfig(name="gw-gw-2", durable_name="gw-gw-2",
-                               filter_subject=SUBJECTS.gateway_notices("gw-2")),
-            )  # fmt: skip
+                ConsumerConfig(
+                    name="gw-gw-2",
+                    durable_name="gw-gw-2",
+                    filter_subject=SUBJECTS.gateway_notices("gw-2"),
+                ),
+            )
         assert any("consumer.create" in e.lower() for e in errors), errors
 
     # a worker may not publish facts, nor change its own consumer (`bcw provision` made it)
@@ -234,24 +257,29 @@ async def test_a_row_its_relay_may_not_publish_never_stops_the_worker(
     and, as a dead letter, to the labeler's own (only the relay principal's say "relay"); the worker keeps running and applying facts. Another
     worker's row (a dispatch, the replay worker's) it never claims: it stays for its owner."""
     code, output = await bcw(
-        "provision", BCW_NATS_URL=secured, BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk"),
+        "provision",
+        BCW_NATS_URL=secured,
+        BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk"),
         # the worker's consumer settings (`make_settings`): it binds what it makes
-        BCW_CONSUMER_ACK_WAIT="5s", BCW_DATABASE_COMMAND_TIMEOUT="4s",
-    )  # fmt: skip
+        BCW_CONSUMER_ACK_WAIT="5s",
+        BCW_DATABASE_COMMAND_TIMEOUT="4s",
+    )
     assert code == 0, output
     forbidden = SUBJECTS.fact("gw-9", "hello")  # a worker never publishes a fact
     await db.execute(
         "INSERT INTO outbox (msg_id, subject, headers, body, worker) "
         """VALUES (gen_random_uuid(), $1, '{"Bc-Type": "hello"}', $2, 'labeler')""",
-        forbidden, b"{}",
-    )  # fmt: skip
+        forbidden,
+        b"{}",
+    )
     # as an older release writes a row: no owner, which its type then gives (outbox_senders)
     dispatch = SUBJECTS.notice("gw-1", "dispatch")
     await db.execute(
         "INSERT INTO outbox (msg_id, subject, headers, body) "
         """VALUES (gen_random_uuid(), $1, '{"Bc-Type": "dispatch"}', $2)""",
-        dispatch, b"{}",
-    )  # fmt: skip
+        dispatch,
+        b"{}",
+    )
     assert await db.fetchval("SELECT worker FROM outbox WHERE subject = $1", dispatch) == "replay"
     base = make_settings(secured, database_url, SUBJECTS)
     settings = base.model_copy(update={"nats": nats_as(keys, secured, "worker-labeler")})
@@ -298,19 +326,28 @@ async def test_the_operator_lists_and_redrives_dead_letters_and_reads_events(
     async with client_as(keys, secured, "admin") as (nc, _errors):
         js = nc.jetstream()
         await js.publish(
-            SUBJECTS.event("node.connected"), b'{"nodeId": "op-1", "epoch": 1}',
+            SUBJECTS.event("node.connected"),
+            b'{"nodeId": "op-1", "epoch": 1}',
             headers={"Bc-Type": "node.connected", "Nats-Msg-Id": "op-event-1"},
-        )  # fmt: skip
+        )
         stored = await js.publish(SUBJECTS.fact("gw-1", "hello"), b"{}")  # as a gateway would
         await deadletter.dead_letter(
-            js, SUBJECTS, "labeler", subject=SUBJECTS.fact("gw-1", "hello"),
-            stream=SUBJECTS.facts_stream, stream_seq=stored.seq, data=b"{}",
-            headers={"Bc-Type": "hello", "Nats-Msg-Id": "op-fact-1"}, reason="r", cause="handler",
-        )  # fmt: skip
+            js,
+            SUBJECTS,
+            "labeler",
+            subject=SUBJECTS.fact("gw-1", "hello"),
+            stream=SUBJECTS.facts_stream,
+            stream_seq=stored.seq,
+            data=b"{}",
+            headers={"Bc-Type": "hello", "Nats-Msg-Id": "op-fact-1"},
+            reason="r",
+            cause="handler",
+        )
     as_operator = {
-        "BCW_NATS_URL": secured, "BCW_SUBJECT_ROOT": "bc",
+        "BCW_NATS_URL": secured,
+        "BCW_SUBJECT_ROOT": "bc",
         "BCW_NATS_NKEY_SEED_FILE": str(keys / "operator.nk"),
-    }  # fmt: skip
+    }
     code, out = await bcw("dead-letters", "list", "--cause", "handler", **as_operator)
     assert code == 0 and "labeler" in out and "1 dead letter(s)" in out, out
     code, out = await bcw("dead-letters", "redrive", "--cause", "handler", "--yes", **as_operator)
@@ -361,10 +398,15 @@ async def test_a_subject_refused_in_upper_case_is_buried_once_and_never_waited_o
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     try:
         relay = OutboxRelay(
-            pool, nc.jetstream(), OutboxSettings(publish_timeout=2.0),
-            DatabaseSettings(url=database_url), Metrics(), trace.NoOpTracer(), SUBJECTS,
+            pool,
+            nc.jetstream(),
+            OutboxSettings(publish_timeout=2.0),
+            DatabaseSettings(url=database_url),
+            Metrics(),
+            trace.NoOpTracer(),
+            SUBJECTS,
             refused=refused,
-        )  # fmt: skip
+        )
         assert await relay.publish_round() == 1  # waited for its PubAck once, then buried
         assert upper in refused and "bc.events.thing" not in refused
         await db.execute(insert, upper)

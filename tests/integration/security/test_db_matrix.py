@@ -102,11 +102,13 @@ async def test_every_cell_of_a_groups_row(
     assert "set_compute_now_offset(interval)" in functions
     restricted = set(roles.RESTRICTED_FUNCTIONS)
     assert restricted <= set(functions)  # every signature in the table is a real function
-    definers = set(await db.fetchval(
-        "SELECT array_agg(p.oid::regprocedure::text) FROM pg_proc p WHERE p.prosecdef"
-        " AND p.pronamespace = current_schema()::regnamespace"
-        " AND p.prorettype <> 'trigger'::regtype"
-    ))  # fmt: skip
+    definers = set(
+        await db.fetchval(
+            "SELECT array_agg(p.oid::regprocedure::text) FROM pg_proc p WHERE p.prosecdef"
+            " AND p.pronamespace = current_schema()::regnamespace"
+            " AND p.prorettype <> 'trigger'::regtype"
+        )
+    )
     assert definers <= restricted  # no function with its owner's rights is open to all
     may = granted(group)
     wrong: list[str] = []

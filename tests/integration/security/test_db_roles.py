@@ -248,8 +248,14 @@ async def test_each_worker_does_its_job_under_its_own_role(
         stream = RecordingStream()
 
         def hello(boot: str) -> HelloRequest:
-            return HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker",
-                                boot_id=boot, journal_id="j1", capabilities=["gpu"])  # fmt: skip
+            return HelloRequest(
+                node_id="n1",
+                cert_serial="n1-serial",
+                role="worker",
+                boot_id=boot,
+                journal_id="j1",
+                capabilities=["gpu"],
+            )
 
         first = await fleet.say_hello(gateway, hello("b1"), stream)
         await eventually(lambda: _delivered(stream), what="replay: the command dispatched")
@@ -257,21 +263,29 @@ async def test_each_worker_does_its_job_under_its_own_role(
         await gateway.events(
             "n1", "j1", [{"seq": 1, "kind": "k", "body": {}, "at": "2026-11-30T00:00:00Z"}]
         )
-        await eventually(lambda: _one(db, "SELECT acked_event_seq FROM node_sessions"),
-                         what="recorder: the event recorded and acked")  # fmt: skip
+        await eventually(
+            lambda: _one(db, "SELECT acked_event_seq FROM node_sessions"),
+            what="recorder: the event recorded and acked",
+        )
         await eventually(
             lambda: _one(db, "SELECT count(*) FROM node_labels WHERE key = 'bc.dev/cap.gpu'"),
             what="labeler: the capability label",
         )
         await fleet.say_hello(gateway, hello("b2"))  # another machine while b1 is live
-        await eventually(lambda: _one(db, "SELECT duplicate_hellos FROM node_sessions"),
-                         what="quarantine: the alternation counted")  # fmt: skip
+        await eventually(
+            lambda: _one(db, "SELECT duplicate_hellos FROM node_sessions"),
+            what="quarantine: the alternation counted",
+        )
         # epoch 2's (epoch 1's too, unless the liveness worker, late, found epoch 2 first:
         # a stale Hello publishes nothing, DESIGN §6)
-        await eventually(lambda: _connected_at(nc, subjects, 2),
-                         what="liveness: node.connected of epoch 2, relayed")  # fmt: skip
-        await eventually(lambda: _one(db, "SELECT count(*) FROM controller_leases WHERE name LIKE '%liveness%'"),
-                         what="liveness: its sweep's lease")  # fmt: skip
+        await eventually(
+            lambda: _connected_at(nc, subjects, 2),
+            what="liveness: node.connected of epoch 2, relayed",
+        )
+        await eventually(
+            lambda: _one(db, "SELECT count(*) FROM controller_leases WHERE name LIKE '%liveness%'"),
+            what="liveness: its sweep's lease",
+        )
         assert first.epoch == 1
     # leaving the block stops every process; one that died of a refused statement raises
 
@@ -287,10 +301,11 @@ async def _one(db: asyncpg.Connection, sql: str) -> bool:
 async def _connected_at(nc: NATS, subjects: Subjects, epoch: int) -> bool:
     msgs = await stream_messages(nc.jetstream(), subjects.events_stream)
     return any(
-        m.headers and m.headers.get("Bc-Type") == "node.connected"
+        m.headers
+        and m.headers.get("Bc-Type") == "node.connected"
         and json.loads(m.data)["epoch"] == epoch
         for m in msgs
-    )  # fmt: skip
+    )
 
 
 async def test_the_printed_grants_run_as_they_are(
@@ -345,9 +360,12 @@ async def test_a_worker_sees_and_changes_only_its_own_runtime_rows(
     conn = await asyncpg.connect(logins["bcw_labeler"])
     try:
         for table, column in (
-            ("outbox", "worker"), ("outbox_packs", "worker"), ("processed_facts", "consumer"),
-            ("session_history", "worker"), ("session_history_packs", "worker"),
-        ):  # fmt: skip
+            ("outbox", "worker"),
+            ("outbox_packs", "worker"),
+            ("processed_facts", "consumer"),
+            ("session_history", "worker"),
+            ("session_history_packs", "worker"),
+        ):
             seen = await conn.fetch(f"SELECT {column} FROM {table}")
             assert [r[column] for r in seen] == ["labeler"], table
             assert await conn.execute(f"DELETE FROM {table} WHERE {column} = 'replay'") == (
@@ -370,9 +388,10 @@ async def test_a_worker_sees_and_changes_only_its_own_runtime_rows(
         for history in ("session_history", "session_history_packs"):
             # its own history is insert-only for a day: neither changed nor erased...
             assert await conn.execute(f"DELETE FROM {history}") == "DELETE 0"
-            assert await conn.execute(
-                f"UPDATE {history} SET at = now() - interval '30 days'"
-            ) == "UPDATE 0"  # fmt: skip
+            assert (
+                await conn.execute(f"UPDATE {history} SET at = now() - interval '30 days'")
+                == "UPDATE 0"
+            )
             assert await conn.fetchval(f"SELECT count(*) FROM {history}") == 1
             # ...then its retention may prune it (locked, then deleted, as retention does)
             await db.execute(f"UPDATE {history} SET at = compute_now() - interval '25 hours'")
@@ -389,9 +408,9 @@ async def test_a_worker_sees_and_changes_only_its_own_runtime_rows(
     assert await db.fetchval("SELECT array_agg(worker) FROM session_history_packs") == ["replay"]
     assert await db.fetchval("SELECT count(*) FROM outbox WHERE worker = 'replay'") == 1
     assert await db.fetchval("SELECT count(*) FROM outbox_packs WHERE worker = 'replay'") == 1
-    assert await db.fetchval(
-        "SELECT holder FROM controller_leases WHERE name = 'replay-loop'"
-    ) == "h"  # fmt: skip
+    assert (
+        await db.fetchval("SELECT holder FROM controller_leases WHERE name = 'replay-loop'") == "h"
+    )
     relay = await asyncpg.connect(logins["bcw_relay"])
     try:  # a dedicated relay publishes every worker's rows and packs
         assert await relay.fetchval("SELECT count(*) FROM outbox") == 2

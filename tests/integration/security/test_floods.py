@@ -148,16 +148,22 @@ async def test_ten_thousand_entry_flushes_keep_the_liveness_worker_under_its_mem
             {"node_id": f"flood-{flush}-{n}", "epoch": 1, "age_ms": 100} for n in range(10_000)
         ]
         await js.publish(
-            subjects.fact("gw-1", "liveness"), json.dumps(wire).encode(),
+            subjects.fact("gw-1", "liveness"),
+            json.dumps(wire).encode(),
             headers={**REGISTRY.encode(template)[1], "Nats-Msg-Id": wire["fact_id"]},
-        )  # fmt: skip
-    honest = make_fact("liveness", gateway_id="gw-2",
-                       entries=[{"node_id": "honest", "epoch": 1, "age_ms": 0}])  # fmt: skip
+        )
+    honest = make_fact(
+        "liveness", gateway_id="gw-2", entries=[{"node_id": "honest", "epoch": 1, "age_ms": 0}]
+    )
     await publish_fact(js, subjects, honest)
     worker = await bcw_process(
-        "run", "liveness", BCW_DATABASE_URL=database_url, BCW_NATS_URL=servers.nats_url,
-        BCW_SUBJECT_ROOT=subjects.root, BCW_HEALTH_PORT="0",
-    )  # fmt: skip
+        "run",
+        "liveness",
+        BCW_DATABASE_URL=database_url,
+        BCW_NATS_URL=servers.nats_url,
+        BCW_SUBJECT_ROOT=subjects.root,
+        BCW_HEALTH_PORT="0",
+    )
     try:
 
         async def drained() -> bool:
@@ -199,17 +205,27 @@ async def test_a_flood_of_junk_evicts_no_other_gateways_letter_nor_a_parked_fact
     genuine = make_fact("hello", gateway_id="gw-2", node_id="n2")
     body, headers = REGISTRY.encode(genuine)
     await publish_raw(
-        js, subjects.fact("gw-2", "hello"), json.dumps({**json.loads(body), "epoch": "x"}).encode(),
+        js,
+        subjects.fact("gw-2", "hello"),
+        json.dumps({**json.loads(body), "epoch": "x"}).encode(),
         {**headers, "Nats-Msg-Id": str(genuine.fact_id)},
-    )  # fmt: skip
+    )
     parked = make_fact("hello", gateway_id="gw-1", node_id="n1")
     body, headers = REGISTRY.encode(parked)
-    await publish_raw(js, subjects.fact("gw-1", "hello"), body,
-                      {**headers, "Bc-Schema": "2", "Nats-Msg-Id": str(parked.fact_id)})  # fmt: skip
+    await publish_raw(
+        js,
+        subjects.fact("gw-1", "hello"),
+        body,
+        {**headers, "Bc-Schema": "2", "Nats-Msg-Id": str(parked.fact_id)},
+    )
     junk = b'{"x": "' + b"j" * 100_000 + b'"}'
     for i in range(300):
-        await publish_raw(js, subjects.fact("gw-1", "hello"), junk,
-                          {"Bc-Type": "hello", "Nats-Msg-Id": f"junk-{i}"})  # fmt: skip
+        await publish_raw(
+            js,
+            subjects.fact("gw-1", "hello"),
+            junk,
+            {"Bc-Type": "hello", "Nats-Msg-Id": f"junk-{i}"},
+        )
     settings = make_settings(servers.nats_url, database_url, subjects)
     async with running(settings, [WORKERS["labeler"](settings)]):
 
@@ -252,11 +268,15 @@ async def test_a_gateways_flood_of_foreign_facts_is_shed_and_the_others_flushes_
     wire = json.loads(body)
     for _ in range(20_000):
         wire["fact_id"] = str(uuid.uuid4())
-        await js.publish(subjects.fact("gw-1", "closed"), json.dumps(wire).encode(),
-                         headers={**headers, "Nats-Msg-Id": wire["fact_id"]})  # fmt: skip
+        await js.publish(
+            subjects.fact("gw-1", "closed"),
+            json.dumps(wire).encode(),
+            headers={**headers, "Nats-Msg-Id": wire["fact_id"]},
+        )
     for gateway, node, epoch in (("gw-2", "theirs", 3), ("gw-1", "mine", 1)):
-        flush = make_fact("liveness", gateway_id=gateway,
-                          entries=[{"node_id": node, "epoch": epoch, "age_ms": 0}])  # fmt: skip
+        flush = make_fact(
+            "liveness", gateway_id=gateway, entries=[{"node_id": node, "epoch": epoch, "age_ms": 0}]
+        )
         await publish_fact(js, subjects, flush)
     settings = make_settings(servers.nats_url, database_url, subjects)
     async with running(settings, [WORKERS["liveness"](settings)]) as (runtime, _port):
@@ -298,8 +318,11 @@ async def test_a_gateway_that_fills_the_facts_stream_fills_only_its_own(
         stored = 0
         with pytest.raises(nats.js.errors.ServiceUnavailableError, match="maximum bytes"):
             for i in range(30):
-                await js.publish(SUBJECTS.fact("gw-1", "hello"), junk,
-                                 headers={"Bc-Type": "hello", "Nats-Msg-Id": f"fill-{i}"})  # fmt: skip
+                await js.publish(
+                    SUBJECTS.fact("gw-1", "hello"),
+                    junk,
+                    headers={"Bc-Type": "hello", "Nats-Msg-Id": f"fill-{i}"},
+                )
                 stored += 1
         assert stored == 10
         for api in ("STREAM.UPDATE", "STREAM.PURGE", "STREAM.DELETE"):
@@ -308,8 +331,9 @@ async def test_a_gateway_that_fills_the_facts_stream_fills_only_its_own(
         await asyncio.sleep(0.2)
         assert sum("permissions violation" in e.lower() for e in errors) == 3
     async with client_as(keys, secured, "gateway-gw-2") as (honest, _):
-        flush = make_fact("liveness", gateway_id="gw-2",
-                          entries=[{"node_id": "theirs", "epoch": 3, "age_ms": 0}])  # fmt: skip
+        flush = make_fact(
+            "liveness", gateway_id="gw-2", entries=[{"node_id": "theirs", "epoch": 3, "age_ms": 0}]
+        )
         body, headers = REGISTRY.encode(flush)
         ack = await honest.jetstream().publish(
             SUBJECTS.fact("gw-2", "liveness"),
@@ -324,10 +348,12 @@ async def test_a_gateway_that_fills_the_facts_stream_fills_only_its_own(
     async with running(worker, [WORKERS["liveness"](worker)]) as (runtime, _port):
 
         async def seen() -> bool:
-            return bool(await db.fetchval(
-                "SELECT last_seen > compute_now() - interval '1 minute' FROM node_sessions "
-                "WHERE node_id = 'theirs'"
-            ))  # fmt: skip
+            return bool(
+                await db.fetchval(
+                    "SELECT last_seen > compute_now() - interval '1 minute' FROM node_sessions "
+                    "WHERE node_id = 'theirs'"
+                )
+            )
 
         await eventually(seen, within=30, what="gw-2's flush applied")
 

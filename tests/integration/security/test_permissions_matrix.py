@@ -73,16 +73,22 @@ def probes(identities: dict[str, tuple[Path, str]]) -> list[str]:
     out += [f"{s.dead(w)}.invented.{w}-1" for w in [*principals.DEAD_PUBLISHERS, "gateway"]]
     out += [s.legacy_dead, "$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST"]
     for stream in streams:
-        out += [f"$JS.API.STREAM.{op}.{stream}" for op in
-                ("INFO", "CREATE", "UPDATE", "DELETE", "PURGE", "MSG.GET", "MSG.DELETE")]  # fmt: skip
+        out += [
+            f"$JS.API.STREAM.{op}.{stream}"
+            for op in ("INFO", "CREATE", "UPDATE", "DELETE", "PURGE", "MSG.GET", "MSG.DELETE")
+        ]
         out += [f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}"]
         for name in consumers:
-            out += [f"$JS.API.CONSUMER.{op}.{stream}.{name}" for op in
-                    ("CREATE", "DURABLE.CREATE", "INFO", "DELETE", "MSG.NEXT")]  # fmt: skip
+            out += [
+                f"$JS.API.CONSUMER.{op}.{stream}.{name}"
+                for op in ("CREATE", "DURABLE.CREATE", "INFO", "DELETE", "MSG.NEXT")
+            ]
             out += [f"$JS.API.CONSUMER.CREATE.{stream}.{name}.{s.notice(GATEWAYS[0], 'dispatch')}"]
             out += [f"$JS.ACK.{stream}.{name}.1.1.1.1.0"]
-    out += [f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{s.facts_stream}.{w}"
-            for w in principals.WORKER_NAMES]  # fmt: skip
+    out += [
+        f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{s.facts_stream}.{w}"
+        for w in principals.WORKER_NAMES
+    ]
     out += [principals.inbox_prefix(key) + ".x" for _, key in identities.values()]  # inboxes
     return out
 
@@ -99,9 +105,12 @@ async def _refused(url: str, seed: Path, key: str, subjects: list[str], kind: st
         complaints.append(str(error))
 
     nc = await nats.connect(
-        url, nkeys_seed=str(seed), inbox_prefix=principals.inbox_prefix(key),
-        error_cb=on_error, max_reconnect_attempts=0,
-    )  # fmt: skip
+        url,
+        nkeys_seed=str(seed),
+        inbox_prefix=principals.inbox_prefix(key),
+        error_cb=on_error,
+        max_reconnect_attempts=0,
+    )
     try:
         for subject in subjects:
             if kind == "Publish":

@@ -25,9 +25,13 @@ SHELL = json.dumps({"node_id": "n1", "kind": "shell.exec", "payload": {"cmd": "c
 
 def _letter(worker: str, cause: str, subject: str, seq: int, **more: str) -> dict[str, str]:
     return {
-        deadletter.WORKER: worker, deadletter.CAUSE: cause, deadletter.SUBJECT: subject,
-        deadletter.STREAM_SEQ: str(seq), deadletter.REASON: "planted", **more,
-    }  # fmt: skip
+        deadletter.WORKER: worker,
+        deadletter.CAUSE: cause,
+        deadletter.SUBJECT: subject,
+        deadletter.STREAM_SEQ: str(seq),
+        deadletter.REASON: "planted",
+        **more,
+    }
 
 
 async def _plant(nc: NATS, on: str, headers: dict[str, str], body: bytes) -> None:
@@ -48,9 +52,10 @@ async def test_a_workers_planted_letters_are_refused_and_nothing_reaches_a_node(
     async with client_as(keys, secured, "worker-labeler") as (labeler, errors):
         # the relay's own subject is not the labeler's
         await labeler.publish(
-            SUBJECTS.dead("relay"), SHELL.encode(),
+            SUBJECTS.dead("relay"),
+            SHELL.encode(),
             headers=_letter("relay", "unpublishable", DISPATCH, 1, **dispatch),
-        )  # fmt: skip
+        )
         await labeler.flush()
         await eventually(lambda: violated(errors, "Publish"), what="bc.dead.relay refused")
         mine = SUBJECTS.dead("labeler")
@@ -78,9 +83,10 @@ async def test_a_workers_planted_letters_are_refused_and_nothing_reaches_a_node(
         copy = _letter("labeler", "handler", HELLO, genuine.seq)
         await _plant(labeler, mine, {**copy, "Nats-Msg-Id": "copy"}, b'{"genuine": 1}')
     as_operator = {
-        "BCW_NATS_URL": secured, "BCW_SUBJECT_ROOT": "bc",
+        "BCW_NATS_URL": secured,
+        "BCW_SUBJECT_ROOT": "bc",
         "BCW_NATS_NKEY_SEED_FILE": str(keys / "operator.nk"),
-    }  # fmt: skip
+    }
     code, out = await bcw("dead-letters", "list", **as_operator)
     assert code == 0 and "8 dead letter(s)" in out and "7 refused for redrive" in out, out
     assert out.count("REFUSED for redrive") == 7, out
@@ -96,5 +102,6 @@ async def test_a_workers_planted_letters_are_refused_and_nothing_reaches_a_node(
         assert await stream_messages(js, SUBJECTS.gateway_stream) == []  # no dispatch at all
         facts = await stream_messages(js, SUBJECTS.facts_stream)
     assert [(m.subject, m.data) for m in facts] == [
-        (HELLO, b'{"genuine": 1}'), (HELLO, b'{"genuine": 1}'),
-    ]  # fmt: skip
+        (HELLO, b'{"genuine": 1}'),
+        (HELLO, b'{"genuine": 1}'),
+    ]

@@ -70,10 +70,14 @@ async def test_poison_is_refused_at_validation_and_splits_no_batch(
     assert {letter.cause for letter in letters} == {"invalid"}
     # each poison fact once per worker that reads it, in that worker's own stream
     assert sorted((letter.worker, letter.reason.split(":")[0]) for letter in letters) == [
-        ("labeler", "invalid hello"), ("liveness", "invalid hello"),
-        ("liveness", "invalid liveness"), ("liveness", "invalid liveness"),
-        ("replay", "invalid hello"), ("replay", "invalid result"), ("replay", "invalid result"),
-    ]  # fmt: skip
+        ("labeler", "invalid hello"),
+        ("liveness", "invalid hello"),
+        ("liveness", "invalid liveness"),
+        ("liveness", "invalid liveness"),
+        ("replay", "invalid hello"),
+        ("replay", "invalid result"),
+        ("replay", "invalid result"),
+    ]
     assert all(letter.stream == subjects.dead_stream_of(letter.worker) for letter in letters)
     row = await db.fetchrow(
         "SELECT c.state, c.failure_reason, s.last_seen > compute_now() - interval '10 seconds' AS seen,"
@@ -81,5 +85,8 @@ async def test_poison_is_refused_at_validation_and_splits_no_batch(
         " FROM commands c JOIN node_sessions s USING (node_id)"
     )
     assert (row["state"], row["failure_reason"], row["seen"], row["labels"]) == (
-        "failed", "e" * 4096, True, ["bc.dev/cap.nvml"],
-    )  # fmt: skip
+        "failed",
+        "e" * 4096,
+        True,
+        ["bc.dev/cap.nvml"],
+    )

@@ -38,9 +38,13 @@ async def _pack(conn: asyncpg.Connection, *messages: tuple[str, str, bytes]) -> 
     await conn.execute(
         "INSERT INTO outbox_packs (worker, size, msg_ids, subjects, headers, bodies, order_keys) "
         "VALUES ('labeler', $1, $2, $3, $4, $5, $6)",
-        len(messages), [uuid.uuid4() for _ in messages], [m[0] for m in messages],
-        [m[1] for m in messages], [m[2] for m in messages], ["n1" for _ in messages],
-    )  # fmt: skip
+        len(messages),
+        [uuid.uuid4() for _ in messages],
+        [m[0] for m in messages],
+        [m[1] for m in messages],
+        [m[2] for m in messages],
+        ["n1" for _ in messages],
+    )
 
 
 async def test_a_workers_login_gets_nothing_published_that_the_worker_could_not_send(
@@ -51,20 +55,30 @@ async def test_a_workers_login_gets_nothing_published_that_the_worker_could_not_
     await fleet.join(db, "n1")
     command = uuid.uuid4()
     shell = Dispatch(
-        node_id="n1", epoch=1, command_id=command, seq=1, kind="shell.exec", lane="default",
-        attempt=1, payload={"cmd": "id; cat /etc/shadow"}, signature=None,
-    )  # fmt: skip
+        node_id="n1",
+        epoch=1,
+        command_id=command,
+        seq=1,
+        kind="shell.exec",
+        lane="default",
+        attempt=1,
+        payload={"cmd": "id; cat /etc/shadow"},
+        signature=None,
+    )
     genuine = CapabilitiesChanged(node_id="n1", epoch=1, added=["gpu"], removed=[])
     labeler = await asyncpg.connect(logins["bcw_labeler"])
     try:  # all of it allowed to the labeler's login by the row-level security
         await _pack(labeler, _message(shell, subjects.notice("gw-1", "dispatch")))
         await _pack(
             labeler,
-            _message(Quarantined(node_id="n1", reason="x", alternations=4, revoked_serials=[]),
-                     subjects.event("security.node.quarantined")),
-            _message(Revocations(node_id="n1", serials=["n1-serial"], reason="x"),
-                     subjects.revocations),
-        )  # fmt: skip
+            _message(
+                Quarantined(node_id="n1", reason="x", alternations=4, revoked_serials=[]),
+                subjects.event("security.node.quarantined"),
+            ),
+            _message(
+                Revocations(node_id="n1", serials=["n1-serial"], reason="x"), subjects.revocations
+            ),
+        )
         await _pack(labeler, (subjects.event("node.capabilities-changed"), "not json{", b"{}"))
         await _pack(
             labeler, (subjects.event("node.capabilities-changed"), '["traceparent"]', b"{}")
@@ -76,9 +90,14 @@ async def test_a_workers_login_gets_nothing_published_that_the_worker_could_not_
         await labeler.close()
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     relay = OutboxRelay(
-        pool, js, OutboxSettings(), DatabaseSettings(url=database_url), Metrics(),
-        trace.NoOpTracer(), subjects,
-    )  # fmt: skip
+        pool,
+        js,
+        OutboxSettings(),
+        DatabaseSettings(url=database_url),
+        Metrics(),
+        trace.NoOpTracer(),
+        subjects,
+    )
     try:
         await relay.flush(time.monotonic() + 20)
     finally:
@@ -87,14 +106,16 @@ async def test_a_workers_login_gets_nothing_published_that_the_worker_could_not_
     reasons = sorted(r["reason"] for r in await db.fetch("SELECT reason FROM outbox_dead"))
     unparsed = [r for r in reasons if r.startswith("its headers do not parse")]
     assert len(unparsed) == 1
-    assert sorted(set(reasons) - set(unparsed)) == sorted([
-        "worker labeler does not send 'dispatch'",
-        "worker labeler does not send 'security.node.quarantined'",
-        "worker labeler does not send 'revocations'",
-        "its headers are not a map",
-        f"worker labeler does not send node.capabilities-changed to "
-        f"{subjects.event('node.capabilities-changed').upper()}",
-    ])  # fmt: skip
+    assert sorted(set(reasons) - set(unparsed)) == sorted(
+        [
+            "worker labeler does not send 'dispatch'",
+            "worker labeler does not send 'security.node.quarantined'",
+            "worker labeler does not send 'revocations'",
+            "its headers are not a map",
+            f"worker labeler does not send node.capabilities-changed to "
+            f"{subjects.event('node.capabilities-changed').upper()}",
+        ]
+    )
     kept = await db.fetchval(
         "SELECT headers FROM outbox_dead WHERE reason LIKE 'its headers do not parse%'"
     )
@@ -141,9 +162,15 @@ async def test_a_row_that_would_stop_the_relay_is_buried_alone_and_slows_nobody(
         await labeler.close()
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     relay = OutboxRelay(
-        pool, js, OutboxSettings(), DatabaseSettings(url=database_url), Metrics(),
-        trace.NoOpTracer(), subjects, owners=owners,
-    )  # fmt: skip
+        pool,
+        js,
+        OutboxSettings(),
+        DatabaseSettings(url=database_url),
+        Metrics(),
+        trace.NoOpTracer(),
+        subjects,
+        owners=owners,
+    )
     try:
         assert await relay.publish_round() == 6  # no exception: the round goes on
     finally:
@@ -152,9 +179,11 @@ async def test_a_row_that_would_stop_the_relay_is_buried_alone_and_slows_nobody(
     assert len(letters) == 3 and {letter.cause for letter in letters} == {"forged"}
     assert await db.fetchval("SELECT count(*) FROM outbox_packs") == 0
     reasons = sorted(r["reason"] for r in await db.fetch("SELECT reason FROM outbox_dead"))
-    assert reasons == ["header 'Nats-Rollup' is not one a worker sends",
-                       "header Bc-Type is not a string (list)",
-                       "its headers do not parse: nested too deep"]  # fmt: skip
+    assert reasons == [
+        "header 'Nats-Rollup' is not one a worker sends",
+        "header Bc-Type is not a string (list)",
+        "its headers do not parse: nested too deep",
+    ]
     events = await stream_messages(js, subjects.events_stream)
     assert [m.headers["Bc-Type"] for m in events] == ["node.capabilities-changed"] * 3
 
@@ -175,9 +204,15 @@ async def test_a_row_the_server_refuses_is_tried_three_times_and_slows_nobody(
     await _pack(db, (subject, rollup, body), (subject, headers, body), (subject, headers, body))
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     relay = OutboxRelay(
-        pool, js, OutboxSettings(), DatabaseSettings(url=database_url), Metrics(),
-        trace.NoOpTracer(), subjects, headers=sendable.HEADERS | {"Nats-Rollup"},
-    )  # fmt: skip
+        pool,
+        js,
+        OutboxSettings(),
+        DatabaseSettings(url=database_url),
+        Metrics(),
+        trace.NoOpTracer(),
+        subjects,
+        headers=sendable.HEADERS | {"Nats-Rollup"},
+    )
     try:
         started = time.monotonic()
         assert await relay.publish_round() == 2  # the others, at once; no OutboxPublishError

@@ -74,8 +74,14 @@ async def test_one_hello_is_one_trace_from_the_gateway_to_the_dispatch(
             ) as (gateway, provider):
                 await eventually(lambda: _consumers(nc, subjects), within=60, what="five consumers")
                 stream = RecordingStream()
-                request = HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker",
-                                       boot_id="b1", journal_id="j1", capabilities=["gpu"])  # fmt: skip
+                request = HelloRequest(
+                    node_id="n1",
+                    cert_serial="n1-serial",
+                    role="worker",
+                    boot_id="b1",
+                    journal_id="j1",
+                    capabilities=["gpu"],
+                )
                 await fleet.say_hello(gateway, request, stream)
                 await eventually(lambda: _delivered(stream), within=30, what="the waiting command")
                 assert [d.command_id for d in stream.delivered] == [command]
@@ -128,8 +134,12 @@ async def test_one_hello_is_one_trace_from_the_gateway_to_the_dispatch(
             for s in processed
         }
         # the quarantine saw the Hello and skipped it (no duplicate identity): its span says so
-        assert outcomes == {"labeler": "applied", "liveness": "applied", "replay": "applied",
-                            "quarantine": "ignored"}  # fmt: skip
+        assert outcomes == {
+            "labeler": "applied",
+            "liveness": "applied",
+            "replay": "applied",
+            "quarantine": "ignored",
+        }
         for span in processed:
             statements = [s for s in trace if s.kind == "CLIENT" and parent(s) is span]
             inbox = span.attributes["messaging.consumer.group.name"] != "labeler"  # it has none
@@ -155,8 +165,11 @@ async def test_one_hello_is_one_trace_from_the_gateway_to_the_dispatch(
         assert deliver.attributes["bc.command.kind"] == "noop"
         # every producer span carries the messaging attributes
         for producer in (s for s in spans if s.kind == "PRODUCER"):
-            assert {"messaging.system", "messaging.destination.name",
-                    "messaging.operation.type"} <= producer.attributes.keys(), producer  # fmt: skip
+            assert {
+                "messaging.system",
+                "messaging.destination.name",
+                "messaging.operation.type",
+            } <= producer.attributes.keys(), producer
             assert producer.attributes["messaging.operation.type"] == "send"
             assert "messaging.message.id" in producer.attributes, producer
         # the refused Hello: its span failed, and says why
@@ -193,14 +206,23 @@ async def _spawn(
 ) -> asyncio.subprocess.Process:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
-        "BCW_DATABASE_URL": database_url, "BCW_NATS_URL": servers.nats_url,
-        "BCW_SUBJECT_ROOT": subjects.root, "BCW_HEALTH_PORT": "0",
-        "BCW_REPLAY_DISPATCH_INTERVAL": "0.2", **otel,
-    }  # fmt: skip
+        "BCW_DATABASE_URL": database_url,
+        "BCW_NATS_URL": servers.nats_url,
+        "BCW_SUBJECT_ROOT": subjects.root,
+        "BCW_HEALTH_PORT": "0",
+        "BCW_REPLAY_DISPATCH_INTERVAL": "0.2",
+        **otel,
+    }
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "workers.cli", "run", *names, env=env, cwd=ROOT,
+        sys.executable,
+        "-m",
+        "workers.cli",
+        "run",
+        *names,
+        env=env,
+        cwd=ROOT,
         stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+    )
 
 
 async def _consumers(nc: NATS, subjects: Subjects) -> bool:

@@ -34,10 +34,13 @@ NODES = [f"p{i:02d}" for i in range(24)]
 def _processed(spans: list[Received], hellos: set[str]) -> list[Received]:
     """Each worker's span of the Hellos whose traces are `hellos`."""
     return [
-        s for s in spans
-        if s.kind == "CONSUMER" and s.name.endswith(".hello") and "bcw.outcome" in s.attributes
+        s
+        for s in spans
+        if s.kind == "CONSUMER"
+        and s.name.endswith(".hello")
+        and "bcw.outcome" in s.attributes
         and s.trace_id in hellos
-    ]  # fmt: skip
+    ]
 
 
 def _hellos(spans: list[Received]) -> set[str]:
@@ -70,12 +73,21 @@ async def test_under_batching_each_hello_reaches_the_sql_that_applied_it(
                 for round_ in range(4):  # until some worker applied several Hellos at once
                     provider.force_flush()  # the earlier rounds' Hellos are in
                     before = _hellos(receiver.spans())
-                    await asyncio.gather(*(
-                        fleet.say_hello(gateway, HelloRequest(
-                            node_id=node, cert_serial=f"{node}-serial", role="worker",
-                            boot_id=f"b{round_}", journal_id="j1"))
-                        for node in NODES
-                    ))  # fmt: skip
+                    await asyncio.gather(
+                        *(
+                            fleet.say_hello(
+                                gateway,
+                                HelloRequest(
+                                    node_id=node,
+                                    cert_serial=f"{node}-serial",
+                                    role="worker",
+                                    boot_id=f"b{round_}",
+                                    journal_id="j1",
+                                ),
+                            )
+                            for node in NODES
+                        )
+                    )
                     provider.force_flush()
                     hellos = _hellos(receiver.spans()) - before
                     assert len(hellos) == len(NODES)
@@ -120,8 +132,12 @@ async def test_under_batching_each_hello_reaches_the_sql_that_applied_it(
             assert batch.attributes["messaging.consumer.group.name"] == group
             reached += children.get(link, [])
             # and the batch links back to this message's creation, in the Hello's trace
-            assert any(t == span.trace_id and index.get((t, p)) is not None
-                       and index[(t, p)].kind == "PRODUCER" for t, p in batch.links)  # fmt: skip
+            assert any(
+                t == span.trace_id
+                and index.get((t, p)) is not None
+                and index[(t, p)].kind == "PRODUCER"
+                for t, p in batch.links
+            )
         assert ("INSERT", "processed_facts") in {
             (s.attributes.get("db.operation.name"), s.attributes.get("db.collection.name"))
             for s in reached

@@ -29,10 +29,12 @@ async def test_bcw_sim_exports_its_gateways_spans(
         try:
             await eventually(lambda: _consumers(nc, subjects), within=60, what="five consumers")
             env = {
-                **{k: "" for k in os.environ if k.startswith("OTEL_")}, **otel,
-                "BCW_NATS_URL": servers.nats_url, "BCW_DATABASE_URL": database_url,
+                **{k: "" for k in os.environ if k.startswith("OTEL_")},
+                **otel,
+                "BCW_NATS_URL": servers.nats_url,
+                "BCW_DATABASE_URL": database_url,
                 "BCW_SUBJECT_ROOT": subjects.root,
-            }  # fmt: skip
+            }
             code, out = await bcw(
                 "sim", "--scenario", "power-on", "--nodes", "3", "--gateways", "1", **env
             )

@@ -28,6 +28,8 @@ def node_packages() -> Path:
         ):
             subprocess.run(
                 ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-                cwd=INTEROP, check=True, timeout=300,
-            )  # fmt: skip
+                cwd=INTEROP,
+                check=True,
+                timeout=300,
+            )
     return INTEROP

@@ -23,8 +23,10 @@ def _validate(document_: dict[str, Any], tmp_path: Path) -> subprocess.Completed
     path.write_text(json.dumps(document_))
     return subprocess.run(
         ["node", str(INTEROP / "validate-asyncapi.mjs"), str(path)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_the_asyncapi_document_validates_and_a_broken_one_does_not(
@@ -37,8 +39,11 @@ def test_the_asyncapi_document_validates_and_a_broken_one_does_not(
     assert doc["servers"]["nats"]["security"] == [{"$ref": "#/components/securitySchemes/nkey"}]
     streams = {c["address"].split(".")[1]: c["x-bc-stream"] for c in doc["channels"].values()}
     assert streams == {
-        "facts": "BC_FACTS", "events": "BC_EVENTS", "revocations": "BC_EVENTS", "gw": "BC_GATEWAY"
-    }  # fmt: skip
+        "facts": "BC_FACTS",
+        "events": "BC_EVENTS",
+        "revocations": "BC_EVENTS",
+        "gw": "BC_GATEWAY",
+    }
     for rule in ("Resume", "Duplicates", "Nats-Msg-Id", "sub-<app>"):
         assert rule in doc["channels"]["events.node.connected"]["description"], rule
     checked = _validate(doc, tmp_path)

@@ -59,17 +59,22 @@ def production(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     cli = [sys.executable, "-m", "workers.cli"]
     subprocess.run(
         [*cli, "auth", "nats", "--gateways", "gw-1", "--subscribers", "siem", "--out", str(keys)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     conf = keys / "server.conf"
     conf.write_text('include "auth.conf"\n')
     server = EmbeddedNats(tmp_path / "nats", extra=["-c", str(conf)]).start()
     try:
         env = {
-            **os.environ, "BCW_NATS_URL": server.url, "BCW_SUBJECT_ROOT": SUBJECTS.root,
-            "BCW_NATS_NKEY_SEED_FILE": str(keys / "admin.nk"), "BCW_NATS_GATEWAYS": "gw-1",
+            **os.environ,
+            "BCW_NATS_URL": server.url,
+            "BCW_SUBJECT_ROOT": SUBJECTS.root,
+            "BCW_NATS_NKEY_SEED_FILE": str(keys / "admin.nk"),
+            "BCW_NATS_GATEWAYS": "gw-1",
             "BCW_NATS_SUBSCRIBERS": "siem",
-        }  # fmt: skip
+        }
         done = subprocess.run(
             [*cli, "provision"], env=env, capture_output=True, text=True, timeout=60
         )
@@ -83,9 +88,15 @@ def _event(n: int, **changes: Any) -> tuple[str, bytes, dict[str, str]]:
     """A `node.connected` of node n<n> as a worker of this release says it, with `changes`
     to its body (a key given None: left out); (subject, body, headers)."""
     event = NodeConnected(
-        node_id=f"n{n}", epoch=n, gateway_id="gw-1", boot_id="b1", journal_changed=False,
-        boot_changed=False, duplicate_identity=False, connected_at=datetime.now(UTC),
-    )  # fmt: skip
+        node_id=f"n{n}",
+        epoch=n,
+        gateway_id="gw-1",
+        boot_id="b1",
+        journal_changed=False,
+        boot_changed=False,
+        duplicate_identity=False,
+        connected_at=datetime.now(UTC),
+    )
     body, headers = REGISTRY.encode(event)
     payload = {**json.loads(body), **changes}
     payload = {k: v for k, v in payload.items() if v is not None}
@@ -108,10 +119,14 @@ async def _node(
 ) -> tuple[int, list[dict[str, Any]], str]:
     """Run a script of tests/interop with `env`; (exit code, its JSON lines, stderr)."""
     proc = await asyncio.create_subprocess_exec(
-        "node", str(INTEROP / script), *([str(JSON_DIR)] if stdin is not None else []),
-        env={**os.environ, **env}, stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        "node",
+        str(INTEROP / script),
+        *([str(JSON_DIR)] if stdin is not None else []),
+        env={**os.environ, **env},
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(proc.communicate(stdin), within)
     lines = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
     return proc.returncode or 0, lines, err.decode()
@@ -127,15 +142,19 @@ async def test_a_subscriber_reads_and_resumes_from_a_sequence_under_the_producti
     revocation = Revocations(node_id="n9", serials=["s1"], reason="duplicate-identity")
     rbody, rheaders = REGISTRY.encode(revocation)
     rheaders = {**rheaders, "Nats-Msg-Id": str(uuid.uuid4())}
-    await _publish_as_relay(url, keys, [
-        current,
-        _event(2, connectedAt=None),  # as a 0.3 worker says it: no time
-        (SUBJECTS.revocations, rbody, dict(rheaders)),  # in BC_EVENTS, not an event
-        _event(3, zone="eu-1", placement={"rack": 7}),  # fields a later minor adds
-        _event(4, nodeId=None),  # control: a required field missing
-        republished,
-        republished,  # the relay's retry: the same Nats-Msg-Id, one copy kept
-    ])  # fmt: skip
+    await _publish_as_relay(
+        url,
+        keys,
+        [
+            current,
+            _event(2, connectedAt=None),  # as a 0.3 worker says it: no time
+            (SUBJECTS.revocations, rbody, dict(rheaders)),  # in BC_EVENTS, not an event
+            _event(3, zone="eu-1", placement={"rack": 7}),  # fields a later minor adds
+            _event(4, nodeId=None),  # control: a required field missing
+            republished,
+            republished,  # the relay's retry: the same Nats-Msg-Id, one copy kept
+        ],
+    )
     as_subscriber = {"NATS_URL": url, "NKEY_SEED_FILE": str(keys / "subscriber.nk")}
     code, first, err = await _node("subscribe.mjs", START_SEQ="1", COUNT="2", **as_subscriber)
     assert code == 0, err
@@ -176,10 +195,15 @@ async def test_an_ordered_consumer_is_refused_to_the_subscriber(
     url, keys = production
     await _publish_as_relay(url, keys, [_event(1)])
     proc = await asyncio.create_subprocess_exec(
-        "node", "--input-type=module", "-e", ORDERED, cwd=INTEROP,
+        "node",
+        "--input-type=module",
+        "-e",
+        ORDERED,
+        cwd=INTEROP,
         env={**os.environ, "NATS_URL": url, "NKEY_SEED_FILE": str(keys / "subscriber.nk")},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode != 0 and out == b""
     assert 'Permissions Violation for Publish to "$JS.API.CONSUMER.CREATE.BC_EVENTS' in err.decode()
@@ -195,10 +219,16 @@ async def test_a_subscriber_follows_new_events_from_now_on(
     url, keys = production
     await _publish_as_relay(url, keys, [_event(1)])
     proc = await asyncio.create_subprocess_exec(
-        "node", str(INTEROP / "subscribe.mjs"), stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, "NATS_URL": url, "NKEY_SEED_FILE": str(keys / "subscriber.nk"),
-             "COUNT": "1"},
-    )  # fmt: skip
+        "node",
+        str(INTEROP / "subscribe.mjs"),
+        stdout=asyncio.subprocess.PIPE,
+        env={
+            **os.environ,
+            "NATS_URL": url,
+            "NKEY_SEED_FILE": str(keys / "subscriber.nk"),
+            "COUNT": "1",
+        },
+    )
     assert proc.stdout is not None
     read = asyncio.ensure_future(proc.stdout.readline())
     n = 1

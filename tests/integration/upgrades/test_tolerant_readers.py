@@ -57,9 +57,14 @@ async def test_a_hello_a_flush_and_a_result_with_unknown_fields_each_take_effect
     hello = fleet.hello("n1", 1, capabilities=["nvml"], running_command_ids=[str(command)])
     flush = make_fact("liveness", entries=[{"node_id": "n1", "epoch": 1, "age_ms": 0}])
     result = make_fact(
-        "result", node_id="n1", epoch=1, command_id=str(command), outcome="done",
-        result={"exit": 0}, error=None,
-    )  # fmt: skip
+        "result",
+        node_id="n1",
+        epoch=1,
+        command_id=str(command),
+        outcome="done",
+        result={"exit": 0},
+        error=None,
+    )
     workers = [labeler.build(settings), liveness.build(settings), replay.build(settings)]
     async with running(settings, workers):
         # one says its minor in Bc-Schema too ("1.4"): the major is what a reader checks
@@ -100,8 +105,10 @@ async def test_a_fact_of_a_major_this_release_does_not_speak_is_parked_intact(
         await eventually(parked, what="the major-2 Hello parked")
     [letter] = await deadletter.list_dead_letters(nc.jetstream(), subjects)
     assert (letter.worker, letter.cause, letter.subject) == (
-        "labeler", "unsupported-major", subjects.fact("gw-1", "hello"),
-    )  # fmt: skip
+        "labeler",
+        "unsupported-major",
+        subjects.fact("gw-1", "hello"),
+    )
     assert "hello schema major 2 is not spoken here (this release speaks 1)" in letter.reason
     assert letter.data == body  # intact: a redrive after the upgrade applies it as sent
     assert letter.headers["Bc-Schema"] == "2"

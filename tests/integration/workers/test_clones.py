@@ -64,8 +64,13 @@ async def test_the_quarantined_clone_gets_no_command(
 
             async def hello(turn: int, stream: RecordingStream | None = None) -> RecordingStream:
                 stream = stream or RecordingStream()
-                request = HelloRequest(node_id="n1", cert_serial=serial, role="worker",
-                                       boot_id=f"machine-{turn % 2}", journal_id="j1")  # fmt: skip
+                request = HelloRequest(
+                    node_id="n1",
+                    cert_serial=serial,
+                    role="worker",
+                    boot_id=f"machine-{turn % 2}",
+                    journal_id="j1",
+                )
                 await fleet.say_hello(gateways[turn % 2], request, stream)
                 return stream
 
@@ -108,9 +113,14 @@ async def test_the_quarantined_clone_gets_no_command(
             await fleet.join(db, "n1", serial="n1-serial-2")
             await fleet.say_hello(
                 gateways[0],
-                HelloRequest(node_id="n1", cert_serial="n1-serial-2", role="worker",
-                             boot_id="machine-new", journal_id="j1"),
-            )  # fmt: skip
+                HelloRequest(
+                    node_id="n1",
+                    cert_serial="n1-serial-2",
+                    role="worker",
+                    boot_id="machine-new",
+                    journal_id="j1",
+                ),
+            )
 
             async def cleared() -> bool:
                 return await db.fetchval("SELECT count(*) FROM node_conditions") == 0
@@ -149,8 +159,13 @@ async def test_with_the_quarantine_down_a_duplicates_hello_is_welcomed_held_afte
     gateway = Provisioned("gw-a", pool, nc, subjects, settings=GatewaySettings(verdict_wait=0.5))
     await gateway.start()
     try:
-        first = HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker",
-                             boot_id="machine-0", journal_id="j1")  # fmt: skip
+        first = HelloRequest(
+            node_id="n1",
+            cert_serial="n1-serial",
+            role="worker",
+            boot_id="machine-0",
+            journal_id="j1",
+        )
         await fleet.say_hello(gateway, first)
         started = asyncio.get_running_loop().time()
         welcome = await fleet.say_hello(gateway, replace(first, boot_id="machine-1"))
@@ -189,8 +204,13 @@ async def test_a_quarantine_held_for_an_operator_holds_every_session_of_its_node
 
             async def hello(turn: int) -> None:
                 stream = RecordingStream()
-                request = HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker",
-                                       boot_id=f"machine-{turn % 2}", journal_id="j1")  # fmt: skip
+                request = HelloRequest(
+                    node_id="n1",
+                    cert_serial="n1-serial",
+                    role="worker",
+                    boot_id=f"machine-{turn % 2}",
+                    journal_id="j1",
+                )
                 await gateway.hello(request, stream)
                 streams_of.append(stream)
 
@@ -214,9 +234,13 @@ async def test_a_quarantine_held_for_an_operator_holds_every_session_of_its_node
             assert state == "pending"
             duplicates = await _bodies(nc, subjects, "security.node.duplicate-session")
             assert [(d["alternations"], d["quarantined"], d["held"]) for d in duplicates] == [
-                (1, False, False), (2, False, False), (3, False, False),
-                (4, False, True), (1, False, True), (2, False, True),
-            ]  # fmt: skip
+                (1, False, False),
+                (2, False, False),
+                (3, False, False),
+                (4, False, True),
+                (1, False, True),
+                (2, False, True),
+            ]
             assert await db.fetchval("SELECT count(*) FROM node_conditions") == 1
 
             monkeypatch.setenv("BCW_DATABASE_URL", database_url)

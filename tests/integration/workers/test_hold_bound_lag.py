@@ -75,14 +75,24 @@ async def _state(db: asyncpg.Connection) -> str:
 @pytest.mark.parametrize(
     ("quarantine_is", "released"),
     [
-        ("behind", False), ("past-the-hello", False), ("silent-for-the-bound", True),
-        ("stuck-for-the-bound", True), ("behind-three-bounds", True), ("absent", True),
+        ("behind", False),
+        ("past-the-hello", False),
+        ("silent-for-the-bound", True),
+        ("stuck-for-the-bound", True),
+        ("behind-three-bounds", True),
+        ("absent", True),
     ],
-)  # fmt: skip
+)
 async def test_the_hold_bound_waits_for_a_quarantine_behind_never_for_one_down(
-    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection,
-    clock: Clock, quarantine_is: str, released: bool,
-) -> None:  # fmt: skip
+    servers: Servers,
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
+    clock: Clock,
+    quarantine_is: str,
+    released: bool,
+) -> None:
     """Past the bound: a quarantine that said a moment ago, and moved since, that the oldest
     Hello it has not applied was stored a minute before this one keeps the session held;
     so does one past the Hello that never had its fact (withheld by its gateway): held
@@ -107,8 +117,9 @@ async def test_the_hold_bound_waits_for_a_quarantine_behind_never_for_one_down(
         await db.execute(WATERMARK, NOW, NOW, NOW)  # it caught up, and never had the fact
         await asyncio.sleep(1.5)
         assert (await _state(db), await db.fetchval("SELECT held_epoch FROM node_sessions")) == (
-            "pending", 1,
-        )  # fmt: skip
+            "pending",
+            1,
+        )
         await db.execute(WATERMARK, *WATERMARKS["silent-for-the-bound"])  # then it went down
         await eventually(lambda: _dispatched(db), what="released once the quarantine is down")
 
@@ -119,8 +130,12 @@ async def _dispatched(db: asyncpg.Connection) -> bool:
 
 @pytest.mark.slow
 async def test_the_quarantine_says_as_of_when_it_applied_its_hellos(
-    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection,
-) -> None:  # fmt: skip
+    servers: Servers,
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
+) -> None:
     """While a duplicate identity's Hello waits in its consumer (held behind by the hook),
     the quarantine records that it has applied its Hellos only up to that Hello's stored
     time; once the Hello is applied, up to now."""
@@ -129,8 +144,9 @@ async def test_the_quarantine_says_as_of_when_it_applied_its_hellos(
     fact = await clone_hello(db, "n1")  # a duplicate identity's Hello: the quarantine's to count
     await db.execute(
         "UPDATE node_sessions SET session_epoch = $1, held_epoch = $1, gateway_id = $2",
-        fact.epoch, fact.gateway_id,
-    )  # fmt: skip
+        fact.epoch,
+        fact.gateway_id,
+    )
     holding = {"until": time.monotonic() + 3600.0}
     settings = make_settings(servers.nats_url, database_url, subjects)
     worker = quarantine.build(settings)

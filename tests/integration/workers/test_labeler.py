@@ -148,9 +148,11 @@ async def test_a_hello_redelivered_after_a_newer_one_changes_nothing(
     await drive.send(fleet.hello("n1", 2, capabilities=["nvml"]))
     after = (await _caps(db, "n1"), await _labels(db, "n1"))
     await drive.send(older, again=True)  # the epoch-1 Hello once more, after epoch 2's
-    assert (await _caps(db, "n1"), await _labels(db, "n1")) == after == (
-        ["nvml"], [("bc.dev/cap.nvml", "1", "system")]
-    )  # fmt: skip
+    assert (
+        (await _caps(db, "n1"), await _labels(db, "n1"))
+        == after
+        == (["nvml"], [("bc.dev/cap.nvml", "1", "system")])
+    )
     assert drive.settled("stale") == 1
     assert len(await drive.published("node.capabilities-changed")) == 2
 
@@ -183,8 +185,9 @@ async def test_one_hello_applied_by_two_replicas_at_once_makes_one_event(
         await second.close()
     assert [len(one.outbox.rows), len(two.outbox.rows)] == [1, 0]
     assert await _labels(db, "n1") == [
-        ("bc.dev/cap.ib", "1", "system"), ("bc.dev/cap.nvml", "1", "system")
-    ]  # fmt: skip
+        ("bc.dev/cap.ib", "1", "system"),
+        ("bc.dev/cap.nvml", "1", "system"),
+    ]
 
 
 async def test_a_batch_of_many_nodes_is_labeled(drive: Driver, db: asyncpg.Connection) -> None:

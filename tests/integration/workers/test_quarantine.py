@@ -284,16 +284,26 @@ async def test_a_backlog_counts_each_alternation_as_of_its_hello(
         await db.execute(
             "UPDATE session_epochs SET issued_at = compute_now() - $3::interval "
             "WHERE node_id = $1 AND epoch = $2",
-            "n1", hello.epoch, timedelta(minutes=4 * (4 - i)),
-        )  # fmt: skip
+            "n1",
+            hello.epoch,
+            timedelta(minutes=4 * (4 - i)),
+        )
     await drive.send(*spread, *close)
     dups = await drive.published("security.node.duplicate-session")
     assert [(d["alternations"], d["quarantined"]) for d in dups if d["nodeId"] == "n1"] == [
-        (1, False), (2, False), (3, False), (1, False), (2, False),
-    ]  # fmt: skip
+        (1, False),
+        (2, False),
+        (3, False),
+        (1, False),
+        (2, False),
+    ]
     assert [(d["alternations"], d["quarantined"]) for d in dups if d["nodeId"] == "n2"] == [
-        (1, False), (2, False), (3, False), (4, True), (1, False),
-    ]  # fmt: skip
+        (1, False),
+        (2, False),
+        (3, False),
+        (4, True),
+        (1, False),
+    ]
     assert await _revoked(db) == {"n1-serial": None, "n2-serial": "duplicate-identity"}
 
 

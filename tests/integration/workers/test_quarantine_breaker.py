@@ -58,8 +58,11 @@ async def test_alternations_through_one_gateway_alert_and_revoke_only_once_relea
     assert await db.fetchval("SELECT held_epoch FROM node_sessions") == hello.epoch  # no command
     [held] = await drive.published("security.quarantine.held")
     assert (held["nodeId"], held["reason"], held["gateways"], held["serials"]) == (
-        "n1", "one-gateway", ["gw-1"], ["n1-serial"],
-    )  # fmt: skip
+        "n1",
+        "one-gateway",
+        ["gw-1"],
+        ["n1-serial"],
+    )
     duplicates = await drive.published("security.node.duplicate-session")
     assert [d["quarantined"] for d in duplicates] == [False] * 4
     assert await drive.published("security.node.quarantined") == []
@@ -99,8 +102,9 @@ async def test_the_breaker_holds_a_gateways_fourth_revocation(
     assert await _revoked(db) == {"a1-serial", "a2-serial", "a3-serial"}
     held = await drive.published("security.quarantine.held")
     assert [(h["nodeId"], h["reason"], h["gatewayId"]) for h in held] == [
-        ("a4", "breaker", "gw-2"), ("a5", "breaker", "gw-2"),
-    ]  # fmt: skip
+        ("a4", "breaker", "gw-2"),
+        ("a5", "breaker", "gw-2"),
+    ]
     [opened] = await drive.published("security.quarantine.breaker-open")
     assert (opened["gatewayId"], opened["revoked"], opened["windowSeconds"]) == ("gw-2", 3, 600)
     charged = await db.fetch("SELECT DISTINCT gateway_id FROM quarantines")

@@ -144,10 +144,15 @@ async def test_a_former_holder_takes_no_seq_the_journal_of_now_has_not_acked(
     await drive.send(events([1, 2, 3, 5]))
     assert await _acked(db) == 3
     forged = make_fact(
-        "events", node_id="n1", journal_id="journal-1", gateway_id="gw-0",
-        events=[{"seq": s, "kind": "k", "body": {"s": "forged"}, "at": "2026-11-30T00:00:00Z"}
-                for s in (2, 4, 6)],
-    )  # fmt: skip
+        "events",
+        node_id="n1",
+        journal_id="journal-1",
+        gateway_id="gw-0",
+        events=[
+            {"seq": s, "kind": "k", "body": {"s": "forged"}, "at": "2026-11-30T00:00:00Z"}
+            for s in (2, 4, 6)
+        ],
+    )
     await drive.send(forged)
     await drive.send(events([4, 6]))
     assert await _stored(db, "journal-1") == {s: str(s) for s in (1, 2, 3, 4, 5, 6)}
@@ -210,9 +215,13 @@ async def test_a_status_counts_from_the_session_of_now_only_and_never_above_the_
 
     def report(gateway: str, epoch: int, generation: int, trust: int) -> Any:
         return make_fact(
-            "status", node_id="n1", gateway_id=gateway, epoch=epoch,
-            observed_generation=generation, trust_version=trust,
-        )  # fmt: skip
+            "status",
+            node_id="n1",
+            gateway_id=gateway,
+            epoch=epoch,
+            observed_generation=generation,
+            trust_version=trust,
+        )
 
     await drive.send(report("gw-0", 1, 6, 9))
     assert (await _status_row(db))[:2] == (3, 5)

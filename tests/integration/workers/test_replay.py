@@ -43,14 +43,20 @@ async def test_dispatch_in_seq_order_within_credits_to_the_current_route(
     await enqueue(db, "n1", lane="system")
     assert await dispatch(pool, subjects, credits=3) == 4
     assert await states(db) == [
-        (1, "dispatched", 1, 1), (2, "dispatched", 1, 1), (3, "dispatched", 1, 1),
-        (4, "pending", None, 0), (5, "pending", None, 0), (6, "dispatched", 1, 1),
-    ]  # fmt: skip
+        (1, "dispatched", 1, 1),
+        (2, "dispatched", 1, 1),
+        (3, "dispatched", 1, 1),
+        (4, "pending", None, 0),
+        (5, "pending", None, 0),
+        (6, "dispatched", 1, 1),
+    ]
     notices = of_type(await take_outbox(db), "dispatch")
     assert [(n["seq"], n["epoch"], n["attempt"], n["_subject"]) for n in notices] == [
-        (1, 1, 1, subjects.notice("gw-7", "dispatch")), (2, 1, 1, subjects.notice("gw-7", "dispatch")),
-        (3, 1, 1, subjects.notice("gw-7", "dispatch")), (6, 1, 1, subjects.notice("gw-7", "dispatch")),
-    ]  # fmt: skip
+        (1, 1, 1, subjects.notice("gw-7", "dispatch")),
+        (2, 1, 1, subjects.notice("gw-7", "dispatch")),
+        (3, 1, 1, subjects.notice("gw-7", "dispatch")),
+        (6, 1, 1, subjects.notice("gw-7", "dispatch")),
+    ]
     assert await dispatch(pool, subjects, credits=3) == 0  # no credit left in the default lane
 
 
@@ -76,9 +82,11 @@ async def test_replay_moves_in_flight_commands_and_resends_in_seq_order(
         make_fact("progress", node_id="n1", epoch=1, command_id=str(ids[1]), state="running"),
     )
     await apply(  # acked, not yet running: in flight, replayed like a dispatched one
-        db, WORKER, subjects,
+        db,
+        WORKER,
+        subjects,
         make_fact("progress", node_id="n1", epoch=1, command_id=str(ids[2]), state="acked"),
-    )  # fmt: skip
+    )
     await take_outbox(db)
     assert [s[1] for s in await states(db)] == ["dispatched", "running", "acked", "dispatched"]
     await fleet.session(db, "n1", epoch=2, gateway_id="gw-2")  # the node reconnects elsewhere
@@ -155,8 +163,12 @@ async def test_dispatch_honours_the_credits_the_daemons_heartbeats_report(
     await enqueue(db, "n1", lane="bulk")  # not reported: BCW_REPLAY_CREDITS (8)
     assert await dispatch(pool, subjects) == 3  # 2 of 5 in the default lane, the bulk one
     assert [s for _, s, _, _ in await states(db)][:5] == ["dispatched"] * 2 + ["pending"] * 3
-    await apply(db, WORKER, subjects,
-                make_fact("progress", node_id="n1", epoch=1, command_id=str(ids[0]), state="running"))  # fmt: skip
+    await apply(
+        db,
+        WORKER,
+        subjects,
+        make_fact("progress", node_id="n1", epoch=1, command_id=str(ids[0]), state="running"),
+    )
     await db.execute("""UPDATE node_sessions SET lane_credits = '{"default": 1}'""")
     # the daemon holds 1 (running) and has 1 free: capacity 2, both in flight already
     assert await dispatch(pool, subjects) == 0
@@ -176,8 +188,17 @@ async def test_a_session_held_for_the_quarantine_gets_nothing_until_released(
     await fleet.session(db, "n1", epoch=2, boot_id="boot-b")
     await db.execute("UPDATE node_sessions SET held_epoch = 2")
     second = await enqueue(db, "n1")
-    clone = hello(2, boot_id="boot-b", previous={"epoch": 1, "gateway_id": "gw-1",
-                  "boot_id": "boot-a", "journal_id": "journal-1", "live": True})  # fmt: skip
+    clone = hello(
+        2,
+        boot_id="boot-b",
+        previous={
+            "epoch": 1,
+            "gateway_id": "gw-1",
+            "boot_id": "boot-a",
+            "journal_id": "journal-1",
+            "live": True,
+        },
+    )
     await apply(db, WORKER, subjects, clone)
     assert [s for _, s, _, _ in await states(db)] == ["pending", "pending"]
     assert of_type(await take_outbox(db), "dispatch") == []
@@ -261,22 +282,38 @@ async def test_enqueue_is_safe_under_concurrent_callers_and_listed_by_bcw_comman
     assert [r["seq"] for r in rows] == list(range(1, 41))
     assert {r["command_id"] for r in rows} == set(ids)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "workers.cli", "commands", "n1", "--limit", "3",
-        env={**os.environ, "BCW_DATABASE_URL": database_url}, stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "workers.cli",
+        "commands",
+        "n1",
+        "--limit",
+        "3",
+        env={**os.environ, "BCW_DATABASE_URL": database_url},
+        stdout=asyncio.subprocess.PIPE,
+    )
     out, _ = await proc.communicate()
     lines = out.decode().splitlines()
     assert proc.returncode == 0 and len(lines) == 4
     assert lines[1].split()[:3] == ["38", "pending", "-"]
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "workers.cli", "commands", "n1", "--limit", "2", "--json",
-        env={**os.environ, "BCW_DATABASE_URL": database_url}, stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "workers.cli",
+        "commands",
+        "n1",
+        "--limit",
+        "2",
+        "--json",
+        env={**os.environ, "BCW_DATABASE_URL": database_url},
+        stdout=asyncio.subprocess.PIPE,
+    )
     out, _ = await proc.communicate()
     parsed = [json.loads(line) for line in out.decode().splitlines()]
     assert [(c["seq"], c["state"], c["session_epoch"]) for c in parsed] == [
-        (39, "pending", None), (40, "pending", None),
-    ]  # fmt: skip
+        (39, "pending", None),
+        (40, "pending", None),
+    ]
     assert {c["command_id"] for c in parsed} <= {str(i) for i in ids}
 
 
@@ -314,8 +351,11 @@ async def test_a_hold_the_quarantine_never_counts_is_released_after_its_bound(
         await eventually(lambda: _dispatched(db, 1), what="the released session's command")
         [expired] = await drive.published("security.node.hold-expired")
         assert expired == {
-            **expired, "nodeId": "n1", "epoch": 1, "gatewayId": "gw-9",
-        }  # fmt: skip
+            **expired,
+            "nodeId": "n1",
+            "epoch": 1,
+            "gatewayId": "gw-9",
+        }
         assert expired["heldSeconds"] >= 300
         # released on the database's clock (the test's five minutes on), not the host's
         released = datetime.fromisoformat(expired["at"])

@@ -112,9 +112,15 @@ async def test_kind_not_allowed_upgrade_only_and_websocket(
     await fleet.session(db, "n1", epoch=2)
     await db.execute("UPDATE node_sessions SET upgrade_required = true WHERE node_id = 'n1'")
     await apply(
-        db, WORKER, subjects,
-        hello(2, upgrade_required=True, cert={"serial": "n1-serial", "allowed_kinds": ["exec", "daemon.upgrade"]}),
-    )  # fmt: skip
+        db,
+        WORKER,
+        subjects,
+        hello(
+            2,
+            upgrade_required=True,
+            cert={"serial": "n1-serial", "allowed_kinds": ["exec", "daemon.upgrade"]},
+        ),
+    )
     assert await states(db) == [
         (1, "pending", None, 1),
         (2, "cancelled", 1, 1),
@@ -175,10 +181,12 @@ async def test_busy_for_an_old_epoch_or_an_acked_command_changes_nothing(
         make_fact("progress", node_id="n1", epoch=1, command_id=str(second), state="acked"),
     )
     outcomes = await apply(
-        db, WORKER, subjects,
+        db,
+        WORKER,
+        subjects,
         make_fact("rejected", node_id="n1", epoch=7, command_id=str(first), reason="BUSY"),
         make_fact("rejected", node_id="n1", epoch=1, command_id=str(second), reason="BUSY"),
-    )  # fmt: skip
+    )
     # epoch 7 was never issued (to gw-1 or anyone): foreign; the acked one is stale
     assert [o.kind.value for o in outcomes.values()] == ["foreign", "stale"]
     assert [s for _, s, _, _ in await states(db)] == ["dispatched", "acked"]
@@ -271,8 +279,10 @@ async def test_results_a_hello_carries_settle_before_its_replay(
         "SELECT command_id, state, delivery_attempt, failure_reason FROM commands ORDER BY seq"
     )
     assert [(r["command_id"], r["state"], r["delivery_attempt"]) for r in rows] == [
-        (done, "done", 1), (failed, "failed", 1), (lost, "dispatched", 2),
-    ]  # fmt: skip
+        (done, "done", 1),
+        (failed, "failed", 1),
+        (lost, "dispatched", 2),
+    ]
     assert rows[1]["failure_reason"] == error
     out = await take_outbox(db)
     assert [(e["_type"], e["commandId"]) for e in out if e["_type"].startswith("command.")] == [

@@ -184,9 +184,12 @@ class ReplayMachine(RuleBasedStateMachine):
             else set()
         )
         previous = {
-            "epoch": self.model.epoch, "gateway_id": "gw-1", "boot_id": f"boot-{self.model.boot}",
-            "journal_id": f"journal-{self.model.journal}", "live": False,
-        }  # fmt: skip
+            "epoch": self.model.epoch,
+            "gateway_id": "gw-1",
+            "boot_id": f"boot-{self.model.boot}",
+            "journal_id": f"journal-{self.model.journal}",
+            "live": False,
+        }
         self.model.boot += new_boot
         self.model.journal += new_journal
         self.model.hello(new_boot, new_journal, running)
@@ -197,9 +200,13 @@ class ReplayMachine(RuleBasedStateMachine):
             )
         )
         fact = fleet.hello(
-            self.node, self.model.epoch, boot_id=boot, journal_id=journal, previous=previous,
+            self.node,
+            self.model.epoch,
+            boot_id=boot,
+            journal_id=journal,
+            previous=previous,
             running_command_ids=[str(i) for i in running],
-        )  # fmt: skip
+        )
         self.run(apply(self.conn, WORKER, self.subjects, fact))
         self.run(take_outbox(self.conn))
 
@@ -256,9 +263,14 @@ class ReplayMachine(RuleBasedStateMachine):
         if command.state not in TERMINAL and epoch in command.delivered:
             command.state = outcome
         fact = make_fact(
-            "result", node_id=self.node, epoch=epoch, command_id=str(command.id),
-            outcome=outcome, result=None, error=None if outcome == "done" else "boom",
-        )  # fmt: skip
+            "result",
+            node_id=self.node,
+            epoch=epoch,
+            command_id=str(command.id),
+            outcome=outcome,
+            result=None,
+            error=None if outcome == "done" else "boom",
+        )
         self.run(apply(self.conn, WORKER, self.subjects, fact))
 
     @precondition(lambda self: bool(self.model.commands))

@@ -67,9 +67,15 @@ def _daemon(now: list[float], key: bytes | None = None) -> FakeDaemon:
 
 def _dispatch(command_id: uuid.UUID) -> Dispatch:
     return Dispatch(
-        node_id="n1", epoch=1, command_id=command_id, seq=1, kind="exec", lane="default",
-        attempt=1, payload={},
-    )  # fmt: skip
+        node_id="n1",
+        epoch=1,
+        command_id=command_id,
+        seq=1,
+        kind="exec",
+        lane="default",
+        attempt=1,
+        payload={},
+    )
 
 
 async def _connected(now: list[float]) -> tuple[FakeDaemon, Gateway]:

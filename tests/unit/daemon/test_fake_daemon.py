@@ -154,9 +154,15 @@ async def test_a_new_process_holds_no_command_and_a_full_journal_answers_busy() 
 
 def dispatch() -> Dispatch:
     return Dispatch(
-        node_id="n1", epoch=1, command_id=uuid.uuid4(), seq=1, kind="exec", lane="default",
-        attempt=1, payload={},
-    )  # fmt: skip
+        node_id="n1",
+        epoch=1,
+        command_id=uuid.uuid4(),
+        seq=1,
+        kind="exec",
+        lane="default",
+        attempt=1,
+        payload={},
+    )
 
 
 async def test_heartbeats_move_its_server_time_mark_and_report_its_node_load() -> None:
@@ -177,9 +183,11 @@ async def test_heartbeats_move_its_server_time_mark_and_report_its_node_load() -
     assert fake.server_time_mark == 5_000.0  # the mark moves at heartbeats too
     [beat] = beats
     assert beat["load"] == NodeLoad(
-        load_average=0.0, memory_available_bytes=fake.memory_available_bytes,
-        running_commands=0, pending_events=0,
-    )  # fmt: skip
+        load_average=0.0,
+        memory_available_bytes=fake.memory_available_bytes,
+        running_commands=0,
+        pending_events=0,
+    )
 
 
 def _connected(now: list[float]) -> FakeDaemon:
@@ -253,9 +261,15 @@ async def test_its_hello_says_what_bcd_advertises_unless_a_skew_profile_differs(
     hello = gateway.hellos[0]
     assert tuple(hello.capabilities) == BCD_CAPABILITIES and hello.daemon_version == BCD_VERSION
     seeds = {
-        "cdi", "devices.limits", "binding.kubernetes", "nvml", "driver.nvidia",
-        "driver.libvirt-kvm", "driver.cloud-hypervisor", "tunnel.instance-dial",
-    }  # fmt: skip
+        "cdi",
+        "devices.limits",
+        "binding.kubernetes",
+        "nvml",
+        "driver.nvidia",
+        "driver.libvirt-kvm",
+        "driver.cloud-hypervisor",
+        "tunnel.instance-dial",
+    }
     assert set(hello.capabilities) == seeds | set(STAND_INS)
     assert all(c.startswith("stand-in.") for c in STAND_INS)  # never passed off as bcd's
     assert sum(".vps-" in c for c in STAND_INS) == 4 and sum(".gpu-" in c for c in STAND_INS) == 2
@@ -271,8 +285,11 @@ async def test_its_hello_says_what_bcd_advertises_unless_a_skew_profile_differs(
     cpu = next(p for p in SKEW_PROFILES if p.name == "bcd-cpu")  # no GPU: none of its names
     vps_enforcement = {c for c in STAND_INS if ".vps-" in c}
     assert set(cpu.capabilities) == {
-        "driver.libvirt-kvm", "driver.cloud-hypervisor", "tunnel.instance-dial", *vps_enforcement
-    }  # fmt: skip
+        "driver.libvirt-kvm",
+        "driver.cloud-hypervisor",
+        "tunnel.instance-dial",
+        *vps_enforcement,
+    }
 
 
 @pytest.mark.parametrize("profile", [BCD, *SKEW_PROFILES], ids=lambda p: p.name)

@@ -87,9 +87,18 @@ def test_cutoffs() -> None:
 
 def test_connected_carries_the_flags_for_a_current_hello_only() -> None:
     h = hello(
-        "n1", 4, boot_id="b2", journal_id="j1",
-        previous={"epoch": 3, "gateway_id": "gw-0", "boot_id": "b1", "journal_id": "j0", "live": True},
-    )  # fmt: skip
+        "n1",
+        4,
+        boot_id="b2",
+        journal_id="j1",
+        previous={
+            "epoch": 3,
+            "gateway_id": "gw-0",
+            "boot_id": "b1",
+            "journal_id": "j0",
+            "live": True,
+        },
+    )
     event = connected(h, 4)
     assert event is not None
     assert (event.journal_changed, event.boot_changed, event.duplicate_identity) == (
@@ -134,9 +143,20 @@ def _breaker(
         (3, 40, True, False, (False, False, False, True)),  # share fell back: closes
         (0, 0, True, True, (False, False, False, True)),
     ],
-    ids=["one", "under-minimum", "at-the-minimum", "minimum-over-half", "half", "over-half", "30-of-40", "stays-open", "released",
-         "fell-back", "nothing-left"],
-)  # fmt: skip
+    ids=[
+        "one",
+        "under-minimum",
+        "at-the-minimum",
+        "minimum-over-half",
+        "half",
+        "over-half",
+        "30-of-40",
+        "stays-open",
+        "released",
+        "fell-back",
+        "nothing-left",
+    ],
+)
 def test_the_breaker_holds_a_wholesale_disconnect(
     would: int, connected: int, open: bool, released: bool, decision: tuple[bool, ...]
 ) -> None:
@@ -238,9 +258,12 @@ def _range_facts(draw: st.DrawFn) -> list[tuple[Liveness, int]]:
         width = HASH_SPACE >> bits
         start = draw(st.integers(0, 2**bits - 1)) * width
         fact = make_fact(
-            "liveness", gateway_id=draw(st.sampled_from(["gw-1", "gw-2"])), entries=[],
-            range_start=start, range_end=start + width,
-        )  # fmt: skip
+            "liveness",
+            gateway_id=draw(st.sampled_from(["gw-1", "gw-2"])),
+            entries=[],
+            range_start=start,
+            range_end=start + width,
+        )
         assert isinstance(fact, Liveness)
         facts.append((fact, seq))
     return facts

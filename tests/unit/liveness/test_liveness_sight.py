@@ -196,9 +196,12 @@ def test_a_hash_no_range_row_covers_is_not_seen_unless_a_whole_flush_covers_it()
     assert seen_at(whole) == NOW - 2 * S  # a whole flush names every session
     # a gateway rolled back to whole flushes: its old range rows no longer say anything
     rolled_back = GatewaySight(
-        "gw-1", NOW - 1 * S, None, ranges=((0, HASH_SPACE, NOW - 3600 * S),),
+        "gw-1",
+        NOW - 1 * S,
+        None,
+        ranges=((0, HASH_SPACE, NOW - 3600 * S),),
         whole_flush_at=NOW - 1 * S,
-    )  # fmt: skip
+    )
     assert sees(rolled_back, NOW, RULES)
 
 
@@ -275,4 +278,3 @@ def test_only_a_gateway_without_lease_or_session_is_gone_rather_than_blind(
     gateway seen again is always said."""
     change = SightChange("gw-1", blind, 40 * S, "no-flush" if blind else None)
     assert gone(change, sessions, lease_gone) == (blind and lease_gone and sessions == 0)
-

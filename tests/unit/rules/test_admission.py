@@ -148,7 +148,7 @@ UNSIGNED = DesiredState(3, {"sysctl": {}})
         pytest.param(UNSIGNED, 0, None, "websocket", False, False, id="websocket-unsigned"),
         pytest.param(SIGNED, 0, None, "websocket", False, True, id="websocket-signed"),
     ],
-)  # fmt: skip
+)
 def test_the_desired_state_follows_the_welcome_when_the_daemon_is_behind(
     desired: DesiredState | None,
     applied: int,
@@ -158,9 +158,15 @@ def test_the_desired_state_follows_the_welcome_when_the_daemon_is_behind(
     sent: bool,
 ) -> None:
     request = HelloRequest(
-        node_id="n1", cert_serial="s", role="worker", boot_id="b", journal_id="j",
-        transport=transport, applied_generation=applied, spec_hash=spec_hash,
-    )  # fmt: skip
+        node_id="n1",
+        cert_serial="s",
+        role="worker",
+        boot_id="b",
+        journal_id="j",
+        transport=transport,
+        applied_generation=applied,
+        spec_hash=spec_hash,
+    )
     assert desired_state_due(desired, request, upgrade_only) == (desired if sent else None)
 
 

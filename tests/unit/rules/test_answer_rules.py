@@ -27,9 +27,15 @@ from workers.replay.deliveries import (
 
 def cmd(state: str = "dispatched", epoch: int | None = 2, history: tuple[int, ...] = ()) -> Any:
     return Command(
-        command_id=uuid.UUID(int=1), node_id="n1", seq=1, kind="exec", lane="default",
-        state=state, session_epoch=epoch, delivered_epochs=history,
-    )  # fmt: skip
+        command_id=uuid.UUID(int=1),
+        node_id="n1",
+        seq=1,
+        kind="exec",
+        lane="default",
+        state=state,
+        session_epoch=epoch,
+        delivered_epochs=history,
+    )
 
 
 def test_the_epoch_in_flight_at_counts_as_delivered_without_a_history() -> None:
@@ -135,18 +141,22 @@ def test_over_any_life_an_answer_counts_exactly_for_the_deliveries_it_went_throu
     for step in steps:
         if step == "dispatch" and command.state == "pending":
             command = dataclasses.replace(
-                command, state="dispatched", session_epoch=node_epoch,
+                command,
+                state="dispatched",
+                session_epoch=node_epoch,
                 delivered_epochs=with_delivery(command, node_epoch),
-            )  # fmt: skip
+            )
             seen.add(node_epoch)
         elif step.startswith("hello"):
             node_epoch += 1
             if command.state in IN_FLIGHT:  # re-sent, or kept: the daemon runs it
                 state = "running" if step == "hello-running" else "dispatched"
                 command = dataclasses.replace(
-                    command, state=state, session_epoch=node_epoch,
+                    command,
+                    state=state,
+                    session_epoch=node_epoch,
                     delivered_epochs=with_delivery(command, node_epoch),
-                )  # fmt: skip
+                )
                 seen.add(node_epoch)
         elif step == "busy" and busy_counts(command, node_epoch):
             command = dataclasses.replace(

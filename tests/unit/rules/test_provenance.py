@@ -135,10 +135,14 @@ def test_a_gateways_stale_facts_are_shed_past_their_own_threshold_but_never_its_
 
 def _recorded(**row: object) -> dict[str, object]:
     base = {
-        "previous_epoch": 1, "previous_gateway_id": "gw-1", "previous_boot_id": "boot-a",
-        "previous_journal_id": "journal-1", "previous_live": True, "proven": None,
+        "previous_epoch": 1,
+        "previous_gateway_id": "gw-1",
+        "previous_boot_id": "boot-a",
+        "previous_journal_id": "journal-1",
+        "previous_live": True,
+        "proven": None,
         "duplicate": None,
-    }  # fmt: skip
+    }
     return {**base, **row}
 
 

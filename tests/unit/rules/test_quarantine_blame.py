@@ -52,9 +52,12 @@ def test_the_blamed_gateway_is_one_the_window_came_through_its_first(
 
 def _hello(duplicate: bool | None, proven: bool | None = None, live: bool = False) -> Hello:
     return hello(
-        "n1", 3, duplicate=duplicate, proven=proven,
+        "n1",
+        3,
+        duplicate=duplicate,
+        proven=proven,
         previous={"epoch": 2, "boot_id": "other", "live": live},
-    )  # fmt: skip
+    )
 
 
 def test_the_quarantine_reads_every_hello_and_counts_what_the_record_says() -> None:

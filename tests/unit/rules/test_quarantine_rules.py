@@ -155,8 +155,12 @@ def test_never_more_than_the_limit_within_a_window_never_quarantines(gaps: list[
 def test_a_backlog_four_minutes_apart_is_no_burst() -> None:
     judged, counter = judge(alternations([0, 240, 240, 240, 240]), LIMITS)
     assert [(j.number, j.quarantined) for j in judged.values()] == [
-        (1, False), (2, False), (3, False), (1, False), (2, False),
-    ]  # fmt: skip
+        (1, False),
+        (2, False),
+        (3, False),
+        (1, False),
+        (2, False),
+    ]
     assert counter == Counter(2, T0 + timedelta(minutes=12))
 
 

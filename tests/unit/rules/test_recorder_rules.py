@@ -175,10 +175,12 @@ def test_events_within_a_bound_are_exactly_those_at_or_below_it(
 
 
 @given(
-    generation=st.integers(0, 20), spec=st.integers(0, 20), current=st.booleans(),
-    trust=st.integers(0, 9), stored=st.builds(StoredStatus, st.integers(0, 20), st.integers(0, 9),
-                                              st.none(), st.none()),
-)  # fmt: skip
+    generation=st.integers(0, 20),
+    spec=st.integers(0, 20),
+    current=st.booleans(),
+    trust=st.integers(0, 9),
+    stored=st.builds(StoredStatus, st.integers(0, 20), st.integers(0, 9), st.none(), st.none()),
+)
 def test_a_status_never_claims_a_generation_above_the_spec_and_only_now_moves_trust(
     generation: int, spec: int, current: bool, trust: int, stored: StoredStatus
 ) -> None:

@@ -31,9 +31,15 @@ def cmd(
     seq: int, kind: str = "exec", lane: str = "default", state: str = "dispatched", **kw: Any
 ) -> Command:
     return Command(
-        command_id=uuid.UUID(int=seq), node_id="n1", seq=seq, kind=kind, lane=lane, state=state,
-        session_epoch=kw.pop("epoch", 1 if state != "pending" else None), **kw,
-    )  # fmt: skip
+        command_id=uuid.UUID(int=seq),
+        node_id="n1",
+        seq=seq,
+        kind=kind,
+        lane=lane,
+        state=state,
+        session_epoch=kw.pop("epoch", 1 if state != "pending" else None),
+        **kw,
+    )
 
 
 def hello_at(epoch: int = 2, **kw: Any) -> Any:
@@ -57,36 +63,48 @@ def test_a_lost_journal_fails_everything_in_flight() -> None:
 @pytest.mark.parametrize(
     ("command", "hello_fields", "proof"),
     [
-        pytest.param(cmd(1, REBOOT, state="running"), {"boot_id": "boot-2"}, "rebooted", id="reboot-new-boot"),
+        pytest.param(
+            cmd(1, REBOOT, state="running"), {"boot_id": "boot-2"}, "rebooted", id="reboot-new-boot"
+        ),
         pytest.param(cmd(1, REBOOT, state="running"), {}, None, id="reboot-same-boot"),
         pytest.param(
-            cmd(1, RESTART, state="dispatched", updated_at=NOW), {"running_command_ids": []}, None,
+            cmd(1, RESTART, state="dispatched", updated_at=NOW),
+            {"running_command_ids": []},
+            None,
             id="restart-absent-proves-nothing",
         ),
         pytest.param(
             cmd(1, RESTART, state="running", updated_at=NOW),
-            {"running_command_ids": [], "process_started_at": NOW + timedelta(seconds=1)}, "restarted",
+            {"running_command_ids": [], "process_started_at": NOW + timedelta(seconds=1)},
+            "restarted",
             id="restart-new-process",
         ),
         pytest.param(
             cmd(1, RESTART, state="dispatched", updated_at=NOW),
-            {"running_command_ids": [], "process_started_at": NOW - timedelta(hours=1)}, None,
+            {"running_command_ids": [], "process_started_at": NOW - timedelta(hours=1)},
+            None,
             id="restart-lost-before-delivery",
         ),
         pytest.param(
-            cmd(1, RESTART, state="running"), {"running_command_ids": [str(uuid.UUID(int=1))]}, None,
+            cmd(1, RESTART, state="running"),
+            {"running_command_ids": [str(uuid.UUID(int=1))]},
+            None,
             id="restart-still-running",
         ),
         pytest.param(
-            cmd(1, UPGRADE, payload={"target_version": "2.0.0"}), {"daemon_version": "2.0.0"}, "upgraded",
+            cmd(1, UPGRADE, payload={"target_version": "2.0.0"}),
+            {"daemon_version": "2.0.0"},
+            "upgraded",
             id="upgrade-reached",
         ),
         pytest.param(
-            cmd(1, UPGRADE, payload={"target_version": "2.0.0"}), {"daemon_version": "1.9.0"}, None,
+            cmd(1, UPGRADE, payload={"target_version": "2.0.0"}),
+            {"daemon_version": "1.9.0"},
+            None,
             id="upgrade-not-yet",
         ),
     ],
-)  # fmt: skip
+)
 def test_process_ending_commands_complete_by_proof(
     command: Command, hello_fields: dict[str, Any], proof: str | None
 ) -> None:

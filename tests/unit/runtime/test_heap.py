@@ -100,10 +100,22 @@ def test_heap_snapshots_name_the_line_that_grew_between_two_of_them(tmp_path: Pa
     assert places[0].stack[-1].startswith(str(script))  # outermost first, ours innermost
 
     shown = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "heap", "diff", str(taken[0]), str(taken[-1]),
-         "--top", "2", "--stacks"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "workers.cli",
+            "heap",
+            "diff",
+            str(taken[0]),
+            str(taken[-1]),
+            "--top",
+            "2",
+            "--stacks",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert shown.returncode == 0, shown.stderr
     first, top, *rest = shown.stdout.splitlines()
     assert first.startswith("traced memory +") and taken[0].name in first
@@ -122,8 +134,10 @@ def test_bcw_heap_diff_of_what_is_no_snapshot_says_so_in_one_line(
     for before, after in ((bad, bad), (tmp_path / "missing.tracemalloc", bad)):
         done = subprocess.run(
             [sys.executable, "-m", "workers.cli", "heap", "diff", str(before), str(after)],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 1
         assert done.stdout == "" and len(done.stderr.splitlines()) == 1, done.stderr
         assert done.stderr.startswith("bcw heap diff: cannot read the snapshots: ")
@@ -163,9 +177,11 @@ def test_a_heap_snapshot_directory_that_cannot_be_written_is_named_in_one_line(
     (tmp_path / "file").write_text("")
     done = subprocess.run(
         [sys.executable, "-m", "workers.cli", "run", "relay"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={**os.environ, "BCW_HEAP_SNAPSHOTS": str(tmp_path / "file" / "heap")},
-    )  # fmt: skip
+    )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         f"bcw run: BCW_HEAP_SNAPSHOTS: cannot write to {tmp_path}/file/heap: Not a directory"

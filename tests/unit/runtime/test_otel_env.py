@@ -92,10 +92,14 @@ def test_the_formats_carried(value: str | None, carried: tuple[str, ...]) -> Non
 
 
 def test_config_shows_what_is_used_and_hides_the_headers() -> None:
-    shown = otel_env.shown({
-        "OTEL_PROPAGATORS": "b3", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://u:pw@c:4318/v1/traces",
-        "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer s3cret", "OTEL_SERVICE_NAME": "x",
-    })  # fmt: skip
+    shown = otel_env.shown(
+        {
+            "OTEL_PROPAGATORS": "b3",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://u:pw@c:4318/v1/traces",
+            "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer s3cret",
+            "OTEL_SERVICE_NAME": "x",
+        }
+    )
     assert shown["OTEL_PROPAGATORS"] == "tracecontext,b3"
     assert shown["OTEL_TRACES_EXPORTER"] == "otlp"
     assert shown["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf"
@@ -133,9 +137,13 @@ def test_a_context_travels_in_each_format(
 def _bcw(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "BCW_"))}
     return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args], env={**clean, **env}, cwd=ROOT,
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [sys.executable, "-m", "workers.cli", *args],
+        env={**clean, **env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.parametrize(("variable", "value"), BAD)
@@ -157,9 +165,12 @@ def test_a_shipped_propagator_runs_every_command(value: str) -> None:
 
 @pytest.mark.parametrize(
     ("variable", "value"),
-    [("OTEL_PROPAGATORS", "xray"), ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "-3"),
-     ("OTEL_PYTHON_CONTEXT", "threadlocal")],
-)  # fmt: skip
+    [
+        ("OTEL_PROPAGATORS", "xray"),
+        ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "-3"),
+        ("OTEL_PYTHON_CONTEXT", "threadlocal"),
+    ],
+)
 def test_even_the_version_is_refused_before_the_sdk_reads_a_bad_value(
     variable: str, value: str
 ) -> None:

@@ -26,6 +26,7 @@ def _decode(bc_type: str, body: dict[str, Any]) -> Any:
 NUL = "a\u0000b"
 
 
+# one case a row, read down its columns: kept out of the formatter (fmt: skip)
 @pytest.mark.parametrize(
     ("bc_type", "body", "field"),
     [
@@ -55,6 +56,7 @@ def test_a_value_postgresql_would_refuse_is_refused_by_validation(
     assert "\x00" not in refused.value.reason  # it travels in a dead letter's header
 
 
+# one case a row, read down its columns: kept out of the formatter (fmt: skip)
 @pytest.mark.parametrize(
     ("bc_type", "body"),
     [
@@ -83,11 +85,20 @@ def test_only_a_value_that_may_not_be_finite_has_the_body_walked() -> None:
     finds every such value where it starts, and no fact id's hex or text."""
     from schemas.registry import _maybe_not_finite
 
-    for body in (b'{"x": 1e999}', b'{"x":[1,-Infinity]}', b'{"a":NaN}', b'{"a": 1.5E+0400}',
-                 b'{"a":\n -12.E0999}', b'{"x": ' + b'1' * 300 + b'e999}'):  # fmt: skip
+    for body in (
+        b'{"x": 1e999}',
+        b'{"x":[1,-Infinity]}',
+        b'{"a":NaN}',
+        b'{"a": 1.5E+0400}',
+        b'{"a":\n -12.E0999}',
+        b'{"x": ' + b"1" * 300 + b"e999}",
+    ):
         assert _maybe_not_finite(body), body
-    for body in (b'{"fact_id":"9e123456-4e12-4e99-8e77-1e0000000000"}', b'{"t":"x:1e9"}',
-                 b'{"n": 12e99, "m": 0.5e-300}'):  # fmt: skip
+    for body in (
+        b'{"fact_id":"9e123456-4e12-4e99-8e77-1e0000000000"}',
+        b'{"t":"x:1e9"}',
+        b'{"n": 12e99, "m": 0.5e-300}',
+    ):
         assert not _maybe_not_finite(body), body
 
 
@@ -95,10 +106,22 @@ _NOT_FINITE = (b"NaN", b"Infinity", b"-Infinity", b"1e999", b"-1E+400")
 #: a flush with every field a heartbeat adds (the wire sample has none)
 _HEARTBEAT_FLUSH = _sample(
     "liveness",
-    entries=[{"node_id": "n", "epoch": 1, "age_ms": 5, "credits": {"default": 4}, "load": 0.5,
-              "node_load": {"load_average": 0.5, "memory_available_bytes": 8, "running_commands": 0,
-                            "pending_events": 0}}],
-)  # fmt: skip
+    entries=[
+        {
+            "node_id": "n",
+            "epoch": 1,
+            "age_ms": 5,
+            "credits": {"default": 4},
+            "load": 0.5,
+            "node_load": {
+                "load_average": 0.5,
+                "memory_available_bytes": 8,
+                "running_commands": 0,
+                "pending_events": 0,
+            },
+        }
+    ],
+)
 
 
 def _numbers(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

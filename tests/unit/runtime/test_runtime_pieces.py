@@ -178,23 +178,48 @@ def test_metrics_are_the_librarys_exposition_and_parse() -> None:
     assert {s.value for s in families["bcw_lease_held"].samples} == {1.0}
     assert [s.value for s in families["bcw_outbox_oldest_seconds"].samples] == [2.5]
     expected = {
-        "bcw_facts", "bcw_fencing_misses", "bcw_batch_seconds", "bcw_batch_retries",
+        "bcw_facts",
+        "bcw_fencing_misses",
+        "bcw_batch_seconds",
+        "bcw_batch_retries",
         "bcw_batch_splits",
-        "bcw_consumer_pending", "bcw_consumer_ack_pending", "bcw_outbox_backlog",
-        "bcw_outbox_oldest_seconds", "bcw_lease_held", "bcw_liveness_blind_gateways",
-        "bcw_liveness_breakers_open", "bcw_liveness_lag_seconds", "bcw_liveness_held_sessions",
-            "bcw_outbox_published", "bcw_outbox_batched",
+        "bcw_consumer_pending",
+        "bcw_consumer_ack_pending",
+        "bcw_outbox_backlog",
+        "bcw_outbox_oldest_seconds",
+        "bcw_lease_held",
+        "bcw_liveness_blind_gateways",
+        "bcw_liveness_breakers_open",
+        "bcw_liveness_lag_seconds",
+        "bcw_liveness_held_sessions",
+        "bcw_outbox_published",
+        "bcw_outbox_batched",
         "bcw_outbox_failures",
-        "bcw_dead_letters", "bcw_quarantine_holds_expired", "bcw_quarantines_held", "bcw_build_info",
-        "bcw_fact_age_seconds", "bcw_facts_stream_full_ratio", "bcw_liveness_sweep_seconds",
-        "bcw_hello_proof_policy", "bcw_unproven_sessions",
-        "bcw_nats_disconnects", "bcw_nats_reconnects", "bcw_db_pool_size", "bcw_db_pool_idle",
-        "bcw_db_pool_max", "bcw_db_pool_acquire_seconds",
-    }  # fmt: skip
+        "bcw_dead_letters",
+        "bcw_quarantine_holds_expired",
+        "bcw_quarantines_held",
+        "bcw_build_info",
+        "bcw_fact_age_seconds",
+        "bcw_facts_stream_full_ratio",
+        "bcw_liveness_sweep_seconds",
+        "bcw_hello_proof_policy",
+        "bcw_unproven_sessions",
+        "bcw_nats_disconnects",
+        "bcw_nats_reconnects",
+        "bcw_db_pool_size",
+        "bcw_db_pool_idle",
+        "bcw_db_pool_max",
+        "bcw_db_pool_acquire_seconds",
+    }
     assert {name for name in families if name.startswith("bcw_")} == expected
     # beside them, the process's own: CPU, memory, file descriptors, and Python's
-    assert {"process_cpu_seconds", "process_resident_memory_bytes", "process_open_fds",
-            "python_info", "python_gc_objects_collected"} <= set(families)  # fmt: skip
+    assert {
+        "process_cpu_seconds",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "python_info",
+        "python_gc_objects_collected",
+    } <= set(families)
     [info] = families["bcw_build_info"].samples
     from tests.upgrade.release import current_version
 
@@ -277,8 +302,12 @@ def test_a_pack_never_overtakes_an_earlier_one_of_its_worker(packs: list[Pack], 
 
 
 def test_packs_wait_behind_a_held_pack_of_their_worker_and_the_cap() -> None:
-    packs = [Pack(1, "liveness", 5, True), Pack(2, "liveness", 5, False),
-             Pack(3, "labeler", 5, False), Pack(4, None, 5, False)]  # fmt: skip
+    packs = [
+        Pack(1, "liveness", 5, True),
+        Pack(2, "liveness", 5, False),
+        Pack(3, "labeler", 5, False),
+        Pack(4, None, 5, False),
+    ]
     assert publishable(packs, 100) == [3, 4]  # 2 waits behind 1, held elsewhere
     assert publishable(packs, 5) == [3]  # the cap: 4 goes next round
 

@@ -17,8 +17,27 @@ from workers.runtime.observability.sql import OPERATIONS, SUMMARY_MAX, Summary, 
 ROOT = Path(__file__).resolve().parents[3]
 _START = re.compile(r"\s*(?:--[^\n]*\n\s*)*(SELECT|INSERT|UPDATE|DELETE|WITH)\b", re.IGNORECASE)
 #: words of SQL that a summary must never take for a table
-_NEVER = {"SET", "OF", "UPDATE", "SELECT", "FROM", "WHERE", "ON", "DO", "NOTHING", "LOCKED",
-          "SKIP", "SHARE", "KEY", "NO", "LATERAL", "UNNEST", "AS", "VALUES", "INTO"}  # fmt: skip
+_NEVER = {
+    "SET",
+    "OF",
+    "UPDATE",
+    "SELECT",
+    "FROM",
+    "WHERE",
+    "ON",
+    "DO",
+    "NOTHING",
+    "LOCKED",
+    "SKIP",
+    "SHARE",
+    "KEY",
+    "NO",
+    "LATERAL",
+    "UNNEST",
+    "AS",
+    "VALUES",
+    "INTO",
+}
 
 
 def _text(node: ast.AST) -> str | None:
@@ -95,32 +114,60 @@ def test_every_statement_is_named_by_its_real_operations_and_tables(query: str) 
     [
         ("SELECT 1", Summary("SELECT", "SELECT", None)),
         ("BEGIN;", Summary("BEGIN", "BEGIN", None)),
-        ("INSERT INTO outbox (msg_id) SELECT 1", Summary("INSERT outbox SELECT", "INSERT", "outbox")),
-        ("DELETE FROM processed_facts WHERE consumer = $1",
-         Summary("DELETE processed_facts", "DELETE", "processed_facts")),
+        (
+            "INSERT INTO outbox (msg_id) SELECT 1",
+            Summary("INSERT outbox SELECT", "INSERT", "outbox"),
+        ),
+        (
+            "DELETE FROM processed_facts WHERE consumer = $1",
+            Summary("DELETE processed_facts", "DELETE", "processed_facts"),
+        ),
         # the issue's: an upsert is an INSERT of its table, not `UPDATE SET`
-        ("INSERT INTO node_labels (node_id) VALUES ($1) ON CONFLICT (node_id) DO UPDATE SET value = '1'",
-         Summary("INSERT node_labels", "INSERT", "node_labels")),
-        ("INSERT INTO hello_seen (node_id) VALUES ($1) ON CONFLICT (node_id) DO UPDATE SET a = EXCLUDED.a "
-         "WHERE hello_seen.a < EXCLUDED.a", Summary("INSERT hello_seen", "INSERT", "hello_seen")),
+        (
+            "INSERT INTO node_labels (node_id) VALUES ($1) ON CONFLICT (node_id) DO UPDATE SET value = '1'",
+            Summary("INSERT node_labels", "INSERT", "node_labels"),
+        ),
+        (
+            "INSERT INTO hello_seen (node_id) VALUES ($1) ON CONFLICT (node_id) DO UPDATE SET a = EXCLUDED.a "
+            "WHERE hello_seen.a < EXCLUDED.a",
+            Summary("INSERT hello_seen", "INSERT", "hello_seen"),
+        ),
         # a row lock is a SELECT of its table, not `UPDATE OF`
-        ("SELECT s.node_id FROM node_sessions s JOIN nodes n USING (node_id) FOR UPDATE OF s SKIP LOCKED",
-         Summary("SELECT node_sessions nodes", "SELECT", None)),
-        ("SELECT one FROM schema_lock FOR NO KEY UPDATE", Summary("SELECT schema_lock", "SELECT", "schema_lock")),
-        ("WITH locked AS (SELECT 1 FROM commands FOR UPDATE) UPDATE commands c SET x = 1 FROM locked l",
-         Summary("SELECT commands UPDATE commands", "UPDATE", "commands")),
-        ("SELECT c.* FROM unnest($1::text[]) AS n(node_id) JOIN commands c USING (node_id)",
-         Summary("SELECT commands", "SELECT", "commands")),
-        ("SELECT order_date FROM (SELECT * FROM orders o JOIN customers c ON o.id = c.id) x",
-         Summary("SELECT SELECT orders customers", "SELECT", None)),
-        ("SELECT * FROM songs, artists WHERE songs.artist_id = artists.id",
-         Summary("SELECT songs artists", "SELECT", None)),
-        ("SELECT extract(epoch FROM at) FROM gateways WHERE a IS DISTINCT FROM b",
-         Summary("SELECT gateways", "SELECT", "gateways")),
-        ("SELECT gateway_hello($1, $2)", Summary("SELECT gateway_hello", "SELECT", None, "gateway_hello")),
+        (
+            "SELECT s.node_id FROM node_sessions s JOIN nodes n USING (node_id) FOR UPDATE OF s SKIP LOCKED",
+            Summary("SELECT node_sessions nodes", "SELECT", None),
+        ),
+        (
+            "SELECT one FROM schema_lock FOR NO KEY UPDATE",
+            Summary("SELECT schema_lock", "SELECT", "schema_lock"),
+        ),
+        (
+            "WITH locked AS (SELECT 1 FROM commands FOR UPDATE) UPDATE commands c SET x = 1 FROM locked l",
+            Summary("SELECT commands UPDATE commands", "UPDATE", "commands"),
+        ),
+        (
+            "SELECT c.* FROM unnest($1::text[]) AS n(node_id) JOIN commands c USING (node_id)",
+            Summary("SELECT commands", "SELECT", "commands"),
+        ),
+        (
+            "SELECT order_date FROM (SELECT * FROM orders o JOIN customers c ON o.id = c.id) x",
+            Summary("SELECT SELECT orders customers", "SELECT", None),
+        ),
+        (
+            "SELECT * FROM songs, artists WHERE songs.artist_id = artists.id",
+            Summary("SELECT songs artists", "SELECT", None),
+        ),
+        (
+            "SELECT extract(epoch FROM at) FROM gateways WHERE a IS DISTINCT FROM b",
+            Summary("SELECT gateways", "SELECT", "gateways"),
+        ),
+        (
+            "SELECT gateway_hello($1, $2)",
+            Summary("SELECT gateway_hello", "SELECT", None, "gateway_hello"),
+        ),
         ("select x from 'quoted -- FROM fake' -- FROM fake\n", Summary("select", "SELECT", None)),
     ],
-)  # fmt: skip
+)
 def test_a_statement_s_summary(query: str, expected: Summary) -> None:
     assert summarize(query) == expected
 
@@ -132,10 +179,11 @@ TABLES = st.sampled_from(["node_sessions", "commands", "outbox", "gateways", "no
     table=TABLES,
     other=TABLES,
     upsert=st.booleans(),
-    lock=st.sampled_from(["", " FOR UPDATE", " FOR UPDATE OF t SKIP LOCKED", " FOR SHARE",
-                          " FOR NO KEY UPDATE"]),
+    lock=st.sampled_from(
+        ["", " FOR UPDATE", " FOR UPDATE OF t SKIP LOCKED", " FOR SHARE", " FOR NO KEY UPDATE"]
+    ),
     cte=st.booleans(),
-)  # fmt: skip
+)
 def test_the_shapes_the_project_uses(
     table: str, other: str, upsert: bool, lock: str, cte: bool
 ) -> None:

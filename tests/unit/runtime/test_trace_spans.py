@@ -133,11 +133,20 @@ def test_a_delivery_is_a_producer_span_with_the_messaging_attributes(
     [span] = _named(exporter, "deliver daemon.{node_id}")
     assert span.kind is trace.SpanKind.PRODUCER
     assert span.attributes is not None
-    assert {k: span.attributes[k] for k in (
-        "messaging.system", "messaging.operation.type", "messaging.destination.name",
-        "messaging.message.id",
-    )} == {"messaging.system": "bc.daemon_stream", "messaging.operation.type": "send",
-           "messaging.destination.name": "daemon.n1", "messaging.message.id": "c-1"}  # fmt: skip
+    assert {
+        k: span.attributes[k]
+        for k in (
+            "messaging.system",
+            "messaging.operation.type",
+            "messaging.destination.name",
+            "messaging.message.id",
+        )
+    } == {
+        "messaging.system": "bc.daemon_stream",
+        "messaging.operation.type": "send",
+        "messaging.destination.name": "daemon.n1",
+        "messaging.message.id": "c-1",
+    }
 
 
 @pytest.mark.parametrize("query_text", [False, True])
@@ -149,12 +158,29 @@ def test_a_statement_s_span_and_its_text_only_when_asked(
     query = "INSERT INTO node_labels (k) VALUES ($1) ON CONFLICT (k) DO UPDATE SET v = $2"
     failure = asyncpg.exceptions.UniqueViolationError("duplicate key")
     with tracer.start_as_current_span("process"):
-        logger(SimpleNamespace(query=query, elapsed=0.002, conn_addr=("db", 5432),
-                               conn_params=SimpleNamespace(database="bc"), exception=None))  # fmt: skip
-        logger(SimpleNamespace(query="SELECT 1 FROM nodes", elapsed=0.001, conn_addr=None,
-                               conn_params=None, exception=failure))  # fmt: skip
-    logger(SimpleNamespace(query="SELECT 1", elapsed=0.0, conn_addr=None, conn_params=None,
-                           exception=None))  # outside a span: none  # fmt: skip
+        logger(
+            SimpleNamespace(
+                query=query,
+                elapsed=0.002,
+                conn_addr=("db", 5432),
+                conn_params=SimpleNamespace(database="bc"),
+                exception=None,
+            )
+        )
+        logger(
+            SimpleNamespace(
+                query="SELECT 1 FROM nodes",
+                elapsed=0.001,
+                conn_addr=None,
+                conn_params=None,
+                exception=failure,
+            )
+        )
+    logger(
+        SimpleNamespace(
+            query="SELECT 1", elapsed=0.0, conn_addr=None, conn_params=None, exception=None
+        )
+    )  # outside a span: none
     [upsert] = _named(exporter, "INSERT node_labels")
     assert upsert.kind is trace.SpanKind.CLIENT and upsert.attributes is not None
     assert upsert.attributes["db.collection.name"] == "node_labels"

@@ -49,13 +49,23 @@ def test_no_endpoint_or_disabled_is_a_no_op_provider(env: pytest.MonkeyPatch) ->
     [
         ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, Http),
         ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"}, Http),
-        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317",
-          "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, Grpc),
-        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317",
-          "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-          "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"}, Grpc),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            },
+            Grpc,
+        ),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+            },
+            Grpc,
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_protocol_picks_the_exporter(
     env: pytest.MonkeyPatch, variables: dict[str, str], kind: type
 ) -> None:
@@ -155,6 +165,7 @@ T0 = datetime(2026, 11, 30, tzinfo=UTC)
 SESSION = {"session_epoch": 3, "connected_at": T0, "trace_context": "00-hello-01"}
 
 
+# one case a row, read down its columns: kept out of the formatter (fmt: skip)
 @pytest.mark.parametrize(
     ("waited", "cause"),
     [

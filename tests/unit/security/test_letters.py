@@ -22,10 +22,18 @@ def _letter(
     worker: str, cause: str, subject: str, on: str | None = None, **headers: str
 ) -> DeadLetter:
     return DeadLetter(
-        stream=S.dead_stream_of(worker), seq=1, on=S.dead(worker) if on is None else on,
-        worker=worker, reason="r", cause=cause,
-        subject=subject, stream_seq=7, time=None, headers=dict(headers), data=b"{}",
-    )  # fmt: skip
+        stream=S.dead_stream_of(worker),
+        seq=1,
+        on=S.dead(worker) if on is None else on,
+        worker=worker,
+        reason="r",
+        cause=cause,
+        subject=subject,
+        stream_seq=7,
+        time=None,
+        headers=dict(headers),
+        data=b"{}",
+    )
 
 
 @pytest.mark.parametrize("cause", ["invalid", "unsupported-major", "handler", "max-deliveries"])
@@ -42,9 +50,12 @@ def test_a_letter_is_stored_on_the_subject_of_the_worker_it_names() -> None:
     # or "relay" is the labeler's
     for named in ("replay", "relay"):
         planted = _letter(
-            named, "unpublishable", DISPATCH, on=S.dead("labeler"), **{SENDER: "replay",
-            "Bc-Type": "dispatch"},
-        )  # fmt: skip
+            named,
+            "unpublishable",
+            DISPATCH,
+            on=S.dead("labeler"),
+            **{SENDER: "replay", "Bc-Type": "dispatch"},
+        )
         why = letters.refusal(S, planted)
         assert why == f"stored on bc.dead.labeler but names the worker {named}"
 

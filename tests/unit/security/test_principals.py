@@ -111,8 +111,10 @@ def test_the_subscriber_reads_events_only_and_touches_no_consumer() -> None:
     subscriber = _grants("subscriber")
     assert subscriber.subscribe == ("t1.events.>",)
     assert subscriber.publish == (
-        "$JS.API.INFO", "$JS.API.STREAM.INFO.T1_EVENTS", "$JS.API.STREAM.MSG.GET.T1_EVENTS",
-    )  # fmt: skip
+        "$JS.API.INFO",
+        "$JS.API.STREAM.INFO.T1_EVENTS",
+        "$JS.API.STREAM.MSG.GET.T1_EVENTS",
+    )
 
 
 def test_a_subscriber_application_pulls_and_acks_on_its_own_durable_only() -> None:
@@ -208,10 +210,19 @@ def test_provision_makes_the_consumers_of_the_listed_gateways_and_applications()
 
 @pytest.mark.parametrize(
     ("pattern", "subject", "covered"),
-    [("a.b", "a.b", True), ("a.*", "a.b", True), ("a.*", "a.b.c", False), ("a.>", "a.b.c", True),
-     ("a.>", "a", False), ("a.*.c", "a.b.c", True), ("a.*.c", "a.b.d", False), ("a", "a.b", False),
-     (">", "x", True), ("a.b.c", "a.b", False)],
-)  # fmt: skip
+    [
+        ("a.b", "a.b", True),
+        ("a.*", "a.b", True),
+        ("a.*", "a.b.c", False),
+        ("a.>", "a.b.c", True),
+        ("a.>", "a", False),
+        ("a.*.c", "a.b.c", True),
+        ("a.*.c", "a.b.d", False),
+        ("a", "a.b", False),
+        (">", "x", True),
+        ("a.b.c", "a.b", False),
+    ],
+)
 def test_subject_patterns(pattern: str, subject: str, covered: bool) -> None:
     assert principals.matches(pattern, subject) is covered
 
@@ -227,9 +238,13 @@ def test_every_worker_declares_what_it_emits_and_every_message_has_a_sender() ->
 
     assert {*events.EVENT_TYPES, *notices.NOTICE_TYPES} == set(sent)  # all a worker may publish
     defined = {
-        c for module in (events, notices) for c in vars(module).values()
-        if isinstance(c, type) and issubclass(c, CamelMessage | SnakeMessage) and "BC_TYPE" in vars(c)
-    }  # fmt: skip
+        c
+        for module in (events, notices)
+        for c in vars(module).values()
+        if isinstance(c, type)
+        and issubclass(c, CamelMessage | SnakeMessage)
+        and "BC_TYPE" in vars(c)
+    }
     assert defined == set(sent)  # and no message class is left out of those tuples
 
 

@@ -27,8 +27,12 @@ def _headers() -> dict[str, str]:
 
 
 def test_what_a_worker_writes_goes_out() -> None:
-    traced = {**_headers(), "traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01",
-              "tracestate": "k=v", "baggage": "a=b"}  # fmt: skip
+    traced = {
+        **_headers(),
+        "traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01",
+        "tracestate": "k=v",
+        "baggage": "a=b",
+    }
     for headers in (_headers(), traced):
         assert sendable.row_refusal(SUBJECTS, "labeler", headers, EVENT) is None
         stored = json.dumps(headers)
@@ -48,12 +52,16 @@ def test_headers_shared_by_rows_are_checked_as_each_row_is() -> None:
 
 @given(
     value=st.one_of(
-        st.lists(st.text(max_size=3)), st.dictionaries(st.text(max_size=3), st.integers()),
-        st.integers(), st.floats(allow_nan=False), st.booleans(), st.none(),
+        st.lists(st.text(max_size=3)),
+        st.dictionaries(st.text(max_size=3), st.integers()),
+        st.integers(),
+        st.floats(allow_nan=False),
+        st.booleans(),
+        st.none(),
     ),
     name=st.sampled_from(sorted(sendable.HEADERS)),
     worker=st.sampled_from([*principals.WORKER_NAMES, None, "tally"]),
-)  # fmt: skip
+)
 def test_a_value_that_is_no_string_is_refused_never_raised(
     value: Any, name: str, worker: str | None
 ) -> None:
@@ -86,8 +94,14 @@ def test_a_context_of_any_standard_propagator_goes_out_whatever_the_relay_runs()
 
 def test_no_nats_header_is_ever_allowed() -> None:
     """What the server reads: a rollup (purges the stream's subject), expectations, a TTL."""
-    for name in ("Nats-Rollup", "Nats-Expected-Last-Sequence", "Nats-TTL", "Nats-Msg-Id",
-                 "Nats-Expected-Stream", "nats-rollup"):  # fmt: skip
+    for name in (
+        "Nats-Rollup",
+        "Nats-Expected-Last-Sequence",
+        "Nats-TTL",
+        "Nats-Msg-Id",
+        "Nats-Expected-Stream",
+        "nats-rollup",
+    ):
         assert name not in sendable.allowed()
         why = sendable.row_refusal(SUBJECTS, "replay", {**_headers(), name: "all"}, EVENT)
         assert why == f"header {name!r} is not one a worker sends"
@@ -132,16 +146,20 @@ def test_what_the_server_refuses_of_one_message_counts_an_outage_does_not() -> N
     assert sendable.refused(nats.js.errors.APIError(code=500))
     for outage in (
         nats.js.errors.ServiceUnavailableError(code=503, description="unavailable"),
-        nats.js.errors.APIError(code=503), nats.js.errors.APIError(code=429),
-        nats.js.errors.APIError(code=408), nats.js.errors.NoStreamResponseError(),
+        nats.js.errors.APIError(code=503),
+        nats.js.errors.APIError(code=429),
+        nats.js.errors.APIError(code=408),
+        nats.js.errors.NoStreamResponseError(),
         TimeoutError("no PubAck in time"),
         # the account or the server short of room: every row would meet it
-        nats.js.errors.BadRequestError(code=400, err_code=10002,
-                                       description="resource limits exceeded for account"),
-        nats.js.errors.ServerError(code=500, err_code=10047,
-                                   description="insufficient storage resources available"),
+        nats.js.errors.BadRequestError(
+            code=400, err_code=10002, description="resource limits exceeded for account"
+        ),
+        nats.js.errors.ServerError(
+            code=500, err_code=10047, description="insufficient storage resources available"
+        ),
         nats.js.errors.APIError(code=503, description="maximum messages exceeded"),
-    ):  # fmt: skip
+    ):
         assert not sendable.refused(outage), outage
 
 

@@ -14,7 +14,12 @@ from pydantic import ValidationError
 from workers.runtime.base import libpq
 from workers.runtime.base.settings import Settings, describe
 
-PARAMS = {"sslrootcert": "PGSSLROOTCERT", "sslcert": "PGSSLCERT", "sslkey": "PGSSLKEY", "sslcrl": "PGSSLCRL"}  # fmt: skip
+PARAMS = {
+    "sslrootcert": "PGSSLROOTCERT",
+    "sslcert": "PGSSLCERT",
+    "sslkey": "PGSSLKEY",
+    "sslcrl": "PGSSLCRL",
+}
 HOME = Path("/home/bcw")
 
 
@@ -74,6 +79,7 @@ def test_an_unknown_sslmode_is_named_where_it_was_given() -> None:
 CA_URL = "postgresql://u:hunter2@db:5432/bcw?sslmode=verify-full&sslrootcert={ca}"
 
 
+# one case a row, read down its columns: kept out of the formatter (fmt: skip)
 @pytest.mark.parametrize(
     ("url", "env", "line"),
     [
@@ -114,7 +120,7 @@ def test_settings_refuse_tls_that_can_never_work_in_one_line(
         ("postgresql://db/bcw?sslmode=prefer", {"PGSSLROOTCERT": "{missing}"}),  # not loaded
         ("postgresql://db/bcw?sslmode=require", {}),  # encrypted, not verified: libpq's own
     ],
-)  # fmt: skip
+)
 def test_settings_take_tls_that_can_work(
     url: str, env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -46,9 +46,20 @@ def test_a_stale_table_is_found() -> None:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("45", 45), ("0.5", 0.5), ("500ms", 0.5), ("45s", 45), ("5m", 300), ("2h", 7200),
-     ("7d", 604800), ("1w", 604800), (" 1.5h ", 5400), ("0", 0), ("-5s", -5)],
-)  # fmt: skip
+    [
+        ("45", 45),
+        ("0.5", 0.5),
+        ("500ms", 0.5),
+        ("45s", 45),
+        ("5m", 300),
+        ("2h", 7200),
+        ("7d", 604800),
+        ("1w", 604800),
+        (" 1.5h ", 5400),
+        ("0", 0),
+        ("-5s", -5),
+    ],
+)
 def test_one_duration_syntax(text: str, seconds: float) -> None:
     assert parse_duration(text) == timedelta(seconds=seconds)
 

@@ -241,10 +241,12 @@ async def run(
             start = time.monotonic()
             tasks += [
                 asyncio.create_task(
-                    fleet.flushing(js, gw, period, start + period * g / gateways, stopping, watch.publish)
+                    fleet.flushing(
+                        js, gw, period, start + period * g / gateways, stopping, watch.publish
+                    )
                 )
                 for g, gw in enumerate(sims)
-            ]  # fmt: skip
+            ]
             watcher = await asyncpg.connect(target.database_url)
             tasks += [
                 asyncio.create_task(watch.inbox(watcher)),

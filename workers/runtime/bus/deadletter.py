@@ -40,9 +40,16 @@ SENDER = "Bc-Dead-Sender"
 #: what a letter says of itself, and what the server wrote on the stored fact (where a
 #: gateway's own facts stream sourced it from): neither goes back with a re-drive
 _DEAD_HEADERS = (
-    REASON, SUBJECT, STREAM_SEQ, WORKER, CAUSE, ORIGINAL_MSG_ID, TRUNCATED, SENDER,
+    REASON,
+    SUBJECT,
+    STREAM_SEQ,
+    WORKER,
+    CAUSE,
+    ORIGINAL_MSG_ID,
+    TRUNCATED,
+    SENDER,
     "Nats-Stream-Source",
-)  # fmt: skip
+)
 
 
 def _header_value(text: str) -> str:

@@ -58,8 +58,10 @@ async def verify(nc: NATS, enabled: bool = True, within: float = 2.0) -> bool:
         return False
     if not has_internals(nc):
         _VERIFIED[nc] = False
-        log.warning("this nats-py has not the internals the fast path writes through: "
-                    "one publish and one ack a message")  # fmt: skip
+        log.warning(
+            "this nats-py has not the internals the fast path writes through: "
+            "one publish and one ack a message"
+        )
         return False
     inbox, reply = nc.new_inbox(), nc.new_inbox()  # nobody answers the reply: a probe
     got: asyncio.Queue[Msg] = asyncio.Queue()

@@ -34,11 +34,24 @@ HEADERS = frozenset({TYPE_HEADER, SCHEMA_HEADER, "traceparent", "tracestate", "b
 #: X-Ray), lower case: a worker and its relay may run with different `OTEL_PROPAGATORS`
 #: (a cluster-wide injection reaches one pod before another), so a traced row is never
 #: buried for a context its relay's propagator would not have written
-PROPAGATION = frozenset({
-    "traceparent", "tracestate", "baggage", "b3", "x-b3-traceid", "x-b3-spanid",
-    "x-b3-parentspanid", "x-b3-sampled", "x-b3-flags", "uber-trace-id", "ot-tracer-traceid",
-    "ot-tracer-spanid", "ot-tracer-sampled", "x-amzn-trace-id",
-})  # fmt: skip
+PROPAGATION = frozenset(
+    {
+        "traceparent",
+        "tracestate",
+        "baggage",
+        "b3",
+        "x-b3-traceid",
+        "x-b3-spanid",
+        "x-b3-parentspanid",
+        "x-b3-sampled",
+        "x-b3-flags",
+        "uber-trace-id",
+        "ot-tracer-traceid",
+        "ot-tracer-spanid",
+        "ot-tracer-sampled",
+        "x-amzn-trace-id",
+    }
+)
 #: a header value's length at most (W3C: tracestate 512, baggage 8192 bytes)
 MAX_VALUE = 8192
 #: a row's stored headers' text at most (every header a worker writes, each at most

@@ -24,13 +24,22 @@ from workers.runtime.observability import tracing
 
 #: what a node's session history records: every event and notice about a node that a
 #: worker publishes (not event-acks, revocations or the liveness controller's own events)
-HISTORY_TYPES = frozenset({
-    "node.connected", "node.disconnected", "node.capabilities-changed",
-    "security.node.duplicate-session", "security.node.quarantined",
-    "security.node.unproven-hello",
-    "command.replayed", "command.cancelled", "command.failed", "command.completed",
-    "dispatch", "zombie",
-})  # fmt: skip
+HISTORY_TYPES = frozenset(
+    {
+        "node.connected",
+        "node.disconnected",
+        "node.capabilities-changed",
+        "security.node.duplicate-session",
+        "security.node.quarantined",
+        "security.node.unproven-hello",
+        "command.replayed",
+        "command.cancelled",
+        "command.failed",
+        "command.completed",
+        "dispatch",
+        "zombie",
+    }
+)
 
 
 _KEEP = ~(0xC000 << 48) & ~(0xF000 << 64)
@@ -111,11 +120,17 @@ class OutboxBatch:
                 if message.BC_TYPE != "dispatch"
                 else message.model_dump_json(by_alias=True, exclude={"payload", "signature"})
             )
-            self.history.append((
-                node_id, message.BC_TYPE, fields.get("epoch"),
-                fields.get("gateway_id") or _notice_gateway(subject),
-                cause_id, tracing.trace_id(context), detail,
-            ))  # fmt: skip
+            self.history.append(
+                (
+                    node_id,
+                    message.BC_TYPE,
+                    fields.get("epoch"),
+                    fields.get("gateway_id") or _notice_gateway(subject),
+                    cause_id,
+                    tracing.trace_id(context),
+                    detail,
+                )
+            )
         return msg_id
 
     async def write(self, conn: asyncpg.Connection) -> int:

@@ -124,10 +124,18 @@ SELECT id, msg_ids, subjects, headers, bodies, order_keys, created_at, worker
 async def claim(conn: asyncpg.Connection, limit: int, owners: list[str] | None) -> list[Item]:
     """A round's messages, in the order they go out (inside the caller's transaction)."""
     items = [
-        Item(r["id"], r["msg_id"], r["subject"], r["headers"], bytes(r["body"]),
-             r["order_key"], r["created_at"], worker=r["worker"])
+        Item(
+            r["id"],
+            r["msg_id"],
+            r["subject"],
+            r["headers"],
+            bytes(r["body"]),
+            r["order_key"],
+            r["created_at"],
+            worker=r["worker"],
+        )
         for r in await conn.fetch(ROWS_SQL, limit, owners)
-    ]  # fmt: skip
+    ]
     claimed = await conn.fetch(PACKS_SQL, limit, owners)
     packs = [Pack(r["id"], r["worker"], r["size"], r["waits"]) for r in claimed]
     chosen = publishable(packs, max(limit - len(items), 1))
@@ -138,11 +146,15 @@ async def claim(conn: asyncpg.Connection, limit: int, owners: list[str] | None) 
             Item(first - i, msg_id, subject, headers, body, key, created_at, pack, i, worker)
             for i, (msg_id, subject, headers, body, key) in enumerate(
                 zip(
-                    r["msg_ids"], r["subjects"], r["headers"], r["bodies"], r["order_keys"],
+                    r["msg_ids"],
+                    r["subjects"],
+                    r["headers"],
+                    r["bodies"],
+                    r["order_keys"],
                     strict=True,
                 )
             )
-        ]  # fmt: skip
+        ]
     return items
 
 
@@ -176,12 +188,27 @@ async def settle(
             SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::text[]::jsonb[],
                                  $5::bytea[], $6::text[], $7::timestamptz[], $8::text[], $9::text[])
             """,
-            *(list(column) for column in zip(*(
-                (i.id, i.msg_id, i.subject, _as_stored(i.headers), i.body, i.order_key,
-                 i.created_at, dead[i.id], i.worker)
-                for i in buried
-            ), strict=True)),
-        )  # fmt: skip
+            *(
+                list(column)
+                for column in zip(
+                    *(
+                        (
+                            i.id,
+                            i.msg_id,
+                            i.subject,
+                            _as_stored(i.headers),
+                            i.body,
+                            i.order_key,
+                            i.created_at,
+                            dead[i.id],
+                            i.worker,
+                        )
+                        for i in buried
+                    ),
+                    strict=True,
+                )
+            ),
+        )
     packs: dict[int, list[Item]] = {}
     for item in items:
         if item.pack is not None:
@@ -195,9 +222,14 @@ async def settle(
             await conn.execute(
                 "UPDATE outbox_packs SET size = $2, msg_ids = $3, subjects = $4, headers = $5,"
                 " bodies = $6, order_keys = $7 WHERE id = $1",
-                pack, len(left), [i.msg_id for i in left], [i.subject for i in left],
-                [i.headers for i in left], [i.body for i in left], [i.order_key for i in left],
-            )  # fmt: skip
+                pack,
+                len(left),
+                [i.msg_id for i in left],
+                [i.subject for i in left],
+                [i.headers for i in left],
+                [i.body for i in left],
+                [i.order_key for i in left],
+            )
     if emptied:
         await conn.execute("DELETE FROM outbox_packs WHERE id = ANY($1::bigint[])", emptied)
 

@@ -253,8 +253,9 @@ class OutboxRelay:
                     self._unbatched[stream] = time.monotonic() + UNBATCHED_RECHECK
                     log.info(
                         "stream %s does not allow fast batches (bcw provision sets "
-                        "allow_batched): publishing to it one message at a time", stream,
-                    )  # fmt: skip
+                        "allow_batched): publishing to it one message at a time",
+                        stream,
+                    )
                 return stored_ids, ids[start:]  # each message names its own failure
             stored = future.result()
             self._metrics.outbox_batched.inc(by=stored)
@@ -311,16 +312,27 @@ class OutboxRelay:
                 continue  # kept in outbox_dead only (said once, when the server refused it)
             try:
                 await dead_letter(
-                    self._js, self._subjects, source, subject=row.subject, stream="outbox",
-                    stream_seq=row.id, data=row.body if fits else b"", headers=headers,
-                    reason=reason, cause=cause, sender=row.worker or "",
+                    self._js,
+                    self._subjects,
+                    source,
+                    subject=row.subject,
+                    stream="outbox",
+                    stream_seq=row.id,
+                    data=row.body if fits else b"",
+                    headers=headers,
+                    reason=reason,
+                    cause=cause,
+                    sender=row.worker or "",
                     truncated=None if fits else len(row.body),
-                )  # fmt: skip
+                )
             except Exception as error:  # the row is kept whole in outbox_dead for an operator
                 log.error(
                     "outbox row %d (%s) kept in outbox_dead only: its dead letter was not "
-                    "published (%r)", row.id, row.subject, error,
-                )  # fmt: skip
+                    "published (%r)",
+                    row.id,
+                    row.subject,
+                    error,
+                )
 
     def _producer_span(self, row: Item, headers: dict[str, str]) -> trace.Span:
         """The message's PRODUCER span, child of the context stored with its row."""

@@ -80,9 +80,15 @@ class Shedder:
             log.warning(
                 "%s: gateway %s sent over %d %s %s facts in %g s: its %s facts are shed "
                 "(acknowledged unread) for %g s",
-                self._worker, key[0], threshold, kind, key[1], self._window, key[1],
+                self._worker,
+                key[0],
+                threshold,
+                kind,
+                key[1],
                 self._window,
-            )  # fmt: skip
+                key[1],
+                self._window,
+            )
 
     def sheds(self, key: Key, now: float | None = None) -> bool:
         until = self._until.get(key)

@@ -27,19 +27,28 @@ COMPRESSIONS = ("gzip", "deflate", "none")
 #: `OTEL_TRACES_SAMPLER` values the SDK knows, and those that read a ratio from
 #: `OTEL_TRACES_SAMPLER_ARG`
 SAMPLERS = (
-    "always_on", "always_off", "traceidratio",
-    "parentbased_always_on", "parentbased_always_off", "parentbased_traceidratio",
-)  # fmt: skip
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+)
 RATIO_SAMPLERS = ("traceidratio", "parentbased_traceidratio")
 #: integers the SDK reads (limits: 0 or more; the batch processor's sizes: 1 or more;
 #: its delays, in milliseconds: 0 or more)
 COUNTS = (
-    "OTEL_ATTRIBUTE_COUNT_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
-    "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT",
-    "OTEL_SPAN_EVENT_COUNT_LIMIT", "OTEL_SPAN_LINK_COUNT_LIMIT",
-    "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT", "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT",
-    "OTEL_BSP_SCHEDULE_DELAY", "OTEL_BSP_EXPORT_TIMEOUT",
-)  # fmt: skip
+    "OTEL_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+    "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+    "OTEL_SPAN_EVENT_COUNT_LIMIT",
+    "OTEL_SPAN_LINK_COUNT_LIMIT",
+    "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_BSP_SCHEDULE_DELAY",
+    "OTEL_BSP_EXPORT_TIMEOUT",
+)
 SIZES = ("OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE")
 #: files the OTLP exporter reads (per signal or not)
 FILES = ("CERTIFICATE", "CLIENT_CERTIFICATE", "CLIENT_KEY")

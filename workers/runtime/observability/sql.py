@@ -22,9 +22,19 @@ from opentelemetry import trace
 SUMMARY_MAX = 255
 OPERATIONS = frozenset({"SELECT", "INSERT", "UPDATE", "DELETE", "MERGE"})
 #: keywords that, read after FROM or JOIN, are not a table
-_NOT_TABLES = frozenset({
-    "LATERAL", "ONLY", "SELECT", "UNNEST", "ROWS", "VALUES", "WHERE", "ON", "USING",
-})  # fmt: skip
+_NOT_TABLES = frozenset(
+    {
+        "LATERAL",
+        "ONLY",
+        "SELECT",
+        "UNNEST",
+        "ROWS",
+        "VALUES",
+        "WHERE",
+        "ON",
+        "USING",
+    }
+)
 #: functions whose arguments use FROM without naming a table
 _FROM_FUNCTIONS = frozenset({"EXTRACT", "SUBSTRING", "TRIM", "OVERLAY", "POSITION"})
 _TOKEN = re.compile(
@@ -152,9 +162,10 @@ def summarize(query: str) -> Summary:
     if len(parts) == 1 and parts[0][0].upper() == "SELECT" and not parts[0][1]:
         # a function called for its work (`SELECT gateway_hello(…)`): the procedure
         calls = [
-            tokens[k] for k in range(1, n - 1)
+            tokens[k]
+            for k in range(1, n - 1)
             if tokens[k + 1] == "(" and not _keyword(words[k]) and words[k] not in _BUILTINS
-        ]  # fmt: skip
+        ]
         if calls:
             procedure = calls[0]
             pieces.append(procedure)
@@ -170,20 +181,93 @@ def summarize(query: str) -> Summary:
 
 
 #: functions of PostgreSQL itself: never the procedure a statement calls
-_BUILTINS = frozenset({
-    "COUNT", "UNNEST", "NOW", "MIN", "MAX", "SUM", "AVG", "ARRAY_AGG", "STRING_AGG",
-    "JSONB_BUILD_OBJECT", "JSON_BUILD_OBJECT", "CARDINALITY", "EXTRACT", "TO_REGCLASS",
-    "CURRENT_SETTING", "SET_CONFIG", "VERSION", "QUOTE_IDENT", "QUOTE_LITERAL", "FORMAT",
-    "CURRENT_DATABASE", "CURRENT_SCHEMA", "CURRENT_USER",
-})  # fmt: skip
-_KEYWORDS = frozenset({
-    "WHERE", "JOIN", "LEFT", "RIGHT", "INNER", "OUTER", "FULL", "CROSS", "NATURAL", "ON",
-    "USING", "GROUP", "ORDER", "LIMIT", "OFFSET", "FOR", "RETURNING", "SET", "VALUES",
-    "UNION", "EXCEPT", "INTERSECT", "HAVING", "WINDOW", "AS", "SELECT", "INSERT", "UPDATE",
-    "DELETE", "DEFAULT", "FETCH", "TABLESAMPLE", "WITH", "AND", "OR", "NOT", "EXISTS",
-    "CASE", "WHEN", "THEN", "ELSE", "END", "IN", "IS", "NULL", "ANY", "ALL", "ARRAY",
-    "COALESCE", "GREATEST", "LEAST", "NULLIF", "CAST", "ROW", "LATERAL", "DISTINCT",
-})  # fmt: skip
+_BUILTINS = frozenset(
+    {
+        "COUNT",
+        "UNNEST",
+        "NOW",
+        "MIN",
+        "MAX",
+        "SUM",
+        "AVG",
+        "ARRAY_AGG",
+        "STRING_AGG",
+        "JSONB_BUILD_OBJECT",
+        "JSON_BUILD_OBJECT",
+        "CARDINALITY",
+        "EXTRACT",
+        "TO_REGCLASS",
+        "CURRENT_SETTING",
+        "SET_CONFIG",
+        "VERSION",
+        "QUOTE_IDENT",
+        "QUOTE_LITERAL",
+        "FORMAT",
+        "CURRENT_DATABASE",
+        "CURRENT_SCHEMA",
+        "CURRENT_USER",
+    }
+)
+_KEYWORDS = frozenset(
+    {
+        "WHERE",
+        "JOIN",
+        "LEFT",
+        "RIGHT",
+        "INNER",
+        "OUTER",
+        "FULL",
+        "CROSS",
+        "NATURAL",
+        "ON",
+        "USING",
+        "GROUP",
+        "ORDER",
+        "LIMIT",
+        "OFFSET",
+        "FOR",
+        "RETURNING",
+        "SET",
+        "VALUES",
+        "UNION",
+        "EXCEPT",
+        "INTERSECT",
+        "HAVING",
+        "WINDOW",
+        "AS",
+        "SELECT",
+        "INSERT",
+        "UPDATE",
+        "DELETE",
+        "DEFAULT",
+        "FETCH",
+        "TABLESAMPLE",
+        "WITH",
+        "AND",
+        "OR",
+        "NOT",
+        "EXISTS",
+        "CASE",
+        "WHEN",
+        "THEN",
+        "ELSE",
+        "END",
+        "IN",
+        "IS",
+        "NULL",
+        "ANY",
+        "ALL",
+        "ARRAY",
+        "COALESCE",
+        "GREATEST",
+        "LEAST",
+        "NULLIF",
+        "CAST",
+        "ROW",
+        "LATERAL",
+        "DISTINCT",
+    }
+)
 
 
 def _keyword(word: str) -> bool:

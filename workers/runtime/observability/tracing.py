@@ -260,15 +260,17 @@ def start_delivery_span(tracer: trace.Tracer, node_id: str, command_id: str) -> 
     `bc.daemon_stream`, the node's stream as the destination, the command as the message)."""
     span = tracer.start_span(f"deliver {DAEMON_TEMPLATE}", kind=trace.SpanKind.PRODUCER)
     if span.is_recording():
-        span.set_attributes({
-            "messaging.system": DAEMON_SYSTEM,
-            "messaging.operation.name": "deliver",
-            "messaging.operation.type": "send",
-            "messaging.destination.name": DAEMON_TEMPLATE.format(node_id=node_id),
-            "messaging.destination.template": DAEMON_TEMPLATE,
-            "messaging.message.id": command_id,
-            "bc.node.id": node_id,
-        })  # fmt: skip
+        span.set_attributes(
+            {
+                "messaging.system": DAEMON_SYSTEM,
+                "messaging.operation.name": "deliver",
+                "messaging.operation.type": "send",
+                "messaging.destination.name": DAEMON_TEMPLATE.format(node_id=node_id),
+                "messaging.destination.template": DAEMON_TEMPLATE,
+                "messaging.message.id": command_id,
+                "bc.node.id": node_id,
+            }
+        )
     return span
 
 

@@ -132,9 +132,14 @@ async def create_pool(
             pool = await asyncpg.create_pool(url, **options)
         else:  # as `asyncpg.create_pool` makes it, its defaults given
             pool = await _TimedPool(
-                url, on_acquire=on_acquire, max_queries=50000, loop=None,
-                connection_class=asyncpg.Connection, record_class=asyncpg.Record, **options,
-            )  # fmt: skip
+                url,
+                on_acquire=on_acquire,
+                max_queries=50000,
+                loop=None,
+                connection_class=asyncpg.Connection,
+                record_class=asyncpg.Record,
+                **options,
+            )
     except Exception as error:
         raise named(error, settings) from error
     assert pool is not None

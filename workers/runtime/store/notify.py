@@ -144,7 +144,10 @@ class Listener:
             if deaf.is_set():
                 log.warning(
                     "listener on %s: over %d notifications in a second: deaf for %.0f s "
-                    "(polling meanwhile)", ",".join(self._names), self._storm, self._rest,
-                )  # fmt: skip
+                    "(polling meanwhile)",
+                    ",".join(self._names),
+                    self._storm,
+                    self._rest,
+                )
                 self._wake.set()
             await sleep_or_stop(stopping, self._rest if deaf.is_set() else 1.0)

@@ -67,10 +67,15 @@ def _hello(
     if gateway is not None:
         proof = prove(fleet.hello_key("n1"), "n1", boot, journal, gateway, fleet.rising_at("n1"))
     return HelloRequest(
-        node_id="n1", cert_serial="n1-serial", role="worker", boot_id=boot, journal_id=journal,
-        proof=proof, running_command_ids=running or [],
+        node_id="n1",
+        cert_serial="n1-serial",
+        role="worker",
+        boot_id=boot,
+        journal_id=journal,
+        proof=proof,
+        running_command_ids=running or [],
         process_started_at=datetime.now(UTC),
-    )  # fmt: skip
+    )
 
 
 def _events(seqs: range, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -216,8 +221,14 @@ async def test_a_former_holder_cannot_claim_a_generation_made_after_it_lost_the_
         from tests.factories import make_fact
         from tests.integration.support import publish_fact
 
-        forged = make_fact("status", node_id="n1", epoch=1, gateway_id="gw-1",
-                           observed_generation=5, trust_version=0)  # fmt: skip
+        forged = make_fact(
+            "status",
+            node_id="n1",
+            epoch=1,
+            gateway_id="gw-1",
+            observed_generation=5,
+            trust_version=0,
+        )
         await publish_fact(nc.jetstream(), subjects, forged)
         await asyncio.sleep(3)
         assert await _observed(db) == 1, "n1 reported as having applied generation 5"
@@ -270,8 +281,11 @@ async def test_a_held_session_finishes_none_of_the_nodes_commands(
         evil = RecordingStream()
         welcome = await gw1.hello(request, evil)
         if how == "running-list":  # not kept running on its word: waits, pending
-            await eventually(lambda: _is(db, work, ("pending", None, None)),
-                             what="parked, not kept at the held session", within=10)  # fmt: skip
+            await eventually(
+                lambda: _is(db, work, ("pending", None, None)),
+                what="parked, not kept at the held session",
+                within=10,
+            )
             await gw1.result("n1", welcome.epoch, work, "failed", None, "forged")
         await asyncio.sleep(3)
         assert evil.delivered == []
@@ -359,8 +373,10 @@ async def test_two_proofs_the_node_gave_a_gateway_do_not_revoke_it(
 
     async with _world(servers, logins, nc, subjects, database_url, db, "require") as (_, gw2):
         await gw2.hello(_hello("b1", "j1", "gw-2"), RecordingStream())
-        kept = [prove(fleet.hello_key("n1"), "n1", "b1", "j1", "gw-1", fleet.rising_at("n1"))
-                for _ in range(2)]  # fmt: skip
+        kept = [
+            prove(fleet.hello_key("n1"), "n1", "b1", "j1", "gw-1", fleet.rising_at("n1"))
+            for _ in range(2)
+        ]
         conn = await asyncpg.connect(logins["bcw_gateway_bound"])
         refused = []
         try:
@@ -371,10 +387,15 @@ async def test_two_proofs_the_node_gave_a_gateway_do_not_revoke_it(
                     refused.append(f"gw-1's shifted Hello: {row['outcome']}")
                     continue
                 fact = hello_fact(
-                    "n1", row["epoch"], fact_id=str(fact_id), gateway_id="gw-1",
-                    boot_id="b1-other", journal_id="j1", duplicate=True,
+                    "n1",
+                    row["epoch"],
+                    fact_id=str(fact_id),
+                    gateway_id="gw-1",
+                    boot_id="b1-other",
+                    journal_id="j1",
+                    duplicate=True,
                     cert={"serial": "n1-serial"},
-                )  # fmt: skip
+                )
                 await publish_fact(nc.jetstream(), subjects, fact)
                 await asyncio.sleep(1.0)  # the quarantine counts it
                 try:  # n1's daemon, superseded, says Hello again at gw-2

@@ -55,12 +55,25 @@ async def test_a_challenge_opens_no_hello_without_the_nodes_key_and_costs_no_row
             lease = await conn.fetchval("SELECT gateway_acquire('gw-1', '60s')")
             outcomes = []
             for challenge in (mine, theirs):
-                mac = prove(b"not-the-key", "n1", "b1", "j1", "gw-1", challenge["server_time"],
-                            challenge["challenge"]).mac  # fmt: skip
+                mac = prove(
+                    b"not-the-key",
+                    "n1",
+                    "b1",
+                    "j1",
+                    "gw-1",
+                    challenge["server_time"],
+                    challenge["challenge"],
+                ).mac
                 row = await conn.fetchrow(
-                    SHIFTED_HELLO, lease, "evil", "j1", uuid.uuid4(), challenge["server_time"],
-                    challenge["challenge"], mac,
-                )  # fmt: skip
+                    SHIFTED_HELLO,
+                    lease,
+                    "evil",
+                    "j1",
+                    uuid.uuid4(),
+                    challenge["server_time"],
+                    challenge["challenge"],
+                    mac,
+                )
                 outcomes.append(row["outcome"])
         finally:
             await conn.close()

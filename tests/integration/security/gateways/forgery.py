@@ -44,14 +44,20 @@ def forged_facts(forger: str, holder: str, epoch: int, command: uuid.UUID) -> li
     return [
         *forged,
         make_fact("progress", **ids, command_id=str(command), state="running"),
-        make_fact("result", **ids, command_id=str(command), outcome="failed", result={},
-                  error="forged"),
+        make_fact(
+            "result", **ids, command_id=str(command), outcome="failed", result={}, error="forged"
+        ),
         make_fact("rejected", **ids, command_id=str(command), reason="BUSY"),
         make_fact("closed", **ids, reason="stream-closed"),
         make_fact("status", **ids, observed_generation=99, trust_version=0),
-        make_fact("events", node_id="n1", gateway_id=forger, journal_id="journal-1",
-                  events=[{"seq": 1, "kind": "k", "body": {}, "at": "2026-11-30T00:00:00Z"}]),
-    ]  # fmt: skip
+        make_fact(
+            "events",
+            node_id="n1",
+            gateway_id=forger,
+            journal_id="journal-1",
+            events=[{"seq": 1, "kind": "k", "body": {}, "at": "2026-11-30T00:00:00Z"}],
+        ),
+    ]
 
 
 #: (worker, fact type) → how many of `forged_facts` it counts foreign

@@ -57,14 +57,21 @@ def _honest(node: str, boot: str | None = None, keyed: bool = True) -> HelloRequ
     """The node's own daemon, dialling gw-2 and proving its Hello (when it has a key)."""
     boot = boot or f"{node}-boot"
     proof = prove(_key(node), node, boot, "j1", "gw-2", fleet.rising_at(node)) if keyed else None
-    return HelloRequest(node_id=node, cert_serial=f"{node}-serial", role="worker",
-                        boot_id=boot, journal_id="j1", proof=proof)  # fmt: skip
+    return HelloRequest(
+        node_id=node,
+        cert_serial=f"{node}-serial",
+        role="worker",
+        boot_id=boot,
+        journal_id="j1",
+        proof=proof,
+    )
 
 
 def _forged(node: str, boot: str) -> HelloRequest:
     """gw-1 saying Hello for a node it never held: any boot id, no key to prove it."""
-    return HelloRequest(node_id=node, cert_serial=f"{node}-serial", role="worker",
-                        boot_id=boot, journal_id="j1")  # fmt: skip
+    return HelloRequest(
+        node_id=node, cert_serial=f"{node}-serial", role="worker", boot_id=boot, journal_id="j1"
+    )
 
 
 @contextlib.asynccontextmanager
@@ -224,9 +231,15 @@ async def test_a_forged_flush_at_a_huge_epoch_wins_nothing_over_the_holders(
     async with _gateways(logins, nc, subjects, db, ["n1"]):
         await db.execute("UPDATE node_sessions SET last_seen = compute_now() - interval '1 hour'")
         for gateway, epoch in (("gw-1", 2**40), ("gw-2", 1)):
-            await publish_fact(nc.jetstream(), subjects, make_fact(
-                "liveness", gateway_id=gateway, entries=[{"node_id": "n1", "epoch": epoch, "age_ms": 0}],
-            ))  # fmt: skip
+            await publish_fact(
+                nc.jetstream(),
+                subjects,
+                make_fact(
+                    "liveness",
+                    gateway_id=gateway,
+                    entries=[{"node_id": "n1", "epoch": epoch, "age_ms": 0}],
+                ),
+            )
         settings = make_settings(servers.nats_url, database_url, subjects)
         async with running(settings, [liveness.build(settings)]):
 
@@ -286,10 +299,15 @@ async def test_a_lock_kept_open_on_one_nodes_row_holds_back_only_that_node(
 
 async def _flush(nc: NATS, subjects: Subjects, nodes: list[str]) -> None:
     epochs = {n: 1 for n in nodes}
-    await publish_fact(nc.jetstream(), subjects, make_fact(
-        "liveness", gateway_id="gw-2",
-        entries=[{"node_id": n, "epoch": e, "age_ms": 0} for n, e in epochs.items()],
-    ))  # fmt: skip
+    await publish_fact(
+        nc.jetstream(),
+        subjects,
+        make_fact(
+            "liveness",
+            gateway_id="gw-2",
+            entries=[{"node_id": n, "epoch": e, "age_ms": 0} for n, e in epochs.items()],
+        ),
+    )
 
 
 async def _seen_nodes(db: asyncpg.Connection) -> set[str]:

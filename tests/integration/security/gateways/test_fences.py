@@ -63,16 +63,27 @@ def _facts(sender: str, commands: dict[str, uuid.UUID]) -> dict[str, list[Fact]]
     # epoch 2 it was delivered at: its binding stops it); an honest one's, about its own
     answered = commands["resent"] if true else commands["dispatched"]
     hello = make_fact(
-        "hello", **ids, boot_id="boot-other", journal_id=journal, capabilities=["evil"],
-        running_command_ids=[], cert={"serial": "n1-serial"}, duplicate=True,
+        "hello",
+        **ids,
+        boot_id="boot-other",
+        journal_id=journal,
+        capabilities=["evil"],
+        running_command_ids=[],
+        cert={"serial": "n1-serial"},
+        duplicate=True,
         previous={"epoch": epoch - 1, "boot_id": "boot-1", "journal_id": journal, "live": True},
-    )  # fmt: skip
+    )
     if true:  # its own, the one Hello fact of epoch 1, late
         hello = make_fact(
-            "hello", **ids, boot_id="boot-0", journal_id=journal, capabilities=["nvml"],
-            running_command_ids=[], cert={"serial": "n1-serial"},
+            "hello",
+            **ids,
+            boot_id="boot-0",
+            journal_id=journal,
+            capabilities=["nvml"],
+            running_command_ids=[],
+            cert={"serial": "n1-serial"},
             previous={"epoch": 0, "live": False},
-        )  # fmt: skip
+        )
     generation = SPEC - 1 if true or sender == "holder" else SPEC + 92
     huge = (
         [{"node_id": "n1", "epoch": 2**40, "age_ms": 0}] if sender != "holder" and not true else []
@@ -168,9 +179,14 @@ async def test_each_fact_type_counts_for_what_its_gateway_saw(
     await fleet.join(db, "n1")
     await fleet.issued(db, "n1", 1, "gw-old", boot_id="boot-0", journal_id="j-old")
     await fleet.session(
-        db, "n1", epoch=2, gateway_id="gw-cur", boot_id="boot-1", journal_id="j-cur",
+        db,
+        "n1",
+        epoch=2,
+        gateway_id="gw-cur",
+        boot_id="boot-1",
+        journal_id="j-cur",
         seen_ago=timedelta(seconds=60),
-    )  # fmt: skip
+    )
     await db.execute(
         "UPDATE node_sessions SET observed_generation = $1, trust_version = 3", OBSERVED
     )

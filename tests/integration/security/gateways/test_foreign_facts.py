@@ -43,9 +43,13 @@ from workers.runtime.effects.worker import Runtime
 
 @contextlib.asynccontextmanager
 async def _two_gateways(
-    servers: Servers, nc: NATS, subjects: Subjects, database_url: str,
-    db: asyncpg.Connection, pool: asyncpg.Pool,
-) -> AsyncIterator[tuple[Runtime, Gateway, Gateway]]:  # fmt: skip
+    servers: Servers,
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
+    pool: asyncpg.Pool,
+) -> AsyncIterator[tuple[Runtime, Gateway, Gateway]]:
     """n1 joined; all five workers in one process; gw-a (holds the node) and gw-c (takes
     it over) started, and stopped at the end."""
     await streams.provision_streams(nc.jetstream(), subjects)
@@ -98,8 +102,10 @@ async def test_a_gateway_forging_facts_about_a_node_it_does_not_hold_changes_not
     pool: asyncpg.Pool,
 ) -> None:
     async with _two_gateways(servers, nc, subjects, database_url, db, pool) as (
-        runtime, holder, successor,
-    ):  # fmt: skip
+        runtime,
+        holder,
+        successor,
+    ):
         stream = RecordingStream()
         welcome = await fleet.say_hello(holder, _request(), stream)
         command = await db.fetchval("SELECT enqueue_command('n1', 'noop', '{}')")
@@ -172,8 +178,10 @@ async def test_one_epoch_one_hello_a_former_holder_cannot_count_its_epoch_again(
     finds them foreign — the epoch's Hello transaction recorded its one Hello fact — so the
     quarantine counts none of them and the node keeps its certificate and session."""
     async with _two_gateways(servers, nc, subjects, database_url, db, pool) as (
-        runtime, holder, successor,
-    ):  # fmt: skip
+        runtime,
+        holder,
+        successor,
+    ):
         first = await fleet.say_hello(holder, _request())
         await fleet.say_hello(successor, _request())
         [hello] = [h for h in await _bodies(nc, subjects.facts_stream, "hello") if h["epoch"] == 1]

@@ -36,8 +36,14 @@ KEY = bytes(range(32))
 
 
 def _request(node: str = "n1", proof: HelloProof | None = None, boot: str = "b1") -> HelloRequest:
-    return HelloRequest(node_id=node, cert_serial=f"{node}-serial", role="worker", boot_id=boot,
-                        journal_id="j1", proof=proof)  # fmt: skip
+    return HelloRequest(
+        node_id=node,
+        cert_serial=f"{node}-serial",
+        role="worker",
+        boot_id=boot,
+        journal_id="j1",
+        proof=proof,
+    )
 
 
 def _proof(

@@ -49,8 +49,14 @@ TTL = timedelta(seconds=15)
 
 
 def _hello(node: str, boot: str = "b1") -> HelloRequest:
-    return HelloRequest(node_id=node, cert_serial=f"{node}-serial", role="worker",
-                        boot_id=boot, journal_id="j1", inventory_hashes={"cpu": "c1"})  # fmt: skip
+    return HelloRequest(
+        node_id=node,
+        cert_serial=f"{node}-serial",
+        role="worker",
+        boot_id=boot,
+        journal_id="j1",
+        inventory_hashes={"cpu": "c1"},
+    )
 
 
 async def _snapshot(db: asyncpg.Connection) -> tuple[object, ...]:
@@ -204,9 +210,14 @@ async def test_bcw_auth_db_binds_and_unbinds_logins(
 ) -> None:
     login = login_of("bcw_gateway_bound")
     code, out = await bcw(
-        "auth", "db", "--bind", f"{login}=gw-7", "--bind", f"{login_of('bcw_reader')}=gw-8",
+        "auth",
+        "db",
+        "--bind",
+        f"{login}=gw-7",
+        "--bind",
+        f"{login_of('bcw_reader')}=gw-8",
         BCW_DATABASE_URL=database_url,
-    )  # fmt: skip
+    )
     assert code == 0, out
     assert f"{login:<24} acts as gw-7\n" in out
     assert "acts as gw-8  (not IN ROLE bcw_gateway_bound: cannot act)" in out
@@ -240,9 +251,11 @@ async def test_gw2_with_its_own_key_and_login_changes_nothing_of_gw1s(
     nothing; its flush naming n1 earns gw-2 a zombie notice, not a fresher n1), tries gw-1's subjects (refused by the server) and, in the database, gw-1's
     lease and session (refused), and closes n1 as itself (finds nothing)."""
     code, output = await bcw(
-        "provision", BCW_NATS_URL=secured, BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk"),
+        "provision",
+        BCW_NATS_URL=secured,
+        BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk"),
         BCW_NATS_GATEWAYS="gw-1,gw-2",  # their notices consumers: a gateway makes none
-    )  # fmt: skip
+    )
     assert code == 0, output
     await _bind(db, "gw2_login_t", "gw-2")
     await fleet.join(db, "n1")
@@ -278,9 +291,10 @@ async def test_gw2_with_its_own_key_and_login_changes_nothing_of_gw1s(
             for fact in forged_facts("gw-2", "gw-1", welcome.epoch, command):
                 await publish_fact(js, SUBJECTS, fact)
             flush = make_fact(  # "n1 was seen just now", by a gateway that does not hold it
-                "liveness", gateway_id="gw-2",
+                "liveness",
+                gateway_id="gw-2",
                 entries=[{"node_id": "n1", "epoch": welcome.epoch, "age_ms": 0}],
-            )  # fmt: skip
+            )
             await publish_fact(js, SUBJECTS, flush)
             await nc.publish(SUBJECTS.fact("gw-1", "closed"), b"{}")  # gw-1's own subject
             await nc.flush()
@@ -307,9 +321,7 @@ async def test_gw2_with_its_own_key_and_login_changes_nothing_of_gw1s(
                 "SELECT gateway_close('gw-2', $1, 'n1', $2, 'x')", lease2, welcome.epoch
             )
         assert await state(db) == before  # session, labels, certificates, commands, events
-        assert await db.fetchval(
-            "SELECT last_seen FROM node_sessions WHERE node_id = 'n1'"
-        ) == seen  # fmt: skip
+        assert await db.fetchval("SELECT last_seen FROM node_sessions WHERE node_id = 'n1'") == seen
         assert not await _notices(secured, keys, "gw-1")  # nothing told gw-1 to drop n1
         assert len(stream.delivered) == 1 and gw1.alive and "n1" in gw1.sessions
         assert counted(runtimes, "foreign") == FOREIGN  # nothing more, nothing less

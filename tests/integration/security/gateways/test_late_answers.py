@@ -64,27 +64,46 @@ async def _row(db: asyncpg.Connection, command_id: uuid.UUID) -> tuple[Any, ...]
 
 def _answer(kind: str, gateway: str, epoch: int, command_id: uuid.UUID, **fields: Any) -> Fact:
     return make_fact(
-        kind, node_id=fields.pop("node_id", "n1"), gateway_id=gateway, epoch=epoch,
-        command_id=str(command_id), **fields,
-    )  # fmt: skip
+        kind,
+        node_id=fields.pop("node_id", "n1"),
+        gateway_id=gateway,
+        epoch=epoch,
+        command_id=str(command_id),
+        **fields,
+    )
 
 
 def _result(gateway: str, epoch: int, command_id: uuid.UUID, code: int, **kw: Any) -> Fact:
     outcome = "done" if code == 0 else "failed"
     return _answer(
-        "result", gateway, epoch, command_id, outcome=outcome, result={"exit": code},
-        error=None if code == 0 else "boom", **kw,
-    )  # fmt: skip
+        "result",
+        gateway,
+        epoch,
+        command_id,
+        outcome=outcome,
+        result={"exit": code},
+        error=None if code == 0 else "boom",
+        **kw,
+    )
 
 
 def _reconnect(epoch: int, node: str = "n1", running: Sequence[uuid.UUID] = ()) -> Fact:
     """The node's Hello through gw-b at `epoch`, after gw-a's session at epoch 1."""
     return fleet.hello(
-        node, epoch, gateway_id="gw-b", boot_id="boot-1", journal_id="journal-1",
-        previous={"epoch": epoch - 1, "gateway_id": "gw-a" if epoch == 2 else "gw-b",
-                  "boot_id": "boot-1", "journal_id": "journal-1", "live": False},
+        node,
+        epoch,
+        gateway_id="gw-b",
+        boot_id="boot-1",
+        journal_id="journal-1",
+        previous={
+            "epoch": epoch - 1,
+            "gateway_id": "gw-a" if epoch == 2 else "gw-b",
+            "boot_id": "boot-1",
+            "journal_id": "journal-1",
+            "live": False,
+        },
         running_command_ids=[str(i) for i in running],
-    )  # fmt: skip
+    )
 
 
 async def _moved(db: asyncpg.Connection, epoch: int, node: str = "n1") -> None:
@@ -197,9 +216,11 @@ async def test_the_order_facts_are_applied_in_does_not_change_the_commands_end_s
         ids = commands[node]
         facts = {
             "result": _result("gw-a", 1, ids["finished"], 0, node_id=node),
-            "progress": _answer("progress", "gw-a", 1, ids["running"], state="running", node_id=node),
+            "progress": _answer(
+                "progress", "gw-a", 1, ids["running"], state="running", node_id=node
+            ),
             "hello": _reconnect(2, node, running=[ids["running"]]),
-        }  # fmt: skip
+        }
         await _moved(db, 2, node)
         for step in order:
             await drive.send(facts[step])

@@ -60,8 +60,14 @@ async def gw1(
 def _request(
     proof: HelloProof | None, node: str = "n1", boot: str = "b1", journal: str = "j1"
 ) -> HelloRequest:
-    return HelloRequest(node_id=node, cert_serial=f"{node}-serial", role="worker", boot_id=boot,
-                        journal_id=journal, proof=proof)  # fmt: skip
+    return HelloRequest(
+        node_id=node,
+        cert_serial=f"{node}-serial",
+        role="worker",
+        boot_id=boot,
+        journal_id=journal,
+        proof=proof,
+    )
 
 
 def _proof(
@@ -163,9 +169,16 @@ async def test_a_captured_proof_is_refused_when_replayed_at_once_or_later(
 
 @pytest.mark.parametrize(
     "use",
-    ["as-issued", "twice", "six-minutes-later", "another-gateway", "another-node",
-     "another-time", "another-salt"],
-)  # fmt: skip
+    [
+        "as-issued",
+        "twice",
+        "six-minutes-later",
+        "another-gateway",
+        "another-node",
+        "another-time",
+        "another-salt",
+    ],
+)
 async def test_a_challenge_opens_one_hello_of_its_node_at_its_gateway_at_its_time_once(
     gw1: Gateway, db: asyncpg.Connection, use: str
 ) -> None:
@@ -200,9 +213,11 @@ async def test_a_gateway_cannot_get_a_proof_for_a_time_to_come(
     day = 86_400
     daemon = FakeDaemon("n1", "n1-serial", time.time, random.Random(1), hello_key=KEY)
     lie = Refused(
-        Code.UNAUTHENTICATED, "?", server_time=float(int(time.time()) + day),
+        Code.UNAUTHENTICATED,
+        "?",
+        server_time=float(int(time.time()) + day),
         challenge="srv-0123456789abcdef-" + "a" * 40,
-    )  # fmt: skip
+    )
     daemon.server.refused("gw-1", lie.server_time, lie.challenge, daemon.now())
     harvested = daemon.proof(gw1)
     assert harvested is not None and harvested.at == int(time.time()) + day
@@ -238,8 +253,11 @@ async def test_the_one_time_ids_stay_bounded_over_a_day_of_hellos(db: asyncpg.Co
             proof = prove(KEY, node, "b1", "j1", "gw-1", now, nonce)
             assert await db.fetchval(
                 "SELECT hello_proof_holds($1, 'b1', 'j1', 'gw-1', $2, $3, $4)",
-                node, proof.at, proof.nonce, proof.mac,
-            )  # fmt: skip
+                node,
+                proof.at,
+                proof.nonce,
+                proof.mac,
+            )
             hellos.append((now, node))
             if proof.mac.startswith("0"):  # one in 16 prunes any node's expired ids
                 pruned_at = now
@@ -254,5 +272,7 @@ async def test_the_one_time_ids_stay_bounded_over_a_day_of_hellos(db: asyncpg.Co
         "SELECT count(*) FROM hello_nonces WHERE node_id = ANY($1)", nodes[10:]
     )
     assert quiet == 0
-    print(f"\n{len(hellos)} proven Hellos of 40 nodes over a day: at most {most} one-time ids held, "
-          f"{backlog} beyond the last 10 minutes'")  # fmt: skip
+    print(
+        f"\n{len(hellos)} proven Hellos of 40 nodes over a day: at most {most} one-time ids held, "
+        f"{backlog} beyond the last 10 minutes'"
+    )

@@ -83,9 +83,15 @@ def _request(
     proof = None
     if gateway is not None:
         proof = prove(fleet.hello_key(node), node, boot, "j1", gateway, fleet.rising_at(node))
-    return HelloRequest(node_id=node, cert_serial=serial or f"{node}-serial", role="worker",
-                        boot_id=boot, journal_id="j1", proof=proof,
-                        capabilities=["evil.cap"] if gateway is None else ["real.cap"])  # fmt: skip
+    return HelloRequest(
+        node_id=node,
+        cert_serial=serial or f"{node}-serial",
+        role="worker",
+        boot_id=boot,
+        journal_id="j1",
+        proof=proof,
+        capabilities=["evil.cap"] if gateway is None else ["real.cap"],
+    )
 
 
 @contextlib.asynccontextmanager
@@ -126,8 +132,10 @@ async def _before_the_attack(
         elif policy != "require":
             await honest.hello(_request(node, f"{node}-boot", "keyless-serial"), RecordingStream())
     await honest.disconnect("offline", 1)  # its daemon closed the session
-    await db.execute("UPDATE node_certs SET revoked_at = now(), revocation_reason = 'stolen' "
-                     "WHERE serial = 'revoked-serial'")  # fmt: skip
+    await db.execute(
+        "UPDATE node_certs SET revoked_at = now(), revocation_reason = 'stolen' "
+        "WHERE serial = 'revoked-serial'"
+    )
     await honest.disconnect("revoked", 1)  # its revocation closed it
     return {node: await enqueue(db, node, "exec", {"secret": f"{node}-s3cr3t"}) for node in CASES}
 
@@ -271,9 +279,14 @@ async def test_a_rolled_back_probe_learns_nothing_and_a_takeover_gets_no_command
             finally:
                 await conn.close()
             assert set(row.keys()) == {
-                "outcome", "epoch", "session_id", "acked_event_seq", "duplicate", "proven",
+                "outcome",
+                "epoch",
+                "session_id",
+                "acked_event_seq",
+                "duplicate",
+                "proven",
                 "inventory",
-            }  # fmt: skip
+            }
             assert "n1-boot" not in json.dumps(dict(row), default=str)
             # 2. the takeover, with the command in flight and a second one waiting
             second = await enqueue(db, "n1", "exec", {"secret": "s3cr3t-2"})

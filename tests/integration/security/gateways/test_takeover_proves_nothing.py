@@ -34,10 +34,15 @@ def _hello(boot: str, journal: str, running: list[str], gateway: str | None) -> 
     if gateway is not None:
         proof = prove(fleet.hello_key("n1"), "n1", boot, journal, gateway, fleet.rising_at("n1"))
     return HelloRequest(
-        node_id="n1", cert_serial="n1-serial", role="worker", boot_id=boot, journal_id=journal,
-        proof=proof, running_command_ids=running,
+        node_id="n1",
+        cert_serial="n1-serial",
+        role="worker",
+        boot_id=boot,
+        journal_id=journal,
+        proof=proof,
+        running_command_ids=running,
         process_started_at=datetime.now(UTC),  # a new process: the proof of a restart
-    )  # fmt: skip
+    )
 
 
 async def test_a_takeover_hello_fails_completes_and_records_nothing_of_the_node(

@@ -41,9 +41,13 @@ VIEW = "SELECT node_id, session_epoch, gateway_id, last_seen FROM node_last_seen
 
 
 async def _row(
-    db: asyncpg.Connection, gateway: str, start: int, end: int, entries: str,
+    db: asyncpg.Connection,
+    gateway: str,
+    start: int,
+    end: int,
+    entries: str,
     applied_ago: timedelta = timedelta(0),
-) -> None:  # fmt: skip
+) -> None:
     await db.execute(RANGE_ROW, gateway, start, end, applied_ago, entries)
 
 
@@ -91,14 +95,19 @@ async def test_the_view_reads_each_nodes_session_as_last_sight_does(
     for node in ("old-epoch", "other-gateway", "wrong-range", "gone"):
         assert now - seen[node] >= old, node  # its row's only
     assert (rows["never"]["session_epoch"], rows["never"]["gateway_id"], seen["never"]) == (
-        0, None, None,
-    )  # fmt: skip
+        0,
+        None,
+        None,
+    )
     assert rows["gone"]["gateway_id"] is None and rows["old-epoch"]["session_epoch"] == 2
-    assert await db.fetchval(
-        "SELECT count(*) FROM node_sessions s JOIN node_last_seen v USING (node_id)"
-        " WHERE v.last_seen IS DISTINCT FROM"
-        " last_sight(s.last_seen, s.node_id, s.session_epoch, s.gateway_id)"
-    ) == 0  # fmt: skip
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM node_sessions s JOIN node_last_seen v USING (node_id)"
+            " WHERE v.last_seen IS DISTINCT FROM"
+            " last_sight(s.last_seen, s.node_id, s.session_epoch, s.gateway_id)"
+        )
+        == 0
+    )
     for node in rows:  # one node, as `bcw explain` reads it
         one = await db.fetch(VIEW + " WHERE node_id = $1", node)
         assert [tuple(r) for r in one] == [tuple(rows[node])]
@@ -153,11 +162,15 @@ def _settings(servers: Servers, database_url: str, subjects: Subjects, sight: bo
     return base.model_copy(
         update={
             "liveness": LivenessSettings(
-                sweep_interval=0.5, heartbeat_interval=1 * S, missed_heartbeats=3,
-                flush_period=FLUSH, range_sight=sight, gateway_grace=1 * S,
+                sweep_interval=0.5,
+                heartbeat_interval=1 * S,
+                missed_heartbeats=3,
+                flush_period=FLUSH,
+                range_sight=sight,
+                gateway_grace=1 * S,
             )
         }
-    )  # fmt: skip
+    )
 
 
 #: each session's last sight against its gateway's last applied flush, and its row's
@@ -176,9 +189,14 @@ async def _sights(db: asyncpg.Connection) -> list[asyncpg.Record]:
 @pytest.mark.slow
 @pytest.mark.parametrize("sight", [True, False], ids=["range-sight", "row-sight"])
 async def test_after_flushes_every_session_is_seen_within_a_flush_period_and_kept_when_gone(
-    servers: Servers, nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection,
-    pool: asyncpg.Pool, sight: bool,
-) -> None:  # fmt: skip
+    servers: Servers,
+    nc: NATS,
+    subjects: Subjects,
+    database_url: str,
+    db: asyncpg.Connection,
+    pool: asyncpg.Pool,
+    sight: bool,
+) -> None:
     """Two reference gateways of heartbeating sessions, flushing every second, the
     liveness worker applying their flushes. Every session's last sight in the view is
     within one flush period of its gateway's last applied flush — with range sight while
@@ -229,9 +247,10 @@ async def test_after_flushes_every_session_is_seen_within_a_flush_period_and_kep
                 return bool(await db.fetchval(gone) == 12)
 
             await eventually(all_gone, within=30, what="every session disconnected")
-            flushed = {r["gateway_id"]: r["last_flush_at"] for r in await db.fetch(
-                "SELECT gateway_id, last_flush_at FROM liveness_gateways"
-            )}  # fmt: skip
+            flushed = {
+                r["gateway_id"]: r["last_flush_at"]
+                for r in await db.fetch("SELECT gateway_id, last_flush_at FROM liveness_gateways")
+            }
     finally:
         await gateways.stop()
     gone = await db.fetch(
@@ -240,8 +259,9 @@ async def test_after_flushes_every_session_is_seen_within_a_flush_period_and_kep
         " JOIN session_epochs e ON e.node_id = v.node_id AND e.epoch = v.session_epoch"
     )
     assert sorted({(r["held_by"], r["disconnect_reason"]) for r in gone}) == [
-        ("gw-a", "gateway-shutdown"), ("gw-b", "gateway-lost"),
-    ]  # fmt: skip
+        ("gw-a", "gateway-shutdown"),
+        ("gw-b", "gateway-lost"),
+    ]
     for r in gone:
         assert r["gateway_id"] is None and r["ranged_epoch"] is None
         # the last flush that named it, or one after (that no longer did): two periods

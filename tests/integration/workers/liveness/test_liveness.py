@@ -36,17 +36,31 @@ async def test_hello_announces_connected_and_a_late_hello_says_nothing(
 ) -> None:
     await fleet.session(db, "n1", epoch=3, gateway_id="gw-1")
     hello = fleet.hello(
-        "n1", 3, boot_id="b2", journal_id="journal-1",
-        previous={"epoch": 2, "gateway_id": "gw-0", "boot_id": "b1", "journal_id": "journal-1", "live": True},
-    )  # fmt: skip
+        "n1",
+        3,
+        boot_id="b2",
+        journal_id="journal-1",
+        previous={
+            "epoch": 2,
+            "gateway_id": "gw-0",
+            "boot_id": "b1",
+            "journal_id": "journal-1",
+            "live": True,
+        },
+    )
     await drive.send(hello)
     await drive.send(fleet.hello("n1", 2))  # late: the row is at epoch 3
     [event] = await drive.published("node.connected")
     assert event == {
         **event,
-        "nodeId": "n1", "epoch": 3, "gatewayId": "gw-1", "bootId": "b2",
-        "journalChanged": False, "bootChanged": True, "duplicateIdentity": True,
-    }  # fmt: skip
+        "nodeId": "n1",
+        "epoch": 3,
+        "gatewayId": "gw-1",
+        "bootId": "b2",
+        "journalChanged": False,
+        "bootChanged": True,
+        "duplicateIdentity": True,
+    }
     assert drive.settled("stale") == 1
     # connected when the Hello happened (its gateway's `observed_at`, days before the bus
     # stored it here), not when the bus stored it nor when it was applied
@@ -73,9 +87,10 @@ def _at(text: str) -> datetime:
 async def _stored_at(drive: Driver, fact: Fact) -> datetime:
     """When the facts stream stored `fact`, to the microsecond (as its events say it)."""
     [msg] = [
-        m for m in await stream_messages(drive.nc.jetstream(), drive.subjects.facts_stream)
+        m
+        for m in await stream_messages(drive.nc.jetstream(), drive.subjects.facts_stream)
         if m.headers.get("Nats-Msg-Id") == str(fact.fact_id)
-    ]  # fmt: skip
+    ]
     assert msg.time is not None
     return cast(datetime, msg.time)
 
@@ -152,19 +167,34 @@ async def test_a_flush_keeps_the_daemons_credits_and_load_and_one_without_them_t
         return {r["node_id"]: (json.loads(r["c"]) if r["c"] else None, r["load"]) for r in rows}
 
     reported = {"default": 1, "system": 4}
-    await drive.send(make_fact("liveness", gateway_id="gw-1",
-                               entries=[entry("n1", 2, reported, 2.5), entry("n2", 1, None)]))  # fmt: skip
+    await drive.send(
+        make_fact(
+            "liveness",
+            gateway_id="gw-1",
+            entries=[entry("n1", 2, reported, 2.5), entry("n2", 1, None)],
+        )
+    )
     assert await credits() == {"n1": (reported, 2.5), "n2": (None, None)}
     await drive.send(make_fact("liveness", gateway_id="gw-1", entries=[entry("n1", 2, None)]))
     assert await credits() == {"n1": (reported, 2.5), "n2": (None, None)}  # an older gateway's
-    await drive.send(make_fact("liveness", gateway_id="gw-1",
-                               entries=[entry("n1", 1, {"default": 0}, 9.0)]))  # fmt: skip
+    await drive.send(
+        make_fact("liveness", gateway_id="gw-1", entries=[entry("n1", 1, {"default": 0}, 9.0)])
+    )
     assert (await credits())["n1"] == (reported, 2.5)  # fenced: another session's report
     # a heartbeat's whole NodeLoad is kept beside its load average
-    load = {"load_average": 3.0, "memory_available_bytes": 2**34, "running_commands": 2,
-            "pending_events": 7}  # fmt: skip
-    await drive.send(make_fact("liveness", gateway_id="gw-1",
-                               entries=[{**entry("n1", 2, None, 3.0), "node_load": load}]))  # fmt: skip
+    load = {
+        "load_average": 3.0,
+        "memory_available_bytes": 2**34,
+        "running_commands": 2,
+        "pending_events": 7,
+    }
+    await drive.send(
+        make_fact(
+            "liveness",
+            gateway_id="gw-1",
+            entries=[{**entry("n1", 2, None, 3.0), "node_load": load}],
+        )
+    )
     assert (
         json.loads(
             await db.fetchval("SELECT node_load::text FROM node_sessions WHERE node_id = 'n1'")

@@ -60,16 +60,23 @@ async def rows(db: asyncpg.Connection, gateway: str = "gw-1") -> list[dict[str, 
 
 
 async def apply_published(
-    db: asyncpg.Connection, subjects: Subjects, *facts: tuple[Liveness, int],
+    db: asyncpg.Connection,
+    subjects: Subjects,
+    *facts: tuple[Liveness, int],
     stored_at: datetime | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Apply `facts` with the worker's handler in one batch, each as if published at the
     stream sequence given (the bus would give them in that order; a test gives any), and
     stored by the stream at `stored_at` (None: not known)."""
     sequence = {fact.fact_id: seq for fact, seq in facts}
     async with db.transaction():
-        tx = Tx(db, subjects, {}, sequence=lambda f: sequence.get(f.fact_id),
-                stored_at=lambda _f: stored_at)  # fmt: skip
+        tx = Tx(
+            db,
+            subjects,
+            {},
+            sequence=lambda f: sequence.get(f.fact_id),
+            stored_at=lambda _f: stored_at,
+        )
         await make_handler(10)(tx, [fact for fact, _ in facts])
 
 
@@ -243,9 +250,11 @@ async def test_a_stream_made_anew_numbers_from_1_and_its_facts_still_replace_the
     max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
-    st.integers(1, 10), st.one_of(st.none(), st.integers(-30_000, 30_000)),
-    st.integers(1, 10), st.one_of(st.none(), st.integers(-30_000, 30_000)),
-)  # fmt: skip
+    st.integers(1, 10),
+    st.one_of(st.none(), st.integers(-30_000, 30_000)),
+    st.integers(1, 10),
+    st.one_of(st.none(), st.integers(-30_000, 30_000)),
+)
 async def test_postgresql_orders_a_range_fact_and_a_row_as_the_worker_does(
     db: asyncpg.Connection, f_seq: int, f_ms: int | None, r_seq: int, r_ms: int | None
 ) -> None:

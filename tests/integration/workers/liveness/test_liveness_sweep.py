@@ -219,19 +219,28 @@ async def test_two_replicas_sweep_once_and_the_standby_takes_over_when_the_leade
 ) -> None:
     env = {
         **os.environ,
-        "BCW_DATABASE_URL": database_url, "BCW_NATS_URL": servers.nats_url,
-        "BCW_SUBJECT_ROOT": subjects.root, "BCW_HEALTH_PORT": "0",
-        "BCW_LIVENESS_SWEEP_INTERVAL": "0.2", "BCW_LIVENESS_LEASE_TTL": "2",
+        "BCW_DATABASE_URL": database_url,
+        "BCW_NATS_URL": servers.nats_url,
+        "BCW_SUBJECT_ROOT": subjects.root,
+        "BCW_HEALTH_PORT": "0",
+        "BCW_LIVENESS_SWEEP_INTERVAL": "0.2",
+        "BCW_LIVENESS_LEASE_TTL": "2",
         "BCW_INSTANCE": "leader",
         # 20 sessions of one gateway going stale at once would trip the fleet breaker
         "BCW_LIVENESS_BREAKER_SHARE": "1",
-    }  # fmt: skip
+    }
     await fleet.flushed(db, "gw-1")
     await _swept_recently(db)
     leader = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "workers.cli", "run", "liveness", env=env, cwd=ROOT,
+        sys.executable,
+        "-m",
+        "workers.cli",
+        "run",
+        "liveness",
+        env=env,
+        cwd=ROOT,
         stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     try:
         await eventually(lambda: _holder(db, "leader"), what="the leader holding the lease")
         settings = make_settings(servers.nats_url, database_url, subjects).model_copy(

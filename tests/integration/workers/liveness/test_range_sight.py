@@ -30,28 +30,42 @@ HALF = HASH_SPACE // 2
 
 
 def ranged(
-    gateway: str, *entries: tuple[str, int, int] | dict[str, Any], start: int = 0,
+    gateway: str,
+    *entries: tuple[str, int, int] | dict[str, Any],
+    start: int = 0,
     end: int = HASH_SPACE,
-) -> Liveness:  # fmt: skip
+) -> Liveness:
     fact = make_fact(
-        "liveness", gateway_id=gateway, range_start=start, range_end=end,
-        entries=[e if isinstance(e, dict) else dict(zip(("node_id", "epoch", "age_ms"), e, strict=True))
-                 for e in entries],
-    )  # fmt: skip
+        "liveness",
+        gateway_id=gateway,
+        range_start=start,
+        range_end=end,
+        entries=[
+            e if isinstance(e, dict) else dict(zip(("node_id", "epoch", "age_ms"), e, strict=True))
+            for e in entries
+        ],
+    )
     assert isinstance(fact, Liveness)
     return fact
 
 
 async def apply(
-    db: asyncpg.Connection, subjects: Subjects, *facts: tuple[Liveness, int],
+    db: asyncpg.Connection,
+    subjects: Subjects,
+    *facts: tuple[Liveness, int],
     stored_at: datetime | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Apply `facts` in one batch, each at the stream sequence given (stored by the stream
     at `stored_at`), sight by range rows."""
     sequence = {fact.fact_id: seq for fact, seq in facts}
     async with db.transaction():
-        tx = Tx(db, subjects, {}, sequence=lambda f: sequence.get(f.fact_id),
-                stored_at=lambda _f: stored_at)  # fmt: skip
+        tx = Tx(
+            db,
+            subjects,
+            {},
+            sequence=lambda f: sequence.get(f.fact_id),
+            stored_at=lambda _f: stored_at,
+        )
         await make_handler(10, range_sight=True)(tx, [fact for fact, _ in facts])
         await tx.outbox.write(db)
 
@@ -113,10 +127,15 @@ async def test_credits_are_written_when_they_change_and_only_then_with_the_load(
     versions = [(await state(db, "n1"))["version"]]
     loads = [await db.fetchval("SELECT load FROM node_sessions")]  # and its load
     for seq, (credits, load) in enumerate(
-        [(None, 0.625), ({"default": 2}, 0.75), ({"default": 2}, 0.875), ({"default": 1}, 1.0),
-         ({"default": 1}, 1.125)],
+        [
+            (None, 0.625),
+            ({"default": 2}, 0.75),
+            ({"default": 2}, 0.875),
+            ({"default": 1}, 1.0),
+            ({"default": 1}, 1.125),
+        ],
         start=2,
-    ):  # fmt: skip
+    ):
         await apply(db, subjects, (ranged("gw-1", entry(credits, load)), seq))
         versions.append((await state(db, "n1"))["version"])
         loads.append(await db.fetchval("SELECT load FROM node_sessions"))
@@ -173,9 +192,11 @@ async def test_a_re_cut_in_one_batch_leaves_no_session_the_new_cut_names(
     before = {n: (await state(db, n))["version"] for n in (low, high)}
     # the gateway now cuts in two: each half's fact replaces the one row, in one batch
     await apply(
-        db, subjects,
-        (ranged("gw-1", (low, 1, 0), end=HALF), 2), (ranged("gw-1", (high, 1, 0), start=HALF), 3),
-    )  # fmt: skip
+        db,
+        subjects,
+        (ranged("gw-1", (low, 1, 0), end=HALF), 2),
+        (ranged("gw-1", (high, 1, 0), start=HALF), 3),
+    )
     after = {n: await state(db, n) for n in (low, high)}
     assert {n: s["version"] for n, s in after.items()} == before  # no write: still ranged
     assert all(s["ranged"] and s["sight"] > s["last_seen"] for s in after.values())
@@ -203,10 +224,12 @@ async def test_the_sweep_judges_ranged_sessions_by_their_rows_and_never_a_row_be
         await fleet.gateway(db, gateway, expires_in=60 * S)
         await fleet.session(db, node, epoch=1, gateway_id=gateway, seen_ago=60 * S)
     await apply(
-        db, subjects,
-        (ranged("gw-1", ("stale", 1, 0)), 1), (ranged("gw-2", ("fresh", 1, 0), ("left", 1, 0)), 2),
+        db,
+        subjects,
+        (ranged("gw-1", ("stale", 1, 0)), 1),
+        (ranged("gw-2", ("fresh", 1, 0), ("left", 1, 0)), 2),
         (ranged("gw-3", ("locked", 1, 0)), 3),
-    )  # fmt: skip
+    )
     await apply(db, subjects, (ranged("gw-2", ("fresh", 1, 0)), 4))  # "left" leaves gw-2
     # a minute on: gw-1's and gw-3's rows saw their sessions a minute ago, gw-2's just now
     await db.execute(

@@ -48,7 +48,7 @@ _UPDATABLE = (
     "discard_new_per_subject",
     "allow_batched",
     "sources",
-)  # fmt: skip  (max_consumers is set at creation: the server refuses to change it)
+)  # max_consumers is set at creation: the server refuses to change it
 _FIXED = ("retention", "storage")
 #: the server's error code for a stream whose subjects another stream takes
 _OVERLAP = 10065
@@ -114,8 +114,12 @@ async def _losing_nothing(
     log.warning(
         "stream %s: not bounded to %d messages per subject yet: %d subject(s) hold more (%s: "
         "%d), which the server would drop; bcw provision bounds it once they are under",
-        wanted.name, bound, len(over), fullest, over[fullest],
-    )  # fmt: skip
+        wanted.name,
+        bound,
+        len(over),
+        fullest,
+        over[fullest],
+    )
     return dataclasses.replace(
         wanted,
         max_msgs_per_subject=current.max_msgs_per_subject,
@@ -232,8 +236,11 @@ async def streams_for_a_worker(
         if current is None and _is_gateway_facts(wanted, subjects) and wanted.name not in sourced:
             # it would take facts nobody consumes (or that the facts stream still takes):
             # switching is `bcw provision`'s, which gives the facts stream its sources
-            log.warning("stream %s not created: the facts stream does not source it "
-                        "(bcw provision creates it)", wanted.name)  # fmt: skip
+            log.warning(
+                "stream %s not created: the facts stream does not source it "
+                "(bcw provision creates it)",
+                wanted.name,
+            )
             out[str(wanted.name)] = "missing"
             continue
         if current is None:
@@ -245,8 +252,11 @@ async def streams_for_a_worker(
                 # the one dead stream of an older release still takes every publisher's
                 # subjects (the server refuses the overlap): letters go there until
                 # `bcw provision` narrows it
-                log.warning("stream %s not created (%s): bcw provision creates it", wanted.name,
-                            error.description)  # fmt: skip
+                log.warning(
+                    "stream %s not created (%s): bcw provision creates it",
+                    wanted.name,
+                    error.description,
+                )
                 out[str(wanted.name)] = "missing"
                 continue
             log.info("stream %s created", wanted.name)
@@ -256,8 +266,10 @@ async def streams_for_a_worker(
         if differs:
             log.warning(
                 "stream %s differs from these settings, left as it is (bcw provision changes "
-                "it): %s", wanted.name, differs,
-            )  # fmt: skip
+                "it): %s",
+                wanted.name,
+                differs,
+            )
         out[str(wanted.name)] = "differs" if differs else "ok"
     return out
 
@@ -293,8 +305,12 @@ async def narrow_old_dead_stream(js: JetStreamContext, subjects: Subjects) -> st
     if config.subjects == [subjects.legacy_dead]:
         return "kept"
     await js.update_stream(dataclasses.replace(config, subjects=[subjects.legacy_dead]))
-    log.warning("stream %s narrowed to %s: each publisher's dead letters go to a stream of "
-                "its own; its letters are kept", subjects.dead_stream, subjects.legacy_dead)  # fmt: skip
+    log.warning(
+        "stream %s narrowed to %s: each publisher's dead letters go to a stream of "
+        "its own; its letters are kept",
+        subjects.dead_stream,
+        subjects.legacy_dead,
+    )
     return "narrowed"
 
 

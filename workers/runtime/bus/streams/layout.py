@@ -149,31 +149,49 @@ def stream_configs(
     facts_age = limits.facts_age
     facts = [
         stream(
-            subjects.facts_stream, [subjects.all_facts], facts_age, new,
-            per_subject=limits.per_subject, new_per_subject=True,
+            subjects.facts_stream,
+            [subjects.all_facts],
+            facts_age,
+            new,
+            per_subject=limits.per_subject,
+            new_per_subject=True,
         )
-    ]  # fmt: skip
+    ]
     if limits.gateways:
         # each gateway fills a stream of its own, and only its own; the facts stream (what
         # the workers consume) sources them all, so it holds at most what they hold
         facts = [
             stream(
-                subjects.facts_stream, [], facts_age, new, max_bytes=-1, max_msgs=-1,
-                sources=[StreamSource(name=subjects.gateway_facts_stream(g)) for g in limits.gateways],
+                subjects.facts_stream,
+                [],
+                facts_age,
+                new,
+                max_bytes=-1,
+                max_msgs=-1,
+                sources=[
+                    StreamSource(name=subjects.gateway_facts_stream(g)) for g in limits.gateways
+                ],
             ),
             *(
                 stream(
-                    subjects.gateway_facts_stream(g), [subjects.gateway_facts(g)], facts_age, new,
-                    max_bytes=limits.per_gateway, max_msgs=limits.msgs_per_gateway,
+                    subjects.gateway_facts_stream(g),
+                    [subjects.gateway_facts(g)],
+                    facts_age,
+                    new,
+                    max_bytes=limits.per_gateway,
+                    max_msgs=limits.msgs_per_gateway,
                 )
                 for g in limits.gateways
             ),
-        ]  # fmt: skip
+        ]
     return [
         *facts,
         stream(
-            subjects.events_stream, [subjects.all_events, subjects.revocations],
-            limits.events_age, old, max_bytes=limits.events_bytes or limits.max_bytes,
+            subjects.events_stream,
+            [subjects.all_events, subjects.revocations],
+            limits.events_age,
+            old,
+            max_bytes=limits.events_bytes or limits.max_bytes,
         ),
         stream(subjects.gateway_stream, [subjects.all_notices], limits.notices_age, old),
         # each publisher's own: within it each cause and source keeps its newest letters,
@@ -181,12 +199,16 @@ def stream_configs(
         # (`deadletter.subject_of`); and its bytes are its own
         *(
             stream(
-                subjects.dead_stream_of(p), subjects.dead_of(p), limits.dead_age, old,
-                limits.dead_per_source, max_bytes=limits.dead_bytes or limits.max_bytes,
+                subjects.dead_stream_of(p),
+                subjects.dead_of(p),
+                limits.dead_age,
+                old,
+                limits.dead_per_source,
+                max_bytes=limits.dead_bytes or limits.max_bytes,
             )
             for p in limits.dead_publishers
         ),
-    ]  # fmt: skip
+    ]
 
 
 def is_dead_stream(subjects: Subjects, name: str) -> bool:

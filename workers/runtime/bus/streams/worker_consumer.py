@@ -49,8 +49,15 @@ def differences(
     it: a deliver subject (a push consumer) and an inactive threshold (the server deletes
     a durable idle that long). Durations within `DURATION_TOLERANCE`. Pure."""
     out: dict[str, tuple[object, object]] = {}
-    for field in ("deliver_policy", "ack_policy", "ack_wait", "max_deliver",
-                  "max_ack_pending", "max_waiting", "deliver_subject"):  # fmt: skip
+    for field in (
+        "deliver_policy",
+        "ack_policy",
+        "ack_wait",
+        "max_deliver",
+        "max_ack_pending",
+        "max_waiting",
+        "deliver_subject",
+    ):
         have, want = getattr(current, field), getattr(wanted, field)
         if not _same(have, want):
             out[field] = (have, want)

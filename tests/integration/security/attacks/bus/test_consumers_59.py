@@ -15,8 +15,7 @@ nats-server that admits only the principals, each attack made with the attacker'
   bound on deliveries; 500 facts once reached every gateway 49,500 times in 5 s): refused,
   its durable stays as `bcw provision` made it, and no fact reaches a revocations listener.
 
-A gateway whose consumer is missing (not provisioned yet, or deleted under it) says so,
-waits, and follows it once `bcw provision` makes it again.
+A principal whose consumer is missing or differs, waiting for it: test_consumers_waited_for_59.py.
 
 Setups: A, a new install's (one facts stream, the notices consumers from BCW_NATS_GATEWAYS);
 B, the production layout's (a facts stream per gateway, BCW_NATS_FACTS_GATEWAYS, which
@@ -27,27 +26,18 @@ change nothing here: no database and no relay takes part.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import logging
 from pathlib import Path
 
-import asyncpg
 import nats.errors
 import nats.js.errors
 import pytest
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
-from opentelemetry.sdk.trace import TracerProvider
 
-from tests.integration.security.conftest import SUBJECTS, client_as, nats_as
-from tests.integration.support import bcw, eventually, make_settings
-from workers.gateway import Gateway, HelloRequest, notices
-from workers.gateway.admission import Code
-from workers.gateway.types import Refused
-from workers.registry import WORKERS
-from workers.runtime.bus import connection, streams
-from workers.runtime.process import run_process
+from tests.integration.security.conftest import SUBJECTS, client_as
+from tests.integration.support import bcw, eventually
+from workers.gateway import notices
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +49,7 @@ SETUPS = {
 }
 
 
-async def _provisioned(keys: Path, url: str, **env: str) -> str:
+async def provisioned(keys: Path, url: str, **env: str) -> str:
     """Fresh streams, then `bcw provision` as admin with `env`; its output."""
     async with client_as(keys, url, "admin") as (admin, _):
         js = admin.jetstream()
@@ -67,9 +57,12 @@ async def _provisioned(keys: Path, url: str, **env: str) -> str:
             if stream.config.name and stream.config.name.startswith(SUBJECTS.stream_prefix):
                 await js.delete_stream(stream.config.name)
     code, output = await bcw(
-        "provision", BCW_NATS_URL=url, BCW_SUBJECT_ROOT=SUBJECTS.root,
-        BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk"), **env,
-    )  # fmt: skip
+        "provision",
+        BCW_NATS_URL=url,
+        BCW_SUBJECT_ROOT=SUBJECTS.root,
+        BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk"),
+        **env,
+    )
     assert code == 0, output
     return output
 
@@ -89,10 +82,15 @@ def _attacks(
     likewise."""
     api = "$JS.API.CONSUMER"
     flood = {
-        "durable_name": durable, "name": durable, "deliver_subject": SUBJECTS.revocations,
-        "ack_policy": "explicit", "ack_wait": 50_000_000, "max_deliver": -1,
-        "filter_subject": filter_subject, "deliver_policy": "all",
-    }  # fmt: skip
+        "durable_name": durable,
+        "name": durable,
+        "deliver_subject": SUBJECTS.revocations,
+        "ack_policy": "explicit",
+        "ack_wait": 50_000_000,
+        "max_deliver": -1,
+        "filter_subject": filter_subject,
+        "deliver_policy": "all",
+    }
     idle = {**flood, "inactive_threshold": 1_000_000_000}
     del idle["deliver_subject"]
     ack = f"$JS.ACK.{stream}.{durable}.1.1.1.1.0"
@@ -152,9 +150,10 @@ async def _publish_events(keys: Path, url: str, count: int) -> None:
         js = admin.jetstream()
         for i in range(count):
             await js.publish(
-                SUBJECTS.event("node.connected"), json.dumps({"nodeId": f"n{i}", "epoch": 1}).encode(),
+                SUBJECTS.event("node.connected"),
+                json.dumps({"nodeId": f"n{i}", "epoch": 1}).encode(),
                 headers={"Bc-Type": "node.connected", "Nats-Msg-Id": f"siem-{i}"},
-            )  # fmt: skip
+            )
 
 
 @pytest.mark.parametrize("attacker", ["subscriber", "subscriber-dashboards", "gateway-gw-1"])
@@ -165,9 +164,7 @@ async def test_no_other_principal_drains_a_subscriber_applications_durable(
     (made by `bcw provision`), all reach `subscriber-siem` however the attacker tried to
     pull, ack, terminate, delete or re-create that durable; an operator's own durable
     (`siem`, made by hand) is as out of reach."""
-    output = await _provisioned(
-        keys, secured, BCW_NATS_SUBSCRIBERS="siem,dashboards", **SETUPS["A"]
-    )
+    output = await provisioned(keys, secured, BCW_NATS_SUBSCRIBERS="siem,dashboards", **SETUPS["A"])
     assert "consumer sub-siem" in output and "consumer sub-dashboards" in output, output
     async with client_as(keys, secured, "admin") as (admin, _):  # an operator's, by hand
         await admin.jetstream().add_consumer(
@@ -208,15 +205,16 @@ async def test_a_notices_consumer_cannot_be_made_an_amplifier(
     subject, a 50 ms ack wait and no bound on deliveries. Nothing changes: both consumers
     are as `bcw provision` made them, not a message reaches a revocations listener nor
     lands in the events stream, and gw-1's three notices wait for gw-1's pulls alone."""
-    output = await _provisioned(keys, secured, BCW_NATS_SUBSCRIBERS="siem", **SETUPS[setup])
+    output = await provisioned(keys, secured, BCW_NATS_SUBSCRIBERS="siem", **SETUPS[setup])
     assert "consumer gw-gw-1" in output and "consumer gw-gw-2" in output, output
     async with client_as(keys, secured, "admin") as (admin, _):
         js = admin.jetstream()
         for i in range(3):
             await js.publish(
-                SUBJECTS.notice("gw-1", "zombie"), b"{}",
+                SUBJECTS.notice("gw-1", "zombie"),
+                b"{}",
                 headers={"Bc-Type": "zombie", "Nats-Msg-Id": f"z-{i}"},
-            )  # fmt: skip
+            )
         before = {d: (await js.consumer_info(NOTICES, d)).config for d in ("gw-gw-1", "gw-gw-2")}
         events_before = (await js.stream_info(EVENTS)).state.messages
     async with client_as(keys, secured, "gateway-gw-2") as (listener, _):
@@ -245,8 +243,9 @@ async def test_a_notices_consumer_cannot_be_made_an_amplifier(
         assert (await js.stream_info(EVENTS)).state.messages == events_before
         wanted = notices.consumer_config(SUBJECTS, "gw-1")
         assert (info.config.max_deliver, info.config.filter_subject) == (
-            wanted.max_deliver, wanted.filter_subject,
-        )  # fmt: skip
+            wanted.max_deliver,
+            wanted.filter_subject,
+        )
 
 
 @pytest.mark.parametrize("setup", ["A", "B"])
@@ -257,7 +256,7 @@ async def test_a_worker_cannot_make_its_facts_durable_an_amplifier(
     `liveness` with the revocations as deliver subject; then a gateway sends 50 facts the
     durable takes. Nothing changes: the durable is as `bcw provision` made it, holds the 50
     facts for the liveness worker's pulls, and no message reaches a revocations listener."""
-    output = await _provisioned(keys, secured, **SETUPS[setup])
+    output = await provisioned(keys, secured, **SETUPS[setup])
     assert "consumer liveness" in output, output
     async with client_as(keys, secured, "admin") as (admin, _):
         before = (await admin.jetstream().consumer_info(FACTS, "liveness")).config
@@ -292,109 +291,3 @@ async def test_a_worker_cannot_make_its_facts_durable_an_amplifier(
         assert info.config == before
         assert info.config.deliver_subject is None and info.config.inactive_threshold is None
         assert info.delivered.consumer_seq == 0 and info.num_ack_pending == 0
-
-
-async def _gateway_acks(keys: Path, url: str, count: int) -> bool:
-    async with client_as(keys, url, "admin") as (admin, _):
-        with contextlib.suppress(Exception):
-            info = await admin.jetstream().consumer_info(NOTICES, "gw-gw-1")
-            return info.ack_floor.stream_seq >= count and info.num_ack_pending == 0
-    return False
-
-
-async def test_a_gateway_without_its_notices_consumer_says_so_waits_and_follows_it_once_made(
-    keys: Path, secured: str, database_url: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """gw-1 starts, as itself, before `bcw provision` made its consumer: it starts, says
-    the consumer is missing, and waits (no crash, no consumer made), refusing Hellos
-    UNAVAILABLE meanwhile (no command would reach their sessions); once made, the
-    notice waiting for it is obeyed and acked. Deleted under it, it says so again, and
-    follows the consumer made again."""
-    await _provisioned(keys, secured)  # streams and the workers' consumers only
-    caplog.set_level(logging.INFO, logger="workers.gateway.notices")
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
-    nc = await connection.connect(nats_as(keys, secured, "gateway-gw-1"), name="gw-1")
-    gateway = Gateway("gw-1", pool, nc, SUBJECTS)
-    admin_nc = await connection.connect(nats_as(keys, secured, "admin"), name="admin")
-    js = admin_nc.jetstream()
-    try:
-        await gateway.start(autotick=None)
-
-        async def said(what: str) -> bool:
-            return any(what in r.getMessage() and "gw-gw-1" in r.getMessage()
-                       for r in caplog.records)  # fmt: skip
-
-        await eventually(lambda: said("is missing"), what="the missing consumer said")
-        assert gateway.alive
-        # no session opens where no command would reach it: the seed's not-started refusal
-        request = HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker",
-                               boot_id="b1", journal_id="j1")  # fmt: skip
-        with pytest.raises(Refused) as refused:
-            await gateway.hello(request, None)  # type: ignore[arg-type]
-        assert refused.value.code is Code.UNAVAILABLE and refused.value.retry_after
-        await js.publish(SUBJECTS.notice("gw-1", "zombie"), b"{}", headers={"Bc-Type": "zombie"})
-        await asyncio.sleep(1.5)
-        with pytest.raises(nats.js.errors.NotFoundError):  # the gateway made none
-            await js.consumer_info(NOTICES, "gw-gw-1")
-
-        await notices.provision(js, SUBJECTS, "gw-1")  # as `bcw provision` does
-        await eventually(lambda: _gateway_acks(keys, secured, 1), what="the notice obeyed")
-        await eventually(lambda: said("is back"), what="the consumer found said")
-        assert gateway.notices.present
-
-        caplog.clear()
-        await js.delete_consumer(NOTICES, "gw-gw-1")
-        await eventually(lambda: said("is missing"), what="the deleted consumer said")
-        await js.publish(SUBJECTS.notice("gw-1", "zombie"), b"{}", headers={"Bc-Type": "zombie"})
-        await notices.provision(js, SUBJECTS, "gw-1")
-        await eventually(lambda: _gateway_acks(keys, secured, 2), what="followed again")
-        assert gateway.alive
-    finally:
-        await gateway.stop(graceful=False)
-        await nc.close()
-        await admin_nc.close()
-        await pool.close()
-
-
-async def test_a_worker_binds_its_durable_only_as_provisioned_and_waits_meanwhile(
-    keys: Path, secured: str, database_url: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """`worker-liveness` starts while its durable differs from its settings (provisioned
-    with a 60 s ack wait, its own 5 s): it says which consumer, what differs and that `bcw
-    provision` makes it, and waits, not ready — no crash, nothing changed; deleted, it
-    makes none; made as its settings want, it binds and runs."""
-    await _provisioned(keys, secured)  # the default settings: ack_wait 60 s
-    caplog.set_level(logging.INFO, logger="workers.runtime.process")
-    settings = make_settings(secured, database_url, SUBJECTS)
-    settings = settings.model_copy(update={"nats": nats_as(keys, secured, "worker-liveness")})
-    worker = WORKERS["liveness"](settings)
-    stopping, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(
-        run_process(settings, [worker], stopping=stopping, provider=TracerProvider(),
-                    on_ready=lambda *_: ready.set())
-    )  # fmt: skip
-    try:
-        async with client_as(keys, secured, "admin") as (admin, _):
-            js = admin.jetstream()
-
-            async def said() -> bool:
-                return any(f"consumer liveness on {FACTS} differs from these settings: "
-                           "ack_wait 60.0 (settings: 5.0)" in r.getMessage()
-                           and "`bcw provision` makes it" in r.getMessage()
-                           for r in caplog.records)  # fmt: skip
-
-            await eventually(said, what="what differs said")
-            await asyncio.sleep(1.0)
-            assert not ready.is_set() and not task.done()
-            assert (await js.consumer_info(FACTS, "liveness")).config.ack_wait == 60.0
-            await js.delete_consumer(FACTS, "liveness")
-            await asyncio.sleep(1.5)
-            with pytest.raises(nats.js.errors.NotFoundError):  # the worker made none
-                await js.consumer_info(FACTS, "liveness")
-            assert not ready.is_set() and not task.done()
-            spec = worker.consumer_spec(SUBJECTS)
-            await streams.ensure_consumer(js, FACTS, spec, settings.consumer)  # as provisioned
-            await asyncio.wait_for(ready.wait(), 15)
-    finally:
-        stopping.set()
-        await asyncio.wait_for(task, 15)

@@ -53,9 +53,17 @@ async def _letter_of(keys: Path, secured: str, worker: str, gateway: str, cause:
         seq, headers = await _stored_fact(admin, gateway, body)
     async with client_as(keys, secured, f"worker-{worker}") as (nc, errors):
         await deadletter.dead_letter(
-            nc.jetstream(), SUBJECTS, worker, subject=subject, stream=SUBJECTS.facts_stream,
-            stream_seq=seq, data=body, headers=headers, reason="parked", cause=cause,
-        )  # fmt: skip
+            nc.jetstream(),
+            SUBJECTS,
+            worker,
+            subject=subject,
+            stream=SUBJECTS.facts_stream,
+            stream_seq=seq,
+            data=body,
+            headers=headers,
+            reason="parked",
+            cause=cause,
+        )
         assert errors == []
     return body
 
@@ -84,14 +92,16 @@ async def test_a_workers_flood_of_letters_evicts_only_its_own(
     stored, seconds = await _flood(keys, secured)
     print(f"labeler: {stored} letters of {SIZE} bytes stored in {seconds:.2f} s")
     as_operator = {
-        "BCW_NATS_URL": secured, "BCW_SUBJECT_ROOT": SUBJECTS.root,
+        "BCW_NATS_URL": secured,
+        "BCW_SUBJECT_ROOT": SUBJECTS.root,
         "BCW_NATS_NKEY_SEED_FILE": str(keys / "operator.nk"),
-    }  # fmt: skip
+    }
     for worker in ("liveness", "replay"):
         code, out = await bcw("dead-letters", "list", "--worker", worker, **as_operator)
         assert code == 0 and "1 dead letter(s)" in out and "REFUSED" not in out, out
-    code, out = await bcw("dead-letters", "redrive", "--cause", "unsupported-major", "--yes",
-                          **as_operator)  # fmt: skip
+    code, out = await bcw(
+        "dead-letters", "redrive", "--cause", "unsupported-major", "--yes", **as_operator
+    )
     assert code == 0 and "1 re-driven" in out, out
     code, out = await bcw("dead-letters", "redrive", "--worker", "replay", "--yes", **as_operator)
     assert code == 0 and "1 re-driven" in out, out

@@ -85,13 +85,15 @@ async def test_a_gateway_that_floods_empty_messages_fills_only_its_own_share_by_
         "maximum messages exceeded" if per_gateway else "maximum messages per subject exceeded"
     }
     async with client_as(keys, secured, "gateway-gw-2") as (honest, _):
-        flush = make_fact("liveness", gateway_id="gw-2",
-                          entries=[{"node_id": "theirs", "epoch": 3, "age_ms": 0}])  # fmt: skip
+        flush = make_fact(
+            "liveness", gateway_id="gw-2", entries=[{"node_id": "theirs", "epoch": 3, "age_ms": 0}]
+        )
         body, headers = REGISTRY.encode(flush)
         await honest.jetstream().publish(
-            SUBJECTS.fact("gw-2", "liveness"), body,
+            SUBJECTS.fact("gw-2", "liveness"),
+            body,
             headers={**headers, "Nats-Msg-Id": str(flush.fact_id)},
-        )  # fmt: skip
+        )
     settings = make_settings(secured, database_url, SUBJECTS)
     worker = settings.model_copy(
         update={"nats": nats_as(keys, secured, "worker-liveness").model_copy(update=layout)}
@@ -100,10 +102,12 @@ async def test_a_gateway_that_floods_empty_messages_fills_only_its_own_share_by_
     async with running(worker, [WORKERS["liveness"](worker)]) as (runtime, _port):
 
         async def seen() -> bool:
-            return bool(await db.fetchval(
-                "SELECT last_seen > compute_now() - interval '1 minute' FROM node_sessions "
-                "WHERE node_id = 'theirs'"
-            ))  # fmt: skip
+            return bool(
+                await db.fetchval(
+                    "SELECT last_seen > compute_now() - interval '1 minute' FROM node_sessions "
+                    "WHERE node_id = 'theirs'"
+                )
+            )
 
         await eventually(seen, within=60, what="gw-2's flush applied behind gw-1's flood")
         full = runtime.metrics.facts_stream_full

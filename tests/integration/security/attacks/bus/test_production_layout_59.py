@@ -95,8 +95,9 @@ async def _database(database_url: str, db: asyncpg.Connection) -> dict[str, str]
     gateway = LOGIN.format("gw1")
     with contextlib.suppress(asyncpg.DuplicateObjectError, asyncpg.UniqueViolationError):
         await db.execute(f"CREATE ROLE {gateway} LOGIN IN ROLE bcw_gateway_bound")
-    code, output = await bcw("auth", "db", "--bind", f"{gateway}={GATEWAY}",
-                             BCW_DATABASE_URL=database_url)  # fmt: skip
+    code, output = await bcw(
+        "auth", "db", "--bind", f"{gateway}={GATEWAY}", BCW_DATABASE_URL=database_url
+    )
     assert code == 0 and f"acts as {GATEWAY}" in output, output
     urls[GATEWAY] = url_as(database_url, gateway)
     return urls
@@ -109,12 +110,15 @@ async def _processes(
     """Step 8, as the chart runs it: each worker and the relay a process of its own, with
     its own nkey and login; the workers' relays off. Stopped with SIGTERM."""
     common = {
-        "BCW_NATS_URL": url, "BCW_SUBJECT_ROOT": SUBJECTS.root,
-        "BCW_NATS_FACTS_GATEWAYS": GATEWAY, "BCW_HEALTH_PORT": "0",
-        "BCW_DATABASE_POOL_MAX": "3", "BCW_LOG_FORMAT": "console",
+        "BCW_NATS_URL": url,
+        "BCW_SUBJECT_ROOT": SUBJECTS.root,
+        "BCW_NATS_FACTS_GATEWAYS": GATEWAY,
+        "BCW_HEALTH_PORT": "0",
+        "BCW_DATABASE_POOL_MAX": "3",
+        "BCW_LOG_FORMAT": "console",
         # one alternation more than none quarantines: the clone below is revoked quickly
         "BCW_QUARANTINE_MAX_ALTERNATIONS": "1",
-    }  # fmt: skip
+    }
     procs: dict[str, asyncio.subprocess.Process] = {}
     try:
         for name in [*WORKERS, "relay"]:
@@ -127,10 +131,16 @@ async def _processes(
             }
             with (logs / f"{name}.log").open("w") as out:
                 procs[name] = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "workers.cli", "run", name,
-                    env={**_environ(), **env}, stdout=out, stderr=asyncio.subprocess.STDOUT,
+                    sys.executable,
+                    "-m",
+                    "workers.cli",
+                    "run",
+                    name,
+                    env={**_environ(), **env},
+                    stdout=out,
+                    stderr=asyncio.subprocess.STDOUT,
                     preexec_fn=die_with_parent(signal.SIGTERM),
-                )  # fmt: skip
+                )
         yield procs
     finally:
         for proc in procs.values():
@@ -201,9 +211,14 @@ def _pack_sql() -> str:
 
 async def _plant(labeler: asyncpg.Connection, *messages: tuple[str, str, bytes]) -> None:
     await labeler.execute(
-        _pack_sql(), len(messages), [uuid.uuid4() for _ in messages], [m[0] for m in messages],
-        [m[1] for m in messages], [m[2] for m in messages], ["n1" for _ in messages],
-    )  # fmt: skip
+        _pack_sql(),
+        len(messages),
+        [uuid.uuid4() for _ in messages],
+        [m[0] for m in messages],
+        [m[1] for m in messages],
+        [m[2] for m in messages],
+        ["n1" for _ in messages],
+    )
 
 
 def _failed(logs: Path, procs: dict[str, asyncio.subprocess.Process]) -> str:
@@ -222,15 +237,19 @@ async def test_the_production_layout_publishes_and_survives_a_workers_bad_rows(
     async with _nats(tmp_path) as (url, keys):
         urls = await _database(database_url, db)
         code, output = await bcw(
-            "provision", BCW_NATS_URL=url, BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk"),
-            BCW_NATS_FACTS_GATEWAYS=GATEWAY, BCW_DATABASE_URL=database_url,
-        )  # fmt: skip
+            "provision",
+            BCW_NATS_URL=url,
+            BCW_NATS_NKEY_SEED_FILE=str(keys / "admin.nk"),
+            BCW_NATS_FACTS_GATEWAYS=GATEWAY,
+            BCW_DATABASE_URL=database_url,
+        )
         assert code == 0 and f"{SUBJECTS.facts_stream}_{GATEWAY}" in output, output
         await fleet.join(db, "n1")  # its Hello key enrolled: its daemon proves
         admin = await _admin(url, keys)
         js = admin.jetstream()
-        daemon = FakeDaemon("n1", "n1-serial", time.time, random.Random(1),
-                            hello_key=fleet.hello_key("n1"))  # fmt: skip
+        daemon = FakeDaemon(
+            "n1", "n1-serial", time.time, random.Random(1), hello_key=fleet.hello_key("n1")
+        )
         daemons = [daemon]
         async with (
             _processes(url, keys, urls, logs) as procs,
@@ -247,9 +266,10 @@ async def test_the_production_layout_publishes_and_survives_a_workers_bad_rows(
             # an event: the node's session opened (proven), relayed by the dedicated relay
             try:
                 await eventually(
-                    lambda: on_bus(SUBJECTS.event("node.connected")), within=90,
+                    lambda: on_bus(SUBJECTS.event("node.connected")),
+                    within=90,
                     what="node.connected published by the dedicated relay",
-                )  # fmt: skip
+                )
             except AssertionError as missing:
                 raise AssertionError(f"{missing}\n{_failed(logs, procs)}") from None
             assert daemon.connected
@@ -274,9 +294,10 @@ async def test_the_production_layout_publishes_and_survives_a_workers_bad_rows(
             started = time.monotonic()
             second = await enqueue(db, "n1", "noop", {})
             await eventually(
-                lambda: _ran(daemon, second), within=DISPATCH_BOUND,
+                lambda: _ran(daemon, second),
+                within=DISPATCH_BOUND,
                 what="a command enqueued beside the bad rows run within the bound",
-            )  # fmt: skip
+            )
             took = time.monotonic() - started
 
             async def buried() -> bool:
@@ -284,10 +305,17 @@ async def test_the_production_layout_publishes_and_survives_a_workers_bad_rows(
 
             await eventually(buried, within=10, what="both bad rows buried")
             reasons = sorted(r["reason"] for r in await db.fetch("SELECT reason FROM outbox_dead"))
-            assert reasons == ["header 'Nats-Rollup' is not one a worker sends",
-                               "header Bc-Type is not a string (list)"]  # fmt: skip
-            assert await db.fetchval("SELECT count(*) FROM outbox_packs WHERE worker = 'labeler'"
-                                     " AND created_at < now() - interval '5 seconds'") == 0  # fmt: skip
+            assert reasons == [
+                "header 'Nats-Rollup' is not one a worker sends",
+                "header Bc-Type is not a string (list)",
+            ]
+            assert (
+                await db.fetchval(
+                    "SELECT count(*) FROM outbox_packs WHERE worker = 'labeler'"
+                    " AND created_at < now() - interval '5 seconds'"
+                )
+                == 0
+            )
             # nothing purged (the rollup never reached the server), nothing of them published
             events = await stream_messages(js, SUBJECTS.events_stream)
             assert len(events) >= events_before

@@ -35,9 +35,11 @@ pytestmark = pytest.mark.slow
 LAYOUTS: dict[str, dict[str, Any]] = {
     "A-one-stream": {"facts_msgs_per_gateway": 1000, "stream_max_msgs": 10_000},
     "B-per-gateway": {
-        "facts_gateways": "gw-1,gw-2", "facts_msgs_per_gateway": 1000, "stream_max_msgs": 10_000,
+        "facts_gateways": "gw-1,gw-2",
+        "facts_msgs_per_gateway": 1000,
+        "stream_max_msgs": 10_000,
     },
-}  # fmt: skip
+}
 #: attacker → (the request it may make, its body): each answer is sent where it says
 ASKS: dict[str, tuple[str, bytes]] = {
     "tester": ("$JS.API.INFO", b""),

@@ -66,20 +66,33 @@ async def test_a_flood_of_a_gateways_stale_closes_costs_it_and_not_the_others(
     async with client_as(keys, secured, "gateway-gw-1") as (attacker, errors):
         for i in range(FLOOD):
             wire["fact_id"], wire["node_id"] = str(uuid.uuid4()), f"n{i % NODES}"
-            await attacker.publish(SUBJECTS.fact("gw-1", "closed"), json.dumps(wire).encode(),
-                                   headers={**headers, "Nats-Msg-Id": wire["fact_id"]})  # fmt: skip
-        mine = make_fact("liveness", gateway_id="gw-1",
-                         entries=[{"node_id": "mine", "epoch": 1, "age_ms": 0}])  # fmt: skip
+            await attacker.publish(
+                SUBJECTS.fact("gw-1", "closed"),
+                json.dumps(wire).encode(),
+                headers={**headers, "Nats-Msg-Id": wire["fact_id"]},
+            )
+        mine = make_fact(
+            "liveness", gateway_id="gw-1", entries=[{"node_id": "mine", "epoch": 1, "age_ms": 0}]
+        )
         body, mine_headers = REGISTRY.encode(mine)
-        await attacker.jetstream().publish(SUBJECTS.fact("gw-1", "liveness"), body,
-                                           headers={**mine_headers, "Nats-Msg-Id": str(mine.fact_id)})  # fmt: skip
+        await attacker.jetstream().publish(
+            SUBJECTS.fact("gw-1", "liveness"),
+            body,
+            headers={**mine_headers, "Nats-Msg-Id": str(mine.fact_id)},
+        )
         assert not errors
     async with client_as(keys, secured, "gateway-gw-2") as (honest, _):
-        flush = make_fact("liveness", gateway_id="gw-2",
-                          entries=[{"node_id": f"n{i}", "epoch": 2, "age_ms": 0} for i in range(NODES)])  # fmt: skip
+        flush = make_fact(
+            "liveness",
+            gateway_id="gw-2",
+            entries=[{"node_id": f"n{i}", "epoch": 2, "age_ms": 0} for i in range(NODES)],
+        )
         body, flush_headers = REGISTRY.encode(flush)
-        await honest.jetstream().publish(SUBJECTS.fact("gw-2", "liveness"), body,
-                                         headers={**flush_headers, "Nats-Msg-Id": str(flush.fact_id)})  # fmt: skip
+        await honest.jetstream().publish(
+            SUBJECTS.fact("gw-2", "liveness"),
+            body,
+            headers={**flush_headers, "Nats-Msg-Id": str(flush.fact_id)},
+        )
     await eventually(lambda: _stored(keys, secured, FLOOD + 2), within=60, what="the flood stored")
     settings = make_settings(secured, database_url, SUBJECTS)
     worker = settings.model_copy(
@@ -90,18 +103,23 @@ async def test_a_flood_of_a_gateways_stale_closes_costs_it_and_not_the_others(
     async with running(worker, [WORKERS["liveness"](worker)]) as (runtime, _port):
 
         async def seen(node: str) -> bool:
-            return bool(await db.fetchval(
-                "SELECT last_seen > compute_now() - interval '1 minute' FROM node_sessions "
-                "WHERE node_id = $1", node,
-            ))  # fmt: skip
+            return bool(
+                await db.fetchval(
+                    "SELECT last_seen > compute_now() - interval '1 minute' FROM node_sessions "
+                    "WHERE node_id = $1",
+                    node,
+                )
+            )
 
         await eventually(lambda: seen("n0"), within=120, what="gw-2's flush applied")
         late = time.monotonic() - started
         await eventually(lambda: seen("mine"), within=30, what="gw-1's own flush applied")
         shed = runtime.metrics.facts.value("liveness", "closed", "shed")
         stale = runtime.metrics.facts.value("liveness", "closed", "stale")
-    print(f"{FLOOD:,} stale closes from gw-1: gw-2's flush applied {late:.1f} s after the "
-          f"worker's start; {shed:,.0f} shed, {stale:,.0f} checked (stale)")  # fmt: skip
+    print(
+        f"{FLOOD:,} stale closes from gw-1: gw-2's flush applied {late:.1f} s after the "
+        f"worker's start; {shed:,.0f} shed, {stale:,.0f} checked (stale)"
+    )
     assert shed >= FLOOD // 2, (shed, stale)
     # nothing changed: every node still routed to gw-2 at epoch 2, none disconnected
     rows = await db.fetch(

@@ -167,9 +167,10 @@ async def test_a_subscriber_application_cannot_publish_an_old_event_again(
         await js.update_stream(config)
         await js.purge_stream(events)
         await js.publish(
-            SUBJECTS.event("security.node.quarantined"), b'{"nodeId": "n1"}',
+            SUBJECTS.event("security.node.quarantined"),
+            b'{"nodeId": "n1"}',
             headers={"Bc-Type": "security.node.quarantined", "Nats-Msg-Id": "q-n1"},
-        )  # fmt: skip
+        )
         before = (await js.stream_info(events)).state.messages
     await asyncio.sleep(1.5)
     async with client_as(keys, secured, "subscriber-siem") as (siem, _):

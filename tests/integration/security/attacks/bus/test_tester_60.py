@@ -62,10 +62,11 @@ async def test_the_test_pods_login_checks_the_streams_and_can_do_nothing_else(
     await _fresh_streams(keys, secured, layout)
     before = await _state(keys, secured)
     as_tester = {
-        "BCW_NATS_URL": secured, "BCW_SUBJECT_ROOT": SUBJECTS.root,
+        "BCW_NATS_URL": secured,
+        "BCW_SUBJECT_ROOT": SUBJECTS.root,
         "BCW_NATS_NKEY_SEED_FILE": str(keys / "tester.nk"),
         "BCW_NATS_FACTS_GATEWAYS": str(layout.get("facts_gateways", "")),
-    }  # fmt: skip
+    }
     code, out = await bcw("provision", "--check", **as_tester)
     assert code == 0 and "missing" not in out and "differs" not in out, out
 

@@ -51,10 +51,13 @@ def _security(docs: upgrade.Docs) -> dict[tuple[str, str], Any]:
                 if "secretKeyRef" in e.get("valueFrom", {})
             }
             out[(kind, "" if kind == "Job" else name)] = (
-                spec.get("securityContext"), spec.get("serviceAccountName"),
-                spec.get("automountServiceAccountToken"), spec.get("hostNetwork"),
-                [c.get("securityContext") for c in containers], sorted(secrets),
-            )  # fmt: skip
+                spec.get("securityContext"),
+                spec.get("serviceAccountName"),
+                spec.get("automountServiceAccountToken"),
+                spec.get("hostNetwork"),
+                [c.get("securityContext") for c in containers],
+                sorted(secrets),
+            )
         elif kind in SECURITY_KINDS:
             out[(kind, name)] = doc.get("spec", doc.get("automountServiceAccountToken"))
     return out

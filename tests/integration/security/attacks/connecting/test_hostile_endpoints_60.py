@@ -79,9 +79,14 @@ def _speakers(tls: ssl.SSLContext) -> dict[str, Speak]:
         w.write(b'INFO {"server_id":"x","version":"2.10.0","proto":1,"headers":true}\r\n')
 
     return {
-        "http": http, "noise": noise, "starting": starting, "bad-password": bad_password,
-        "self-signed-tls": self_signed, "broken-info": broken_info, "info-then-hang": info_then_hang,
-    }  # fmt: skip
+        "http": http,
+        "noise": noise,
+        "starting": starting,
+        "bad-password": bad_password,
+        "self-signed-tls": self_signed,
+        "broken-info": broken_info,
+        "info-then-hang": info_then_hang,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -119,10 +124,14 @@ async def test_a_hostile_database_endpoint_is_one_line_within_the_bound(
     async with endpoint(_speakers(tls)[kind]) as port:
         started = time.monotonic()
         code, out = await asyncio.wait_for(
-            bcw("migrate", "--wait", "4s",
-                BCW_DATABASE_URL=f"postgresql://u:hunter2@127.0.0.1:{port}/db?sslmode={mode}"),
+            bcw(
+                "migrate",
+                "--wait",
+                "4s",
+                BCW_DATABASE_URL=f"postgresql://u:hunter2@127.0.0.1:{port}/db?sslmode={mode}",
+            ),
             60,
-        )  # fmt: skip
+        )
     assert code in codes, out
     assert "Traceback" not in out and "hunter2" not in out, out
     assert len([line for line in out.splitlines() if line.strip()]) <= 2, out
@@ -134,10 +143,14 @@ async def test_a_hostile_nats_endpoint_is_an_outage_never_a_setting(kind: str) -
     async with endpoint(_speakers(ssl.create_default_context())[kind]) as port:
         started = time.monotonic()
         code, out = await asyncio.wait_for(
-            bcw("provision", "--check", BCW_NATS_URL=f"nats://127.0.0.1:{port}",
-                BCW_NATS_CONNECT_TIMEOUT="2"),
+            bcw(
+                "provision",
+                "--check",
+                BCW_NATS_URL=f"nats://127.0.0.1:{port}",
+                BCW_NATS_CONNECT_TIMEOUT="2",
+            ),
             60,
-        )  # fmt: skip
+        )
     assert code == 1 and "cannot reach" in out and "Traceback" not in out, out
     assert time.monotonic() - started < 20
 
@@ -168,10 +181,14 @@ async def test_one_cluster_member_with_a_bad_certificate_does_not_stop_the_other
     codes = []
     for _ in range(8):  # the client tries the list in a random order
         code, out = await asyncio.wait_for(
-            bcw("provision", BCW_NATS_URL=rogue_and_good,
-                BCW_NATS_TLS_CA_FILE=str(certs / "ca.crt"), BCW_SUBJECT_ROOT="hostile"),
+            bcw(
+                "provision",
+                BCW_NATS_URL=rogue_and_good,
+                BCW_NATS_TLS_CA_FILE=str(certs / "ca.crt"),
+                BCW_SUBJECT_ROOT="hostile",
+            ),
             60,
-        )  # fmt: skip
+        )
         codes.append((code, out.strip().splitlines()[-1:] if code else []))
         if code:
             break

@@ -44,9 +44,12 @@ QUICK = 1.0
 
 def _request(node: str) -> HelloRequest:
     return HelloRequest(
-        node_id=node, cert_serial=f"{node}-serial", role="worker", boot_id=f"{node}-b",
+        node_id=node,
+        cert_serial=f"{node}-serial",
+        role="worker",
+        boot_id=f"{node}-b",
         journal_id=f"{node}-j",
-    )  # fmt: skip
+    )
 
 
 async def _hellos_open_at_once(gateway: Gateway, nodes: list[str]) -> None:
@@ -104,10 +107,29 @@ async def test_an_open_hello_transaction_holds_the_policy_and_queues_no_other_he
             tx = attacker.transaction()
             await tx.start()
             row = await attacker.fetchrow(
-                store.HELLO, "gw-2", gw2.lease_epoch, "ghost", "ghost-serial", "b", "j",
-                "worker", "1.0.0", 1, "grpc", False, 0, None, "", timedelta(seconds=30), None,
-                uuid.uuid4(), None, None, None, [],
-            )  # fmt: skip
+                store.HELLO,
+                "gw-2",
+                gw2.lease_epoch,
+                "ghost",
+                "ghost-serial",
+                "b",
+                "j",
+                "worker",
+                "1.0.0",
+                1,
+                "grpc",
+                False,
+                0,
+                None,
+                "",
+                timedelta(seconds=30),
+                None,
+                uuid.uuid4(),
+                None,
+                None,
+                None,
+                [],
+            )
             assert row["outcome"] in ("not-joined", "unproven")
             # the policy's change (as bcw migrate makes it: an UPDATE of the row) waits
             await setter.execute("SET lock_timeout = '20s'")

@@ -37,10 +37,29 @@ async def _flood(conn: asyncpg.Connection, lease: int, node: str) -> dict[str, i
     outcomes: dict[str, int] = {}
     for i in range(FLOOD):
         row = await conn.fetchrow(
-            store.HELLO, "gw-1", lease, node, f"{node}-serial", f"boot-{i}", "j", "worker",
-            "1.0.0", 1, "grpc", False, 0, None, "", timedelta(seconds=30), None, uuid.uuid4(),
-            None, None, None, [],
-        )  # fmt: skip
+            store.HELLO,
+            "gw-1",
+            lease,
+            node,
+            f"{node}-serial",
+            f"boot-{i}",
+            "j",
+            "worker",
+            "1.0.0",
+            1,
+            "grpc",
+            False,
+            0,
+            None,
+            "",
+            timedelta(seconds=30),
+            None,
+            uuid.uuid4(),
+            None,
+            None,
+            None,
+            [],
+        )
         outcomes[row["outcome"]] = outcomes.get(row["outcome"], 0) + 1
     return outcomes
 
@@ -73,21 +92,39 @@ async def test_a_gateways_hello_flood_opens_a_bounded_number_and_the_node_still_
             assert keyless["too-many"] == keyed["too-many"] == FLOOD - bound
         assert await _rows(db, "k1") == await _rows(db, "n1") == opened
         # the node's own proven Hello opens: the unproven ones are counted apart
-        await fleet.say_hello(gw2, HelloRequest(node_id="n1", cert_serial="n1-serial",
-                                                role="worker", boot_id="b1", journal_id="j1"))  # fmt: skip
+        await fleet.say_hello(
+            gw2,
+            HelloRequest(
+                node_id="n1", cert_serial="n1-serial", role="worker", boot_id="b1", journal_id="j1"
+            ),
+        )
         assert await db.fetchval("SELECT proven FROM node_sessions WHERE node_id = 'n1'") is True
         if policy == "warn":  # through the reference gateway: UNAVAILABLE, with a pushback
             with pytest.raises(Refused) as refused:
                 await gw1.hello(
-                    HelloRequest(node_id="k1", cert_serial="k1-serial", role="worker",
-                                 boot_id="again", journal_id="j"), RecordingStream(),
-                )  # fmt: skip
+                    HelloRequest(
+                        node_id="k1",
+                        cert_serial="k1-serial",
+                        role="worker",
+                        boot_id="again",
+                        journal_id="j",
+                    ),
+                    RecordingStream(),
+                )
             assert refused.value.code is Code.UNAVAILABLE
             assert refused.value.retry_after is not None and 30 <= refused.value.retry_after < 60
             await _move(db, gw1, 61)  # a minute later the node's Hellos open again
             await gw1.hello(
-                HelloRequest(node_id="k1", cert_serial="k1-serial", role="worker",
-                             boot_id="later", journal_id="j"), RecordingStream(),
-            )  # fmt: skip
-        print(f"\n{policy}: {2 * FLOOD} Hello transactions from one login in {took:.1f} s; "
-              f"{2 * opened} rows of session_epochs")  # fmt: skip
+                HelloRequest(
+                    node_id="k1",
+                    cert_serial="k1-serial",
+                    role="worker",
+                    boot_id="later",
+                    journal_id="j",
+                ),
+                RecordingStream(),
+            )
+        print(
+            f"\n{policy}: {2 * FLOOD} Hello transactions from one login in {took:.1f} s; "
+            f"{2 * opened} rows of session_epochs"
+        )

@@ -19,9 +19,7 @@ stream per gateway).
   secret waits. n1's daemon says Hello again at gw-2: the clone's Hello is counted from
   its record with it, and the secret goes to n1.
 
-And the quarantine alone (a driver in place of the gateways): the record decides what is
-counted, not the fact; a recorded duplicate whose fact never came is counted, and said,
-with the node's next one, and its fact arriving at last counts nothing again.
+The quarantine alone, counting from the record: test_counted_from_the_record_59.py.
 """
 
 from __future__ import annotations
@@ -36,14 +34,11 @@ from typing import Any
 
 import asyncpg
 import pytest
-from nats.aio.client import Client as NATS
 
 from schemas.facts import Fact, Hello, PreviousSession
 from schemas.proof import prove
-from schemas.subjects import Subjects
-from tests.conftest import Clock, Servers
+from tests.conftest import Clock
 from tests.integration import fleet
-from tests.integration.driver import Driver, driving
 from tests.integration.security.conftest import (
     SUBJECTS,
     client_as,
@@ -53,7 +48,7 @@ from tests.integration.security.conftest import (
 )
 from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, make_settings, running
-from workers import quarantine, replay
+from workers import replay
 from workers.embedded.servers import EmbeddedNats
 from workers.gateway import Gateway, GatewaySettings, HelloRequest, Refused, notices, store
 from workers.registry import WORKERS
@@ -89,8 +84,14 @@ class World:
 def _request(boot: str, gateway: str) -> HelloRequest:
     """n1's Hello from `boot`, proven for `gateway` by n1's key (the clone stole it)."""
     proof = prove(fleet.hello_key("n1"), "n1", boot, "j1", gateway, fleet.rising_at("n1"))
-    return HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker", boot_id=boot,
-                        journal_id="j1", proof=proof)  # fmt: skip
+    return HelloRequest(
+        node_id="n1",
+        cert_serial="n1-serial",
+        role="worker",
+        boot_id=boot,
+        journal_id="j1",
+        proof=proof,
+    )
 
 
 def _settings(secured: str, database_url: str, hold_max: timedelta, gateways: str) -> Settings:
@@ -150,9 +151,12 @@ async def _world(
             )
             stack.push_async_callback(bus.close)
             gateway = Gateway(
-                gateway_id, pool, bus, SUBJECTS,
+                gateway_id,
+                pool,
+                bus,
+                SUBJECTS,
                 settings=GatewaySettings(verdict_wait=0.5, lease_ttl=300.0),
-            )  # fmt: skip
+            )
             await gateway.start(autotick=None)
             stack.push_async_callback(gateway.stop, False)
             started.append(gateway)
@@ -212,8 +216,10 @@ async def test_a_clone_said_as_no_duplicate_is_counted_revoked_and_blamed_on_its
             clone = RecordingStream()
             streams_.append(clone)
             await w.attacker.hello(_request("clone-boot", "gw-1"), clone)
-            await eventually(lambda t=turn: _counted(db, 2 * t + 1),
-                             what="the clone's Hello counted (said: no duplicate)")  # fmt: skip
+            await eventually(
+                lambda t=turn: _counted(db, 2 * t + 1),
+                what="the clone's Hello counted (said: no duplicate)",
+            )
             again = RecordingStream()
             streams_.append(again)
             try:  # n1's daemon, its session superseded, says Hello again at gw-2
@@ -230,11 +236,17 @@ async def test_a_clone_said_as_no_duplicate_is_counted_revoked_and_blamed_on_its
             "ORDER BY epoch"
         )
         assert [tuple(r) for r in recorded] == [
-            (2, "gw-1", True), (3, "gw-2", True), (4, "gw-1", True), (5, "gw-2", True),
-        ]  # fmt: skip
+            (2, "gw-1", True),
+            (3, "gw-2", True),
+            (4, "gw-1", True),
+            (5, "gw-2", True),
+        ]
         assert [tuple(r) for r in counted] == [
-            (2, "gw-1", True), (3, "gw-2", True), (4, "gw-1", True), (5, "gw-2", True),
-        ]  # fmt: skip
+            (2, "gw-1", True),
+            (3, "gw-2", True),
+            (4, "gw-1", True),
+            (5, "gw-2", True),
+        ]
 
         async def revoked() -> bool:
             return bool(await db.fetchval("SELECT is_revoked('n1-serial')"))
@@ -244,8 +256,10 @@ async def test_a_clone_said_as_no_duplicate_is_counted_revoked_and_blamed_on_its
             "SELECT epoch, gateway_id, gateways, held, revoked_at FROM quarantines"
         )
         assert (quarantine["epoch"], quarantine["gateway_id"], quarantine["held"]) == (
-            5, "gw-1", None,
-        ), dict(quarantine)  # fmt: skip
+            5,
+            "gw-1",
+            None,
+        ), dict(quarantine)
         assert sorted(quarantine["gateways"]) == ["gw-1", "gw-2"]
         # nothing released by the hold bound; the fourth's session, and after the
         # revocation any session, gets nothing
@@ -307,8 +321,9 @@ async def test_a_clone_whose_hello_fact_never_comes_gets_nothing_and_the_node_ge
         mine = RecordingStream()
         honest = await w.honest.hello(_request("b1", "gw-2"), mine)
         await eventually(lambda: _is(db, secret, "dispatched"), what="the secret sent to n1")
-        delivered = await db.fetchval("SELECT session_epoch FROM commands WHERE command_id = $1",
-                                      secret)  # fmt: skip
+        delivered = await db.fetchval(
+            "SELECT session_epoch FROM commands WHERE command_id = $1", secret
+        )
         assert delivered == honest.epoch and clone.delivered == []
         counted = await db.fetch(
             "SELECT epoch, gateway_id FROM node_alternations WHERE node_id = 'n1' ORDER BY epoch"
@@ -319,82 +334,6 @@ async def test_a_clone_whose_hello_fact_never_comes_gets_nothing_and_the_node_ge
         )
         if duplicate:  # the clone's session was still live: both counted
             assert [tuple(r) for r in counted] == [
-                (welcome.epoch, "gw-1"), (honest.epoch, "gw-2"),
-            ]  # fmt: skip
-
-
-# -- the quarantine alone: what it counts is the record ----------------------------------
-
-# what the Hello transaction records for an epoch (migration 0049): its judgement
-RECORD = """
-INSERT INTO session_epochs (node_id, epoch, gateway_id, boot_id, journal_id, hello_fact_id,
-                            previous_epoch, previous_gateway_id, previous_boot_id,
-                            previous_live, duplicate)
-VALUES ('n1', $1::bigint, $2, $3, 'j1', $4, $1::bigint - 1, $5, $6, true, $7)
-"""
-
-
-@pytest.fixture
-async def drive(servers: Servers, nc: NATS, subjects: Subjects, database_url: str):  # type: ignore[no-untyped-def]
-    async with driving(servers, nc, subjects, database_url, quarantine.build) as driver:
-        yield driver
-
-
-async def _recorded_hello(
-    db: asyncpg.Connection, epoch: int, gateway: str, recorded: bool, says: bool
-) -> object:
-    """n1's Hello at `epoch` through `gateway`: its transaction recorded it a duplicate
-    (`recorded`) or not; its fact says `says`."""
-    boot, other = ("boot-a", "boot-b") if epoch % 2 else ("boot-b", "boot-a")
-    hello = fleet.hello(
-        "n1", epoch, gateway_id=gateway, boot_id=boot, cert={"serial": "n1-serial"},
-        duplicate=says, previous={"epoch": epoch - 1, "live": says},
-    )  # fmt: skip
-    other_gateway = "gw-2" if gateway == "gw-1" else "gw-1"
-    await db.execute(RECORD, epoch, gateway, boot, hello.fact_id, other_gateway, other, recorded)
-    return hello
-
-
-async def _alternations(db: asyncpg.Connection) -> list[tuple[int, str]]:
-    rows = await db.fetch("SELECT epoch, gateway_id FROM node_alternations ORDER BY epoch")
-    return [(r["epoch"], r["gateway_id"]) for r in rows]
-
-
-async def test_the_record_decides_what_is_counted_not_the_fact(
-    drive: Driver, db: asyncpg.Connection
-) -> None:
-    await fleet.session(db, "n1", epoch=1)
-    hidden = await _recorded_hello(db, 2, "gw-1", recorded=True, says=False)  # a hidden clone
-    made_up = await _recorded_hello(db, 3, "gw-1", recorded=False, says=True)  # no clone at all
-    await drive.send(hidden, made_up)
-    assert await _alternations(db) == [(2, "gw-1")]
-    assert drive.settled("ignored") == 1
-    [event] = await drive.published("security.node.duplicate-session")
-    assert (event["gatewayId"], event["bootId"], event["alternations"]) == ("gw-1", "boot-b", 1)
-
-
-async def test_a_duplicate_whose_fact_never_came_is_counted_with_the_next(
-    drive: Driver, db: asyncpg.Connection
-) -> None:
-    """gw-1 never says the clone's Hellos (epochs 2, 4); n1's reconnects through gw-2 (3, 5)
-    are said: at the fourth the node is quarantined (two gateways), blamed on gw-1. The
-    withheld facts, arriving at last, count nothing again."""
-    await fleet.session(db, "n1", epoch=1)
-    withheld = [await _recorded_hello(db, e, "gw-1", recorded=True, says=True) for e in (2, 4)]
-    said = [await _recorded_hello(db, e, "gw-2", recorded=True, says=True) for e in (3, 5)]
-    await drive.send(said[0])
-    assert await _alternations(db) == [(2, "gw-1"), (3, "gw-2")]
-    await drive.send(said[1])
-    assert await _alternations(db) == [(2, "gw-1"), (3, "gw-2"), (4, "gw-1"), (5, "gw-2")]
-    events = await drive.published("security.node.duplicate-session")
-    assert [(e["gatewayId"], e["alternations"], e["quarantined"]) for e in events] == [
-        ("gw-1", 1, False), ("gw-2", 2, False), ("gw-1", 3, False), ("gw-2", 4, True),
-    ]  # fmt: skip
-    row = await db.fetchrow("SELECT gateway_id, gateways, held FROM quarantines")
-    assert (row["gateway_id"], sorted(row["gateways"]), row["held"]) == (
-        "gw-1", ["gw-1", "gw-2"], None,
-    )  # fmt: skip
-    assert await db.fetchval("SELECT is_revoked('n1-serial')")
-    await drive.send(*withheld)
-    assert drive.settled("duplicate") == 2
-    assert len(await drive.published("security.node.duplicate-session")) == 4
+                (welcome.epoch, "gw-1"),
+                (honest.epoch, "gw-2"),
+            ]

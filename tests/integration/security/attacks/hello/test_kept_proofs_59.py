@@ -41,8 +41,14 @@ KEY = fleet.hello_key("n1")
 
 
 def _request(gateway: str, proof: HelloProof) -> HelloRequest:
-    return HelloRequest(node_id="n1", cert_serial="n1-serial", role="worker", boot_id="b1",
-                        journal_id="j1", proof=proof)  # fmt: skip
+    return HelloRequest(
+        node_id="n1",
+        cert_serial="n1-serial",
+        role="worker",
+        boot_id="b1",
+        journal_id="j1",
+        proof=proof,
+    )
 
 
 async def _hello(gateway: Gateway, proof: HelloProof) -> Code | None:

@@ -48,8 +48,9 @@ def _hello(serial: str, gateway: str, key: bytes | None, boot: str) -> HelloRequ
     proof = None
     if key is not None:
         proof = prove(key, "n1", boot, "j1", gateway, fleet.rising_at("n1"))
-    return HelloRequest(node_id="n1", cert_serial=serial, role="worker", boot_id=boot,
-                        journal_id="j1", proof=proof)  # fmt: skip
+    return HelloRequest(
+        node_id="n1", cert_serial=serial, role="worker", boot_id=boot, journal_id="j1", proof=proof
+    )
 
 
 async def _clone(gateway: Gateway, serial: str, key: bytes | None) -> RecordingStream | Code:
@@ -81,8 +82,10 @@ async def test_a_clone_with_the_stolen_key_gets_nothing_after_a_revocation(
         await fleet.join(db, "n1")
         await honest.hello(_hello("n1-serial", "gw-2", STOLEN, "b1"), RecordingStream())
         # the operator revokes n1's certificate (its key was stolen with it); its session ends
-        await db.execute("UPDATE node_certs SET revoked_at = compute_now(), "
-                         "revocation_reason = 'stolen' WHERE serial = 'n1-serial'")  # fmt: skip
+        await db.execute(
+            "UPDATE node_certs SET revoked_at = compute_now(), "
+            "revocation_reason = 'stolen' WHERE serial = 'n1-serial'"
+        )
         await honest.disconnect("n1", 1)
         command = await enqueue(db, "n1", "exec", {"secret": "n1-s3cr3t"})
 
@@ -135,12 +138,16 @@ async def test_every_revocation_of_the_nodes_generation_retires_its_key(
     await fleet.join(db, "n1")
     retired = "SELECT retired_at IS NOT NULL FROM node_hello_keys WHERE node_id = 'n1'"
     if path == "operator":
-        await db.execute("UPDATE node_certs SET revoked_at = compute_now(), "
-                         "revocation_reason = 'lost' WHERE node_id = 'n1'")  # fmt: skip
+        await db.execute(
+            "UPDATE node_certs SET revoked_at = compute_now(), "
+            "revocation_reason = 'lost' WHERE node_id = 'n1'"
+        )
     elif path == "older-generation":
         await db.execute("SELECT join_node('n1', 'worker', 'n1-serial-2', NULL)")  # rotation
-        await db.execute("UPDATE node_certs SET revoked_at = compute_now(), revocation_reason = 'rotated' "
-                         "WHERE serial = 'n1-serial'")  # fmt: skip
+        await db.execute(
+            "UPDATE node_certs SET revoked_at = compute_now(), revocation_reason = 'rotated' "
+            "WHERE serial = 'n1-serial'"
+        )
     else:
         conn = await asyncpg.connect(logins["bcw_quarantine"])
         try:

@@ -39,10 +39,29 @@ REQUEST = HelloRequest(
 async def _unproven_hello(attacker: asyncpg.Connection, lease: int) -> Any:
     """gw-1's Hello for n1 with no proof, as bare SQL: the Hello transaction itself."""
     return await attacker.fetchrow(
-        store.HELLO, "gw-1", lease, "n1", "n1-serial", "evil-boot", "j", "worker", "1.0.0",
-        1, "grpc", False, 0, None, "", timedelta(seconds=30), None, uuid.uuid4(), None, None,
-        None, [],
-    )  # fmt: skip
+        store.HELLO,
+        "gw-1",
+        lease,
+        "n1",
+        "n1-serial",
+        "evil-boot",
+        "j",
+        "worker",
+        "1.0.0",
+        1,
+        "grpc",
+        False,
+        0,
+        None,
+        "",
+        timedelta(seconds=30),
+        None,
+        uuid.uuid4(),
+        None,
+        None,
+        None,
+        [],
+    )
 
 
 async def test_a_takeover_reads_no_spec_and_writes_no_inventory(
@@ -63,8 +82,10 @@ async def test_a_takeover_reads_no_spec_and_writes_no_inventory(
             body = json.dumps({"os": "linux", "pkgs": ["openssl-3.0.13"]})
             assert await honest.fetchval(
                 "SELECT gateway_write_section('gw-2', $1, 'n1', $2, 'os', 'h-honest', $3::jsonb)",
-                gw2.lease_epoch, epoch, body,
-            )  # fmt: skip
+                gw2.lease_epoch,
+                epoch,
+                body,
+            )
             held = await _unproven_hello(attacker, gw1.lease_epoch)
             assert held["outcome"] == "opened"
             session = await db.fetchrow("SELECT gateway_id, proven FROM node_sessions")
@@ -80,8 +101,10 @@ async def test_a_takeover_reads_no_spec_and_writes_no_inventory(
             forged = json.dumps({"os": "linux", "pkgs": ["openssl-3.0.1-vulnerable"]})
             assert not await attacker.fetchval(
                 "SELECT gateway_write_section('gw-1', $1, 'n1', $2, 'os', 'h-honest', $3::jsonb)",
-                gw1.lease_epoch, held["epoch"], forged,
-            )  # fmt: skip
+                gw1.lease_epoch,
+                held["epoch"],
+                forged,
+            )
             stored = await db.fetchval("SELECT body::text FROM node_inventory WHERE node_id = 'n1'")
             assert json.loads(stored) == json.loads(body)
             # the node's own proven Hello takes its session back, and its spec with it

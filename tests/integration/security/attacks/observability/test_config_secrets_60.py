@@ -26,10 +26,12 @@ pytestmark = pytest.mark.slow
 HELD = {
     "OTLP headers": {"OTEL_EXPORTER_OTLP_HEADERS": "api-key=SECRET-1"},
     "OTLP traces headers": {"OTEL_EXPORTER_OTLP_TRACES_HEADERS": "api-key=SECRET-1"},
-    "OTLP endpoint password": {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://u:SECRET-1@otlp.example:4318"},
+    "OTLP endpoint password": {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "https://u:SECRET-1@otlp.example:4318"
+    },
     "database password": {"BCW_DATABASE_URL": "postgresql://bcw:SECRET-1@db.example:5432/bcw"},
     "NATS token": {"BCW_NATS_URL": "nats://SECRET-1@nats.example:4222"},
-}  # fmt: skip
+}
 FOUND = {
     "OTLP logs headers": {"OTEL_EXPORTER_OTLP_LOGS_HEADERS": "api-key=SECRET-1"},
     "OTLP metrics headers": {"OTEL_EXPORTER_OTLP_METRICS_HEADERS": "x-api-key=SECRET-1"},

@@ -73,8 +73,10 @@ async def test_a_gateway_learns_nothing_of_a_node_it_does_not_hold(
         # a revoked serial of the node named: revoked, nothing else
         revoked = await _admission(conn, "n3", "n3-serial")
         assert (revoked["serial"], revoked["node_id"], revoked["revoked"]) == (
-            "n3-serial", "n3", True,
-        )  # fmt: skip
+            "n3-serial",
+            "n3",
+            True,
+        )
         assert all(revoked[f] is None for f in CERT_FIELDS[1:]), dict(revoked)
         # a guessed serial: nothing
         guessed = await _admission(conn, "n1", "n9-serial")

@@ -101,8 +101,9 @@ async def test_the_owner_limits_every_groups_logins_and_refuses_to_bind_one_it_c
             await reader.close()
 
         # the owner binds its own gateway login (limits set) but not the DBA's: one line, 3
-        code, out = await bcw("auth", "db", "--bind", f"{mine['bcw_gateway_bound']}=gw-1",
-                              BCW_DATABASE_URL=url)  # fmt: skip
+        code, out = await bcw(
+            "auth", "db", "--bind", f"{mine['bcw_gateway_bound']}=gw-1", BCW_DATABASE_URL=url
+        )
         assert code == 0, out
         code, out = await bcw("auth", "db", "--bind", f"{dba_made}=gw-2", BCW_DATABASE_URL=url)
         assert code == 3, out

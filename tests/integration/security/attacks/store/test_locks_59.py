@@ -55,9 +55,14 @@ KEYS = (
 #: conflicts only with ACCESS EXCLUSIVE, which nothing takes)
 ROW_LOCKS = ("FOR UPDATE", "FOR NO KEY UPDATE", "FOR SHARE", "FOR KEY SHARE")
 TABLE_LOCKS = (
-    "ROW SHARE", "ROW EXCLUSIVE", "SHARE UPDATE EXCLUSIVE", "SHARE", "SHARE ROW EXCLUSIVE",
-    "EXCLUSIVE", "ACCESS EXCLUSIVE",
-)  # fmt: skip
+    "ROW SHARE",
+    "ROW EXCLUSIVE",
+    "SHARE UPDATE EXCLUSIVE",
+    "SHARE",
+    "SHARE ROW EXCLUSIVE",
+    "EXCLUSIVE",
+    "ACCESS EXCLUSIVE",
+)
 ATTACKERS = ("bcw_reader", "bcw_gateway_bound")
 GHOST_HELLO = (
     "SELECT * FROM gateway_hello('gw-1', $1, 'ghost', 'ghost-serial', 'b1', 'j1', 'worker', "

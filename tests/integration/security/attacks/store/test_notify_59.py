@@ -60,8 +60,9 @@ async def _storm(url: str, channels: list[str], until: float) -> int:
             await conn.execute(
                 "SELECT pg_notify(c, $2 || ':' || i) FROM unnest($1::text[]) AS c, "
                 "generate_series(1, 2000) AS i",
-                channels, str(sent),
-            )  # fmt: skip
+                channels,
+                str(sent),
+            )
             sent += 2000 * len(channels)
     finally:
         await conn.close()
@@ -129,8 +130,10 @@ async def test_a_notify_storm_costs_each_worker_a_bounded_share_of_a_core(
         quiet, _ = await _spell(pids, None)
         by_gateway, sent_g = await _spell(pids, (logins["bcw_gateway_bound"], list(GUESSED)))
         by_worker, sent_w = await _spell(pids, (logins["bcw_labeler"], real))
-        print(f"\nNOTIFY storms, {SPELL:.0f} s each: a gateway login sent {sent_g / SPELL:,.0f}/s, "
-              f"a worker login {sent_w / SPELL:,.0f}/s (CPU, % of a core)")  # fmt: skip
+        print(
+            f"\nNOTIFY storms, {SPELL:.0f} s each: a gateway login sent {sent_g / SPELL:,.0f}/s, "
+            f"a worker login {sent_w / SPELL:,.0f}/s (CPU, % of a core)"
+        )
         print(f"{'worker':<12}{'quiet':>8}{'gateway':>9}{'worker':>8}")
         for w in WORKERS:
             print(f"{w:<12}{quiet[w]:>8.1%}{by_gateway[w]:>9.1%}{by_worker[w]:>8.1%}")
