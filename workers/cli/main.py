@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
+from workers import registry  # noqa: F401  (hands the runtime what each worker publishes)
 from workers.cli import (
     authorizing,
     bench,
