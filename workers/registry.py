@@ -5,7 +5,8 @@ workers.registry DOC…`); the runtime is handed what it applies, never imports 
 
 Explicit on purpose: no registration by import side effect — but one hand-over: importing
 this module hands the runtime what each worker publishes (`principals.install(EMITS)`),
-which its relays, outboxes and dead letters' re-drives judge by; `bcw` imports it first.
+which its relays, outboxes, streams and dead letters' re-drives judge by: every `bcw`
+command that runs one of them imports it first.
 """
 
 from __future__ import annotations

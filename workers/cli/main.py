@@ -18,7 +18,6 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from workers import registry  # noqa: F401  (hands the runtime what each worker publishes)
 from workers.cli import (
     authorizing,
     bench,
