@@ -71,8 +71,7 @@ DOCS = README.md docs/runtime.md docs/workers.md
 
 docs: $(STAMP)
 	$(BIN)/python -m workers.runtime.base.settings_docs $(DOCS)
-	$(BIN)/python -m workers.runtime.bus.principals docs/kubernetes.md
-	$(BIN)/python -m workers.runtime.store.roles_doc docs/kubernetes.md
+	$(BIN)/python -m workers.registry docs/kubernetes.md
 
 demo: $(DEMO_STAMP)
 	$(BIN)/bcw demo

@@ -26,6 +26,7 @@ from hypothesis import settings
 from nats.aio.client import Client as NATS
 
 from schemas.subjects import Subjects
+from workers import registry  # its ROLES; importing it hands the runtime what workers publish
 from workers.embedded.servers import EmbeddedNats, EmbeddedPostgres
 from workers.runtime.store import migrate
 
@@ -90,7 +91,8 @@ async def template_database(servers: Servers) -> AsyncIterator[str]:
     conn = await asyncpg.connect(servers.database_url(name))
     try:
         await migrate.migrate(conn)
-        await migrate.grant(conn)  # as `bcw migrate` does: the bcw_* roles and their grants
+        # as `bcw migrate` does: the bcw_* roles and their grants
+        await migrate.grant(conn, registry.ROLES)
     finally:
         await conn.close()
     yield name

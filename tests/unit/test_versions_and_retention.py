@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 
 from schemas.subjects import Subjects
 from workers.liveness.decide import RANGED_MIGRATION, range_sight_on
+from workers.registry import DEAD_PUBLISHERS
 from workers.runtime.base.release import parse
 from workers.runtime.base.runtime_settings import NatsSettings
-from workers.runtime.bus import principals, server, streams
+from workers.runtime.bus import server, streams
 from workers.runtime.store.migrate import Migration, classify, refusal
 
 DISK = [Migration("0001_a.sql", "SELECT 1;"), Migration("0002_b.sql", "SELECT 2;")]
@@ -155,14 +156,13 @@ def test_each_streams_retention_is_its_setting() -> None:
         "BC_FACTS": 2 * 86400,
         "BC_EVENTS": 30 * 86400,
         "BC_GATEWAY": 600,
-        **{f"BC_DEAD_{p}": 3 * 86400 for p in principals.DEAD_PUBLISHERS},
+        **{f"BC_DEAD_{p}": 3 * 86400 for p in DEAD_PUBLISHERS},
     }
     assert configs["BC_EVENTS"].max_bytes == 2**34 and configs["BC_DEAD_relay"].max_bytes == 2**30
     own_bound = streams.limits_of(settings.model_copy(update={"dead_max_bytes": 2**20}))
     dead = [c for c in streams.stream_configs(subjects, 1, own_bound) if "DEAD" in str(c.name)]
     assert {c.name: (c.max_bytes, c.subjects) for c in dead} == {
-        f"BC_DEAD_{p}": (2**20, [f"bc.dead.{p}", f"bc.dead.{p}.>"])
-        for p in principals.DEAD_PUBLISHERS
+        f"BC_DEAD_{p}": (2**20, [f"bc.dead.{p}", f"bc.dead.{p}.>"]) for p in DEAD_PUBLISHERS
     }  # each publisher's letters in a stream of its own, bounded in bytes
     assert configs["BC_FACTS"].max_bytes == 2**30 and configs["BC_GATEWAY"].max_bytes == 2**30
     assert all(c.allow_batched for c in configs.values())

@@ -58,6 +58,7 @@ def add(commands: Commands) -> None:
 
 def _cmd_auth_nats(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.subjects import Subjects
+    from workers import registry  # noqa: F401  (hands the runtime what each worker publishes)
     from workers.runtime.bus import principals, server
 
     gateways = [g.strip() for g in args.gateways.split(",") if g.strip()]

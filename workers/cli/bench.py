@@ -178,6 +178,8 @@ def _fraction(text: str) -> float:
 
 
 def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    from workers import registry  # noqa: F401  (hands the runtime what each worker publishes)
+
     if importlib.util.find_spec("workers.bench") is None:
         print(
             "bcw bench: the benchmarks are a development tool, not part of this install "

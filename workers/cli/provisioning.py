@@ -84,15 +84,20 @@ def add(commands: Commands) -> None:
 
 
 def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    from workers.runtime.store import db, migrate, policies, roles
+    from workers.registry import ROLES
+    from workers.runtime.store import db, migrate, policies
 
     if args.print_grants:  # no connection: for a DBA who runs it by hand
-        from workers.runtime.store.limits import LIMITS, limits_sql
+        from workers.runtime.store.limits import limits_sql
 
-        groups = roles.groups_for(args.legacy_gateway_role)
-        rules = "".join(policies.policies_sql(groups).values())
-        logins = "".join(limits_sql(group) + "\n" for group in LIMITS if group in groups)
-        print(roles.create_roles_sql(groups) + roles.grants_sql(groups) + rules + logins, end="")
+        groups = ROLES.groups_for(args.legacy_gateway_role)
+        rules = "".join(policies.policies_sql(ROLES, groups).values())
+        logins = "".join(
+            limits_sql(group, limits) + "\n"
+            for group, limits in ROLES.LIMITS.items()
+            if group in groups
+        )
+        print(ROLES.create_roles_sql(groups) + ROLES.grants_sql(groups) + rules + logins, end="")
         return 0
 
     if args.json and not args.status:
@@ -126,7 +131,7 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
                     + (": " + ", ".join(applied) if applied else "")
                 )
                 _say_newer(await migrate.status(conn))
-                granted = await migrate.grant(conn, args.legacy_gateway_role)
+                granted = await migrate.grant(conn, ROLES, args.legacy_gateway_role)
                 print(
                     "granted to " + ", ".join(granted)
                     if granted

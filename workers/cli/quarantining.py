@@ -1,7 +1,8 @@
 """`bcw quarantine status|release|dismiss`: the quarantines the breaker holds for an
 operator — each holds every session of its node — their release (the quarantine worker
 then revokes them) and their dismissal (judged no clone: nothing revoked, the node's
-sessions get their commands again).
+sessions get their commands again). The SQL is the quarantine's own
+(`workers/quarantine/operator.py`).
 """
 
 from __future__ import annotations
@@ -12,26 +13,6 @@ import sys
 
 from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, Commands, json_line
 from workers.runtime.base.settings import Settings
-
-HELD = """
-SELECT node_id, epoch, gateway_id, held, alternations, gateways, serials, decided_at
-  FROM quarantines
- WHERE revoked_at IS NULL AND released_at IS NULL AND dismissed_at IS NULL
-   AND ($1::text IS NULL OR node_id = $1) AND ($2::text IS NULL OR gateway_id = $2)
- ORDER BY decided_at
-"""
-RELEASE = """
-UPDATE quarantines SET released_at = compute_now(), released_by = $3
- WHERE revoked_at IS NULL AND released_at IS NULL AND dismissed_at IS NULL
-   AND ($1::text IS NULL OR node_id = $1) AND ($2::text IS NULL OR gateway_id = $2)
-RETURNING node_id
-"""
-DISMISS = """
-UPDATE quarantines SET dismissed_at = compute_now(), dismissed_by = $3
- WHERE revoked_at IS NULL AND released_at IS NULL AND dismissed_at IS NULL
-   AND ($1::text IS NULL OR node_id = $1) AND ($2::text IS NULL OR gateway_id = $2)
-RETURNING node_id
-"""
 
 
 def add(commands: Commands) -> None:
@@ -66,12 +47,13 @@ def add(commands: Commands) -> None:
 
 
 def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.quarantine import operator
     from workers.runtime.store import db
 
     async def run() -> int:
         conn = await db.connect(settings.database)
         try:
-            rows = await conn.fetch(HELD, args.node, args.gateway)
+            rows = await operator.held(conn, args.node, args.gateway)
         finally:
             await conn.close()
         if args.json:
@@ -95,6 +77,7 @@ def _cmd_release(args: argparse.Namespace, settings: Settings) -> int:
     import getpass
     import socket
 
+    from workers.quarantine import operator
     from workers.runtime.store import db
 
     verb = args.verb
@@ -106,16 +89,13 @@ def _cmd_release(args: argparse.Namespace, settings: Settings) -> int:
     async def run() -> int:
         conn = await db.connect(settings.database)
         try:
-            statement = RELEASE if verb == "release" else DISMISS
-            done = await conn.fetch(statement, args.node, args.gateway, who)
-            if done and verb == "dismiss":
-                await conn.execute("SELECT wake_dispatch()")  # what waits may go
+            done = await operator.end(conn, verb, args.node, args.gateway, who)
         finally:
             await conn.close()
         if not done:
             print(f"bcw quarantine {verb}: no held quarantine matches", file=sys.stderr)
             return EXIT_FAILED
-        nodes = ", ".join(sorted(r["node_id"] for r in done))
+        nodes = ", ".join(sorted(done))
         if verb == "release":
             print(f"released by {who}: {nodes}; the quarantine worker revokes them")
         else:

@@ -55,6 +55,7 @@ def _letter_key(text: str) -> tuple[str, int]:
 
 def _cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.subjects import Subjects
+    from workers import registry  # noqa: F401  (hands the runtime what each worker publishes)
     from workers.runtime.bus import connection, deadletter
     from workers.runtime.bus import letters as checks
     from workers.tools.display import printable

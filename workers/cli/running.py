@@ -157,6 +157,7 @@ def _cmd_heap_diff(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_sim(args: argparse.Namespace, settings: Settings) -> int:
+    from workers import registry  # noqa: F401  (hands the runtime what each worker publishes)
     from workers.sim.run import run_scenario
 
     return asyncio.run(

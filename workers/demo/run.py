@@ -119,7 +119,7 @@ async def main(
             subjects.events_stream,
             subjects.gateway_stream,
             subjects.dead_stream,
-            *map(subjects.dead_stream_of, principals.DEAD_PUBLISHERS),
+            *map(subjects.dead_stream_of, principals.dead_publishers()),
         ):
             with contextlib.suppress(Exception):
                 await js.delete_stream(stream)  # a demo starts from a clean bus

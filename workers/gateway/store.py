@@ -351,10 +351,11 @@ async def bind(conn: asyncpg.Connection, login: str, gateway_id: str) -> None:
     # its connections and statements bounded as the group's (`limits`); a login we may not
     # alter is bound only when it has them already (a DBA set them)
     group = "bcw_gateway_bound"
-    applied = await limits.apply(conn, (group,), login)
-    if applied.refused and not await limits.holds(conn, login, group):
+    wanted = limits.LIMITS[group]
+    applied = await limits.apply(conn, {group: wanted}, login)
+    if applied.refused and not await limits.holds(conn, login, wanted):
         why = applied.refused[0][2]
-        sql = "; ".join(limits.statements(login, limits.LIMITS[group]))
+        sql = "; ".join(limits.statements(login, wanted))
         raise LimitsRefused(
             f"{login}: not bound: its limits cannot be set by this role ({why}); create the "
             f"login as this role, or have a DBA run: {sql}"

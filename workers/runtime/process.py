@@ -157,7 +157,7 @@ def dead_publishers(workers: Sequence[str]) -> tuple[str, ...]:
     """The dead-letter streams a process checks at start: its workers' own (a worker's relay
     dead-letters as its worker), or the relay's; a worker not of the fleet's (a test's, a
     benchmark's: its rows' letters say `relay`) adds the relay's. Pure."""
-    foreign = not workers or any(w not in principals.WORKER_NAMES for w in workers)
+    foreign = not workers or any(w not in principals.EMITS for w in workers)
     return (*workers, *(["relay"] if foreign else []))
 
 

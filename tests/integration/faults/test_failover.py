@@ -37,6 +37,7 @@ from workers.bench.chaos.flow import (
 )
 from workers.bench.common import print_table, spawn_workers, stop_workers, workers_bound
 from workers.embedded.servers import EmbeddedPostgres
+from workers.registry import ROLES
 from workers.runtime.bus import streams
 from workers.runtime.store import migrate
 
@@ -84,7 +85,7 @@ async def _follow(
         conn = await asyncpg.connect(primary.url_for(DATABASE))
         try:
             await migrate.migrate(conn)
-            await migrate.grant(conn)
+            await migrate.grant(conn, ROLES)
         finally:
             await conn.close()
         nodes = [f"fo-{i:05d}" for i in range(NODES)]

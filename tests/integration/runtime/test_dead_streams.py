@@ -17,7 +17,8 @@ from nats.js.api import StorageType, StreamConfig
 
 from schemas.subjects import Subjects
 from tests.integration.support import stream_messages
-from workers.runtime.bus import deadletter, letters, principals, streams
+from workers.registry import DEAD_PUBLISHERS
+from workers.runtime.bus import deadletter, letters, streams
 
 
 async def test_the_old_dead_streams_letters_stay_listed_and_redrivable(
@@ -25,7 +26,7 @@ async def test_the_old_dead_streams_letters_stay_listed_and_redrivable(
 ) -> None:
     js = nc.jetstream()
     await streams.provision_streams(js, subjects)
-    for publisher in principals.DEAD_PUBLISHERS:  # as an older release left the bus
+    for publisher in DEAD_PUBLISHERS:  # as an older release left the bus
         await js.delete_stream(subjects.dead_stream_of(publisher))
     [old] = [
         c for c in streams.stream_configs(subjects) if c.name == subjects.dead_stream_of("relay")
@@ -56,7 +57,7 @@ async def test_the_old_dead_streams_letters_stay_listed_and_redrivable(
 
     done = await streams.provision_streams(js, subjects)
     assert done[subjects.dead_stream] == "narrowed"
-    assert {done[subjects.dead_stream_of(p)] for p in principals.DEAD_PUBLISHERS} == {"created"}
+    assert {done[subjects.dead_stream_of(p)] for p in DEAD_PUBLISHERS} == {"created"}
     narrowed = await js.stream_info(subjects.dead_stream)
     assert narrowed.config.subjects == [subjects.legacy_dead] and narrowed.state.messages == 1
     assert (await streams.provision_streams(js, subjects))[subjects.dead_stream] == "kept"
@@ -77,7 +78,7 @@ async def test_the_old_dead_streams_letters_stay_listed_and_redrivable(
     assert [m.data for m in await stream_messages(js, subjects.facts_stream)] == [b"{}", b"{}"]
     assert (await js.stream_info(subjects.dead_stream)).state.messages == 0
     assert await deadletter.dead_streams(js, subjects) == sorted(
-        [subjects.dead_stream, *map(subjects.dead_stream_of, principals.DEAD_PUBLISHERS)]
+        [subjects.dead_stream, *map(subjects.dead_stream_of, DEAD_PUBLISHERS)]
     )
 
 

@@ -16,7 +16,8 @@ from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration.support import bcw, eventually, make_settings, running, stream_messages
 from workers import labeler
-from workers.runtime.bus import deadletter, letters, principals, streams
+from workers.registry import DEAD_PUBLISHERS
+from workers.runtime.bus import deadletter, letters, streams
 
 OWN = streams.StreamLimits(gateways=("gw-1", "gw-2"), per_gateway=2**20)
 
@@ -75,7 +76,7 @@ async def test_switching_to_each_gateways_own_stream_loses_and_doubles_nothing(
         subjects.gateway_facts_stream("gw-2"): "created",
         subjects.events_stream: "unchanged",
         subjects.gateway_stream: "unchanged",
-        **{subjects.dead_stream_of(p): "unchanged" for p in principals.DEAD_PUBLISHERS},
+        **{subjects.dead_stream_of(p): "unchanged" for p in DEAD_PUBLISHERS},
     }
     assert set((await streams.provision_streams(js, subjects, limits=OWN)).values()) == {
         "unchanged"

@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import Clock
 from tests.integration.support import bcw
+from workers.registry import ROLES
 from workers.runtime.store import migrate
 
 ALL = [m.name for m in migrate.load(migrate.default_directory())]
@@ -181,7 +182,7 @@ async def test_wait_gives_up_after_its_duration(empty_database_url: str) -> None
 async def test_a_worker_login_may_wait_for_the_schema(database_url: str) -> None:
     conn = await asyncpg.connect(database_url)
     try:
-        await migrate.grant(conn)
+        await migrate.grant(conn, ROLES)
         with contextlib.suppress(asyncpg.DuplicateObjectError, asyncpg.UniqueViolationError):
             await conn.execute("CREATE ROLE bcw_waiter_t LOGIN IN ROLE bcw_labeler")
     finally:

@@ -19,8 +19,8 @@ import pytest
 from schemas.subjects import Subjects
 from tests.integration.support import bcw, hellos_applied_by_workers
 from workers.embedded.servers import EmbeddedNats
-from workers.registry import WORKERS
-from workers.runtime.bus import principals, server
+from workers.registry import DEAD_PUBLISHERS, WORKERS
+from workers.runtime.bus import server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -84,7 +84,7 @@ async def test_without_fast_batches_provisioning_settles_and_the_relay_publishes
         assert f"nats-server {OLDER} has no fast batches" in out and "created" in out
         code, out = await bcw("provision", **env)  # again: nothing to correct
         assert code == 0 and "updated" not in out, out
-        assert out.count("unchanged") == 3 + len(principals.DEAD_PUBLISHERS), out
+        assert out.count("unchanged") == 3 + len(DEAD_PUBLISHERS), out
         code, out = await bcw("provision", "--check", **env)
         assert code == 0 and "differs" not in out, out
         info = await nc.jetstream().stream_info(subjects.events_stream)

@@ -24,13 +24,13 @@ from schemas.subjects import Subjects
 from tests.conftest import Servers
 from workers.embedded.servers import EmbeddedNats
 from workers.gateway import store
-from workers.registry import WORKERS
+from workers.registry import ROLES, WORKERS
 from workers.runtime.base.runtime_settings import NatsSettings
 from workers.runtime.base.settings import Settings
 from workers.runtime.bus import principals, streams
-from workers.runtime.store import migrate, roles
+from workers.runtime.store import migrate
 
-GROUPS = tuple(roles.GROUPS)
+GROUPS = tuple(ROLES.GROUPS)
 
 
 def login_of(group: str) -> str:
@@ -52,7 +52,7 @@ async def logins(servers: Servers, database_url: str) -> dict[str, str]:
     conn = await asyncpg.connect(database_url)
     try:
         # as `bcw migrate --legacy-gateway-role` does on this very database (every group)
-        await migrate.grant(conn, legacy_gateway=True)
+        await migrate.grant(conn, ROLES, legacy_gateway=True)
         for group in GROUPS:
             with contextlib.suppress(asyncpg.DuplicateObjectError, asyncpg.UniqueViolationError):
                 await conn.execute(f"CREATE ROLE {login_of(group)} LOGIN IN ROLE {group}")

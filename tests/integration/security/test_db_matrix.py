@@ -1,9 +1,9 @@
 """Every cell of the database's permissions table, tried: each group role's login runs,
 on every table of the schema, a SELECT, an INSERT, a DELETE, a TRUNCATE and an UPDATE of
 each column, a SELECT of every view, and calls every function — each in a transaction rolled back, touching no
-row (`WHERE false`). What `roles.GROUPS` grants passes the privilege check, everything
+row (`WHERE false`). What `ROLES.GROUPS` grants passes the privilege check, everything
 else fails with insufficient_privilege; the expectation is computed from that table.
-Functions: those of `roles.EXECUTES` (the gateway functions, which run with their owner's
+Functions: those of `ROLES.EXECUTES` (the gateway functions, which run with their owner's
 rights) by their group only, those of `roles.OWNER_ONLY_FUNCTIONS` by none, every other
 by every group — these run with the caller's rights, so what one then reads or writes is
 checked as the caller, cell by cell above."""
@@ -15,6 +15,7 @@ import re
 import asyncpg
 import pytest
 
+from workers.registry import ROLES
 from workers.runtime.store import roles
 
 pytestmark = pytest.mark.slow
@@ -24,7 +25,7 @@ def granted(group: str) -> dict[str, set[str]]:
     """table → what `group` may do: SELECT, INSERT, DELETE, UPDATE (every column), or
     `UPDATE:<column>` for a column-level grant."""
     out: dict[str, set[str]] = {table: set() for table in (*roles.TABLES, *roles.VIEWS)}
-    for grant in roles.GROUPS[group]:
+    for grant in ROLES.GROUPS[group]:
         columns = re.search(r"UPDATE \(([^)]*)\)", grant.privileges)
         if columns:
             out[grant.table] |= {f"UPDATE:{c.strip()}" for c in columns.group(1).split(",")}
@@ -92,7 +93,7 @@ async def _functions(db: asyncpg.Connection) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize("group", sorted(roles.GROUPS))
+@pytest.mark.parametrize("group", sorted(ROLES.GROUPS))
 async def test_every_cell_of_a_groups_row(
     group: str, logins: dict[str, str], db: asyncpg.Connection
 ) -> None:
@@ -100,7 +101,7 @@ async def test_every_cell_of_a_groups_row(
     assert sorted(columns) == sorted(roles.TABLES)  # the table names every table
     functions = await _functions(db)
     assert "set_compute_now_offset(interval)" in functions
-    restricted = set(roles.RESTRICTED_FUNCTIONS)
+    restricted = set(ROLES.RESTRICTED_FUNCTIONS)
     assert restricted <= set(functions)  # every signature in the table is a real function
     definers = set(
         await db.fetchval(
@@ -139,7 +140,7 @@ async def test_every_cell_of_a_groups_row(
             if await _allowed(conn, f"SELECT count(*) FROM {view}") != expected:
                 wrong.append(f"{view} SELECT: expected {'allowed' if expected else 'refused'}")
         for signature, call in functions.items():
-            expected = roles.may_execute(group, signature)
+            expected = ROLES.may_execute(group, signature)
             if await _executable(conn, call) != expected:
                 wrong.append(f"{signature}: expected {'allowed' if expected else 'refused'}")
     finally:

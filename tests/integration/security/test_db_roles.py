@@ -20,11 +20,11 @@ from tests.integration import fleet
 from tests.integration.streams import RecordingStream
 from tests.integration.support import bcw, eventually, make_settings, running, stream_messages
 from workers.gateway import HelloRequest
-from workers.registry import WORKERS
+from workers.registry import ROLES, WORKERS
 from workers.runtime.bus import streams
 from workers.runtime.store import migrate, retention, roles
 
-GROUPS = tuple(roles.GROUPS)
+GROUPS = tuple(ROLES.GROUPS)
 
 
 # what each role must not do; every worker may do none of COMMON either
@@ -183,10 +183,10 @@ async def test_migrate_grants_again_and_prints_the_same_grants(database_url: str
     try:
         # every group but the 0.3 gateways' (a login of which could rebind sessions and
         # move any gateway's lease): created and granted only when asked
-        assert await migrate.grant(conn, legacy_gateway=True) == list(GROUPS)
+        assert await migrate.grant(conn, ROLES, legacy_gateway=True) == list(GROUPS)
         legacy = "has_column_privilege('bcw_gateway', 'node_sessions', 'gateway_id', 'UPDATE')"
         assert await conn.fetchval(f"SELECT {legacy}") is True
-        assert await migrate.grant(conn) == [g for g in GROUPS if g != "bcw_gateway"]
+        assert await migrate.grant(conn, ROLES) == [g for g in GROUPS if g != "bcw_gateway"]
         assert await conn.fetchval(f"SELECT {legacy}") is False  # it exists, and keeps nothing
         for table in (*roles.TABLES, *roles.VIEWS):
             assert not await conn.fetchval(

@@ -19,6 +19,7 @@ from schemas.facts import FACT_TYPES
 from schemas.notices import NOTICE_TYPES
 from schemas.subjects import Subjects
 from workers.embedded.servers import EmbeddedNats
+from workers.registry import DEAD_PUBLISHERS, WORKER_NAMES
 from workers.runtime.bus import principals
 
 pytestmark = pytest.mark.slow
@@ -58,9 +59,9 @@ def probes(identities: dict[str, tuple[Path, str]]) -> list[str]:
     """One concrete subject for every kind of thing a principal might try."""
     s = SUBJECTS
     streams = [s.facts_stream, s.events_stream, s.gateway_stream, s.dead_stream]
-    streams += [s.dead_stream_of(p) for p in principals.DEAD_PUBLISHERS]  # each publisher's
+    streams += [s.dead_stream_of(p) for p in DEAD_PUBLISHERS]  # each publisher's
     streams += [s.gateway_facts_stream(g) for g in GATEWAYS]  # each gateway's own facts
-    consumers = [*principals.WORKER_NAMES, *(f"gw-{g}" for g in GATEWAYS), "spy", "siem"]
+    consumers = [*WORKER_NAMES, *(f"gw-{g}" for g in GATEWAYS), "spy", "siem"]
     consumers += [principals.subscriber_durable(a) for a in SUBSCRIBERS]
     out = [f"{s.root}.facts.{g}.{t.BC_TYPE}" for g in GATEWAYS for t in FACT_TYPES]
     out += [s.fact(g, "bogus") for g in GATEWAYS]
@@ -69,8 +70,8 @@ def probes(identities: dict[str, tuple[Path, str]]) -> list[str]:
     out += [
         s.notice(g, t) for g in GATEWAYS for t in [*(n.BC_TYPE for n in NOTICE_TYPES), "made-up"]
     ]
-    out += [s.dead(w) for w in [*principals.WORKER_NAMES, "relay", "gateway"]]
-    out += [f"{s.dead(w)}.invented.{w}-1" for w in [*principals.DEAD_PUBLISHERS, "gateway"]]
+    out += [s.dead(w) for w in [*WORKER_NAMES, "relay", "gateway"]]
+    out += [f"{s.dead(w)}.invented.{w}-1" for w in [*DEAD_PUBLISHERS, "gateway"]]
     out += [s.legacy_dead, "$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST"]
     for stream in streams:
         out += [
@@ -86,8 +87,7 @@ def probes(identities: dict[str, tuple[Path, str]]) -> list[str]:
             out += [f"$JS.API.CONSUMER.CREATE.{stream}.{name}.{s.notice(GATEWAYS[0], 'dispatch')}"]
             out += [f"$JS.ACK.{stream}.{name}.1.1.1.1.0"]
     out += [
-        f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{s.facts_stream}.{w}"
-        for w in principals.WORKER_NAMES
+        f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{s.facts_stream}.{w}" for w in WORKER_NAMES
     ]
     out += [principals.inbox_prefix(key) + ".x" for _, key in identities.values()]  # inboxes
     return out
@@ -164,10 +164,10 @@ def test_each_publisher_of_dead_letters_reaches_its_own_stream_only() -> None:
     one's, which an older release's process checks at start); the operator reads and
     deletes in every one of them."""
     made = {p.name: p for p in principals.principals(SUBJECTS, GATEWAYS)}
-    for publisher in principals.DEAD_PUBLISHERS:
+    for publisher in DEAD_PUBLISHERS:
         name = publisher if publisher == "relay" else f"worker-{publisher}"
         grants = made[name].publish
-        for other in principals.DEAD_PUBLISHERS:
+        for other in DEAD_PUBLISHERS:
             mine = other == publisher
             info = f"$JS.API.STREAM.INFO.{SUBJECTS.dead_stream_of(other)}"
             assert _allowed(grants, f"{SUBJECTS.dead(other)}.x.y") == mine, (name, other)
@@ -175,7 +175,7 @@ def test_each_publisher_of_dead_letters_reaches_its_own_stream_only() -> None:
         assert not _allowed(grants, SUBJECTS.legacy_dead)
         assert not _allowed(grants, f"$JS.API.STREAM.MSG.GET.{SUBJECTS.dead_stream}")
     operator = made["operator"].publish
-    for stream in (SUBJECTS.dead_stream, *map(SUBJECTS.dead_stream_of, principals.DEAD_PUBLISHERS)):
+    for stream in (SUBJECTS.dead_stream, *map(SUBJECTS.dead_stream_of, DEAD_PUBLISHERS)):
         for op in ("INFO", "MSG.GET", "MSG.DELETE"):
             assert _allowed(operator, f"$JS.API.STREAM.{op}.{stream}")
     assert not _allowed(operator, f"{SUBJECTS.dead('relay')}.x")  # it plants no letter

@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 
 from tests.integration import fleet
-from workers.runtime.store import policies
+from workers.registry import GROUP_RULES
 
 pytestmark = pytest.mark.slow
 
@@ -304,7 +304,7 @@ def test_every_rule_of_the_table_has_a_cell() -> None:
         (c.group, c.statement.split()[0] if not c.statement.startswith("SELECT") else "")
         for c in CELLS
     }
-    for table, groups in policies.GROUP_RULES.items():
+    for table, groups in GROUP_RULES.items():
         for group, rules in groups.items():
             for command in rules:
                 if command != "SELECT":

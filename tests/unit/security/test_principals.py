@@ -11,10 +11,10 @@ from nats.js.api import DiscardPolicy
 
 from schemas.subjects import Subjects
 from workers.cli.main import main
-from workers.registry import WORKERS
+from workers.registry import ROLES, WORKER_NAMES, WORKERS
 from workers.runtime.base.settings_docs import block
 from workers.runtime.bus import principals, streams
-from workers.runtime.store import roles, roles_doc
+from workers.runtime.store import roles_doc
 
 SUBJECTS = Subjects("bc")
 
@@ -22,18 +22,23 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_principals_name_every_worker() -> None:
-    assert tuple(sorted(WORKERS)) == principals.WORKER_NAMES
+    """Every worker of the registry has its bus principal and its database group (its
+    `grants.py`, composed by the registry), and nothing else is one."""
+    made = [p.name for p in principals.principals(SUBJECTS, ["gw-1"])]
+    assert [n for n in made if n.startswith("worker-")] == [f"worker-{w}" for w in sorted(WORKERS)]
+    assert {ROLES.worker_of(g) for g in ROLES.GROUPS} - {None} == set(WORKERS)
+    assert all((ROOT / "workers" / w / "grants.py").is_file() for w in WORKERS)
 
 
 def test_the_documentation_shows_the_generated_tables() -> None:
     doc = (ROOT / "docs" / "kubernetes.md").read_text()
     assert block(doc, "principals") == principals.markdown(Subjects("bc"))
-    assert block(doc, "roles") == roles_doc.markdown()  # the database's groups
+    assert block(doc, "roles") == roles_doc.markdown(ROLES)  # the database's groups
 
 
 def test_every_database_group_says_what_it_is_for() -> None:
-    assert set(roles_doc.PURPOSES) == set(roles.GROUPS)
-    assert "| `bcw_gateway_bound` |" in roles_doc.markdown()
+    assert set(ROLES.PURPOSES) == set(ROLES.GROUPS)
+    assert "| `bcw_gateway_bound` |" in roles_doc.markdown(ROLES)
 
 
 def test_every_group_that_reads_sessions_reads_their_last_sight_and_no_other() -> None:
@@ -43,7 +48,7 @@ def test_every_group_that_reads_sessions_reads_their_last_sight_and_no_other() -
     def reading(table: str) -> set[str]:
         return {
             group
-            for group, grants in roles.GROUPS.items()
+            for group, grants in ROLES.GROUPS.items()
             if any(g.table == table and "SELECT" in g.privileges for g in grants)
         }
 
@@ -96,7 +101,7 @@ def test_a_gateway_only_pulls_and_acks_on_its_own_consumer() -> None:
     assert _grants("gateway-gw-1").subscribe == ("t1.revocations",)
 
 
-@pytest.mark.parametrize("worker", principals.WORKER_NAMES)
+@pytest.mark.parametrize("worker", WORKER_NAMES)
 def test_a_worker_only_pulls_and_acks_on_its_own_consumer(worker: str) -> None:
     """No create, update or delete (a create names any deliver subject, where the server
     sends every fact): `bcw provision` makes its durable; the worker binds it."""
@@ -230,7 +235,7 @@ def test_subject_patterns(pattern: str, subject: str, covered: bool) -> None:
 def test_every_worker_declares_what_it_emits_and_every_message_has_a_sender() -> None:
     from workers.registry import WORKERS
 
-    assert sorted(principals.EMITS) == sorted(WORKERS) == sorted(principals.WORKER_NAMES)
+    assert sorted(principals.EMITS) == sorted(WORKERS) == sorted(WORKER_NAMES)
     sent = [t for made in principals.EMITS.values() for t in made]
     assert len(sent) == len(set(sent))  # one sender per message type
     from schemas import events, notices
@@ -290,7 +295,7 @@ def test_each_listed_gateway_has_a_stream_of_its_own_that_only_it_fills() -> Non
 def test_every_worker_may_read_how_full_each_gateways_stream_is_and_nobody_else_may_more() -> None:
     table = {p.name: p for p in principals.principals(SUBJECTS, ["gw-1"])}
     info = "$JS.API.STREAM.INFO.BC_FACTS_gw-1"
-    assert all(info in table[f"worker-{w}"].publish for w in principals.WORKER_NAMES)
+    assert all(info in table[f"worker-{w}"].publish for w in WORKER_NAMES)
     assert info not in table["gateway-gw-1"].publish  # a gateway reads no stream's info
 
 

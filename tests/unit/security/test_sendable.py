@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from schemas import REGISTRY
 from schemas.events import CapabilitiesChanged
 from schemas.subjects import Subjects
+from workers.registry import WORKER_NAMES
 from workers.runtime.bus import principals, sendable
 
 SUBJECTS = Subjects("bc")
@@ -60,7 +61,7 @@ def test_headers_shared_by_rows_are_checked_as_each_row_is() -> None:
         st.none(),
     ),
     name=st.sampled_from(sorted(sendable.HEADERS)),
-    worker=st.sampled_from([*principals.WORKER_NAMES, None, "tally"]),
+    worker=st.sampled_from([*WORKER_NAMES, None, "tally"]),
 )
 def test_a_value_that_is_no_string_is_refused_never_raised(
     value: Any, name: str, worker: str | None

@@ -1,5 +1,5 @@
 """What one transaction publishes: `OutboxBatch` collects the messages (each one its
-worker emits: `principals.EMITS`) and the session history they make, and writes both in
+worker emits: its `grants.py`, `principals.EMITS`) and the session history they make, and writes both in
 one statement, owned by the worker, in the transaction of the effects: the messages as
 one row of `outbox_packs` and the history as one row of `session_history_packs`, however
 many they are. The relay (`outbox.OutboxRelay`) publishes them after commit.

@@ -1,6 +1,7 @@
 """Applying the database's permissions: the group roles, their grants (`roles`), their
 row rules (`policies`) and their logins' limits (`limits`), as `bcw migrate` does after
-the migrations, under their lock (`migrate.grant`, `migrate.schema_lock`)."""
+the migrations, under their lock (`migrate.grant`, `migrate.schema_lock`). The table it
+applies is handed to it (`roles.Roles`: the registry's `ROLES`)."""
 
 from __future__ import annotations
 
@@ -22,31 +23,33 @@ class Granted(list[str]):
         self.limits = applied
 
 
-async def apply(conn: asyncpg.Connection, legacy_gateway: bool = False) -> Granted:
-    """Create the groups when this role may, then grant to every group that exists —
+async def apply(
+    conn: asyncpg.Connection, table: roles.Roles, legacy_gateway: bool = False
+) -> Granted:
+    """Create the groups of `table` when this role may, then grant to every group that exists —
     the legacy gateway group only when asked (`legacy_gateway`): else, if it exists, it
     keeps no grant.
 
     Returns the groups granted to (and their logins' limits). Each group's grants go in one
     transaction, so a group is never left half-granted.
     """
-    wanted = roles.groups_for(legacy_gateway)
+    wanted = table.groups_for(legacy_gateway)
     may_create = await conn.fetchval(
         "SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user"
     )
     if may_create:
-        await conn.execute(roles.create_roles_sql(wanted))
+        await conn.execute(table.create_roles_sql(wanted))
     else:
         log.info("this role may not create roles: granting to the bcw_* roles that exist")
     existing = {
         r["rolname"]
         for r in await conn.fetch(
-            "SELECT rolname FROM pg_roles WHERE rolname = ANY($1)", list(roles.GROUPS)
+            "SELECT rolname FROM pg_roles WHERE rolname = ANY($1)", list(table.GROUPS)
         )
     }
     granted = tuple(group for group in wanted if group in existing)
     async with conn.transaction():
-        await conn.execute(roles.grants_sql(granted))
+        await conn.execute(table.grants_sql(granted))
         if roles.LEGACY_GATEWAY in existing and roles.LEGACY_GATEWAY not in wanted:
             await conn.execute(roles.strip_sql(roles.LEGACY_GATEWAY))
             log.warning(
@@ -54,12 +57,13 @@ async def apply(conn: asyncpg.Connection, legacy_gateway: bool = False) -> Grant
                 "and move leases; `bcw migrate --legacy-gateway-role` grants it while such "
                 "gateways run", roles.LEGACY_GATEWAY,
             )  # fmt: skip
-    for table, sql in policies.policies_sql(granted).items():
+    for guarded, sql in policies.policies_sql(table, granted).items():
         await db.with_lock_patience(
-            conn, f"row-level security of {table}", functools.partial(conn.execute, sql)
+            conn, f"row-level security of {guarded}", functools.partial(conn.execute, sql)
         )
     await _no_temp_for_public(conn)
-    return Granted(granted, await limits.apply(conn, granted))
+    limited = {group: table.LIMITS[group] for group in granted if group in table.LIMITS}
+    return Granted(granted, await limits.apply(conn, limited))
 
 
 async def _no_temp_for_public(conn: asyncpg.Connection) -> None:

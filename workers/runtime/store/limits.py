@@ -18,6 +18,7 @@ limit, which it cannot change.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -53,12 +54,9 @@ GATEWAY = LoginLimits(
     connections=32, statement_timeout="10s", idle_in_transaction="10s", idle_session="10min"
 )
 
+#: the limits of the runtime's own groups (a worker's group's: its `grants.py`, `WORKER`;
+#: every group's: the registry's `ROLES.LIMITS`)
 LIMITS: dict[str, LoginLimits] = {
-    "bcw_liveness": WORKER,
-    "bcw_labeler": WORKER,
-    "bcw_quarantine": WORKER,
-    "bcw_replay": WORKER,
-    "bcw_recorder": WORKER,
     "bcw_relay": WORKER,
     "bcw_gateway_bound": GATEWAY,
     "bcw_gateway": GATEWAY,
@@ -99,11 +97,10 @@ def statements(login: str, limits: LoginLimits, role: str | None = None) -> list
     return out
 
 
-def limits_sql(group: str, login: str | None = None) -> str:
-    """A DO block that sets `group`'s limits on each of its logins (`MEMBERS`; or on
+def limits_sql(group: str, limits: LoginLimits, login: str | None = None) -> str:
+    """A DO block that sets `group`'s `limits` on each of its logins (`MEMBERS`; or on
     `login` alone), saying each login it set and each it may not alter (a warning: the
     others are set all the same)."""
-    limits = LIMITS[group]
     members = MEMBERS.format(group=_literal(group), login=_literal(login) if login else "NULL")
     alters = " ".join(
         f"EXECUTE format({_literal(s)}, r.rolname);" for s in statements("", limits, "%I")
@@ -139,21 +136,19 @@ class Applied:
 
 
 async def apply(
-    conn: asyncpg.Connection, groups: tuple[str, ...], login: str | None = None
+    conn: asyncpg.Connection, groups: Mapping[str, LoginLimits], login: str | None = None
 ) -> Applied:
-    """Set the limits of `groups` on their logins (or on `login`), each login in a
-    transaction (or savepoint) of its own: one this role may not alter (a login a DBA made,
-    on PostgreSQL 16+) is said, never stops the others."""
+    """Set the limits of `groups` (group → its limits) on their logins (or on `login`),
+    each login in a transaction (or savepoint) of its own: one this role may not alter (a
+    login a DBA made, on PostgreSQL 16+) is said, never stops the others."""
     out = Applied()
-    for group in groups:
-        if group not in LIMITS:
-            continue
+    for group, limits in groups.items():
         members = MEMBERS.format(group="$1", login="$2")
         for row in await conn.fetch(members, group, login):
             name = row["rolname"]
             try:
                 async with conn.transaction():
-                    for statement in statements(name, LIMITS[group]):
+                    for statement in statements(name, limits):
                         await conn.execute(statement)
             except asyncpg.InsufficientPrivilegeError as error:
                 out.refused.append((name, group, str(error).splitlines()[0]))
@@ -164,15 +159,14 @@ async def apply(
     return out
 
 
-async def holds(conn: asyncpg.Connection, login: str, group: str) -> bool:
-    """Whether `login` already has `group`'s limits (a DBA set them)."""
+async def holds(conn: asyncpg.Connection, login: str, limits: LoginLimits) -> bool:
+    """Whether `login` already has `limits` (a DBA set them)."""
     row = await conn.fetchrow(
         "SELECT rolconnlimit, coalesce(rolconfig, '{}') AS config FROM pg_roles WHERE rolname = $1",
         login,
     )
     if row is None:
         return False
-    limits = LIMITS[group]
     config = dict(item.split("=", 1) for item in row["config"])
     wanted = limits.settings()
     return row["rolconnlimit"] == limits.connections and all(

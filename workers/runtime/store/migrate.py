@@ -29,7 +29,7 @@ from workers.runtime.base.release import parse, release
 from workers.runtime.store import db
 
 if TYPE_CHECKING:
-    from workers.runtime.store import grants
+    from workers.runtime.store import grants, roles
 
 log = logging.getLogger(__name__)
 
@@ -308,13 +308,15 @@ async def status(conn: asyncpg.Connection, directory: Path | None = None) -> lis
     return classify(migrations, applied, release())
 
 
-async def grant(conn: asyncpg.Connection, legacy_gateway: bool = False) -> grants.Granted:
-    """Create the bcw_* group roles when this role may, and (re)apply their grants and
-    their logins' limits (`grants`; `bcw migrate` runs it under `schema_lock`). Returns the
-    groups granted to."""
+async def grant(
+    conn: asyncpg.Connection, table: roles.Roles, legacy_gateway: bool = False
+) -> grants.Granted:
+    """Create the bcw_* group roles of `table` (the registry's `ROLES`) when this role may,
+    and (re)apply their grants and their logins' limits (`grants`; `bcw migrate` runs it
+    under `schema_lock`). Returns the groups granted to."""
     from workers.runtime.store import grants
 
-    return await grants.apply(conn, legacy_gateway)
+    return await grants.apply(conn, table, legacy_gateway)
 
 
 #: how many times the policy's change waits 1 s for the Hellos in flight (about a minute

@@ -1,14 +1,16 @@
 """Row-level security (DESIGN §9): which rows of a table a group's login may see and
-write, where its grants (`roles.GROUPS`) say only which tables and columns. Applied by
+write, where its grants (`Roles.GROUPS`) say only which tables and columns. Applied by
 `bcw migrate` after the grants (`grants.apply`), printed by `bcw migrate --print-grants`.
 
-Three kinds of rule, all in this module's tables, each tried by a test as its login:
+Three kinds of rule, each tried by a test as its login:
 - a worker's own rows (`OWNED_ROWS`): its inbox, its outbox, its leases;
 - per command for every worker (`BY_COMMAND`): the session history, written once and
   deleted only when old; the buried outbox rows, each its own;
-- per command for one group (`GROUP_RULES`): what a worker's rules write of a table
-  another principal trusts — the quarantine only revokes certificates and prunes only
-  old alternations, the recorder deletes only events past the retention floor.
+- per command for one group (`group_rules`): what a worker's rules write of a table
+  another principal trusts, as its `grants.py` says (`WorkerRole.rules`) — the
+  quarantine only revokes certificates and prunes only old alternations, the recorder
+  deletes only events past the retention floor — and the migrations' ledger as the
+  workers' and the relay's logins read it (`LEDGER_BEFORE_0_4`).
 
 Any other group granted such a table sees and writes every row. Owners and superusers
 are not bound (the gateway functions run as the owner).
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from workers.runtime.base.runtime_settings import HISTORY_FLOOR
 from workers.runtime.store.leases import inbox_pruning
-from workers.runtime.store.roles import GROUPS, worker_of
+from workers.runtime.store.roles import Roles, Rule
 
 #: table → which rows are worker `{w}`'s: a worker's login sees, writes and deletes only
 #: its own rows — its inbox, its outbox rows, the session history it wrote, its leases
@@ -33,8 +35,6 @@ OWNED_ROWS = {
     "session_history_packs": "worker = '{w}'",
     "controller_leases": "(name = '{w}' OR name LIKE '{w}-%' OR name = '{inbox_pruning}')",
 }
-
-Rule = tuple[str | None, str | None]  # (USING, WITH CHECK)
 
 #: The session history is written once: a worker inserts and reads its own rows, and may
 #: delete (or lock, to delete) only those older than `HISTORY_FLOOR` — its retention's
@@ -64,60 +64,44 @@ BY_COMMAND: dict[str, dict[str, Rule]] = {
 #: 0.4 do (`migrate.LEDGER_READ`: `SET LOCAL bcw.ledger = 'releases'`); owners see it all.
 #: A view for compatibility, not a secret: any login of these groups may say so too.
 LEDGER_BEFORE_0_4 = "current_setting('bcw.ledger', true) = 'releases' OR left(name, 4) <= '0024'"
-#: the groups whose logins run `bcw migrate --wait` before they start
-LEDGER_READERS = (*(group for group in GROUPS if worker_of(group)), "bcw_relay")
-
-#: table → group → command → rule: what one worker's rules write of a table others trust
-GROUP_RULES: dict[str, dict[str, dict[str, Rule]]] = {
-    "schema_migrations": {group: {"SELECT": (LEDGER_BEFORE_0_4, None)} for group in LEDGER_READERS},
-    # a certificate is recorded or marked revoked, never recorded live nor un-revoked
-    "node_certs": {
-        "bcw_quarantine": {
-            "SELECT": ("true", None),
-            "INSERT": (None, "revoked_at IS NOT NULL"),
-            "UPDATE": ("true", "revoked_at IS NOT NULL"),
-        },
-    },
-    # alternations are pruned after a day (none older can still arrive), never before
-    "node_alternations": {
-        "bcw_quarantine": {
-            "SELECT": ("true", None),
-            "INSERT": (None, "true"),
-            "DELETE": ("issued_at < compute_now() - interval '1 day'", None),
-        },
-    },
-    # a worker says as of when it applied its facts, and never for another (the replay
-    # worker's hold bound trusts the quarantine's row; the Hello transaction, the
-    # liveness controller's)
-    "consumer_watermarks": {
-        group: {
-            "SELECT": ("true", None),
-            "INSERT": (None, f"consumer = '{worker}'"),
-            "UPDATE": (f"consumer = '{worker}'", f"consumer = '{worker}'"),
-        }
-        for group, worker in (("bcw_liveness", "liveness"), ("bcw_quarantine", "quarantine"))
-    },
-    # node events are deleted by retention only (at least `HISTORY_FLOOR` old)
-    "node_events": {
-        "bcw_recorder": {
-            "SELECT": ("true", None),
-            "INSERT": (None, "true"),
-            "DELETE": (f"recorded_at < {OLDER_THAN_THE_FLOOR}", None),
-            "UPDATE": (f"recorded_at < {OLDER_THAN_THE_FLOOR}", "false"),  # a lock only
-        },
-    },
-}
-
-#: every table with row-level security
-GUARDED = tuple(dict.fromkeys([*OWNED_ROWS, *BY_COMMAND, *GROUP_RULES]))
 
 
-def rules_of(group: str, table: str) -> dict[str, Rule]:
+def ledger_readers(roles: Roles) -> tuple[str, ...]:
+    """The groups whose logins run `bcw migrate --wait` before they start."""
+    return (*(group for group in roles.GROUPS if roles.worker_of(group)), "bcw_relay")
+
+
+def rules_for(roles: Roles, group: str) -> dict[str, dict[str, Rule]]:
+    """table → command → rule of `group`'s own: the migrations' ledger as a worker's or the
+    relay's login reads it, then what a worker's rules write of a table others trust, as
+    its `grants.py` says (`WorkerRole.rules`). Pure."""
+    out: dict[str, dict[str, Rule]] = {}
+    if group in ledger_readers(roles):
+        out["schema_migrations"] = {"SELECT": (LEDGER_BEFORE_0_4, None)}
+    return out | {table: dict(rules) for table, rules in roles.RULES.get(group, {}).items()}
+
+
+def group_rules(roles: Roles) -> dict[str, dict[str, dict[str, Rule]]]:
+    """table → group → command → rule: every group's own (`rules_for`). Pure."""
+    out: dict[str, dict[str, dict[str, Rule]]] = {}
+    for group in roles.GROUPS:
+        for table, rules in rules_for(roles, group).items():
+            out.setdefault(table, {})[group] = rules
+    return out
+
+
+def guarded(roles: Roles) -> tuple[str, ...]:
+    """Every table with row-level security."""
+    return tuple(dict.fromkeys([*OWNED_ROWS, *BY_COMMAND, *group_rules(roles)]))
+
+
+def rules_of(roles: Roles, group: str, table: str) -> dict[str, Rule]:
     """command → (USING, WITH CHECK) of `group` on `table` (`ALL` for one rule of every
     command), with its worker's name filled in. Pure."""
-    worker = worker_of(group)
-    if table in GROUP_RULES and group in GROUP_RULES[table]:
-        return GROUP_RULES[table][group]
+    worker = roles.worker_of(group)
+    rules = group_rules(roles)
+    if table in rules and group in rules[table]:
+        return rules[table][group]
     if worker and table in BY_COMMAND:
         return {
             command: (
@@ -132,32 +116,33 @@ def rules_of(group: str, table: str) -> dict[str, Rule]:
     return {"ALL": ("true", "true")}
 
 
-def _name(group: str, table: str, command: str) -> str:
+def _name(roles: Roles, group: str, table: str, command: str) -> str:
     """A policy's name: `{group}_rows` for one of all commands; the session history's
     per-command ones keep the names they had since 0.3."""
     if command == "ALL":
         return f"{group}_rows"
-    if table in ("session_history", "session_history_packs") and worker_of(group):
+    if table in ("session_history", "session_history_packs") and roles.worker_of(group):
         return f"{group}_history_{command.lower()}"
     return f"{group}_{command.lower()}"
 
 
-def policies_sql(groups: tuple[str, ...] | None = None) -> dict[str, str]:
+def policies_sql(roles: Roles, groups: tuple[str, ...] | None = None) -> dict[str, str]:
     """Per table: the SQL that enables its row-level security and creates each group's
-    policies on it — only what is missing, so that a database that has them is not
-    locked. A group whose rules went per command loses its one policy of all."""
-    names = groups if groups is not None else tuple(GROUPS)
+    policies on it (`roles`' of `groups`, all by default) — only what is missing, so that
+    a database that has them is not locked. A group whose rules went per command loses its
+    one policy of all."""
+    names = groups if groups is not None else tuple(roles.GROUPS)
     out = {}
-    for table in GUARDED:
+    for table in guarded(roles):
         lines = [
             "DO $$ BEGIN",
             f"IF NOT (SELECT relrowsecurity FROM pg_class WHERE oid = '{table}'::regclass) THEN",
             f"    ALTER TABLE {table} ENABLE ROW LEVEL SECURITY; END IF;",
         ]
         for group in names:
-            if not any(grant.table == table for grant in GROUPS[group]):
+            if not any(grant.table == table for grant in roles.GROUPS[group]):
                 continue
-            rules = rules_of(group, table)
+            rules = rules_of(roles, group, table)
             if "ALL" not in rules:
                 lines += [  # one for all commands (before) would allow them all
                     "IF EXISTS (SELECT 1 FROM pg_policies WHERE schemaname = current_schema()"
@@ -170,7 +155,8 @@ def policies_sql(groups: tuple[str, ...] | None = None) -> dict[str, str]:
                     for word, expression in (("USING", using), ("WITH CHECK", check))
                     if expression is not None
                 )
-                lines += _policy(table, _name(group, table, command), group, command, clauses)
+                name = _name(roles, group, table, command)
+                lines += _policy(table, name, group, command, clauses)
         lines.append("END $$;")
         out[table] = "\n".join(lines) + "\n"
     return out

@@ -1,11 +1,14 @@
 """Database roles (DESIGN §9): one NOLOGIN group role per worker, one for gateways, one
 for readers, each granted only what its rules read and write.
 
-`bcw migrate` creates the groups when it may (CREATEROLE) and (re)applies the grants of
-every group that exists, after the migrations (`grants.apply`), so a new table is never
-left open or closed by mistake; `bcw migrate --print-grants` prints the same SQL for a
-DBA. Which rows of a table a group may touch is `policies`. An operator gives each worker
-a login role `IN ROLE bcw_<worker>`.
+The mechanism and the runtime's own groups live here; a worker's group is declared in its
+own folder (`workers/<worker>/grants.py`, a `WorkerRole`) and the registry composes them
+all into the one table (`Roles.of`: `workers.registry.ROLES`), which is handed to what
+applies it. `bcw migrate` creates the groups when it may (CREATEROLE) and (re)applies the
+grants of every group that exists, after the migrations (`grants.apply`), so a new table
+is never left open or closed by mistake; `bcw migrate --print-grants` prints the same SQL
+for a DBA. Which rows of a table a group may touch is `policies`. An operator gives each
+worker a login role `IN ROLE bcw_<worker>`.
 
 Row locks (`FOR UPDATE`, `FOR SHARE`) need the UPDATE privilege on some column of the
 table locked. Where a role locks rows it never writes, it gets UPDATE on one column
@@ -16,13 +19,20 @@ retention reads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from workers.runtime.store.limits import LIMITS, WORKER, LoginLimits
 
 
 @dataclass(frozen=True)
 class Grant:
     privileges: str
     table: str
+
+
+#: a row policy's (USING, WITH CHECK) expressions (`policies`)
+Rule = tuple[str | None, str | None]
 
 
 #: every table of the schema (a test keeps this equal to the migrated database's tables)
@@ -82,85 +92,8 @@ RUNTIME = (
     Grant("SELECT", "wake_channels"),  # the names its listeners LISTEN on
 )
 
-GROUPS: dict[str, tuple[Grant, ...]] = {
-    "bcw_liveness": (
-        *RUNTIME,
-        Grant("SELECT", "node_sessions"),
-        Grant(
-            # never `gateway_id`: it disconnects through `liveness_disconnect` (EXECUTES)
-            "UPDATE (last_seen, lane_credits, load, node_load, disconnected_at, disconnect_reason, "
-            "ranged_epoch)",
-            "node_sessions",
-        ),
-        Grant("SELECT", "gateways"),
-        Grant("SELECT, INSERT, UPDATE", "liveness_gateways"),
-        Grant("SELECT, UPDATE", "liveness_sweeps"),
-        Grant("SELECT, INSERT, UPDATE, DELETE", "liveness_ranges"),  # its flushes' ranges
-        Grant("SELECT", "node_last_seen"),
-        # as of when it applied its flushes (the Hello transaction's live window reads it)
-        Grant("SELECT, INSERT, UPDATE", "consumer_watermarks"),
-    ),
-    "bcw_labeler": (
-        *RUNTIME,
-        Grant("SELECT", "node_sessions"),
-        Grant("UPDATE (capabilities)", "node_sessions"),
-        *LAST_SEEN,
-        Grant("SELECT, INSERT, DELETE", "node_labels"),
-        Grant("UPDATE (value)", "node_labels"),
-    ),
-    "bcw_quarantine": (
-        *RUNTIME,
-        Grant("SELECT", "node_sessions"),
-        Grant(
-            "UPDATE (duplicate_hellos, duplicate_since, held_epoch, alternations_judged_epoch)",
-            "node_sessions",
-        ),
-        *LAST_SEEN,
-        Grant("SELECT, INSERT, DELETE", "node_alternations"),
-        Grant("SELECT, INSERT", "quarantines"),  # the breaker's record
-        Grant("UPDATE (revoked_at)", "quarantines"),
-        Grant("SELECT", "nodes"),
-        Grant("SELECT, INSERT", "node_certs"),  # an unrecorded serial is recorded revoked
-        Grant("UPDATE (revoked_at, revocation_reason)", "node_certs"),
-        Grant("SELECT, INSERT, DELETE", "node_conditions"),  # DuplicateIdentity, its own
-        Grant("UPDATE (epoch, reason)", "node_conditions"),  # set again by a later quarantine
-        # as of when it applied its Hellos (the replay's hold bound reads it): its own row
-        Grant("SELECT, INSERT, UPDATE", "consumer_watermarks"),
-        Grant("SELECT", "fleet_policy"),  # said loudly when Hellos need no proof
-        # the breaker's lock (FOR UPDATE: see above); no other group's, not PUBLIC's
-        Grant("SELECT, UPDATE (locked_at)", "quarantine_breaker"),
-    ),
-    "bcw_replay": (
-        *RUNTIME,
-        Grant("SELECT", "node_sessions"),
-        # FOR SHARE only (see above); held_epoch: a hold over its bound is released (holds.py)
-        Grant("UPDATE (node_id, held_epoch)", "node_sessions"),
-        *LAST_SEEN,
-        Grant("SELECT", "node_certs"),
-        Grant("SELECT", "gateways"),  # no dispatch to a gateway whose lease expired
-        Grant("SELECT, INSERT, UPDATE", "hello_seen"),  # the Hellos it applied, and asked for
-        Grant("SELECT", "consumer_watermarks"),  # the hold bound: is the quarantine behind?
-        Grant("SELECT", "quarantines"),  # one held for an operator holds every session of its node
-        Grant("SELECT", "commands"),
-        Grant(
-            "UPDATE (state, session_epoch, delivery_attempt, busy_attempts, busy_epoch, "
-            "not_before, result, failure_reason, trace_context, updated_at, delivered_epochs)",
-            "commands",
-        ),
-    ),
-    "bcw_recorder": (
-        *RUNTIME,
-        Grant("SELECT", "nodes"),
-        Grant("SELECT", "node_sessions"),
-        Grant(
-            "UPDATE (acked_event_seq, observed_generation, trust_version, approver_set_epoch, "
-            "approver_set_sha256)",
-            "node_sessions",
-        ),
-        *LAST_SEEN,
-        Grant("SELECT, INSERT, DELETE", "node_events"),
-        Grant("UPDATE (recorded_at)", "node_events"),  # pruning locks the rows it deletes
-    ),
+#: the runtime's own groups (a worker's is its `grants.py`'s `WorkerRole`)
+OTHER_GROUPS: dict[str, tuple[Grant, ...]] = {
     "bcw_gateway": (
         Grant("SELECT", "clock_offset"),
         Grant("SELECT, INSERT", "gateways"),
@@ -206,11 +139,6 @@ GROUPS: dict[str, tuple[Grant, ...]] = {
 }
 
 
-def worker_of(group: str) -> str | None:
-    """The worker a group role is the role of (it has the runtime's grants), if any."""
-    return group.removeprefix("bcw_") if set(RUNTIME) <= set(GROUPS[group]) else None
-
-
 #: The functions that run with their owner's rights and write for a gateway
 #: (migrations/core/0026_gateway_functions.sql): each checks the login may act as the
 #: gateway it names, its lease epoch and the node's session.
@@ -232,31 +160,28 @@ GATEWAY_FUNCTIONS = (
 #: the dispatch loop's wake-up (a secret channel's NOTIFY, with its owner's rights)
 WAKE_DISPATCH = "wake_dispatch()"
 
-#: group → the functions only it (and the owner) may execute; every other function of the
-#: schema runs with its caller's rights, and any group may call it
-EXECUTES: dict[str, tuple[str, ...]] = {
+#: the runtime's groups → the functions only they (and the owner, and the workers' groups
+#: whose roles say so) may execute; every other function of the schema runs with its
+#: caller's rights, and any group may call it
+OTHER_EXECUTES: dict[str, tuple[str, ...]] = {
     "bcw_gateway_bound": GATEWAY_FUNCTIONS,
-    # clears the gateway of sessions at the epoch and gateway it read: never sets one
-    "bcw_liveness": (
-        "liveness_disconnect(text[],bigint[],text[],text[],timestamp with time zone)",
-    ),
     # the dispatch loop's wake-up (migration 0057): from the roles whose writes free what
-    # it waits for — the replay (credits, Hellos), the quarantine and an operator (a
-    # quarantine lifted) — and no other
-    "bcw_replay": (WAKE_DISPATCH,),
-    "bcw_quarantine": (WAKE_DISPATCH,),
+    # it waits for — an operator's (a quarantine lifted), and the workers' that say so
     "bcw_operator": (WAKE_DISPATCH,),
+}
+
+#: what each of the runtime's groups is for, in one line (the docs' table)
+OTHER_PURPOSES = {
+    "bcw_gateway": "deprecated: gateways of 0.3 (direct writes), until they are upgraded",
+    "bcw_gateway_bound": "a gateway's login, bound to its gateway id (`bcw auth db`)",
+    "bcw_reader": "dashboards, `bcw commands`",
+    "bcw_relay": "a dedicated outbox relay (`bcw run relay`)",
+    "bcw_operator": "a person: `bcw explain`, `bcw commands`, `bcw liveness release`",
 }
 
 #: the group of gateways older than 0.4 (direct writes: it may rebind sessions and move
 #: leases): created and granted only when asked (`bcw migrate --legacy-gateway-role`)
 LEGACY_GATEWAY = "bcw_gateway"
-
-
-def groups_for(legacy_gateway: bool) -> tuple[str, ...]:
-    """The groups `bcw migrate` creates and grants: every one but the legacy gateway
-    group, unless asked for."""
-    return tuple(g for g in GROUPS if legacy_gateway or g != LEGACY_GATEWAY)
 
 
 #: the owner's alone: the clock's test hook, the gateway functions' binding and proof
@@ -274,60 +199,113 @@ OWNER_ONLY_FUNCTIONS = (
     "text,interval,text,uuid)",
 )
 
-#: every function PUBLIC may not execute: the owner's alone, or some group's only
-RESTRICTED_FUNCTIONS = tuple(
-    dict.fromkeys((*OWNER_ONLY_FUNCTIONS, *(f for fs in EXECUTES.values() for f in fs)))
-)
+
+@dataclass(frozen=True)
+class WorkerRole:
+    """What a worker's group role, `bcw_<worker>`, holds of the database: the runtime's
+    grants (`RUNTIME`) and its own (its `grants.py`; the registry composes them)."""
+
+    purpose: str  # what the group is for, in one line (the docs' table)
+    grants: tuple[Grant, ...]  # besides `RUNTIME`
+    #: the functions only it (and the groups whose roles say so) may execute
+    executes: tuple[str, ...] = ()
+    #: table → command → rule: which rows of a table another principal trusts its rules
+    #: may write (`policies`; its own name written out)
+    rules: Mapping[str, Mapping[str, Rule]] = field(default_factory=dict)
+    limits: LoginLimits = WORKER  # its logins' (`limits`)
 
 
-def may_execute(group: str, function: str) -> bool:
-    """Whether `group` may execute `function` (a signature, `name(type,…)`). Pure."""
-    if function in OWNER_ONLY_FUNCTIONS:
-        return False
-    return function not in RESTRICTED_FUNCTIONS or function in EXECUTES.get(group, ())
+@dataclass(frozen=True)
+class Roles:
+    """The database's permission table, one for a reader: every group's grants, the
+    functions only it may execute, the row rules of the tables others trust, its logins'
+    limits and what it is for — the workers' groups (`of`) and the runtime's own: what
+    `bcw migrate` applies and prints, the docs show and the matrix tests try cell by
+    cell."""
 
+    GROUPS: Mapping[str, tuple[Grant, ...]]
+    EXECUTES: Mapping[str, tuple[str, ...]]
+    #: group → table → command → rule, of the workers' groups (`policies.group_rules`)
+    RULES: Mapping[str, Mapping[str, Mapping[str, Rule]]]
+    LIMITS: Mapping[str, LoginLimits]
+    PURPOSES: Mapping[str, str]
+    #: every function PUBLIC may not execute: the owner's alone, or some group's only
+    RESTRICTED_FUNCTIONS: tuple[str, ...]
 
-def grants_sql(groups: tuple[str, ...] | None = None) -> str:
-    """The SQL that (re)applies the grants of `groups` (all by default): everything on
-    the schema's tables revoked first, then granted as `GROUPS` says."""
-    names = groups if groups is not None else tuple(GROUPS)
-    lines = [
-        "-- bc-workers: least-privilege grants of its group roles (bcw migrate --print-grants)",
-        "-- Run as the owner of the schema's tables, in the database, after `bcw migrate`.",
-    ]
-    lines += [
-        f"REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC;" for function in RESTRICTED_FUNCTIONS
-    ]
-    lines.append(
-        "DO $$ BEGIN EXECUTE format('REVOKE CREATE ON SCHEMA %I FROM PUBLIC', current_schema()); "
-        "END $$;"
-    )
-    for group in names:
-        lines.append(f"-- {group}")
-        lines.append(strip_sql(group))
-        lines.append(
-            f"DO $$ BEGIN EXECUTE format('GRANT USAGE ON SCHEMA %I TO {group}', current_schema()); "
-            "END $$;"
+    @classmethod
+    def of(cls, workers: Mapping[str, WorkerRole]) -> Roles:
+        """The table of `workers` (worker → its role, in the order `bcw migrate` grants
+        them) and of the runtime's own groups. Pure."""
+        mine = {f"bcw_{worker}": role for worker, role in workers.items()}
+        executes = {group: r.executes for group, r in mine.items() if r.executes}
+        executes |= OTHER_EXECUTES
+        restricted = (*OWNER_ONLY_FUNCTIONS, *GATEWAY_FUNCTIONS)
+        return cls(
+            GROUPS={**{g: (*RUNTIME, *r.grants) for g, r in mine.items()}, **OTHER_GROUPS},
+            EXECUTES=executes,
+            RULES={group: role.rules for group, role in mine.items() if role.rules},
+            LIMITS={**{g: r.limits for g, r in mine.items()}, **LIMITS},
+            PURPOSES={**{g: r.purpose for g, r in mine.items()}, **OTHER_PURPOSES},
+            RESTRICTED_FUNCTIONS=tuple(
+                dict.fromkeys((*restricted, *(f for fs in executes.values() for f in fs)))
+            ),
         )
-        lines += [f"GRANT {g.privileges} ON {g.table} TO {group};" for g in GROUPS[group]]
-        lines += [f"GRANT EXECUTE ON FUNCTION {f} TO {group};" for f in EXECUTES.get(group, ())]
-    return "\n".join(lines) + "\n"
 
+    def worker_of(self, group: str) -> str | None:
+        """The worker a group role is the role of (it has the runtime's grants), if any."""
+        return group.removeprefix("bcw_") if set(RUNTIME) <= set(self.GROUPS[group]) else None
 
-def create_roles_sql(groups: tuple[str, ...] | None = None) -> str:
-    """The SQL that creates the missing group roles (NOLOGIN) of `groups` (all by default)."""
-    lines = []
-    for group in groups if groups is not None else tuple(GROUPS):
+    def groups_for(self, legacy_gateway: bool) -> tuple[str, ...]:
+        """The groups `bcw migrate` creates and grants: every one but the legacy gateway
+        group, unless asked for."""
+        return tuple(g for g in self.GROUPS if legacy_gateway or g != LEGACY_GATEWAY)
+
+    def may_execute(self, group: str, function: str) -> bool:
+        """Whether `group` may execute `function` (a signature, `name(type,…)`). Pure."""
+        if function in OWNER_ONLY_FUNCTIONS:
+            return False
+        return function not in self.RESTRICTED_FUNCTIONS or function in self.EXECUTES.get(group, ())
+
+    def grants_sql(self, groups: tuple[str, ...] | None = None) -> str:
+        """The SQL that (re)applies the grants of `groups` (all by default): everything on
+        the schema's tables revoked first, then granted as `GROUPS` says."""
+        names = groups if groups is not None else tuple(self.GROUPS)
+        lines = [
+            "-- bc-workers: least-privilege grants of its group roles (bcw migrate --print-grants)",
+            "-- Run as the owner of the schema's tables, in the database, after `bcw migrate`.",
+        ]
+        lines += [f"REVOKE EXECUTE ON FUNCTION {f} FROM PUBLIC;" for f in self.RESTRICTED_FUNCTIONS]
         lines.append(
-            "DO $$ BEGIN "
-            f"IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{group}') THEN "
-            f"CREATE ROLE {group} NOLOGIN; END IF; "
-            "EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;"
+            "DO $$ BEGIN EXECUTE format('REVOKE CREATE ON SCHEMA %I FROM PUBLIC', "
+            "current_schema()); END $$;"
         )
-    return "\n".join(lines) + "\n"
+        for group in names:
+            lines.append(f"-- {group}")
+            lines.append(strip_sql(group))
+            lines.append(
+                f"DO $$ BEGIN EXECUTE format('GRANT USAGE ON SCHEMA %I TO {group}', "
+                "current_schema()); END $$;"
+            )
+            lines += [f"GRANT {g.privileges} ON {g.table} TO {group};" for g in self.GROUPS[group]]
+            lines += [
+                f"GRANT EXECUTE ON FUNCTION {f} TO {group};" for f in self.EXECUTES.get(group, ())
+            ]
+        return "\n".join(lines) + "\n"
+
+    def create_roles_sql(self, groups: tuple[str, ...] | None = None) -> str:
+        """The SQL that creates the missing group roles (NOLOGIN) of `groups` (all by default)."""
+        lines = []
+        for group in groups if groups is not None else tuple(self.GROUPS):
+            lines.append(
+                "DO $$ BEGIN "
+                f"IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{group}') THEN "
+                f"CREATE ROLE {group} NOLOGIN; END IF; "
+                "EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;"
+            )
+        return "\n".join(lines) + "\n"
 
 
 def strip_sql(group: str) -> str:
     """The SQL that takes every grant of `group` on the schema's tables away (the first
-    step of `grants_sql`; alone, for a group no longer granted)."""
+    step of `Roles.grants_sql`; alone, for a group no longer granted)."""
     return f"REVOKE ALL ON {', '.join((*TABLES, *VIEWS))} FROM {group};"

@@ -1,35 +1,21 @@
-"""The database roles as `docs/kubernetes.md` shows them, generated from
-`workers.runtime.store.roles` (`make docs`; a unit test keeps the doc equal to it)."""
+"""The database roles as `docs/kubernetes.md` shows them, generated from the table the
+registry composes (`workers.registry.ROLES`; `make docs`; a unit test keeps the doc equal
+to it)."""
 
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 from workers.runtime.base.settings_docs import rewrite_block
-from workers.runtime.store.policies import BY_COMMAND, GROUP_RULES, OWNED_ROWS
-from workers.runtime.store.roles import EXECUTES, GROUPS, READABLE, worker_of
-
-#: what each group is for, in one line
-PURPOSES = {
-    "bcw_liveness": "the liveness worker",
-    "bcw_labeler": "the capability labeler",
-    "bcw_quarantine": "the quarantine enforcer",
-    "bcw_replay": "the replay dispatcher",
-    "bcw_recorder": "the fact recorder",
-    "bcw_gateway": "deprecated: gateways of 0.3 (direct writes), until they are upgraded",
-    "bcw_gateway_bound": "a gateway's login, bound to its gateway id (`bcw auth db`)",
-    "bcw_reader": "dashboards, `bcw commands`",
-    "bcw_relay": "a dedicated outbox relay (`bcw run relay`)",
-    "bcw_operator": "a person: `bcw explain`, `bcw commands`, `bcw liveness release`",
-}
+from workers.runtime.store.policies import BY_COMMAND, OWNED_ROWS, rules_for
+from workers.runtime.store.roles import READABLE, Roles
 
 
-def _writes(group: str) -> list[str]:
+def _writes(roles: Roles, group: str) -> list[str]:
     """`table` or `table (columns)` for every write the group is granted, and how."""
     out: dict[str, list[str]] = {}
-    for grant in GROUPS[group]:
+    for grant in roles.GROUPS[group]:
         kinds = [k.strip() for k in re.sub(r"\([^)]*\)", "", grant.privileges).split(",")]
         columns = re.search(r"UPDATE \(([^)]*)\)", grant.privileges)
         words = out.setdefault(grant.table, [])
@@ -41,8 +27,8 @@ def _writes(group: str) -> list[str]:
     return [f"`{table}`: {', '.join(words)}" for table, words in out.items() if words]
 
 
-def _reads(group: str) -> str:
-    read = [g.table for g in GROUPS[group] if "SELECT" in g.privileges]
+def _reads(roles: Roles, group: str) -> str:
+    read = [g.table for g in roles.GROUPS[group] if "SELECT" in g.privileges]
     if set(read) == set(READABLE):
         return "every table but the Hello keys"
     if set(read) >= set(READABLE) - {"schema_migrations"}:
@@ -50,26 +36,28 @@ def _reads(group: str) -> str:
     return ", ".join(f"`{t}`" for t in read) or "nothing"
 
 
-def markdown() -> str:
+def markdown(roles: Roles) -> str:
+    """The table of every group of `roles`, one row each."""
     rows = ["| group | for | reads | writes | executes |", "|---|---|---|---|---|"]
-    for group in GROUPS:
-        writes = "; ".join(_writes(group)) or "nothing"
-        if worker_of(group):
+    for group in roles.GROUPS:
+        writes = "; ".join(_writes(roles, group)) or "nothing"
+        if roles.worker_of(group):
             owned = ", ".join(f"`{t}`" for t in dict.fromkeys([*OWNED_ROWS, *BY_COMMAND]))
             writes += f" (of {owned}: its own rows only; its session history once, deleted old)"
-        for table, rules in GROUP_RULES.items():
-            for command, (using, check) in rules.get(group, {}).items():
+        for table, rules in rules_for(roles, group).items():
+            for command, (using, check) in rules.items():
                 if command == "INSERT" and check != "true":
                     writes += f"; `{table}`: inserts only rows where `{check}`"
                 elif command in ("UPDATE", "DELETE") and using != "true":
                     writes += f"; `{table}`: {command.lower()}s only rows where `{using}`"
                 elif command == "UPDATE" and check != "true":
                     writes += f"; `{table}`: updates only to rows where `{check}`"
-        executes = ", ".join(f"`{f.split('(')[0]}`" for f in EXECUTES.get(group, ())) or "—"
-        rows.append(f"| `{group}` | {PURPOSES[group]} | {_reads(group)} | {writes} | {executes} |")
+        executes = ", ".join(f"`{f.split('(')[0]}`" for f in roles.EXECUTES.get(group, ())) or "—"
+        purpose = roles.PURPOSES[group]
+        rows.append(f"| `{group}` | {purpose} | {_reads(roles, group)} | {writes} | {executes} |")
     return "\n".join(rows) + "\n"
 
 
-if __name__ == "__main__":  # `make docs`
-    for name in sys.argv[1:]:
-        rewrite_block(Path(name), "roles", markdown())
+def rewrite_doc(path: Path, roles: Roles) -> bool:
+    """Put the generated table between a doc's roles markers; whether it changed."""
+    return rewrite_block(path, "roles", markdown(roles))

@@ -41,6 +41,7 @@ from tests.integration.support import (
 )
 from workers import liveness, quarantine
 from workers.gateway import Code, Gateway, HelloRequest, Refused, store
+from workers.registry import ROLES
 from workers.runtime.bus import streams
 from workers.runtime.store import limits, migrate
 
@@ -327,8 +328,8 @@ async def test_a_gateway_login_holds_its_connection_limit_and_timeouts(
     """`bcw migrate` (and `bcw auth db --bind`) give each gateway login a CONNECTION LIMIT
     and short statement and idle-in-transaction timeouts: a flood of connections is refused
     past the limit, and a worker's login still connects."""
-    await migrate.grant(db)  # as `bcw migrate` does, now that the logins exist
-    gateway = limits.LIMITS["bcw_gateway_bound"]
+    await migrate.grant(db, ROLES)  # as `bcw migrate` does, now that the logins exist
+    gateway = ROLES.LIMITS["bcw_gateway_bound"]
     opened: list[asyncpg.Connection] = []
     try:
         for _ in range(gateway.connections):
@@ -351,4 +352,4 @@ async def test_a_gateway_login_holds_its_connection_limit_and_timeouts(
         group = role["rolname"].removesuffix("_login_t")
         if group == "bcw_gateway":  # not asked for: it keeps no grant, and no limit is set
             continue
-        assert role["rolconnlimit"] == limits.LIMITS[group].connections, group
+        assert role["rolconnlimit"] == ROLES.LIMITS[group].connections, group

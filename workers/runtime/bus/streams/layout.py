@@ -23,7 +23,7 @@ letter evicts only its own letters, never another's (a gateway's parked fact, sa
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nats.js.api import (
     DiscardPolicy,
@@ -37,7 +37,7 @@ from schemas.facts import FACT_TYPES
 from schemas.subjects import Subjects
 from workers.runtime.base.runtime_settings import NatsSettings
 from workers.runtime.bus import server
-from workers.runtime.bus.principals import DEAD_PUBLISHERS
+from workers.runtime.bus.principals import dead_publishers
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -73,7 +73,7 @@ class StreamLimits:
     msgs_per_gateway: int = 5_000_000
     #: who publishes dead letters, each to a stream of its own (a process of a worker
     #: not of the fleet's, a test's, names its own)
-    dead_publishers: tuple[str, ...] = DEAD_PUBLISHERS
+    dead_publishers: tuple[str, ...] = field(default_factory=dead_publishers)
 
     @property
     def per_subject(self) -> int:

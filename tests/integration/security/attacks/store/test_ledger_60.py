@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from tests.integration.security.conftest import GROUPS
-from workers.runtime.store.policies import LEDGER_READERS
+from workers.registry import LEDGER_READERS
 
 pytestmark = pytest.mark.slow
 

@@ -19,14 +19,15 @@ import pytest
 from tests.conftest import Servers
 from tests.integration.security.conftest import url_as
 from tests.integration.support import bcw
+from workers.registry import ROLES
 from workers.runtime.base.runtime_settings import DatabaseSettings
 from workers.runtime.store import db as store_db
-from workers.runtime.store import limits, roles
+from workers.runtime.store import limits
 from workers.runtime.store.notify import Listener
 
 pytestmark = pytest.mark.slow
 
-GROUPS = roles.groups_for(False)  # what `bcw migrate` grants and limits
+GROUPS = ROLES.groups_for(False)  # what `bcw migrate` grants and limits
 
 
 @contextlib.asynccontextmanager
@@ -42,7 +43,7 @@ async def owned_database(servers: Servers) -> AsyncIterator[tuple[str, str, asyn
         await admin.execute(f"CREATE ROLE {owner} LOGIN CREATEROLE")
         made.append(owner)
         await admin.execute(f"CREATE DATABASE {database} OWNER {owner} TEMPLATE template0")
-        for group in roles.GROUPS:  # the groups exist (other tests made them): held as made
+        for group in ROLES.GROUPS:  # the groups exist (other tests made them): held as made
             with contextlib.suppress(asyncpg.DuplicateObjectError):
                 await admin.execute(f"CREATE ROLE {group} NOLOGIN")
             await admin.execute(
@@ -86,8 +87,8 @@ async def test_the_owner_limits_every_groups_logins_and_refuses_to_bind_one_it_c
         assert code == 0, out
         for group, login in mine.items():
             connections, settings = await _limits_of(admin, login)
-            assert connections == limits.LIMITS[group].connections, login
-            assert settings == limits.LIMITS[group].settings(), login
+            assert connections == ROLES.LIMITS[group].connections, login
+            assert settings == ROLES.LIMITS[group].settings(), login
         [said] = [line for line in out.splitlines() if line.startswith("login limits set on:")]
         for group, login in mine.items():
             assert f"{login} ({group})" in said.split("NOT set")[0], (login, said)

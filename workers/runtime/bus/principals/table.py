@@ -1,11 +1,13 @@
 """The bus principals (DESIGN §9): who may publish and subscribe to what, as nkey users of
-a nats-server configuration fragment. `bcw auth nats` writes it (`write`); `docs/kubernetes.md`
-shows the same table, generated from `principals()`.
+a nats-server configuration fragment. `bcw auth nats` writes it (`config.write`);
+`docs/kubernetes.md` shows the same table, generated from `principals()`. A worker's
+principal publishes what its `grants.py` says it emits (`senders`, handed over by the
+registry); the other principals are the runtime's own, here.
 
 - `admin`: everything (provision, stream setup at migrate time, dead-letter redrive).
 - `worker-<name>`: pulls from and acks on its own durable consumer of the facts stream
   (`bcw provision` makes it: the worker binds it as it is, or waits); the events, notices and
-  revocations its rules emit (`EMITS`, and nothing another worker emits) and its own dead
+  revocations its rules emit (`senders.EMITS`, and nothing another worker emits) and its own dead
   letters (never the relay's); never a fact.
 - `relay`: a dedicated outbox relay (`bcw run relay`): the events, notices and revocations
   every worker's outbox holds, and the relay's dead letters; the info of the streams it
@@ -32,61 +34,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from schemas import events, notices
-from schemas.base import CamelMessage, SnakeMessage, check_gateway_ids
+from schemas.base import check_gateway_ids
 from schemas.facts import FACT_TYPES
 from schemas.subjects import Subjects
-from workers.runtime.base.settings_docs import rewrite_block
-from workers.runtime.bus.seeds import SeedFileError as SeedFileError  # `bcw auth nats`'s
-from workers.runtime.bus.seeds import public_key as public_key
-from workers.runtime.bus.seeds import seed_of
-
-#: the worker kinds (the registry's names; a unit test keeps them equal)
-WORKER_NAMES = ("labeler", "liveness", "quarantine", "recorder", "replay")
-#: who publishes dead letters, each under `<root>.dead.<its name>` to a stream of its own
-DEAD_PUBLISHERS = (*WORKER_NAMES, "relay")
-#: what each worker's rules publish through its outbox: all its principal may publish
-#: besides its dead letters. `OutboxBatch.add` refuses any other message from that worker,
-#: so a worker that starts emitting something new fails its tests until it is listed here.
-EMITS: dict[str, tuple[type[CamelMessage | SnakeMessage], ...]] = {
-    "labeler": (events.CapabilitiesChanged,),
-    "liveness": (
-        events.NodeConnected,
-        events.NodeDisconnected,
-        events.GatewayBlind,
-        events.GatewaySeeing,
-        events.BreakerOpen,
-        notices.Zombie,
-    ),
-    "quarantine": (
-        events.DuplicateSession,
-        events.UnprovenHello,
-        events.Quarantined,
-        events.QuarantineHeld,
-        events.QuarantineBreakerOpen,
-        events.Revocations,
-    ),
-    "recorder": (notices.EventAck,),
-    "replay": (
-        events.CommandReplayed,
-        events.CommandCancelled,
-        events.CommandFailed,
-        events.CommandCompleted,
-        events.HoldExpired,
-        notices.Dispatch,
-        notices.HelloAgain,
-    ),
-}
-#: the same, by message type (what `OutboxBatch.add` looks up)
-EMITTED_TYPES = {worker: frozenset(t.BC_TYPE for t in made) for worker, made in EMITS.items()}
-
-
-class NotEmitted(ValueError):
-    """A worker's outbox was given a message that worker does not emit (not in `EMITS`):
-    its principal could not publish it. A defect of the worker, found by its tests."""
-
+from workers.runtime.bus.principals.senders import EMITS, dead_publishers, emitted
 
 INBOX = "_INBOX"
 INBOX_PLACEHOLDER = "<key>"
@@ -103,55 +55,6 @@ class Principal:
     does: str
     publish: tuple[str, ...]
     subscribe: tuple[str, ...] = ()
-
-
-def emitted(subjects: Subjects, worker: str) -> tuple[str, ...]:
-    """The subjects `worker`'s rules publish to (a notice to any gateway)."""
-    out = []
-    for made in EMITS[worker]:
-        if made is events.Revocations:
-            out.append(subjects.revocations)
-        elif issubclass(made, SnakeMessage):
-            out.append(subjects.notice("*", made.BC_TYPE))
-        else:
-            out.append(subjects.event(made.BC_TYPE))
-    return tuple(out)
-
-
-def refusal(
-    subjects: Subjects, worker: str | None, bc_type: str | None, subject: str
-) -> str | None:
-    """Why a relay must not publish a message an outbox row holds, or None when the row's
-    worker could publish it itself: the worker must be one of `EMITS`, a sender of the
-    message's `Bc-Type`, and the subject that type's subject of the worker (`emitted`).
-    The relay trusts no row (a worker's login may write any row of its own). Pure."""
-    if worker not in EMITS:
-        return f"no worker {worker!r} sends messages"
-    if bc_type is None:
-        return "it has no Bc-Type"
-    if bc_type not in EMITTED_TYPES[worker]:
-        return f"worker {worker} does not send {bc_type!r}"
-    made = next(m for m in EMITS[worker] if bc_type == m.BC_TYPE)
-    if made is events.Revocations:
-        allowed = subjects.revocations
-    elif issubclass(made, SnakeMessage):
-        allowed = subjects.notice("*", bc_type)
-    else:
-        allowed = subjects.event(bc_type)
-    if not matches(allowed, subject):
-        return f"worker {worker} does not send {bc_type} to {subject}"
-    return None
-
-
-def matches(pattern: str, subject: str) -> bool:
-    """Whether a NATS subject pattern (`*` one token, `>` the rest) covers `subject`."""
-    wanted, given = pattern.split("."), subject.split(".")
-    for i, token in enumerate(wanted):
-        if token == ">":
-            return len(given) > i
-        if i >= len(given) or (token != "*" and token != given[i]):
-            return False
-    return len(wanted) == len(given)
 
 
 def _api(*parts: str) -> str:
@@ -192,7 +95,7 @@ def principals(
     streams = (facts, events, notices)
     # the operator reads every publisher's dead letters, and the old dead stream's (kept
     # while an upgraded install's holds letters: `streams.narrow_old_dead_stream`)
-    dead = (subjects.dead_stream, *map(subjects.dead_stream_of, DEAD_PUBLISHERS))
+    dead = (subjects.dead_stream, *map(subjects.dead_stream_of, dead_publishers()))
     own_facts = tuple(subjects.gateway_facts_stream(g) for g in gateways)
     made = [
         Principal("admin", "bcw provision, bcw migrate's stream setup, bcw dead-letters", (">",), (">",)),
@@ -202,7 +105,7 @@ def principals(
             (_api("INFO"), *(_api("STREAM.INFO", s) for s in (*streams, *dead[1:], *own_facts))),
         ),
     ]  # fmt: skip
-    for worker in WORKER_NAMES:
+    for worker in EMITS:
         made.append(
             Principal(
                 f"worker-{worker}",
@@ -321,80 +224,3 @@ def check_subscribers(apps: Sequence[str]) -> list[str]:
         return check_gateway_ids(apps)
     except ValueError as error:
         raise ValueError(str(error).replace("gateway id", "subscriber name")) from None
-
-
-def _quoted(subjects: Sequence[str]) -> str:
-    return ", ".join(f'"{s}"' for s in subjects)
-
-
-def grants_of(principal: Principal, inbox: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """What `principal` may publish and subscribe to, given its own inbox (`_INBOX.<key>.>`):
-    its grants and its inbox, both ways. What the server is told, the docs show and the
-    permissions test tries."""
-    return (inbox, *principal.publish), (inbox, *principal.subscribe)
-
-
-def render(users: Sequence[tuple[Principal, str]]) -> str:
-    """The configuration fragment: one nkey user per (principal, public key)."""
-    lines = [
-        "# Written by `bcw auth nats`: nkey users of bc-workers with their permissions.",
-        "# Include it from the nats-server configuration (`include auth.conf`); for",
-        "# JetStream's durability, see jetstream.conf beside it (sync_interval: always).",
-        "authorization {",
-        "  users = [",
-    ]
-    for principal, key in users:
-        publish, subscribe = grants_of(principal, f"{inbox_prefix(key)}.>")
-        lines += [
-            f"    # {principal.name}: {principal.does}",
-            f'    {{ nkey: "{key}", permissions: {{',
-            f"        publish: {{ allow: [{_quoted(publish)}] }},",
-            f"        subscribe: {{ allow: [{_quoted(subscribe)}] }}",
-            "    } },",
-        ]
-    lines += ["  ]", "}", ""]
-    return "\n".join(lines)
-
-
-def write(
-    directory: Path, subjects: Subjects, gateways: Sequence[str], subscribers: Sequence[str] = ()
-) -> list[Path]:
-    """`DIR/auth.conf` and `DIR/<principal>.nk` for every principal; the files written."""
-    directory.mkdir(parents=True, exist_ok=True)
-    users, written = [], []
-    apps = check_subscribers(subscribers)
-    for principal in principals(subjects, check_gateways(gateways), apps):
-        path = directory / f"{principal.name}.nk"
-        users.append((principal, public_key(seed_of(path))))
-        written.append(path)
-    conf = directory / "auth.conf"
-    conf.write_text(render(users))
-    return [conf, *written]
-
-
-def markdown(subjects: Subjects) -> str:
-    """The principals as `docs/kubernetes.md` shows them (one gateway, `<id>`; one
-    subscriber application, `<app>`)."""
-    rows = ["| principal | used by | publish | subscribe |", "|---|---|---|---|"]
-    for principal in principals(subjects, ["<id>"], ["<app>"]):
-        publish, subscribe = grants_of(principal, f"{INBOX}.{INBOX_PLACEHOLDER}.>")
-        rows.append(
-            f"| `{principal.name}` | {principal.does} | "
-            + ", ".join(f"`{s}`" for s in publish)
-            + " | "
-            + ", ".join(f"`{s}`" for s in subscribe)
-            + " |"
-        )
-    return "\n".join(rows) + "\n"
-
-
-def rewrite_doc(path: Path, subjects: Subjects) -> bool:
-    """Put the generated table between a doc's principals markers; whether it changed."""
-    return rewrite_block(path, "principals", markdown(subjects))
-
-
-if __name__ == "__main__":  # `make docs`
-    import sys
-
-    for name in sys.argv[1:]:
-        rewrite_doc(Path(name), Subjects("bc"))

@@ -1,0 +1,51 @@
+"""What the liveness worker's logins (`bcw_liveness`) may do of the database, and what its
+bus principal (`worker-liveness`) publishes: its part of the one permission table the
+registry composes (`workers.registry.ROLES`, `EMITS`; docs/kubernetes.md shows it whole).
+"""
+
+from __future__ import annotations
+
+from schemas import events, notices
+from workers.runtime.store.roles import Grant, WorkerRole
+
+ROLE = WorkerRole(
+    purpose="the liveness worker",
+    grants=(
+        Grant("SELECT", "node_sessions"),
+        Grant(
+            # never `gateway_id`: it disconnects through `liveness_disconnect` (executes)
+            "UPDATE (last_seen, lane_credits, load, node_load, disconnected_at, disconnect_reason, "
+            "ranged_epoch)",
+            "node_sessions",
+        ),
+        Grant("SELECT", "gateways"),
+        Grant("SELECT, INSERT, UPDATE", "liveness_gateways"),
+        Grant("SELECT, UPDATE", "liveness_sweeps"),
+        Grant("SELECT, INSERT, UPDATE, DELETE", "liveness_ranges"),  # its flushes' ranges
+        Grant("SELECT", "node_last_seen"),
+        # as of when it applied its flushes (the Hello transaction's live window reads it)
+        Grant("SELECT, INSERT, UPDATE", "consumer_watermarks"),
+    ),
+    # clears the gateway of sessions at the epoch and gateway it read: never sets one
+    executes=("liveness_disconnect(text[],bigint[],text[],text[],timestamp with time zone)",),
+    rules={
+        # it says as of when it applied its facts, and never for another (the Hello
+        # transaction trusts its row)
+        "consumer_watermarks": {
+            "SELECT": ("true", None),
+            "INSERT": (None, "consumer = 'liveness'"),
+            "UPDATE": ("consumer = 'liveness'", "consumer = 'liveness'"),
+        },
+    },
+)
+
+#: what its rules publish through its outbox: all its principal may publish besides its
+#: dead letters (`OutboxBatch.add` refuses any other message from it)
+EMITS = (
+    events.NodeConnected,
+    events.NodeDisconnected,
+    events.GatewayBlind,
+    events.GatewaySeeing,
+    events.BreakerOpen,
+    notices.Zombie,
+)
