@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from workers import labeler, liveness, quarantine, recorder, replay
-from workers.runtime.base.settings import Settings
 from workers.runtime.effects.worker import Worker
+from workers.settings import Settings
 
 WORKERS: dict[str, Callable[[Settings], Worker]] = {
     "labeler": labeler.build,

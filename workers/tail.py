@@ -25,8 +25,8 @@ from nats.js.errors import NotFoundError
 
 from schemas.subjects import Subjects
 from workers.display import printable
-from workers.runtime.base.settings import Settings
 from workers.runtime.bus import connection
+from workers.settings import Settings
 
 
 def render(

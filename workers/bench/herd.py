@@ -49,7 +49,7 @@ from workers.bench.costs import CpuSpent, cpu_seconds, peak_rss_mib
 from workers.explain import HISTORY
 from workers.labeler.apply import ADD_LABELS
 from workers.labeler.decide import LABEL_PREFIX
-from workers.runtime.base.settings import Settings
+from workers.settings import Settings
 
 HELLO_WORKERS = ("labeler", "liveness", "quarantine", "replay")
 CAPABILITIES = ("cpu", "mem", "nvml", "ib")

@@ -11,7 +11,7 @@ import asyncio
 import sys
 
 from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, Commands, json_line
-from workers.runtime.base.settings import Settings
+from workers.settings import Settings
 
 HELD = """
 SELECT node_id, epoch, gateway_id, held, alternations, gateways, serials, decided_at

@@ -26,9 +26,9 @@ from workers.embedded import EmbeddedNats
 from workers.gateway import store
 from workers.registry import WORKERS
 from workers.runtime.base.runtime_settings import NatsSettings
-from workers.runtime.base.settings import Settings
 from workers.runtime.bus import principals, streams
 from workers.runtime.store import migrate, roles
+from workers.settings import Settings
 
 GROUPS = tuple(roles.GROUPS)
 

@@ -25,7 +25,7 @@ from tests.integration.support import eventually, make_settings, running
 from workers import explain, liveness
 from workers.demo import fresh_sweep_history
 from workers.liveness import breaker
-from workers.runtime.base.rule_settings import LivenessSettings
+from workers.liveness.settings import LivenessSettings
 from workers.runtime.bus import streams
 
 S = timedelta(seconds=1)
