@@ -7,10 +7,16 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Protocol
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings
 
-from workers.runtime.base.setting_types import Duration, env_group
+from workers.runtime.base.setting_types import Duration, env_group, format_duration
+
+#: How long a node's counted alternations are kept (`apply.PRUNE_ALTERNATIONS`), and its
+#: recorded duplicates counted from the record (`record.WITHHELD`): older than any fact
+#: that can still arrive (a day on the bus). The counting window fits in it. Whole days:
+#: the SQL says it in days, as the database's calendar counts them.
+ALTERNATIONS_KEPT = timedelta(days=1)
 
 
 class QuarantineSettings(BaseSettings):
@@ -21,7 +27,11 @@ class QuarantineSettings(BaseSettings):
     max_alternations: int = Field(
         default=3, ge=1, description="alternations allowed in the window; one more quarantines"
     )
-    window: Duration = Field(default=timedelta(minutes=10), description="the counting window")
+    window: Duration = Field(
+        default=timedelta(minutes=10),
+        description=f"the counting window; {format_duration(ALTERNATIONS_KEPT)} at most (older "
+        "alternations are pruned)",
+    )
     breaker_quarantines: int = Field(
         default=3,
         ge=0,
@@ -39,6 +49,16 @@ class QuarantineSettings(BaseSettings):
         description="the fleet's share of nodes that may be revoked in the breaker's window "
         "(at least BCW_QUARANTINE_BREAKER_QUARANTINES)",
     )
+
+    @field_validator("window")
+    @classmethod
+    def _window_within_what_is_kept(cls, value: timedelta) -> timedelta:
+        if value > ALTERNATIONS_KEPT:
+            raise ValueError(
+                f"must be at most {format_duration(ALTERNATIONS_KEPT)}: alternations older "
+                "than that are pruned, never counted"
+            )
+        return value
 
 
 class Configured(Protocol):
