@@ -70,7 +70,7 @@ image:
 DOCS = README.md docs/runtime.md docs/workers.md
 
 docs: $(STAMP)
-	$(BIN)/python -m workers.runtime.base.settings_docs $(DOCS)
+	$(BIN)/python -m workers.settings $(DOCS)
 	$(BIN)/python -m workers.registry docs/kubernetes.md
 
 demo: $(DEMO_STAMP)

@@ -22,11 +22,11 @@ from workers.liveness import grants as liveness_grants
 from workers.quarantine import grants as quarantine_grants
 from workers.recorder import grants as recorder_grants
 from workers.replay import grants as replay_grants
-from workers.runtime.base.settings import Settings
 from workers.runtime.bus import principals
 from workers.runtime.effects.worker import Worker
 from workers.runtime.store import policies, roles_doc
 from workers.runtime.store.roles import Roles
+from workers.settings import Settings
 
 WORKERS: dict[str, Callable[[Settings], Worker]] = {
     "labeler": labeler.build,

@@ -26,8 +26,8 @@ from tests.integration.support import (
     running,
     stream_messages,
 )
-from workers.runtime.base.settings import Settings
 from workers.runtime.effects.worker import Runtime, Worker
+from workers.settings import Settings
 
 
 @dataclass

@@ -29,12 +29,12 @@ from workers.runtime.base.runtime_settings import (
     NatsSettings,
     OutboxSettings,
 )
-from workers.runtime.base.settings import Settings
 from workers.runtime.bus import deadletter
 from workers.runtime.effects import outcome
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.worker import Runtime, Tx, Worker
 from workers.runtime.process import run_process
+from workers.settings import Settings
 
 TALLY_DDL = """
 CREATE TABLE IF NOT EXISTS tally (

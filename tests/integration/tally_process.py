@@ -9,7 +9,7 @@ defer_stop_signals()  # before the imports below: a test may stop it while it st
 
 from tests.integration.support import build_tally  # noqa: E402
 from workers.cli.running import run_workers  # noqa: E402
-from workers.runtime.base.settings import Settings  # noqa: E402
+from workers.settings import Settings  # noqa: E402
 
 if __name__ == "__main__":
     settings = Settings()

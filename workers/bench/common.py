@@ -25,9 +25,9 @@ from schemas.subjects import Subjects
 from workers.bench.costs import cpu_seconds
 from workers.embedded.servers import EmbeddedNats, EmbeddedPostgres, die_with_parent
 from workers.runtime.base.runtime_settings import ConsumerSettings
-from workers.runtime.base.settings import Settings
 from workers.runtime.effects.worker import Worker
 from workers.runtime.store import migrate
+from workers.settings import Settings
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from workers.bench.common import (
 from workers.bench.costs import CpuSpent, cpu_seconds, peak_rss_mib
 from workers.labeler.apply import ADD_LABELS
 from workers.labeler.decide import LABEL_PREFIX
-from workers.runtime.base.settings import Settings
+from workers.settings import Settings
 from workers.tools.explain import HISTORY
 
 HELLO_WORKERS = ("labeler", "liveness", "quarantine", "replay")

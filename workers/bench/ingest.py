@@ -26,8 +26,8 @@ from schemas.facts import LivenessEntry
 from schemas.subjects import Subjects
 from workers.bench.common import BenchTarget, bench_target, print_table, publish_facts, wire
 from workers.bench.costs import cpu_seconds, nats_server_pid
-from workers.runtime.base.settings import Settings
 from workers.runtime.bus import streams
+from workers.settings import Settings
 
 ENTRIES = 100
 LAYOUTS = ("one stream", "own streams")

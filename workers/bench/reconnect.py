@@ -29,8 +29,8 @@ from workers.bench.common import (
     publish_facts,
     wire,
 )
-from workers.runtime.base.settings import Settings
 from workers.runtime.effects import claims
+from workers.settings import Settings
 
 CAPABILITIES = ["cpu", "mem", "nvml", "cuda.12", "ib", "nvme", "gpu.h100", "new-cap"]
 

@@ -51,10 +51,10 @@ from workers.bench.costs import (
 )
 from workers.runtime.base import heap
 from workers.runtime.base.runtime_settings import ConsumerSettings
-from workers.runtime.base.settings import Settings
 from workers.runtime.bus import streams
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.worker import Handler, Tx, Worker
+from workers.settings import Settings
 
 NODES = 1000
 BATCH = 256

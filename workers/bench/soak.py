@@ -42,7 +42,7 @@ from workers.bench.common import (
 from workers.bench.costs import memory_mib
 from workers.demo.run import fresh_sweep_history
 from workers.runtime.base import heap
-from workers.runtime.base.settings import Settings
+from workers.settings import Settings
 from workers.sim import Simulator
 from workers.sim.scenarios import busy, clone, commands_done, gateway_loss, journal_loss, power_on
 

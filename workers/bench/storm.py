@@ -40,8 +40,8 @@ from workers.bench.common import (
 )
 from workers.bench.costs import peak_rss_mib
 from workers.gateway import Code, Gateway, GatewaySettings, HelloRequest, Refused, notices
-from workers.runtime.base.settings import Settings
 from workers.runtime.effects import claims
+from workers.settings import Settings
 
 HELLO_WORKERS = ("labeler", "liveness", "quarantine", "replay")
 CLIENTS_PER_GATEWAY = 64  # each gateway's pending-Hello limit

@@ -21,7 +21,7 @@ import asyncpg
 from schemas.subjects import Subjects
 from workers.bench.common import bench_target, print_table
 from workers.liveness.sweep import rules_of, sweep_once
-from workers.runtime.base.settings import Settings
+from workers.settings import Settings
 
 FILL = """
 INSERT INTO nodes (node_id, role) SELECT 's' || i, 'worker' FROM generate_series(1, $1) i;

@@ -16,7 +16,7 @@ from workers.cli.common import (
     Commands,
     json_line,
 )
-from workers.runtime.base.settings import Settings
+from workers.settings import Settings
 
 
 def add(commands: Commands) -> None:

@@ -12,7 +12,7 @@ import math
 import sys
 
 from workers.cli.common import EXIT_BAD_SETTINGS, Commands
-from workers.runtime.base.settings import Settings
+from workers.settings import Settings
 
 
 def add(commands: Commands) -> None:

@@ -30,13 +30,13 @@ from workers.cli import (
 from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, document
 from workers.runtime.base.errors import SettingError, redact
 from workers.runtime.base.release import release
-from workers.runtime.base.settings import (
+from workers.runtime.observability import otel_env
+from workers.settings import (
     Settings,
     describe,
     read_secret_files,
     unknown_variables,
 )
-from workers.runtime.observability import otel_env
 
 
 def build_parser() -> argparse.ArgumentParser:

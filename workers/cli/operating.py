@@ -19,7 +19,7 @@ from workers.cli.common import (
     positive_duration,
     since,
 )
-from workers.runtime.base.settings import Settings
+from workers.settings import Settings
 
 
 def add(commands: Commands) -> None:
@@ -91,8 +91,9 @@ def add(commands: Commands) -> None:
 
 
 def _cmd_config(args: argparse.Namespace, settings: Settings) -> int:
-    from workers.runtime.base.settings import database_tls, effective
+    from workers.runtime.base.settings import database_tls
     from workers.runtime.observability import otel_env
+    from workers.settings import effective
 
     shown = otel_env.shown()  # the OTEL_* it uses too
     tls = {"PostgreSQL TLS": database_tls(settings.database).said()}

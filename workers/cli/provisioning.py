@@ -20,7 +20,7 @@ from workers.cli.common import (
     positive_duration,
 )
 from workers.runtime.base.release import release
-from workers.runtime.base.settings import Settings
+from workers.settings import Settings
 
 if TYPE_CHECKING:
     from nats.js.api import ConsumerConfig

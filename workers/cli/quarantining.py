@@ -12,7 +12,7 @@ import asyncio
 import sys
 
 from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, Commands, json_line
-from workers.runtime.base.settings import Settings
+from workers.settings import Settings
 
 
 def add(commands: Commands) -> None:

@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from workers.cli.common import EXIT_BAD_SETTINGS, EXIT_FAILED, Commands, plain
-from workers.runtime.base.settings import Settings
+from workers.settings import Settings
 
 
 def add(commands: Commands) -> None:

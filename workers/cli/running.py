@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from workers.cli.common import EXIT_FAILED, Commands
-from workers.runtime.base.settings import Settings
 from workers.runtime.effects.worker import Worker
+from workers.settings import Settings
 
 #: the simulator's scenarios (`workers.sim.scenarios.SCENARIOS`, not imported for a help page)
 SCENARIO_NAMES = [

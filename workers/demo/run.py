@@ -29,20 +29,21 @@ from rich.table import Table
 from schemas.subjects import Subjects
 from workers.demo import stuck
 from workers.embedded.servers import EmbeddedNats, EmbeddedPostgres, embedded_servers
+from workers.liveness.settings import LivenessSettings
 from workers.registry import WORKERS
-from workers.runtime.base.rule_settings import LivenessSettings, ReplaySettings
+from workers.replay.settings import ReplaySettings
 from workers.runtime.base.runtime_settings import (
     ConsumerSettings,
     DatabaseSettings,
     NatsSettings,
     OutboxSettings,
 )
-from workers.runtime.base.settings import Settings
 from workers.runtime.base.waiting import stop_on_signals
 from workers.runtime.bus import principals, streams
 from workers.runtime.observability import sql, tracing
 from workers.runtime.process import run_process
 from workers.runtime.store import migrate
+from workers.settings import Settings
 from workers.sim import SCENARIOS, Check, Simulator
 
 #: wall seconds the scenario may take (about 50 on a 2-core machine, 70 on a loaded one)

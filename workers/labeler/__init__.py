@@ -16,9 +16,9 @@ nothing to do.
 from __future__ import annotations
 
 from workers.labeler.apply import handle
-from workers.runtime.base.settings import Settings
+from workers.runtime.base.settings import RuntimeSettings
 from workers.runtime.effects.worker import Worker
 
 
-def build(settings: Settings) -> Worker:
+def build(settings: RuntimeSettings) -> Worker:
     return Worker(name="labeler", fact_types=("hello",), handle=handle, inbox=False)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from workers.liveness.apply import make_handler, wants
 from workers.liveness.metrics import SweepMetrics
+from workers.liveness.settings import Configured
 from workers.liveness.sweep import sweep_loop
-from workers.runtime.base.settings import Settings
 from workers.runtime.effects.worker import Worker
 
 
-def build(settings: Settings) -> Worker:
+def build(settings: Configured) -> Worker:
     return Worker(
         name="liveness",
         fact_types=("hello", "liveness", "closed"),

@@ -42,7 +42,7 @@ from workers.liveness.decide import (
 )
 from workers.liveness.metrics import HELD_REASONS, SweepMetrics
 from workers.liveness.seeing import blind_reason, seen_at, sees, sight_change, stale_before
-from workers.runtime.base.rule_settings import LivenessSettings
+from workers.liveness.settings import LivenessSettings
 from workers.runtime.effects.batch import OutboxBatch
 from workers.runtime.effects.worker import Loop, Runtime
 from workers.runtime.observability import tracing

@@ -22,11 +22,11 @@ from workers.quarantine.apply import make_handler, wants
 from workers.quarantine.breaker import release_loop
 from workers.quarantine.decide import Breaker, Limits
 from workers.quarantine.metrics import QuarantineMetrics, hello_proof_note
-from workers.runtime.base.settings import Settings
+from workers.quarantine.settings import Configured
 from workers.runtime.effects.worker import Worker
 
 
-def build(settings: Settings) -> Worker:
+def build(settings: Configured) -> Worker:
     q = settings.quarantine
     limits = Limits(
         q.max_alternations,
@@ -40,7 +40,7 @@ def build(settings: Settings) -> Worker:
         wants=wants,
         recorded=record.recorded,
         inbox=False,
-        loops=(release_loop(),),
+        loops=(release_loop(q.window),),
         metrics=(QuarantineMetrics,),
         notes=(hello_proof_note,),
     )

@@ -29,6 +29,7 @@ from workers.quarantine.decide import (
     to_act_on,
     window_of,
 )
+from workers.quarantine.settings import ALTERNATIONS_KEPT
 from workers.runtime.effects import outcome
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.worker import Handler, Tx
@@ -82,9 +83,10 @@ SELECT DISTINCT q.node_id FROM quarantines q
 """
 
 # Older than any fact that can still arrive (a day on the bus), so never counted again.
-PRUNE_ALTERNATIONS = """
+PRUNE_ALTERNATIONS = f"""
 DELETE FROM node_alternations
- WHERE node_id = ANY($1::text[]) AND issued_at < compute_now() - interval '1 day'
+ WHERE node_id = ANY($1::text[])
+   AND issued_at < compute_now() - interval '{ALTERNATIONS_KEPT.days} day'
 """
 
 WRITE_COUNTERS = """

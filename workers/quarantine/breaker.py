@@ -141,10 +141,10 @@ async def hold(
     return held
 
 
-async def revoke_released(runtime: Runtime, lease: leases.Lease) -> int:
+async def revoke_released(runtime: Runtime, lease: leases.Lease, window: timedelta) -> int:
     """Revoke what an operator released, each with its events (and its node's condition);
     release the session a dismissed quarantine held; clear the condition of nodes that
-    hold a good session again; how many revoked."""
+    hold a good session again (or no duplicate for the counting `window`); how many revoked."""
     outbox = OutboxBatch("quarantine")
     async with runtime.pool.acquire() as conn, conn.transaction():
         await leases.fence(conn, lease)
@@ -172,7 +172,7 @@ async def revoke_released(runtime: Runtime, lease: leases.Lease) -> int:
             await conn.execute("SELECT wake_dispatch()")  # what waits may go
         held = int(await conn.fetchval(HELD))
         # re-joined machines, and nodes with no duplicate for a window, hold good sessions
-        await conditions.clear_recovered(conn, runtime.settings.quarantine.window)
+        await conditions.clear_recovered(conn, window)
     runtime.metrics.of(QuarantineMetrics).quarantines_held.set(held)
     return len(rows)
 
@@ -183,7 +183,7 @@ LEASE = "quarantine-release"
 CONSUMER = "quarantine"
 
 
-def release_loop(every: float = 2.0) -> Loop:
+def release_loop(window: timedelta, every: float = 2.0) -> Loop:
     """Now and then, in the replica holding its lease: revoke what an operator released,
     lift the session holds of what one dismissed, say how many wait, record as of when the
     quarantine has applied its Hellos (`watermarks`), and say the fleet's proofs
@@ -193,7 +193,7 @@ def release_loop(every: float = 2.0) -> Loop:
         watch = proofs.ProofWatch()
 
         async def body(lease: leases.Lease) -> None:
-            if await revoke_released(runtime, lease):
+            if await revoke_released(runtime, lease, window):
                 runtime.wake_outbox()
             await watch.look(runtime)  # the fleet's proofs, said loudly below `require`
             # for the replay worker's hold bound: a quarantine behind its Hellos is late,

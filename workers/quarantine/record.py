@@ -28,6 +28,7 @@ from datetime import datetime
 import asyncpg
 
 from schemas.facts import Fact, Hello
+from workers.quarantine.settings import ALTERNATIONS_KEPT
 
 # `duplicate` NULL: no judgement recorded (an epoch before 0049, or none at all): the
 # fact's word, or the rule on what was recorded (`provenance.as_recorded`). `proven`
@@ -49,7 +50,7 @@ SELECT f.fact_id
 
 # Before each node's counted Hello, its recorded duplicates not counted yet (a day at
 # most: older ones were pruned, and are never counted again), with what their events say.
-WITHHELD = """
+WITHHELD = f"""
 WITH counted AS (
     INSERT INTO node_alternations (node_id, epoch, issued_at, fact_id, gateway_id, proven,
                                    takeover)
@@ -57,7 +58,8 @@ WITH counted AS (
            false
       FROM unnest($1::text[], $2::bigint[]) AS t(node_id, upto)
       JOIN session_epochs e ON e.node_id = t.node_id AND e.epoch < t.upto
-     WHERE e.duplicate AND e.issued_at > compute_now() - interval '1 day'
+     WHERE e.duplicate
+       AND e.issued_at > compute_now() - interval '{ALTERNATIONS_KEPT.days} day'
     ON CONFLICT (node_id, epoch) DO NOTHING
     RETURNING node_id, epoch
 )

@@ -12,14 +12,14 @@ import asyncio
 from datetime import timedelta
 
 from workers.recorder.apply import handle
-from workers.runtime.base.settings import Settings
+from workers.runtime.base.settings import RuntimeSettings
 from workers.runtime.effects.worker import Runtime, Worker
 from workers.runtime.store import leases, retention
 
 LEASE = "recorder-retention"
 
 
-def build(settings: Settings) -> Worker:
+def build(settings: RuntimeSettings) -> Worker:
     async def prune_events(runtime: Runtime, stopping: asyncio.Event) -> None:
         target = retention.Prunable("node_events", "recorded_at", settings.retention.node_events)
 

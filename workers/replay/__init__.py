@@ -12,15 +12,15 @@ from __future__ import annotations
 from workers.replay.apply import make_handler
 from workers.replay.dispatch import dispatch_loop
 from workers.replay.holds import HoldMetrics
-from workers.runtime.base.settings import Settings
+from workers.replay.settings import Configured
 from workers.runtime.effects.worker import Worker
 
 
-def build(settings: Settings) -> Worker:
+def build(settings: Configured) -> Worker:
     return Worker(
         name="replay",
         fact_types=("hello", "progress", "result", "rejected"),
         handle=make_handler(settings.replay),
-        loops=(dispatch_loop(settings.replay, settings.quarantine.hold_max),),
+        loops=(dispatch_loop(settings.replay),),
         metrics=(HoldMetrics,),
     )

@@ -37,7 +37,7 @@ from workers.replay.deliveries import (
     with_delivery,
 )
 from workers.replay.lost import RECORD_SEEN
-from workers.runtime.base.rule_settings import ReplaySettings
+from workers.replay.settings import ReplaySettings
 from workers.runtime.effects import outcome
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.worker import Handler, Tx

@@ -34,7 +34,7 @@ from workers.replay.decide import Command, Session, lane_limits, plan_dispatch
 from workers.replay.deliveries import KEPT
 from workers.replay.holds import HoldMetrics, release_expired_holds
 from workers.replay.lost import LostHelloSearch
-from workers.runtime.base.rule_settings import ReplaySettings
+from workers.replay.settings import ReplaySettings
 from workers.runtime.base.waiting import wait_any
 from workers.runtime.effects.batch import OutboxBatch
 from workers.runtime.effects.worker import Loop, Runtime
@@ -281,7 +281,7 @@ async def next_due(pool: asyncpg.Pool) -> float | None:
     return due.total_seconds() if due is not None else None
 
 
-def dispatch_loop(settings: ReplaySettings, hold_max: timedelta) -> Loop:
+def dispatch_loop(settings: ReplaySettings) -> Loop:
     async def dispatch(runtime: Runtime, stopping: asyncio.Event) -> None:
         wake = asyncio.Event()
         listener = Listener(runtime.settings.database, [DISPATCH_CHANNEL, ENQUEUE_CHANNEL], wake)
@@ -306,7 +306,11 @@ def dispatch_loop(settings: ReplaySettings, hold_max: timedelta) -> Loop:
                         runtime.pool, runtime.js, lease, runtime.subjects, settings
                     )
                     released = await release_expired_holds(
-                        runtime.pool, lease, runtime.subjects, hold_max, settings.nodes_per_round
+                        runtime.pool,
+                        lease,
+                        runtime.subjects,
+                        settings.hold_max,
+                        settings.nodes_per_round,
                     )
                     if released:
                         runtime.metrics.of(HoldMetrics).holds_expired.inc(by=len(released))

@@ -28,7 +28,7 @@ from nats.js import JetStreamContext
 from schemas.notices import HelloAgain
 from schemas.subjects import Subjects
 from workers.replay.decide import ASK_AGAIN_FACTOR, hello_lost
-from workers.runtime.base.rule_settings import ReplaySettings
+from workers.replay.settings import ReplaySettings
 from workers.runtime.effects.batch import OutboxBatch
 from workers.runtime.store import leases
 

@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from schemas.subjects import Subjects
 from workers.runtime.base.errors import SettingError, Severity, classify
-from workers.runtime.base.settings import Settings
+from workers.runtime.base.settings import RuntimeSettings
 from workers.runtime.base.waiting import Patience, sleep_or_stop
 from workers.runtime.bus import connection, frames, principals, server, streams
 from workers.runtime.bus.deadletter import watch_max_deliveries
@@ -88,7 +88,7 @@ class _Parts:
 
 
 async def run_process(
-    settings: Settings,
+    settings: RuntimeSettings,
     workers: Sequence[Worker],
     *,
     stopping: asyncio.Event | None = None,
@@ -162,7 +162,7 @@ def dead_publishers(workers: Sequence[str]) -> tuple[str, ...]:
 
 
 async def _serve(
-    settings: Settings,
+    settings: RuntimeSettings,
     workers: Sequence[Worker],
     names: str,
     instance: str,

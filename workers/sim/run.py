@@ -22,10 +22,10 @@ from rich.table import Table
 
 from schemas.subjects import Subjects
 from workers.runtime.base.errors import SettingError
-from workers.runtime.base.settings import Settings
 from workers.runtime.bus import connection, server, streams
 from workers.runtime.observability import sql, tracing
 from workers.runtime.store import db
+from workers.settings import Settings
 from workers.sim.scenarios import SCENARIOS
 from workers.sim.simulator import Simulator, foreign_sessions
 

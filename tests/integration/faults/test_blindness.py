@@ -40,11 +40,11 @@ from workers import liveness
 from workers.bench.proxy import Mode, TcpProxy
 from workers.demo.run import fresh_sweep_history
 from workers.liveness.decide import Rules
+from workers.liveness.settings import LivenessSettings
 from workers.liveness.sweep import sweep_once
-from workers.runtime.base.rule_settings import LivenessSettings
 from workers.runtime.base.runtime_settings import NatsSettings
-from workers.runtime.base.settings import Settings
 from workers.runtime.bus import streams
+from workers.settings import Settings
 
 S = timedelta(seconds=1)
 

@@ -29,11 +29,12 @@ from tests.integration.streams import RecordingStream
 from tests.integration.support import eventually, make_settings, running, stream_messages
 from workers.demo.run import fresh_sweep_history
 from workers.gateway import store
+from workers.liveness.settings import LivenessSettings
 from workers.registry import WORKERS
 from workers.replay import lost
 from workers.replay.decide import ASK_AGAIN_FACTOR
 from workers.replay.lost import LostHelloSearch
-from workers.runtime.base.rule_settings import LivenessSettings, ReplaySettings
+from workers.replay.settings import ReplaySettings
 from workers.runtime.base.runtime_settings import ConsumerSettings
 from workers.runtime.bus import deadletter, streams
 from workers.runtime.bus.streams import ConsumerSpec

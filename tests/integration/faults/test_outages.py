@@ -33,8 +33,8 @@ from tests.integration.support import (
     status_fact,
 )
 from workers.bench.proxy import Mode, TcpProxy
+from workers.liveness.settings import LivenessSettings
 from workers.registry import WORKERS
-from workers.runtime.base.rule_settings import LivenessSettings
 from workers.runtime.base.runtime_settings import DatabaseSettings, NatsSettings
 from workers.runtime.bus import streams
 

@@ -36,8 +36,8 @@ from workers import liveness
 from workers.bench.steady import fleet
 from workers.demo.run import fresh_sweep_history
 from workers.gateway.facts import range_bits, range_cut
+from workers.liveness.settings import LivenessSettings
 from workers.liveness.sight import switched_on
-from workers.runtime.base.rule_settings import LivenessSettings
 from workers.runtime.bus import streams
 from workers.runtime.effects import outcome
 from workers.runtime.effects.outcome import Outcome

@@ -35,7 +35,7 @@ from workers.demo.run import demo_settings, fresh_sweep_history
 from workers.gateway import Gateway, Refused
 from workers.gateway.types import GatewaySettings
 from workers.registry import WORKERS
-from workers.runtime.base.settings import Settings
+from workers.settings import Settings
 from workers.sim.clock import SimClock
 from workers.sim.daemon import FakeDaemon
 

@@ -26,9 +26,9 @@ from workers.embedded.servers import EmbeddedNats
 from workers.gateway import store
 from workers.registry import ROLES, WORKERS
 from workers.runtime.base.runtime_settings import NatsSettings
-from workers.runtime.base.settings import Settings
 from workers.runtime.bus import principals, streams
 from workers.runtime.store import migrate
+from workers.settings import Settings
 
 GROUPS = tuple(ROLES.GROUPS)
 

@@ -14,8 +14,8 @@ from schemas.subjects import Subjects
 from tests.integration import fleet
 from workers import replay
 from workers.replay.dispatch import dispatch_round
-from workers.runtime.base.rule_settings import ReplaySettings
-from workers.runtime.base.settings import Settings
+from workers.replay.settings import ReplaySettings
+from workers.settings import Settings
 
 SETTINGS = Settings()
 WORKER = replay.build(SETTINGS)

@@ -29,12 +29,12 @@ from tests.integration.support import eventually, make_settings, publish_fact, r
 from tests.integration.workers.replay_steps import enqueue
 from tests.integration.workers.test_quarantine import clone_hello
 from workers import quarantine, replay
-from workers.runtime.base.rule_settings import QuarantineSettings, ReplaySettings
-from workers.runtime.base.settings import Settings
+from workers.replay.settings import ReplaySettings
 from workers.runtime.bus import streams
 from workers.runtime.effects import outcome
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.worker import Tx
+from workers.settings import Settings
 
 WATERMARK = """
 INSERT INTO consumer_watermarks (consumer, applied_through, reported_at, moved_at)
@@ -62,8 +62,7 @@ def _bounded(settings: Settings) -> Settings:
     """Holds bounded at 5 minutes, looked for every 0.2 s."""
     return settings.model_copy(
         update={
-            "replay": ReplaySettings(hello_check_interval=0.2),
-            "quarantine": QuarantineSettings(hold_max=timedelta(minutes=5)),
+            "replay": ReplaySettings(hello_check_interval=0.2, hold_max=timedelta(minutes=5)),
         }
     )
 

@@ -30,8 +30,8 @@ from tests.integration.workers.replay_steps import (
 )
 from workers import replay
 from workers.replay.holds import HoldMetrics
-from workers.runtime.base.rule_settings import QuarantineSettings, ReplaySettings
-from workers.runtime.base.settings import Settings
+from workers.replay.settings import ReplaySettings
+from workers.settings import Settings
 
 
 async def test_dispatch_in_seq_order_within_credits_to_the_current_route(
@@ -321,8 +321,7 @@ def _with_hold_bound(settings: Settings) -> Settings:
     """Holds bounded at 5 minutes, looked for every 0.2 s."""
     return settings.model_copy(
         update={
-            "replay": ReplaySettings(hello_check_interval=0.2),
-            "quarantine": QuarantineSettings(hold_max=timedelta(minutes=5)),
+            "replay": ReplaySettings(hello_check_interval=0.2, hold_max=timedelta(minutes=5)),
         }
     )
 

@@ -31,8 +31,8 @@ from tests.integration import fleet
 from tests.integration.direct import apply, of_type, take_outbox
 from workers import replay
 from workers.replay.dispatch import dispatch_round
-from workers.runtime.base.rule_settings import ReplaySettings
-from workers.runtime.base.settings import Settings
+from workers.replay.settings import ReplaySettings
+from workers.settings import Settings
 
 CREDITS = 2
 LANES = ("a", "b")

@@ -20,7 +20,7 @@ import gc, json, weakref
 import workers.runtime.process as process
 from workers.cli.running import run_workers
 from workers.runtime.base import heap
-from workers.runtime.base.settings import Settings
+from workers.settings import Settings
 
 before = gc.get_freeze_count()
 seen = {}
@@ -56,7 +56,7 @@ import asyncio, sys
 from pathlib import Path
 import workers.runtime.process as process
 from workers.cli.running import run_workers
-from workers.runtime.base.settings import Settings
+from workers.settings import Settings
 
 kept = []
 snapshots = Path(sys.argv[1])

@@ -13,9 +13,9 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from schemas.subjects import Subjects
 from workers.registry import WORKERS
 from workers.runtime.base.runtime_settings import ConsumerSettings
-from workers.runtime.base.settings import Settings
 from workers.runtime.bus.streams import ConsumerSpec
 from workers.runtime.bus.streams.worker_consumer import differences, said
+from workers.settings import Settings
 
 SUBJECTS = Subjects("t1")
 

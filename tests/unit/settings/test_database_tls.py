@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from workers.runtime.base import libpq
-from workers.runtime.base.settings import Settings, describe
+from workers.settings import Settings, describe
 
 PARAMS = {
     "sslrootcert": "PGSSLROOTCERT",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from workers.runtime.base.settings import Settings, describe
+from workers.settings import Settings, describe
 
 
 def test_settings_come_from_bcw_variables_and_hide_secrets(monkeypatch: pytest.MonkeyPatch) -> None:

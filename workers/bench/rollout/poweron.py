@@ -19,7 +19,7 @@ from workers.bench.common import bench_target, print_table, wait_until
 from workers.bench.rollout import gateways as gws
 from workers.bench.rollout.daemons import Daemons
 from workers.bench.steady.figures import percentile
-from workers.runtime.base.settings import Settings
+from workers.settings import Settings
 
 WITHIN = 300.0
 

@@ -34,7 +34,7 @@ from workers.bench.steady import fleet
 from workers.bench.steady.run import FACTS_MAX_AGE, SHARED_BUFFERS, START_GRACE
 from workers.liveness.sight import switched_on
 from workers.registry import WORKERS
-from workers.runtime.base.settings import Settings
+from workers.settings import Settings
 
 #: a wave's sessions are all welcomed elsewhere within this, or the run goes on without
 WAVE_WITHIN = 600.0

@@ -45,7 +45,7 @@ from workers.bench.costs import cpu_seconds
 from workers.bench.steady import fleet
 from workers.liveness.apply import FLUSH_SKIPPING, flush_arguments
 from workers.runtime.base import heap
-from workers.runtime.base.settings import Settings
+from workers.settings import Settings
 
 #: gateways whose flush each part is measured over (5,000 entries each)
 SAMPLE = 40

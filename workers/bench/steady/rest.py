@@ -21,7 +21,7 @@ import asyncpg
 from workers.bench.common import bench_target, print_table, spawn_workers, stop_workers, worker_env
 from workers.bench.costs import CpuSpent, cpu_seconds
 from workers.bench.steady import fleet
-from workers.runtime.base.settings import Settings
+from workers.settings import Settings
 
 AT_REST = ("labeler", "quarantine", "recorder", "replay")
 #: what the workers' start-up does (their first looks read everything once) is not counted

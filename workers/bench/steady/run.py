@@ -51,7 +51,7 @@ from workers.bench.steady import fleet, sightread
 from workers.bench.steady.figures import Minute, Starved, problems, summarize
 from workers.bench.steady.starve import Starving, starve
 from workers.liveness.sight import switched_on
-from workers.runtime.base.settings import Settings
+from workers.settings import Settings
 
 #: the facts stream keeps a fact this long in the run (a day of a million nodes' flushes
 #: is ~1 TB; docs/capacity.md)

@@ -50,7 +50,10 @@ class DatabaseSettings(BaseSettings):
         ge=0,
         description="the longest one of our statements waits for a row lock (lock_timeout): a "
         "transaction kept open on a node's row elsewhere (a hostile gateway's) holds back "
-        "that node's fact only, retried later; 0 sends nothing",
+        "that node's fact only, retried later; 0 sends nothing. A few waits keep their own, "
+        "whatever this is: a gateway's Hello waits 2s (its SQL function), a flush 3s for the "
+        "session rows it skipped, `bcw migrate` 5s at a time for its schema lock and 1s at a "
+        "time for a table's",
     )
     statement_cache_size: int = Field(
         default=100, ge=0, description="0 behind PgBouncer (transaction mode) older than 1.21"

@@ -150,5 +150,7 @@ LogLevel = Annotated[
 
 
 def env_group(prefix: str) -> SettingsConfigDict:
-    """The configuration of one settings group: its variables start with `prefix`."""
-    return SettingsConfigDict(env_prefix=prefix, extra="ignore", frozen=True)
+    """The configuration of one settings group: its variables start with `prefix`, but for
+    a field with an alias (a variable that kept its name when its setting changed group),
+    which code gives by the field's name."""
+    return SettingsConfigDict(env_prefix=prefix, extra="ignore", frozen=True, validate_by_name=True)

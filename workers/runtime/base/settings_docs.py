@@ -1,15 +1,16 @@
 """The settings tables of the docs, generated from the settings themselves (their
-variables, defaults and descriptions), so that the docs cannot drift from `settings.py`.
+variables, defaults and descriptions), so that the docs cannot drift from them.
 
 A doc holds a table between `<!-- settings: Group Group … -->` and `<!-- /settings -->`;
-`make docs` rewrites every such block, and a unit test fails while one differs.
+`make docs` rewrites every such block (`python -m workers.settings`, which knows every
+group), and a unit test fails while one differs.
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
 from workers.runtime.base.setting_types import IN_SECONDS, format_duration
-from workers.runtime.base.settings import GROUPS, group_variables, secret_files
+from workers.runtime.base.settings import group_variables, is_secret
 
 BLOCK = re.compile(r"(<!-- settings: ([A-Za-z ]+) -->\n)(.*?)(<!-- /settings -->)", re.DOTALL)
 HEADER = "| variable | default | meaning |\n|---|---|---|\n"
@@ -26,25 +27,24 @@ HEADER = "| variable | default | meaning |\n|---|---|---|\n"
 
 def table(groups: Iterable[type[BaseSettings]]) -> str:
     """The markdown table of these groups' settings, in their order of declaration."""
-    secrets = set(secret_files().values())
     rows = [HEADER]
     for group in groups:
         for variable, field in group_variables(group).items():
             info = group.model_fields[field]
             meaning = (info.description or "").replace("|", "\\|").replace("\n", " ")
-            if variable in secrets:
+            if is_secret(group, field):
                 meaning += f"; a secret (or the file `{variable}_FILE` names)"
             rows.append(f"| `{variable}` | {_default(info)} | {meaning} |\n")
     return "".join(rows)
 
 
-def render(text: str) -> str:
-    """`text` with every settings block's table as the settings say it is. Raises
-    KeyError naming a group that does not exist."""
+def render(text: str, groups: Mapping[str, type[BaseSettings]]) -> str:
+    """`text` with every settings block's table as the settings say it is (`groups`: each
+    group by its class name). Raises KeyError naming a group that does not exist."""
 
     def one(match: re.Match[str]) -> str:
-        groups = [GROUPS[name] for name in match.group(2).split()]
-        return match.group(1) + table(groups) + match.group(4)
+        named = [groups[name] for name in match.group(2).split()]
+        return match.group(1) + table(named) + match.group(4)
 
     return BLOCK.sub(one, text)
 
@@ -88,15 +88,15 @@ def block(text: str, name: str) -> str | None:
     return found.group(1) if found else None
 
 
-def main(argv: list[str]) -> int:
-    """`python -m workers.runtime.base.settings_docs [--check] FILE…`: rewrite (or, with
-    `--check`, compare) the settings blocks of these files."""
+def main(argv: list[str], groups: Mapping[str, type[BaseSettings]]) -> int:
+    """`[--check] FILE…`: rewrite (or, with `--check`, compare) the settings blocks of these
+    files, from `groups` (`python -m workers.settings`)."""
     check = "--check" in argv
     stale = []
     for name in (arg for arg in argv if arg != "--check"):
         path = Path(name)
         text = path.read_text(encoding="utf-8")
-        wanted = render(text)
+        wanted = render(text, groups)
         if wanted != text:
             stale.append(name)
             if not check:
@@ -105,7 +105,3 @@ def main(argv: list[str]) -> int:
         print(f"settings tables out of date (make docs): {', '.join(stale)}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))

@@ -25,7 +25,7 @@ from opentelemetry.context import Context
 from schemas.base import Message
 from schemas.facts import Fact
 from schemas.subjects import Subjects
-from workers.runtime.base.settings import Settings
+from workers.runtime.base.settings import RuntimeSettings
 from workers.runtime.bus.streams import ConsumerSpec
 from workers.runtime.effects import outcome, provenance
 from workers.runtime.effects.batch import OutboxBatch
@@ -37,7 +37,7 @@ from workers.runtime.observability.metrics import Metrics, MetricSet
 class Runtime:
     """The process's shared resources, handed to a worker's loops."""
 
-    settings: Settings
+    settings: RuntimeSettings
     subjects: Subjects
     pool: asyncpg.Pool
     nc: NATS

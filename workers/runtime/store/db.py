@@ -36,6 +36,9 @@ from workers.runtime.base.runtime_settings import DatabaseSettings
 log = logging.getLogger(__name__)
 
 URL_SETTING = "BCW_DATABASE_URL"
+#: how long a change beside running workers waits for a table's lock at a time
+#: (`with_lock_patience`; named in BCW_DATABASE_LOCK_TIMEOUT's description)
+TABLE_LOCK_WAIT = "1s"
 #: a pooled connection idle this long (seconds) is closed, and made again when wanted:
 #: below the worker logins' `idle_session_timeout` (`limits`), which would end it first
 IDLE_LIFETIME = 300.0
@@ -51,7 +54,8 @@ def server_settings(settings: DatabaseSettings) -> dict[str, str]:
 
     `lock_timeout`: no statement of ours waits longer than this for a lock another
     session holds (a gateway may keep a transaction open on a node's row); the fact
-    behind it is tried again later, alone (`consumer`).
+    behind it is tried again later, alone (`consumer`). The few that set a wait of their
+    own are named in BCW_DATABASE_LOCK_TIMEOUT's description.
     """
     out = {}
     if settings.application_name:  # who a backend is, in pg_stat_activity
@@ -221,7 +225,7 @@ async def with_lock_patience(
     for attempt in range(1, attempts + 1):
         try:
             async with conn.transaction():
-                await conn.execute("SET LOCAL lock_timeout = '1s'")
+                await conn.execute(f"SET LOCAL lock_timeout = '{TABLE_LOCK_WAIT}'")
                 await work()
             return
         except (asyncpg.DeadlockDetectedError, asyncpg.LockNotAvailableError) as error:

@@ -42,6 +42,9 @@ CREATE TABLE IF NOT EXISTS schema_lock (
 )
 """
 SCHEMA_LOCK_ROW = "INSERT INTO schema_lock DEFAULT VALUES ON CONFLICT DO NOTHING"
+#: how long one try waits for the schema lock (tried again until its patience is out; named
+#: in BCW_DATABASE_LOCK_TIMEOUT's description)
+SCHEMA_LOCK_WAIT = "5s"
 FILE_RE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
 LEDGER_DDL = """
@@ -268,7 +271,7 @@ async def _take_schema_lock(conn: asyncpg.Connection, patience: float) -> None:
                 transaction = conn.transaction()
                 await transaction.start()
                 stack.push_async_callback(transaction.rollback)
-                await conn.execute("SET LOCAL lock_timeout = '5s'")
+                await conn.execute(f"SET LOCAL lock_timeout = '{SCHEMA_LOCK_WAIT}'")
                 # the body's migrations may take long: this transaction waits for them idle
                 await conn.execute("SET LOCAL idle_in_transaction_session_timeout = 0")
                 if await conn.fetchval("SELECT one FROM schema_lock FOR UPDATE"):

@@ -53,10 +53,10 @@ from tests.integration.support import eventually, make_settings, running, stream
 from workers.gateway import Code, Gateway, GatewaySettings, HelloRequest, Refused, store
 from workers.registry import WORKERS
 from workers.replay.commands import enqueue_command as enqueue
-from workers.runtime.base.rule_settings import QuarantineSettings, ReplaySettings
-from workers.runtime.base.settings import Settings
+from workers.replay.settings import ReplaySettings
 from workers.runtime.bus import streams
 from workers.runtime.store import migrate
+from workers.settings import Settings
 
 pytestmark = pytest.mark.slow
 
@@ -69,8 +69,7 @@ def five_workers(settings: Settings) -> Settings:
     """The five workers' settings, with a hold bound of `HOLD_MAX` looked at every 0.2 s."""
     return settings.model_copy(
         update={
-            "replay": ReplaySettings(hello_check_interval=0.2),
-            "quarantine": QuarantineSettings(hold_max=HOLD_MAX),
+            "replay": ReplaySettings(hello_check_interval=0.2, hold_max=HOLD_MAX),
         }
     )
 

@@ -25,7 +25,7 @@ from tests.integration.support import eventually, make_settings, running
 from workers import liveness
 from workers.demo.run import fresh_sweep_history
 from workers.liveness import breaker
-from workers.runtime.base.rule_settings import LivenessSettings
+from workers.liveness.settings import LivenessSettings
 from workers.runtime.bus import streams
 from workers.tools import explain
 

@@ -53,11 +53,11 @@ from workers.embedded.servers import EmbeddedNats
 from workers.gateway import Gateway, GatewaySettings, HelloRequest, Refused, notices, store
 from workers.registry import WORKERS
 from workers.replay.commands import enqueue_command as enqueue
-from workers.runtime.base.rule_settings import QuarantineSettings, ReplaySettings
-from workers.runtime.base.settings import Settings
+from workers.replay.settings import ReplaySettings
 from workers.runtime.bus import connection, streams
 from workers.runtime.effects.worker import Runtime
 from workers.runtime.store import migrate
+from workers.settings import Settings
 
 pytestmark = pytest.mark.slow
 
@@ -98,8 +98,7 @@ def _settings(secured: str, database_url: str, hold_max: timedelta, gateways: st
     base = make_settings(secured, database_url, SUBJECTS)
     return base.model_copy(
         update={
-            "replay": ReplaySettings(hello_check_interval=0.2),
-            "quarantine": QuarantineSettings(hold_max=hold_max),
+            "replay": ReplaySettings(hello_check_interval=0.2, hold_max=hold_max),
             "nats": base.nats.model_copy(update={"facts_gateways": gateways}),
         }
     )

@@ -1,12 +1,11 @@
-"""The settings groups of the workers' rules: the liveness controller, the replay dispatcher
-and the quarantine enforcer (`BCW_LIVENESS_*`, `BCW_REPLAY_*`, `BCW_QUARANTINE_*`).
-Gathered by `settings.Settings`; the runtime only carries them to the workers.
+"""The liveness controller's settings (`BCW_LIVENESS_*`): its periods and thresholds.
+Composed with the runtime's and the other workers' in `workers/settings.py`.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import Field
 from pydantic_settings import BaseSettings
@@ -87,63 +86,8 @@ class LivenessSettings(BaseSettings):
         return self.blind_after or 2 * self.flush_period
 
 
-class ReplaySettings(BaseSettings):
-    """The replay dispatcher's credits, back-off and dispatch loop."""
+class Configured(Protocol):
+    """What `build` reads of the composed settings (`workers.settings.Settings`)."""
 
-    model_config = env_group("BCW_REPLAY_")
-
-    credits: int = Field(default=8, ge=1, description="commands in flight per node and lane")
-    busy_base: Duration = Field(default=timedelta(seconds=1), description="first BUSY back-off")
-    busy_cap: Duration = Field(default=timedelta(seconds=30), description="largest BUSY back-off")
-    dispatch_interval: Seconds = Field(
-        default=1.0, gt=0, description="between dispatch rounds when nothing wakes the loop"
-    )
-    nodes_per_round: int = Field(
-        default=500, ge=1, description="nodes a dispatch round serves at most"
-    )
-    lease_ttl: Duration = Field(default=timedelta(seconds=10), description="the dispatch lease")
-    hello_lost_after: Duration = Field(
-        default=timedelta(seconds=60),
-        description="a connected session whose Hello the replay worker has not applied this "
-        "long after it connected, with nothing left to consume, is asked of its gateway again",
-    )
-    hello_check_interval: Seconds = Field(
-        default=10.0, gt=0, description="between the dispatch loop's looks for lost Hellos"
-    )
-
-
-class QuarantineSettings(BaseSettings):
-    """The quarantine enforcer's limits."""
-
-    model_config = env_group("BCW_QUARANTINE_")
-
-    max_alternations: int = Field(
-        default=3, ge=1, description="alternations allowed in the window; one more quarantines"
-    )
-    window: Duration = Field(default=timedelta(minutes=10), description="the counting window")
-    breaker_quarantines: int = Field(
-        default=3,
-        ge=0,
-        description="revocations charged to one gateway (the one each quarantine's first "
-        "duplicate came through) in the breaker's window with an unproven alternation among "
-        "them; further ones wait for `bcw quarantine release` (security.quarantine.breaker-open)",
-    )
-    breaker_window: Duration = Field(
-        default=timedelta(minutes=10), description="the breaker's window"
-    )
-    breaker_share: float = Field(
-        default=0.01,
-        ge=0,
-        le=1,
-        description="the fleet's share of nodes that may be revoked in the breaker's window "
-        "(at least BCW_QUARANTINE_BREAKER_QUARANTINES)",
-    )
-    hold_max: Duration = Field(
-        default=timedelta(minutes=5),
-        description="a session held for the quarantine (its Hello was a duplicate identity) "
-        "this long after it connected is released by the replay worker's dispatch loop, with "
-        "a WARNING and a security.node.hold-expired event: a quarantine worker that is down "
-        "never keeps a node from its commands for longer (one that is only behind its Hellos "
-        "does: the session stays held until it counts this one); never a takeover attempt, "
-        "nor a node a quarantine holds for an operator",
-    )
+    @property
+    def liveness(self) -> LivenessSettings: ...
