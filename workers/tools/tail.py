@@ -24,8 +24,8 @@ from nats.aio.client import Client as NATS
 from nats.js.errors import NotFoundError
 
 from schemas.subjects import Subjects
+from workers.runtime.base.settings import RuntimeSettings
 from workers.runtime.bus import connection
-from workers.settings import Settings
 from workers.tools.display import printable
 
 
@@ -78,7 +78,7 @@ async def first_sequence(
 
 
 async def follow(
-    settings: Settings,
+    settings: RuntimeSettings,
     *,
     event_type: str = ">",
     node: str | None = None,

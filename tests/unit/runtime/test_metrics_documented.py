@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 from workers.registry import WORKERS
-from workers.runtime.base.settings import Settings
 from workers.runtime.observability.metrics import Metrics
+from workers.settings import Settings
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "runtime.md"
 
