@@ -4,12 +4,16 @@ and its lines."""
 from __future__ import annotations
 
 import math
+from collections import Counter
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from workers.bench.rollout import gateways as gws
 from workers.bench.rollout import plan, tally
+from workers.bench.rollout.daemons import Daemons
 
 
 @given(st.integers(2, 300), st.data())
@@ -150,3 +154,39 @@ def test_memory_slopes_are_judged_only_after_twenty_minutes() -> None:
     long = {"replay": [(float(t), 60.0 + t / 3600) for t in range(0, 3000, 60)]}
     slopes, notes = tally.rss_slopes(long, 60.0)
     assert slopes["replay"] == pytest.approx(1.0) and notes == ()
+
+
+@dataclass
+class _Up:
+    """What a daemon's pick reads of a gateway."""
+
+    gateway_id: str
+    held: int
+    opening: int = 0
+    alive: bool = True
+
+    @property
+    def sessions(self) -> dict[str, None]:
+        return dict.fromkeys(range(self.held))  # type: ignore[arg-type]
+
+    @property
+    def pending_hellos(self) -> int:
+        return self.opening
+
+
+def test_a_redial_goes_to_the_gateway_with_fewest_streams_never_a_draining_one() -> None:
+    """A least-connections balancer's pick: the gateway back from its drain (empty) takes
+    the next wave's nodes, so a node moves once, not once per gateway drained after the
+    one it lands on; Hellos under way count; ties go to any of them."""
+    [daemon] = gws.daemons(1, seed=7, work=(1.0, 2.0))
+    up = [_Up("gw-0", 0), _Up("gw-1", 4_000), _Up("gw-2", 3_990, opening=20), _Up("gw-3", 0)]
+    fleet = Daemons([daemon], up)  # type: ignore[arg-type]
+    fleet.draining.add("gw-0")
+    picks = Counter(daemon._dial(up).gateway_id for _ in range(200))  # type: ignore[arg-type, union-attr]
+    assert picks == {"gw-3": 200}
+    up[3].held = 4_001
+    assert daemon._dial(up).gateway_id == "gw-1"  # type: ignore[arg-type, union-attr]
+    ties = [_Up(f"gw-{i}", 5) for i in range(4, 8)]
+    spread = Counter(daemon._dial(ties).gateway_id for _ in range(400))  # type: ignore[arg-type, union-attr]
+    assert set(spread) == {"gw-4", "gw-5", "gw-6", "gw-7"}
+    assert daemon._dial([_Up("gw-9", 0, alive=False)]) is None  # type: ignore[list-item]

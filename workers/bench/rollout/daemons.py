@@ -1,7 +1,7 @@
 """The rollout's daemons: `workers.sim.daemon.FakeDaemon`s that redial as the seed says
 (full jitter, `plan.back_off`; a pushback honoured, or — `honour_pushback=False`, the
-power-on comparison — ignored for their own doubling), to any gateway that is up and not
-draining, and `Daemons`, which ticks only those with something to do.
+power-on comparison — ignored for their own doubling), to the gateway up and not draining
+that holds the fewest streams (a least-connections balancer's pick), and `Daemons`, which ticks only those with something to do.
 
 A connected daemon's heartbeats are its gateway's flush (`gateways.RolloutGateway` says
 their ages as `bcw bench steady` does): it is ticked only while it redials, runs a
@@ -25,6 +25,11 @@ from workers.sim.daemon import FakeDaemon
 
 #: ticks of daemons at once (a herd: many Hellos under way)
 AT_ONCE = 512
+
+
+def streams(gateway: Gateway) -> int:
+    """What a least-connections balancer counts of a gateway: its streams, open or opening."""
+    return len(gateway.sessions) + gateway.pending_hellos
 
 
 @dataclass(eq=False)
@@ -62,15 +67,21 @@ class RolloutDaemon(FakeDaemon):
         super()._refused(gateway, refused)
 
     def _dial(self, gateways: Sequence[Gateway]) -> Gateway | None:
-        """Any gateway that is up and not draining (a load balancer's pick), but the one
-        whose challenge it holds if that one is."""
+        """The gateway that is up, not draining and holds the fewest streams (its sessions
+        and its Hellos under way) — a least-connections balancer's pick, as long-lived
+        streams need (a random pick keeps a gateway back from its drain empty, and moves a
+        node once for every gateway drained after the one it lands on); ties broken at
+        random. But the one whose challenge it holds, if that one is up."""
         draining = self.fleet.draining if self.fleet is not None else set()
         up = [g for g in gateways if g.alive and g.gateway_id not in draining]
+        if not up:
+            return None
         held = self.server.challenged_by()
         for gateway in up:
             if gateway.gateway_id == held:
                 return gateway
-        return self.rng.choice(up) if up else None
+        start = self.rng.randrange(len(up))
+        return min(up[start:] + up[:start], key=streams)
 
     async def _connect(self, gateways: Sequence[Gateway]) -> None:
         try:
