@@ -119,7 +119,8 @@ SELECT s.node_id, s.session_epoch, s.gateway_id, f.reason, s.gateway_id IS NULL 
 """
 
 # The worker's login may not set a session's gateway: it clears it through its group's
-# function (migration 0032), by primary key, each at the epoch and gateway as read.
+# function (`liveness_disconnect`, its body migration 0050's), by primary key, each at
+# the epoch and gateway as read.
 DISCONNECT = """
 SELECT d AS node_id FROM liveness_disconnect($1::text[], $2::bigint[], $3::text[], $4::text[], $5) AS d
 """
