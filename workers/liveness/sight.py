@@ -19,8 +19,9 @@ its node and epoch, within the fact's range, is a zombie (a notice, as ever). A 
 older than a row its range overlaps writes nothing. Which sessions a fact speaks for is
 read from an index alone (`node_sessions_by_gateway_hash`).
 
-Lock order, as every flush: range rows (in gateway and range order), then session rows
-(in node order, one statement for the batch), then the gateways' sight rows.
+Locks as every flush takes them (`workers.liveness.lastsight.locks.LOCK_ORDER`): range
+rows, then session rows (one statement for the batch); the handler then takes the
+gateways' sight rows.
 """
 
 from __future__ import annotations
