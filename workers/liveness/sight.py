@@ -234,7 +234,7 @@ def writes_of(
     with_credits = [e for e in fact.entries if e.get("credits") is not None]
     if not leaving and not with_credits:
         return writes
-    seen, kept_credits = _sightings_of(olds)
+    seen, kept_credits = sightings_of(olds)
     for row in leaving:
         key = (row["node_id"], row["epoch"])
         writes.append(Write(row["node_id"], row["epoch"], gateway, False, seen_at=seen.get(key)))
@@ -247,7 +247,7 @@ def writes_of(
     return writes
 
 
-def _sightings_of(
+def sightings_of(
     olds: Sequence[Old],
 ) -> tuple[dict[tuple[str, int], datetime], dict[tuple[str, int], Any]]:
     """Per (node, epoch) named by the rows `olds`: its latest sight, and the credits the
