@@ -140,7 +140,10 @@ def test_a_wrong_or_missing_row_of_the_sql_functions_is_found() -> None:
     ]
     bodies = function_bodies(made)
     assert bodies == {("f", 1): ["0001_a.sql", "0002_b.sql"], ("f", 2): ["0003_c.sql"]}
-    right = "| `f` | 1 | `migrations/core/0002_b.sql` | 0001 |\n| `f` | 2 | `migrations/core/0003_c.sql` | — |"
+    right = (
+        "| `f` | 1 | `migrations/core/0002_b.sql` | 0001 |\n"
+        "| `f` | 2 | `migrations/core/0003_c.sql` | — |"
+    )
     assert wrong_rows(right, bodies) == []
     old = right.replace("0002_b.sql` | 0001", "0001_a.sql` | —")
     assert [w.split(";")[0] for w in wrong_rows(old, bodies)] == ["('f', 1) is named wrongly"]

@@ -74,7 +74,7 @@ SELECT NULL, NULL, NULL, (SELECT count(*) FROM locked)
 FLUSH_SKIPPING = FLUSH.format(skip="SKIP LOCKED")
 #: how long the rows a flush skipped are waited for (a worker's own transactions hold a
 #: node's row for milliseconds, seconds on a loaded machine; a gateway's open transaction,
-#: as long as it likes)
+#: as long as it likes; named in BCW_DATABASE_LOCK_TIMEOUT's description)
 SKIPPED_WAIT = "3s"
 #: flush entries per statement, at most (a batch of 10,000-entry flushes is many)
 FLUSH_CHUNK = 20_000
