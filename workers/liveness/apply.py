@@ -28,10 +28,10 @@ from schemas.facts import (
 )
 from schemas.notices import Zombie
 from workers.liveness.decide import closes_its_row, connected
-from workers.liveness.lastsight.rows import SKIPPED_WAIT as SKIPPED_WAIT  # named here
+from workers.liveness.lastsight.rows import SKIPPED_WAIT as SKIPPED_WAIT  # read here too
 from workers.liveness.lastsight.seam import LastSight
-from workers.liveness.ranges import credits_json as credits_json  # before (tests read
-from workers.liveness.ranges import node_load_json as node_load_json  # them here)
+from workers.liveness.ranges import credits_json as credits_json  # read here too
+from workers.liveness.ranges import node_load_json as node_load_json  # read here too
 from workers.runtime.effects import outcome
 from workers.runtime.effects.outcome import Outcome
 from workers.runtime.effects.worker import Handler, Tx
