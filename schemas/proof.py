@@ -4,9 +4,11 @@ The daemon holds a key it was given when it joined (the control plane registers 
 key with `enroll_hello_key`); for each Hello it sends an HMAC-SHA256 by that key over
 `message(...)`, with the time and a one-time id it used: its own clock (or its last `at`
 + 1 if that is later: the `at` rises) and a random id, or the time and challenge a refusal
-gave it (`CHALLENGE_RE`; a daemon whose clock is wrong, or whose `at` was taken). The database's Hello transaction (migrations/core/0030_hello_proof.sql, 0047)
-computes the same MAC before it changes anything, so a gateway that holds no node's key
-cannot open that node's session.
+gave it (`CHALLENGE_RE`; a daemon whose clock is wrong, or whose `at` was taken). The
+database's Hello transaction (`hello_proof_holds`, its body
+migrations/core/0059_proofs_kept_in_the_same_second.sql's; made in 0030) computes the
+same MAC before it changes anything, so a gateway that holds no node's key cannot open
+that node's session.
 docs/contract.md ("The Hello's proof") gives the same bytes with a test vector.
 
 Pure: the fake daemon signs with it, the tests compare it with the SQL; no I/O here.

@@ -1,6 +1,7 @@
 """docs/architecture.md against the tree: every file and folder it names exists, every
-function or class it names is defined where it says, and every room of the runtime and
-every package of `workers/` is on the map. Reads files only."""
+function or class it names is defined where it says, every room of the runtime and
+every package of `workers/` is on the map, and every SQL function is named with the
+migration holding its current body. Reads files only."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import re
 from pathlib import Path
 
 import pytest
+
+from workers.runtime.store.migrate import Migration, default_directory, load
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "architecture.md"
@@ -47,6 +50,108 @@ def test_every_named_path_exists_with_its_names(path: str, names: tuple[str, ...
     if names:
         missing = set(names) - _defined(target)
         assert not missing, f"{path} defines no {sorted(missing)}"
+
+
+#: `CREATE [OR REPLACE] FUNCTION name(` (the parameters follow, to the matching parenthesis)
+CREATE_FUNCTION = re.compile(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+([\w.]+)\s*\(", re.I)
+SQL_COMMENT = re.compile(r"--[^\n]*")
+#: a row of the page's table: | `name` | arguments | `migrations/core/NNNN_x.sql` | earlier |
+FUNCTION_ROW = re.compile(
+    r"^\| `(\w+)` \| (\d+) \| `migrations/core/([\w.]+\.sql)` \| ([\d, —]+) \|$", re.M
+)
+
+#: (name, input arguments) → every migration that creates it, in order
+Bodies = dict[tuple[str, int], list[str]]
+
+
+def _inputs(sql: str, start: int) -> int:
+    """How many input parameters the list opening at `start` (after its parenthesis) has."""
+    depth, at, parts, part = 1, start, [], ""
+    while depth:
+        char = sql[at]
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 1 and char == ",":
+            parts.append(part)
+            part = ""
+        elif depth:
+            part += char
+        at += 1
+    parts.append(part)
+    return sum(1 for p in parts if p.strip() and p.split()[0].upper() != "OUT")
+
+
+def function_bodies(migrations: list[Migration]) -> Bodies:
+    """Each SQL function the migrations make (by name and count of input arguments), with
+    the migrations that create it, in order: the last holds its current body."""
+    bodies: Bodies = {}
+    for migration in migrations:
+        sql = SQL_COMMENT.sub("", migration.sql)
+        for made in CREATE_FUNCTION.finditer(sql):
+            key = (made.group(1), _inputs(sql, made.end()))
+            bodies.setdefault(key, []).append(migration.name)
+    return bodies
+
+
+def page_bodies(page: str) -> Bodies:
+    """The page's table read back as `function_bodies` says it: earlier bodies by number."""
+    named: Bodies = {}
+    for name, arguments, current, earlier in FUNCTION_ROW.findall(page):
+        numbers = [n.strip() for n in earlier.split(",") if n.strip() not in ("", "—")]
+        assert (name, int(arguments)) not in named, f"{name} ({arguments}) named twice"
+        named[(name, int(arguments))] = [*numbers, current]
+    return named
+
+
+def wrong_rows(page: str, bodies: Bodies) -> list[str]:
+    """What the page's table says that the migrations do not (an empty list: all true)."""
+    named = page_bodies(page)
+    wrong = []
+    for key in sorted(bodies.keys() | named.keys()):
+        made = bodies.get(key)
+        said = named.get(key)
+        if made is None:
+            wrong.append(f"{key} is named, but no migration makes it")
+            continue
+        right = f"| `{key[0]}` | {key[1]} | `migrations/core/{made[-1]}` | "
+        right += (", ".join(m[:4] for m in made[:-1]) or "—") + " |"
+        if said is None:
+            wrong.append(f"{key} is missing; its row: {right}")
+        elif said[-1] != made[-1] or said[:-1] != [m[:4] for m in made[:-1]]:
+            wrong.append(f"{key} is named wrongly; its row: {right}")
+    return wrong
+
+
+def test_every_sql_function_is_named_with_the_migration_of_its_current_body() -> None:
+    bodies = function_bodies(load(default_directory()))
+    assert len(bodies) >= 40
+    assert wrong_rows(PAGE.read_text(), bodies) == []
+
+
+def test_a_wrong_or_missing_row_of_the_sql_functions_is_found() -> None:
+    made = [
+        Migration("0001_a.sql", "CREATE FUNCTION f(p_a text, OUT o int) AS $$ x $$;"),
+        Migration(
+            "0002_b.sql",
+            "-- CREATE FUNCTION g(\nCREATE OR REPLACE FUNCTION f(p_a text) AS $$ y $$;",
+        ),
+        Migration(
+            "0003_c.sql", "CREATE FUNCTION f(p_a text, p_b numeric(10, 2) DEFAULT 0) AS $$ z $$;"
+        ),
+    ]
+    bodies = function_bodies(made)
+    assert bodies == {("f", 1): ["0001_a.sql", "0002_b.sql"], ("f", 2): ["0003_c.sql"]}
+    right = (
+        "| `f` | 1 | `migrations/core/0002_b.sql` | 0001 |\n"
+        "| `f` | 2 | `migrations/core/0003_c.sql` | — |"
+    )
+    assert wrong_rows(right, bodies) == []
+    old = right.replace("0002_b.sql` | 0001", "0001_a.sql` | —")
+    assert [w.split(";")[0] for w in wrong_rows(old, bodies)] == ["('f', 1) is named wrongly"]
+    assert [w.split(";")[0] for w in wrong_rows(right.split("\n")[0], bodies)] == [
+        "('f', 2) is missing"
+    ]
+    extra = right + "\n| `g` | 0 | `migrations/core/0002_b.sql` | — |"
+    assert wrong_rows(extra, bodies) == ["('g', 0) is named, but no migration makes it"]
 
 
 def test_every_room_is_on_the_map() -> None:

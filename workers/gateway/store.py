@@ -4,7 +4,9 @@ a session's close, an inventory section.
 Every write is a call of a database function that checks the login may act as this
 gateway (`gateway_logins`), holds its lease epoch, and holds the node's session: a
 gateway whose lease was taken writes nothing, and a gateway's login cannot write as
-another, nor write any table directly (migrations/core/0026_gateway_functions.sql).
+another, nor write any table directly (the gateway functions, first made in
+migrations/core/0026_gateway_functions.sql; a later migration may replace one whole, and
+docs/architecture.md, "The SQL functions", names the migration of each current body).
 """
 
 from __future__ import annotations
@@ -53,25 +55,29 @@ class Busy(Exception):
 
 #: Hellos of one node opened in a minute, at most (counted apart for those that give a
 #: proof): `hellos_per_node_minute()` in the database, where the Hello transaction applies
-#: it (migrations 0054 and 0060; a test keeps the two equal). An honest daemon never meets
-#: it: after a session that ended at once it redials in 0 to 1 s (the seed's full jitter
-#: read from attempt 0) or 0 to 2 s (from attempt 1), 120 or 60 a minute on average.
+#: it (its body migration 0060's, the Hello's 0054's; a test keeps the two equal). An
+#: honest daemon never meets it: after a session that ended at once it redials in 0 to 1 s
+#: (the seed's full jitter read from attempt 0) or 0 to 2 s (from attempt 1), 120 or 60 a
+#: minute on average.
 HELLOS_PER_NODE_MINUTE = 240
 
 
 class TooMany(Exception):
     """The node has had as many Hellos opened in the last minute as the database bounds
-    (`hellos_per_node_minute()`, migrations/core/0054_hello_unblockable_and_bounded.sql):
+    (`hellos_per_node_minute()`, migrations/core/0060_hello_bound_for_any_reading.sql):
     an honest daemon's redials never reach it."""
 
 
 # What admission reads, for this node and the serial it presents only (the gateway's login
-# reads no certificate or node table: migrations/core/0030_hello_proof.sql).
+# reads no certificate or node table): `gateway_admission`, its body
+# migrations/core/0058_takeover_gets_nothing.sql's (made in 0030).
 READ_FOR_ADMISSION = "SELECT * FROM gateway_admission($1, $2, $3)"
 
-# The Hello transaction, the lease, a close, a section: functions of the database
-# (migrations/core/0026_gateway_functions.sql) that check the login may act as this
-# gateway, its lease, and the node's binding to it; the gateway's login writes no table.
+# The Hello transaction, the lease, a close, a section: functions of the database that
+# check the login may act as this gateway, its lease, and the node's binding to it; the
+# gateway's login writes no table. `gateway_hello`'s body is
+# migrations/core/0054_hello_unblockable_and_bounded.sql's (made in 0026, replaced whole
+# in 0030, 0038, 0044, 0049 and 0054).
 HELLO = """
 SELECT * FROM gateway_hello($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
                             $16, $17, $18, $19, $20, $21)
@@ -140,7 +146,8 @@ async def read_for_admission(
     if row["serial"] is not None:
         kinds = row["allowed_kinds"]
         # another node's serial or a revoked one: its record says no more than that
-        # (migration 0057), and admission refuses it as such
+        # (`gateway_admission` since migration 0057; its body now 0058's), and admission
+        # refuses it as such
         cert = CertRow(
             serial=row["serial"],
             node_id=row["node_id"] or "",
@@ -165,7 +172,8 @@ async def desired_state(
     conn: asyncpg.Connection, gateway_id: str, node_id: str, epoch: int
 ) -> DesiredState | None:
     """The node's spec, read once this gateway's Hello opened its session at `epoch`
-    (admission says it to the node's gateway only: migration 0057); None: it has none, or
+    (admission says it to the node's gateway only: `gateway_desired_state`, migration
+    0058's body); None: it has none, or
     the session is no longer this gateway's."""
     row = await conn.fetchrow(
         "SELECT * FROM gateway_desired_state($1, $2, $3)", gateway_id, node_id, epoch

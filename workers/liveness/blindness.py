@@ -8,9 +8,9 @@ facts sees each gateway as of what it has applied, never as of when it applied i
 (docs/workers.md, "One clock for sight"). The rules are `seeing`'s:
 `sees`, `sight_change`, `blind_reason`.
 
-Lock order (the sweep's): the gateways' sight rows, in gateway order; the range rows are
-read without a lock (a flush replacing one now makes the gateway's sight newer, never
-older).
+The sweep locks the gateways' sight rows in gateway order
+(`workers.liveness.lastsight.locks.LOCK_ORDER`); the range rows are read here without a
+lock (a flush replacing one now makes the gateway's sight newer, never older).
 """
 
 from __future__ import annotations

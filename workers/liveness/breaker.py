@@ -1,16 +1,26 @@
-"""The fleet breaker's operator side: `bcw liveness status` and `bcw liveness release`.
+"""The fleet breaker: what each sweep asks and says of it, and its operator side.
 
-Called by the CLI. It records who released which open breaker and when; the next sweep
-(in `workers.liveness.sweep`) honours it, logs it, and closes the breaker. Nothing is
-disconnected here.
+In a sweep (`workers.liveness.sweep`, inside its transaction): each gateway's view and
+the breaker's decision (`views`, by `decide.decide_breaker`), the breakers that open or
+close (`changes`, written with the gateways' sight rows), and what is said of them
+(`say`: `liveness.breaker-open`; `log_decisions`). For the CLI: `bcw liveness status`
+and `bcw liveness release`, which records who released which open breaker and when; the
+next sweep honours it, logs it, and closes the breaker. Nothing is disconnected here.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+from collections import Counter
 from datetime import datetime
 
 import asyncpg
+
+from schemas.events import BreakerOpen
+from schemas.subjects import Subjects
+from workers.liveness.decide import BreakerDecision, BreakerView, Rules, decide_breaker
+from workers.runtime.effects.batch import OutboxBatch
 
 log = logging.getLogger(__name__)
 
@@ -75,3 +85,91 @@ async def status(
         }
         for row in rows
     ]
+
+
+# The breaker's other question, asked cheaply: a gateway's connected sessions counted up
+# to a bound (`k` = just over what would trip it): exact when it trips, and a few
+# hundred index entries instead of a whole gateway's when it does not.
+CONNECTED_UP_TO = """
+SELECT t.gateway_id,
+       (SELECT count(*) FROM (SELECT 1 FROM node_sessions s
+                               WHERE s.gateway_id = t.gateway_id LIMIT t.k) AS x) AS n
+  FROM unnest($1::text[], $2::bigint[]) AS t(gateway_id, k)
+"""
+
+
+async def views(
+    conn: asyncpg.Connection,
+    candidates: list[asyncpg.Record],
+    rows: dict[str, asyncpg.Record],
+    rules: Rules,
+) -> dict[str, tuple[BreakerView, BreakerDecision]]:
+    """The breaker's view and decision for every gateway with stale sessions (`candidates`)
+    or an open breaker."""
+    would = Counter(c["gateway_id"] for c in candidates)
+    opened = {gw for gw, r in rows.items() if r["breaker_opened_at"] is not None}
+    asked = sorted(gw for gw, n in would.items() if n >= rules.breaker_minimum)
+    bounds = [math.floor(would[gw] / rules.breaker_share) + 1 for gw in asked]
+    connected = {r["gateway_id"]: r["n"] for r in await conn.fetch(CONNECTED_UP_TO, asked, bounds)}
+    out: dict[str, tuple[BreakerView, BreakerDecision]] = {}
+    for gw in sorted(set(would) | opened):
+        row = rows.get(gw)
+        released = bool(
+            row is not None and row["breaker_released_at"] is not None
+            and row["breaker_opened_at"] is not None
+            and row["breaker_released_at"] >= row["breaker_opened_at"]
+        )  # fmt: skip
+        view = BreakerView(gw, would.get(gw, 0), connected.get(gw, 0), gw in opened, released)
+        out[gw] = (view, decide_breaker(view, rules))
+    return out
+
+
+def changes(
+    breakers: dict[str, tuple[BreakerView, BreakerDecision]],
+    rows: dict[str, asyncpg.Record],
+    now: datetime,
+) -> dict[str, datetime | None]:
+    """Each breaker that opens or closes in this sweep: gateway → opened at (None: closed).
+    Every such gateway has a sight row."""
+    return {
+        gw: (rows[gw]["breaker_opened_at"] or now) if decision.open else None
+        for gw, (_, decision) in breakers.items()
+        if decision.opened or decision.closed
+    }
+
+
+def log_decisions(
+    breakers: dict[str, tuple[BreakerView, BreakerDecision]], rows: dict[str, asyncpg.Record]
+) -> None:
+    for gw, (view, decision) in breakers.items():
+        row = rows.get(gw)
+        if decision.closed and view.released and row is not None:
+            log.warning(
+                "breaker of gateway %s: released by %s at %s; %d stale session(s) go",
+                gw, row["breaker_released_by"], row["breaker_released_at"], view.would_disconnect,
+            )  # fmt: skip
+        elif decision.closed:
+            log.warning(
+                "breaker of gateway %s closed: %d stale session(s)", gw, view.would_disconnect
+            )
+
+
+def say(
+    outbox: OutboxBatch,
+    subjects: Subjects,
+    breakers: dict[str, tuple[BreakerView, BreakerDecision]],
+    rows: dict[str, asyncpg.Record],
+    now: datetime,
+) -> None:
+    for gw, (view, decision) in breakers.items():
+        if not decision.opened:
+            continue
+        log.warning(
+            "breaker of gateway %s open: %d of %d connected session(s) look stale; none is "
+            "disconnected (`bcw liveness release --gateway %s` lets them go)",
+            gw, view.would_disconnect, view.connected, gw,
+        )  # fmt: skip
+        event = BreakerOpen(
+            gateway_id=gw, would_disconnect=view.would_disconnect, connected=view.connected, at=now
+        )
+        outbox.add(event, subjects.event(event.BC_TYPE), order_key=f"gateway:{gw}")

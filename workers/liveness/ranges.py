@@ -17,10 +17,9 @@ session rows are still written by every flush (`workers.liveness.apply`); with i
 `last_sight` (migration 0038) and by the sweep (`STALE_RANGED`) — the flush as rows of
 hash ranges (docs/capacity.md, "The design for a million").
 
-Lock order: a flush's range rows (in gateway and range order), then its session rows (in
-node order), then its gateways' sight rows, with range sight or without, so that
-replicas of either never lock the other way round. Only the liveness worker writes range
-rows. Two replicas that apply facts of two different cuts of one gateway at once may both
+A flush locks its range rows first, with range sight or without
+(`workers.liveness.lastsight.locks.LOCK_ORDER`), so that replicas of either never lock
+the other way round. Only the liveness worker writes range rows. Two replicas that apply facts of two different cuts of one gateway at once may both
 keep theirs (no row of one is the other's to replace): the ranges then overlap, until
 that gateway's next fact of either replaces both.
 """
@@ -253,8 +252,7 @@ async def _keep_remainders(
 
 async def prune(pool: asyncpg.Pool, retention: timedelta = RETENTION) -> int:
     """Delete the range rows no fact replaced for `retention` of gateways that hold no
-    session; returns how many. Its own transaction, after a sweep's: the sweep locks
-    sight rows before sessions, a flush range rows before sight rows, and this locks
-    range rows alone."""
+    session; returns how many. Its own transaction, after a sweep's, that locks range
+    rows alone (`lastsight.locks`)."""
     deleted = await pool.execute(PRUNE, retention)
     return int(deleted.split()[-1])

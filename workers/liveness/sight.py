@@ -19,8 +19,9 @@ its node and epoch, within the fact's range, is a zombie (a notice, as ever). A 
 older than a row its range overlaps writes nothing. Which sessions a fact speaks for is
 read from an index alone (`node_sessions_by_gateway_hash`).
 
-Lock order, as every flush: range rows (in gateway and range order), then session rows
-(in node order, one statement for the batch), then the gateways' sight rows.
+Locks as every flush takes them (`workers.liveness.lastsight.locks.LOCK_ORDER`): range
+rows, then session rows (one statement for the batch); the handler then takes the
+gateways' sight rows.
 """
 
 from __future__ import annotations
@@ -233,7 +234,7 @@ def writes_of(
     with_credits = [e for e in fact.entries if e.get("credits") is not None]
     if not leaving and not with_credits:
         return writes
-    seen, kept_credits = _sightings_of(olds)
+    seen, kept_credits = sightings_of(olds)
     for row in leaving:
         key = (row["node_id"], row["epoch"])
         writes.append(Write(row["node_id"], row["epoch"], gateway, False, seen_at=seen.get(key)))
@@ -246,7 +247,7 @@ def writes_of(
     return writes
 
 
-def _sightings_of(
+def sightings_of(
     olds: Sequence[Old],
 ) -> tuple[dict[tuple[str, int], datetime], dict[tuple[str, int], Any]]:
     """Per (node, epoch) named by the rows `olds`: its latest sight, and the credits the

@@ -9,9 +9,9 @@ the gateways' sight, and publishes `node.disconnected` for each transition,
 `gateway.blind`/`gateway.seeing` for each change of sight, `liveness.breaker-open` when
 the breaker opens. Nothing else is touched.
 
-Lock order: the sweep state row, then the gateways' sight rows (gateway order), then
-session rows with SKIP LOCKED; a flush locks sessions, then its gateway's sight row. So
-the sweep never waits for a flush, and no cycle can form.
+Locks in `workers.liveness.lastsight.locks.LOCK_ORDER`: the sweep state row, then the
+gateways' sight rows; the range rows and session rows behind them only with SKIP LOCKED.
+So the sweep never waits for a flush, and no cycle can form.
 """
 
 from __future__ import annotations
@@ -19,25 +19,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 
 import asyncpg
 from opentelemetry import trace
 
-from schemas.events import BreakerOpen, DisconnectReason, NodeDisconnected
+from schemas.events import DisconnectReason, NodeDisconnected
 from schemas.subjects import Subjects
-from workers.liveness import blindness, ranges
+from workers.liveness import blindness, breaker, ranges
 from workers.liveness.apply import disconnect
 from workers.liveness.decide import (
     BreakerDecision,
     BreakerView,
     Rules,
     SweepState,
-    decide_breaker,
     plan_sweep,
 )
 from workers.liveness.metrics import HELD_REASONS, SweepMetrics
@@ -57,22 +54,12 @@ READ_STATE = (
 )
 WRITE_STATE = "UPDATE liveness_sweeps SET last_sweep_at = $1, grace_until = $2"
 
-# The breaker's other question, asked cheaply: a gateway's connected sessions counted up
-# to a bound (`k` = just over what would trip it): exact when it trips, and a few
-# hundred index entries instead of a whole gateway's when it does not.
-CONNECTED_UP_TO = """
-SELECT t.gateway_id,
-       (SELECT count(*) FROM (SELECT 1 FROM node_sessions s
-                               WHERE s.gateway_id = t.gateway_id LIMIT t.k) AS x) AS n
-  FROM unnest($1::text[], $2::bigint[]) AS t(gateway_id, k)
-"""
-
 # The sessions the stale rule would take: only of gateways the controller can see ($3),
 # and not of a gateway whose lease has expired (nobody could flush those; the
 # gateway-loss rule, with its grace to move, decides). One sequential scan (no index
 # holds `last_seen`, so that a flush's update of it stays HOT: migration 0036) for those
 # not ranged, and the stale range rows for those ranged (`ranges.STALE_RANGED`), read
-# without locking; the breaker counts them per gateway (`_breakers`), and those it lets
+# without locking; the breaker counts them per gateway (`breaker.views`), and those it lets
 # go are then locked by key (`STALE`).
 STALE_CANDIDATES = """
 SELECT s.node_id, s.session_epoch, s.gateway_id, s.last_seen AS sight
@@ -189,7 +176,7 @@ async def sweep_once(
                 found = await conn.fetch(STALE_CANDIDATES, plan.stale_before, now, seeing)
                 found += await conn.fetch(ranges.STALE_RANGED, plan.stale_before, now, seeing)
                 candidates = [c for c in found if c["sight"] < before[c["gateway_id"]]]
-                breakers = await _breakers(conn, candidates, rows, rules)
+                breakers = await breaker.views(conn, candidates, rows, rules)
                 held = {gw for gw, (_, decision) in breakers.items() if decision.hold}
                 going = [c for c in candidates if c["gateway_id"] not in held]
                 stale = await conn.fetch(
@@ -202,7 +189,7 @@ async def sweep_once(
                 stale = await disconnect(conn, stale, now, ["liveness-timeout"] * len(stale))
             changes, sessions = await blindness.sessions_of(conn, changes, now)
             await blindness.write_sights(
-                conn, rows, changes, sessions, reasons, _breaker_changes(breakers, rows, now), now
+                conn, rows, changes, sessions, reasons, breaker.changes(breakers, rows, now), now
             )
             await conn.execute(WRITE_STATE, plan.state.last_sweep_at, plan.state.grace_until)
             if tracer is not None and (lost or stale or changes or breakers):
@@ -222,14 +209,14 @@ async def sweep_once(
                 blindness.say_sights(outbox, subjects, changes, sessions, now)
                 _announce(outbox, subjects, lost, "gateway-lost", now)
                 _announce(outbox, subjects, stale, "liveness-timeout", now)
-                _say_breakers(outbox, subjects, breakers, rows, now)
+                breaker.say(outbox, subjects, breakers, rows, now)
                 await outbox.write(conn)
     finally:
         if span is not None:
             span.end()
     if lost or stale:
         log.info("sweep: %d gateway-lost, %d liveness-timeout", len(lost), len(stale))
-    _log_breakers(breakers, rows)
+    breaker.log_decisions(breakers, rows)
     return SweepResult(
         plan.age_transitions,
         len(lost),
@@ -238,83 +225,6 @@ async def sweep_once(
         held=tuple(sorted(gw for gw, (_, d) in breakers.items() if d.open)),
         held_sessions=blindness.held_sessions(rows, changes, sessions, reasons),
     )
-
-
-async def _breakers(
-    conn: asyncpg.Connection,
-    candidates: list[asyncpg.Record],
-    rows: dict[str, asyncpg.Record],
-    rules: Rules,
-) -> dict[str, tuple[BreakerView, BreakerDecision]]:
-    """The breaker's view and decision for every gateway with stale sessions (`candidates`)
-    or an open breaker."""
-    would = Counter(c["gateway_id"] for c in candidates)
-    opened = {gw for gw, r in rows.items() if r["breaker_opened_at"] is not None}
-    asked = sorted(gw for gw, n in would.items() if n >= rules.breaker_minimum)
-    bounds = [math.floor(would[gw] / rules.breaker_share) + 1 for gw in asked]
-    connected = {r["gateway_id"]: r["n"] for r in await conn.fetch(CONNECTED_UP_TO, asked, bounds)}
-    out: dict[str, tuple[BreakerView, BreakerDecision]] = {}
-    for gw in sorted(set(would) | opened):
-        row = rows.get(gw)
-        released = bool(
-            row is not None and row["breaker_released_at"] is not None
-            and row["breaker_opened_at"] is not None
-            and row["breaker_released_at"] >= row["breaker_opened_at"]
-        )  # fmt: skip
-        view = BreakerView(gw, would.get(gw, 0), connected.get(gw, 0), gw in opened, released)
-        out[gw] = (view, decide_breaker(view, rules))
-    return out
-
-
-def _breaker_changes(
-    breakers: dict[str, tuple[BreakerView, BreakerDecision]],
-    rows: dict[str, asyncpg.Record],
-    now: datetime,
-) -> dict[str, datetime | None]:
-    """Each breaker that opens or closes in this sweep: gateway → opened at (None: closed).
-    Every such gateway has a sight row."""
-    return {
-        gw: (rows[gw]["breaker_opened_at"] or now) if decision.open else None
-        for gw, (_, decision) in breakers.items()
-        if decision.opened or decision.closed
-    }
-
-
-def _log_breakers(
-    breakers: dict[str, tuple[BreakerView, BreakerDecision]], rows: dict[str, asyncpg.Record]
-) -> None:
-    for gw, (view, decision) in breakers.items():
-        row = rows.get(gw)
-        if decision.closed and view.released and row is not None:
-            log.warning(
-                "breaker of gateway %s: released by %s at %s; %d stale session(s) go",
-                gw, row["breaker_released_by"], row["breaker_released_at"], view.would_disconnect,
-            )  # fmt: skip
-        elif decision.closed:
-            log.warning(
-                "breaker of gateway %s closed: %d stale session(s)", gw, view.would_disconnect
-            )
-
-
-def _say_breakers(
-    outbox: OutboxBatch,
-    subjects: Subjects,
-    breakers: dict[str, tuple[BreakerView, BreakerDecision]],
-    rows: dict[str, asyncpg.Record],
-    now: datetime,
-) -> None:
-    for gw, (view, decision) in breakers.items():
-        if not decision.opened:
-            continue
-        log.warning(
-            "breaker of gateway %s open: %d of %d connected session(s) look stale; none is "
-            "disconnected (`bcw liveness release --gateway %s` lets them go)",
-            gw, view.would_disconnect, view.connected, gw,
-        )  # fmt: skip
-        event = BreakerOpen(
-            gateway_id=gw, would_disconnect=view.would_disconnect, connected=view.connected, at=now
-        )
-        outbox.add(event, subjects.event(event.BC_TYPE), order_key=f"gateway:{gw}")
 
 
 def _announce(

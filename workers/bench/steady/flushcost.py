@@ -43,7 +43,7 @@ from schemas.subjects import Subjects
 from workers.bench.common import bench_target, print_table
 from workers.bench.costs import cpu_seconds
 from workers.bench.steady import fleet
-from workers.liveness.apply import FLUSH_SKIPPING, flush_arguments
+from workers.liveness.lastsight.rows import FLUSH_SKIPPING, flush_arguments
 from workers.runtime.base import heap
 from workers.settings import Settings
 
