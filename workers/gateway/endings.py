@@ -42,9 +42,10 @@ class Endings:
         await self._closed(session, reason)
 
     async def _end_all(self, reason: CloseReason) -> None:
-        """Every session ended, as many at once as the pool has connections (one by one,
-        a gateway of thousands took minutes to stop, its flush stopped meanwhile)."""
-        at_once = asyncio.Semaphore(max(1, self.pool.get_max_size()))
+        """Every session ended, as many at once as half the pool has connections (one by
+        one, a gateway of thousands took minutes to stop, its flush stopped meanwhile; the
+        other half for whatever shares the pool — a simulator's other gateways)."""
+        at_once = asyncio.Semaphore(max(1, self.pool.get_max_size() // 2))
 
         async def end(session: Session) -> None:
             async with at_once:

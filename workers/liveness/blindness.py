@@ -59,9 +59,18 @@ UPDATE liveness_gateways lg
        AS t(gateway_id, blind_since, opened, reason, sessions)
  WHERE lg.gateway_id = t.gateway_id
 """
+# drained, then its lease given up (or run out): a crash leaves `draining` false
 LEASES_GONE = """
-SELECT gateway_id FROM gateways WHERE gateway_id = ANY($1::text[]) AND lease_expires_at <= $2
+SELECT gateway_id FROM gateways
+ WHERE gateway_id = ANY($1::text[]) AND lease_expires_at <= $2 AND draining
 """
+# a gone gateway forgotten: back, it is a gateway that just appeared (`sight_change`);
+# its range rows (earlier in the lock order than the sight rows held) skipped if locked
+FORGET_RANGES = """
+DELETE FROM liveness_ranges WHERE ctid IN (
+    SELECT ctid FROM liveness_ranges WHERE gateway_id = ANY($1::text[]) FOR UPDATE SKIP LOCKED)
+"""
+FORGET_SIGHTS = "DELETE FROM liveness_gateways WHERE gateway_id = ANY($1::text[])"
 SESSIONS_OF = """
 SELECT gateway_id, count(*) AS n FROM node_sessions
  WHERE gateway_id = ANY($1::text[]) GROUP BY gateway_id
@@ -111,16 +120,28 @@ async def consumer_lag(runtime: Runtime) -> float | None:
 
 async def sessions_of(
     conn: asyncpg.Connection, changes: Sequence[SightChange], now: datetime
-) -> tuple[list[SightChange], dict[str, int]]:
-    """The changes worth saying (not those of a gateway `gone`: lease given up or lost,
-    no session), and how many sessions each of their gateways holds now."""
+) -> tuple[list[SightChange], dict[str, int], list[str]]:
+    """The changes worth saying, how many sessions each of their gateways holds now, and
+    the gateways `gone` (drained, lease given up or run out, no session): nothing said of
+    them, and their sight forgotten (`forget`)."""
     if not changes:
-        return [], {}
+        return [], {}, []
     gateways = sorted(c.gateway_id for c in changes)
     held = {r["gateway_id"]: r["n"] for r in await conn.fetch(SESSIONS_OF, gateways)}
     lapsed = {r["gateway_id"] for r in await conn.fetch(LEASES_GONE, gateways, now)}
-    said = [c for c in changes if not gone(c, held.get(c.gateway_id, 0), c.gateway_id in lapsed)]
-    return said, held
+    away = {
+        c.gateway_id for c in changes if gone(c, held.get(c.gateway_id, 0), c.gateway_id in lapsed)
+    }
+    return [c for c in changes if c.gateway_id not in away], held, sorted(away)
+
+
+async def forget(conn: asyncpg.Connection, gone: Sequence[str]) -> None:
+    """Gone gateways' sight rows and range rows removed: one that comes back is new, its
+    start not news until `blind_after` (a returning gateway was called blind until its
+    first flush was applied), and one that never comes back is not counted blind."""
+    if gone:
+        await conn.execute(FORGET_RANGES, list(gone))
+        await conn.execute(FORGET_SIGHTS, list(gone))
 
 
 async def write_sights(

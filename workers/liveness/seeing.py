@@ -194,8 +194,9 @@ def sight_change(
 
 
 def gone(change: SightChange, sessions: int, lease_gone: bool) -> bool:
-    """Whether a gateway the controller stops seeing is gone rather than blind: it gave its
-    lease up (a drained gateway that stopped) or lost it, and holds no session — nothing of
+    """Whether a gateway the controller stops seeing is gone rather than blind: it was
+    drained and gave its lease up (or let it run out), and holds no session — nothing of
     it is held, so nothing is said (a rolling restart would otherwise call every gateway
-    blind while it is away). A gateway with sessions, or a lease, is blind as ever. Pure."""
+    blind while it is away). A gateway with sessions, or a lease, or that crashed
+    undrained, is blind as ever. Pure."""
     return change.blind and lease_gone and sessions == 0

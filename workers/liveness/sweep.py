@@ -187,7 +187,8 @@ async def sweep_once(
                     [before[c["gateway_id"]] for c in going],
                 )
                 stale = await disconnect(conn, stale, now, ["liveness-timeout"] * len(stale))
-            changes, sessions = await blindness.sessions_of(conn, changes, now)
+            changes, sessions, gone = await blindness.sessions_of(conn, changes, now)
+            await blindness.forget(conn, gone)
             await blindness.write_sights(
                 conn, rows, changes, sessions, reasons, breaker.changes(breakers, rows, now), now
             )
@@ -221,7 +222,7 @@ async def sweep_once(
         plan.age_transitions,
         len(lost),
         len(stale),
-        blind=tuple(sorted(set(sights) - set(seeing))),
+        blind=tuple(sorted(set(sights) - set(seeing) - set(gone))),
         held=tuple(sorted(gw for gw, (_, d) in breakers.items() if d.open)),
         held_sessions=blindness.held_sessions(rows, changes, sessions, reasons),
     )

@@ -355,26 +355,40 @@ async def test_the_breaker_holds_30_of_40_and_a_release_lets_the_next_sweep_go(
         await pool.close()
 
 
-async def test_a_gateway_stopped_gracefully_is_gone_not_blind(
+async def test_a_drained_gateway_away_is_gone_not_blind_and_back_is_new_but_a_crash_is_blind(
     nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection, gateways: Fleet
 ) -> None:
     """A rolling restart: gw-b is drained and stops — its sessions closed, its lease given
     up — and stays away longer than `blind_after`. Nothing of it is held, so it is not
-    called blind (every gateway of a rollout was); gw-a, which keeps its session, is
-    seen throughout. (A gateway that keeps its lease, or a session, and stops flushing is
-    blind: `test_a_silent_gateway_is_held_...`.)"""
+    called blind (every gateway of a rollout was), nor counted blind, and its sight is
+    forgotten: back, it is a gateway that just appeared, not blind until its first flush
+    is applied (it was). gw-a, which keeps its session, is seen throughout. gw-c, empty
+    too, crashes undrained: its lease runs out, and it is blind as DESIGN §9 has it (a
+    gateway that keeps its lease, or a session, is: `test_a_silent_gateway_is_held_...`)."""
     seeing = await gateways.gateway("gw-a", nc)
     stopping = await gateways.gateway("gw-b", nc)
+    crashing = await gateways.gateway("gw-c", nc)
     settings = _liveness_settings(make_settings(nc.connected_url.geturl(), database_url, subjects))
     async with running(settings, [liveness.build(settings)]):
         await gateways.connect(seeing, 1)
         await gateways.connect(stopping, 3)
-        await eventually(lambda: _seen(db, "gw-b"), what="gw-b seen")
+        for gw in ("gw-b", "gw-c"):
+            await eventually(lambda gw=gw: _seen(db, gw), what=f"{gw} seen")  # type: ignore[misc]
         mark = await _last_seq(nc, subjects)
         await stopping.drain()
         await stopping.stop()  # graceful: its sessions closed, its lease released
+        await crashing.stop(graceful=False)  # undrained: its lease runs out (3 s)
         assert await _routed(db, "gw-b") == 0
         await asyncio.sleep(3 * 2.0)  # blind_after (2 s here), three times over: it is away
-        assert await _events(nc, subjects, "gateway.blind", after=mark) == []
-        assert await _seen(db, "gw-a")
-        assert await _routed(db, "gw-a") == 1
+        said = await _events(nc, subjects, "gateway.blind", after=mark)
+        assert [e["gatewayId"] for e in said] == ["gw-c"]
+        known = {
+            r["gateway_id"] for r in await db.fetch("SELECT gateway_id FROM liveness_gateways")
+        }
+        assert "gw-b" not in known and {"gw-a", "gw-c"} <= known
+        assert await _seen(db, "gw-a") and await _routed(db, "gw-a") == 1
+
+        await gateways.gateway("gw-b", nc)  # back, empty, taking sessions
+        await eventually(lambda: _seen(db, "gw-b"), what="gw-b seen again")
+    said = await _events(nc, subjects, "gateway.blind", after=mark)
+    assert [e["gatewayId"] for e in said] == ["gw-c"]
