@@ -61,7 +61,8 @@ class DatabaseSettings(BaseSettings):
     application_name: str = Field(
         default="", max_length=63, pattern=r"^[ -~]*$",
         description="how this process's sessions appear in pg_stat_activity and the server's "
-        "log (empty: bcw-<command>, e.g. bcw-liveness for `bcw run liveness`, bcw-migrate)",
+        "log (empty: bcw-<worker> for `bcw run <worker>`, else bcw-<command>, e.g. "
+        "bcw-migrate)",
     )  # fmt: skip
 
     @field_validator("url")
@@ -347,7 +348,7 @@ class RetentionSettings(BaseSettings):
 
     node_events: Duration = Field(
         default=timedelta(days=30),
-        description="keep node events this long; at least 1 day (the recorder's login may "
+        description="keep node events this long; at least 1 day (their writer's login may "
         "not delete a younger event)",
     )
     processed_facts: Duration = Field(
