@@ -234,21 +234,13 @@ ONE_IDEA = {
     "tests/integration/security/test_db_roles.py": "every cell of the database roles' table",
     "tests/integration/security/test_bus_principals.py": "every cell of the principals' table",
 }
-#: files whose marks another part of issue 62 carries while it moves them; the marks go
+#: files whose marks another part of issue 62 carries while it changes them; the marks go
 #: after the merge, and so does this list
 MARKS_PENDING = frozenset(
     {
-        "workers/runtime/base/runtime_settings.py",
-        "workers/runtime/base/settings.py",
-        "workers/runtime/store/roles.py",
-        "workers/runtime/store/grants.py",
-        "workers/runtime/bus/principals.py",
-        "workers/runtime/observability/metrics.py",
         "workers/liveness/sweep.py",
         "workers/liveness/apply.py",
         "workers/liveness/sight.py",
-        "workers/embedded.py",
-        "workers/tail.py",
         "workers/bench/rollout/daemons.py",
         "workers/bench/rollout/gateways.py",
         "workers/bench/rollout/run.py",

@@ -140,14 +140,19 @@ class EmbeddedNats(_Child):
         args = [
             str(self.binary or nats_server_binary()),
             "-js",
-            "-a", "127.0.0.1",
-            "-p", str(self.port),
-            "--server_name", self.name,
-            "-sd", str(self.directory / "jetstream"),
-            "-l", str(log),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "--server_name",
+            self.name,
+            "-sd",
+            str(self.directory / "jetstream"),
+            "-l",
+            str(log),
             *self._config(),
             *self.extra,
-        ]  # fmt: skip
+        ]
         since = log_size(log)
         self.process = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent(signal.SIGTERM)
@@ -249,16 +254,34 @@ class EmbeddedPostgres(_Child):
         if not (data / "PG_VERSION").exists() and self.standby_of is not None:
             data.mkdir(mode=0o700, exist_ok=True)
             self._run(
-                "pg_basebackup", "-h", "127.0.0.1", "-p", str(self.standby_of.port),
-                "-U", "postgres", "-D", str(data), "-X", "stream", "--no-sync",
-            )  # fmt: skip
+                "pg_basebackup",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.standby_of.port),
+                "-U",
+                "postgres",
+                "-D",
+                str(data),
+                "-X",
+                "stream",
+                "--no-sync",
+            )
             (data / "standby.signal").touch()
         elif not (data / "PG_VERSION").exists():
             data.mkdir(exist_ok=True)
             self._run(
-                "initdb", "-D", str(data), "-U", "postgres", "--auth=trust",
-                "--encoding=UTF8", "--no-locale", "--no-sync", "--no-instructions",
-            )  # fmt: skip
+                "initdb",
+                "-D",
+                str(data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-locale",
+                "--no-sync",
+                "--no-instructions",
+            )
 
     def _run(self, program: str, *args: str) -> None:
         assert self._install is not None
@@ -336,11 +359,21 @@ class EmbeddedPostgres(_Child):
         assert self._install is not None
         result = subprocess.run(
             [
-                str(self._install / "bin" / "psql"), "-h", "127.0.0.1", "-p", str(self.port),
-                "-U", "postgres", "-d", "postgres", "-Atc", "SELECT pg_promote(true, 30)",
+                str(self._install / "bin" / "psql"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-Atc",
+                "SELECT pg_promote(true, 30)",
             ],
-            capture_output=True, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            check=False,
+        )
         if result.returncode != 0 or result.stdout.strip() != b"t":
             raise EmbeddedError(f"promote failed: {result.stderr.decode(errors='replace')}")
 

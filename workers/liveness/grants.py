@@ -6,7 +6,7 @@ registry composes (`workers.registry.ROLES`, `EMITS`; docs/kubernetes.md shows i
 from __future__ import annotations
 
 from schemas import events, notices
-from workers.runtime.store.roles import Grant, WorkerRole
+from workers.runtime.store.roles import Grant, Lent, WorkerRole
 
 ROLE = WorkerRole(
     purpose="the liveness worker",
@@ -36,6 +36,19 @@ ROLE = WorkerRole(
             "INSERT": (None, "consumer = 'liveness'"),
             "UPDATE": ("consumer = 'liveness'", "consumer = 'liveness'"),
         },
+    },
+    tables=("liveness_gateways", "liveness_ranges", "liveness_sweeps"),
+    # a session's last sight (docs/contract.md's entry point) reads its flushes' ranges:
+    # every group that reads the view reads them
+    behind_views={"node_last_seen": ("liveness_ranges",)},
+    # an operator releases an open breaker
+    lends={
+        "bcw_operator": Lent(
+            grants=(
+                Grant("UPDATE (breaker_released_at, breaker_released_by)", "liveness_gateways"),
+            ),
+            commands=("bcw liveness release",),
+        ),
     },
 )
 

@@ -7,7 +7,7 @@ it whole). An operator's release and dismissal (`operator.py`) run as `bcw_opera
 from __future__ import annotations
 
 from schemas import events
-from workers.runtime.store.roles import LAST_SEEN, WAKE_DISPATCH, Grant, WorkerRole
+from workers.runtime.store.roles import LAST_SEEN, WAKE_DISPATCH, Grant, Lent, WorkerRole
 
 ROLE = WorkerRole(
     purpose="the quarantine enforcer",
@@ -54,6 +54,19 @@ ROLE = WorkerRole(
             "INSERT": (None, "consumer = 'quarantine'"),
             "UPDATE": ("consumer = 'quarantine'", "consumer = 'quarantine'"),
         },
+    },
+    tables=("quarantines", "quarantine_breaker"),
+    # an operator releases a quarantine (bcw quarantine release), or dismisses it (judged
+    # no clone)
+    lends={
+        "bcw_operator": Lent(
+            grants=(
+                Grant(
+                    "UPDATE (released_at, released_by, dismissed_at, dismissed_by)",
+                    "quarantines",
+                ),
+            ),
+        ),
     },
 )
 

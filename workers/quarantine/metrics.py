@@ -14,21 +14,24 @@ class QuarantineMetrics(MetricSet):
         super().__init__(registry)
         r = registry
         self.quarantines_held = Gauge(
-            r, "bcw_quarantines_held",
+            r,
+            "bcw_quarantines_held",
             "Quarantines whose revocation waits for an operator (one gateway's alternations, "
             "or the breaker): bcw quarantine release.",
-        )  # fmt: skip
+        )
         self.hello_proof_policy = Gauge(
-            r, "bcw_hello_proof_policy",
+            r,
+            "bcw_hello_proof_policy",
             "1 for the fleet's Hello proof policy (off, warn, require), as the quarantine worker "
             "last read it: below require, a gateway's credentials open sessions of nodes without "
             "a Hello key.",
             ("policy",),
-        )  # fmt: skip
+        )
         self.unproven_sessions = Gauge(
-            r, "bcw_unproven_sessions",
+            r,
+            "bcw_unproven_sessions",
             "Connected sessions whose Hello was not proven, as the quarantine worker last counted.",
-        )  # fmt: skip
+        )
 
 
 def hello_proof_note(metrics: Metrics) -> str | None:

@@ -39,9 +39,10 @@ class HoldMetrics(MetricSet):
     def __init__(self, registry: CollectorRegistry) -> None:
         super().__init__(registry)
         self.holds_expired = Counter(
-            registry, "bcw_quarantine_holds_expired_total",
+            registry,
+            "bcw_quarantine_holds_expired_total",
             "Sessions held for the quarantine that were released after BCW_QUARANTINE_HOLD_MAX.",
-        )  # fmt: skip
+        )
 
 
 CONSUMER = "replay"

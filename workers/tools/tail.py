@@ -30,18 +30,28 @@ from workers.tools.display import printable
 
 
 def render(
-    subject: str, headers: Mapping[str, str] | None, when: datetime | None,
-    body: dict[str, Any], as_json: bool, seq: int | None = None,
-) -> str:  # fmt: skip
+    subject: str,
+    headers: Mapping[str, str] | None,
+    when: datetime | None,
+    body: dict[str, Any],
+    as_json: bool,
+    seq: int | None = None,
+) -> str:
     """One event as a line: JSON (with its stream sequence, to resume from, and its
     `Nats-Msg-Id`, to drop a re-publication by) or text for a terminal."""
     bc_type = (headers or {}).get("Bc-Type", "?")
     stamp = when.isoformat(timespec="seconds") if when else "-"
     if as_json:
-        return json.dumps({
-            "seq": seq, "msgId": (headers or {}).get("Nats-Msg-Id"), "time": stamp,
-            "type": bc_type, "subject": subject, "event": body,
-        })  # fmt: skip
+        return json.dumps(
+            {
+                "seq": seq,
+                "msgId": (headers or {}).get("Nats-Msg-Id"),
+                "time": stamp,
+                "type": bc_type,
+                "subject": subject,
+                "event": body,
+            }
+        )
     rest = " ".join(f"{k}={v}" for k, v in body.items() if k not in ("nodeId", "epoch"))
     line = (
         f"{stamp} {bc_type:<32} {body.get('nodeId', '-'):<24} epoch={body.get('epoch', '-')} {rest}"
@@ -50,9 +60,14 @@ def render(
 
 
 async def first_sequence(
-    nc: NATS, subjects: Subjects, wanted: str, since: datetime | None, everything: bool,
-    start_seq: int | None = None, warn: Callable[[str], None] = print,
-) -> int:  # fmt: skip
+    nc: NATS,
+    subjects: Subjects,
+    wanted: str,
+    since: datetime | None,
+    everything: bool,
+    start_seq: int | None = None,
+    warn: Callable[[str], None] = print,
+) -> int:
     """Where reading starts: the stream's first event, the event at `start_seq` (or the
     first kept after it, with a warning when the stream no longer holds it), the first at
     or after `since`, or (none of them) the next one published."""

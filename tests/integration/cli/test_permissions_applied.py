@@ -147,9 +147,16 @@ async def test_bcw_auth_nats_writes_the_permissions_the_generated_table_shows(
     and each principal's inbox by `<key>`: written for such a fleet, every user's
     permissions are its row's, in order, and every row is a user."""
     code, out = await bcw(
-        "auth", "nats", "--gateways", "gw-1", "--subscribers", "siem", "--out", str(tmp_path),
+        "auth",
+        "nats",
+        "--gateways",
+        "gw-1",
+        "--subscribers",
+        "siem",
+        "--out",
+        str(tmp_path),
         BCW_SUBJECT_ROOT="bc",
-    )  # fmt: skip
+    )
     assert code == 0, out
     conf = (tmp_path / "auth.conf").read_text()
     users = re.findall(

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 def granted(group: str) -> dict[str, set[str]]:
     """table → what `group` may do: SELECT, INSERT, DELETE, UPDATE (every column), or
     `UPDATE:<column>` for a column-level grant."""
-    out: dict[str, set[str]] = {table: set() for table in (*roles.TABLES, *roles.VIEWS)}
+    out: dict[str, set[str]] = {table: set() for table in (*ROLES.TABLES, *roles.VIEWS)}
     for grant in ROLES.GROUPS[group]:
         columns = re.search(r"UPDATE \(([^)]*)\)", grant.privileges)
         if columns:
@@ -68,7 +68,7 @@ async def _columns(db: asyncpg.Connection) -> dict[str, list[str]]:
         """SELECT table_name, column_name FROM information_schema.columns
             WHERE table_schema = current_schema() AND table_name = ANY($1)
             ORDER BY table_name, ordinal_position""",
-        list(roles.TABLES),
+        list(ROLES.TABLES),
     )
     out: dict[str, list[str]] = {}
     for row in rows:
@@ -98,7 +98,7 @@ async def test_every_cell_of_a_groups_row(
     group: str, logins: dict[str, str], db: asyncpg.Connection
 ) -> None:
     columns = await _columns(db)
-    assert sorted(columns) == sorted(roles.TABLES)  # the table names every table
+    assert sorted(columns) == sorted(ROLES.TABLES)  # the table names every table
     functions = await _functions(db)
     assert "set_compute_now_offset(interval)" in functions
     restricted = set(ROLES.RESTRICTED_FUNCTIONS)
@@ -115,7 +115,7 @@ async def test_every_cell_of_a_groups_row(
     wrong: list[str] = []
     conn = await asyncpg.connect(logins[group])
     try:
-        for table in roles.TABLES:
+        for table in ROLES.TABLES:
             cells = {
                 "SELECT": f"SELECT count(*) FROM {table}",
                 "INSERT": f"INSERT INTO {table} OVERRIDING SYSTEM VALUE "

@@ -188,7 +188,7 @@ async def test_migrate_grants_again_and_prints_the_same_grants(database_url: str
         assert await conn.fetchval(f"SELECT {legacy}") is True
         assert await migrate.grant(conn, ROLES) == [g for g in GROUPS if g != "bcw_gateway"]
         assert await conn.fetchval(f"SELECT {legacy}") is False  # it exists, and keeps nothing
-        for table in (*roles.TABLES, *roles.VIEWS):
+        for table in (*ROLES.TABLES, *roles.VIEWS):
             assert not await conn.fetchval(
                 "SELECT has_table_privilege('bcw_gateway', $1, 'SELECT')", table
             ), table
@@ -202,7 +202,7 @@ async def test_migrate_grants_again_and_prints_the_same_grants(database_url: str
                 "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
             )
         }
-        assert tables == set(roles.TABLES)  # a new table is classified, never forgotten
+        assert tables == set(ROLES.TABLES)  # a new table is classified, never forgotten
         views = await conn.fetch(
             "SELECT viewname FROM pg_views WHERE schemaname = current_schema()"
         )

@@ -59,10 +59,13 @@ class DatabaseSettings(BaseSettings):
         default=100, ge=0, description="0 behind PgBouncer (transaction mode) older than 1.21"
     )
     application_name: str = Field(
-        default="", max_length=63, pattern=r"^[ -~]*$",
+        default="",
+        max_length=63,
+        pattern=r"^[ -~]*$",
         description="how this process's sessions appear in pg_stat_activity and the server's "
-        "log (empty: bcw-<command>, e.g. bcw-liveness for `bcw run liveness`, bcw-migrate)",
-    )  # fmt: skip
+        "log (empty: bcw-<worker> for `bcw run <worker>`, else bcw-<command>, e.g. "
+        "bcw-migrate)",
+    )
 
     @field_validator("url")
     @classmethod
@@ -106,12 +109,13 @@ class NatsSettings(BaseSettings):
     tls_key_file: FilePath | None = Field(default=None, description="client key (mTLS)")
     stream_replicas: int = Field(default=1, ge=1, le=5, description="3 on a clustered JetStream")
     stream_max_bytes: int = Field(
-        default=-1, ge=-1,
+        default=-1,
+        ge=-1,
         description="bytes each stream keeps at most (-1: no bound but its age; the chart sets "
         "8 GiB): the events, notices and dead letters drop their oldest beyond it; the facts "
         "stream refuses new facts (gateways retry) rather than drop unapplied ones. JetStream "
         "reserves it on disk for each stream",
-    )  # fmt: skip
+    )
     stream_max_msgs: int = Field(
         default=50_000_000, ge=1000, description="messages each stream keeps at most (likewise)"
     )
@@ -146,41 +150,46 @@ class NatsSettings(BaseSettings):
         "(`bcw provision` creates the streams); see docs/kubernetes.md",
     )
     facts_bytes_per_gateway: int = Field(
-        default=4 * 2**30, ge=2**20,
+        default=4 * 2**30,
+        ge=2**20,
         description="bytes each listed gateway's facts stream keeps at most (24 h of its facts: "
         "its flushes alone are about 1.6 GB a day for 5,000 sessions); beyond it that "
         "gateway's new facts are refused, and only its own",
-    )  # fmt: skip
+    )
     facts_msgs_per_gateway: int = Field(
-        default=5_000_000, ge=1000,
+        default=5_000_000,
+        ge=1000,
         description="messages one gateway's facts take at most: its own facts stream's bound "
         "(with BCW_NATS_FACTS_GATEWAYS), or, in the one facts stream, its subjects' together "
         "(an eighth a fact type); beyond it that gateway's new facts are refused, and only its "
         "own. At most a tenth of BCW_NATS_STREAM_MAX_MSGS",
-    )  # fmt: skip
+    )
     stream_max_consumers: int = Field(
-        default=64, ge=8,
+        default=64,
+        ge=8,
         description="consumers a stream may have at most (set when the stream is created)",
-    )  # fmt: skip
+    )
     fast_path: bool = Field(
         default=True,
         description="write a batch's acks and the relay's fast batches as one write through "
         "nats-py's internals, checked by a probe at start (false: one publish and one ack "
         "a message through its public API, about twice the CPU a message; for a nats-py "
         "upgrade that has not been tested, docs/runtime.md)",
-    )  # fmt: skip
+    )
     # each stream's retention: at least the 2-minute duplicate window (JetStream's rule)
     facts_max_age: Seconds = Field(
-        default=86400.0, ge=120,
+        default=86400.0,
+        ge=120,
         description="how long the facts stream (and each gateway's own) keeps a fact: a worker "
         "stopped longer loses what it has not read, and a parked fact can be re-driven only "
         "this long; below BCW_RETENTION_PROCESSED_FACTS (the inbox must outlive a redelivery)",
-    )  # fmt: skip
+    )
     events_max_age: Seconds = Field(
-        default=7 * 86400.0, ge=120,
+        default=7 * 86400.0,
+        ge=120,
         description="how long the events stream keeps an event: how far back a subscriber can "
         "resume (bcw events --start-seq, --since)",
-    )  # fmt: skip
+    )
     notices_max_age: Seconds = Field(
         default=3600.0,
         ge=120,
@@ -192,16 +201,18 @@ class NatsSettings(BaseSettings):
         description="how long each dead-letter stream keeps a letter (to list and re-drive)",
     )
     events_max_bytes: int = Field(
-        default=0, ge=-1,
+        default=0,
+        ge=-1,
         description="bytes the events stream keeps at most, its oldest dropped beyond (0: "
         "BCW_NATS_STREAM_MAX_BYTES; -1: no bound but its age)",
-    )  # fmt: skip
+    )
     dead_max_bytes: int = Field(
-        default=0, ge=-1,
+        default=0,
+        ge=-1,
         description="bytes each publisher's dead-letter stream (each worker's, the relay's) "
         "keeps at most, its oldest dropped beyond: one's junk evicts only its own letters (0: "
         "BCW_NATS_STREAM_MAX_BYTES; -1: no bound but its age)",
-    )  # fmt: skip
+    )
 
     @field_validator("url")
     @classmethod
@@ -347,7 +358,7 @@ class RetentionSettings(BaseSettings):
 
     node_events: Duration = Field(
         default=timedelta(days=30),
-        description="keep node events this long; at least 1 day (the recorder's login may "
+        description="keep node events this long; at least 1 day (their writer's login may "
         "not delete a younger event)",
     )
     processed_facts: Duration = Field(

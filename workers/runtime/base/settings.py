@@ -173,11 +173,14 @@ def group_variables(group: type[BaseSettings]) -> dict[str, str]:
     prefix = str(group.model_config.get("env_prefix", "BCW_"))
     nested = set(nested_groups(group))
     return {
-        (info.validation_alias if isinstance(info.validation_alias, str)
-         else prefix + field.upper()): field
+        (
+            info.validation_alias
+            if isinstance(info.validation_alias, str)
+            else prefix + field.upper()
+        ): field
         for field, info in group.model_fields.items()
         if info.default_factory not in nested
-    }  # fmt: skip
+    }
 
 
 class Catalog:
@@ -299,8 +302,12 @@ class Catalog:
         return lines
 
 
-_BOUNDS = {"greater_than": ("gt", "more than"), "greater_than_equal": ("ge", "at least"),
-           "less_than": ("lt", "less than"), "less_than_equal": ("le", "at most")}  # fmt: skip
+_BOUNDS = {
+    "greater_than": ("gt", "more than"),
+    "greater_than_equal": ("ge", "at least"),
+    "less_than": ("lt", "less than"),
+    "less_than_equal": ("le", "at most"),
+}
 
 
 def _duration_bound(item: Any) -> str | None:

@@ -156,80 +156,97 @@ class Metrics:
         )
         self.build_info.set(1.0, version or release())
         self.fact_age = Histogram(
-            r, "bcw_fact_age_seconds",
+            r,
+            "bcw_fact_age_seconds",
             "How old a fact was when its effects were applied (from its gateway's observed_at): "
             "the sizing rule is that a fact is applied within 30 s.",
-            ("worker", "type"), buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900),
-        )  # fmt: skip
+            ("worker", "type"),
+            buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900),
+        )
         self.facts = Counter(
-            r, "bcw_facts_total", "Facts settled, by worker, fact type and outcome.",
+            r,
+            "bcw_facts_total",
+            "Facts settled, by worker, fact type and outcome.",
             ("worker", "type", "outcome"),
-        )  # fmt: skip
+        )
         self.fencing_misses = Counter(
-            r, "bcw_fencing_misses_total",
+            r,
+            "bcw_fencing_misses_total",
             "Facts that matched no current session (stale: a newer session does the work).",
             ("worker", "type"),
-        )  # fmt: skip
+        )
         self.batch_seconds = Histogram(
             r, "bcw_batch_seconds", "Time to apply one batch (transaction included).", ("worker",)
         )
         self.batch_splits = Counter(
-            r, "bcw_batch_splits_total",
+            r,
+            "bcw_batch_splits_total",
             "Batches split into single facts to find the one that cannot be applied "
             "(each such fact is dead-lettered; validation should have refused it).",
             ("worker",),
-        )  # fmt: skip
+        )
         self.batch_retries = Counter(
-            r, "bcw_batch_retries_total", "Transient failures retried while applying a batch.",
+            r,
+            "bcw_batch_retries_total",
+            "Transient failures retried while applying a batch.",
             ("worker",),
-        )  # fmt: skip
+        )
         self.consumer_pending = Gauge(
-            r, "bcw_consumer_pending",
+            r,
+            "bcw_consumer_pending",
             "Consumer lag: facts in the stream not yet delivered to the worker's consumer.",
             ("worker",),
-        )  # fmt: skip
+        )
         self.consumer_ack_pending = Gauge(
             r, "bcw_consumer_ack_pending", "Facts delivered and not yet acknowledged.", ("worker",)
         )
         self.facts_stream_full = Gauge(
-            r, "bcw_facts_stream_full_ratio",
+            r,
+            "bcw_facts_stream_full_ratio",
             "A facts stream's bytes over its max_bytes, or messages over its max_msgs (`bound`; "
             "0: unbounded): at 1 either way the facts stream refuses every gateway's facts, a "
             "gateway's own facts stream that gateway's.",
             ("stream", "bound"),
-        )  # fmt: skip
+        )
         self.outbox_backlog = Gauge(r, "bcw_outbox_backlog", "Rows waiting in the outbox.")
         self.outbox_oldest_seconds = Gauge(
             r, "bcw_outbox_oldest_seconds", "Age of the oldest row waiting in the outbox (0: none)."
         )
         self.lease_held = Gauge(
-            r, "bcw_lease_held",
+            r,
+            "bcw_lease_held",
             "1 while this process holds the singleton loop's lease (sweep, dispatch, relay…).",
             ("loop",),
-        )  # fmt: skip
+        )
         self.outbox_published = Counter(
             r, "bcw_outbox_published_total", "Outbox rows published and acknowledged by JetStream."
         )
         self.outbox_batched = Counter(
-            r, "bcw_outbox_batched_total",
+            r,
+            "bcw_outbox_batched_total",
             "Outbox rows of those published that went in a JetStream fast batch (one PubAck a batch).",
-        )  # fmt: skip
+        )
         self.outbox_failures = Counter(
             r, "bcw_outbox_failures_total", "Outbox publish rounds that failed and will be retried."
         )
         self.dead_letters = Counter(
-            r, "bcw_dead_letters_total", "Messages copied to the dead-letter subject.",
+            r,
+            "bcw_dead_letters_total",
+            "Messages copied to the dead-letter subject.",
             ("worker", "cause"),
-        )  # fmt: skip
+        )
         self.nats_disconnects = Counter(
-            r, "bcw_nats_disconnects_total",
+            r,
+            "bcw_nats_disconnects_total",
             "Times this process's NATS connection was lost after it had connected.",
             ("connection",),
-        )  # fmt: skip
+        )
         self.nats_reconnects = Counter(
-            r, "bcw_nats_reconnects_total", "Times this process's NATS connection came back.",
+            r,
+            "bcw_nats_reconnects_total",
+            "Times this process's NATS connection came back.",
             ("connection",),
-        )  # fmt: skip
+        )
         self.db_pool_size = Gauge(
             r, "bcw_db_pool_size", "Connections the PostgreSQL pool holds open, busy or idle."
         )
@@ -240,11 +257,12 @@ class Metrics:
             r, "bcw_db_pool_max", "The PostgreSQL pool's bound (BCW_DATABASE_POOL_MAX)."
         )
         self.db_pool_acquire_seconds = Histogram(
-            r, "bcw_db_pool_acquire_seconds",
+            r,
+            "bcw_db_pool_acquire_seconds",
             "How long a statement's turn waited for a connection of the pool (long: the pool "
             "is too small for the work, or PostgreSQL slow to give connections).",
             buckets=(0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
-        )  # fmt: skip
+        )
 
     def of(self, kind: type[S]) -> S:
         """This process's `kind` of metrics, made on its registry the first time asked."""

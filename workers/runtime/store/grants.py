@@ -51,12 +51,13 @@ async def apply(
     async with conn.transaction():
         await conn.execute(table.grants_sql(granted))
         if roles.LEGACY_GATEWAY in existing and roles.LEGACY_GATEWAY not in wanted:
-            await conn.execute(roles.strip_sql(roles.LEGACY_GATEWAY))
+            await conn.execute(table.strip_sql(roles.LEGACY_GATEWAY))
             log.warning(
                 "%s (gateways older than 0.4) keeps no grant: its logins may rebind sessions "
                 "and move leases; `bcw migrate --legacy-gateway-role` grants it while such "
-                "gateways run", roles.LEGACY_GATEWAY,
-            )  # fmt: skip
+                "gateways run",
+                roles.LEGACY_GATEWAY,
+            )
     for guarded, sql in policies.policies_sql(table, granted).items():
         await db.with_lock_patience(
             conn, f"row-level security of {guarded}", functools.partial(conn.execute, sql)

@@ -7,9 +7,9 @@ Three kinds of rule, each tried by a test as its login:
 - per command for every worker (`BY_COMMAND`): the session history, written once and
   deleted only when old; the buried outbox rows, each its own;
 - per command for one group (`group_rules`): what a worker's rules write of a table
-  another principal trusts, as its `grants.py` says (`WorkerRole.rules`) — the
-  quarantine only revokes certificates and prunes only old alternations, the recorder
-  deletes only events past the retention floor — and the migrations' ledger as the
+  another principal trusts, as its `grants.py` says (`WorkerRole.rules`) — e.g.
+  certificates only revoked, alternations pruned only when old, events deleted only past
+  the retention floor — and the migrations' ledger as the
   workers' and the relay's logins read it (`LEDGER_BEFORE_0_4`).
 
 Any other group granted such a table sees and writes every row. Owners and superusers

@@ -35,37 +35,63 @@ class Grant:
 Rule = tuple[str | None, str | None]
 
 
-#: every table of the schema (a test keeps this equal to the migrated database's tables)
+#: every table of the schema but those a worker's role names its own (`WorkerRole.tables`):
+#: `Roles.TABLES` holds them all (a test keeps it equal to the migrated database's tables)
 TABLES = (
-    "clock_offset", "commands", "consumer_watermarks", "controller_leases", "fleet_policy",
-    "gateway_logins", "gateways",
-    "hello_challenge_key", "hello_marks", "hello_nonces", "hello_seen", "liveness_gateways",
-    "liveness_ranges",
-    "liveness_sweeps", "node_alternations", "node_certs", "node_conditions", "node_events",
+    "clock_offset",
+    "commands",
+    "consumer_watermarks",
+    "controller_leases",
+    "fleet_policy",
+    "gateway_logins",
+    "gateways",
+    "hello_challenge_key",
+    "hello_marks",
+    "hello_nonces",
+    "hello_seen",
+    "node_alternations",
+    "node_certs",
+    "node_conditions",
+    "node_events",
     "node_hello_keys",
-    "node_inventory", "node_labels",
-    "node_sessions", "nodes", "quarantines", "session_history", "session_history_packs",
-    "outbox", "outbox_dead", "outbox_packs", "outbox_senders", "processed_facts",
-    "quarantine_breaker", "schema_lock", "schema_migrations",
-    "session_epochs", "wake_channels",
-)  # fmt: skip
+    "node_inventory",
+    "node_labels",
+    "node_sessions",
+    "nodes",
+    "session_history",
+    "session_history_packs",
+    "outbox",
+    "outbox_dead",
+    "outbox_packs",
+    "outbox_senders",
+    "processed_facts",
+    "schema_lock",
+    "schema_migrations",
+    "session_epochs",
+    "wake_channels",
+)
 
 #: every view of the schema (a test keeps this equal to the migrated database's views):
 #: each runs as its caller (migration 0050), so a group granted one needs the grants of
-#: the tables it reads too (a test checks every group's)
+#: the tables it reads too (a test checks every group's): `Roles.of` grants SELECT on
+#: those a worker's role says the view reads (`WorkerRole.behind_views`)
 VIEWS = ("node_last_seen",)
 
 #: what readers and operators may read: not the Hello keys (nor their proofs' one-time ids,
 #: nor the key the database MACs its challenges with, nor the newest proofs taken), nor the
 #: names of the workers' wake-up channels (a login that knows one may NOTIFY it: migration 0057)
 SECRET_TABLES = (
-    "node_hello_keys", "hello_nonces", "hello_challenge_key", "hello_marks", "wake_channels",
-)  # fmt: skip
-READABLE = (*(table for table in TABLES if table not in SECRET_TABLES), *VIEWS)
+    "node_hello_keys",
+    "hello_nonces",
+    "hello_challenge_key",
+    "hello_marks",
+    "wake_channels",
+)
 
 #: what reading a session's last sight takes, for a group that reads sessions: the view
-#: (docs/contract.md's entry point) and, as it runs as its caller, the range rows it reads
-LAST_SEEN = (Grant("SELECT", "node_last_seen"), Grant("SELECT", "liveness_ranges"))
+#: (docs/contract.md's entry point) and, as it runs as its caller, the rows it reads
+#: (`Roles.of` grants them after it: `WorkerRole.behind_views`)
+LAST_SEEN = (Grant("SELECT", "node_last_seen"),)
 
 #: what a relay may change of a pack it claimed: lock it, and keep only what is left to publish
 PACK_UPDATE = "UPDATE (size, msg_ids, subjects, headers, bodies, order_keys, created_at)"
@@ -92,51 +118,52 @@ RUNTIME = (
     Grant("SELECT", "wake_channels"),  # the names its listeners LISTEN on
 )
 
-#: the runtime's own groups (a worker's is its `grants.py`'s `WorkerRole`)
-OTHER_GROUPS: dict[str, tuple[Grant, ...]] = {
-    "bcw_gateway": (
-        Grant("SELECT", "clock_offset"),
-        Grant("SELECT, INSERT", "gateways"),
-        Grant("UPDATE (lease_epoch, lease_expires_at, draining)", "gateways"),
-        Grant("SELECT", "nodes"),
-        Grant("SELECT", "node_certs"),
-        Grant("SELECT", "node_sessions"),
-        Grant(
-            "UPDATE (session_epoch, gateway_id, session_id, boot_id, journal_id, role, "
-            "daemon_version, proto_max, transport, upgrade_required, trust_version, "
-            "approver_set_epoch, approver_set_sha256, acked_event_seq, connected_at, last_seen, "
-            "disconnected_at, disconnect_reason, cert_serial, lane_credits, load, node_load, held_epoch, "
-            "trace_context)",
-            "node_sessions",
+
+def _other_groups(readable: tuple[str, ...]) -> dict[str, tuple[Grant, ...]]:
+    """The runtime's own groups (a worker's is its `grants.py`'s `WorkerRole`), given what
+    readers may read; besides what the workers' roles lend them (`WorkerRole.lends`)."""
+    return {
+        "bcw_gateway": (
+            Grant("SELECT", "clock_offset"),
+            Grant("SELECT, INSERT", "gateways"),
+            Grant("UPDATE (lease_epoch, lease_expires_at, draining)", "gateways"),
+            Grant("SELECT", "nodes"),
+            Grant("SELECT", "node_certs"),
+            Grant("SELECT", "node_sessions"),
+            Grant(
+                "UPDATE (session_epoch, gateway_id, session_id, boot_id, journal_id, role, "
+                "daemon_version, proto_max, transport, upgrade_required, trust_version, "
+                "approver_set_epoch, approver_set_sha256, acked_event_seq, connected_at, last_seen, "
+                "disconnected_at, disconnect_reason, cert_serial, lane_credits, load, node_load, held_epoch, "
+                "trace_context)",
+                "node_sessions",
+            ),
+            *LAST_SEEN,
+            Grant("SELECT, INSERT", "node_inventory"),
+            Grant("UPDATE (hash, body, session_epoch, reported_at)", "node_inventory"),
         ),
-        *LAST_SEEN,
-        Grant("SELECT, INSERT", "node_inventory"),
-        Grant("UPDATE (hash, body, session_epoch, reported_at)", "node_inventory"),
-    ),
-    # a gateway's login, bound to its gateway id (`gateway_logins`): no table; it reads and
-    # writes through the gateway functions (`EXECUTES`) only, as itself
-    "bcw_gateway_bound": (),
-    "bcw_reader": tuple(Grant("SELECT", table) for table in READABLE),
-    # a dedicated outbox relay (`bcw run relay`): every worker's outbox rows, nothing else
-    "bcw_relay": (
-        Grant("SELECT, DELETE", "outbox"),
-        Grant("UPDATE (created_at)", "outbox"),  # its claims lock rows
-        Grant("SELECT, DELETE", "outbox_packs"),
-        Grant(PACK_UPDATE, "outbox_packs"),
-        Grant("INSERT", "outbox_dead"),
-        Grant("SELECT", "clock_offset"),
-        Grant("SELECT", "schema_migrations"),  # `bcw migrate --wait` before it starts
-        Grant("SELECT", "wake_channels"),  # the outbox's wake-up channel
-    ),
-    # a person operating the fleet: reads everything (bcw explain, bcw commands), releases
-    # an open breaker (bcw liveness release), enqueues commands; writes nothing else
-    "bcw_operator": (
-        *(Grant("SELECT", table) for table in READABLE if table != "schema_migrations"),
-        Grant("UPDATE (breaker_released_at, breaker_released_by)", "liveness_gateways"),
-        # bcw quarantine release, and dismiss (judged no clone)
-        Grant("UPDATE (released_at, released_by, dismissed_at, dismissed_by)", "quarantines"),
-    ),
-}
+        # a gateway's login, bound to its gateway id (`gateway_logins`): no table; it reads and
+        # writes through the gateway functions (`EXECUTES`) only, as itself
+        "bcw_gateway_bound": (),
+        "bcw_reader": tuple(Grant("SELECT", table) for table in readable),
+        # a dedicated outbox relay (`bcw run relay`): every worker's outbox rows, nothing else
+        "bcw_relay": (
+            Grant("SELECT, DELETE", "outbox"),
+            Grant("UPDATE (created_at)", "outbox"),  # its claims lock rows
+            Grant("SELECT, DELETE", "outbox_packs"),
+            Grant(PACK_UPDATE, "outbox_packs"),
+            Grant("INSERT", "outbox_dead"),
+            Grant("SELECT", "clock_offset"),
+            Grant("SELECT", "schema_migrations"),  # `bcw migrate --wait` before it starts
+            Grant("SELECT", "wake_channels"),  # the outbox's wake-up channel
+        ),
+        # a person operating the fleet: reads everything (bcw explain, bcw commands),
+        # enqueues commands; writes only what the workers' roles lend it (a breaker's
+        # release, a quarantine's)
+        "bcw_operator": tuple(
+            Grant("SELECT", table) for table in readable if table != "schema_migrations"
+        ),
+    }
 
 
 #: The functions that run with their owner's rights and write for a gateway
@@ -176,7 +203,8 @@ OTHER_PURPOSES = {
     "bcw_gateway_bound": "a gateway's login, bound to its gateway id (`bcw auth db`)",
     "bcw_reader": "dashboards, `bcw commands`",
     "bcw_relay": "a dedicated outbox relay (`bcw run relay`)",
-    "bcw_operator": "a person: `bcw explain`, `bcw commands`, `bcw liveness release`",
+    # and the commands the workers' roles lend it grants for (`Lent.commands`)
+    "bcw_operator": "a person: `bcw explain`, `bcw commands`",
 }
 
 #: the group of gateways older than 0.4 (direct writes: it may rebind sessions and move
@@ -201,6 +229,16 @@ OWNER_ONLY_FUNCTIONS = (
 
 
 @dataclass(frozen=True)
+class Lent:
+    """What a worker's tables give one of the runtime's groups (an operator's release of
+    what the worker holds): grants, and the commands they serve (the group's purpose
+    names them)."""
+
+    grants: tuple[Grant, ...]
+    commands: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class WorkerRole:
     """What a worker's group role, `bcw_<worker>`, holds of the database: the runtime's
     grants (`RUNTIME`) and its own (its `grants.py`; the registry composes them)."""
@@ -213,6 +251,13 @@ class WorkerRole:
     #: may write (`policies`; its own name written out)
     rules: Mapping[str, Mapping[str, Rule]] = field(default_factory=dict)
     limits: LoginLimits = WORKER  # its logins' (`limits`)
+    #: the schema's tables it names its own (`TABLES` holds the others)
+    tables: tuple[str, ...] = ()
+    #: a view → the tables of its own it reads: a group granted SELECT on the view is
+    #: granted SELECT on them too, right after it (the view runs as its caller)
+    behind_views: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: a runtime group → what its tables give it (grants after the group's own)
+    lends: Mapping[str, Lent] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -231,6 +276,11 @@ class Roles:
     PURPOSES: Mapping[str, str]
     #: every function PUBLIC may not execute: the owner's alone, or some group's only
     RESTRICTED_FUNCTIONS: tuple[str, ...]
+    #: every table of the schema: the runtime's (`TABLES`) and those the workers' roles
+    #: name their own (a test keeps it equal to the migrated database's tables)
+    TABLES: tuple[str, ...]
+    #: what readers and operators may read: every table but `SECRET_TABLES`, every view
+    READABLE: tuple[str, ...]
 
     @classmethod
     def of(cls, workers: Mapping[str, WorkerRole]) -> Roles:
@@ -240,15 +290,28 @@ class Roles:
         executes = {group: r.executes for group, r in mine.items() if r.executes}
         executes |= OTHER_EXECUTES
         restricted = (*OWNER_ONLY_FUNCTIONS, *GATEWAY_FUNCTIONS)
+        tables = (*TABLES, *(table for role in workers.values() for table in role.tables))
+        readable = (*(table for table in tables if table not in SECRET_TABLES), *VIEWS)
+        groups = {g: (*RUNTIME, *r.grants) for g, r in mine.items()} | _other_groups(readable)
+        purposes = {g: r.purpose for g, r in mine.items()} | OTHER_PURPOSES
+        behind: dict[str, tuple[str, ...]] = {}
+        for role in workers.values():
+            for group, lent in role.lends.items():
+                groups[group] = (*groups[group], *lent.grants)
+                purposes[group] += "".join(f", `{command}`" for command in lent.commands)
+            for view, read in role.behind_views.items():
+                behind[view] = (*behind.get(view, ()), *read)
         return cls(
-            GROUPS={**{g: (*RUNTIME, *r.grants) for g, r in mine.items()}, **OTHER_GROUPS},
+            GROUPS={group: _with_views(grants, behind) for group, grants in groups.items()},
             EXECUTES=executes,
             RULES={group: role.rules for group, role in mine.items() if role.rules},
             LIMITS={**{g: r.limits for g, r in mine.items()}, **LIMITS},
-            PURPOSES={**{g: r.purpose for g, r in mine.items()}, **OTHER_PURPOSES},
+            PURPOSES=purposes,
             RESTRICTED_FUNCTIONS=tuple(
                 dict.fromkeys((*restricted, *(f for fs in executes.values() for f in fs)))
             ),
+            TABLES=tables,
+            READABLE=readable,
         )
 
     def worker_of(self, group: str) -> str | None:
@@ -281,7 +344,7 @@ class Roles:
         )
         for group in names:
             lines.append(f"-- {group}")
-            lines.append(strip_sql(group))
+            lines.append(self.strip_sql(group))
             lines.append(
                 f"DO $$ BEGIN EXECUTE format('GRANT USAGE ON SCHEMA %I TO {group}', "
                 "current_schema()); END $$;"
@@ -304,8 +367,21 @@ class Roles:
             )
         return "\n".join(lines) + "\n"
 
+    def strip_sql(self, group: str) -> str:
+        """The SQL that takes every grant of `group` on the schema's tables away (the first
+        step of `grants_sql`; alone, for a group no longer granted)."""
+        return f"REVOKE ALL ON {', '.join((*self.TABLES, *VIEWS))} FROM {group};"
 
-def strip_sql(group: str) -> str:
-    """The SQL that takes every grant of `group` on the schema's tables away (the first
-    step of `Roles.grants_sql`; alone, for a group no longer granted)."""
-    return f"REVOKE ALL ON {', '.join((*TABLES, *VIEWS))} FROM {group};"
+
+def _with_views(
+    grants: tuple[Grant, ...], behind: Mapping[str, tuple[str, ...]]
+) -> tuple[Grant, ...]:
+    """`grants`, each SELECT on a view followed by SELECT on the tables `behind` says it
+    reads that `grants` do not let it read already. Pure."""
+    reads = {grant.table for grant in grants if "SELECT" in grant.privileges}
+    out: list[Grant] = []
+    for grant in grants:
+        out.append(grant)
+        if "SELECT" in grant.privileges:
+            out += [Grant("SELECT", t) for t in behind.get(grant.table, ()) if t not in reads]
+    return tuple(out)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from workers.runtime.base.settings_docs import rewrite_block
 from workers.runtime.store.policies import BY_COMMAND, OWNED_ROWS, rules_for
-from workers.runtime.store.roles import READABLE, Roles
+from workers.runtime.store.roles import Roles
 
 
 def _writes(roles: Roles, group: str) -> list[str]:
@@ -29,9 +29,9 @@ def _writes(roles: Roles, group: str) -> list[str]:
 
 def _reads(roles: Roles, group: str) -> str:
     read = [g.table for g in roles.GROUPS[group] if "SELECT" in g.privileges]
-    if set(read) == set(READABLE):
+    if set(read) == set(roles.READABLE):
         return "every table but the Hello keys"
-    if set(read) >= set(READABLE) - {"schema_migrations"}:
+    if set(read) >= set(roles.READABLE) - {"schema_migrations"}:
         return "every table but the Hello keys and the migrations' ledger"
     return ", ".join(f"`{t}`" for t in read) or "nothing"
 

@@ -98,13 +98,15 @@ def principals(
     dead = (subjects.dead_stream, *map(subjects.dead_stream_of, dead_publishers()))
     own_facts = tuple(subjects.gateway_facts_stream(g) for g in gateways)
     made = [
-        Principal("admin", "bcw provision, bcw migrate's stream setup, bcw dead-letters", (">",), (">",)),
+        Principal(
+            "admin", "bcw provision, bcw migrate's stream setup, bcw dead-letters", (">",), (">",)
+        ),
         Principal(
             "tester",
             "helm test (bcw provision --check): reads the streams' settings, nothing else",
             (_api("INFO"), *(_api("STREAM.INFO", s) for s in (*streams, *dead[1:], *own_facts))),
         ),
-    ]  # fmt: skip
+    ]
     for worker in EMITS:
         made.append(
             Principal(
