@@ -234,18 +234,6 @@ ONE_IDEA = {
     "tests/integration/security/test_db_roles.py": "every cell of the database roles' table",
     "tests/integration/security/test_bus_principals.py": "every cell of the principals' table",
 }
-#: files whose marks another part of issue 62 carries while it changes them; the marks go
-#: after the merge, and so does this list
-MARKS_PENDING = frozenset(
-    {
-        "workers/liveness/sweep.py",
-        "workers/liveness/apply.py",
-        "workers/liveness/sight.py",
-        "workers/bench/rollout/daemons.py",
-        "workers/bench/rollout/gateways.py",
-        "workers/bench/rollout/run.py",
-    }
-)
 
 
 def _modules() -> dict[str, list[str]]:
@@ -283,8 +271,6 @@ def test_every_fmt_skip_says_why() -> None:
     formatter's to lay out."""
     unexplained = []
     for path, lines in _modules().items():
-        if path in MARKS_PENDING:
-            continue
         for number, line in enumerate(lines):
             if not line.rstrip().endswith("# fmt: skip"):
                 continue
@@ -295,10 +281,6 @@ def test_every_fmt_skip_says_why() -> None:
             if not any("fmt: skip" in x for x in said):
                 unexplained.append(f"{path}:{number + 1}")
     assert not unexplained, unexplained
-    pending = sorted(
-        p for p in MARKS_PENDING if not any("# fmt: skip" in x for x in _modules().get(p, []))
-    )
-    assert not pending, f"no marks left: drop from MARKS_PENDING: {pending}"
 
 
 def test_every_test_the_contract_names_exists() -> None:

@@ -173,8 +173,10 @@ def _notice(tx: Tx, flushes: list[Liveness], zombies: list[Any], max_zombie_noti
     if held_back:
         log.warning(
             "zombie notices held back: %d beyond %d per gateway and batch (gateways %s)",
-            held_back, max_zombie_notices, ", ".join(sorted(sent)),
-        )  # fmt: skip
+            held_back,
+            max_zombie_notices,
+            ", ".join(sorted(sent)),
+        )
 
 
 async def _disconnect(tx: Tx, closed: list[Closed]) -> dict[uuid.UUID, Outcome]:
@@ -196,8 +198,12 @@ async def _disconnect(tx: Tx, closed: list[Closed]) -> dict[uuid.UUID, Outcome]:
             outcomes[fact.fact_id] = outcome.STALE  # an old epoch: changes nothing, says nothing
             continue
         event = NodeDisconnected(
-            node_id=fact.node_id, epoch=fact.epoch, gateway_id=fact.gateway_id, reason=fact.reason,
-            code=fact.code or CLOSE_CODES.get(fact.reason), disconnected_at=await tx.fact_time(fact),
-        )  # fmt: skip
+            node_id=fact.node_id,
+            epoch=fact.epoch,
+            gateway_id=fact.gateway_id,
+            reason=fact.reason,
+            code=fact.code or CLOSE_CODES.get(fact.reason),
+            disconnected_at=await tx.fact_time(fact),
+        )
         tx.publish(event, tx.subjects.event(event.BC_TYPE), cause=fact, order_key=fact.node_id)
     return outcomes

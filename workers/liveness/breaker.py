@@ -115,10 +115,11 @@ async def views(
     for gw in sorted(set(would) | opened):
         row = rows.get(gw)
         released = bool(
-            row is not None and row["breaker_released_at"] is not None
+            row is not None
+            and row["breaker_released_at"] is not None
             and row["breaker_opened_at"] is not None
             and row["breaker_released_at"] >= row["breaker_opened_at"]
-        )  # fmt: skip
+        )
         view = BreakerView(gw, would.get(gw, 0), connected.get(gw, 0), gw in opened, released)
         out[gw] = (view, decide_breaker(view, rules))
     return out
@@ -146,8 +147,11 @@ def log_decisions(
         if decision.closed and view.released and row is not None:
             log.warning(
                 "breaker of gateway %s: released by %s at %s; %d stale session(s) go",
-                gw, row["breaker_released_by"], row["breaker_released_at"], view.would_disconnect,
-            )  # fmt: skip
+                gw,
+                row["breaker_released_by"],
+                row["breaker_released_at"],
+                view.would_disconnect,
+            )
         elif decision.closed:
             log.warning(
                 "breaker of gateway %s closed: %d stale session(s)", gw, view.would_disconnect
@@ -167,8 +171,11 @@ def say(
         log.warning(
             "breaker of gateway %s open: %d of %d connected session(s) look stale; none is "
             "disconnected (`bcw liveness release --gateway %s` lets them go)",
-            gw, view.would_disconnect, view.connected, gw,
-        )  # fmt: skip
+            gw,
+            view.would_disconnect,
+            view.connected,
+            gw,
+        )
         event = BreakerOpen(
             gateway_id=gw, would_disconnect=view.would_disconnect, connected=view.connected, at=now
         )

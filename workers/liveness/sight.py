@@ -146,10 +146,16 @@ def _written(
     """A write of what `entry` says: its sight (`age` at `stored`), credits and load."""
     credits, node_load = entry.get("credits"), entry.get("node_load")
     return Write(
-        entry["node_id"], entry["epoch"], gateway, ranged, age,
-        credits=credits_json(credits) if credits is not None else None, load=entry.get("load"),
-        node_load=node_load_json(node_load) if node_load else None, stored_at=stored,
-    )  # fmt: skip
+        entry["node_id"],
+        entry["epoch"],
+        gateway,
+        ranged,
+        age,
+        credits=credits_json(credits) if credits is not None else None,
+        load=entry.get("load"),
+        node_load=node_load_json(node_load) if node_load else None,
+        stored_at=stored,
+    )
 
 
 class Old(NamedTuple):
@@ -192,9 +198,15 @@ async def apply(tx: Tx, flushes: list[Liveness]) -> tuple[list[dict[str, Any]], 
         start = min([fact.range_start, *(o.range_start for o in olds)])
         end = max([fact.range_end, *(o.range_end for o in olds)])
         found = await tx.conn.fetch(
-            SET_CHECK, fact.gateway_id, start, end, fact.range_start, fact.range_end,
-            [e["node_id"] for e in fact.entries], [e["epoch"] for e in fact.entries],
-        )  # fmt: skip
+            SET_CHECK,
+            fact.gateway_id,
+            start,
+            end,
+            fact.range_start,
+            fact.range_end,
+            [e["node_id"] for e in fact.entries],
+            [e["epoch"] for e in fact.entries],
+        )
         others = [f for _, f, _ in accepted if f is not fact and f.gateway_id == fact.gateway_id]
         found = [r for r in found if r["kind"] != "left" or not _judged_by(r["h"], others)]
         zombies += [

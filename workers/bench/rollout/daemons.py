@@ -132,10 +132,11 @@ class RolloutDaemon(FakeDaemon):
         if self.gateway is None:
             return now >= self.next_try
         return not self.settled() and (
-            not self.running or any(r.finish_at <= now for r in self.running.values())
+            not self.running
+            or any(r.finish_at <= now for r in self.running.values())
             or any(c not in self.in_hello for c in self.results)
             or bool(self.journal and self.journal[-1]["seq"] > self.sent_seq)
-        )  # fmt: skip
+        )
 
 
 class Daemons:

@@ -75,17 +75,23 @@ class RolloutGateway(Gateway):
         for start, end, lo, hi in range_cut(hashes, [len(e) for e in entries], self._bits):
             fact_id = uuid.uuid4()
             empty = Liveness(
-                fact_id=fact_id, gateway_id=self.gateway_id, observed_at=datetime.now(UTC),
-                entries=[], range_start=start, range_end=end,
-            )  # fmt: skip
+                fact_id=fact_id,
+                gateway_id=self.gateway_id,
+                observed_at=datetime.now(UTC),
+                entries=[],
+                range_start=start,
+                range_end=end,
+            )
             body, _ = REGISTRY.encode(empty)
             head, tail = body.rsplit(b"[]", 1)
             headers = {**fleet.HEADERS, "Nats-Msg-Id": str(fact_id)}
             self.on_publish(fact_id, time.time())
             await self.js.publish(
-                self._subject, head + b"[" + b",".join(entries[lo:hi]) + b"]" + tail,
-                headers=headers, timeout=30,
-            )  # fmt: skip
+                self._subject,
+                head + b"[" + b",".join(entries[lo:hi]) + b"]" + tail,
+                headers=headers,
+                timeout=30,
+            )
 
 
 async def started(
@@ -105,9 +111,15 @@ def daemons(nodes: int, seed: int, work: tuple[float, float]) -> list[RolloutDae
     out = []
     for i in range(1, nodes + 1):
         daemon = RolloutDaemon(
-            f"node-{i}", f"node-serial-{i}", time.time, rng, work_seconds=work,
-            boot_id="boot-1", journal_id="journal-1", hello_key=rng.randbytes(32),
-        )  # fmt: skip
+            f"node-{i}",
+            f"node-serial-{i}",
+            time.time,
+            rng,
+            work_seconds=work,
+            boot_id="boot-1",
+            journal_id="journal-1",
+            hello_key=rng.randbytes(32),
+        )
         daemon.process_started = time.time() - 3600.0  # up before its session
         out.append(daemon)
     return out
@@ -136,14 +148,20 @@ async def established(conn: asyncpg.Connection, nodes: int, sample: RolloutDaemo
                 "INSERT INTO node_inventory (node_id, section, hash, body, session_epoch, reported_at) "
                 "SELECT 'node-' || i, $3, $4, $5::jsonb, 1, compute_now() "
                 "FROM generate_series($1::int, $2::int) i",
-                start, end, section, hashes[section], json.dumps(body),
-            )  # fmt: skip
+                start,
+                end,
+                section,
+                hashes[section],
+                json.dumps(body),
+            )
         await conn.execute(
             "INSERT INTO node_labels (node_id, key, value, source) "
             "SELECT 'node-' || i, k, '1', 'system' FROM generate_series($1::int, $2::int) i, "
             "unnest($3::text[]) k",
-            start, end, [LABEL_PREFIX + c for c in BCD_CAPABILITIES],
-        )  # fmt: skip
+            start,
+            end,
+            [LABEL_PREFIX + c for c in BCD_CAPABILITIES],
+        )
 
 
 def attach(gateways: list[RolloutGateway], fleet_: list[RolloutDaemon], credits: int) -> None:

@@ -157,8 +157,20 @@ async def run(
             started = time.monotonic()
             shares = plan.spread(commands, len(waves))
             for wave, share in zip(waves, shares, strict=True):
-                await _roll(conn, pool, nc, subjects, gw_settings, up, fleet_, watch, state,
-                            wave, share, rng)  # fmt: skip
+                await _roll(
+                    conn,
+                    pool,
+                    nc,
+                    subjects,
+                    gw_settings,
+                    up,
+                    fleet_,
+                    watch,
+                    state,
+                    wave,
+                    share,
+                    rng,
+                )
             try:
                 await wait_until(lambda: _ended(conn, commands), within=WAVE_WITHIN)
             except TimeoutError:  # said as lost
@@ -190,13 +202,24 @@ async def run(
         await conn.close()
     slopes, notes = tally.rss_slopes(processes.rss_samples, warm_s=hold + 60.0)
     final = tally.Final(
-        gateways=gateways, nodes=nodes, minutes=seconds / 60.0, reconnects=fleet_.reconnects,
-        lags=watch.all_lags, blind=len(watch.blind), wrong=max(len(watch.wrong), left_open),
-        duplicates=watch.duplicates, lost=commands - counts["done"], commands=commands,
-        twice=tally.run_twice(fleet_.runs()), cores=spent / seconds,
+        gateways=gateways,
+        nodes=nodes,
+        minutes=seconds / 60.0,
+        reconnects=fleet_.reconnects,
+        lags=watch.all_lags,
+        blind=len(watch.blind),
+        wrong=max(len(watch.wrong), left_open),
+        duplicates=watch.duplicates,
+        lost=commands - counts["done"],
+        commands=commands,
+        twice=tally.run_twice(fleet_.runs()),
+        cores=spent / seconds,
         hello_ms=tally.hello_ms(spent, seconds, steady_cores, len(fleet_.reconnects)),
-        moved=len(fleet_.reconnects), sessions=state.closed, rss_slopes=slopes, notes=notes,
-    )  # fmt: skip
+        moved=len(fleet_.reconnects),
+        sessions=state.closed,
+        rss_slopes=slopes,
+        notes=notes,
+    )
     broken = tally.problems(final)
     for line in broken:
         print(f"BOUND BROKEN: {line}")
@@ -311,14 +334,24 @@ async def _line(
     sweeps, watch.sweeps = watch.sweeps, []
     counts = await conn.fetchrow(COMMANDS)
     line = tally.Line(
-        at=now - begin, gateways_done=state.done_gateways, gateways=state.n_gateways,
-        moved=len(fleet_.reconnects), hellos_per_s=(fleet_.welcomes - welcomes) / dt,
-        reconnects=fleet_.reconnects[reconnected:], lags=watch.take_lags(),
-        sweep_max=max(sweeps, default=math.nan), blind=len(watch.blind),
-        expected=len(watch.expected), wrong=len(watch.wrong), duplicates=watch.duplicates,
-        done=counts["done"], lost=counts["failed"], twice=tally.run_twice(fleet_.runs()),
+        at=now - begin,
+        gateways_done=state.done_gateways,
+        gateways=state.n_gateways,
+        moved=len(fleet_.reconnects),
+        hellos_per_s=(fleet_.welcomes - welcomes) / dt,
+        reconnects=fleet_.reconnects[reconnected:],
+        lags=watch.take_lags(),
+        sweep_max=max(sweeps, default=math.nan),
+        blind=len(watch.blind),
+        expected=len(watch.expected),
+        wrong=len(watch.wrong),
+        duplicates=watch.duplicates,
+        done=counts["done"],
+        lost=counts["failed"],
+        twice=tally.run_twice(fleet_.runs()),
         commands=state.enqueued,
-        cores={k: (cpu[k] - cpu_then.get(k, cpu[k])) / dt for k in cpu}, rss=processes.rss(),
-    )  # fmt: skip
+        cores={k: (cpu[k] - cpu_then.get(k, cpu[k])) / dt for k in cpu},
+        rss=processes.rss(),
+    )
     print(line.line(), flush=True)
     lines.append(line)
