@@ -228,6 +228,7 @@ SOFT_CAP, HARD_CAP, FOLDER_CAP = 400, 600, 12
 #: the modules past SOFT_CAP, each with the one idea it holds (split one that holds two)
 ONE_IDEA = {
     "workers/runtime/effects/outbox.py": "the relay: claim, publish in key order, bury",
+    "workers/gateway/store.py": "the gateway's calls of its SQL functions, one wrapper each",
     "tests/integration/workers/test_replay.py": "the replay dispatcher, rule by rule",
     "tests/integration/model/test_seed_and_attacker.py": "one state machine and its steps",
     "tests/integration/security/attacks/test_found_58.py": "the attacks on one change, numbered",

@@ -16,6 +16,9 @@ from workers.gateway.types import Session
 
 log = logging.getLogger(__name__)
 
+#: `closed` facts a stopping gateway has in flight at once (each awaits its PubAck)
+CLOSED_AT_ONCE = 64
+
 
 class Endings:
     """The ends of a gateway's sessions (its state lives in `Gateway`)."""
@@ -42,21 +45,31 @@ class Endings:
         await self._closed(session, reason)
 
     async def _end_all(self, reason: CloseReason) -> None:
-        """Every session ended, as many at once as half the pool has connections (one by
-        one, a gateway of thousands took minutes to stop, its flush stopped meanwhile; the
-        other half for whatever shares the pool — a simulator's other gateways)."""
-        at_once = asyncio.Semaphore(max(1, self.pool.get_max_size() // 2))
+        """Every session ended: their closes written first, a few statements for them all
+        (`store.close_sessions`: the next Hello anywhere reads them as not live), then
+        each stream dropped and its `closed` fact published, CLOSED_AT_ONCE at a time. One
+        by one, a gateway of thousands took minutes to stop, its flush stopped meanwhile,
+        and parsed its range rows once a session."""
+        sessions = list(self.sessions.values())
+        self.sessions.clear()
+        if reason not in ROW_OF_ANOTHER:
+            closing = [(s.node_id, s.epoch) for s in sessions]
+            lease = self.lease_epoch or 0
+            await store.close_sessions(self.pool, self.gateway_id, lease, closing, reason)
+        at_once = asyncio.Semaphore(CLOSED_AT_ONCE)
 
-        async def end(session: Session) -> None:
+        async def said(session: Session) -> None:
+            session.stream.drop(reason, CLOSE_CODES[reason])
             async with at_once:
                 try:
-                    await self._end(session, reason)
-                except Exception as error:  # its row ages out; the others go on
+                    closed = self.facts.closed(session.node_id, session.epoch, reason)
+                    await self.facts.publish(closed)
+                except Exception as error:  # the liveness worker ages its row out
                     log.warning(
-                        "gateway %s: end of %s (%r)", self.gateway_id, session.node_id, error
+                        "gateway %s: closed of %s (%r)", self.gateway_id, session.node_id, error
                     )
 
-        await asyncio.gather(*(end(s) for s in list(self.sessions.values())))
+        await asyncio.gather(*(said(s) for s in sessions))
 
     async def _closed(self, session: Session, reason: CloseReason) -> None:
         """Its fenced disconnect at once (unless a newer session owns the row), then the

@@ -84,6 +84,10 @@ SELECT * FROM gateway_hello($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $
 """
 
 
+#: sessions a statement of `close_sessions` closes at most
+CLOSE_CHUNK = 2_000
+
+
 async def close_session(
     pool: asyncpg.Pool, gateway_id: str, lease: int, node_id: str, epoch: int, reason: str
 ) -> bool:
@@ -103,6 +107,32 @@ async def close_session(
     except Exception as error:  # the database away: the fact is the fallback
         log.warning("gateway %s: close of %s not written (%r)", gateway_id, node_id, error)
         return False
+
+
+async def close_sessions(
+    pool: asyncpg.Pool, gateway_id: str, lease: int, closing: list[tuple[str, int]], reason: str
+) -> set[str]:
+    """Write the closes of many sessions (node, epoch) in statements of CLOSE_CHUNK (the
+    range rows parsed once a statement: `gateway_close_many`, migration 0061); the nodes
+    closed. A failure is logged, not raised: the `closed` facts still go out, and the
+    liveness worker writes them."""
+    closed: set[str] = set()
+    for start in range(0, len(closing), CLOSE_CHUNK):
+        part = closing[start : start + CLOSE_CHUNK]
+        try:
+            async with pool.acquire() as conn:
+                rows = await conn.fetch(
+                    "SELECT gateway_close_many($1, $2, $3, $4, $5) AS node_id",
+                    gateway_id,
+                    lease,
+                    [n for n, _ in part],
+                    [e for _, e in part],
+                    reason,
+                )
+            closed |= {r["node_id"] for r in rows}
+        except Exception as error:  # the database away: the facts are the fallback
+            log.warning("gateway %s: %d closes not written (%r)", gateway_id, len(part), error)
+    return closed
 
 
 async def acquire(conn: asyncpg.Connection, gateway_id: str, ttl: timedelta) -> int:

@@ -139,3 +139,32 @@ async def test_a_hello_whose_fact_the_bus_refuses_is_closed_and_refused_and_the_
     assert not await stream_messages(nc.jetstream(), subjects.facts_stream, None)
     welcome = await fleet.say_hello(gateway, request(boot_id="b2"), RecordingStream())
     assert welcome.epoch == 2 and "n1" in gateway.sessions
+
+
+async def test_a_stopping_gateway_closes_its_sessions_in_one_write_each_at_its_epoch(
+    gateway: Gateway, db: asyncpg.Connection
+) -> None:
+    """A drain's stop: every session's close written first (`gateway_close_many`: fenced on
+    the gateway, its lease and each session's epoch), then each stream dropped with
+    `gateway-shutdown`. A session the node has since opened elsewhere is left alone."""
+    streams = {}
+    for node in ("n1", "n2", "n3"):
+        await fleet.join(db, node)
+        streams[node] = RecordingStream()
+        await fleet.say_hello(
+            gateway, request(node_id=node, cert_serial=f"{node}-serial"), streams[node]
+        )
+    await db.execute(  # n3 is someone else's now (a newer epoch on another gateway)
+        "UPDATE node_sessions SET session_epoch = session_epoch + 1, gateway_id = NULL "
+        "WHERE node_id = 'n3'"
+    )
+    await gateway.stop()
+    rows = await db.fetch(
+        "SELECT node_id, gateway_id, disconnect_reason FROM node_sessions ORDER BY node_id"
+    )
+    assert [tuple(r) for r in rows] == [
+        ("n1", None, "gateway-shutdown"),
+        ("n2", None, "gateway-shutdown"),
+        ("n3", None, None),
+    ]
+    assert all(s.dropped and s.dropped[0] == "gateway-shutdown" for s in streams.values())

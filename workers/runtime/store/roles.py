@@ -179,6 +179,7 @@ GATEWAY_FUNCTIONS = (
     "gateway_admission(text,text,text)",
     "gateway_desired_state(text,text,bigint)",
     "gateway_close(text,bigint,text,bigint,text)",
+    "gateway_close_many(text,bigint,text[],bigint[],text)",
     "gateway_write_section(text,bigint,text,bigint,text,text,jsonb)",
     "gateway_hello_verdict(text,text,bigint)",
     "gateway_hello_challenge(text,text)",

@@ -112,6 +112,7 @@ async def test_gw1s_login_can_neither_write_nor_act_as_gw2(
         ("SELECT gateway_drain('gw-2', $1, true)", (lease2,)),
         ("SELECT gateway_release('gw-2', $1)", (lease2,)),
         ("SELECT gateway_close('gw-2', $1, 'n2', $2, 'x')", (lease2, epoch2)),
+        ("SELECT gateway_close_many('gw-2', $1, '{n2}', ARRAY[$2::bigint], 'x')", (lease2, epoch2)),
         ("SELECT gateway_write_section('gw-2', $1, 'n2', $2, 'cpu', 'h', '{}')", (lease2, epoch2)),
         (
             "SELECT * FROM gateway_hello('gw-2', $1, 'n2', 'n2-serial', 'b9', 'j1', 'worker', "
@@ -142,6 +143,15 @@ async def test_gw1s_login_can_neither_write_nor_act_as_gw2(
         assert not await conn.fetchval(
             "SELECT gateway_close('gw-1', $1, 'n2', $2, 'x')", lease1, epoch2
         )
+        assert not await conn.fetch(  # nor its batch of closes (the stop's)
+            "SELECT gateway_close_many('gw-1', $1, '{n2}', ARRAY[$2::bigint], 'x')", lease1, epoch2
+        )
+        with pytest.raises(asyncpg.InvalidParameterValueError):  # bounded: no endless statement
+            await conn.fetch(
+                "SELECT gateway_close_many('gw-1', $1, array_fill('n'::text, ARRAY[10001]), "
+                "array_fill(1::bigint, ARRAY[10001]), 'x')",
+                lease1,
+            )
         assert not await conn.fetchval(
             "SELECT gateway_write_section('gw-1', $1, 'n2', $2, 'cpu', 'forged', '{}')",
             lease1,
