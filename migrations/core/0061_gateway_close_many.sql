@@ -17,8 +17,11 @@ BEGIN
         RAISE EXCEPTION 'gateway_close_many: as many epochs as nodes, 10,000 at most'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- the lease held (FOR SHARE, as the Hello holds it) while the rows are waited for: a
+    -- new incarnation's lease waits for this write, never lets a stale one through
     PERFORM 1 FROM gateways g
-     WHERE g.gateway_id = gw AND g.lease_epoch = p_lease AND g.lease_expires_at > compute_now();
+     WHERE g.gateway_id = gw AND g.lease_epoch = p_lease AND g.lease_expires_at > compute_now()
+       FOR SHARE;
     IF NOT FOUND THEN RETURN; END IF;
     PERFORM 1 FROM node_sessions s
      WHERE s.node_id = ANY(p_nodes) AND s.gateway_id = gw
@@ -27,7 +30,7 @@ BEGIN
     WITH t AS MATERIALIZED (
         SELECT s.node_id, s.session_epoch AS epoch, node_hash(s.node_id) AS h,
                coalesce(s.ranged_epoch = s.session_epoch, false) AS ranged
-          FROM unnest(p_nodes, p_epochs) AS u(node_id, epoch)
+          FROM (SELECT DISTINCT * FROM unnest(p_nodes, p_epochs)) AS u(node_id, epoch)
           JOIN node_sessions s
             ON s.node_id = u.node_id AND s.session_epoch = u.epoch AND s.gateway_id = gw
     ), e AS MATERIALIZED (

@@ -19,7 +19,7 @@ ROLE = WorkerRole(
             "node_sessions",
         ),
         Grant("SELECT", "gateways"),
-        Grant("SELECT, INSERT, UPDATE", "liveness_gateways"),
+        Grant("SELECT, INSERT, UPDATE, DELETE", "liveness_gateways"),  # a gone gateway forgotten
         Grant("SELECT, UPDATE", "liveness_sweeps"),
         Grant("SELECT, INSERT, UPDATE, DELETE", "liveness_ranges"),  # its flushes' ranges
         Grant("SELECT", "node_last_seen"),
