@@ -13,19 +13,17 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
 
 import asyncpg
 from nats.aio.client import Client as NATS
 
-from schemas import REGISTRY
 from schemas.facts import Liveness
 from schemas.subjects import Subjects
 from workers.bench.rollout.daemons import RolloutDaemon
 from workers.bench.steady import fleet
 from workers.gateway import Gateway, GatewaySettings
 from workers.gateway import notices as gateway_notices
-from workers.gateway.facts import range_bits, range_cut
+from workers.gateway.facts import range_bits
 from workers.gateway.inventory import section_hashes
 from workers.gateway.types import Session
 from workers.labeler.decide import LABEL_PREFIX
@@ -72,26 +70,10 @@ class RolloutGateway(Gateway):
         ]
         self._bits = range_bits(len(sessions), self._bits)
         hashes = [s.hash for s in sessions]
-        for start, end, lo, hi in range_cut(hashes, [len(e) for e in entries], self._bits):
-            fact_id = uuid.uuid4()
-            empty = Liveness(
-                fact_id=fact_id,
-                gateway_id=self.gateway_id,
-                observed_at=datetime.now(UTC),
-                entries=[],
-                range_start=start,
-                range_end=end,
-            )
-            body, _ = REGISTRY.encode(empty)
-            head, tail = body.rsplit(b"[]", 1)
+        for fact_id, body in fleet.spliced(self.gateway_id, hashes, entries, self._bits):
             headers = {**fleet.HEADERS, "Nats-Msg-Id": str(fact_id)}
             self.on_publish(fact_id, time.time())
-            await self.js.publish(
-                self._subject,
-                head + b"[" + b",".join(entries[lo:hi]) + b"]" + tail,
-                headers=headers,
-                timeout=30,
-            )
+            await self.js.publish(self._subject, body, headers=headers, timeout=30)
 
 
 async def started(

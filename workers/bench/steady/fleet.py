@@ -140,22 +140,32 @@ class Gateway:
         ]
         self.flushes += 1
         self.range_bits = range_bits(len(self.held), self.range_bits)
-        hashes = [self.hashes[p] for p in self.held]
-        out = []
-        for start, end, lo, hi in range_cut(hashes, [len(e) for e in entries], self.range_bits):
-            fact_id = uuid.uuid4()
-            empty = Liveness(
-                fact_id=fact_id,
-                gateway_id=self.gateway_id,
-                observed_at=datetime.now(UTC),
-                entries=[],
-                range_start=start,
-                range_end=end,
-            )
-            body, _ = REGISTRY.encode(empty)
-            head, tail = body.rsplit(b"[]", 1)
-            out.append((fact_id, head + b"[" + b",".join(entries[lo:hi]) + b"]" + tail))
-        return out
+        return spliced(
+            self.gateway_id, [self.hashes[p] for p in self.held], entries, self.range_bits
+        )
+
+
+def spliced(
+    gateway_id: str, hashes: list[int], entries: list[bytes], bits: int
+) -> list[tuple[uuid.UUID, bytes]]:
+    """A flush's liveness facts, (fact id, body) in order: `entries` (encoded, in hash
+    order) cut into ranges as the reference gateway cuts them, each range's entries
+    spliced into an encoded empty fact (cheap: no model per entry)."""
+    out = []
+    for start, end, lo, hi in range_cut(hashes, [len(e) for e in entries], bits):
+        fact_id = uuid.uuid4()
+        empty = Liveness(
+            fact_id=fact_id,
+            gateway_id=gateway_id,
+            observed_at=datetime.now(UTC),
+            entries=[],
+            range_start=start,
+            range_end=end,
+        )
+        body, _ = REGISTRY.encode(empty)
+        head, tail = body.rsplit(b"[]", 1)
+        out.append((fact_id, head + b"[" + b",".join(entries[lo:hi]) + b"]" + tail))
+    return out
 
 
 HEADERS = {"Bc-Type": Liveness.BC_TYPE, "Bc-Schema": "1"}
