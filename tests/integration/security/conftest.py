@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -188,3 +190,25 @@ async def provision_consumers(
         for name in names:
             spec = WORKERS[name](settings).consumer_spec(SUBJECTS)
             await streams.ensure_consumer(js, SUBJECTS.facts_stream, spec, settings.consumer)
+
+
+async def unproven_hello(
+    conn: asyncpg.Connection, gateway: str, lease: int | None, node: str, boot: str
+) -> Any:
+    """`gateway`'s Hello transaction for `node` (serial `<node>-serial`) from `boot`, run
+    by hand as bare SQL (`store.HELLO`), with no proof: what a gateway's login may try."""
+    args = ("j", "worker", "1.0.0", 1, "grpc", False, 0, None, "", timedelta(seconds=30))
+    proof = (None, None, None)  # none: at, nonce, mac
+    return await conn.fetchrow(
+        store.HELLO,
+        gateway,
+        lease,
+        node,
+        f"{node}-serial",
+        boot,
+        *args,
+        None,
+        uuid.uuid4(),
+        *proof,
+        [],
+    )

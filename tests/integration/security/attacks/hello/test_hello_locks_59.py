@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from datetime import timedelta
 
 import asyncpg
 import pytest
@@ -29,10 +27,10 @@ from nats.aio.client import Client as NATS
 
 from schemas.subjects import Subjects
 from tests.integration import fleet
-from tests.integration.security.conftest import url_as
+from tests.integration.security.conftest import unproven_hello, url_as
 from tests.integration.security.gateways.test_takeover import _gateways
 from tests.integration.streams import RecordingStream
-from workers.gateway import Gateway, HelloRequest, store
+from workers.gateway import Gateway, HelloRequest
 from workers.runtime.store import migrate
 
 pytestmark = pytest.mark.slow
@@ -106,30 +104,7 @@ async def test_an_open_hello_transaction_holds_the_policy_and_queues_no_other_he
         try:
             tx = attacker.transaction()
             await tx.start()
-            row = await attacker.fetchrow(
-                store.HELLO,
-                "gw-2",
-                gw2.lease_epoch,
-                "ghost",
-                "ghost-serial",
-                "b",
-                "j",
-                "worker",
-                "1.0.0",
-                1,
-                "grpc",
-                False,
-                0,
-                None,
-                "",
-                timedelta(seconds=30),
-                None,
-                uuid.uuid4(),
-                None,
-                None,
-                None,
-                [],
-            )
+            row = await unproven_hello(attacker, "gw-2", gw2.lease_epoch, "ghost", "b")
             assert row["outcome"] in ("not-joined", "unproven")
             # the policy's change (as bcw migrate makes it: an UPDATE of the row) waits
             await setter.execute("SET lock_timeout = '20s'")

@@ -12,8 +12,6 @@ gw-2 is honest.
 from __future__ import annotations
 
 import time
-import uuid
-from datetime import timedelta
 
 import asyncpg
 import pytest
@@ -21,6 +19,7 @@ from nats.aio.client import Client as NATS
 
 from schemas.subjects import Subjects
 from tests.integration import fleet
+from tests.integration.security.conftest import unproven_hello
 from tests.integration.security.gateways.test_proof_freshness import _move
 from tests.integration.security.gateways.test_takeover import _gateways
 from tests.integration.streams import RecordingStream
@@ -36,30 +35,7 @@ async def _flood(conn: asyncpg.Connection, lease: int, node: str) -> dict[str, i
     """gw-1's Hello transactions for `node`, by hand, unproven, each from a new boot."""
     outcomes: dict[str, int] = {}
     for i in range(FLOOD):
-        row = await conn.fetchrow(
-            store.HELLO,
-            "gw-1",
-            lease,
-            node,
-            f"{node}-serial",
-            f"boot-{i}",
-            "j",
-            "worker",
-            "1.0.0",
-            1,
-            "grpc",
-            False,
-            0,
-            None,
-            "",
-            timedelta(seconds=30),
-            None,
-            uuid.uuid4(),
-            None,
-            None,
-            None,
-            [],
-        )
+        row = await unproven_hello(conn, "gw-1", lease, node, f"boot-{i}")
         outcomes[row["outcome"]] = outcomes.get(row["outcome"], 0) + 1
     return outcomes
 

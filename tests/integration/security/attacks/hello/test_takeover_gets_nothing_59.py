@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import timedelta
 from typing import Any
 
 import asyncpg
 
 from schemas.subjects import Subjects
 from tests.integration import fleet
-from tests.integration.security.conftest import url_as
+from tests.integration.security.conftest import unproven_hello, url_as
 from tests.integration.security.gateways.test_proof_freshness import _move
 from tests.integration.security.gateways.test_takeover import _gateways
 from tests.integration.streams import RecordingStream
-from workers.gateway import HelloRequest, store
+from workers.gateway import HelloRequest
 from workers.runtime.effects import provenance
 from workers.runtime.store import migrate
 
@@ -38,30 +37,7 @@ REQUEST = HelloRequest(
 
 async def _unproven_hello(attacker: asyncpg.Connection, lease: int) -> Any:
     """gw-1's Hello for n1 with no proof, as bare SQL: the Hello transaction itself."""
-    return await attacker.fetchrow(
-        store.HELLO,
-        "gw-1",
-        lease,
-        "n1",
-        "n1-serial",
-        "evil-boot",
-        "j",
-        "worker",
-        "1.0.0",
-        1,
-        "grpc",
-        False,
-        0,
-        None,
-        "",
-        timedelta(seconds=30),
-        None,
-        uuid.uuid4(),
-        None,
-        None,
-        None,
-        [],
-    )
+    return await unproven_hello(attacker, "gw-1", lease, "n1", "evil-boot")
 
 
 async def test_a_takeover_reads_no_spec_and_writes_no_inventory(
