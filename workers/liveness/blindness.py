@@ -118,7 +118,7 @@ async def consumer_lag(runtime: Runtime) -> float | None:
     return max(0.0, (datetime.now(UTC) - found.oldest).total_seconds())
 
 
-async def sessions_of(
+async def worth_saying(
     conn: asyncpg.Connection, changes: Sequence[SightChange], now: datetime
 ) -> tuple[list[SightChange], dict[str, int], list[str]]:
     """The changes worth saying, how many sessions each of their gateways holds now, and
