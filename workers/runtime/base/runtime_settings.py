@@ -304,6 +304,14 @@ class ConsumerSettings(BaseSettings):
     fetch_timeout: Seconds = Field(
         default=1.0, gt=0, description="a pull's wait for facts before it looks at the stop flag"
     )
+    linger: Seconds = Field(
+        default=0.05,
+        ge=0,
+        le=1.0,
+        description="a batch not yet full waits this long at most after its first fact for more "
+        "(0: at once): facts that trickle in are applied in a few full transactions, not one "
+        "each; an effect comes this much later",
+    )
     ack_wait: Seconds = Field(
         default=60.0, gt=0, description="JetStream redelivers an unacked fact after this"
     )

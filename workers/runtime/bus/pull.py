@@ -47,6 +47,7 @@ class ContinuousPull:
         expires: float = 2.0,
         on_message: Callable[[Msg], None] = lambda _msg: None,
         max_bytes: int = 0,
+        linger: float = 0.0,
     ) -> None:
         """`on_message` is told of each delivery as it arrives (the consumer keeps it alive).
 
@@ -64,7 +65,10 @@ class ContinuousPull:
         self._window = max(window, batch)
         self._expires = expires
         self._buffer: deque[Msg] = deque()
+        self._buffered = 0  # bytes in `_buffer`
+        self._linger = linger
         self._arrived = asyncio.Event()
+        self._full = asyncio.Event()  # `_buffer` holds a batch
         self._requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         self._inbox = ""
@@ -102,8 +106,11 @@ class ContinuousPull:
             # a delivery carries its own subject, not the request's: the server serves
             # waiting requests in order, so it counts against the oldest one
             self._buffer.append(msg)
+            self._buffered += len(msg.data)
             self._on_message(msg)
             self._arrived.set()
+            if self._holds_a_batch():
+                self._full.set()
             for reply_id, request in self._requests.items():
                 request.remaining -= 1
                 if request.remaining <= 0:
@@ -152,6 +159,10 @@ class ContinuousPull:
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), wait)
+        if self._linger and self._buffer and not self._holds_a_batch():
+            self._full.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._full.wait(), self._linger)
         out: list[Msg] = []
         size = 0
         while self._buffer and len(out) < self._batch:
@@ -160,10 +171,16 @@ class ContinuousPull:
                 break
             out.append(self._buffer.popleft())
             size += more
+        self._buffered -= size
         self._taken += size
         if out:
             await self._top_up()
         return out
+
+    def _holds_a_batch(self) -> bool:
+        return len(self._buffer) >= self._batch or bool(
+            self._max_bytes and self._buffered >= self._max_bytes
+        )
 
     def done(self, msgs: Sequence[Msg]) -> None:
         """`msgs` (handed out by `next_batch`) are settled: their bytes make room."""

@@ -113,6 +113,7 @@ class FactConsumer:
                 expires=1.0,  # what a stop waits for, at most, before it releases
                 on_message=self._in_hand.hold,
                 max_bytes=self._settings.batch_bytes,
+                linger=self._settings.linger,
             )
             await pull.start()
             self._pull = pull
