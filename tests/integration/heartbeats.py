@@ -33,12 +33,14 @@ class Fleet:
         self._beat: asyncio.Task[None] | None = None
 
     async def gateway(
-        self, gateway_id: str, nc: NATS, wall: Callable[[], float] = time.time
+        self,
+        gateway_id: str,
+        nc: NATS,
+        wall: Callable[[], float] = time.time,
+        settings: GatewaySettings = GATEWAY_SETTINGS,
     ) -> Gateway:
         """A gateway started (`wall`: its clock for what others read, facts' `observed_at`)."""
-        gateway = Provisioned(
-            gateway_id, self.pool, nc, self.subjects, wall=wall, settings=GATEWAY_SETTINGS
-        )
+        gateway = Provisioned(gateway_id, self.pool, nc, self.subjects, wall=wall, settings=settings)
         await gateway.start(autotick=0.2)
         self.gateways[gateway_id] = gateway
         return gateway

@@ -114,7 +114,11 @@ class Gateway(Frames, Endings):
             self.lease_epoch = await store.acquire(
                 conn, self.gateway_id, timedelta(seconds=self.settings.lease_ttl)
             )
-        self._renewed_at = self._flushed_at = self.clock()
+        # its first tick flushes at once: a gateway back from a drain before the controller
+        # called it gone holds the sight of its last life, a flush period old already;
+        # flushed only a period after its start, it was called blind meanwhile
+        self._renewed_at = self.clock()
+        self._flushed_at = self._renewed_at - self.settings.flush_period
         await self.notices.start()
         self._spawn(self.notices.follow(self._stopping), "notices")
         if autotick is not None:
@@ -369,9 +373,9 @@ class Gateway(Frames, Endings):
     async def flush(self) -> None:
         """The liveness fact: every session's age, in facts of at most 256 KiB of entries.
 
-        Published every flush period even with no session: an empty flush is the
-        gateway's heartbeat on the bus, by which the liveness controller knows it can
-        see this gateway (and so may age its sessions).
+        Published every flush period even with no session, and at the first tick after
+        `start()`: an empty flush is the gateway's heartbeat on the bus, by which the
+        liveness controller knows it can see this gateway (and so may age its sessions).
         """
         self._flushed_at = self.clock()
         await self.facts.flush(list(self.sessions.values()), self._flushed_at)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 from collections.abc import AsyncIterator
@@ -27,7 +28,7 @@ from nats.aio.client import Client as NATS
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration import fleet
-from tests.integration.heartbeats import Fleet
+from tests.integration.heartbeats import GATEWAY_SETTINGS, Fleet
 from tests.integration.support import (
     OUTBOX_MESSAGES,
     bcw,
@@ -392,3 +393,29 @@ async def test_a_drained_gateway_away_is_gone_not_blind_and_back_is_new_but_a_cr
         await eventually(lambda: _seen(db, "gw-b"), what="gw-b seen again")
     said = await _events(nc, subjects, "gateway.blind", after=mark)
     assert [e["gatewayId"] for e in said] == ["gw-c"]
+
+
+async def test_a_gateway_back_before_it_was_called_gone_flushes_at_once_and_is_never_blind(
+    nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection, gateways: Fleet
+) -> None:
+    """A rolling restart's fast wave: gw-b is drained, stops and is back sooner than
+    `blind_after` (2 s here), so the controller never saw it gone and keeps the sight of
+    its last life. Back, it flushes at its first tick: had it waited a flush period (1.5 s
+    here, as 15 s of 30 in production) it was called blind meanwhile — seen in a rollout,
+    an empty gateway's false alarm."""
+    slow = dataclasses.replace(GATEWAY_SETTINGS, flush_period=1.5)
+    gw_b = await gateways.gateway("gw-b", nc, settings=slow)
+    settings = _liveness_settings(make_settings(nc.connected_url.geturl(), database_url, subjects))
+    async with running(settings, [liveness.build(settings)]):
+        await gateways.connect(gw_b, 2)
+        await eventually(lambda: _seen(db, "gw-b"), what="gw-b seen")
+        mark = await _last_seq(nc, subjects)
+        await gw_b.flush()  # its last flush of this life, just before the drain
+        await asyncio.sleep(0.3)  # applied
+        await gw_b.drain()
+        await gw_b.stop()
+        await asyncio.sleep(1.0)  # away: since its last flush, less than blind_after
+        await gateways.gateway("gw-b", nc, settings=slow)
+        await asyncio.sleep(3 * 1.5)  # its next flushes, and sweeps every 0.5 s
+        assert await _seen(db, "gw-b")
+    assert await _events(nc, subjects, "gateway.blind", after=mark) == []
