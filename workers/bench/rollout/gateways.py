@@ -27,13 +27,25 @@ from workers.gateway.facts import range_bits
 from workers.gateway.inventory import section_hashes
 from workers.gateway.types import Session
 from workers.labeler.decide import LABEL_PREFIX
-from workers.runtime.store import migrate
+from workers.runtime.base.runtime_settings import DatabaseSettings
+from workers.runtime.store import db, migrate
 from workers.sim.profiles import BCD_CAPABILITIES
 
 BATCH = 50_000
 #: a connected daemon's heartbeats are said by its gateway's flush: its session is never
 #: timed out for silence (its age, in the flush, stays below a heartbeat)
 NEVER_SILENT = 10**9
+
+
+async def pool(database_url: str, size: int = 16) -> asyncpg.Pool:
+    """The pool the gateways run on: the runtime's, as a deployed gateway's and `bcw sim`'s
+    (a connection handed back is not reset with a round trip of its own: nothing a
+    gateway does outlives its transaction)."""
+    return await db.create_pool(
+        DatabaseSettings(
+            url=database_url, pool_min=2, pool_max=size, application_name="bench: gateways"
+        )
+    )
 
 
 def settings(max_streams: int = 5_000, rate: float = 200.0) -> GatewaySettings:

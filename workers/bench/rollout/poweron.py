@@ -43,7 +43,7 @@ async def herd(
         finally:
             await conn.close()
         nc = await nats.connect(target.nats_url)
-        pool = await asyncpg.create_pool(target.database_url, min_size=2, max_size=16)
+        pool = await gws.pool(target.database_url)
         gw_settings = gws.settings(rate=200.0)
         up = [
             await gws.started(pool, nc, subjects, f"gw-{g}", gw_settings) for g in range(gateways)

@@ -28,6 +28,7 @@ from workers.bench.common import (
 )
 from workers.bench.rollout import gateways as gws
 from workers.bench.rollout import plan, statements, tally
+from workers.bench.rollout.backends import BackendCpu
 from workers.bench.rollout.daemons import Daemons
 from workers.bench.rollout.watch import Processes, RolloutWatch
 from workers.bench.steady import fleet
@@ -38,6 +39,8 @@ from workers.settings import Settings
 
 #: a wave's sessions are all welcomed elsewhere within this, or the run goes on without
 WAVE_WITHIN = 600.0
+#: how the bench's own connections (its lines and watch) show in pg_stat_activity
+WATCHING = {"application_name": "bench: watch"}
 #: seconds between a wave's first commands and its drain: dispatched and running by then
 RUNNING_BEFORE_DRAIN = 2.0
 COMMANDS = """
@@ -89,7 +92,7 @@ async def run(
         settings, embedded, facts_max_age=FACTS_MAX_AGE, postgres=server
     ) as target:
         subjects = Subjects(target.subject_root)
-        conn = await asyncpg.connect(target.database_url)
+        conn = await asyncpg.connect(target.database_url, server_settings=WATCHING)
         print(f"making {nodes:,} sessions on {gateways} gateways ...", flush=True)
         daemons_ = gws.daemons(nodes, seed, work)
         ranged = await switched_on(conn, settings.liveness.range_sight)
@@ -112,7 +115,7 @@ async def run(
         others = [w for w in WORKERS if w != "liveness"]
         procs |= await spawn_workers(worker_env(target), logs, names=others)
         nc = await nats.connect(target.nats_url, pending_size=256 * 2**20)
-        pool = await asyncpg.create_pool(target.database_url, min_size=2, max_size=16)
+        pool = await gws.pool(target.database_url)
         watch = RolloutWatch()
         for kind in ("node.disconnected", "node.connected", "gateway.blind", "gateway.seeing"):
             await nc.subscribe(subjects.event(kind), cb=watch.event)
@@ -128,8 +131,14 @@ async def run(
                 up.append(gateway)
             gws.attach(up, daemons_, gw_settings.credits)
             fleet_ = Daemons(daemons_, up)  # type: ignore[arg-type]
-            watcher = await asyncpg.connect(target.database_url)
+            watcher = await asyncpg.connect(target.database_url, server_settings=WATCHING)
+            by_client = BackendCpu()
             tasks += [
+                asyncio.create_task(
+                    by_client.follow(
+                        await asyncpg.connect(target.database_url, server_settings=WATCHING)
+                    )
+                ),
                 asyncio.create_task(fleet_.run(stopping)),
                 asyncio.create_task(watch.inbox(watcher)),
                 asyncio.create_task(watch.sweeps_of(ports)),
@@ -144,7 +153,7 @@ async def run(
             )
             lines: list[tally.Line] = []
             begin = time.monotonic() + hold
-            counter = await asyncpg.connect(target.database_url)  # the lines' own
+            counter = await asyncpg.connect(target.database_url, server_settings=WATCHING)
             printer = asyncio.create_task(
                 _lines(counter, processes, watch, fleet_, state, lines, every, begin)
             )
@@ -153,6 +162,7 @@ async def run(
             await asyncio.sleep(hold)
             cpu_start = processes.cpu()
             counting = await statements.start(conn)
+            by_client.reset()
             steady_cores = sum(cpu_start[k] - cpu_before[k] for k in cpu_start) / hold
             started = time.monotonic()
             shares = plan.spread(commands, len(waves))
@@ -178,6 +188,7 @@ async def run(
             seconds = time.monotonic() - started
             cpu_end = processes.cpu()
             spent = sum(cpu_end[k] - cpu_start[k] for k in cpu_end)
+            clients = by_client.lines(seconds, len(fleet_.reconnects))
             by_statement = await statements.top(conn, len(fleet_.reconnects)) if counting else []
             await asyncio.sleep(60.0 * minutes_after)
             await asyncio.sleep(2.0)  # the last events through the relays
@@ -231,6 +242,7 @@ async def run(
         *errors,
         *notes,
         *by_statement,
+        *clients,
         f"steady state before the rollout: {steady_cores:.2f} cores",
     ):
         print(line)
