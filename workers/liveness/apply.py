@@ -194,7 +194,8 @@ async def _disconnect(tx: Tx, closed: list[Closed]) -> dict[uuid.UUID, Outcome]:
     matched = {r["node_id"] for r in locked}
     outcomes: dict[uuid.UUID, Outcome] = {}
     for fact in closed:
-        if fact.node_id not in matched or fact not in newest:
+        # by identity: `in` a list compared every fact with each by value, the batch squared
+        if fact.node_id not in matched or by_node[fact.node_id] is not fact:
             outcomes[fact.fact_id] = outcome.STALE  # an old epoch: changes nothing, says nothing
             continue
         event = NodeDisconnected(

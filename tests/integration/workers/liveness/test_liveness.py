@@ -301,3 +301,23 @@ async def test_closed_writes_the_fenced_disconnect(drive: Driver, db: asyncpg.Co
     )
     assert _at(event["disconnectedAt"]) == closed.observed_at  # when the gateway saw it
     assert (drive.settled("stale"), drive.settled("ignored")) == (1, 1)
+
+
+async def test_closed_facts_of_one_node_sent_together_disconnect_its_newest_epoch_once(
+    drive: Driver, db: asyncpg.Connection
+) -> None:
+    """Facts published together are applied in one batch (the consumer lingers for them):
+    of a node's closes, only its newest epoch's can match its row; the older one is stale,
+    and each node's disconnect is said once."""
+    await fleet.session(db, "n1", epoch=3, gateway_id="gw-1")
+    await fleet.session(db, "n2", epoch=5, gateway_id="gw-1")
+    await drive.send(
+        make_fact("closed", node_id="n1", epoch=2, reason="stream-closed"),
+        make_fact("closed", node_id="n2", epoch=5, reason="gateway-shutdown"),
+        make_fact("closed", node_id="n1", epoch=3, reason="gateway-shutdown"),
+    )
+    assert await fleet.routing(db, "n1") == (3, None, "gateway-shutdown")
+    assert await fleet.routing(db, "n2") == (5, None, "gateway-shutdown")
+    said = await drive.published("node.disconnected")
+    assert sorted((e["nodeId"], e["epoch"]) for e in said) == [("n1", 3), ("n2", 5)]
+    assert drive.settled("stale") == 1
