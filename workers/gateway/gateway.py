@@ -79,7 +79,8 @@ class Gateway(Frames, Endings):
     tracer: trace.Tracer = field(default_factory=lambda: trace.get_tracer(tracing.TRACER_NAME))
     #: a test's hook, awaited in each Hello with (point, node, epoch) at `committed` (the
     #: Hello transaction committed, the session not registered yet) and `registered` (not
-    #: welcomed yet): it holds those windows open
+    #: welcomed yet), and in a graceful `stop()` at `ended` (node "", epoch 0: every session
+    #: ended, the lease not given up yet): it holds those windows open
     pause: Callable[[str, str, int], Awaitable[None]] | None = None
 
     def __post_init__(self) -> None:
@@ -153,6 +154,7 @@ class Gateway(Frames, Endings):
         await self.notices.stop()
         if graceful and self.lease_epoch is not None:
             await self._end_all("gateway-shutdown")
+            await self._paused("ended", "", 0)
             try:  # its sessions closed: the lease is given up, not left to expire
                 async with self.pool.acquire() as conn:
                     await store.release(conn, self.gateway_id, self.lease_epoch)
@@ -355,7 +357,8 @@ class Gateway(Frames, Endings):
         timeout = self.settings.heartbeat_interval * self.settings.missed_heartbeats
         for session in [s for s in self.sessions.values() if now - s.last_seen > timeout]:
             await self._end(session, "heartbeat-timeout")
-        for session in [s for s in self.sessions.values() if s.cert_not_after <= self.wall()]:
+        wall = self.wall()  # once a tick: not once a session
+        for session in [s for s in self.sessions.values() if s.cert_not_after <= wall]:
             await self._end(session, "certificate-expired")
         if now - self._flushed_at >= self.settings.flush_period:
             self._flushed_at = now

@@ -60,10 +60,7 @@ UPDATE liveness_gateways lg
  WHERE lg.gateway_id = t.gateway_id
 """
 # drained, then its lease given up (or run out): a crash leaves `draining` false
-LEASES_GONE = """
-SELECT gateway_id FROM gateways
- WHERE gateway_id = ANY($1::text[]) AND lease_expires_at <= $2 AND draining
-"""
+DRAINED = "SELECT gateway_id FROM gateways WHERE gateway_id = ANY($1::text[]) AND draining"
 # a gone gateway forgotten: back, it is a gateway that just appeared (`sight_change`);
 # its range rows (earlier in the lock order than the sight rows held) skipped if locked
 FORGET_RANGES = """
@@ -119,18 +116,18 @@ async def consumer_lag(runtime: Runtime) -> float | None:
 
 
 async def worth_saying(
-    conn: asyncpg.Connection, changes: Sequence[SightChange], now: datetime
+    conn: asyncpg.Connection, changes: Sequence[SightChange]
 ) -> tuple[list[SightChange], dict[str, int], list[str]]:
     """The changes worth saying, how many sessions each of their gateways holds now, and
-    the gateways `gone` (drained, lease given up or run out, no session): nothing said of
-    them, and their sight forgotten (`forget`)."""
+    the gateways `gone` (drained, no session): nothing said of them, and their sight
+    forgotten (`forget`)."""
     if not changes:
         return [], {}, []
     gateways = sorted(c.gateway_id for c in changes)
     held = {r["gateway_id"]: r["n"] for r in await conn.fetch(SESSIONS_OF, gateways)}
-    lapsed = {r["gateway_id"] for r in await conn.fetch(LEASES_GONE, gateways, now)}
+    drained = {r["gateway_id"] for r in await conn.fetch(DRAINED, gateways)}
     away = {
-        c.gateway_id for c in changes if gone(c, held.get(c.gateway_id, 0), c.gateway_id in lapsed)
+        c.gateway_id for c in changes if gone(c, held.get(c.gateway_id, 0), c.gateway_id in drained)
     }
     return [c for c in changes if c.gateway_id not in away], held, sorted(away)
 

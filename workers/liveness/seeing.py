@@ -193,10 +193,11 @@ def sight_change(
     return SightChange(sight.gateway_id, blind, age, reason)
 
 
-def gone(change: SightChange, sessions: int, lease_gone: bool) -> bool:
-    """Whether a gateway the controller stops seeing is gone rather than blind: it was
-    drained and gave its lease up (or let it run out), and holds no session — nothing of
-    it is held, so nothing is said (a rolling restart would otherwise call every gateway
-    blind while it is away). A gateway with sessions, or a lease, or that crashed
-    undrained, is blind as ever. Pure."""
-    return change.blind and lease_gone and sessions == 0
+def gone(change: SightChange, sessions: int, drained: bool) -> bool:
+    """Whether a gateway the controller stops seeing is gone rather than blind: it is
+    drained and holds no session — nothing of it is held, and a draining gateway takes no
+    Hello, so nothing can be: nothing is said (a rolling restart would otherwise call
+    every gateway blind while it is away, or while it stops: it closes its sessions and
+    publishes their `closed` facts, its flush stopped, before it gives its lease up). A
+    gateway with sessions, or not drained (one that crashed, say), is blind as ever. Pure."""
+    return change.blind and drained and sessions == 0

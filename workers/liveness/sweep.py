@@ -187,7 +187,7 @@ async def sweep_once(
                     [before[c["gateway_id"]] for c in going],
                 )
                 stale = await disconnect(conn, stale, now, ["liveness-timeout"] * len(stale))
-            changes, sessions, gone = await blindness.worth_saying(conn, changes, now)
+            changes, sessions, gone = await blindness.worth_saying(conn, changes)
             await blindness.forget(conn, gone)
             await blindness.write_sights(
                 conn, rows, changes, sessions, reasons, breaker.changes(breakers, rows, now), now

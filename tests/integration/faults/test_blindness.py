@@ -395,6 +395,46 @@ async def test_a_drained_gateway_away_is_gone_not_blind_and_back_is_new_but_a_cr
     assert [e["gatewayId"] for e in said] == ["gw-c"]
 
 
+async def test_a_drained_gateway_still_stopping_holds_nothing_and_is_not_called_blind(
+    nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection, gateways: Fleet
+) -> None:
+    """A rolling restart's gateway of thousands stops slowly: drained, its sessions closed
+    and their `closed` facts published, its flush stopped — and only then its lease given
+    up. Held open here (the `ended` hook) for longer than `blind_after` with its lease, it
+    holds no session and takes no Hello: it is gone, not blind (a rollout of 100,000 nodes
+    called one such gateway blind). gw-a, seen throughout, is not touched."""
+    held_open = dataclasses.replace(GATEWAY_SETTINGS, lease_ttl=30.0)
+    gw_b = await gateways.gateway("gw-b", nc, settings=held_open)
+    ended = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold(point: str, _node: str, _epoch: int) -> None:
+        if point == "ended":
+            ended.set()
+            await release.wait()
+
+    gw_b.pause = hold
+    settings = _liveness_settings(make_settings(nc.connected_url.geturl(), database_url, subjects))
+    async with running(settings, [liveness.build(settings)]):
+        await gateways.connect(await gateways.gateway("gw-a", nc), 1)
+        await gateways.connect(gw_b, 3)
+        for gw in ("gw-a", "gw-b"):
+            await eventually(lambda gw=gw: _seen(db, gw), what=f"{gw} seen")  # type: ignore[misc]
+        mark = await _last_seq(nc, subjects)
+        await gw_b.drain()
+        stopping = asyncio.create_task(gw_b.stop())
+        await asyncio.wait_for(ended.wait(), 10)
+        assert await _routed(db, "gw-b") == 0
+        assert await db.fetchval(
+            "SELECT lease_expires_at > compute_now() FROM gateways WHERE gateway_id = 'gw-b'"
+        )
+        await asyncio.sleep(3 * 2.0)  # blind_after (2 s here), three times over
+        release.set()
+        await stopping
+        assert await _seen(db, "gw-a")
+    assert await _events(nc, subjects, "gateway.blind", after=mark) == []
+
+
 async def test_a_gateway_back_before_it_was_called_gone_flushes_at_once_and_is_never_blind(
     nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection, gateways: Fleet
 ) -> None:

@@ -269,12 +269,13 @@ def test_a_healthy_session_of_a_seen_gateway_is_never_stale(covered_ago: int, ag
 
 
 # -- a gateway that stopped: gone, not blind --------------------------------------------
-@given(blind=st.booleans(), sessions=st.integers(0, 3), lease_gone=st.booleans())
-def test_only_a_gateway_without_lease_or_session_is_gone_rather_than_blind(
-    blind: bool, sessions: int, lease_gone: bool
+@given(blind=st.booleans(), sessions=st.integers(0, 3), drained=st.booleans())
+def test_only_a_drained_gateway_without_session_is_gone_rather_than_blind(
+    blind: bool, sessions: int, drained: bool
 ) -> None:
-    """A drained gateway that stopped gave its lease up and holds nothing: not called
-    blind while it is away. One that holds a session, or a lease, is blind as ever, and a
-    gateway seen again is always said."""
+    """A drained gateway holds nothing once its sessions are closed, and takes no Hello:
+    not called blind while it stops (its lease still held) or is away. One that holds a
+    session, or was not drained, is blind as ever, and a gateway seen again is always
+    said."""
     change = SightChange("gw-1", blind, 40 * S, "no-flush" if blind else None)
-    assert gone(change, sessions, lease_gone) == (blind and lease_gone and sessions == 0)
+    assert gone(change, sessions, drained) == (blind and drained and sessions == 0)
