@@ -105,6 +105,53 @@ def pushback(base: float, draw: Callable[[], float] = random.random) -> float:
     return base * (1.0 + draw())
 
 
+#: the seed's pushback for a refusal at maxPendingHellos, the least it is; and the most
+BUSY_PUSHBACK_MIN = 0.2
+BUSY_PUSHBACK_MAX = 15.0
+#: seconds of Hello transactions' ends a gateway counts to know its Hello rate
+RATE_WINDOW = 5.0
+
+
+def busy_pushback(pending: int, ended_per_second: float) -> float:
+    """The base of the pushback (before `pushback`'s jitter) of a Hello refused because
+    `pending` Hello transactions are under way: about when they will have ended, at the
+    rate Hello transactions ended lately — never less than BUSY_PUSHBACK_MIN (the refusal's
+    fixed pushback before), nor more than BUSY_PUSHBACK_MAX; RATE_WINDOW when none ended
+    lately (the database is slow: no sooner than the rate can be told). A fixed 0.2 s had
+    every daemon of a rollout's wave refused about 35 times before its Hello, each refusal
+    a stream opened and dropped. Pure."""
+    if ended_per_second <= 0.0:
+        return RATE_WINDOW
+    return min(BUSY_PUSHBACK_MAX, max(BUSY_PUSHBACK_MIN, pending / ended_per_second))
+
+
+class RateMeter:
+    """Events a second over the last RATE_WINDOW seconds, in one-second buckets (O(1) a
+    note or a read). Time is given, not read: pure but for its state."""
+
+    def __init__(self, window: float = RATE_WINDOW) -> None:
+        self._size = max(1, int(window))
+        self._counts = [0] * self._size
+        self._seconds = [-1] * self._size
+
+    def note(self, now: float) -> None:
+        second = int(now)
+        slot = second % self._size
+        if self._seconds[slot] != second:
+            self._seconds[slot], self._counts[slot] = second, 0
+        self._counts[slot] += 1
+
+    def per_second(self, now: float) -> float:
+        """Over the window's whole seconds before `now`'s (the current one is partial)."""
+        second = int(now)
+        counted = sum(
+            count
+            for seen, count in zip(self._seconds, self._counts, strict=True)
+            if second - self._size <= seen < second
+        )
+        return counted / self._size
+
+
 def admit(
     request: HelloRequest,
     cert: CertRow | None,

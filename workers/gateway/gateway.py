@@ -31,7 +31,9 @@ from workers.gateway import store
 from workers.gateway.admission import (
     Code,
     HelloRequest,
+    RateMeter,
     admit,
+    busy_pushback,
     desired_state_due,
     pushback,
     upgrade_required,
@@ -91,6 +93,7 @@ class Gateway(Frames, Endings):
         self.opening: dict[str, Opening] = {}  # Hellos under way, by node
         self.bucket = TokenBucket(self.settings.handshakes_per_second)
         self.pending_hellos = 0
+        self._hellos_ended = RateMeter()  # Hello transactions ended (a busy refusal's pushback)
         self._renewed_at = 0.0
         self._flushed_at = 0.0
         self._tasks: set[asyncio.Task[None]] = set()  # running: each leaves it when done
@@ -182,9 +185,11 @@ class Gateway(Frames, Endings):
             raise Refused(Code.UNAVAILABLE, "notices consumer missing", retry_after=pushback(5.0))
         if len(self.sessions) >= self.settings.max_streams and request.node_id not in self.sessions:
             raise Refused(Code.RESOURCE_EXHAUSTED, "maxStreams reached", retry_after=pushback(1.0))
-        if self.pending_hellos >= self.settings.max_pending_hellos:
+        if self.pending_hellos >= self.settings.max_pending_hellos:  # back once they ended
+            ended = self._hellos_ended.per_second(self.clock())
+            wait = busy_pushback(self.pending_hellos, ended)
             raise Refused(
-                Code.RESOURCE_EXHAUSTED, "maxPendingHellos reached", retry_after=pushback(0.2)
+                Code.RESOURCE_EXHAUSTED, "maxPendingHellos reached", retry_after=pushback(wait)
             )
         wait = self.bucket.take()
         if wait > 0:
@@ -214,6 +219,7 @@ class Gateway(Frames, Endings):
             raise
         finally:
             self.pending_hellos -= 1
+            self._hellos_ended.note(self.clock())
 
     async def _hello(
         self, request: HelloRequest, stream: DaemonStream, opening: Opening

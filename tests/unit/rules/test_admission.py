@@ -7,13 +7,20 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from workers.gateway.admission import (
+    BUSY_PUSHBACK_MAX,
+    BUSY_PUSHBACK_MIN,
+    RATE_WINDOW,
     CertRow,
     Code,
     DesiredState,
     HelloRequest,
+    RateMeter,
     admit,
+    busy_pushback,
     desired_state_due,
     pushback,
     upgrade_required,
@@ -182,3 +189,39 @@ def test_a_pushback_is_jittered_over_base_to_twice_base(base: float) -> None:
     assert min(draws) < 1.01 * base and max(draws) > 1.99 * base
     halves = sum(d < 1.5 * base for d in draws)
     assert 4_700 < halves < 5_300  # evenly: half in each half of the range
+
+
+@given(pending=st.integers(1, 10_000), rate=st.floats(0.0, 1e5), more=st.integers(0, 100))
+def test_a_busy_refusal_comes_back_about_when_the_hellos_under_way_have_ended(
+    pending: int, rate: float, more: int
+) -> None:
+    """At maxPendingHellos the pushback's base is the time the Hellos under way take at
+    the rate Hellos ended lately, within [0.2 s, 15 s]; the window when none ended; more
+    under way never sooner, a faster rate never later."""
+    base = busy_pushback(pending, rate)
+    assert BUSY_PUSHBACK_MIN <= base <= BUSY_PUSHBACK_MAX
+    if rate == 0.0:
+        assert base == RATE_WINDOW
+    else:
+        assert base == min(BUSY_PUSHBACK_MAX, max(BUSY_PUSHBACK_MIN, pending / rate))
+        assert busy_pushback(pending + more, rate) >= base
+        assert busy_pushback(pending, rate * 2) <= base
+
+
+def test_64_hellos_under_way_at_7_5_a_second_come_back_in_8_5_s_not_0_2() -> None:
+    # a rollout's wave on 24 gateways at 180 Hellos/s: a refused daemon came back 35 times
+    assert busy_pushback(64, 7.5) == pytest.approx(8.533, abs=0.001)
+    assert busy_pushback(64, 1_000.0) == BUSY_PUSHBACK_MIN  # a fast database: as before
+
+
+def test_the_rate_meter_counts_the_window_s_whole_seconds() -> None:
+    meter = RateMeter(window=5.0)
+    assert meter.per_second(100.5) == 0.0
+    for t in (100.1, 100.2, 101.5, 103.9, 104.0):
+        meter.note(t)
+    assert meter.per_second(104.5) == 4 / 5  # seconds 99–103; 104 is partial
+    assert meter.per_second(105.0) == 5 / 5
+    assert meter.per_second(106.0) == 3 / 5  # second 100 left the window
+    assert meter.per_second(200.0) == 0.0  # long quiet: nothing counted
+    meter.note(205.2)  # a slot reused after the window: its old count gone
+    assert meter.per_second(206.0) == 1 / 5
