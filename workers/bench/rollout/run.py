@@ -12,6 +12,7 @@ import random
 import socket
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import asyncpg
@@ -235,12 +236,21 @@ async def run(
     for line in broken:
         print(f"BOUND BROKEN: {line}")
     errors = [f"daemons' dials or ticks failed: {dict(fleet_.errors)}"] if fleet_.errors else []
+    refused: Counter[str] = Counter()
+    for daemon in fleet_.all:
+        refused.update(daemon.refusals)
+    moved = max(1, len(fleet_.reconnects))
+    refusals = [
+        f"Hellos refused: {sum(refused.values()):,} ({sum(refused.values()) / moved:.1f} a "
+        f"session moved), by code {dict(refused)}"
+    ]
     if fleet_.stale:
         errors.append(f"sessions drained gateways held for daemons gone: {fleet_.stale}")
     for line in (
         *watch.blind_why,
         *errors,
         *notes,
+        *refusals,
         *by_statement,
         *clients,
         f"steady state before the rollout: {steady_cores:.2f} cores",
