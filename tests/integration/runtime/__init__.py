@@ -1,2 +1,2 @@
-"""The runtime on real servers: exactly-once effects, the outbox, PubAcks, leases,
-migrations and provisioning."""
+"""The runtime on real servers: exactly-once effects, the outbox, leases, migrations and
+provisioning (the bus layer alone: `tests/integration/bus`)."""

@@ -219,7 +219,7 @@ def test_the_rate_meter_counts_the_window_s_whole_seconds() -> None:
     assert meter.per_second(100.5) == 0.0
     for t in (100.1, 100.2, 101.5, 103.9, 104.0):
         meter.note(t)
-    assert meter.per_second(104.5) == 4 / 5  # seconds 99–103; 104 is partial
+    assert meter.per_second(104.5) == 4 / 5  # seconds 99 to 103; 104 is partial
     assert meter.per_second(105.0) == 5 / 5
     assert meter.per_second(106.0) == 3 / 5  # second 100 left the window
     assert meter.per_second(200.0) == 0.0  # long quiet: nothing counted
