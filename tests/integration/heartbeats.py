@@ -40,7 +40,9 @@ class Fleet:
         settings: GatewaySettings = GATEWAY_SETTINGS,
     ) -> Gateway:
         """A gateway started (`wall`: its clock for what others read, facts' `observed_at`)."""
-        gateway = Provisioned(gateway_id, self.pool, nc, self.subjects, wall=wall, settings=settings)
+        gateway = Provisioned(
+            gateway_id, self.pool, nc, self.subjects, wall=wall, settings=settings
+        )
         await gateway.start(autotick=0.2)
         self.gateways[gateway_id] = gateway
         return gateway
