@@ -272,12 +272,13 @@ class Gateway(Frames, Endings):
             except (store.Draining, store.Busy, store.TooMany) as later:  # the minute's
                 wait = 30.0 if isinstance(later, store.TooMany) else 1.0  # Hellos age out
                 raise Refused(Code.UNAVAILABLE, str(later), retry_after=pushback(wait)) from later
-            # the node's spec, now that its session is this gateway's (never before: 0057)
-            spec = (
-                None
-                if upgrade
-                else await store.desired_state(conn, self.gateway_id, request.node_id, opened.epoch)
-            )
+            # the node's spec, now that its session is this gateway's (never before: 0057),
+            # read in the Hello transaction's call (0063), or after it (an older schema)
+            spec = opened.desired
+            if not upgrade and not opened.desired_read:
+                spec = await store.desired_state(
+                    conn, self.gateway_id, request.node_id, opened.epoch
+                )
         opening.epoch = opened.epoch  # its notices may come from now on: they wait
         await self._paused("committed", request.node_id, opened.epoch)
         hello = self.facts.hello(request, opened, upgrade, kinds, generation, fact_id)

@@ -77,8 +77,14 @@ READ_FOR_ADMISSION = "SELECT * FROM gateway_admission($1, $2, $3)"
 # check the login may act as this gateway, its lease, and the node's binding to it; the
 # gateway's login writes no table. `gateway_hello`'s body is
 # migrations/core/0054_hello_unblockable_and_bounded.sql's (made in 0026, replaced whole
-# in 0030, 0038, 0044, 0049 and 0054).
+# in 0030, 0038, 0044, 0049 and 0054); `gateway_hello_desired` (0063) runs it and reads
+# the node's spec for the session it opened, in one call (a schema before 0063: the two
+# calls, `HELLO_ALONE` then `desired_state`).
 HELLO = """
+SELECT * FROM gateway_hello_desired($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
+                                    $14, $15, $16, $17, $18, $19, $20, $21)
+"""
+HELLO_ALONE = """
 SELECT * FROM gateway_hello($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
                             $16, $17, $18, $19, $20, $21)
 """
@@ -223,6 +229,11 @@ class Opened:
     acked_event_seq: int = 0  # what the control plane holds of the daemon's journal
     #: the node's inventory hashes as stored (section → hash), read in the transaction
     inventory: Mapping[str, str] = field(default_factory=dict)
+    #: the node's spec, read in the Hello transaction's call for the session it opened
+    #: (None: it has none, or an upgrade is required); `desired_read` False: not read (a
+    #: schema before migration 0063), `desired_state` reads it
+    desired: DesiredState | None = None
+    desired_read: bool = False
 
 
 #: what a Hello fact is checked with before the transaction (the real values come from it)
@@ -245,8 +256,7 @@ async def open_session(
     recorded."""
     proof = request.proof
     try:
-        row = await conn.fetchrow(
-            HELLO,
+        args = (
             gateway_id,
             lease_epoch,
             request.node_id,
@@ -269,6 +279,10 @@ async def open_session(
             proof.mac if proof is not None else None,
             list(sanitize(request.capabilities)),  # the session's, from this Hello on
         )
+        try:
+            row = await conn.fetchrow(HELLO, *args)
+        except asyncpg.UndefinedFunctionError:  # a schema before migration 0063
+            row = await conn.fetchrow(HELLO_ALONE, *args)
     except asyncpg.LockNotAvailableError as busy:
         raise Busy(f"node {request.node_id}: its row is locked elsewhere") from busy
     outcome = row["outcome"]
@@ -291,6 +305,8 @@ async def open_session(
         session_id=row["session_id"],
         duplicate=bool(row["duplicate"]),
         proven=row["proven"],
+        desired=_desired(row) if "spec" in row.keys() else None,
+        desired_read="spec" in row.keys(),
     )
 
 

@@ -22,7 +22,7 @@ from tests.integration import fleet
 from tests.integration.fleet import Provisioned
 from tests.integration.gateway.hellos import request
 from tests.integration.streams import RecordingStream
-from tests.integration.support import stream_messages
+from tests.integration.support import eventually, stream_messages
 from workers.gateway import Code, Gateway, GatewaySettings, Refused, store
 from workers.sim.daemon import FakeDaemon
 
@@ -320,3 +320,36 @@ async def test_the_live_window_is_three_heartbeats_of_a_quiet_but_routed_row(
     ]
     held = await db.fetch("SELECT node_id FROM node_sessions WHERE held_epoch IS NOT NULL")
     assert [r["node_id"] for r in held] == ["quiet-29"]  # the duplicate identity is held
+
+
+SIGNED_SPEC = {"sysctl": {"vm.swappiness": 10}}
+
+
+async def _spec_after_welcome(gateway: Gateway, node: str) -> dict[str, object] | None:
+    stream = RecordingStream()
+    await fleet.say_hello(gateway, request(node_id=node, cert_serial=f"{node}-serial"), stream)
+    async def followed() -> bool:
+        return bool(stream.followed)
+
+    await eventually(followed, what="what follows the Welcome")
+    [(kind, desired)] = stream.followed
+    assert kind == "desired"
+    return dict(desired.spec)
+
+
+async def test_the_spec_comes_in_the_hello_transaction_s_call_and_an_older_schema_reads_it_after(
+    gateway: Gateway, db: asyncpg.Connection
+) -> None:
+    """The node's spec is read for the session the Hello opened, in the same call
+    (`gateway_hello_desired`, migration 0063): one round trip, not two. Against a schema
+    before it, the gateway makes the two calls, and the daemon gets the same."""
+    for node in ("n1", "n2"):
+        await fleet.join(db, node)
+        await db.fetchval("SELECT set_node_spec($1, $2::jsonb)", node, json.dumps(SIGNED_SPEC))
+    assert await _spec_after_welcome(gateway, "n1") == SIGNED_SPEC
+    await db.execute(
+        "DROP FUNCTION gateway_hello_desired(text, bigint, text, text, text, text, text, text, "
+        "integer, text, boolean, bigint, bigint, text, interval, text, uuid, bigint, text, text, "
+        "text[])"
+    )
+    assert await _spec_after_welcome(gateway, "n2") == SIGNED_SPEC

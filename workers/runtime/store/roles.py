@@ -176,6 +176,8 @@ GATEWAY_FUNCTIONS = (
     "gateway_release(text,bigint)",
     "gateway_hello(text,bigint,text,text,text,text,text,text,integer,text,boolean,bigint,bigint,"
     "text,interval,text,uuid,bigint,text,text,text[])",
+    "gateway_hello_desired(text,bigint,text,text,text,text,text,text,integer,text,boolean,"
+    "bigint,bigint,text,interval,text,uuid,bigint,text,text,text[])",
     "gateway_admission(text,text,text)",
     "gateway_desired_state(text,text,bigint)",
     "gateway_close(text,bigint,text,bigint,text)",
