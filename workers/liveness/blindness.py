@@ -36,10 +36,15 @@ log = logging.getLogger(__name__)
 CONSUMER = "liveness"
 
 # Every gateway that is live or within its grace gets a sight row (a gateway that never
-# flushed is blind too); the rows (one per gateway: tens) are locked in gateway order.
+# flushed is blind too), but one drained that holds no session (`seeing.gone`: its sight,
+# once forgotten, is not made again to be counted blind until it is found gone anew); the
+# rows (one per gateway: tens) are locked in gateway order.
 ENSURE_SIGHTS = """
 INSERT INTO liveness_gateways (gateway_id)
-SELECT gateway_id FROM gateways WHERE lease_expires_at > $1
+SELECT g.gateway_id FROM gateways g
+ WHERE g.lease_expires_at > $1
+   AND NOT (g.draining AND NOT EXISTS (SELECT 1 FROM node_sessions s
+                                        WHERE s.gateway_id = g.gateway_id))
 ON CONFLICT (gateway_id) DO NOTHING
 """
 READ_SIGHTS = "SELECT * FROM liveness_gateways ORDER BY gateway_id FOR UPDATE"
@@ -59,10 +64,22 @@ UPDATE liveness_gateways lg
        AS t(gateway_id, blind_since, opened, reason, sessions)
  WHERE lg.gateway_id = t.gateway_id
 """
-# drained, then its lease given up (or run out): a crash leaves `draining` false
-DRAINED = "SELECT gateway_id FROM gateways WHERE gateway_id = ANY($1::text[]) AND draining"
-# a gone gateway forgotten: back, it is a gateway that just appeared (`sight_change`);
-# its range rows (earlier in the lock order than the sight rows held) skipped if locked
+# drained and holding no session, read in one statement (one snapshot): a Hello commits
+# before the drain or is refused by it (`gateway_hello` locks the gateway's row FOR SHARE),
+# so no session it had is missed; a crash leaves `draining` false
+DRAINED_EMPTY = """
+SELECT g.gateway_id FROM gateways g
+ WHERE g.gateway_id = ANY($1::text[]) AND g.draining
+   AND NOT EXISTS (SELECT 1 FROM node_sessions s WHERE s.gateway_id = g.gateway_id)
+"""
+# a gone gateway forgotten once its lease is given up or run out (one that keeps it may
+# take Hellos again, `gateway_drain(false)`: its sight is kept, nothing written, and it is
+# blind as ever, said at once, when it holds a session); back, it is a gateway that just
+# appeared (`sight_change`); its range rows (earlier in the lock order than the sight rows
+# held) skipped if locked
+AWAY = """
+SELECT gateway_id FROM gateways WHERE gateway_id = ANY($1::text[]) AND lease_expires_at <= $2
+"""
 FORGET_RANGES = """
 DELETE FROM liveness_ranges WHERE ctid IN (
     SELECT ctid FROM liveness_ranges WHERE gateway_id = ANY($1::text[]) FOR UPDATE SKIP LOCKED)
@@ -125,20 +142,26 @@ async def worth_saying(
         return [], {}, []
     gateways = sorted(c.gateway_id for c in changes)
     held = {r["gateway_id"]: r["n"] for r in await conn.fetch(SESSIONS_OF, gateways)}
-    drained = {r["gateway_id"] for r in await conn.fetch(DRAINED, gateways)}
+    drained = {r["gateway_id"] for r in await conn.fetch(DRAINED_EMPTY, gateways)}
     away = {
         c.gateway_id for c in changes if gone(c, held.get(c.gateway_id, 0), c.gateway_id in drained)
     }
     return [c for c in changes if c.gateway_id not in away], held, sorted(away)
 
 
-async def forget(conn: asyncpg.Connection, gone: Sequence[str]) -> None:
-    """Gone gateways' sight rows and range rows removed: one that comes back is new, its
-    start not news until `blind_after` (a returning gateway was called blind until its
-    first flush was applied), and one that never comes back is not counted blind."""
-    if gone:
-        await conn.execute(FORGET_RANGES, list(gone))
-        await conn.execute(FORGET_SIGHTS, list(gone))
+async def forget(conn: asyncpg.Connection, gone: Sequence[str], now: datetime) -> None:
+    """Gone gateways' sight rows and range rows removed once their lease is given up or
+    run out (before `now`): one that comes back is new, its start not news until
+    `blind_after` (a returning gateway was called blind until its first flush was
+    applied), and one that never comes back is not counted blind. A gone gateway that
+    keeps its lease keeps its sight: neither said nor counted while it is gone (each sweep
+    finds it so), and said blind at once if it takes Hellos again and holds a session."""
+    if not gone:
+        return
+    away = [r["gateway_id"] for r in await conn.fetch(AWAY, sorted(gone), now)]
+    if away:
+        await conn.execute(FORGET_RANGES, away)
+        await conn.execute(FORGET_SIGHTS, away)
 
 
 async def write_sights(

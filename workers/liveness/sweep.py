@@ -188,7 +188,7 @@ async def sweep_once(
                 )
                 stale = await disconnect(conn, stale, now, ["liveness-timeout"] * len(stale))
             changes, sessions, gone = await blindness.worth_saying(conn, changes)
-            await blindness.forget(conn, gone)
+            await blindness.forget(conn, gone, now)
             await blindness.write_sights(
                 conn, rows, changes, sessions, reasons, breaker.changes(breakers, rows, now), now
             )
