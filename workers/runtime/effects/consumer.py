@@ -64,6 +64,13 @@ LOCKED_RETRY_SECONDS = 2.0
 log = logging.getLogger(__name__)
 
 
+def _stream_seq(msg: Msg) -> int:
+    try:
+        return int(msg.metadata.sequence.stream)
+    except Exception:  # not a JetStream delivery: where it is
+        return 0
+
+
 class FactConsumer:
     """Runs one worker's consume loop in this process."""
 
@@ -153,8 +160,11 @@ class FactConsumer:
             keeper.cancel()
             # everything received and not settled goes back for redelivery at once: the
             # pull's buffer, the queued batches, and a batch a cut-short drain left
-            # half-done (if it committed after all, the inbox absorbs the redelivery)
-            held = self._in_hand.take_all()
+            # half-done (if it committed after all, the inbox absorbs the redelivery) —
+            # in stream order, and only now that no pull request is open: a fact released
+            # earlier came back to this process behind later ones (JetStream redelivers a
+            # released fact at once), and the next replica applied a node's facts out of order
+            held = sorted(self._in_hand.take_all(), key=_stream_seq)
             await self._release([Item(msg) for msg in held])
             if held:
                 log.info("%s: released %d fact(s) for redelivery", self.worker.name, len(held))
@@ -171,10 +181,10 @@ class FactConsumer:
                 items, queue, self._settings.batch_size, self._settings.batch_bytes
             )
             try:
-                if stopping.is_set():
-                    await self._release(items)  # not started: leave it to another replica now
-                else:
+                if not stopping.is_set():
                     await self.handle_items(items)
+                # stopping: not started, left in hand; released with the rest once the pull
+                # is quiet, in stream order (`run`), for another replica to take at once
             finally:
                 self._pull.done([item.msg for item in items])  # type: ignore[union-attr]
 
