@@ -24,7 +24,10 @@ async def stream(nc: NATS) -> AsyncIterator[str]:
     name = f"LINGER_{uuid.uuid4().hex[:8]}"
     js = nc.jetstream()
     await js.add_stream(StreamConfig(name=name, subjects=[f"{name.lower()}.>"]))
-    await js.add_consumer(name, ConsumerConfig(durable_name="c", ack_policy=AckPolicy.EXPLICIT))
+    # nothing here acks: no redelivery within a test (a 30 s linger outlasts the default)
+    await js.add_consumer(
+        name, ConsumerConfig(durable_name="c", ack_policy=AckPolicy.EXPLICIT, ack_wait=300)
+    )
     yield name
     await js.delete_stream(name)
 

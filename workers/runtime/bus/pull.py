@@ -27,6 +27,7 @@ from nats.aio.subscription import Subscription
 STATUS = "Status"
 HEARTBEAT = "100"
 NO_RESPONDERS = "503"
+EXPIRED = "408"
 
 
 @dataclass
@@ -69,6 +70,7 @@ class ContinuousPull:
         self._linger = linger
         self._arrived = asyncio.Event()
         self._full = asyncio.Event()  # `_buffer` holds a batch
+        self._ended = asyncio.Event()  # a request expired or ran out of bytes
         self._requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         self._inbox = ""
@@ -121,6 +123,10 @@ class ContinuousPull:
             # 503: nothing answers the consumer's subject; 409 Consumer Deleted
             description = (msg.headers or {}).get("Description", "").lower()
             self._unanswered |= status == NO_RESPONDERS or "deleted" in description
+            if status == EXPIRED or "maxbytes" in description:
+                # it ended as requests do (its time, or its bytes): a `next_batch` waiting
+                # for facts asks again now, not once its wait is over
+                self._ended.set()
 
     def unanswered(self) -> bool:
         """Whether a request found no consumer (it is missing or was deleted) since the
@@ -155,14 +161,9 @@ class ContinuousPull:
             if not self._room.is_set():
                 return []
         await self._top_up()
-        if not self._buffer:
-            self._arrived.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), wait)
-        if self._linger and self._buffer and not self._holds_a_batch():
-            self._full.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._full.wait(), self._linger)
+        await self._until(lambda: bool(self._buffer), self._arrived, wait)
+        if self._linger and self._buffer:
+            await self._until(self._holds_a_batch, self._full, self._linger)
         out: list[Msg] = []
         size = 0
         while self._buffer and len(out) < self._batch:
@@ -176,6 +177,23 @@ class ContinuousPull:
         if out:
             await self._top_up()
         return out
+
+    async def _until(self, done: Callable[[], bool], event: asyncio.Event, within: float) -> None:
+        """Wait (at most `within` seconds) until `done()`, told by `event`; a request that
+        ends meanwhile (expired, or its bytes served) is asked again at once: the facts
+        behind it would otherwise wait on the server until `within` is over."""
+        deadline = time.monotonic() + within
+        while not done() and (left := deadline - time.monotonic()) > 0:
+            event.clear()
+            self._ended.clear()
+            waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._ended.wait())]
+            try:
+                await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiting in waits:
+                    waiting.cancel()
+            if self._ended.is_set() and not done():
+                await self._top_up()
 
     def _holds_a_batch(self) -> bool:
         return len(self._buffer) >= self._batch or bool(
