@@ -65,12 +65,6 @@ class RolloutGateway(Gateway):
         self._flushes = 0
         self._subject = self.subjects.fact(self.gateway_id, Liveness.BC_TYPE)
 
-    async def start(self, autotick: float | None = 5.0) -> None:
-        """Up, and its first flush at once (empty, once back from a drain): the bus hears
-        it is there before the liveness controller would call it blind for want of one."""
-        await super().start(autotick)
-        await self.flush()
-
     async def flush(self) -> None:
         self._flushed_at = self.clock()
         self._flushes += 1
