@@ -305,8 +305,8 @@ async def open_session(
         session_id=row["session_id"],
         duplicate=bool(row["duplicate"]),
         proven=row["proven"],
-        desired=_desired(row) if "spec" in row.keys() else None,
-        desired_read="spec" in row.keys(),
+        desired=_desired(row) if "spec" in row else None,
+        desired_read="spec" in row,
     )
 
 
