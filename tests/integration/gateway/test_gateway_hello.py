@@ -328,6 +328,7 @@ SIGNED_SPEC = {"sysctl": {"vm.swappiness": 10}}
 async def _spec_after_welcome(gateway: Gateway, node: str) -> dict[str, object] | None:
     stream = RecordingStream()
     await fleet.say_hello(gateway, request(node_id=node, cert_serial=f"{node}-serial"), stream)
+
     async def followed() -> bool:
         return bool(stream.followed)
 
