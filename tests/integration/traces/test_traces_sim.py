@@ -61,4 +61,4 @@ async def test_bcw_sim_exports_its_gateways_spans(
         trace = [s for s in spans if s.trace_id == hello.trace_id]
         assert [s.name for s in trace if not s.parent_id] == ["Hello"]
         sql = {s.attributes.get("db.stored_procedure.name") for s in trace if s.kind == "CLIENT"}
-        assert "gateway_hello" in sql  # the Hello transaction, in the Hello's trace
+        assert "gateway_hello_desired" in sql  # the Hello transaction, in the Hello's trace
