@@ -56,10 +56,13 @@ class HelloFlow:
         finally:
             await conn.close()
 
-    async def publish(self, nc: NATS, subjects: Subjects, per_second: float) -> None:
-        """Publish every node's Hello; through an outage, retry each until JetStream has it."""
+    async def publish(
+        self, nc: NATS, subjects: Subjects, per_second: float, part: slice = slice(None)
+    ) -> None:
+        """Publish every node's Hello (those of `part`); through an outage, retry each
+        until JetStream has it."""
         js = nc.jetstream()
-        for i, node in enumerate(self.nodes):
+        for i, node in list(enumerate(self.nodes))[part]:
             fact = fleet.hello(node, 1, gateway_id=GATEWAY, capabilities=capabilities(i))
             await publish_through_outages(js, subjects, fact)
             await asyncio.sleep(1 / per_second)

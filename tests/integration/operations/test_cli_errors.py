@@ -261,10 +261,14 @@ async def test_run_stops_on_sigterm_in_the_middle_of_a_database_partition(
             }
         )
         try:
-            publishing = asyncio.create_task(flow.publish(nc, subjects, per_second=100))
+            half = slice(None, flow.size // 2)
+            publishing = asyncio.create_task(flow.publish(nc, subjects, 100, half))
             await eventually(lambda: _above(database_url, labeled, 20), what="progress")
             await proxy.set_mode(Mode.BLACKHOLE)
             await publishing
+            # the rest only once the partition is up: facts in hand it cannot apply,
+            # however fast the labeler took the first half (its batches linger)
+            await flow.publish(nc, subjects, 100, slice(flow.size // 2, None))
             await asyncio.sleep(3)  # the lane is waiting out the partition now
         finally:
             code, out = await _stop_within(process, 10)
