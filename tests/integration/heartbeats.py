@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
 
 import asyncpg
 from nats.aio.client import Client as NATS
@@ -16,10 +18,30 @@ from schemas.subjects import Subjects
 from tests.integration import fleet
 from tests.integration.fleet import Provisioned
 from workers.gateway import Gateway, GatewaySettings, HelloRequest, Refused
+from workers.liveness.settings import LivenessSettings
+from workers.runtime.base.runtime_settings import NatsSettings
+from workers.settings import Settings
 
 GATEWAY_SETTINGS = GatewaySettings(
     heartbeat_interval=1.0, missed_heartbeats=3, flush_period=1.0, lease_ttl=3.0, renew_every=0.5
 )
+
+
+def liveness_settings(base: Settings, nats_url: str | None = None) -> Settings:
+    """The liveness worker's rules for these gateways' periods (and its NATS, if given)."""
+    second = timedelta(seconds=1)
+    update: dict[str, Any] = {
+        "liveness": LivenessSettings(
+            sweep_interval=0.5,
+            heartbeat_interval=1 * second,
+            missed_heartbeats=3,
+            flush_period=1 * second,
+            gateway_grace=3 * second,
+        )
+    }
+    if nats_url:
+        update["nats"] = NatsSettings(url=nats_url, connect_timeout=1.0)
+    return base.model_copy(update=update)
 
 
 class Fleet:

@@ -28,7 +28,7 @@ from nats.aio.client import Client as NATS
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration import fleet
-from tests.integration.heartbeats import GATEWAY_SETTINGS, Fleet
+from tests.integration.heartbeats import GATEWAY_SETTINGS, Fleet, liveness_settings
 from tests.integration.support import (
     OUTBOX_MESSAGES,
     bcw,
@@ -41,28 +41,10 @@ from workers import liveness
 from workers.bench.proxy import Mode, TcpProxy
 from workers.demo.run import fresh_sweep_history
 from workers.liveness.decide import Rules
-from workers.liveness.settings import LivenessSettings
 from workers.liveness.sweep import sweep_once
-from workers.runtime.base.runtime_settings import NatsSettings
 from workers.runtime.bus import streams
-from workers.settings import Settings
 
 S = timedelta(seconds=1)
-
-
-def _liveness_settings(base: Settings, nats_url: str | None = None) -> Settings:
-    update: dict[str, Any] = {
-        "liveness": LivenessSettings(
-            sweep_interval=0.5,
-            heartbeat_interval=1 * S,
-            missed_heartbeats=3,
-            flush_period=1 * S,
-            gateway_grace=3 * S,
-        )
-    }
-    if nats_url:
-        update["nats"] = NatsSettings(url=nats_url, connect_timeout=1.0)
-    return base.model_copy(update=update)
 
 
 @pytest.fixture
@@ -146,7 +128,7 @@ async def test_the_controllers_bus_cut_for_12s_disconnects_nobody(
 ) -> None:
     gateway = await gateways.gateway("gw-a", nc)
     async with _proxied(servers.nats_url) as proxy:
-        settings = _liveness_settings(
+        settings = liveness_settings(
             make_settings(servers.nats_url, database_url, subjects), proxy.url("nats")
         )
         async with running(settings, [liveness.build(settings)]):
@@ -191,7 +173,7 @@ async def test_a_controller_stopped_for_8s_disconnects_nobody_after_its_restart(
     gateways: Fleet,
 ) -> None:
     gateway = await gateways.gateway("gw-a", nc)
-    settings = _liveness_settings(make_settings(servers.nats_url, database_url, subjects))
+    settings = liveness_settings(make_settings(servers.nats_url, database_url, subjects))
     async with running(settings, [liveness.build(settings)]):
         await gateways.connect(gateway, 20)
         await eventually(lambda: _has(nc, subjects, "node.connected", 20), what="connected")
@@ -221,7 +203,7 @@ async def test_a_silent_gateway_is_held_while_its_lease_holds_then_lost_after_th
         silent_nc = await nats.connect(proxy.url("nats"), max_reconnect_attempts=-1)
         try:
             silent = await gateways.gateway("gw-b", silent_nc)
-            settings = _liveness_settings(make_settings(servers.nats_url, database_url, subjects))
+            settings = liveness_settings(make_settings(servers.nats_url, database_url, subjects))
             async with running(settings, [liveness.build(settings)]):
                 await gateways.connect(seeing, 5)
                 await gateways.connect(silent, 10)
@@ -369,7 +351,7 @@ async def test_a_drained_gateway_away_is_gone_not_blind_and_back_is_new_but_a_cr
     seeing = await gateways.gateway("gw-a", nc)
     stopping = await gateways.gateway("gw-b", nc)
     crashing = await gateways.gateway("gw-c", nc)
-    settings = _liveness_settings(make_settings(nc.connected_url.geturl(), database_url, subjects))
+    settings = liveness_settings(make_settings(nc.connected_url.geturl(), database_url, subjects))
     async with running(settings, [liveness.build(settings)]):
         await gateways.connect(seeing, 1)
         await gateways.connect(stopping, 3)
@@ -414,7 +396,7 @@ async def test_a_drained_gateway_still_stopping_holds_nothing_and_is_not_called_
             await release.wait()
 
     gw_b.pause = hold
-    settings = _liveness_settings(make_settings(nc.connected_url.geturl(), database_url, subjects))
+    settings = liveness_settings(make_settings(nc.connected_url.geturl(), database_url, subjects))
     async with running(settings, [liveness.build(settings)]):
         await gateways.connect(await gateways.gateway("gw-a", nc), 1)
         await gateways.connect(gw_b, 3)
@@ -445,7 +427,7 @@ async def test_a_gateway_back_before_it_was_called_gone_flushes_at_once_and_is_n
     an empty gateway's false alarm."""
     slow = dataclasses.replace(GATEWAY_SETTINGS, flush_period=1.5)
     gw_b = await gateways.gateway("gw-b", nc, settings=slow)
-    settings = _liveness_settings(make_settings(nc.connected_url.geturl(), database_url, subjects))
+    settings = liveness_settings(make_settings(nc.connected_url.geturl(), database_url, subjects))
     async with running(settings, [liveness.build(settings)]):
         await gateways.connect(gw_b, 2)
         await eventually(lambda: _seen(db, "gw-b"), what="gw-b seen")

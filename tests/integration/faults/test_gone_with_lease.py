@@ -26,15 +26,13 @@ from nats.aio.client import Client as NATS
 
 from schemas.subjects import Subjects
 from tests.integration import fleet
-from tests.integration.heartbeats import GATEWAY_SETTINGS, Fleet
+from tests.integration.heartbeats import GATEWAY_SETTINGS, Fleet, liveness_settings
 from tests.integration.support import OUTBOX_MESSAGES, eventually, make_settings, running
 from workers import liveness
 from workers.demo.run import fresh_sweep_history
 from workers.liveness.decide import Rules
-from workers.liveness.settings import LivenessSettings
 from workers.liveness.sweep import SweepResult, sweep_once
 from workers.runtime.bus import streams
-from workers.settings import Settings
 
 S = timedelta(seconds=1)
 SWEEP = 5  # seconds between two sweeps, as BCW_LIVENESS_SWEEP_INTERVAL has it
@@ -122,20 +120,6 @@ async def test_a_gone_gateway_undrained_with_a_session_is_said_blind_at_once(
 
 
 # -- the same, end to end: the gauge as a scraper reads it ----------------------------
-def _liveness_settings(base: Settings) -> Settings:
-    return base.model_copy(
-        update={
-            "liveness": LivenessSettings(
-                sweep_interval=0.5,
-                heartbeat_interval=1 * S,
-                missed_heartbeats=3,
-                flush_period=1 * S,
-                gateway_grace=3 * S,
-            )
-        }
-    )
-
-
 @pytest.fixture
 async def gateways(database_url: str, nc: NATS, subjects: Subjects) -> AsyncIterator[Fleet]:
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=6)
@@ -185,7 +169,7 @@ async def test_a_gateway_still_stopping_with_its_lease_is_not_in_the_blind_gauge
             await release.wait()
 
     gw_b.pause = hold
-    settings = _liveness_settings(make_settings(nc.connected_url.geturl(), database_url, subjects))
+    settings = liveness_settings(make_settings(nc.connected_url.geturl(), database_url, subjects))
     async with running(settings, [liveness.build(settings)]) as (_runtime, port):
         await gateways.connect(await gateways.gateway("gw-a", nc), 1)
         await gateways.connect(gw_b, 3)
