@@ -70,21 +70,27 @@ class Fleet:
         return gateway
 
     async def connect(self, gateway: Gateway, count: int) -> None:
+        """`count` nodes joined and connected to `gateway`, heartbeating."""
+        nodes = [f"{gateway.gateway_id}-n{i:02d}" for i in range(count)]
         async with self.pool.acquire() as conn:
-            for i in range(count):
-                node = f"{gateway.gateway_id}-n{i:02d}"
+            for node in nodes:
                 await fleet.join(conn, node)
-                welcome = await fleet.say_hello(
-                    gateway,
-                    HelloRequest(
-                        node_id=node,
-                        cert_serial=f"{node}-serial",
-                        role="worker",
-                        boot_id="b1",
-                        journal_id="j1",
-                    ),
-                )
-                self.held[node] = (gateway, node, welcome.epoch)
+        await self.say(gateway, nodes)
+
+    async def say(self, gateway: Gateway, nodes: list[str]) -> None:
+        """Joined `nodes` say Hello to `gateway` (again, after a restart), heartbeating."""
+        for node in nodes:
+            welcome = await fleet.say_hello(
+                gateway,
+                HelloRequest(
+                    node_id=node,
+                    cert_serial=f"{node}-serial",
+                    role="worker",
+                    boot_id="b1",
+                    journal_id="j1",
+                ),
+            )
+            self.held[node] = (gateway, node, welcome.epoch)
         if self._beat is None:
             self._beat = asyncio.create_task(self._heartbeats())
 

@@ -19,13 +19,13 @@ from nats.aio.client import Client as NATS
 from schemas.facts import Liveness
 from schemas.subjects import Subjects
 from tests.integration import fleet
-from tests.integration.faults.test_blindness import _events, _last_seq, _liveness_settings, _seen
+from tests.integration.faults.test_blindness import _events, _last_seq, _seen
 from tests.integration.fleet import Provisioned
-from tests.integration.heartbeats import GATEWAY_SETTINGS, Fleet
+from tests.integration.heartbeats import GATEWAY_SETTINGS, Fleet, liveness_settings
 from tests.integration.support import eventually, make_settings, running
 from workers import liveness
 from workers.demo.run import fresh_sweep_history
-from workers.gateway import Gateway, HelloRequest
+from workers.gateway import Gateway
 from workers.runtime.bus import streams
 
 SLOW = dataclasses.replace(GATEWAY_SETTINGS, flush_period=1.5)
@@ -73,21 +73,6 @@ class Watched:
         return gateway
 
 
-async def _hello(gateways: Fleet, gateway: Gateway, nodes: list[str]) -> None:
-    for node in nodes:
-        welcome = await fleet.say_hello(
-            gateway,
-            HelloRequest(
-                node_id=node,
-                cert_serial=f"{node}-serial",
-                role="worker",
-                boot_id="b1",
-                journal_id="j1",
-            ),
-        )
-        gateways.held[node] = (gateway, node, welcome.epoch)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_a_gateway_restarted_again_and_again_is_never_blind_nor_flushes_without_its_lease(
@@ -100,11 +85,11 @@ async def test_a_gateway_restarted_again_and_again_is_never_blind_nor_flushes_wi
             await fleet.join(conn, node)
     seeing = await gateways.gateway("gw-a", nc)
     await gateways.connect(seeing, 1)  # the control
-    settings = _liveness_settings(make_settings(nc.connected_url.geturl(), database_url, subjects))
+    settings = liveness_settings(make_settings(nc.connected_url.geturl(), database_url, subjects))
     lives = itertools.count()
     async with running(settings, [liveness.build(settings)]):
         gw = await watched.life(gateways, nc, next(lives))
-        await _hello(gateways, gw, nodes)
+        await gateways.say(gw, nodes)
         await eventually(lambda: _seen(db, "gw-b"), what="gw-b seen")
         mark = await _last_seq(nc, subjects)
         # (how it ends, how long it is away): drained rollouts, crashes, at once or not
@@ -125,7 +110,7 @@ async def test_a_gateway_restarted_again_and_again_is_never_blind_nor_flushes_wi
                 await gw.stop(graceful=False)  # its sessions still routed to it
             await asyncio.sleep(away)
             gw = await watched.life(gateways, nc, next(lives))
-            await _hello(gateways, gw, nodes)  # the daemons redial it
+            await gateways.say(gw, nodes)  # the daemons redial it
         await asyncio.sleep(5.0)  # its flushes and the sweeps (every 0.5 s)
         assert await _seen(db, "gw-b")
         swept = await db.fetch(
