@@ -60,12 +60,14 @@ class Fleet:
         nc: NATS,
         wall: Callable[[], float] = time.time,
         settings: GatewaySettings = GATEWAY_SETTINGS,
+        autotick: float | None = 0.2,
     ) -> Gateway:
-        """A gateway started (`wall`: its clock for what others read, facts' `observed_at`)."""
+        """A gateway started (`wall`: its clock for what others read, facts' `observed_at`;
+        `autotick` None: it neither flushes nor renews its lease until the test ticks it)."""
         gateway = Provisioned(
             gateway_id, self.pool, nc, self.subjects, wall=wall, settings=settings
         )
-        await gateway.start(autotick=0.2)
+        await gateway.start(autotick=autotick)
         self.gateways[gateway_id] = gateway
         return gateway
 

@@ -25,7 +25,14 @@ import asyncpg
 from schemas.events import GatewayBlind, GatewaySeeing
 from schemas.facts import Liveness
 from schemas.subjects import Subjects
-from workers.liveness.seeing import BlindReason, GatewaySight, RangeSight, SightChange, gone
+from workers.liveness.seeing import (
+    BlindReason,
+    GatewaySight,
+    RangeSight,
+    SightChange,
+    gone,
+    restarted,
+)
 from workers.runtime.effects import watermarks
 from workers.runtime.effects.batch import OutboxBatch
 from workers.runtime.effects.worker import Runtime
@@ -53,6 +60,17 @@ READ_SIGHTS = "SELECT * FROM liveness_gateways ORDER BY gateway_id FOR UPDATE"
 RANGE_SIGHTS = """
 SELECT gateway_id, range_start, range_end, applied_at FROM liveness_ranges
  WHERE gateway_id = ANY($1::text[])
+"""
+# the gateways whose lease began after $2, when, and whether each holds a session from
+# before it (`seeing.restarted`): few a sweep (those restarted within `blind_after`), each
+# read by its sessions' index until one from before is found
+LEASED_LATELY = """
+SELECT g.gateway_id, g.lease_acquired_at,
+       EXISTS (SELECT 1 FROM node_sessions s
+                WHERE s.gateway_id = g.gateway_id AND s.connected_at < g.lease_acquired_at)
+           AS earlier
+  FROM gateways g
+ WHERE g.gateway_id = ANY($1::text[]) AND g.lease_acquired_at > $2
 """
 WRITE_SIGHTS = """
 UPDATE liveness_gateways lg
@@ -92,10 +110,11 @@ SELECT gateway_id, count(*) AS n FROM node_sessions
 
 
 async def read_sights(
-    conn: asyncpg.Connection, live_after: datetime
+    conn: asyncpg.Connection, live_after: datetime, restarted_after: datetime
 ) -> tuple[dict[str, asyncpg.Record], dict[str, GatewaySight]]:
     """Every gateway's sight row (made for each gateway whose lease expired after
-    `live_after`), locked; and what the controller knows of its flushes."""
+    `live_after`), locked; and what the controller knows of its flushes, and of its
+    restart when its lease began after `restarted_after` (`seeing.restarted`)."""
     await conn.execute(ENSURE_SIGHTS, live_after)
     rows = {r["gateway_id"]: r for r in await conn.fetch(READ_SIGHTS)}
     ranges: dict[str, list[RangeSight]] = {}
@@ -103,11 +122,17 @@ async def read_sights(
         ranges.setdefault(r["gateway_id"], []).append(
             (r["range_start"], r["range_end"], r["applied_at"])
         )
-    sights = {gw: _sight(r, tuple(ranges.get(gw, ()))) for gw, r in rows.items()}
+    leased = {
+        r["gateway_id"]: restarted(r["lease_acquired_at"], int(r["earlier"]))
+        for r in await conn.fetch(LEASED_LATELY, sorted(rows), restarted_after)
+    }
+    sights = {gw: _sight(r, tuple(ranges.get(gw, ())), leased.get(gw)) for gw, r in rows.items()}
     return rows, sights
 
 
-def _sight(row: asyncpg.Record, ranges: tuple[RangeSight, ...]) -> GatewaySight:
+def _sight(
+    row: asyncpg.Record, ranges: tuple[RangeSight, ...], restarted_at: datetime | None
+) -> GatewaySight:
     return GatewaySight(
         row["gateway_id"],
         row["last_flush_at"],
@@ -115,6 +140,7 @@ def _sight(row: asyncpg.Record, ranges: tuple[RangeSight, ...]) -> GatewaySight:
         row["known_since"],
         ranges=ranges,
         whole_flush_at=row["whole_flush_at"],
+        restarted_at=restarted_at,
     )
 
 

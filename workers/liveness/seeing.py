@@ -46,6 +46,9 @@ class GatewaySight:
     ranges: tuple[RangeSight, ...] = ()
     #: the newest of its flushes applied that named no range (each names every session)
     whole_flush_at: datetime | None = None
+    #: when its lease began, if it restarted lately holding no session from before that
+    #: lease (`restarted`); None: it did not, or holds such a session (a crash's: news)
+    restarted_at: datetime | None = None
 
     @functools.cached_property
     def seen(self) -> datetime | None:
@@ -173,24 +176,44 @@ def sight_change(
 
     A gateway that just appeared and whose flushes do not cover it yet is not seen (its
     sessions are held) but not said to be blind either, until it has been known for
-    `blind_after`: a gateway's start is not news.
+    `blind_after`: a gateway's start is not news. Nor is a restart's (`restarted_at`):
+    under its new lease it is a gateway that just appeared, the sight of its last life
+    notwithstanding.
     """
     blind = not sees(sight, now, rules)
     if blind == (sight.blind_since is not None):
         return None
     seen = seen_at(sight)
-    just_started = (
-        seen is None
-        and sight.known_since is not None
-        and now - sight.known_since <= rules.blind_after
-    )
-    if blind and just_started:
+    if blind and just_started(sight, now, rules):
         return None
     last = seen if seen is not None else sight.last_flush_at
     # a clock that stepped back (NTP; the tests' compute_now offset) gives no negative age
     age = None if last is None else max(timedelta(0), now - last)
     reason = blind_reason(sight, now, rules, lag) if blind else None
     return SightChange(sight.gateway_id, blind, age, reason)
+
+
+def just_started(sight: GatewaySight, now: datetime, rules: Rules) -> bool:
+    """Whether the gateway's sight started within `blind_after` of `now`: known that long
+    at most with none of its flushes applied, or restarted (`restarted`) that long ago at
+    most. Pure."""
+    started = [sight.restarted_at]
+    if seen_at(sight) is None:
+        started.append(sight.known_since)
+    return any(at is not None and now - at <= rules.blind_after for at in started)
+
+
+def restarted(lease_since: datetime | None, earlier_sessions: int) -> datetime | None:
+    """When the gateway's sight starts anew: at its lease's start (`lease_since`), unless it
+    holds `earlier_sessions` from before that lease. Pure.
+
+    A rolling restart's gateway is drained, closes its sessions and gives its lease up; back
+    under a new lease, it holds nothing of its last life and flushes at once — until that
+    flush is applied, the sight of its last life (older than `blind_after` after a slow
+    drain) must not call it blind (a false alarm seen in a rollout). One that holds a
+    session from before its lease (a crash, its sessions still routed to it; a drain whose
+    closes were not written) is blind as ever: those sessions are unseen, and held."""
+    return lease_since if lease_since is not None and earlier_sessions == 0 else None
 
 
 def gone(change: SightChange, sessions: int, drained: bool) -> bool:

@@ -149,7 +149,9 @@ async def sweep_once(
             state = await conn.fetchrow(READ_STATE)
             now: datetime = state["now"]
             plan = plan_sweep(SweepState(state["last_sweep_at"], state["grace_until"]), now, rules)
-            rows, sights = await blindness.read_sights(conn, plan.gateway_expired_before)
+            rows, sights = await blindness.read_sights(
+                conn, plan.gateway_expired_before, now - rules.blind_after
+            )
             seeing = sorted(gw for gw, sight in sights.items() if sees(sight, now, rules))
             changes = [
                 c for sight in sights.values() if (c := sight_change(sight, now, rules, lag))

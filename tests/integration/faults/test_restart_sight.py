@@ -1,0 +1,254 @@
+"""A gateway's sight belongs to the lease that made it (migration 0064; docs/workers.md,
+"Blindness"): a gateway back under a new lease holding nothing of its last life is a
+gateway that just appeared — not said blind until `blind_after` into its lease with none
+of its flushes applied — while one that still holds a session from before its lease (a
+crash) is blind as ever.
+
+Seen in a rollout of 20,000 nodes (1 run of 3): a gateway drained slowly, its flush
+stopped; back at once, no sweep having found it away in between, the controller held the
+sight of its last life and, the gateway undrained by its new lease, called it blind,
+holding no session, until its first flush was applied.
+
+What is real: PostgreSQL and the sweep (`sweep_once`) on the database's clock, moved 5 s
+a sweep as the sweep loop runs them; last, reference gateways on a real nats-server under
+a liveness worker, the new life held before its first flush (it ticks only when told).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+from nats.aio.client import Client as NATS
+
+from schemas.subjects import Subjects
+from tests.integration import fleet
+from tests.integration.faults.test_blindness import _events, _last_seq
+from tests.integration.heartbeats import GATEWAY_SETTINGS, Fleet, liveness_settings
+from tests.integration.support import OUTBOX_MESSAGES, eventually, make_settings, running
+from workers import liveness
+from workers.demo.run import fresh_sweep_history
+from workers.liveness.decide import Rules
+from workers.liveness.sweep import sweep_once
+from workers.runtime.bus import streams
+
+S = timedelta(seconds=1)
+SWEEP = 5  # seconds between two sweeps, as BCW_LIVENESS_SWEEP_INTERVAL has it
+NEW_LEASE = """
+UPDATE gateways SET lease_epoch = lease_epoch + 1, draining = false,
+       lease_expires_at = compute_now() + interval '10 minutes'
+ WHERE gateway_id = $1
+"""
+
+
+async def _blind_said(db: asyncpg.Connection) -> list[tuple[str, int]]:
+    """(gateway, sessions) of each `gateway.blind` the sweeps wrote to the outbox."""
+    said = []
+    for r in await db.fetch(OUTBOX_MESSAGES):
+        if json.loads(r["headers"])["Bc-Type"] == "gateway.blind":
+            body = json.loads(bytes(r["body"]))
+            said.append((body["gatewayId"], body["sessions"]))
+    return said
+
+
+async def _sweeps(
+    pool: asyncpg.Pool, db: asyncpg.Connection, subjects: Subjects, at: range, **then: Any
+) -> dict[int, tuple[str, ...]]:
+    """Sweeps at each of `at` (s, the database's clock), gw-a flushing just before each;
+    `then[f"at{t}"]`, a coroutine function, runs on `db` just before the sweep at t. The
+    gateways not seen at each sweep."""
+    blind: dict[int, tuple[str, ...]] = {}
+    for t in at:
+        await db.execute("SELECT set_compute_now_offset($1)", t * S)
+        await fleet.flushed(db, "gw-a")
+        if (step := then.get(f"at{t}")) is not None:
+            await step(db)
+        blind[t] = (await sweep_once(pool, None, subjects, Rules())).blind
+    return blind
+
+
+@pytest.fixture
+async def pool(database_url: str, db: asyncpg.Connection) -> AsyncIterator[asyncpg.Pool]:
+    """gw-a and gw-b leased for 10 minutes, both flushed at 0 s."""
+    await db.execute("SELECT set_compute_now_offset($1)", 0 * S)
+    for gw in ("gw-a", "gw-b"):
+        await fleet.gateway(db, gw, expires_in=timedelta(minutes=10))
+        await fleet.flushed(db, gw)
+    made = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    await fresh_sweep_history(made)
+    yield made
+    await made.close()
+
+
+async def test_the_lease_start_is_set_by_the_database_whatever_the_writer_says(
+    db: asyncpg.Connection, pool: asyncpg.Pool
+) -> None:
+    """The trigger of migration 0064: a lease starts at `compute_now()` of its epoch's
+    write; the same lease keeps its start, whatever a writer sets; a new epoch starts anew
+    (7 s later on the database's clock here)."""
+    start_of = "SELECT lease_acquired_at FROM gateways WHERE gateway_id = 'gw-b'"
+    start = await db.fetchval(start_of)
+    assert abs(start - await db.fetchval("SELECT compute_now()")) < 3 * S
+    await db.execute("SELECT set_compute_now_offset($1)", 7 * S)
+    await db.execute(
+        "UPDATE gateways SET lease_acquired_at = compute_now() + interval '1 hour', "
+        "lease_expires_at = compute_now() + interval '1 minute' WHERE gateway_id = 'gw-b'"
+    )
+    assert await db.fetchval(start_of) == start
+    await db.execute(NEW_LEASE, "gw-b")
+    assert 7 * S <= await db.fetchval(start_of) - start < 10 * S
+
+
+async def test_a_gateway_back_from_a_slow_drain_is_not_blind_until_its_lease_is_as_old(
+    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+) -> None:
+    """gw-b drained at 1 s, empty, its flush stopped (its last applied at 0 s), its lease
+    kept while it stops: gone, nothing said. At 42 s it is back under a new lease — no
+    sweep between its old lease's end and its new one's start — and takes a session at
+    43 s. Its first flush is not applied: it is held (not seen) but not said blind
+    until its lease is `blind_after` (30 s) old: said at the first sweep after 72 s, with
+    its one session, and only once."""
+
+    async def drained(db: asyncpg.Connection) -> None:
+        await db.execute("UPDATE gateways SET draining = true WHERE gateway_id = 'gw-b'")
+
+    async def back(db: asyncpg.Connection) -> None:
+        await db.execute("SELECT set_compute_now_offset($1)", 42 * S)
+        await db.execute(NEW_LEASE, "gw-b")
+        await db.execute("SELECT set_compute_now_offset($1)", 43 * S)
+        await fleet.session(db, "n1", epoch=1, gateway_id="gw-b")  # under its new lease
+        await db.execute("SELECT set_compute_now_offset($1)", 45 * S)
+
+    blind = await _sweeps(pool, db, subjects, range(0, 90, SWEEP), at5=drained, at45=back)
+    said = await _blind_said(db)
+    assert said == [("gw-b", 1)]
+    late = await db.fetchval(
+        "SELECT blind_since FROM liveness_gateways WHERE gateway_id = 'gw-b'"
+    ) - await db.fetchval("SELECT lease_acquired_at FROM gateways WHERE gateway_id = 'gw-b'")
+    assert 30 * S < late <= 35 * S  # said at the sweep of 75 s, its lease begun at 42 s
+    assert all("gw-b" in blind[t] for t in range(45, 90, SWEEP))  # held throughout
+    assert await fleet.routing(db, "n1") == (1, "gw-b", None)
+
+
+async def test_a_gateway_back_from_a_slow_drain_whose_first_flush_is_applied_is_never_blind(
+    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+) -> None:
+    """As above, its first flush applied at 48 s: seen at the sweep of 50 s, and nothing
+    ever said of it (on f1b1a43 it was said blind at 45 s, holding no session)."""
+
+    async def drained(db: asyncpg.Connection) -> None:
+        await db.execute("UPDATE gateways SET draining = true WHERE gateway_id = 'gw-b'")
+
+    async def back(db: asyncpg.Connection) -> None:
+        await db.execute("SELECT set_compute_now_offset($1)", 42 * S)
+        await db.execute(NEW_LEASE, "gw-b")
+        await db.execute("SELECT set_compute_now_offset($1)", 45 * S)
+
+    async def flushed(db: asyncpg.Connection) -> None:
+        await db.execute("SELECT set_compute_now_offset($1)", 48 * S)
+        await fleet.flushed(db, "gw-b")
+        await db.execute("SELECT set_compute_now_offset($1)", 50 * S)
+
+    blind = await _sweeps(
+        pool, db, subjects, range(0, 70, SWEEP), at5=drained, at45=back, at50=flushed
+    )
+    assert await _blind_said(db) == []
+    assert "gw-b" in blind[45]  # held until its first flush is applied
+    assert all("gw-b" not in blind[t] for t in range(50, 70, SWEEP))
+
+
+async def test_a_gateway_that_crashed_and_kept_its_sessions_is_blind_at_once_under_a_new_lease(
+    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+) -> None:
+    """gw-b holds a session from 0 s; it crashes, undrained, and is back at 20 s under a
+    new lease, its session still routed to it — a session nothing has seen since its
+    last flush (0 s). Blind as ever: said at the first sweep past `blind_after` (30 s, or
+    35 s: the clock runs on between sweeps too), its lease 10 to 15 s old — a restart's grace
+    would have kept it quiet until 50 s."""
+    await fleet.session(db, "n1", epoch=1, gateway_id="gw-b")
+
+    async def crashed_and_back(db: asyncpg.Connection) -> None:
+        await db.execute(NEW_LEASE, "gw-b")
+
+    blind = await _sweeps(pool, db, subjects, range(0, 40, SWEEP), at20=crashed_and_back)
+    assert await _blind_said(db) == [("gw-b", 1)]
+    assert blind[25] == () and blind[35] == ("gw-b",)
+    said_at = await db.fetchval(
+        "SELECT blind_since - lease_acquired_at FROM liveness_gateways JOIN gateways "
+        "USING (gateway_id) WHERE gateway_id = 'gw-b'"
+    )
+    assert 10 * S <= said_at < 17 * S  # its lease's grace would have ended at 30 s
+    assert await fleet.routing(db, "n1") == (1, "gw-b", None)  # held, not disconnected
+
+
+# -- the same with reference gateways, a liveness worker and a real nats-server ----------
+@pytest.fixture
+async def gateways(database_url: str, nc: NATS, subjects: Subjects) -> AsyncIterator[Fleet]:
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=6)
+    await fresh_sweep_history(pool)
+    await streams.provision_streams(nc.jetstream(), subjects)
+    made = Fleet(pool, subjects)
+    yield made
+    await made.stop()
+    await pool.close()
+
+
+async def _seen(db: asyncpg.Connection, gateway_id: str) -> bool:
+    return bool(
+        await db.fetchval(
+            "SELECT last_flush_at IS NOT NULL AND blind_since IS NULL FROM liveness_gateways "
+            "WHERE gateway_id = $1",
+            gateway_id,
+        )
+    )
+
+
+async def test_a_gateway_restarted_after_a_slow_drain_is_held_until_its_first_flush_unsaid(
+    nc: NATS, subjects: Subjects, database_url: str, gateways: Fleet
+) -> None:
+    """gw-b drained and stopping, held after its sessions ended (the `ended` hook) for
+    three times `blind_after` (2 s here) with its lease; released, it is back at once
+    under a new lease, and this life does not flush until told: for 1.2 s (its lease
+    younger than `blind_after`, the sight of its last life 6 s old) the controller, which
+    sweeps every 0.5 s, must not call it blind; then its first flush is applied and it is
+    seen. Nothing is said of it; gw-a, seen throughout, neither."""
+    held_open = dataclasses.replace(GATEWAY_SETTINGS, lease_ttl=30.0)
+    gw_b = await gateways.gateway("gw-b", nc, settings=held_open)
+    ended, release = asyncio.Event(), asyncio.Event()
+
+    async def hold(point: str, _node: str, _epoch: int) -> None:
+        if point == "ended":
+            ended.set()
+            await release.wait()
+
+    gw_b.pause = hold
+    settings = liveness_settings(make_settings(nc.connected_url.geturl(), database_url, subjects))
+    async with running(settings, [liveness.build(settings)]), gateways.pool.acquire() as db:
+        await gateways.connect(await gateways.gateway("gw-a", nc), 1)
+        await gateways.connect(gw_b, 3)
+        for gw in ("gw-a", "gw-b"):
+            await eventually(lambda gw=gw: _seen(db, gw), what=f"{gw} seen")  # type: ignore[misc]
+        mark = await _last_seq(nc, subjects)
+        await gw_b.drain()
+        stopping = asyncio.create_task(gw_b.stop())
+        await asyncio.wait_for(ended.wait(), 10)
+        await asyncio.sleep(3 * 2.0)  # its flush stopped: its last life's sight ages
+        release.set()
+        await stopping  # its lease given up
+        back = await gateways.gateway("gw-b", nc, settings=held_open, autotick=None)
+        await asyncio.sleep(1.2)  # swept twice at least, its first flush not made
+        assert await db.fetchval(  # held: what it applied is its last life's
+            "SELECT last_flush_at < compute_now() - interval '5 seconds' "
+            "FROM liveness_gateways WHERE gateway_id = 'gw-b'"
+        )
+        assert await _events(nc, subjects, "gateway.blind", after=mark) == []
+        await back.flush()
+        await eventually(lambda: _seen(db, "gw-b"), what="gw-b seen under its new lease")
+        assert await _seen(db, "gw-a")
+    assert await _events(nc, subjects, "gateway.blind", after=mark) == []
