@@ -101,6 +101,15 @@ def test_the_last_line_is_in_the_issues_format() -> None:
     assert tally.problems(_final()) == []
 
 
+def test_a_rollout_stopped_before_its_last_gateway_says_how_far_it_got_and_is_not_done() -> None:
+    stopped = _final(rolled=20, minutes=30.42)
+    assert stopped.last_line().startswith(
+        "rolled 20 of 250 (stopped) gateways under 1000000 nodes in 30.4 min: reconnect p99"
+    )
+    assert tally.problems(stopped) == ["230 of 250 gateway(s) not rolled (stopped after 30.4 min)"]
+    assert tally.problems(_final(rolled=250)) == []
+
+
 @pytest.mark.parametrize(
     ("fields", "said"),
     [

@@ -132,6 +132,13 @@ def add(commands: Commands) -> None:
         help="rollout: minutes the fleet is held after the last gateway is back (0)",
     )
     bench.add_argument(
+        "--stop-after",
+        type=float,
+        default=None,
+        help="rollout: drain no wave more once the rollout has lasted this many minutes "
+        "(the gateways not rolled by then are said so; default: roll every gateway)",
+    )
+    bench.add_argument(
         "--hold",
         type=float,
         default=60.0,
@@ -298,6 +305,11 @@ def _rollout(args: argparse.Namespace, settings: Settings) -> int:
     except ValueError as bad:
         print(f"bcw bench rollout: {bad}", file=sys.stderr)
         return EXIT_BAD_SETTINGS
+    if args.stop_after is not None and not args.stop_after > 0:
+        print(
+            f"bcw bench rollout: --stop-after must be > 0, got {args.stop_after:g}", file=sys.stderr
+        )
+        return EXIT_BAD_SETTINGS
     return asyncio.run(
         rollout.run(
             settings,
@@ -310,5 +322,6 @@ def _rollout(args: argparse.Namespace, settings: Settings) -> int:
             hold=args.hold,
             every=args.every,
             seed=args.seed,
+            stop_after=args.stop_after,
         )
     )

@@ -72,11 +72,51 @@ async def test_a_small_rollout_moves_every_session_and_loses_nothing(
     assert "failed:" not in out, out
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_a_rollout_stopped_after_its_minutes_rolls_no_wave_more_and_says_so(
+    servers: Servers, tmp_path: Path
+) -> None:
+    """`--stop-after`: a fleet too large to roll whole is measured for as long as wanted.
+    Stopped after its first wave (a second of rollout), the run says how many gateways it
+    rolled, counts only the commands it enqueued, and exits 1: not every gateway rolled."""
+    code, out = await bcw(
+        "bench",
+        "rollout",
+        "--nodes",
+        "300",
+        "--gateways",
+        "3",
+        "--commands",
+        "30",
+        "--hold",
+        "2",
+        "--every",
+        "5",
+        "--stop-after",
+        "0.0167",
+        BCW_NATS_URL=servers.nats_url,
+        BCW_DATABASE_URL=servers.postgres_url,
+        TMPDIR=str(tmp_path),
+    )
+    assert code == 1 and "Traceback" not in out and "a task failed" not in out, out
+    assert "stopped after 0.0167 min: no wave more" in out, out
+    assert re.search(r"^BOUND BROKEN: 2 of 3 gateway\(s\) not rolled \(stopped after", out, re.M)
+    last = re.match(  # the run's last line
+        r"rolled 1 of 3 \(stopped\) gateways under 300 nodes in [\d.]+ min: .*commands lost "
+        r"(\d+) of (\d+), run twice (\d+),",
+        out.rstrip().splitlines()[-1],
+    )
+    assert last is not None, out
+    assert (int(last[1]), int(last[2]), int(last[3])) == (0, 10, 0), out  # one wave's share
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [
         (("--gateways", "1"), "at least 2 gateways"),
         (("--gateways", "4", "--parallel", "4"), "--parallel must be in [1, 3], got 4"),
+        (("--stop-after", "0"), "--stop-after must be > 0, got 0"),
     ],
 )
 async def test_a_rollout_that_leaves_no_gateway_up_is_refused_in_a_line(

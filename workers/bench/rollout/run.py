@@ -81,7 +81,11 @@ async def run(
     every: float = 60.0,
     seed: int = 1,
     work: tuple[float, float] = (5.0, 30.0),
+    stop_after: float | None = None,
 ) -> int:
+    """The rollout; `stop_after` (minutes): no wave is drained once the rollout has
+    lasted that long — the gateways rolled by then are counted, the rest said not rolled
+    (a fleet this machine cannot roll whole in an hour is measured for as long as wanted)."""
     waves = plan.waves(gateways, parallel)
     gw_settings = gws.settings()
     if plan.capacity_left(nodes, gateways, parallel, gw_settings.max_streams) < 0:
@@ -168,6 +172,9 @@ async def run(
             started = time.monotonic()
             shares = plan.spread(commands, len(waves))
             for wave, share in zip(waves, shares, strict=True):
+                if stop_after is not None and time.monotonic() - started >= 60.0 * stop_after:
+                    print(f"  stopped after {stop_after:g} min: no wave more", flush=True)
+                    break
                 await _roll(
                     conn,
                     pool,
@@ -183,7 +190,7 @@ async def run(
                     rng,
                 )
             try:
-                await wait_until(lambda: _ended(conn, commands), within=WAVE_WITHIN)
+                await wait_until(lambda: _ended(conn, state.enqueued), within=WAVE_WITHIN)
             except TimeoutError:  # said as lost
                 print(f"  commands not ended {WAVE_WITHIN:.0f} s after the last wave", flush=True)
             seconds = time.monotonic() - started
@@ -222,8 +229,8 @@ async def run(
         blind=len(watch.blind),
         wrong=max(len(watch.wrong), left_open),
         duplicates=watch.duplicates,
-        lost=commands - counts["done"],
-        commands=commands,
+        lost=state.enqueued - counts["done"],
+        commands=state.enqueued,
         twice=tally.run_twice(fleet_.runs()),
         cores=spent / seconds,
         hello_ms=tally.hello_ms(spent, seconds, steady_cores, len(fleet_.reconnects)),
@@ -231,6 +238,7 @@ async def run(
         sessions=state.closed,
         rss_slopes=slopes,
         notes=notes,
+        rolled=None if state.done_gateways >= gateways else state.done_gateways,
     )
     broken = tally.problems(final)
     for line in broken:

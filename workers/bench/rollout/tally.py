@@ -108,10 +108,18 @@ class Final:
     sessions: int = 0  # sessions the drained gateways closed
     rss_slopes: Mapping[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    #: gateways drained and back when the run stopped before the last (`--stop-after`);
+    #: None: it rolled every gateway
+    rolled: int | None = None
 
     def last_line(self) -> str:
+        gateways = (
+            f"{self.gateways}"
+            if self.rolled is None
+            else f"{self.rolled} of {self.gateways} (stopped)"
+        )
         return (
-            f"rolled {self.gateways} gateways under {self.nodes} nodes in {self.minutes:.1f} min: "
+            f"rolled {gateways} gateways under {self.nodes} nodes in {self.minutes:.1f} min: "
             f"reconnect p99 {percentile(self.reconnects, 0.99):.2f} s, flush lag p99 "
             f"{percentile(self.lags, 0.99):.2f} s, blind {self.blind}, wrong disconnects "
             f"{self.wrong}, duplicate identities {self.duplicates}, commands lost {self.lost} of "
@@ -138,6 +146,11 @@ def rss_slopes(
 def problems(final: Final, bounds: Bounds = Bounds()) -> list[str]:
     """Every bound the rollout broke, a line each; none: it held."""
     out = []
+    if final.rolled is not None and final.rolled < final.gateways:
+        out.append(
+            f"{final.gateways - final.rolled} of {final.gateways} gateway(s) not rolled "
+            f"(stopped after {final.minutes:.1f} min)"
+        )
     if final.moved < final.sessions:
         out.append(f"{final.sessions - final.moved} session(s) never welcomed elsewhere")
     if not percentile(final.reconnects, 0.99) <= bounds.reconnect_p99:
