@@ -17,6 +17,7 @@ from nats.aio.client import Client as NATS
 from schemas.subjects import Subjects
 from tests.integration import fleet
 from tests.integration.fleet import Provisioned
+from tests.integration.support import eventually
 from workers.gateway import Gateway, GatewaySettings, HelloRequest, Refused
 from workers.liveness.settings import LivenessSettings
 from workers.runtime.base.runtime_settings import NatsSettings
@@ -111,3 +112,53 @@ class Fleet:
         for gateway in self.gateways.values():
             if gateway.alive:
                 await gateway.stop(graceful=False)
+
+
+class HeldStop:
+    """A gateway's graceful stop held open after its sessions ended (the gateway's `ended`
+    hook: drained, every session closed and its `closed` fact published, its flush
+    stopped) and before its lease is given up — a rolling restart's gateway of thousands,
+    which stops slowly — until `go()`."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.ended, self._release = asyncio.Event(), asyncio.Event()
+        self._stopping: asyncio.Task[None] | None = None
+        gateway.pause = self._hold
+
+    async def _hold(self, point: str, _node: str, _epoch: int) -> None:
+        if point == "ended":
+            self.ended.set()
+            await self._release.wait()
+
+    async def drain_and_stop(self) -> None:
+        """Drained, then stopped as far as the hook: its lease still held."""
+        await self.gateway.drain()
+        self._stopping = asyncio.create_task(self.gateway.stop())
+        await asyncio.wait_for(self.ended.wait(), 10)
+
+    async def go(self) -> None:
+        """Its stop let go on: its lease given up."""
+        assert self._stopping is not None, "drain_and_stop() first"
+        self._release.set()
+        await self._stopping
+
+
+async def seen(db: asyncpg.Connection, gateway_id: str) -> bool:
+    """The controller applied a flush of the gateway and says it sees it."""
+    return bool(
+        await db.fetchval(
+            "SELECT last_flush_at IS NOT NULL AND blind_since IS NULL FROM liveness_gateways "
+            "WHERE gateway_id = $1",
+            gateway_id,
+        )
+    )
+
+
+async def both_seen(gateways: Fleet, nc: NATS, gw_b: Gateway, db: asyncpg.Connection) -> None:
+    """gw-a started with one session, `gw_b` given three, and both seen by the controller
+    (a liveness worker running)."""
+    await gateways.connect(await gateways.gateway("gw-a", nc), 1)
+    await gateways.connect(gw_b, 3)
+    for gw in ("gw-a", gw_b.gateway_id):
+        await eventually(lambda gw=gw: seen(db, gw), what=f"{gw} seen")  # type: ignore[misc]

@@ -28,7 +28,14 @@ from nats.aio.client import Client as NATS
 from schemas.subjects import Subjects
 from tests.conftest import Servers
 from tests.integration import fleet
-from tests.integration.heartbeats import GATEWAY_SETTINGS, Fleet, liveness_settings
+from tests.integration.heartbeats import (
+    GATEWAY_SETTINGS,
+    Fleet,
+    HeldStop,
+    both_seen,
+    liveness_settings,
+)
+from tests.integration.heartbeats import seen as _seen
 from tests.integration.support import (
     OUTBOX_MESSAGES,
     bcw,
@@ -247,17 +254,6 @@ async def test_a_silent_gateway_is_held_while_its_lease_holds_then_lost_after_th
     assert all(reasons[f"gw-a-n{i:02d}"] is None for i in range(5))
 
 
-async def _seen(db: asyncpg.Connection, gateway_id: str) -> bool:
-    """The controller applied a flush of the gateway and says it sees it."""
-    return bool(
-        await db.fetchval(
-            "SELECT last_flush_at IS NOT NULL AND blind_since IS NULL FROM liveness_gateways "
-            "WHERE gateway_id = $1",
-            gateway_id,
-        )
-    )
-
-
 async def _status(database_url: str, gateway_id: str) -> list[dict[str, object]]:
     """`bcw liveness status --gateway G --json`, parsed: one object per gateway."""
     code, out = await bcw(
@@ -387,32 +383,18 @@ async def test_a_drained_gateway_still_stopping_holds_nothing_and_is_not_called_
     called one such gateway blind). gw-a, seen throughout, is not touched."""
     held_open = dataclasses.replace(GATEWAY_SETTINGS, lease_ttl=30.0)
     gw_b = await gateways.gateway("gw-b", nc, settings=held_open)
-    ended = asyncio.Event()
-    release = asyncio.Event()
-
-    async def hold(point: str, _node: str, _epoch: int) -> None:
-        if point == "ended":
-            ended.set()
-            await release.wait()
-
-    gw_b.pause = hold
+    stopping = HeldStop(gw_b)
     settings = liveness_settings(make_settings(nc.connected_url.geturl(), database_url, subjects))
     async with running(settings, [liveness.build(settings)]):
-        await gateways.connect(await gateways.gateway("gw-a", nc), 1)
-        await gateways.connect(gw_b, 3)
-        for gw in ("gw-a", "gw-b"):
-            await eventually(lambda gw=gw: _seen(db, gw), what=f"{gw} seen")  # type: ignore[misc]
+        await both_seen(gateways, nc, gw_b, db)
         mark = await _last_seq(nc, subjects)
-        await gw_b.drain()
-        stopping = asyncio.create_task(gw_b.stop())
-        await asyncio.wait_for(ended.wait(), 10)
+        await stopping.drain_and_stop()
         assert await _routed(db, "gw-b") == 0
         assert await db.fetchval(
             "SELECT lease_expires_at > compute_now() FROM gateways WHERE gateway_id = 'gw-b'"
         )
         await asyncio.sleep(3 * 2.0)  # blind_after (2 s here), three times over
-        release.set()
-        await stopping
+        await stopping.go()
         assert await _seen(db, "gw-a")
     assert await _events(nc, subjects, "gateway.blind", after=mark) == []
 

@@ -16,23 +16,26 @@ import asyncio
 import dataclasses
 import json
 import urllib.request
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
 import asyncpg
-import pytest
 from nats.aio.client import Client as NATS
 
 from schemas.subjects import Subjects
 from tests.integration import fleet
-from tests.integration.heartbeats import GATEWAY_SETTINGS, Fleet, liveness_settings
+from tests.integration.heartbeats import (
+    GATEWAY_SETTINGS,
+    Fleet,
+    HeldStop,
+    both_seen,
+    liveness_settings,
+)
 from tests.integration.support import OUTBOX_MESSAGES, eventually, make_settings, running
 from workers import liveness
 from workers.demo.run import fresh_sweep_history
 from workers.liveness.decide import Rules
 from workers.liveness.sweep import SweepResult, sweep_once
-from workers.runtime.bus import streams
 
 S = timedelta(seconds=1)
 SWEEP = 5  # seconds between two sweeps, as BCW_LIVENESS_SWEEP_INTERVAL has it
@@ -120,17 +123,6 @@ async def test_a_gone_gateway_undrained_with_a_session_is_said_blind_at_once(
 
 
 # -- the same, end to end: the gauge as a scraper reads it ----------------------------
-@pytest.fixture
-async def gateways(database_url: str, nc: NATS, subjects: Subjects) -> AsyncIterator[Fleet]:
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=6)
-    await fresh_sweep_history(pool)
-    await streams.provision_streams(nc.jetstream(), subjects)
-    made = Fleet(pool, subjects)
-    yield made
-    await made.stop()
-    await pool.close()
-
-
 async def _gauge(port: int) -> float:
     def fetch() -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
@@ -142,16 +134,6 @@ async def _gauge(port: int) -> float:
     return 0.0
 
 
-async def _seen(db: asyncpg.Connection, gateway_id: str) -> bool:
-    return bool(
-        await db.fetchval(
-            "SELECT last_flush_at IS NOT NULL AND blind_since IS NULL FROM liveness_gateways "
-            "WHERE gateway_id = $1",
-            gateway_id,
-        )
-    )
-
-
 async def test_a_gateway_still_stopping_with_its_lease_is_not_in_the_blind_gauge(
     nc: NATS, subjects: Subjects, database_url: str, db: asyncpg.Connection, gateways: Fleet
 ) -> None:
@@ -161,30 +143,17 @@ async def test_a_gateway_still_stopping_with_its_lease_is_not_in_the_blind_gauge
     or BcwGatewayBlind fires for the rollout the change meant to keep quiet."""
     held_open = dataclasses.replace(GATEWAY_SETTINGS, lease_ttl=30.0)
     gw_b = await gateways.gateway("gw-b", nc, settings=held_open)
-    ended, release = asyncio.Event(), asyncio.Event()
-
-    async def hold(point: str, _node: str, _epoch: int) -> None:
-        if point == "ended":
-            ended.set()
-            await release.wait()
-
-    gw_b.pause = hold
+    stopping = HeldStop(gw_b)
     settings = liveness_settings(make_settings(nc.connected_url.geturl(), database_url, subjects))
     async with running(settings, [liveness.build(settings)]) as (_runtime, port):
-        await gateways.connect(await gateways.gateway("gw-a", nc), 1)
-        await gateways.connect(gw_b, 3)
-        for gw in ("gw-a", "gw-b"):
-            await eventually(lambda gw=gw: _seen(db, gw), what=f"{gw} seen")  # type: ignore[misc]
+        await both_seen(gateways, nc, gw_b, db)
         await eventually(lambda: _zero(port), what="no gateway blind")
-        await gw_b.drain()
-        stopping = asyncio.create_task(gw_b.stop())
-        await asyncio.wait_for(ended.wait(), 10)
+        await stopping.drain_and_stop()
         samples: list[float] = []
         for _ in range(30):  # 6 s: blind_after (2 s here) three times over
             samples.append(await _gauge(port))
             await asyncio.sleep(0.2)
-        release.set()
-        await stopping
+        await stopping.go()
     assert max(samples) == 0, f"gw-b counted blind in {sum(1 for s in samples if s)} of 30 samples"
 
 

@@ -30,13 +30,19 @@ from nats.aio.client import Client as NATS
 from schemas.subjects import Subjects
 from tests.integration import fleet
 from tests.integration.faults.test_blindness import _events, _last_seq
-from tests.integration.heartbeats import GATEWAY_SETTINGS, Fleet, liveness_settings
+from tests.integration.heartbeats import (
+    GATEWAY_SETTINGS,
+    Fleet,
+    HeldStop,
+    both_seen,
+    liveness_settings,
+)
+from tests.integration.heartbeats import seen as _seen
 from tests.integration.support import OUTBOX_MESSAGES, eventually, make_settings, running
 from workers import liveness
 from workers.demo.run import fresh_sweep_history
 from workers.liveness.decide import Rules
 from workers.liveness.sweep import sweep_once
-from workers.runtime.bus import streams
 
 S = timedelta(seconds=1)
 SWEEP = 5  # seconds between two sweeps, as BCW_LIVENESS_SWEEP_INTERVAL has it
@@ -71,6 +77,11 @@ async def _sweeps(
             await step(db)
         blind[t] = (await sweep_once(pool, None, subjects, Rules())).blind
     return blind
+
+
+async def _drained(db: asyncpg.Connection) -> None:
+    """gw-b drained (its sessions, none here, closed; its flush stopped)."""
+    await db.execute("UPDATE gateways SET draining = true WHERE gateway_id = 'gw-b'")
 
 
 @pytest.fixture
@@ -115,9 +126,6 @@ async def test_a_gateway_back_from_a_slow_drain_is_not_blind_until_its_lease_is_
     until its lease is `blind_after` (30 s) old: said at the first sweep after 72 s, with
     its one session, and only once."""
 
-    async def drained(db: asyncpg.Connection) -> None:
-        await db.execute("UPDATE gateways SET draining = true WHERE gateway_id = 'gw-b'")
-
     async def back(db: asyncpg.Connection) -> None:
         await db.execute("SELECT set_compute_now_offset($1)", 42 * S)
         await db.execute(NEW_LEASE, "gw-b")
@@ -125,7 +133,7 @@ async def test_a_gateway_back_from_a_slow_drain_is_not_blind_until_its_lease_is_
         await fleet.session(db, "n1", epoch=1, gateway_id="gw-b")  # under its new lease
         await db.execute("SELECT set_compute_now_offset($1)", 45 * S)
 
-    blind = await _sweeps(pool, db, subjects, range(0, 90, SWEEP), at5=drained, at45=back)
+    blind = await _sweeps(pool, db, subjects, range(0, 90, SWEEP), at5=_drained, at45=back)
     said = await _blind_said(db)
     assert said == [("gw-b", 1)]
     late = await db.fetchval(
@@ -142,9 +150,6 @@ async def test_a_gateway_back_from_a_slow_drain_whose_first_flush_is_applied_is_
     """As above, its first flush applied at 48 s: seen at the sweep of 50 s, and nothing
     ever said of it (on f1b1a43 it was said blind at 45 s, holding no session)."""
 
-    async def drained(db: asyncpg.Connection) -> None:
-        await db.execute("UPDATE gateways SET draining = true WHERE gateway_id = 'gw-b'")
-
     async def back(db: asyncpg.Connection) -> None:
         await db.execute("SELECT set_compute_now_offset($1)", 42 * S)
         await db.execute(NEW_LEASE, "gw-b")
@@ -156,7 +161,7 @@ async def test_a_gateway_back_from_a_slow_drain_whose_first_flush_is_applied_is_
         await db.execute("SELECT set_compute_now_offset($1)", 50 * S)
 
     blind = await _sweeps(
-        pool, db, subjects, range(0, 70, SWEEP), at5=drained, at45=back, at50=flushed
+        pool, db, subjects, range(0, 70, SWEEP), at5=_drained, at45=back, at50=flushed
     )
     assert await _blind_said(db) == []
     assert "gw-b" in blind[45]  # held until its first flush is applied
@@ -188,27 +193,6 @@ async def test_a_gateway_that_crashed_and_kept_its_sessions_is_blind_at_once_und
 
 
 # -- the same with reference gateways, a liveness worker and a real nats-server ----------
-@pytest.fixture
-async def gateways(database_url: str, nc: NATS, subjects: Subjects) -> AsyncIterator[Fleet]:
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=6)
-    await fresh_sweep_history(pool)
-    await streams.provision_streams(nc.jetstream(), subjects)
-    made = Fleet(pool, subjects)
-    yield made
-    await made.stop()
-    await pool.close()
-
-
-async def _seen(db: asyncpg.Connection, gateway_id: str) -> bool:
-    return bool(
-        await db.fetchval(
-            "SELECT last_flush_at IS NOT NULL AND blind_since IS NULL FROM liveness_gateways "
-            "WHERE gateway_id = $1",
-            gateway_id,
-        )
-    )
-
-
 async def test_a_gateway_restarted_after_a_slow_drain_is_held_until_its_first_flush_unsaid(
     nc: NATS, subjects: Subjects, database_url: str, gateways: Fleet
 ) -> None:
@@ -220,27 +204,14 @@ async def test_a_gateway_restarted_after_a_slow_drain_is_held_until_its_first_fl
     seen. Nothing is said of it; gw-a, seen throughout, neither."""
     held_open = dataclasses.replace(GATEWAY_SETTINGS, lease_ttl=30.0)
     gw_b = await gateways.gateway("gw-b", nc, settings=held_open)
-    ended, release = asyncio.Event(), asyncio.Event()
-
-    async def hold(point: str, _node: str, _epoch: int) -> None:
-        if point == "ended":
-            ended.set()
-            await release.wait()
-
-    gw_b.pause = hold
+    stopping = HeldStop(gw_b)
     settings = liveness_settings(make_settings(nc.connected_url.geturl(), database_url, subjects))
     async with running(settings, [liveness.build(settings)]), gateways.pool.acquire() as db:
-        await gateways.connect(await gateways.gateway("gw-a", nc), 1)
-        await gateways.connect(gw_b, 3)
-        for gw in ("gw-a", "gw-b"):
-            await eventually(lambda gw=gw: _seen(db, gw), what=f"{gw} seen")  # type: ignore[misc]
+        await both_seen(gateways, nc, gw_b, db)
         mark = await _last_seq(nc, subjects)
-        await gw_b.drain()
-        stopping = asyncio.create_task(gw_b.stop())
-        await asyncio.wait_for(ended.wait(), 10)
+        await stopping.drain_and_stop()
         await asyncio.sleep(3 * 2.0)  # its flush stopped: its last life's sight ages
-        release.set()
-        await stopping  # its lease given up
+        await stopping.go()  # its lease given up
         back = await gateways.gateway("gw-b", nc, settings=held_open, autotick=None)
         await asyncio.sleep(1.2)  # swept twice at least, its first flush not made
         assert await db.fetchval(  # held: what it applied is its last life's

@@ -22,14 +22,28 @@ LAST = re.compile(
 )
 
 
+async def _rollout(servers: Servers, tmp_path: Path, *args: str) -> tuple[int, str]:
+    """`bcw bench rollout` on the suite's servers, a line every 5 s: its exit code and output."""
+    return await bcw(
+        "bench",
+        "rollout",
+        *args,
+        "--every",
+        "5",
+        BCW_NATS_URL=servers.nats_url,
+        BCW_DATABASE_URL=servers.postgres_url,
+        TMPDIR=str(tmp_path),
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 async def test_a_small_rollout_moves_every_session_and_loses_nothing(
     servers: Servers, tmp_path: Path
 ) -> None:
-    code, out = await bcw(
-        "bench",
-        "rollout",
+    code, out = await _rollout(
+        servers,
+        tmp_path,
         "--nodes",
         "1200",
         "--gateways",
@@ -40,11 +54,6 @@ async def test_a_small_rollout_moves_every_session_and_loses_nothing(
         "60",
         "--hold",
         "3",
-        "--every",
-        "5",
-        BCW_NATS_URL=servers.nats_url,
-        BCW_DATABASE_URL=servers.postgres_url,
-        TMPDIR=str(tmp_path),
     )
     # The suite runs in parallel: a starved bench process (its gateways run in it) may
     # flush late, and the controller then says that gateway blind and holds its sessions,
@@ -80,9 +89,9 @@ async def test_a_rollout_stopped_after_its_minutes_rolls_no_wave_more_and_says_s
     """`--stop-after`: a fleet too large to roll whole is measured for as long as wanted.
     Stopped after its first wave (a second of rollout), the run says how many gateways it
     rolled, counts only the commands it enqueued, and exits 1: not every gateway rolled."""
-    code, out = await bcw(
-        "bench",
-        "rollout",
+    code, out = await _rollout(
+        servers,
+        tmp_path,
         "--nodes",
         "300",
         "--gateways",
@@ -91,13 +100,8 @@ async def test_a_rollout_stopped_after_its_minutes_rolls_no_wave_more_and_says_s
         "30",
         "--hold",
         "2",
-        "--every",
-        "5",
         "--stop-after",
         "0.0167",
-        BCW_NATS_URL=servers.nats_url,
-        BCW_DATABASE_URL=servers.postgres_url,
-        TMPDIR=str(tmp_path),
     )
     assert code == 1 and "Traceback" not in out and "a task failed" not in out, out
     assert "stopped after 0.0167 min: no wave more" in out, out
