@@ -1,5 +1,5 @@
 """Reference gateways whose sessions heartbeat, as daemons would: for tests of what the
-liveness controller makes of real flushes (`faults/test_blindness.py`,
+liveness controller makes of real flushes (`sight/test_blindness.py`,
 `faults/test_overload.py`). Periods are short: heartbeat 1 s, three missed, flush 1 s."""
 
 from __future__ import annotations

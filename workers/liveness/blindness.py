@@ -61,14 +61,17 @@ RANGE_SIGHTS = """
 SELECT gateway_id, range_start, range_end, applied_at FROM liveness_ranges
  WHERE gateway_id = ANY($1::text[])
 """
-# the gateways whose lease began after $2, when, and whether each holds a session from
-# before it (`seeing.restarted`): few a sweep (those restarted within `blind_after`), each
-# read by its sessions' index until one from before is found
+# the gateways whose lease began after $2: when, whether it was taken after a drained
+# life, and then whether the gateway holds a session from before it (`seeing.restarted`).
+# Few a sweep (leased within `blind_after`); each read through its own sessions (by
+# gateway: `OFFSET 0` keeps the time test out of the scan, which would otherwise walk the
+# whole fleet by `connected_at` when no session is from before), stopping at the first.
 LEASED_LATELY = """
-SELECT g.gateway_id, g.lease_acquired_at,
-       EXISTS (SELECT 1 FROM node_sessions s
-                WHERE s.gateway_id = g.gateway_id AND s.connected_at < g.lease_acquired_at)
-           AS earlier
+SELECT g.gateway_id, g.lease_acquired_at, g.lease_follows_drain,
+       CASE WHEN g.lease_follows_drain THEN EXISTS (
+           SELECT 1 FROM (SELECT s.connected_at FROM node_sessions s
+                           WHERE s.gateway_id = g.gateway_id OFFSET 0) mine
+            WHERE mine.connected_at < g.lease_acquired_at) END AS earlier
   FROM gateways g
  WHERE g.gateway_id = ANY($1::text[]) AND g.lease_acquired_at > $2
 """
@@ -123,7 +126,9 @@ async def read_sights(
             (r["range_start"], r["range_end"], r["applied_at"])
         )
     leased = {
-        r["gateway_id"]: restarted(r["lease_acquired_at"], int(r["earlier"]))
+        r["gateway_id"]: restarted(
+            r["lease_acquired_at"], r["lease_follows_drain"], bool(r["earlier"])
+        )
         for r in await conn.fetch(LEASED_LATELY, sorted(rows), restarted_after)
     }
     sights = {gw: _sight(r, tuple(ranges.get(gw, ())), leased.get(gw)) for gw, r in rows.items()}

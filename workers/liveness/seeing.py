@@ -46,8 +46,8 @@ class GatewaySight:
     ranges: tuple[RangeSight, ...] = ()
     #: the newest of its flushes applied that named no range (each names every session)
     whole_flush_at: datetime | None = None
-    #: when its lease began, if it restarted lately holding no session from before that
-    #: lease (`restarted`); None: it did not, or holds such a session (a crash's: news)
+    #: when its lease began, if it restarted lately after a drained life holding no session
+    #: from before that lease (`restarted`); None: it did not, or not so (a crash: news)
     restarted_at: datetime | None = None
 
     @functools.cached_property
@@ -203,17 +203,20 @@ def just_started(sight: GatewaySight, now: datetime, rules: Rules) -> bool:
     return any(at is not None and now - at <= rules.blind_after for at in started)
 
 
-def restarted(lease_since: datetime | None, earlier_sessions: int) -> datetime | None:
-    """When the gateway's sight starts anew: at its lease's start (`lease_since`), unless it
-    holds `earlier_sessions` from before that lease. Pure.
+def restarted(lease_since: datetime | None, after_drain: bool, earlier: bool) -> datetime | None:
+    """When the gateway's sight starts anew: at its lease's start (`lease_since`), if that
+    lease was taken after a drained life (`after_drain`) and the gateway holds no session
+    from before it (`earlier`); None otherwise. Pure.
 
-    A rolling restart's gateway is drained, closes its sessions and gives its lease up; back
-    under a new lease, it holds nothing of its last life and flushes at once — until that
-    flush is applied, the sight of its last life (older than `blind_after` after a slow
-    drain) must not call it blind (a false alarm seen in a rollout). One that holds a
-    session from before its lease (a crash, its sessions still routed to it; a drain whose
-    closes were not written) is blind as ever: those sessions are unseen, and held."""
-    return lease_since if lease_since is not None and earlier_sessions == 0 else None
+    A rolling restart's gateway is drained, closes its sessions and gives its lease up;
+    back under a new lease it holds nothing of its last life and flushes at once — until
+    that flush is applied, the sight of its last life (older than `blind_after` after a
+    slow drain) must not call it blind (a false alarm seen in a rollout). One that holds a
+    session from before its lease (its closes not written) is blind as ever: those
+    sessions are unseen, and held. So is a lease after an undrained life — a crash, a
+    takeover: restarting faster than `blind_after`, its daemons redialling it at once, a
+    crash-looping gateway would otherwise never be said blind."""
+    return lease_since if lease_since is not None and after_drain and not earlier else None
 
 
 def gone(change: SightChange, sessions: int, drained: bool) -> bool:

@@ -282,27 +282,36 @@ def test_only_a_drained_gateway_without_session_is_gone_rather_than_blind(
     assert gone(change, sessions, drained) == (blind and drained and sessions == 0)
 
 
-# -- a gateway that restarted: its new lease is a start, unless it kept sessions ---------
+# -- a gateway that restarted after a drain: its new lease is a start ------------------
 @given(
     lease_ago=st.one_of(st.none(), st.integers(0, 120)),
-    earlier=st.integers(0, 3),
+    after_drain=st.booleans(),
+    earlier=st.booleans(),
     last_flush_ago=st.one_of(st.none(), st.integers(0, 600)),
     known_for=st.integers(0, 3600),
 )
-def test_a_restart_holding_nothing_from_before_its_lease_is_not_news_for_blind_after(
-    lease_ago: int | None, earlier: int, last_flush_ago: int | None, known_for: int
+def test_a_restart_after_a_drain_holding_nothing_from_before_is_not_news_for_blind_after(
+    lease_ago: int | None,
+    after_drain: bool,
+    earlier: bool,
+    last_flush_ago: int | None,
+    known_for: int,
 ) -> None:
     """The sight of a gateway's last life (`last_flush_ago`, known for `known_for`) under
     a lease begun `lease_ago` s ago: blindness is said as ever, except within `blind_after`
-    (30 s) of a lease begun holding no session from before it — or of a gateway's first
-    appearance, none of its flushes applied yet."""
+    (30 s) of a lease taken after a drained life holding no session from before it — or
+    of a gateway's first appearance, none of its flushes applied yet."""
     since = None if lease_ago is None else NOW - lease_ago * S
     last = None if last_flush_ago is None else NOW - last_flush_ago * S
     sight = GatewaySight(
-        "gw-1", last, None, known_since=NOW - known_for * S, restarted_at=restarted(since, earlier)
+        "gw-1",
+        last,
+        None,
+        known_since=NOW - known_for * S,
+        restarted_at=restarted(since, after_drain, earlier),
     )
     blind = last_flush_ago is None or last_flush_ago > 30
-    restart = lease_ago is not None and earlier == 0 and lease_ago <= 30
+    restart = lease_ago is not None and after_drain and not earlier and lease_ago <= 30
     appearing = last is None and known_for <= 30
     change = sight_change(sight, NOW, RULES)
     assert sees(sight, NOW, RULES) is not blind  # held whether said or not
@@ -310,18 +319,26 @@ def test_a_restart_holding_nothing_from_before_its_lease_is_not_news_for_blind_a
 
 
 @pytest.mark.parametrize(
-    ("lease_ago", "earlier", "said"),
+    ("lease_ago", "after_drain", "earlier", "said"),
     [
-        (1, 0, False),  # back from a drain, its first flush not applied: a start
-        (30, 0, False),
-        (31, 0, True),  # no flush applied a whole `blind_after` into its lease: news
-        (1, 1, True),  # a crash's sessions still routed to it: unseen, held, news
-        (None, 0, True),  # no restart known (a lease before migration 0064)
+        (1, True, False, False),  # back from a drain, its first flush not applied: a start
+        (30, True, False, False),
+        (31, True, False, True),  # no flush applied a whole `blind_after` into it: news
+        (1, True, True, True),  # its closes not written: sessions unseen, held, news
+        (1, False, False, True),  # a crash (loop), a takeover: no start, blind as ever
+        (None, True, False, True),  # no restart known (a lease before migration 0064)
     ],
-    ids=["restarted", "restarted-30s", "restarted-31s", "kept-a-session", "lease-not-known"],
+    ids=[
+        "after-drain",
+        "after-drain-30s",
+        "after-drain-31s",
+        "kept-a-session",
+        "after-a-crash",
+        "lease-not-known",
+    ],
 )
 def test_a_restart_after_a_slow_drain_is_said_blind_only_past_its_grace(
-    lease_ago: int | None, earlier: int, said: bool
+    lease_ago: int | None, after_drain: bool, earlier: bool, said: bool
 ) -> None:
     """The sight of its last life is 45 s old (a drain of thousands of sessions)."""
     since = None if lease_ago is None else NOW - lease_ago * S
@@ -330,7 +347,7 @@ def test_a_restart_after_a_slow_drain_is_said_blind_only_past_its_grace(
         NOW - 45 * S,
         None,
         known_since=NOW - 3600 * S,
-        restarted_at=restarted(since, earlier),
+        restarted_at=restarted(since, after_drain, earlier),
     )
     change = sight_change(sight, NOW, RULES)
     assert change == (SightChange("gw-1", True, 45 * S, "no-flush") if said else None)

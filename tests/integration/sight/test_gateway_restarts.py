@@ -19,10 +19,10 @@ from nats.aio.client import Client as NATS
 from schemas.facts import Liveness
 from schemas.subjects import Subjects
 from tests.integration import fleet
-from tests.integration.faults.test_blindness import _events, _last_seq
 from tests.integration.fleet import Provisioned
 from tests.integration.heartbeats import GATEWAY_SETTINGS, Fleet, liveness_settings
 from tests.integration.heartbeats import seen as _seen
+from tests.integration.sight.test_blindness import _events, _last_seq
 from tests.integration.support import eventually, make_settings, running
 from workers import liveness
 from workers.demo.run import fresh_sweep_history

@@ -1,8 +1,8 @@
 """A gateway's sight belongs to the lease that made it (migration 0064; docs/workers.md,
-"Blindness"): a gateway back under a new lease holding nothing of its last life is a
-gateway that just appeared — not said blind until `blind_after` into its lease with none
-of its flushes applied — while one that still holds a session from before its lease (a
-crash) is blind as ever.
+"Blindness"): a gateway back under a lease taken after a drained life, holding nothing of
+that life, is a gateway that just appeared — not said blind until `blind_after` into its
+lease with none of its flushes applied — while one whose last life was not drained (a
+crash, once or in a loop) is blind as ever.
 
 Seen in a rollout of 20,000 nodes (1 run of 3): a gateway drained slowly, its flush
 stopped; back at once, no sweep having found it away in between, the controller held the
@@ -29,7 +29,6 @@ from nats.aio.client import Client as NATS
 
 from schemas.subjects import Subjects
 from tests.integration import fleet
-from tests.integration.faults.test_blindness import _events, _last_seq
 from tests.integration.heartbeats import (
     GATEWAY_SETTINGS,
     Fleet,
@@ -38,6 +37,7 @@ from tests.integration.heartbeats import (
     liveness_settings,
 )
 from tests.integration.heartbeats import seen as _seen
+from tests.integration.sight.test_blindness import _events, _last_seq
 from tests.integration.support import OUTBOX_MESSAGES, eventually, make_settings, running
 from workers import liveness
 from workers.demo.run import fresh_sweep_history
@@ -101,19 +101,25 @@ async def test_the_lease_start_is_set_by_the_database_whatever_the_writer_says(
     db: asyncpg.Connection, pool: asyncpg.Pool
 ) -> None:
     """The trigger of migration 0064: a lease starts at `compute_now()` of its epoch's
-    write; the same lease keeps its start, whatever a writer sets; a new epoch starts anew
-    (7 s later on the database's clock here)."""
-    start_of = "SELECT lease_acquired_at FROM gateways WHERE gateway_id = 'gw-b'"
-    start = await db.fetchval(start_of)
-    assert abs(start - await db.fetchval("SELECT compute_now()")) < 3 * S
+    write, after a drained life or not; the same lease keeps both, whatever a writer sets;
+    a new epoch starts anew (7 s later on the database's clock here)."""
+    lease_of = (
+        "SELECT lease_acquired_at, lease_follows_drain FROM gateways WHERE gateway_id = 'gw-b'"
+    )
+    start, after_drain = await db.fetchrow(lease_of)
+    assert abs(start - await db.fetchval("SELECT compute_now()")) < 3 * S and not after_drain
     await db.execute("SELECT set_compute_now_offset($1)", 7 * S)
     await db.execute(
         "UPDATE gateways SET lease_acquired_at = compute_now() + interval '1 hour', "
+        "lease_follows_drain = true, draining = true, "
         "lease_expires_at = compute_now() + interval '1 minute' WHERE gateway_id = 'gw-b'"
     )
-    assert await db.fetchval(start_of) == start
-    await db.execute(NEW_LEASE, "gw-b")
-    assert 7 * S <= await db.fetchval(start_of) - start < 10 * S
+    assert tuple(await db.fetchrow(lease_of)) == (start, False)
+    await db.execute(NEW_LEASE, "gw-b")  # its last life drained
+    moved, after_drain = await db.fetchrow(lease_of)
+    assert 7 * S <= moved - start < 10 * S and after_drain
+    await db.execute(NEW_LEASE, "gw-b")  # its last life not drained: a crash, a takeover
+    assert not (await db.fetchrow(lease_of))["lease_follows_drain"]
 
 
 async def test_a_gateway_back_from_a_slow_drain_is_not_blind_until_its_lease_is_as_old(
@@ -168,28 +174,39 @@ async def test_a_gateway_back_from_a_slow_drain_whose_first_flush_is_applied_is_
     assert all("gw-b" not in blind[t] for t in range(50, 70, SWEEP))
 
 
-async def test_a_gateway_that_crashed_and_kept_its_sessions_is_blind_at_once_under_a_new_lease(
-    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+@pytest.mark.parametrize("redialled", [False, True], ids=["kept-its-session", "redialled"])
+async def test_a_gateway_that_crashed_is_blind_as_ever_under_its_new_leases(
+    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects, redialled: bool
 ) -> None:
-    """gw-b holds a session from 0 s; it crashes, undrained, and is back at 20 s under a
-    new lease, its session still routed to it — a session nothing has seen since its
-    last flush (0 s). Blind as ever: said at the first sweep past `blind_after` (30 s, or
-    35 s: the clock runs on between sweeps too), its lease 10 to 15 s old — a restart's grace
-    would have kept it quiet until 50 s."""
+    """gw-b holds a session from 0 s, its last flush applied then. It crashes, undrained,
+    and is back under a new lease at 10 s and at 20 s: its session still routed to it
+    from before (`kept-its-session`), or its node redialled it at once after each restart
+    (`redialled`: a crash loop faster than `blind_after`, which holds no session from
+    before its lease). Nothing has seen that session since 0 s: blind as ever, said at the
+    first sweep past `blind_after` (30 s, or 35 s: the clock runs on between sweeps too),
+    its lease 10 to 15 s old. A grace for each new lease would have kept a crash loop quiet
+    for as long as it lasted."""
     await fleet.session(db, "n1", epoch=1, gateway_id="gw-b")
 
     async def crashed_and_back(db: asyncpg.Connection) -> None:
         await db.execute(NEW_LEASE, "gw-b")
+        if redialled:
+            epoch = await db.fetchval(
+                "SELECT session_epoch FROM node_sessions WHERE node_id = 'n1'"
+            )
+            await fleet.session(db, "n1", epoch=epoch + 1, gateway_id="gw-b")
 
-    blind = await _sweeps(pool, db, subjects, range(0, 40, SWEEP), at20=crashed_and_back)
+    blind = await _sweeps(
+        pool, db, subjects, range(0, 40, SWEEP), at10=crashed_and_back, at20=crashed_and_back
+    )
     assert await _blind_said(db) == [("gw-b", 1)]
     assert blind[25] == () and blind[35] == ("gw-b",)
     said_at = await db.fetchval(
         "SELECT blind_since - lease_acquired_at FROM liveness_gateways JOIN gateways "
         "USING (gateway_id) WHERE gateway_id = 'gw-b'"
     )
-    assert 10 * S <= said_at < 17 * S  # its lease's grace would have ended at 30 s
-    assert await fleet.routing(db, "n1") == (1, "gw-b", None)  # held, not disconnected
+    assert 10 * S <= said_at < 17 * S
+    assert (await fleet.routing(db, "n1"))[1:] == ("gw-b", None)  # held, not disconnected
 
 
 # -- the same with reference gateways, a liveness worker and a real nats-server ----------
