@@ -20,7 +20,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError
 from opentelemetry import context, trace
 
 from schemas import REGISTRY, MessageError
@@ -32,6 +32,7 @@ from workers.gateway.facts import FactPublisher
 from workers.gateway.types import Opening, Session
 from workers.runtime.bus.principals import gateway_durable
 from workers.runtime.bus.pull import ContinuousPull
+from workers.runtime.bus.streams import ProvisionError
 from workers.runtime.observability import tracing
 
 log = logging.getLogger(__name__)
@@ -60,9 +61,24 @@ def consumer_config(subjects: Subjects, gateway_id: str) -> ConsumerConfig:
     )
 
 
+#: the server's error code when a stream has all the consumers it may have
+MAX_CONSUMERS_REACHED = 10026
+
+
 async def provision(js: JetStreamContext, subjects: Subjects, gateway_id: str) -> None:
-    """Make (or correct) the notices consumer of `gateway_id`: `bcw provision`'s, as admin."""
-    await js.add_consumer(subjects.gateway_stream, consumer_config(subjects, gateway_id))
+    """Make (or correct) the notices consumer of `gateway_id`: `bcw provision`'s, as admin.
+    ProvisionError, naming the setting, when the notices stream has all the consumers it
+    may have."""
+    try:
+        await js.add_consumer(subjects.gateway_stream, consumer_config(subjects, gateway_id))
+    except BadRequestError as error:
+        if error.err_code != MAX_CONSUMERS_REACHED:
+            raise
+        raise ProvisionError(
+            f"stream {subjects.gateway_stream} has all the consumers it may have: no notices "
+            f"consumer for gateway {gateway_id}; BCW_NATS_NOTICES_MAX_CONSUMERS bounds a new "
+            "stream's (one a gateway) — recreate the stream to raise it on this one"
+        ) from None
 
 
 class Notices:

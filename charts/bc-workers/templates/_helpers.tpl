@@ -304,6 +304,8 @@ imagePullSecrets:
   value: {{ $v.nats.maxMsgSize | int64 | quote }}
 - name: BCW_NATS_STREAM_MAX_CONSUMERS
   value: {{ $v.nats.streamMaxConsumers | int64 | quote }}
+- name: BCW_NATS_NOTICES_MAX_CONSUMERS
+  value: {{ $v.nats.noticesMaxConsumers | int64 | quote }}
 - name: BCW_NATS_DEAD_LETTERS_PER_SOURCE
   value: {{ $v.nats.deadLettersPerSource | int64 | quote }}
 - name: BCW_NATS_GATEWAYS

@@ -39,6 +39,7 @@ nats:
   oneFactsStream: false
   factsBytesPerGateway: 4294967296
   factsMsgsPerGateway: 5000000
+  noticesMaxConsumers: 4096
   retention:
     facts: 24h
     events: 7d

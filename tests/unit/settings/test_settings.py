@@ -85,6 +85,14 @@ def test_bad_settings_are_refused(monkeypatch: pytest.MonkeyPatch, name: str, va
             "BCW_NATS_TLS_CERT_FILE and BCW_NATS_TLS_KEY_FILE go together",
         ),
         (
+            {
+                "BCW_NATS_NOTICES_MAX_CONSUMERS": "8",
+                "BCW_NATS_GATEWAYS": ",".join(f"gw-{i}" for i in range(9)),
+            },
+            "BCW_NATS_NOTICES_MAX_CONSUMERS (8) is below the 9 gateways listed: each needs a "
+            "notices consumer",
+        ),
+        (
             {"BCW_NATS_FACTS_MAX_AGE": "2d"},
             "BCW_RETENTION_PROCESSED_FACTS (25h) must be above BCW_NATS_FACTS_MAX_AGE (2d)",
         ),

@@ -169,6 +169,15 @@ class NatsSettings(BaseSettings):
         ge=8,
         description="consumers a stream may have at most (set when the stream is created)",
     )
+    notices_max_consumers: int = Field(
+        default=4096,
+        ge=8,
+        le=100_000,
+        description="consumers the gateways' notices stream may have at most: one durable a "
+        "gateway (`bcw provision`), so above the gateways the fleet will run — "
+        "BCW_NATS_STREAM_MAX_CONSUMERS (64) allowed about 60. Set when the stream is created: "
+        "to raise it later, recreate that stream (its notices live an hour) and provision again",
+    )
     fast_path: bool = Field(
         default=True,
         description="write a batch's acks and the relay's fast batches as one write through "
@@ -266,6 +275,15 @@ class NatsSettings(BaseSettings):
                 f"BCW_NATS_FACTS_MSGS_PER_GATEWAY ({self.facts_msgs_per_gateway}) must be at most "
                 f"a tenth of BCW_NATS_STREAM_MAX_MSGS ({self.stream_max_msgs}): one gateway "
                 "must not fill the facts stream for the others"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _every_gateway_a_notices_consumer(self) -> NatsSettings:
+        if len(self.notices_gateways) > self.notices_max_consumers:
+            raise ValueError(
+                f"BCW_NATS_NOTICES_MAX_CONSUMERS ({self.notices_max_consumers}) is below the "
+                f"{len(self.notices_gateways)} gateways listed: each needs a notices consumer"
             )
         return self
 

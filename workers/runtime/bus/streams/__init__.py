@@ -86,6 +86,7 @@ async def ensure_stream(js: JetStreamContext, wanted: StreamConfig, subjects: Su
         log.info("stream %s created", wanted.name)
         return "created"
     _check_switch(info.config, wanted, subjects)
+    _consumers_fixed(info.config, wanted)
     wanted = await _losing_nothing(js, info.config, wanted)
     drift = _drift(info.config, wanted)
     if not drift:
@@ -93,6 +94,20 @@ async def ensure_stream(js: JetStreamContext, wanted: StreamConfig, subjects: Su
     log.warning("stream %s drifted, correcting: %s", wanted.name, drift)
     await js.update_stream(wanted)
     return "updated"
+
+
+def _consumers_fixed(current: StreamConfig, wanted: StreamConfig) -> None:
+    """A stream made with fewer consumers than wanted keeps them (the server cannot change
+    it in place): said in a WARNING, with what to do."""
+    have, want = current.max_consumers or -1, wanted.max_consumers or -1
+    if 0 < have < want or (have > 0 and want < 0):
+        log.warning(
+            "stream %s: at most %d consumers, %d wanted; the server cannot change it in "
+            "place — recreate the stream, then bcw provision, to raise it",
+            wanted.name,
+            have,
+            want,
+        )
 
 
 async def _losing_nothing(

@@ -74,6 +74,9 @@ class StreamLimits:
     #: who publishes dead letters, each to a stream of its own (a process of a worker
     #: not of the fleet's, a test's, names its own)
     dead_publishers: tuple[str, ...] = field(default_factory=dead_publishers)
+    #: the notices stream's consumers at most: a durable each gateway, so above the fleet's
+    #: gateways (`max_consumers` bounds the other streams)
+    notices_consumers: int = 4096
 
     @property
     def per_subject(self) -> int:
@@ -101,6 +104,7 @@ def limits_of(settings: NatsSettings, server_version: str | None = None) -> Stre
         settings.dead_max_bytes,
         server_version is None or server.has_fast_batches(server_version),
         settings.facts_msgs_per_gateway,
+        notices_consumers=settings.notices_max_consumers,
     )
 
 
@@ -120,6 +124,7 @@ def stream_configs(
         sources: list[StreamSource] | None = None,
         max_msgs: int = limits.max_msgs,
         new_per_subject: bool = False,
+        max_consumers: int = limits.max_consumers,
     ) -> StreamConfig:
         return StreamConfig(
             max_msgs_per_subject=per_subject,
@@ -138,7 +143,7 @@ def stream_configs(
             max_bytes=max_bytes,
             max_msgs=max_msgs,
             max_msg_size=limits.max_msg_size,
-            max_consumers=limits.max_consumers,
+            max_consumers=max_consumers,
             # the outbox relay publishes a batch of rows as one fast batch (one PubAck);
             # a server before 2.14 refuses the field itself: not sent there
             allow_batched=True if limits.batched else None,
@@ -193,7 +198,13 @@ def stream_configs(
             old,
             max_bytes=limits.events_bytes or limits.max_bytes,
         ),
-        stream(subjects.gateway_stream, [subjects.all_notices], limits.notices_age, old),
+        stream(
+            subjects.gateway_stream,
+            [subjects.all_notices],
+            limits.notices_age,
+            old,
+            max_consumers=limits.notices_consumers,
+        ),
         # each publisher's own: within it each cause and source keeps its newest letters,
         # so one gateway's junk never evicts another's letters, nor a parked fact
         # (`deadletter.subject_of`); and its bytes are its own
