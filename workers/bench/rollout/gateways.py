@@ -82,13 +82,21 @@ class RolloutGateway(Gateway):
             await self.js.publish(self._subject, body, headers=headers, timeout=30)
 
 
+async def made(
+    pool: asyncpg.Pool, nc: NATS, subjects: Subjects, gateway_id: str, gw: GatewaySettings
+) -> RolloutGateway:
+    """A gateway not started yet: its notices consumer made (as `bcw provision` would)."""
+    await gateway_notices.provision(nc.jetstream(timeout=5.0), subjects, gateway_id)
+    return RolloutGateway(gateway_id, pool, nc, subjects, settings=gw)
+
+
 async def started(
     pool: asyncpg.Pool, nc: NATS, subjects: Subjects, gateway_id: str, gw: GatewaySettings
 ) -> RolloutGateway:
-    """A gateway up: its notices consumer made (as `bcw provision` would), its lease taken."""
-    await gateway_notices.provision(nc.jetstream(timeout=5.0), subjects, gateway_id)
-    gateway = RolloutGateway(gateway_id, pool, nc, subjects, settings=gw)
-    await gateway.start()  # ticks itself: lease, flush
+    """A gateway up: its notices consumer made, its lease taken; it ticks itself (lease,
+    flush)."""
+    gateway = await made(pool, nc, subjects, gateway_id, gw)
+    await gateway.start()
     return gateway
 
 
@@ -154,7 +162,10 @@ async def established(conn: asyncpg.Connection, nodes: int, sample: RolloutDaemo
 
 def attach(gateways: list[RolloutGateway], fleet_: list[RolloutDaemon], credits: int) -> None:
     """Each daemon connected at epoch 1 to its gateway (`gw-<i mod G>`), as `prepare`
-    wrote it: the gateway holds its session, the daemon its stream."""
+    wrote it: the gateway holds its session, the daemon its stream. Before the gateways
+    start: at a million it holds the event loop for seconds, which a gateway holding its
+    lease would not survive (renewed every 5 s, lost after 15)."""
+    told = fleet_[0].inventory_hashes() if fleet_ else {}  # the same inventory for all
     for i, daemon in enumerate(fleet_, start=1):
         gateway = gateways[i % len(gateways)]
         gateway.sessions[daemon.node_id] = Session(
@@ -162,4 +173,4 @@ def attach(gateways: list[RolloutGateway], fleet_: list[RolloutDaemon], credits:
         )
         daemon.gateway, daemon.epoch = gateway, 1
         daemon.welcome_credits = credits
-        daemon.told = daemon.inventory_hashes()
+        daemon.told = dict(told)

@@ -131,11 +131,13 @@ async def run(
         try:
             await wait_until(lambda: workers_bound(nc.jetstream(), subjects), within=120)
             for g in range(gateways):
-                gateway = await gws.started(pool, nc, subjects, f"gw-{g}", gw_settings)
+                gateway = await gws.made(pool, nc, subjects, f"gw-{g}", gw_settings)
                 gateway.on_publish = watch.publish
                 up.append(gateway)
             gws.attach(up, daemons_, gw_settings.credits)
             fleet_ = Daemons(daemons_, up)  # type: ignore[arg-type]
+            for gateway in up:  # each ticks itself from here: lease, flush
+                await gateway.start()
             watcher = await asyncpg.connect(target.database_url, server_settings=WATCHING)
             by_client = BackendCpu()
             tasks += [
