@@ -84,6 +84,10 @@ class Gateway(Frames, Endings):
     #: welcomed yet), and in a graceful `stop()` at `ended` (node "", epoch 0: every session
     #: ended, the lease not given up yet): it holds those windows open
     pause: Callable[[str, str, int], Awaitable[None]] | None = None
+    #: the lease's own connections (take, renew, drain, give up); None: `pool`. A Hello
+    #: storm queues hundreds of calls on `pool`, and a renewal behind them for longer
+    #: than the lease lost it, every session with it (a herd of its own)
+    lease_pool: asyncpg.Pool | None = None
 
     def __post_init__(self) -> None:
         self.js: JetStreamContext = self.nc.jetstream()
@@ -114,7 +118,7 @@ class Gateway(Frames, Endings):
         """Take the lease and follow the notices, and tick every `autotick` seconds by
         itself (5 s: renew the lease, time out silent sessions, flush); None: the caller
         ticks it instead (a simulator does, to move time)."""
-        async with self.pool.acquire() as conn:
+        async with self._leases.acquire() as conn:
             self.lease_epoch = await store.acquire(
                 conn, self.gateway_id, timedelta(seconds=self.settings.lease_ttl)
             )
@@ -159,7 +163,7 @@ class Gateway(Frames, Endings):
             await self._end_all("gateway-shutdown")
             await self._paused("ended", "", 0)
             try:  # its sessions closed: the lease is given up, not left to expire
-                async with self.pool.acquire() as conn:
+                async with self._leases.acquire() as conn:
                     await store.release(conn, self.gateway_id, self.lease_epoch)
             except Exception as error:  # it expires by itself within its TTL
                 log.warning("gateway %s: lease not released (%r)", self.gateway_id, error)
@@ -170,8 +174,12 @@ class Gateway(Frames, Endings):
         """Refuse new Hellos from now on (their nodes go to other gateways) and keep the
         sessions held; or take Hellos again. LeaseGone when the lease was lost."""
         assert self.lease_epoch is not None, "start() first"
-        async with self.pool.acquire() as conn:
+        async with self._leases.acquire() as conn:
             await store.drain(conn, self.gateway_id, self.lease_epoch, draining)
+
+    @property
+    def _leases(self) -> asyncpg.Pool:
+        return self.lease_pool or self.pool
 
     @property
     def alive(self) -> bool:
@@ -347,7 +355,7 @@ class Gateway(Frames, Endings):
         now = self.clock()
         if now - self._renewed_at >= self.settings.renew_every:
             try:
-                async with self.pool.acquire() as conn:
+                async with self._leases.acquire() as conn:
                     await store.renew(
                         conn,
                         self.gateway_id,

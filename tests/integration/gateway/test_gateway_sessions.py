@@ -247,3 +247,40 @@ async def test_silent_sessions_time_out_and_revoked_ones_are_dropped(
         }  # before the revocation
     finally:
         await gw.stop(graceful=False)
+
+
+async def test_a_gateway_renews_its_lease_on_its_own_connections_while_its_calls_queue(
+    database_url: str, nc: NATS, subjects: Subjects, db: asyncpg.Connection
+) -> None:
+    """A Hello storm holds every connection of a gateway's pool (here: its one, held by
+    the test) for longer than its lease (2 s). With `lease_pool` its renewals do not queue
+    behind the storm, and it keeps its lease; without, a renewal waits for a connection
+    the storm holds — at a million nodes, every gateway of the rollout bench lost its
+    lease that way."""
+    await streams.provision_streams(nc.jetstream(), subjects)
+    settings = GatewaySettings(lease_ttl=2.0, renew_every=0.5)
+    calls = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
+    leases = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
+    own = Provisioned("gw-1", calls, nc, subjects, settings=settings, lease_pool=leases)
+    shared = Provisioned("gw-2", calls, nc, subjects, settings=settings)
+    try:
+        await own.start(autotick=None)
+        await shared.start(autotick=None)
+        async with calls.acquire():  # the storm: every call connection taken
+            for _ in range(8):  # 4 s: twice the lease
+                await asyncio.sleep(0.5)
+                await asyncio.wait_for(own.tick(), 1.0)
+            assert own.alive
+            with pytest.raises(TimeoutError):  # its renewal waits behind the storm
+                await asyncio.wait_for(shared.tick(), 1.0)
+        live = await db.fetchval(
+            "SELECT lease_epoch = $1 AND lease_expires_at > compute_now() FROM gateways "
+            "WHERE gateway_id = 'gw-1'",
+            own.lease_epoch,
+        )
+        assert live
+    finally:
+        for gateway in (own, shared):
+            await gateway.stop(graceful=False)
+        await calls.close()
+        await leases.close()

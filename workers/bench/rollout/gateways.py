@@ -13,6 +13,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
+from typing import NamedTuple
 
 import asyncpg
 from nats.aio.client import Client as NATS
@@ -37,14 +38,12 @@ BATCH = 50_000
 NEVER_SILENT = 10**9
 
 
-async def pool(database_url: str, size: int = 16) -> asyncpg.Pool:
+async def pool(database_url: str, size: int = 16, name: str = "bench: gateways") -> asyncpg.Pool:
     """The pool the gateways run on: the runtime's, as a deployed gateway's and `bcw sim`'s
     (a connection handed back is not reset with a round trip of its own: nothing a
     gateway does outlives its transaction)."""
     return await db.create_pool(
-        DatabaseSettings(
-            url=database_url, pool_min=2, pool_max=size, application_name="bench: gateways"
-        )
+        DatabaseSettings(url=database_url, pool_min=2, pool_max=size, application_name=name)
     )
 
 
@@ -82,20 +81,34 @@ class RolloutGateway(Gateway):
             await self.js.publish(self._subject, body, headers=headers, timeout=30)
 
 
+class Pools(NamedTuple):
+    """The bench's gateways' connections: their calls' (shared, as no deployed gateway's
+    is), and their leases' (a renewal never queues behind a wave's Hellos)."""
+
+    calls: asyncpg.Pool
+    leases: asyncpg.Pool
+
+
+async def pools(database_url: str) -> Pools:
+    return Pools(await pool(database_url), await pool(database_url, 4, "bench: gateway leases"))
+
+
 async def made(
-    pool: asyncpg.Pool, nc: NATS, subjects: Subjects, gateway_id: str, gw: GatewaySettings
+    pools: Pools, nc: NATS, subjects: Subjects, gateway_id: str, gw: GatewaySettings
 ) -> RolloutGateway:
     """A gateway not started yet: its notices consumer made (as `bcw provision` would)."""
     await gateway_notices.provision(nc.jetstream(timeout=5.0), subjects, gateway_id)
-    return RolloutGateway(gateway_id, pool, nc, subjects, settings=gw)
+    return RolloutGateway(
+        gateway_id, pools.calls, nc, subjects, settings=gw, lease_pool=pools.leases
+    )
 
 
 async def started(
-    pool: asyncpg.Pool, nc: NATS, subjects: Subjects, gateway_id: str, gw: GatewaySettings
+    pools: Pools, nc: NATS, subjects: Subjects, gateway_id: str, gw: GatewaySettings
 ) -> RolloutGateway:
     """A gateway up: its notices consumer made, its lease taken; it ticks itself (lease,
     flush)."""
-    gateway = await made(pool, nc, subjects, gateway_id, gw)
+    gateway = await made(pools, nc, subjects, gateway_id, gw)
     await gateway.start()
     return gateway
 

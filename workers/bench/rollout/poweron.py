@@ -43,10 +43,10 @@ async def herd(
         finally:
             await conn.close()
         nc = await nats.connect(target.nats_url)
-        pool = await gws.pool(target.database_url)
+        pools = await gws.pools(target.database_url)
         gw_settings = gws.settings(rate=200.0)
         up = [
-            await gws.started(pool, nc, subjects, f"gw-{g}", gw_settings) for g in range(gateways)
+            await gws.started(pools, nc, subjects, f"gw-{g}", gw_settings) for g in range(gateways)
         ]
         stopping = asyncio.Event()
         try:
@@ -79,7 +79,8 @@ async def herd(
             stopping.set()
             for gateway in up:
                 await gateway.stop(graceful=False)
-            await pool.close()
+            for made in pools:
+                await made.close()
             await nc.close()
     return fleet.connects, refusals, nodes - len(fleet.connects)
 

@@ -120,7 +120,7 @@ async def run(
         others = [w for w in WORKERS if w != "liveness"]
         procs |= await spawn_workers(worker_env(target), logs, names=others)
         nc = await nats.connect(target.nats_url, pending_size=256 * 2**20)
-        pool = await gws.pool(target.database_url)
+        pools = await gws.pools(target.database_url)
         watch = RolloutWatch()
         for kind in ("node.disconnected", "node.connected", "gateway.blind", "gateway.seeing"):
             await nc.subscribe(subjects.event(kind), cb=watch.event)
@@ -131,7 +131,7 @@ async def run(
         try:
             await wait_until(lambda: workers_bound(nc.jetstream(), subjects), within=120)
             for g in range(gateways):
-                gateway = await gws.made(pool, nc, subjects, f"gw-{g}", gw_settings)
+                gateway = await gws.made(pools, nc, subjects, f"gw-{g}", gw_settings)
                 gateway.on_publish = watch.publish
                 up.append(gateway)
             gws.attach(up, daemons_, gw_settings.credits)
@@ -179,7 +179,7 @@ async def run(
                     break
                 await _roll(
                     conn,
-                    pool,
+                    pools,
                     nc,
                     subjects,
                     gw_settings,
@@ -218,7 +218,8 @@ async def run(
             for gateway in up:
                 await gateway.stop(graceful=False)
             await stop_workers(procs)
-            await pool.close()
+            for made in pools:
+                await made.close()
             await nc.close()
         await conn.close()
     slopes, notes = tally.rss_slopes(processes.rss_samples, warm_s=hold + 60.0)
@@ -272,7 +273,7 @@ async def run(
 
 async def _roll(
     conn: asyncpg.Connection,
-    pool: asyncpg.Pool,
+    pools: gws.Pools,
     nc: nats.NATS,
     subjects: Subjects,
     gw_settings: gws.GatewaySettings,
@@ -311,7 +312,7 @@ async def _roll(
         said = [fleet_.by_node[n].state() for n in stuck[:5]]
         print(f"  {len(stuck)} session(s) not welcomed elsewhere, e.g. {said}", flush=True)
     for g, gateway in zip(wave, draining, strict=True):  # back, empty, taking new sessions
-        again = await gws.started(pool, nc, subjects, gateway.gateway_id, gw_settings)
+        again = await gws.started(pools, nc, subjects, gateway.gateway_id, gw_settings)
         again.on_publish = watch.publish
         up[g] = again
         fleet_.draining.discard(gateway.gateway_id)
