@@ -230,6 +230,7 @@ ONE_IDEA = {
     "workers/runtime/effects/outbox.py": "the relay: claim, publish in key order, bury",
     "workers/gateway/store.py": "the gateway's calls of its SQL functions, one wrapper each",
     "workers/runtime/effects/consumer.py": "a worker's facts: pulled, in lanes, applied, settled",
+    "workers/runtime/base/runtime_settings.py": "the runtime's settings, a group a server",
     "tests/integration/sight/test_blindness.py": "a gateway's sight: blind, seen again, gone",
     "tests/integration/workers/test_replay.py": "the replay dispatcher, rule by rule",
     "tests/integration/model/test_seed_and_attacker.py": "one state machine and its steps",

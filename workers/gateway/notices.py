@@ -75,9 +75,10 @@ async def provision(js: JetStreamContext, subjects: Subjects, gateway_id: str) -
         if error.err_code != MAX_CONSUMERS_REACHED:
             raise
         raise ProvisionError(
-            f"stream {subjects.gateway_stream} has all the consumers it may have: no notices "
-            f"consumer for gateway {gateway_id}; BCW_NATS_NOTICES_MAX_CONSUMERS bounds a new "
-            "stream's (one a gateway) — recreate the stream to raise it on this one"
+            f"no notices consumer for gateway {gateway_id}: stream {subjects.gateway_stream} "
+            "(or the NATS account) has all the consumers it may have — raise "
+            "BCW_NATS_NOTICES_MAX_CONSUMERS (one a gateway) and run bcw provision again, or "
+            "the account's consumer limit"
         ) from None
 
 

@@ -25,6 +25,7 @@ import asyncpg
 from schemas.events import GatewayBlind, GatewaySeeing
 from schemas.facts import Liveness
 from schemas.subjects import Subjects
+from workers.liveness.decide import Rules
 from workers.liveness.seeing import (
     BlindReason,
     GatewaySight,
@@ -32,6 +33,7 @@ from workers.liveness.seeing import (
     SightChange,
     gone,
     restarted,
+    restarting,
 )
 from workers.runtime.effects import watermarks
 from workers.runtime.effects.batch import OutboxBatch
@@ -61,20 +63,6 @@ RANGE_SIGHTS = """
 SELECT gateway_id, range_start, range_end, applied_at FROM liveness_ranges
  WHERE gateway_id = ANY($1::text[])
 """
-# the gateways whose lease began after $2: when, whether it was taken after a drained
-# life, and then whether the gateway holds a session from before it (`seeing.restarted`).
-# Few a sweep (leased within `blind_after`); each read through its own sessions (by
-# gateway: `OFFSET 0` keeps the time test out of the scan, which would otherwise walk the
-# whole fleet by `connected_at` when no session is from before), stopping at the first.
-LEASED_LATELY = """
-SELECT g.gateway_id, g.lease_acquired_at, g.lease_follows_drain,
-       CASE WHEN g.lease_follows_drain THEN EXISTS (
-           SELECT 1 FROM (SELECT s.connected_at FROM node_sessions s
-                           WHERE s.gateway_id = g.gateway_id OFFSET 0) mine
-            WHERE mine.connected_at < g.lease_acquired_at) END AS earlier
-  FROM gateways g
- WHERE g.gateway_id = ANY($1::text[]) AND g.lease_acquired_at > $2
-"""
 WRITE_SIGHTS = """
 UPDATE liveness_gateways lg
    SET blind_since = t.blind_since, breaker_opened_at = t.opened,
@@ -85,13 +73,25 @@ UPDATE liveness_gateways lg
        AS t(gateway_id, blind_since, opened, reason, sessions)
  WHERE lg.gateway_id = t.gateway_id
 """
-# drained and holding no session, read in one statement (one snapshot): a Hello commits
-# before the drain or is refused by it (`gateway_hello` locks the gateway's row FOR SHARE),
-# so no session it had is missed; a crash leaves `draining` false
-DRAINED_EMPTY = """
-SELECT g.gateway_id FROM gateways g
- WHERE g.gateway_id = ANY($1::text[]) AND g.draining
-   AND NOT EXISTS (SELECT 1 FROM node_sessions s WHERE s.gateway_id = g.gateway_id)
+# Each gateway's state, read in one statement (one snapshot), so that a new lease taken
+# as the sweep runs is seen with the undrain it makes, or not at all: drained and holding
+# no session (`seeing.gone`: a Hello commits before the drain or is refused by it —
+# `gateway_hello` locks the gateway's row FOR SHARE — so no session it had is missed; a
+# crash leaves `draining` false); its lease's start, whether that lease was taken after a
+# drained life and, if so and it began after $2, whether the gateway holds a session from
+# before it (`seeing.restarted`) — read through its own sessions (by gateway: `OFFSET 0`
+# keeps the time test out of the scan, which would otherwise walk the whole fleet by
+# `connected_at`), stopping at the first.
+GATEWAY_STATE = """
+SELECT g.gateway_id, g.lease_acquired_at, g.lease_follows_drain,
+       g.draining AND NOT EXISTS (SELECT 1 FROM node_sessions s WHERE s.gateway_id = g.gateway_id)
+           AS drained_empty,
+       CASE WHEN g.lease_follows_drain AND g.lease_acquired_at > $2 THEN EXISTS (
+           SELECT 1 FROM (SELECT s.connected_at FROM node_sessions s
+                           WHERE s.gateway_id = g.gateway_id OFFSET 0) mine
+            WHERE mine.connected_at < g.lease_acquired_at) END AS earlier
+  FROM gateways g
+ WHERE g.gateway_id = ANY($1::text[])
 """
 # a gone gateway forgotten once its lease is given up or run out (one that keeps it may
 # take Hellos again, `gateway_drain(false)`: its sight is kept, nothing written, and it is
@@ -113,11 +113,10 @@ SELECT gateway_id, count(*) AS n FROM node_sessions
 
 
 async def read_sights(
-    conn: asyncpg.Connection, live_after: datetime, restarted_after: datetime
+    conn: asyncpg.Connection, live_after: datetime
 ) -> tuple[dict[str, asyncpg.Record], dict[str, GatewaySight]]:
     """Every gateway's sight row (made for each gateway whose lease expired after
-    `live_after`), locked; and what the controller knows of its flushes, and of its
-    restart when its lease began after `restarted_after` (`seeing.restarted`)."""
+    `live_after`), locked; and what the controller knows of its flushes."""
     await conn.execute(ENSURE_SIGHTS, live_after)
     rows = {r["gateway_id"]: r for r in await conn.fetch(READ_SIGHTS)}
     ranges: dict[str, list[RangeSight]] = {}
@@ -125,19 +124,11 @@ async def read_sights(
         ranges.setdefault(r["gateway_id"], []).append(
             (r["range_start"], r["range_end"], r["applied_at"])
         )
-    leased = {
-        r["gateway_id"]: restarted(
-            r["lease_acquired_at"], r["lease_follows_drain"], bool(r["earlier"])
-        )
-        for r in await conn.fetch(LEASED_LATELY, sorted(rows), restarted_after)
-    }
-    sights = {gw: _sight(r, tuple(ranges.get(gw, ())), leased.get(gw)) for gw, r in rows.items()}
+    sights = {gw: _sight(r, tuple(ranges.get(gw, ()))) for gw, r in rows.items()}
     return rows, sights
 
 
-def _sight(
-    row: asyncpg.Record, ranges: tuple[RangeSight, ...], restarted_at: datetime | None
-) -> GatewaySight:
+def _sight(row: asyncpg.Record, ranges: tuple[RangeSight, ...]) -> GatewaySight:
     return GatewaySight(
         row["gateway_id"],
         row["last_flush_at"],
@@ -145,7 +136,6 @@ def _sight(
         row["known_since"],
         ranges=ranges,
         whole_flush_at=row["whole_flush_at"],
-        restarted_at=restarted_at,
     )
 
 
@@ -164,20 +154,35 @@ async def consumer_lag(runtime: Runtime) -> float | None:
 
 
 async def worth_saying(
-    conn: asyncpg.Connection, changes: Sequence[SightChange]
+    conn: asyncpg.Connection, changes: Sequence[SightChange], now: datetime, rules: Rules
 ) -> tuple[list[SightChange], dict[str, int], list[str]]:
     """The changes worth saying, how many sessions each of their gateways holds now, and
     the gateways `gone` (drained, no session): nothing said of them, and their sight
-    forgotten (`forget`)."""
+    forgotten (`forget`). Nor is a gateway's blindness said while it is `restarting`
+    (back under a lease taken after a drained life, within `blind_after` of it, holding
+    nothing from before): its sight is kept, and judged again at the next sweep."""
     if not changes:
         return [], {}, []
     gateways = sorted(c.gateway_id for c in changes)
     held = {r["gateway_id"]: r["n"] for r in await conn.fetch(SESSIONS_OF, gateways)}
-    drained = {r["gateway_id"] for r in await conn.fetch(DRAINED_EMPTY, gateways)}
-    away = {
-        c.gateway_id for c in changes if gone(c, held.get(c.gateway_id, 0), c.gateway_id in drained)
+    state = {
+        r["gateway_id"]: r
+        for r in await conn.fetch(GATEWAY_STATE, gateways, now - rules.blind_after)
     }
-    return [c for c in changes if c.gateway_id not in away], held, sorted(away)
+    away, quiet = set(), set()
+    for c in changes:
+        row = state.get(c.gateway_id)
+        if row is None:
+            continue
+        if gone(c, held.get(c.gateway_id, 0), bool(row["drained_empty"])):
+            away.add(c.gateway_id)
+        since = restarted(
+            row["lease_acquired_at"], row["lease_follows_drain"], bool(row["earlier"])
+        )
+        if restarting(c, since, now, rules):
+            quiet.add(c.gateway_id)
+    said = [c for c in changes if c.gateway_id not in away | quiet]
+    return said, held, sorted(away)
 
 
 async def forget(conn: asyncpg.Connection, gone: Sequence[str], now: datetime) -> None:

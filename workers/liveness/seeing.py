@@ -46,9 +46,6 @@ class GatewaySight:
     ranges: tuple[RangeSight, ...] = ()
     #: the newest of its flushes applied that named no range (each names every session)
     whole_flush_at: datetime | None = None
-    #: when its lease began, if it restarted lately after a drained life holding no session
-    #: from before that lease (`restarted`); None: it did not, or not so (a crash: news)
-    restarted_at: datetime | None = None
 
     @functools.cached_property
     def seen(self) -> datetime | None:
@@ -176,31 +173,24 @@ def sight_change(
 
     A gateway that just appeared and whose flushes do not cover it yet is not seen (its
     sessions are held) but not said to be blind either, until it has been known for
-    `blind_after`: a gateway's start is not news. Nor is a restart's (`restarted_at`):
-    under its new lease it is a gateway that just appeared, the sight of its last life
-    notwithstanding.
+    `blind_after`: a gateway's start is not news (nor a restart's: `restarting`).
     """
     blind = not sees(sight, now, rules)
     if blind == (sight.blind_since is not None):
         return None
     seen = seen_at(sight)
-    if blind and just_started(sight, now, rules):
+    just_started = (
+        seen is None
+        and sight.known_since is not None
+        and now - sight.known_since <= rules.blind_after
+    )
+    if blind and just_started:
         return None
     last = seen if seen is not None else sight.last_flush_at
     # a clock that stepped back (NTP; the tests' compute_now offset) gives no negative age
     age = None if last is None else max(timedelta(0), now - last)
     reason = blind_reason(sight, now, rules, lag) if blind else None
     return SightChange(sight.gateway_id, blind, age, reason)
-
-
-def just_started(sight: GatewaySight, now: datetime, rules: Rules) -> bool:
-    """Whether the gateway's sight started within `blind_after` of `now`: known that long
-    at most with none of its flushes applied, or restarted (`restarted`) that long ago at
-    most. Pure."""
-    started = [sight.restarted_at]
-    if seen_at(sight) is None:
-        started.append(sight.known_since)
-    return any(at is not None and now - at <= rules.blind_after for at in started)
 
 
 def restarted(lease_since: datetime | None, after_drain: bool, earlier: bool) -> datetime | None:
@@ -217,6 +207,16 @@ def restarted(lease_since: datetime | None, after_drain: bool, earlier: bool) ->
     takeover: restarting faster than `blind_after`, its daemons redialling it at once, a
     crash-looping gateway would otherwise never be said blind."""
     return lease_since if lease_since is not None and after_drain and not earlier else None
+
+
+def restarting(
+    change: SightChange, restarted_at: datetime | None, now: datetime, rules: Rules
+) -> bool:
+    """Whether a gateway the controller stops seeing has just restarted (`restarted`: its
+    lease began at `restarted_at`, after a drained life, holding nothing from before) and
+    its start is not news yet: within `blind_after` of that lease it is a gateway that
+    just appeared, the sight of its last life notwithstanding — held, not said. Pure."""
+    return change.blind and restarted_at is not None and now - restarted_at <= rules.blind_after
 
 
 def gone(change: SightChange, sessions: int, drained: bool) -> bool:

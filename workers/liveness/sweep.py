@@ -149,9 +149,7 @@ async def sweep_once(
             state = await conn.fetchrow(READ_STATE)
             now: datetime = state["now"]
             plan = plan_sweep(SweepState(state["last_sweep_at"], state["grace_until"]), now, rules)
-            rows, sights = await blindness.read_sights(
-                conn, plan.gateway_expired_before, now - rules.blind_after
-            )
+            rows, sights = await blindness.read_sights(conn, plan.gateway_expired_before)
             seeing = sorted(gw for gw, sight in sights.items() if sees(sight, now, rules))
             changes = [
                 c for sight in sights.values() if (c := sight_change(sight, now, rules, lag))
@@ -189,7 +187,7 @@ async def sweep_once(
                     [before[c["gateway_id"]] for c in going],
                 )
                 stale = await disconnect(conn, stale, now, ["liveness-timeout"] * len(stale))
-            changes, sessions, gone = await blindness.worth_saying(conn, changes)
+            changes, sessions, gone = await blindness.worth_saying(conn, changes, now, rules)
             await blindness.forget(conn, gone, now)
             await blindness.write_sights(
                 conn, rows, changes, sessions, reasons, breaker.changes(breakers, rows, now), now

@@ -41,7 +41,9 @@ from tests.integration.sight.test_blindness import _events, _last_seq
 from tests.integration.support import OUTBOX_MESSAGES, eventually, make_settings, running
 from workers import liveness
 from workers.demo.run import fresh_sweep_history
+from workers.liveness import blindness
 from workers.liveness.decide import Rules
+from workers.liveness.seeing import sight_change
 from workers.liveness.sweep import sweep_once
 
 S = timedelta(seconds=1)
@@ -207,6 +209,40 @@ async def test_a_gateway_that_crashed_is_blind_as_ever_under_its_new_leases(
     )
     assert 10 * S <= said_at < 17 * S
     assert (await fleet.routing(db, "n1"))[1:] == ("gw-b", None)  # held, not disconnected
+
+
+@pytest.mark.parametrize("leased", ["between", "after"])
+async def test_a_new_lease_taken_as_a_sweep_runs_is_seen_with_its_undrain_or_not_at_all(
+    db: asyncpg.Connection, pool: asyncpg.Pool, leased: str
+) -> None:
+    """The race a rollout of 100,000 nodes found (1 gateway of 25): gw-b, drained and
+    empty, its lease given up, its last flush 45 s old; a sweep read its sight and found
+    it blind, then — before it judged what to say — gw-b took a new lease, which undrains
+    it. Its lease read with its sight and its drain read later, the sweep saw an old
+    lease and an undrained gateway: neither gone nor restarted, said blind. Held open
+    here between the sweep's two reads: the state it judges by is read in one statement,
+    so it sees the new lease with its undrain (`between`: a restart, not said) or neither
+    (`after`: gone, not said, forgotten)."""
+    await db.execute("UPDATE gateways SET draining = true WHERE gateway_id = 'gw-b'")
+    await db.execute("SELECT set_compute_now_offset($1)", 40 * S)
+    await db.execute(
+        "UPDATE gateways SET lease_expires_at = compute_now() WHERE gateway_id = 'gw-b'"
+    )
+    await db.execute("SELECT set_compute_now_offset($1)", 45 * S)
+    await fleet.flushed(db, "gw-a")  # gw-a flushes on
+    rules = Rules()
+    async with pool.acquire() as conn, conn.transaction():
+        now = await conn.fetchval("SELECT compute_now()")
+        _rows, sights = await blindness.read_sights(conn, now - rules.gateway_grace)
+        changes = [c for s in sights.values() if (c := sight_change(s, now, rules))]
+        assert [(c.gateway_id, c.blind) for c in changes] == [("gw-b", True)]
+        if leased == "between":
+            await db.execute(NEW_LEASE, "gw-b")  # committed on another connection
+        said, _held, gone = await blindness.worth_saying(conn, changes, now, rules)
+    if leased == "after":
+        await db.execute(NEW_LEASE, "gw-b")
+    assert said == []
+    assert gone == ([] if leased == "between" else ["gw-b"])
 
 
 # -- the same with reference gateways, a liveness worker and a real nats-server ----------

@@ -21,6 +21,7 @@ from workers.liveness.seeing import (
     covered_at,
     gone,
     restarted,
+    restarting,
     seen_at,
     sees,
     sight_change,
@@ -303,19 +304,16 @@ def test_a_restart_after_a_drain_holding_nothing_from_before_is_not_news_for_bli
     of a gateway's first appearance, none of its flushes applied yet."""
     since = None if lease_ago is None else NOW - lease_ago * S
     last = None if last_flush_ago is None else NOW - last_flush_ago * S
-    sight = GatewaySight(
-        "gw-1",
-        last,
-        None,
-        known_since=NOW - known_for * S,
-        restarted_at=restarted(since, after_drain, earlier),
-    )
+    sight = GatewaySight("gw-1", last, None, known_since=NOW - known_for * S)
     blind = last_flush_ago is None or last_flush_ago > 30
     restart = lease_ago is not None and after_drain and not earlier and lease_ago <= 30
     appearing = last is None and known_for <= 30
     change = sight_change(sight, NOW, RULES)
+    quiet = change is not None and restarting(
+        change, restarted(since, after_drain, earlier), NOW, RULES
+    )
     assert sees(sight, NOW, RULES) is not blind  # held whether said or not
-    assert (change is not None) is (blind and not restart and not appearing)
+    assert (change is not None and not quiet) is (blind and not restart and not appearing)
 
 
 @pytest.mark.parametrize(
@@ -342,12 +340,9 @@ def test_a_restart_after_a_slow_drain_is_said_blind_only_past_its_grace(
 ) -> None:
     """The sight of its last life is 45 s old (a drain of thousands of sessions)."""
     since = None if lease_ago is None else NOW - lease_ago * S
-    sight = GatewaySight(
-        "gw-1",
-        NOW - 45 * S,
-        None,
-        known_since=NOW - 3600 * S,
-        restarted_at=restarted(since, after_drain, earlier),
-    )
+    sight = GatewaySight("gw-1", NOW - 45 * S, None, known_since=NOW - 3600 * S)
     change = sight_change(sight, NOW, RULES)
-    assert change == (SightChange("gw-1", True, 45 * S, "no-flush") if said else None)
+    assert change == SightChange("gw-1", True, 45 * S, "no-flush")
+    assert restarting(change, restarted(since, after_drain, earlier), NOW, RULES) is not said
+    seeing_again = SightChange("gw-1", False, 1 * S)
+    assert not restarting(seeing_again, restarted(since, after_drain, earlier), NOW, RULES)

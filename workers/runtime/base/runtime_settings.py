@@ -167,7 +167,8 @@ class NatsSettings(BaseSettings):
     stream_max_consumers: int = Field(
         default=64,
         ge=8,
-        description="consumers a stream may have at most (set when the stream is created)",
+        description="consumers a stream may have at most (`bcw provision` changes an existing "
+        "stream's on nats-server 2.12 and later)",
     )
     notices_max_consumers: int = Field(
         default=4096,
@@ -175,8 +176,8 @@ class NatsSettings(BaseSettings):
         le=100_000,
         description="consumers the gateways' notices stream may have at most: one durable a "
         "gateway (`bcw provision`), so above the gateways the fleet will run — "
-        "BCW_NATS_STREAM_MAX_CONSUMERS (64) allowed about 60. Set when the stream is created: "
-        "to raise it later, recreate that stream (its notices live an hour) and provision again",
+        "BCW_NATS_STREAM_MAX_CONSUMERS (64) allowed about 60. `bcw provision` changes an "
+        "existing stream's (nats-server 2.12 and later; one before refuses: recreate the stream)",
     )
     fast_path: bool = Field(
         default=True,

@@ -48,7 +48,10 @@ _UPDATABLE = (
     "discard_new_per_subject",
     "allow_batched",
     "sources",
-)  # max_consumers is set at creation: the server refuses to change it
+    # changed in place since nats-server 2.12 (one before it refuses the update, said in
+    # its error: recreate the stream there)
+    "max_consumers",
+)
 _FIXED = ("retention", "storage")
 #: the server's error code for a stream whose subjects another stream takes
 _OVERLAP = 10065
@@ -86,7 +89,6 @@ async def ensure_stream(js: JetStreamContext, wanted: StreamConfig, subjects: Su
         log.info("stream %s created", wanted.name)
         return "created"
     _check_switch(info.config, wanted, subjects)
-    _consumers_fixed(info.config, wanted)
     wanted = await _losing_nothing(js, info.config, wanted)
     drift = _drift(info.config, wanted)
     if not drift:
@@ -94,20 +96,6 @@ async def ensure_stream(js: JetStreamContext, wanted: StreamConfig, subjects: Su
     log.warning("stream %s drifted, correcting: %s", wanted.name, drift)
     await js.update_stream(wanted)
     return "updated"
-
-
-def _consumers_fixed(current: StreamConfig, wanted: StreamConfig) -> None:
-    """A stream made with fewer consumers than wanted keeps them (the server cannot change
-    it in place): said in a WARNING, with what to do."""
-    have, want = current.max_consumers or -1, wanted.max_consumers or -1
-    if 0 < have < want or (have > 0 and want < 0):
-        log.warning(
-            "stream %s: at most %d consumers, %d wanted; the server cannot change it in "
-            "place — recreate the stream, then bcw provision, to raise it",
-            wanted.name,
-            have,
-            want,
-        )
 
 
 async def _losing_nothing(
