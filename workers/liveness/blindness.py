@@ -74,19 +74,18 @@ UPDATE liveness_gateways lg
  WHERE lg.gateway_id = t.gateway_id
 """
 # Each gateway's state, read in one statement (one snapshot), so that a new lease taken
-# as the sweep runs is seen with the undrain it makes, or not at all: drained and holding
-# no session (`seeing.gone`: a Hello commits before the drain or is refused by it —
+# or a close committed as the sweep runs is seen with the rest, or not at all: drained and
+# its sessions, none (`seeing.gone`: a Hello commits before the drain or is refused by it —
 # `gateway_hello` locks the gateway's row FOR SHARE — so no session it had is missed; a
 # crash leaves `draining` false); its lease's start, whether that lease was taken after a
 # drained life and, if so and it began after $2, whether the gateway holds a session from
-# before it (`seeing.restarted`) — read through its own sessions (by gateway: `OFFSET 0`
+# before it (`seeing.restarted`; not read, an older lease: taken as yes) — read through its own sessions (by gateway: `OFFSET 0`
 # keeps the time test out of the scan, which would otherwise walk the whole fleet by
 # `connected_at`), stopping at the first.
 GATEWAY_STATE = """
-SELECT g.gateway_id, g.lease_acquired_at, g.lease_follows_drain,
-       g.draining AND NOT EXISTS (SELECT 1 FROM node_sessions s WHERE s.gateway_id = g.gateway_id)
-           AS drained_empty,
-       CASE WHEN g.lease_follows_drain AND g.lease_acquired_at > $2 THEN EXISTS (
+SELECT g.gateway_id, g.lease_acquired_at, g.lease_follows_drain, g.draining,
+       (SELECT count(*) FROM node_sessions s WHERE s.gateway_id = g.gateway_id) AS n,
+       CASE WHEN g.lease_follows_drain AND g.lease_acquired_at >= $2 THEN EXISTS (
            SELECT 1 FROM (SELECT s.connected_at FROM node_sessions s
                            WHERE s.gateway_id = g.gateway_id OFFSET 0) mine
             WHERE mine.connected_at < g.lease_acquired_at) END AS earlier
@@ -106,10 +105,6 @@ DELETE FROM liveness_ranges WHERE ctid IN (
     SELECT ctid FROM liveness_ranges WHERE gateway_id = ANY($1::text[]) FOR UPDATE SKIP LOCKED)
 """
 FORGET_SIGHTS = "DELETE FROM liveness_gateways WHERE gateway_id = ANY($1::text[])"
-SESSIONS_OF = """
-SELECT gateway_id, count(*) AS n FROM node_sessions
- WHERE gateway_id = ANY($1::text[]) GROUP BY gateway_id
-"""
 
 
 async def read_sights(
@@ -164,21 +159,20 @@ async def worth_saying(
     if not changes:
         return [], {}, []
     gateways = sorted(c.gateway_id for c in changes)
-    held = {r["gateway_id"]: r["n"] for r in await conn.fetch(SESSIONS_OF, gateways)}
     state = {
         r["gateway_id"]: r
         for r in await conn.fetch(GATEWAY_STATE, gateways, now - rules.blind_after)
     }
+    held = {gw: int(r["n"]) for gw, r in state.items() if r["n"]}
     away, quiet = set(), set()
     for c in changes:
         row = state.get(c.gateway_id)
-        if row is None:
+        if row is None:  # it never took a lease: blind as ever
             continue
-        if gone(c, held.get(c.gateway_id, 0), bool(row["drained_empty"])):
+        if gone(c, int(row["n"]), bool(row["draining"])):
             away.add(c.gateway_id)
-        since = restarted(
-            row["lease_acquired_at"], row["lease_follows_drain"], bool(row["earlier"])
-        )
+        earlier = row["earlier"] is not False  # not read (an older lease): taken as yes
+        since = restarted(row["lease_acquired_at"], row["lease_follows_drain"], earlier)
         if restarting(c, since, now, rules):
             quiet.add(c.gateway_id)
     said = [c for c in changes if c.gateway_id not in away | quiet]
