@@ -1,4 +1,4 @@
-"""Fixtures of the fault tests (a module may define its own of the same name)."""
+"""Fixtures of the sight tests (a module may define its own of the same name)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,19 @@ from workers.runtime.bus import streams
 
 
 @pytest.fixture
-async def gateways(database_url: str, nc: NATS, subjects: Subjects) -> AsyncIterator[Fleet]:
-    """Reference gateways whose sessions heartbeat, on a pool of their own; a fresh sweep
-    history (no outage grace from the template's clock)."""
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=6)
-    await fresh_sweep_history(pool)
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    """The test's pool, with a fresh sweep history (no outage grace from the template's
+    clock)."""
+    made = await asyncpg.create_pool(database_url, min_size=1, max_size=8)
+    await fresh_sweep_history(made)
+    yield made
+    await made.close()
+
+
+@pytest.fixture
+async def gateways(pool: asyncpg.Pool, nc: NATS, subjects: Subjects) -> AsyncIterator[Fleet]:
+    """Reference gateways whose sessions heartbeat, on the test's pool; the streams made."""
     await streams.provision_streams(nc.jetstream(), subjects)
     made = Fleet(pool, subjects)
     yield made
     await made.stop()
-    await pool.close()

@@ -49,25 +49,8 @@ from workers.bench.proxy import Mode, TcpProxy
 from workers.demo.run import fresh_sweep_history
 from workers.liveness.decide import Rules
 from workers.liveness.sweep import sweep_once
-from workers.runtime.bus import streams
 
 S = timedelta(seconds=1)
-
-
-@pytest.fixture
-async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=6)
-    await fresh_sweep_history(pool)
-    yield pool
-    await pool.close()
-
-
-@pytest.fixture
-async def gateways(pool: asyncpg.Pool, nc: NATS, subjects: Subjects) -> AsyncIterator[Fleet]:
-    await streams.provision_streams(nc.jetstream(), subjects)
-    made = Fleet(pool, subjects)
-    yield made
-    await made.stop()
 
 
 async def _events(

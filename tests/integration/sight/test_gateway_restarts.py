@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -25,30 +24,12 @@ from tests.integration.heartbeats import seen as _seen
 from tests.integration.sight.test_blindness import _events, _last_seq
 from tests.integration.support import eventually, make_settings, running
 from workers import liveness
-from workers.demo.run import fresh_sweep_history
 from workers.gateway import Gateway
-from workers.runtime.bus import streams
 
 SLOW = dataclasses.replace(GATEWAY_SETTINGS, flush_period=1.5)
 LEASE = """
 SELECT lease_epoch = $2 AND lease_expires_at > compute_now() FROM gateways WHERE gateway_id = $1
 """
-
-
-@pytest.fixture
-async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=8)
-    await fresh_sweep_history(pool)
-    yield pool
-    await pool.close()
-
-
-@pytest.fixture
-async def gateways(pool: asyncpg.Pool, nc: NATS, subjects: Subjects) -> AsyncIterator[Fleet]:
-    await streams.provision_streams(nc.jetstream(), subjects)
-    made = Fleet(pool, subjects)
-    yield made
-    await made.stop()
 
 
 class Watched:

@@ -87,7 +87,7 @@ async def _drained(db: asyncpg.Connection) -> None:
 
 
 @pytest.fixture
-async def pool(database_url: str, db: asyncpg.Connection) -> AsyncIterator[asyncpg.Pool]:
+async def sweeping(database_url: str, db: asyncpg.Connection) -> AsyncIterator[asyncpg.Pool]:
     """gw-a and gw-b leased for 10 minutes, both flushed at 0 s."""
     await db.execute("SELECT set_compute_now_offset($1)", 0 * S)
     for gw in ("gw-a", "gw-b"):
@@ -100,7 +100,7 @@ async def pool(database_url: str, db: asyncpg.Connection) -> AsyncIterator[async
 
 
 async def test_the_lease_start_is_set_by_the_database_whatever_the_writer_says(
-    db: asyncpg.Connection, pool: asyncpg.Pool
+    db: asyncpg.Connection, sweeping: asyncpg.Pool
 ) -> None:
     """The trigger of migration 0064: a lease starts at `compute_now()` of its epoch's
     write, after a drained life or not; the same lease keeps both, whatever a writer sets;
@@ -125,7 +125,7 @@ async def test_the_lease_start_is_set_by_the_database_whatever_the_writer_says(
 
 
 async def test_a_gateway_back_from_a_slow_drain_is_not_blind_until_its_lease_is_as_old(
-    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+    db: asyncpg.Connection, sweeping: asyncpg.Pool, subjects: Subjects
 ) -> None:
     """gw-b drained at 1 s, empty, its flush stopped (its last applied at 0 s), its lease
     kept while it stops: gone, nothing said. At 42 s it is back under a new lease — no
@@ -141,7 +141,7 @@ async def test_a_gateway_back_from_a_slow_drain_is_not_blind_until_its_lease_is_
         await fleet.session(db, "n1", epoch=1, gateway_id="gw-b")  # under its new lease
         await db.execute("SELECT set_compute_now_offset($1)", 45 * S)
 
-    blind = await _sweeps(pool, db, subjects, range(0, 90, SWEEP), at5=_drained, at45=back)
+    blind = await _sweeps(sweeping, db, subjects, range(0, 90, SWEEP), at5=_drained, at45=back)
     said = await _blind_said(db)
     assert said == [("gw-b", 1)]
     late = await db.fetchval(
@@ -153,7 +153,7 @@ async def test_a_gateway_back_from_a_slow_drain_is_not_blind_until_its_lease_is_
 
 
 async def test_a_gateway_back_from_a_slow_drain_whose_first_flush_is_applied_is_never_blind(
-    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects
+    db: asyncpg.Connection, sweeping: asyncpg.Pool, subjects: Subjects
 ) -> None:
     """As above, its first flush applied at 48 s: seen at the sweep of 50 s, and nothing
     ever said of it (on f1b1a43 it was said blind at 45 s, holding no session)."""
@@ -169,7 +169,7 @@ async def test_a_gateway_back_from_a_slow_drain_whose_first_flush_is_applied_is_
         await db.execute("SELECT set_compute_now_offset($1)", 50 * S)
 
     blind = await _sweeps(
-        pool, db, subjects, range(0, 70, SWEEP), at5=_drained, at45=back, at50=flushed
+        sweeping, db, subjects, range(0, 70, SWEEP), at5=_drained, at45=back, at50=flushed
     )
     assert await _blind_said(db) == []
     assert "gw-b" in blind[45]  # held until its first flush is applied
@@ -178,7 +178,7 @@ async def test_a_gateway_back_from_a_slow_drain_whose_first_flush_is_applied_is_
 
 @pytest.mark.parametrize("redialled", [False, True], ids=["kept-its-session", "redialled"])
 async def test_a_gateway_that_crashed_is_blind_as_ever_under_its_new_leases(
-    db: asyncpg.Connection, pool: asyncpg.Pool, subjects: Subjects, redialled: bool
+    db: asyncpg.Connection, sweeping: asyncpg.Pool, subjects: Subjects, redialled: bool
 ) -> None:
     """gw-b holds a session from 0 s, its last flush applied then. It crashes, undrained,
     and is back under a new lease at 10 s and at 20 s: its session still routed to it
@@ -199,7 +199,7 @@ async def test_a_gateway_that_crashed_is_blind_as_ever_under_its_new_leases(
             await fleet.session(db, "n1", epoch=epoch + 1, gateway_id="gw-b")
 
     blind = await _sweeps(
-        pool, db, subjects, range(0, 40, SWEEP), at10=crashed_and_back, at20=crashed_and_back
+        sweeping, db, subjects, range(0, 40, SWEEP), at10=crashed_and_back, at20=crashed_and_back
     )
     assert await _blind_said(db) == [("gw-b", 1)]
     assert blind[25] == () and blind[35] == ("gw-b",)
@@ -213,7 +213,7 @@ async def test_a_gateway_that_crashed_is_blind_as_ever_under_its_new_leases(
 
 @pytest.mark.parametrize("leased", ["between", "after"])
 async def test_a_new_lease_taken_as_a_sweep_runs_is_seen_with_its_undrain_or_not_at_all(
-    db: asyncpg.Connection, pool: asyncpg.Pool, leased: str
+    db: asyncpg.Connection, sweeping: asyncpg.Pool, leased: str
 ) -> None:
     """The race a rollout of 100,000 nodes found (1 gateway of 25): gw-b, drained and
     empty, its lease given up, its last flush 45 s old; a sweep read its sight and found
@@ -231,7 +231,7 @@ async def test_a_new_lease_taken_as_a_sweep_runs_is_seen_with_its_undrain_or_not
     await db.execute("SELECT set_compute_now_offset($1)", 45 * S)
     await fleet.flushed(db, "gw-a")  # gw-a flushes on
     rules = Rules()
-    async with pool.acquire() as conn, conn.transaction():
+    async with sweeping.acquire() as conn, conn.transaction():
         now = await conn.fetchval("SELECT compute_now()")
         _rows, sights = await blindness.read_sights(conn, now - rules.gateway_grace)
         changes = [c for s in sights.values() if (c := sight_change(s, now, rules))]
