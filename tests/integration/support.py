@@ -10,13 +10,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -77,6 +81,45 @@ async def handle_tally(tx: Tx, facts: Sequence[Fact]) -> Mapping[uuid.UUID, Outc
         for f in facts
         if isinstance(f, Status) and f.node_id.startswith("stale-")
     }
+
+
+#: the repository's root: where `python -m tests.integration.tally_process` runs from
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def spawn_tally(
+    nats_url: str, database_url: str, subjects: Subjects, **env: str
+) -> Awaitable[asyncio.subprocess.Process]:
+    """A tally worker in a process of its own (`tests.integration.tally_process`), for a
+    test that kills or signals it; `env` over its settings (health on a free port, JSON
+    logs). Its output is dropped, not piped: nobody reads it, and a process that logs
+    64 KiB (retries on a loaded machine) would block on a full pipe and stall the very
+    thing under test."""
+    return asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.integration.tally_process",
+        env={
+            **os.environ,
+            "BCW_DATABASE_URL": database_url,
+            "BCW_NATS_URL": nats_url,
+            "BCW_SUBJECT_ROOT": subjects.root,
+            "BCW_HEALTH_PORT": "0",
+            "BCW_LOG_FORMAT": "json",
+            **env,
+        },
+        cwd=ROOT,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+
+
+async def tally_pulling(js: JetStreamContext, subjects: Subjects) -> bool:
+    """Whether a process waits on the tally consumer for facts (a pull request open)."""
+    try:
+        return (await js.consumer_info(subjects.facts_stream, "tally")).num_waiting > 0
+    except NotFoundError:
+        return False
 
 
 def build_tally(settings: Settings | None = None) -> Worker:

@@ -8,17 +8,14 @@ These tests restart the session's own servers, so they need the embedded ones.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 import time
-from pathlib import Path
+from asyncio.subprocess import Process
+from collections.abc import Awaitable
 
 import asyncpg
-import nats.js.errors
 import pytest
 from nats.aio.client import Client as NATS
-from nats.js import JetStreamContext
 
 from schemas.subjects import Subjects
 from tests.conftest import Servers
@@ -31,44 +28,24 @@ from tests.integration.support import (
     publish_fact,
     publish_through_outages,
     running,
+    spawn_tally,
     status_fact,
     stream_messages,
+    tally_pulling,
 )
 from workers.runtime.bus import streams
 
-ROOT = Path(__file__).resolve().parents[3]
 
-
-def _spawn(servers: Servers, database_url: str, subjects: Subjects) -> asyncio.subprocess.Process:
-    env = {
-        **os.environ,
-        "BCW_DATABASE_URL": database_url,
-        "BCW_NATS_URL": servers.nats_url,
-        "BCW_SUBJECT_ROOT": subjects.root,
-        "BCW_HEALTH_PORT": "0",
-        "BCW_CONSUMER_ACK_WAIT": "2",
-        "BCW_DATABASE_COMMAND_TIMEOUT": "1.5",
-        "BCW_LOG_FORMAT": "json",
-    }
-    return asyncio.create_subprocess_exec(  # type: ignore[return-value]
-        sys.executable,
-        "-m",
-        "tests.integration.tally_process",
-        env=env,
-        cwd=ROOT,
-        # not PIPE: nobody reads it, and a process that logs 64 KiB (retries on a loaded
-        # machine) would block on a full pipe and stall the very thing under test
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
+def _spawn(servers: Servers, database_url: str, subjects: Subjects) -> Awaitable[Process]:
+    """A tally process whose deliveries are redelivered 2 s after, its statements bounded
+    at 1.5 s."""
+    return spawn_tally(
+        servers.nats_url,
+        database_url,
+        subjects,
+        BCW_CONSUMER_ACK_WAIT="2",
+        BCW_DATABASE_COMMAND_TIMEOUT="1.5",
     )
-
-
-async def _pulling(js: JetStreamContext, subjects: Subjects) -> bool:
-    """Whether a process waits on the tally consumer for facts (a pull request open)."""
-    try:
-        return (await js.consumer_info(subjects.facts_stream, "tally")).num_waiting > 0
-    except nats.js.errors.NotFoundError:
-        return False
 
 
 async def _effect_histogram(database_url: str) -> dict[int, int]:
@@ -133,7 +110,7 @@ async def test_sigterm_drains_and_exits_zero_within_10_seconds(
     try:
         # up and pulling before it is told to stop: the first may have left it nothing to
         # do, and a SIGTERM while the interpreter itself boots ends any Python process
-        await eventually(lambda: _pulling(js, subjects), within=30, what="the restart pulling")
+        await eventually(lambda: tally_pulling(js, subjects), within=30, what="the restart pulling")
         await eventually(lambda: _exactly(tally_db, 2000), within=60, what="every fact")
         await eventually(lambda: _outbox_empty(tally_db), what="outbox drained")
     finally:

@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import asyncpg
-import nats.js.errors
 import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -31,45 +27,14 @@ from tests.integration.support import (
     make_settings,
     publish_fact,
     running,
+    spawn_tally,
     status_fact,
+    tally_pulling,
 )
 from workers.runtime.bus import streams
 from workers.runtime.bus.pull import ContinuousPull
 
-ROOT = Path(__file__).resolve().parents[3]
-
-
 # -- the worker: a stop while a batch lingers, and one node's order over two lanes --------
-
-
-def _spawn(
-    servers: Servers, database_url: str, subjects: Subjects, **env: str
-) -> asyncio.subprocess.Process:
-    return asyncio.create_subprocess_exec(  # type: ignore[return-value]
-        sys.executable,
-        "-m",
-        "tests.integration.tally_process",
-        env={
-            **os.environ,
-            "BCW_DATABASE_URL": database_url,
-            "BCW_NATS_URL": servers.nats_url,
-            "BCW_SUBJECT_ROOT": subjects.root,
-            "BCW_HEALTH_PORT": "0",
-            "BCW_CONSUMER_ACK_WAIT": "30",
-            "BCW_LOG_FORMAT": "json",
-            **env,
-        },
-        cwd=ROOT,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-
-
-async def _pulling(js: JetStreamContext, subjects: Subjects) -> bool:
-    try:
-        return (await js.consumer_info(subjects.facts_stream, "tally")).num_waiting > 0
-    except nats.js.errors.NotFoundError:
-        return False
 
 
 async def _in_order(database_url: str) -> list[str]:
@@ -117,18 +82,18 @@ async def test_sigterm_while_a_batch_lingers_loses_nothing_and_applies_nothing_t
     time; a restart finds every fact applied once, each node's in stream order."""
     js = nc.jetstream()
     await streams.provision_streams(js, subjects)
-    env = {"BCW_CONSUMER_LINGER": linger, "BCW_CONSUMER_LANES": "2"}
+    env = {"BCW_CONSUMER_LINGER": linger, "BCW_CONSUMER_LANES": "2", "BCW_CONSUMER_ACK_WAIT": "30"}
     total = 150
     trickle = asyncio.create_task(_trickle(js, subjects, total, 0.04))
     stops = []
     for _ in range(2):  # two stops, each in the middle of the trickle
-        process = await _spawn(servers, tally_db, subjects, **env)
-        await eventually(lambda: _pulling(js, subjects), within=30, what="pulling")
+        process = await spawn_tally(servers.nats_url, tally_db, subjects, **env)
+        await eventually(lambda: tally_pulling(js, subjects), within=30, what="pulling")
         await asyncio.sleep(1.3)  # a batch or two applied, the next lingering
         started = time.monotonic()
         process.send_signal(signal.SIGTERM)
         stops.append((await asyncio.wait_for(process.wait(), 15), time.monotonic() - started))
-    last = await _spawn(servers, tally_db, subjects, **env)
+    last = await spawn_tally(servers.nats_url, tally_db, subjects, **env)
     try:
         await trickle
         await eventually(lambda: _count_is(tally_db, total), within=60, what="every fact applied")
