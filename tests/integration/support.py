@@ -122,6 +122,16 @@ async def tally_pulling(js: JetStreamContext, subjects: Subjects) -> bool:
         return False
 
 
+async def tally_effects(database_url: str) -> dict[int, int]:
+    """How many tally rows were applied each number of times: {effects: rows} (1: once)."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch("SELECT effects, count(*) AS n FROM tally GROUP BY effects")
+        return {r["effects"]: r["n"] for r in rows}
+    finally:
+        await conn.close()
+
+
 def build_tally(settings: Settings | None = None) -> Worker:
     # its status facts are about no real session: not checked against issued epochs
     return Worker(

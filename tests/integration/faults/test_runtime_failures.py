@@ -13,7 +13,6 @@ import time
 from asyncio.subprocess import Process
 from collections.abc import Awaitable
 
-import asyncpg
 import pytest
 from nats.aio.client import Client as NATS
 
@@ -31,6 +30,7 @@ from tests.integration.support import (
     spawn_tally,
     status_fact,
     stream_messages,
+    tally_effects,
     tally_pulling,
 )
 from workers.runtime.bus import streams
@@ -46,15 +46,6 @@ def _spawn(servers: Servers, database_url: str, subjects: Subjects) -> Awaitable
         BCW_CONSUMER_ACK_WAIT="2",
         BCW_DATABASE_COMMAND_TIMEOUT="1.5",
     )
-
-
-async def _effect_histogram(database_url: str) -> dict[int, int]:
-    conn = await asyncpg.connect(database_url)
-    try:
-        rows = await conn.fetch("SELECT effects, count(*) AS n FROM tally GROUP BY effects")
-        return {r["effects"]: r["n"] for r in rows}
-    finally:
-        await conn.close()
 
 
 async def _tally(database_url: str) -> int:
@@ -85,7 +76,7 @@ async def test_kill_9_mid_batch_loses_nothing_and_duplicates_nothing(
     finally:
         second.send_signal(signal.SIGTERM)
         await asyncio.wait_for(second.wait(), 15)
-    assert await _effect_histogram(tally_db) == {1: total}
+    assert await tally_effects(tally_db) == {1: total}
     events = await stream_messages(js, subjects.events_stream)
     assert len(events) == total  # the relay's re-publishes were deduplicated by Nats-Msg-Id
 
@@ -116,7 +107,7 @@ async def test_sigterm_drains_and_exits_zero_within_10_seconds(
     finally:
         restarted.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(restarted.wait(), 15) == 0
-    assert await _effect_histogram(tally_db) == {1: 2000}
+    assert await tally_effects(tally_db) == {1: 2000}
     assert len(await stream_messages(js, subjects.events_stream)) == 2000
 
 
@@ -152,7 +143,7 @@ async def test_a_server_restart_while_facts_flow(
             lambda: _exactly(tally_db, total), within=60, what="every fact after the restart"
         )
         await eventually(lambda: _outbox_empty(tally_db), what="outbox drained")
-    assert await _effect_histogram(tally_db) == {1: total}
+    assert await tally_effects(tally_db) == {1: total}
     assert len(await stream_messages(nc.jetstream(), subjects.events_stream)) == total
 
 

@@ -29,6 +29,7 @@ from tests.integration.support import (
     running,
     spawn_tally,
     status_fact,
+    tally_effects,
     tally_pulling,
 )
 from workers.runtime.bus import streams
@@ -52,15 +53,6 @@ async def _in_order(database_url: str) -> list[str]:
             wrong.append(f"{r['node_id']}: {r['generation']} after {last[r['node_id']]}")
         last[r["node_id"]] = r["generation"]
     return wrong
-
-
-async def _histogram(database_url: str) -> dict[int, int]:
-    conn = await asyncpg.connect(database_url)
-    try:
-        rows = await conn.fetch("SELECT effects, count(*) AS n FROM tally GROUP BY effects")
-        return {r["effects"]: r["n"] for r in rows}
-    finally:
-        await conn.close()
 
 
 async def _trickle(js: JetStreamContext, subjects: Subjects, total: int, every: float) -> None:
@@ -103,7 +95,7 @@ async def test_sigterm_while_a_batch_lingers_loses_nothing_and_applies_nothing_t
         assert await asyncio.wait_for(last.wait(), 15) == 0
     assert [code for code, _ in stops] == [0, 0]
     assert all(took < 8.0 for _, took in stops), stops  # within the drain bound
-    assert await _histogram(tally_db) == {1: total}
+    assert await tally_effects(tally_db) == {1: total}
     assert await _in_order(tally_db) == []
 
 
@@ -141,7 +133,7 @@ async def test_one_nodes_facts_keep_stream_order_across_two_lanes_under_a_linger
             await send(200, 0.0)  # a burst: full batches
             await send(30, 0.03)  # a trickle: lingering batches
         await eventually(lambda: _count_is(tally_db, sent), within=60, what="every fact")
-    assert await _histogram(tally_db) == {1: sent}
+    assert await tally_effects(tally_db) == {1: sent}
     assert await _in_order(tally_db) == []
 
 
