@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import urllib.request
-from datetime import timedelta
-from typing import Any
 
 import asyncpg
 from nats.aio.client import Client as NATS
@@ -31,43 +28,28 @@ from tests.integration.heartbeats import (
     both_seen,
     liveness_settings,
 )
-from tests.integration.support import OUTBOX_MESSAGES, eventually, make_settings, running
+from tests.integration.sight.clocked import SWEEP, S, blind_said, sweep_at, two_gateways
+from tests.integration.support import eventually, make_settings, running
 from workers import liveness
 from workers.demo.run import fresh_sweep_history
-from workers.liveness.decide import Rules
-from workers.liveness.sweep import SweepResult, sweep_once
-
-S = timedelta(seconds=1)
-SWEEP = 5  # seconds between two sweeps, as BCW_LIVENESS_SWEEP_INTERVAL has it
-
-
-async def _blind_said(db: asyncpg.Connection) -> list[dict[str, Any]]:
-    """The `gateway.blind` events the sweeps wrote to the outbox (no relay runs here)."""
-    return [
-        json.loads(bytes(r["body"]))
-        for r in await db.fetch(OUTBOX_MESSAGES)
-        if json.loads(r["headers"])["Bc-Type"] == "gateway.blind"
-    ]
 
 
 async def _drained_empty_with_its_lease(db: asyncpg.Connection) -> None:
     """gw-a, flushing; gw-b, drained, no session, its lease live for 10 minutes, its last
     flush applied now and none after."""
-    for gw in ("gw-a", "gw-b"):
-        await fleet.gateway(db, gw, expires_in=timedelta(minutes=10))
-        await fleet.flushed(db, gw)
+    await two_gateways(db)
     await db.execute("UPDATE gateways SET draining = true WHERE gateway_id = 'gw-b'")
 
 
-async def _sweep_at(
-    pool: asyncpg.Pool, db: asyncpg.Connection, subjects: Subjects, at: int
-) -> SweepResult:
-    """A sweep at `at` s on the database's clock, gw-a having flushed just before."""
-    await db.execute("SELECT set_compute_now_offset($1)", at * S)
-    await fleet.flushed(db, "gw-a")  # gw-a flushes on
-    result = await sweep_once(pool, None, subjects, Rules())
-    assert "gw-a" not in result.blind
-    return result
+async def _counted_blind(
+    pool: asyncpg.Pool, db: asyncpg.Connection, subjects: Subjects
+) -> list[int]:
+    """The moments (s) of two minutes of sweeps at which gw-b was counted blind."""
+    return [
+        at
+        for at in range(0, 125, SWEEP)
+        if "gw-b" in (await sweep_at(pool, db, subjects, at)).blind
+    ]
 
 
 async def test_a_drained_empty_gateway_that_keeps_its_lease_is_counted_blind_by_no_sweep(
@@ -83,11 +65,8 @@ async def test_a_drained_empty_gateway_that_keeps_its_lease_is_counted_blind_by_
     try:
         await _drained_empty_with_its_lease(db)
         await fresh_sweep_history(pool)
-        counted: list[int] = []
-        for at in range(0, 125, SWEEP):  # two minutes
-            if "gw-b" in (await _sweep_at(pool, db, subjects, at)).blind:
-                counted.append(at)
-        said = await _blind_said(db)
+        counted = await _counted_blind(pool, db, subjects)
+        said = await blind_said(db)
     finally:
         await pool.close()
     assert said == []
@@ -109,17 +88,17 @@ async def test_a_gone_gateway_undrained_with_a_session_is_said_blind_at_once(
         await _drained_empty_with_its_lease(db)
         await fresh_sweep_history(pool)
         for at in range(0, 45, SWEEP):
-            await _sweep_at(pool, db, subjects, at)
+            await sweep_at(pool, db, subjects, at)
             if at == 40:
                 await db.execute("SELECT set_compute_now_offset($1)", 42 * S)
                 await db.execute("UPDATE gateways SET draining = false WHERE gateway_id = 'gw-b'")
                 await fleet.session(db, "n1", epoch=1, gateway_id="gw-b")
-        result = await _sweep_at(pool, db, subjects, 45)
-        said = await _blind_said(db)
+        result = await sweep_at(pool, db, subjects, 45)
+        said = await blind_said(db)
     finally:
         await pool.close()
     assert "gw-b" in result.blind  # held: not aged
-    assert [(e["gatewayId"], e["sessions"]) for e in said] == [("gw-b", 1)]
+    assert said == [("gw-b", 1)]
 
 
 # -- the same, end to end: the gauge as a scraper reads it ----------------------------
@@ -175,11 +154,8 @@ async def test_a_gateway_away_within_the_grace_is_counted_blind_by_no_sweep(
             "UPDATE gateways SET lease_expires_at = compute_now() WHERE gateway_id = 'gw-b'"
         )
         await fresh_sweep_history(pool)
-        counted: list[int] = []
-        for at in range(0, 125, SWEEP):
-            if "gw-b" in (await _sweep_at(pool, db, subjects, at)).blind:
-                counted.append(at)
-        said = await _blind_said(db)
+        counted = await _counted_blind(pool, db, subjects)
+        said = await blind_said(db)
     finally:
         await pool.close()
     assert said == []

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 from collections.abc import AsyncIterator
-from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -37,17 +35,15 @@ from tests.integration.heartbeats import (
     liveness_settings,
 )
 from tests.integration.heartbeats import seen as _seen
+from tests.integration.sight.clocked import SWEEP, S, blind_said, sweep_at, two_gateways
 from tests.integration.sight.test_blindness import _events, _last_seq
-from tests.integration.support import OUTBOX_MESSAGES, eventually, make_settings, running
+from tests.integration.support import eventually, make_settings, running
 from workers import liveness
 from workers.demo.run import fresh_sweep_history
 from workers.liveness import blindness
 from workers.liveness.decide import Rules
 from workers.liveness.seeing import sight_change
-from workers.liveness.sweep import sweep_once
 
-S = timedelta(seconds=1)
-SWEEP = 5  # seconds between two sweeps, as BCW_LIVENESS_SWEEP_INTERVAL has it
 NEW_LEASE = """
 UPDATE gateways SET lease_epoch = lease_epoch + 1, draining = false,
        lease_expires_at = compute_now() + interval '10 minutes'
@@ -55,30 +51,12 @@ UPDATE gateways SET lease_epoch = lease_epoch + 1, draining = false,
 """
 
 
-async def _blind_said(db: asyncpg.Connection) -> list[tuple[str, int]]:
-    """(gateway, sessions) of each `gateway.blind` the sweeps wrote to the outbox."""
-    said = []
-    for r in await db.fetch(OUTBOX_MESSAGES):
-        if json.loads(r["headers"])["Bc-Type"] == "gateway.blind":
-            body = json.loads(bytes(r["body"]))
-            said.append((body["gatewayId"], body["sessions"]))
-    return said
-
-
 async def _sweeps(
     pool: asyncpg.Pool, db: asyncpg.Connection, subjects: Subjects, at: range, **then: Any
 ) -> dict[int, tuple[str, ...]]:
-    """Sweeps at each of `at` (s, the database's clock), gw-a flushing just before each;
-    `then[f"at{t}"]`, a coroutine function, runs on `db` just before the sweep at t. The
-    gateways not seen at each sweep."""
-    blind: dict[int, tuple[str, ...]] = {}
-    for t in at:
-        await db.execute("SELECT set_compute_now_offset($1)", t * S)
-        await fleet.flushed(db, "gw-a")
-        if (step := then.get(f"at{t}")) is not None:
-            await step(db)
-        blind[t] = (await sweep_once(pool, None, subjects, Rules())).blind
-    return blind
+    """Sweeps at each of `at` (`clocked.sweep_at`); `then[f"at{t}"]`, a coroutine
+    function, runs on `db` just before the sweep at t. The gateways not seen at each."""
+    return {t: (await sweep_at(pool, db, subjects, t, then.get(f"at{t}"))).blind for t in at}
 
 
 async def _drained(db: asyncpg.Connection) -> None:
@@ -90,9 +68,7 @@ async def _drained(db: asyncpg.Connection) -> None:
 async def sweeping(database_url: str, db: asyncpg.Connection) -> AsyncIterator[asyncpg.Pool]:
     """gw-a and gw-b leased for 10 minutes, both flushed at 0 s."""
     await db.execute("SELECT set_compute_now_offset($1)", 0 * S)
-    for gw in ("gw-a", "gw-b"):
-        await fleet.gateway(db, gw, expires_in=timedelta(minutes=10))
-        await fleet.flushed(db, gw)
+    await two_gateways(db)
     made = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     await fresh_sweep_history(made)
     yield made
@@ -142,7 +118,7 @@ async def test_a_gateway_back_from_a_slow_drain_is_not_blind_until_its_lease_is_
         await db.execute("SELECT set_compute_now_offset($1)", 45 * S)
 
     blind = await _sweeps(sweeping, db, subjects, range(0, 90, SWEEP), at5=_drained, at45=back)
-    said = await _blind_said(db)
+    said = await blind_said(db)
     assert said == [("gw-b", 1)]
     late = await db.fetchval(
         "SELECT blind_since FROM liveness_gateways WHERE gateway_id = 'gw-b'"
@@ -171,7 +147,7 @@ async def test_a_gateway_back_from_a_slow_drain_whose_first_flush_is_applied_is_
     blind = await _sweeps(
         sweeping, db, subjects, range(0, 70, SWEEP), at5=_drained, at45=back, at50=flushed
     )
-    assert await _blind_said(db) == []
+    assert await blind_said(db) == []
     assert "gw-b" in blind[45]  # held until its first flush is applied
     assert all("gw-b" not in blind[t] for t in range(50, 70, SWEEP))
 
@@ -201,7 +177,7 @@ async def test_a_gateway_that_crashed_is_blind_as_ever_under_its_new_leases(
     blind = await _sweeps(
         sweeping, db, subjects, range(0, 40, SWEEP), at10=crashed_and_back, at20=crashed_and_back
     )
-    assert await _blind_said(db) == [("gw-b", 1)]
+    assert await blind_said(db) == [("gw-b", 1)]
     assert blind[25] == () and blind[35] == ("gw-b",)
     said_at = await db.fetchval(
         "SELECT blind_since - lease_acquired_at FROM liveness_gateways JOIN gateways "
