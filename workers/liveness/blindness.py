@@ -32,7 +32,6 @@ from workers.liveness.seeing import (
     RangeSight,
     SightChange,
     gone,
-    restarted,
     restarting,
 )
 from workers.runtime.effects import watermarks
@@ -74,22 +73,20 @@ UPDATE liveness_gateways lg
  WHERE lg.gateway_id = t.gateway_id
 """
 # Each gateway's state, read in one statement (one snapshot), so that a new lease taken
-# or a close committed as the sweep runs is seen with the rest, or not at all: drained and
-# its sessions, none (`seeing.gone`: a Hello commits before the drain or is refused by it —
-# `gateway_hello` locks the gateway's row FOR SHARE — so no session it had is missed; a
-# crash leaves `draining` false); its lease's start, whether that lease was taken after a
-# drained life and, if so and it began after $2, whether the gateway holds a session from
-# before it (`seeing.restarted`; not read, an older lease: taken as yes) — read through its own sessions (by gateway: `OFFSET 0`
-# keeps the time test out of the scan, which would otherwise walk the whole fleet by
-# `connected_at`), stopping at the first.
+# or a close committed as the sweep runs is seen with the rest, or not at all: whether it
+# is drained, its lease's start and whether that lease was taken after a drained life,
+# and its sessions — all of them (`seeing.gone`: a Hello commits before the drain or is
+# refused by it, `gateway_hello` locking the gateway's row FOR SHARE, so none it had is
+# missed; a crash leaves `draining` false), and those from before its lease
+# (`seeing.restarting`) — in one pass over its own (a few gateways a sweep: those whose
+# sight changed).
 GATEWAY_STATE = """
-SELECT g.gateway_id, g.lease_acquired_at, g.lease_follows_drain, g.draining,
-       (SELECT count(*) FROM node_sessions s WHERE s.gateway_id = g.gateway_id) AS n,
-       CASE WHEN g.lease_follows_drain AND g.lease_acquired_at >= $2 THEN EXISTS (
-           SELECT 1 FROM (SELECT s.connected_at FROM node_sessions s
-                           WHERE s.gateway_id = g.gateway_id OFFSET 0) mine
-            WHERE mine.connected_at < g.lease_acquired_at) END AS earlier
-  FROM gateways g
+SELECT g.gateway_id, g.draining, g.lease_acquired_at, g.lease_follows_drain, mine.n,
+       mine.earlier
+  FROM gateways g,
+       LATERAL (SELECT count(*) AS n,
+                       count(*) FILTER (WHERE s.connected_at < g.lease_acquired_at) AS earlier
+                  FROM node_sessions s WHERE s.gateway_id = g.gateway_id) mine
  WHERE g.gateway_id = ANY($1::text[])
 """
 # a gone gateway forgotten once its lease is given up or run out (one that keeps it may
@@ -159,10 +156,7 @@ async def worth_saying(
     if not changes:
         return [], {}, []
     gateways = sorted(c.gateway_id for c in changes)
-    state = {
-        r["gateway_id"]: r
-        for r in await conn.fetch(GATEWAY_STATE, gateways, now - rules.blind_after)
-    }
+    state = {r["gateway_id"]: r for r in await conn.fetch(GATEWAY_STATE, gateways)}
     held = {gw: int(r["n"]) for gw, r in state.items() if r["n"]}
     away, quiet = set(), set()
     for c in changes:
@@ -171,9 +165,8 @@ async def worth_saying(
             continue
         if gone(c, int(row["n"]), bool(row["draining"])):
             away.add(c.gateway_id)
-        earlier = row["earlier"] is not False  # not read (an older lease): taken as yes
-        since = restarted(row["lease_acquired_at"], row["lease_follows_drain"], earlier)
-        if restarting(c, since, now, rules):
+        since, after_drain = row["lease_acquired_at"], row["lease_follows_drain"]
+        if restarting(c, since, after_drain, int(row["earlier"]), now, rules):
             quiet.add(c.gateway_id)
     said = [c for c in changes if c.gateway_id not in away | quiet]
     return said, held, sorted(away)

@@ -193,10 +193,19 @@ def sight_change(
     return SightChange(sight.gateway_id, blind, age, reason)
 
 
-def restarted(lease_since: datetime | None, after_drain: bool, earlier: bool) -> datetime | None:
-    """When the gateway's sight starts anew: at its lease's start (`lease_since`), if that
-    lease was taken after a drained life (`after_drain`) and the gateway holds no session
-    from before it (`earlier`); None otherwise. Pure.
+def restarting(
+    change: SightChange,
+    lease_since: datetime | None,
+    after_drain: bool,
+    earlier: int,
+    now: datetime,
+    rules: Rules,
+) -> bool:
+    """Whether a gateway the controller stops seeing has just restarted, its start not news
+    yet: its lease began at `lease_since`, within `blind_after` of `now`, taken after a
+    drained life (`after_drain`), and it holds none (`earlier`) of the sessions it had
+    before that lease — a gateway that just appeared, the sight of its last life
+    notwithstanding: held, not said. Pure.
 
     A rolling restart's gateway is drained, closes its sessions and gives its lease up;
     back under a new lease it holds nothing of its last life and flushes at once — until
@@ -206,17 +215,13 @@ def restarted(lease_since: datetime | None, after_drain: bool, earlier: bool) ->
     sessions are unseen, and held. So is a lease after an undrained life — a crash, a
     takeover: restarting faster than `blind_after`, its daemons redialling it at once, a
     crash-looping gateway would otherwise never be said blind."""
-    return lease_since if lease_since is not None and after_drain and not earlier else None
-
-
-def restarting(
-    change: SightChange, restarted_at: datetime | None, now: datetime, rules: Rules
-) -> bool:
-    """Whether a gateway the controller stops seeing has just restarted (`restarted`: its
-    lease began at `restarted_at`, after a drained life, holding nothing from before) and
-    its start is not news yet: within `blind_after` of that lease it is a gateway that
-    just appeared, the sight of its last life notwithstanding — held, not said. Pure."""
-    return change.blind and restarted_at is not None and now - restarted_at <= rules.blind_after
+    return (
+        change.blind
+        and lease_since is not None
+        and after_drain
+        and not earlier
+        and now - lease_since <= rules.blind_after
+    )
 
 
 def gone(change: SightChange, sessions: int, drained: bool) -> bool:

@@ -20,7 +20,6 @@ from workers.liveness.seeing import (
     blind_reason,
     covered_at,
     gone,
-    restarted,
     restarting,
     seen_at,
     sees,
@@ -309,9 +308,7 @@ def test_a_restart_after_a_drain_holding_nothing_from_before_is_not_news_for_bli
     restart = lease_ago is not None and after_drain and not earlier and lease_ago <= 30
     appearing = last is None and known_for <= 30
     change = sight_change(sight, NOW, RULES)
-    quiet = change is not None and restarting(
-        change, restarted(since, after_drain, earlier), NOW, RULES
-    )
+    quiet = change is not None and restarting(change, since, after_drain, earlier, NOW, RULES)
     assert sees(sight, NOW, RULES) is not blind  # held whether said or not
     assert (change is not None and not quiet) is (blind and not restart and not appearing)
 
@@ -343,6 +340,6 @@ def test_a_restart_after_a_slow_drain_is_said_blind_only_past_its_grace(
     sight = GatewaySight("gw-1", NOW - 45 * S, None, known_since=NOW - 3600 * S)
     change = sight_change(sight, NOW, RULES)
     assert change == SightChange("gw-1", True, 45 * S, "no-flush")
-    assert restarting(change, restarted(since, after_drain, earlier), NOW, RULES) is not said
+    assert restarting(change, since, after_drain, earlier, NOW, RULES) is not said
     seeing_again = SightChange("gw-1", False, 1 * S)
-    assert not restarting(seeing_again, restarted(since, after_drain, earlier), NOW, RULES)
+    assert not restarting(seeing_again, since, after_drain, earlier, NOW, RULES)
