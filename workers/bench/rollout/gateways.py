@@ -88,6 +88,10 @@ class Pools(NamedTuple):
     calls: asyncpg.Pool
     leases: asyncpg.Pool
 
+    async def close(self) -> None:
+        for each in self:
+            await each.close()
+
 
 async def pools(database_url: str) -> Pools:
     return Pools(await pool(database_url), await pool(database_url, 4, "bench: gateway leases"))

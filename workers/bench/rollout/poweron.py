@@ -79,8 +79,7 @@ async def herd(
             stopping.set()
             for gateway in up:
                 await gateway.stop(graceful=False)
-            for made in pools:
-                await made.close()
+            await pools.close()
             await nc.close()
     return fleet.connects, refusals, nodes - len(fleet.connects)
 

@@ -60,8 +60,8 @@ def _free_port() -> int:
 class Rollout:
     """The run's state between its steps."""
 
-    def __init__(self, nodes: int, gateways: int, commands: int) -> None:
-        self.nodes, self.n_gateways, self.commands = nodes, gateways, commands
+    def __init__(self, gateways: int) -> None:
+        self.n_gateways = gateways
         self.done_gateways = 0
         self.closed = 0  # sessions the drained gateways closed
         self.enqueued = 0
@@ -126,7 +126,7 @@ async def run(
             await nc.subscribe(subjects.event(kind), cb=watch.event)
         stopping = asyncio.Event()
         tasks: list[asyncio.Task[object]] = []
-        state = Rollout(nodes, gateways, commands)
+        state = Rollout(gateways)
         up: list[gws.RolloutGateway] = []
         try:
             await wait_until(lambda: workers_bound(nc.jetstream(), subjects), within=120)
@@ -218,8 +218,7 @@ async def run(
             for gateway in up:
                 await gateway.stop(graceful=False)
             await stop_workers(procs)
-            for made in pools:
-                await made.close()
+            await pools.close()
             await nc.close()
         await conn.close()
     slopes, notes = tally.rss_slopes(processes.rss_samples, warm_s=hold + 60.0)
